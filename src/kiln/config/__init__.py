@@ -1,0 +1,35 @@
+"""Configuration: dataclass tree, TOML loading, overrides and validation."""
+
+from kiln.config.errors import ConfigError
+from kiln.config.load import apply_override, dump_toml, load_config, save_config
+from kiln.config.schema import (
+    CompileConfig,
+    Config,
+    DataConfig,
+    DistributedConfig,
+    MetricsConfig,
+    ModelConfig,
+    OptimConfig,
+    PrecisionConfig,
+    TrainingConfig,
+)
+from kiln.config.validate import is_import_path, validate
+
+__all__ = [
+    "CompileConfig",
+    "Config",
+    "ConfigError",
+    "DataConfig",
+    "DistributedConfig",
+    "MetricsConfig",
+    "ModelConfig",
+    "OptimConfig",
+    "PrecisionConfig",
+    "TrainingConfig",
+    "apply_override",
+    "dump_toml",
+    "is_import_path",
+    "load_config",
+    "save_config",
+    "validate",
+]

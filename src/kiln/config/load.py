@@ -1,0 +1,215 @@
+"""TOML loading, dotted `KEY=VALUE` overrides with type conversion, and writing the resolved config.
+
+Everything here is pure Python over dataclasses: no torch import, so `kiln train` can reject bad
+input in a fraction of a second.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import sys
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+from kiln.config.errors import ConfigError
+from kiln.config.schema import Config
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
+_TRUE = {"true", "1", "yes", "on"}
+_FALSE = {"false", "0", "no", "off"}
+
+
+def _field_types(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _is_section(tp: Any) -> bool:
+    return isinstance(tp, type) and dataclasses.is_dataclass(tp)
+
+
+def _did_you_mean(name: str, options: list[str]) -> list[str]:
+    close = difflib.get_close_matches(name, options, n=3, cutoff=0.6)
+    return close or options
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin is None:
+        return getattr(tp, "__name__", str(tp))
+    return str(tp).replace("typing.", "")
+
+
+def coerce(key: str, value: Any, tp: Any) -> Any:
+    """Convert `value` (from TOML or a command-line string) to the field type `tp`, or raise."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
+            return None
+        return coerce(key, value, args[0])
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
+            return value.strip().lower() in _TRUE
+        raise ConfigError(key, f"expected true or false, got {value!r}", ("true", "false"))
+    if tp is int:
+        if isinstance(value, bool):
+            raise ConfigError(key, f"expected an integer, got {value!r}")
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str):
+            text = value.strip().replace("_", "")
+            try:
+                return int(text)
+            except ValueError:
+                try:
+                    as_float = float(text)
+                except ValueError:
+                    as_float = None
+                if as_float is not None and as_float.is_integer() and abs(as_float) < 2**63:
+                    return int(as_float)
+        raise ConfigError(key, f"expected an integer, got {value!r}")
+    if tp is float:
+        if isinstance(value, bool):
+            raise ConfigError(key, f"expected a number, got {value!r}")
+        if isinstance(value, (int, float)):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value.strip().replace("_", ""))
+            except ValueError:
+                pass
+        raise ConfigError(key, f"expected a number, got {value!r}")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, bool):
+            return "true" if value else "false"
+        if isinstance(value, (int, float)):
+            return str(value)
+        raise ConfigError(key, f"expected a string, got {value!r}")
+    if origin is list:
+        (item_tp,) = typing.get_args(tp) or (Any,)
+        if isinstance(value, str):
+            value = parse_literal(value)
+            if isinstance(value, str):
+                value = [v for v in value.split(",") if v != ""]
+        if not isinstance(value, list):
+            raise ConfigError(key, f"expected a list, got {value!r}")
+        if item_tp is Any:
+            return list(value)
+        return [coerce(f"{key}[{i}]", v, item_tp) for i, v in enumerate(value)]
+    if origin is dict:
+        if isinstance(value, str):
+            value = parse_literal(value)
+        if not isinstance(value, dict):
+            raise ConfigError(key, f"expected a table, got {value!r}")
+        return dict(value)
+    if tp is Any:
+        return value
+    raise ConfigError(key, f"unsupported field type {_type_name(tp)}")  # a schema bug, not input
+
+
+def parse_literal(text: str) -> Any:
+    """Read a command-line value as a TOML literal (`3`, `1e-3`, `true`, `[1, 2]`, `{a = 1}`);
+    anything that is not a valid literal stays a plain string (`max-autotune`, `runs/x`)."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def _merge_table(obj: Any, table: dict[str, Any], prefix: str) -> None:
+    hints = _field_types(type(obj))
+    names = [f.name for f in dataclasses.fields(obj)]
+    for name, value in table.items():
+        key = f"{prefix}{name}"
+        if name not in hints:
+            raise ConfigError(key, "unknown key", _did_you_mean(name, names))
+        tp = hints[name]
+        if _is_section(tp):
+            if not isinstance(value, dict):
+                raise ConfigError(key, f"is a section; expected a table, got {value!r}")
+            _merge_table(getattr(obj, name), value, f"{key}.")
+        else:
+            setattr(obj, name, coerce(key, value, tp))
+
+
+def apply_override(cfg: Config, assignment: str) -> None:
+    """Apply one `dotted.key=value` to `cfg` in place, converting the value to the field type.
+
+    Keys inside dict fields (`model.kwargs.hidden_size=512`, `compile.options.x=1`) set one entry.
+    """
+    if "=" not in assignment:
+        raise ConfigError(assignment, "override must look like KEY=VALUE (e.g. training.steps=50)")
+    key, _, raw = assignment.partition("=")
+    key = key.strip()
+    parts = key.split(".")
+    if not key or any(p == "" for p in parts):
+        raise ConfigError(key or assignment, "empty key in override")
+    obj: Any = cfg
+    for i, part in enumerate(parts):
+        dotted = ".".join(parts[: i + 1])
+        hints = _field_types(type(obj))
+        if part not in hints:
+            names = [f.name for f in dataclasses.fields(obj)]
+            raise ConfigError(dotted, "unknown key", _did_you_mean(part, names))
+        tp = hints[part]
+        last = i == len(parts) - 1
+        if _is_section(tp):
+            if last:
+                raise ConfigError(dotted, "is a section; set one of its keys", [f.name for f in dataclasses.fields(tp)])
+            obj = getattr(obj, part)
+            continue
+        if typing.get_origin(tp) is dict and not last:
+            entry_key = ".".join(parts[i + 1 :])
+            getattr(obj, part)[entry_key] = parse_literal(raw)
+            return
+        if not last:
+            raise ConfigError(dotted, f"is a {_type_name(tp)} value, not a section")
+        setattr(obj, part, coerce(dotted, raw, tp))
+        return
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Defaults, then the TOML file (if any), then overrides, then validation. Raises ConfigError."""
+    from kiln.config.validate import validate
+
+    cfg = Config()
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(str(path), "config file not found")
+        try:
+            table = tomllib.loads(p.read_text(encoding="utf-8"))
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise ConfigError(str(path), f"not valid TOML: {exc}") from None
+        _merge_table(cfg, table, "")
+    for item in overrides:
+        apply_override(cfg, item)
+    validate(cfg)
+    return cfg
+
+
+def config_to_dict(cfg: Any) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)
+
+
+def dump_toml(cfg: Config) -> str:
+    import tomli_w
+
+    return tomli_w.dumps(config_to_dict(cfg))
+
+
+def save_config(cfg: Config, path: str | Path) -> None:
+    Path(path).write_text(dump_toml(cfg), encoding="utf-8")

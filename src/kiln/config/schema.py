@@ -1,0 +1,186 @@
+"""The configuration tree of a kiln run.
+
+Each section is a keyword-only dataclass; the string literal under each field is its
+documentation (read by `kiln.config.reference` to generate the README table, so keep one
+per field). Choices that the validator enforces are listed in `CHOICES` by dotted key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(kw_only=True)
+class ModelConfig:
+    name: str = "mlp"
+    """Which model: a registry name (`mlp`, `vit`), `timm:<name>`, `hf:<preset | config.json | dir>`, or a user factory `module:function` / `path/file.py:function`."""
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments for the model factory (e.g. `hidden_size`, `num_layers` for `mlp`)."""
+    task: str = "auto"
+    """Loss to train with: `auto` (from the model), `classification` (cross-entropy), `causal_lm` (next-token), `custom` (the model returns its own loss)."""
+
+
+@dataclass(kw_only=True)
+class DataConfig:
+    source: str = "synthetic"
+    """Where batches come from: `synthetic`, `files` (.npy/.pt tensor pair), `tokens` (.bin memmap), `imagefolder` (needs torchvision), or a user `module:function`."""
+    path: str = ""
+    """Inputs file (`files`), token file (`tokens`) or image root (`imagefolder`)."""
+    labels_path: str = ""
+    """Targets file for `files` (same number of rows as `path`)."""
+    eval_path: str = ""
+    """Optional held-out inputs/tokens/images for the eval loop; empty uses a separate synthetic split or none."""
+    eval_labels_path: str = ""
+    """Targets file for `eval_path` with `files`."""
+    token_dtype: str = "uint16"
+    """Element type of a `tokens` .bin file: `uint16` or `uint32`."""
+    batch_size: int = 32
+    """Samples per micro-batch on each device."""
+    seq_len: int = 0
+    """Sequence length for token data; 0 takes the model's default."""
+    synthetic_samples: int = 4096
+    """Size of the synthetic dataset (it is learnable: targets come from a fixed random teacher)."""
+    num_workers: int = 2
+    """DataLoader worker processes for file/user data (synthetic data is made on the device and needs none)."""
+    pin_memory: bool = True
+    """Pin host batches for faster, asynchronous copies to a CUDA device (ignored on CPU)."""
+    prefetch_factor: int = 2
+    """Batches each worker loads ahead."""
+    shuffle: bool = True
+    """Shuffle samples every epoch (seeded, so runs repeat)."""
+    drop_last: bool = True
+    """Drop the last incomplete batch of an epoch (keeps shapes static for compile)."""
+
+
+@dataclass(kw_only=True)
+class TrainingConfig:
+    steps: int = 200
+    """Optimizer steps to run."""
+    grad_accum_steps: int = 1
+    """Micro-batches per optimizer step."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this value; 0 disables clipping."""
+    seed: int = 0
+    """Seed for torch, numpy and python RNGs and for synthetic data."""
+    deterministic: bool = False
+    """Use deterministic algorithms (slower; needed for bitwise-repeatable runs)."""
+    device: str = "auto"
+    """`auto` (CUDA if present, else CPU), `cpu`, `cuda` or `cuda:N`."""
+    log_interval: int = 10
+    """Steps between metric logs; the host reads device values only at these steps."""
+    eval_interval: int = 0
+    """Steps between eval passes; 0 disables eval (an eval also runs at the end when > 0)."""
+    eval_steps: int = 10
+    """Batches per eval pass."""
+
+
+@dataclass(kw_only=True)
+class OptimConfig:
+    name: str = "adamw"
+    """Optimizer: `adamw` (fused on CUDA) or `sgd`."""
+    lr: float = 1e-3
+    """Peak learning rate."""
+    weight_decay: float = 0.01
+    """Decoupled weight decay, applied to matrices and embeddings only (not to biases and norms)."""
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    """AdamW betas."""
+    eps: float = 1e-8
+    """AdamW epsilon."""
+    momentum: float = 0.9
+    """SGD momentum."""
+    fused: str = "auto"
+    """Fused optimizer kernel: `auto` (on CUDA), `true`, `false`."""
+    schedule: str = "cosine"
+    """LR schedule after warm-up: `cosine`, `linear` or `constant`."""
+    warmup_steps: int = 0
+    """Linear warm-up steps from 0 to `lr`."""
+    min_lr_ratio: float = 0.1
+    """Final LR as a fraction of `lr` for `cosine` and `linear`."""
+
+
+@dataclass(kw_only=True)
+class PrecisionConfig:
+    policy: str = "fp32"
+    """`fp32`, `bf16-mixed` (autocast), `fp16-mixed` (autocast + GradScaler), `bf16-true` (weights in bf16)."""
+    tf32: bool = True
+    """Allow TF32 tensor cores for fp32 matmuls and convolutions on CUDA."""
+
+
+@dataclass(kw_only=True)
+class CompileConfig:
+    enabled: bool = False
+    """Compile with torch.compile."""
+    mode: str = ""
+    """torch.compile mode (`default`, `reduce-overhead`, `max-autotune`, `max-autotune-no-cudagraphs`, ...); empty for torch's default. Exclusive with `options`."""
+    backend: str = "inductor"
+    """torch.compile backend; any name `torch._dynamo.list_backends(exclude_tags=())` lists."""
+    options: dict[str, Any] = field(default_factory=dict)
+    """Inductor options (keys of `torch._inductor.config`, e.g. `coordinate_descent_tuning`). Exclusive with `mode`."""
+    fullgraph: bool = False
+    """Fail on any graph break instead of falling back to eager around it."""
+    dynamic: str = "auto"
+    """Dynamic shapes: `auto` (torch decides after a recompile), `true`, `false`."""
+    scope: str = "model"
+    """What is compiled: `model`, `model+loss`, or `step` (forward, loss and optimizer update)."""
+    regional: bool = False
+    """Compile each repeated block (transformer layer) separately instead of the whole model: much faster compile, similar speed."""
+
+
+@dataclass(kw_only=True)
+class DistributedConfig:
+    strategy: str = "none"
+    """Data parallelism: `none` (one process). Multi-process strategies arrive with `kiln train --nproc-per-node`."""
+
+
+@dataclass(kw_only=True)
+class MetricsConfig:
+    console: bool = True
+    """Show a live progress bar and log lines on the console."""
+    jsonl: bool = True
+    """Write `metrics.jsonl` in the run dir."""
+    tensorboard: str = "auto"
+    """Write TensorBoard events under `tb/`: `auto` (when tensorboard is installed), `true`, `false`."""
+    mfu: bool = True
+    """Count FLOPs once (torch.utils.flop_counter) and report model FLOPs utilisation."""
+    peak_tflops: float = 0.0
+    """Device peak TFLOP/s for MFU; 0 looks the GPU up in kiln's table."""
+
+
+@dataclass(kw_only=True)
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """The model to train."""
+    data: DataConfig = field(default_factory=DataConfig)
+    """The data it trains on."""
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    """Loop length, accumulation, clipping, seeds, device, intervals."""
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    """Optimizer and learning-rate schedule."""
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    """Numeric precision policy."""
+    compile: CompileConfig = field(default_factory=CompileConfig)
+    """torch.compile settings."""
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
+    """Parallelism across processes."""
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    """What is measured and where it goes."""
+
+
+# Closed sets of values, by dotted key. Compile mode/backend/options are checked against the
+# installed torch instead (see validate.py), since they change between torch releases.
+CHOICES: dict[str, tuple[str, ...]] = {
+    "model.task": ("auto", "classification", "causal_lm", "custom"),
+    "data.token_dtype": ("uint16", "uint32"),
+    "optim.name": ("adamw", "sgd"),
+    "optim.fused": ("auto", "true", "false"),
+    "optim.schedule": ("cosine", "linear", "constant"),
+    "precision.policy": ("fp32", "bf16-mixed", "fp16-mixed", "bf16-true"),
+    "compile.dynamic": ("auto", "true", "false"),
+    "compile.scope": ("model", "model+loss", "step"),
+    "distributed.strategy": ("none",),
+    "metrics.tensorboard": ("auto", "true", "false"),
+}
+
+# Built-in data sources; anything else must look like `module:function`.
+DATA_SOURCES = ("synthetic", "files", "tokens", "imagefolder")

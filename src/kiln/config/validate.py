@@ -1,0 +1,161 @@
+"""The one place that checks a resolved Config; every failure is a ConfigError naming the key."""
+
+from __future__ import annotations
+
+import re
+
+from kiln.config.errors import ConfigError
+from kiln.config.schema import CHOICES, DATA_SOURCES, Config
+
+# Modes the seeds (and older blog posts) use that torch never had, with where to go instead.
+_MODE_HINTS = {
+    "max-performance": "max-autotune",
+    "max_performance": "max-autotune",
+    "max_autotune": "max-autotune",
+    "reduce_overhead": "reduce-overhead",
+}
+# Backends removed from PyTorch that users still copy from old articles.
+_REMOVED_BACKENDS = {"nvfuser": "inductor", "aot_ts_nvfuser": "inductor", "aot_nvfuser": "inductor"}
+
+_IMPORT_PATH = re.compile(r"^[\w./\\-]+(\.py)?:[A-Za-z_]\w*$")
+
+
+def is_import_path(text: str) -> bool:
+    """`package.module:function` or `path/to/file.py:function`."""
+    return bool(_IMPORT_PATH.match(text))
+
+
+def _get(cfg: Config, key: str):
+    obj = cfg
+    for part in key.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _at_least(cfg: Config, key: str, minimum: float) -> None:
+    value = _get(cfg, key)
+    if value < minimum:
+        raise ConfigError(key, f"must be >= {minimum:g}, got {value!r}")
+
+
+def compile_modes() -> list[str]:
+    import torch._inductor
+
+    return sorted(torch._inductor.list_mode_options())
+
+
+def compile_backends() -> list[str]:
+    import torch._dynamo
+
+    return sorted(torch._dynamo.list_backends(exclude_tags=()))
+
+
+def inductor_option_names() -> list[str]:
+    import torch._inductor.config as inductor_config
+
+    return sorted(k for k in inductor_config.get_config_copy() if not k.startswith("_"))
+
+
+def validate_compile(cfg: Config) -> None:
+    """Check compile settings against the installed torch (modes, backends and options change)."""
+    c = cfg.compile
+    if c.mode:
+        modes = compile_modes()
+        if c.mode in _MODE_HINTS:
+            raise ConfigError(
+                "compile.mode",
+                f"{c.mode!r} is not a torch.compile mode; use {_MODE_HINTS[c.mode]!r} for the most optimisation",
+                modes,
+            )
+        if c.mode not in modes:
+            raise ConfigError("compile.mode", f"unknown mode {c.mode!r}", modes)
+    if c.mode and c.options:
+        raise ConfigError(
+            "compile.options",
+            "torch.compile takes either a mode or options, not both; put the mode's settings into options or drop them",
+        )
+    backends = compile_backends()
+    if c.backend in _REMOVED_BACKENDS:
+        raise ConfigError(
+            "compile.backend",
+            f"{c.backend!r} was removed from PyTorch; use {_REMOVED_BACKENDS[c.backend]!r}",
+            backends,
+        )
+    if c.backend not in backends:
+        raise ConfigError("compile.backend", f"unknown backend {c.backend!r}", backends)
+    if c.options:
+        if c.backend != "inductor":
+            raise ConfigError("compile.options", f"options are inductor settings; backend is {c.backend!r}")
+        names = inductor_option_names()
+        known = set(names)
+        for name in c.options:
+            if name not in known:
+                import difflib
+
+                close = difflib.get_close_matches(name, names, n=5, cutoff=0.6)
+                raise ConfigError(f"compile.options.{name}", "not an inductor option in this torch", close or None)
+    if c.mode and c.backend != "inductor" and c.mode != "default":
+        raise ConfigError("compile.mode", f"modes are inductor settings; backend is {c.backend!r}", ["default"])
+    if c.fullgraph and c.scope == "step":
+        raise ConfigError(
+            "compile.fullgraph",
+            "scope 'step' breaks the graph at backward(); use scope 'model' or 'model+loss' with fullgraph",
+        )
+    if c.regional and c.scope != "model":
+        raise ConfigError("compile.regional", "regional compilation compiles blocks of the model; needs compile.scope=model")
+
+
+def validate(cfg: Config, *, check_torch: bool = True) -> None:
+    for key, allowed in CHOICES.items():
+        value = _get(cfg, key)
+        if value not in allowed:
+            raise ConfigError(key, f"unknown value {value!r}", allowed)
+
+    if not cfg.model.name.strip():
+        raise ConfigError("model.name", "must not be empty")
+    src = cfg.data.source
+    if src not in DATA_SOURCES and not is_import_path(src):
+        raise ConfigError("data.source", f"unknown source {src!r}", (*DATA_SOURCES, "module:function"))
+    if src in ("files", "tokens", "imagefolder") and not cfg.data.path:
+        raise ConfigError("data.path", f"data.source={src} needs a path")
+    if src == "files" and not cfg.data.labels_path:
+        raise ConfigError("data.labels_path", "data.source=files needs a targets file")
+
+    for key, minimum in (
+        ("data.batch_size", 1),
+        ("data.seq_len", 0),
+        ("data.synthetic_samples", 1),
+        ("data.num_workers", 0),
+        ("data.prefetch_factor", 1),
+        ("training.steps", 1),
+        ("training.grad_accum_steps", 1),
+        ("training.grad_clip", 0),
+        ("training.log_interval", 1),
+        ("training.eval_interval", 0),
+        ("training.eval_steps", 1),
+        ("optim.lr", 0),
+        ("optim.weight_decay", 0),
+        ("optim.eps", 0),
+        ("optim.momentum", 0),
+        ("optim.warmup_steps", 0),
+        ("optim.min_lr_ratio", 0),
+        ("metrics.peak_tflops", 0),
+    ):
+        _at_least(cfg, key, minimum)
+    if cfg.optim.lr <= 0:
+        raise ConfigError("optim.lr", f"must be > 0, got {cfg.optim.lr!r}")
+    if cfg.optim.min_lr_ratio > 1:
+        raise ConfigError("optim.min_lr_ratio", f"must be between 0 and 1, got {cfg.optim.min_lr_ratio!r}")
+    if len(cfg.optim.betas) != 2 or not all(0 <= b < 1 for b in cfg.optim.betas):
+        raise ConfigError("optim.betas", f"must be two numbers in [0, 1), got {cfg.optim.betas!r}")
+    if cfg.optim.warmup_steps > cfg.training.steps:
+        raise ConfigError(
+            "optim.warmup_steps",
+            f"warm-up ({cfg.optim.warmup_steps}) is longer than training.steps ({cfg.training.steps})",
+        )
+    dev = cfg.training.device
+    if not (dev in ("auto", "cpu", "cuda") or re.fullmatch(r"cuda:\d+", dev)):
+        raise ConfigError("training.device", f"unknown device {dev!r}", ("auto", "cpu", "cuda", "cuda:N"))
+    if check_torch:
+        # Checked even while compile is off: a typo should not wait for the day it is switched on.
+        validate_compile(cfg)
