@@ -1,0 +1,3 @@
+from kiln.cli.main import main
+
+raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""Benchmarks: the shared timing core and result files; `kiln bench` commands build on these."""

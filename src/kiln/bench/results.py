@@ -1,0 +1,62 @@
+"""Result files of every `kiln bench` command and benchmark script: results.json + results.md.
+
+`results.json` is `{"env": {...}, "config": {...}, "results": [row, ...]}` (DESIGN.md); each row
+has a `status` (ok, oom, error, accuracy_fail, skipped) and its figures.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+STATUSES = ("ok", "oom", "error", "accuracy_fail", "skipped")
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        if math.isnan(value) or math.isinf(value):
+            return str(value)
+        return f"{value:.4g}" if abs(value) < 1e5 else f"{value:.4e}"
+    return str(value)
+
+
+def markdown_table(rows: list[dict[str, Any]], columns: list[str]) -> str:
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for row in rows:
+        lines.append("| " + " | ".join(_fmt(row.get(c)) for c in columns) + " |")
+    return "\n".join(lines)
+
+
+def write_results(out_dir: str | Path, *, env: dict, config: dict, results: list[dict[str, Any]],
+                  columns: list[str], title: str, command: str) -> Path:
+    """Write results.json and results.md (table + command line + environment) atomically."""
+    for row in results:
+        if row.get("status") not in STATUSES:
+            raise ValueError(f"row status must be one of {STATUSES}: {row!r}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    payload = {"env": env, "config": config, "command": command, "results": results}
+    tmp = out / "results.json.tmp"
+    tmp.write_text(json.dumps(payload, indent=2, default=str) + "\n", encoding="utf-8")
+    os.replace(tmp, out / "results.json")
+    gpus = ", ".join(g.get("name", "?") for g in env.get("gpus", []) or []) or "none"
+    md = [
+        f"# {title}",
+        "",
+        markdown_table(results, columns),
+        "",
+        f"Command: `{command}`",
+        "",
+        f"Environment: torch {env.get('torch')}, CUDA {env.get('cuda')}, GPU {gpus}, "
+        f"driver {env.get('driver')}, python {env.get('python')}, CPU {env.get('cpu')}",
+        "",
+    ]
+    (out / "results.md").write_text("\n".join(md), encoding="utf-8")
+    return out / "results.json"

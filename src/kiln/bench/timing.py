@@ -1,0 +1,79 @@
+"""The one timing helper (DESIGN.md): warm up, synchronize, median of many, interleave.
+
+Every kiln figure goes through here, so a benchmark and a training run time things the same way.
+Device work is asynchronous: each sample is bracketed by a device synchronize, and samples of
+the sides of a comparison alternate, so drift (clocks, thermals, other tenants) hits both alike.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+
+def synchronize(device: torch.device | str | None = None) -> None:
+    device = torch.device(device) if device is not None else None
+    if device is not None and device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device is None and torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+@dataclass(frozen=True)
+class Timing:
+    samples_s: tuple[float, ...]
+
+    @property
+    def median_s(self) -> float:
+        return statistics.median(self.samples_s)
+
+    def quantile_s(self, q: float) -> float:
+        ordered = sorted(self.samples_s)
+        k = (len(ordered) - 1) * q
+        lo = int(k)
+        hi = min(lo + 1, len(ordered) - 1)
+        return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+    def as_dict(self, per: int = 1) -> dict[str, float]:
+        """Milliseconds per call (`per` calls in each sample)."""
+        scale = 1e3 / per
+        return {
+            "median_ms": self.median_s * scale,
+            "p10_ms": self.quantile_s(0.1) * scale,
+            "p90_ms": self.quantile_s(0.9) * scale,
+            "samples": len(self.samples_s),
+        }
+
+
+def time_calls(fn: Callable[[], object], *, calls: int, device: torch.device | str | None) -> float:
+    """Seconds for `calls` back-to-back calls, synchronized before and after."""
+    synchronize(device)
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    synchronize(device)
+    return time.perf_counter() - start
+
+
+def measure(fn: Callable[[], object], *, warmup: int = 3, repeats: int = 20, calls_per_sample: int = 1,
+            device: torch.device | str | None = None) -> Timing:
+    for _ in range(warmup):
+        fn()
+    return Timing(tuple(time_calls(fn, calls=calls_per_sample, device=device) for _ in range(repeats)))
+
+
+def measure_interleaved(fns: dict[str, Callable[[], object]], *, warmup: int = 3, repeats: int = 20,
+                        calls_per_sample: int = 1, device: torch.device | str | None = None) -> dict[str, Timing]:
+    """Time several functions round-robin: sample i of each is taken back to back."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            samples[name].append(time_calls(fn, calls=calls_per_sample, device=device))
+    return {name: Timing(tuple(vals)) for name, vals in samples.items()}

@@ -1,0 +1,1 @@
+"""Command-line interface: argument parsing only; the work happens in the library."""

@@ -1,0 +1,25 @@
+"""`kiln env [--json]`: versions, devices, compilers, backends and recommended settings."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("env", help="report torch, CUDA, GPUs, compilers, compile backends, recommendations")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from kiln.monitor.env import collect_env, render_env
+
+    env = collect_env()
+    if args.json:
+        print(json.dumps(env, indent=2, default=str))
+        return 0
+    from rich.console import Console
+
+    Console().print(render_env(env))
+    return 0

@@ -1,0 +1,242 @@
+"""Causal LMs from Hugging Face transformers, built from a config and never downloaded.
+
+`hf:<spec>`: a kiln preset (exact shapes of a public model, random weights), a path to a
+`config.json`, or a local directory with `config.json` (and weights, loaded when present).
+The model is returned unwrapped: HF models return an output object and kiln's causal-LM loss
+reads `.logits` from it. transformers is imported inside the functions (optional dependency).
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from kiln.config.errors import ConfigError
+from kiln.models.blocks import find_repeated_blocks
+from kiln.models.spec import BuiltModel, InputSpec
+
+INSTALL_HINT = "pip install 'kiln[llm]'"
+
+# Presets: config fields passed to AutoConfig.for_model (model_type first). Fields use the names
+# transformers 4.x accepts (rope_theta, rope_scaling); transformers 5 folds them into
+# `rope_parameters` itself, so one table serves both.
+PRESETS: dict[str, dict[str, Any]] = {
+    # meta-llama/Llama-3.2-3B config.json (3,212,749,824 parameters, embeddings tied).
+    "llama-3.2-3b": {
+        "model_type": "llama",
+        "vocab_size": 128256,
+        "hidden_size": 3072,
+        "intermediate_size": 8192,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 24,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "hidden_act": "silu",
+        "max_position_embeddings": 131072,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 500000.0,
+        "rope_scaling": {
+            "rope_type": "llama3",
+            "factor": 32.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
+        "tie_word_embeddings": True,
+        "attention_bias": False,
+        "mlp_bias": False,
+        "initializer_range": 0.02,
+        "bos_token_id": 128000,
+        "eos_token_id": 128001,
+    },
+    # Tiny shapes for tests and smoke runs: builds and steps in milliseconds on CPU.
+    "llama-tiny": {
+        "model_type": "llama",
+        "vocab_size": 512,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 256,
+        "rms_norm_eps": 1e-5,
+        "tie_word_embeddings": False,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+    },
+    "gpt2-tiny": {
+        "model_type": "gpt2",
+        "vocab_size": 512,
+        "n_embd": 64,
+        "n_layer": 2,
+        "n_head": 4,
+        "n_positions": 256,
+        # GPT-2's default special ids (50256) lie outside a 512-token vocabulary.
+        "bos_token_id": 0,
+        "eos_token_id": 0,
+    },
+}
+# Default sequence length for InputSpec; other configs use min(max_position_embeddings, 1024).
+PRESET_SEQ_LEN = {"llama-tiny": 256, "gpt2-tiny": 256}
+DEFAULT_SEQ_LEN = 1024
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
+# Where the decoder layers live, by family; find_repeated_blocks covers the rest.
+_LAYER_PATHS = ("model.layers", "transformer.h", "model.decoder.layers", "gpt_neox.layers", "transformer.blocks")
+
+SPEC_FORMS = (*(f"hf:{p}" for p in PRESETS), "hf:path/to/config.json", "hf:path/to/model_dir")
+
+
+def _import_transformers(name: str):
+    try:
+        import transformers
+    except ImportError as e:
+        raise ConfigError(
+            "model.name", f"{name!r} needs transformers, which is not installed ({e}); {INSTALL_HINT}"
+        ) from None
+    return transformers
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ConfigError("model.name", f"cannot read HF config {path}: {e}") from None
+    if not isinstance(raw, dict) or "model_type" not in raw:
+        raise ConfigError("model.name", f"{path} is not a transformers config.json (no 'model_type')")
+    return raw
+
+
+def resolve_spec(spec: str) -> tuple[dict[str, Any], Path | None, int | None]:
+    """(raw config fields, directory to load weights from or None, preset seq_len or None)."""
+    if spec in PRESETS:
+        return dict(PRESETS[spec]), None, PRESET_SEQ_LEN.get(spec)
+    if not spec.strip():
+        raise ConfigError("model.name", "'hf:' needs a preset, config.json or directory after it", SPEC_FORMS)
+    # Relative paths resolve against the current directory, like every other path in a config.
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        config_file = path / "config.json"
+        if not config_file.is_file():
+            raise ConfigError("model.name", f"directory {path.resolve()} has no config.json")
+        has_weights = any((path / f).is_file() for f in WEIGHT_FILES)
+        return _read_json(config_file), (path if has_weights else None), None
+    if path.is_file():
+        return _read_json(path), None, None
+    close = difflib.get_close_matches(spec, list(PRESETS), n=1)
+    hint = f"; did you mean 'hf:{close[0]}'?" if close else ""
+    raise ConfigError(
+        "model.name",
+        f"'hf:{spec}' is not a kiln preset and no file or directory {path.resolve()} exists{hint}",
+        SPEC_FORMS,
+    )
+
+
+def make_config(raw: dict[str, Any], kwargs: dict[str, Any], name: str):
+    """A transformers config from raw fields with `model.kwargs` applied.
+
+    kwargs are merged into the fields *before* the config is constructed, so derived fields
+    (e.g. llama's head_dim = hidden_size // num_attention_heads) follow an override.
+    """
+    transformers = _import_transformers(name)
+    fields = {k: v for k, v in raw.items() if k != "model_type"}
+    model_type = raw["model_type"]
+    if "model_type" in kwargs:
+        raise ConfigError(
+            "model.kwargs.model_type", "cannot change the architecture; point model.name at another config"
+        )
+    try:
+        base = transformers.AutoConfig.for_model(model_type, **fields)
+    except ValueError as e:
+        known = sorted(transformers.CONFIG_MAPPING.keys())
+        if model_type not in known:
+            raise ConfigError("model.name", f"transformers has no model_type {model_type!r}", known) from None
+        raise ConfigError("model.name", f"invalid HF config for {name!r}: {e}") from None
+    import inspect
+
+    init_params = set(inspect.signature(type(base).__init__).parameters)
+    for key in kwargs:
+        # Accept attributes (incl. aliases such as gpt2's hidden_size -> n_embd), constructor
+        # arguments, and fields of the raw config (legacy names like rope_theta).
+        is_field = hasattr(base, key) and not callable(getattr(base, key))
+        if not (is_field or key in init_params or key in fields):
+            valid = sorted(k for k in base.to_dict() if not k.startswith("_"))
+            close = difflib.get_close_matches(key, valid, n=3)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(
+                f"model.kwargs.{key}", f"{type(base).__name__} has no field {key!r}{hint}", close or valid
+            )
+    if not kwargs:
+        return base
+    try:
+        return transformers.AutoConfig.for_model(model_type, **{**fields, **kwargs})
+    except (ValueError, TypeError) as e:
+        raise ConfigError("model.kwargs", f"{type(base).__name__} rejected the overrides: {e}") from None
+
+
+def _dtype_kwarg(transformers, dtype: torch.dtype) -> dict[str, Any]:
+    # transformers 5 renamed torch_dtype to dtype (4.56+ accepts both, 4.45 only torch_dtype).
+    major, minor = (int(x) for x in transformers.__version__.split(".")[:2])
+    return {"dtype": dtype} if (major, minor) >= (4, 56) else {"torch_dtype": dtype}
+
+
+def decoder_layers(model: nn.Module) -> list[nn.Module]:
+    for path in _LAYER_PATHS:
+        obj: Any = model
+        for part in path.split("."):
+            obj = getattr(obj, part, None)
+            if obj is None:
+                break
+        if isinstance(obj, (nn.ModuleList, nn.Sequential)) and len(obj) > 0:
+            return list(obj)
+    return find_repeated_blocks(model)
+
+
+def build_hf(spec: str, kwargs: dict[str, Any], name: str) -> BuiltModel:
+    transformers = _import_transformers(name)
+    raw, weights_dir, preset_seq_len = resolve_spec(spec)
+    config = make_config(raw, kwargs, name)
+    # Weights stay fp32: the precision policy (precision.py) casts for bf16-true, and the mixed
+    # policies need fp32 master weights; transformers 5 would otherwise load a bf16 checkpoint
+    # as bf16 (its from_pretrained default is dtype="auto").
+    dtype = _dtype_kwarg(transformers, torch.float32)
+    # "sdpa": torch's fused attention kernels, which torch.compile handles without graph breaks.
+    try:
+        if weights_dir is not None:
+            model = transformers.AutoModelForCausalLM.from_pretrained(
+                str(weights_dir), config=config, local_files_only=True, attn_implementation="sdpa", **dtype
+            )
+        else:
+            model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", **dtype)
+    except ValueError as e:
+        if "Unrecognized configuration class" in str(e):
+            raise ConfigError(
+                "model.name", f"{name!r}: model_type {raw['model_type']!r} has no causal-LM class in transformers"
+            ) from None
+        raise
+    if "use_cache" not in kwargs:
+        # Training never reads the KV cache a forward builds by default; building it costs memory
+        # and time on every step (and graph outputs under compile).
+        model.config.use_cache = False
+    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    vocab_size = int(text_config.vocab_size)
+    max_pos = getattr(text_config, "max_position_embeddings", None)
+    seq_len = preset_seq_len or DEFAULT_SEQ_LEN
+    if max_pos:  # never longer than the model's positions (a kwarg may have shrunk them)
+        seq_len = min(seq_len, int(max_pos))
+    return BuiltModel(
+        module=model,
+        task="causal_lm",
+        input_spec=InputSpec("tokens", (seq_len,), vocab_size=vocab_size),
+        name=name,
+        blocks=decoder_layers(model),
+    )

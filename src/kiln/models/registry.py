@@ -1,0 +1,116 @@
+"""`model.name` -> a BuiltModel: the builtin registry plus the timm / HF / user-factory forms.
+
+Resolution order: a registry name (`mlp`, `vit`), then `timm:<name>`, `hf:<spec>`, then anything
+with a ':' as a user factory. (So a user package literally named `timm` or `hf` needs the
+`path/file.py:function` form.)
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+import torch.nn as nn
+
+from kiln.config.errors import ConfigError
+from kiln.config.schema import CHOICES, ModelConfig
+from kiln.models.factory_args import bind_kwargs
+from kiln.models.mlp import build_mlp, mlp_input_spec
+from kiln.models.spec import BuiltModel, InputSpec
+from kiln.models.vit import build_vit, vit_input_spec
+
+
+@dataclass(frozen=True)
+class RegistryEntry:
+    factory: Callable[..., nn.Module]
+    """Called with the checked `model.kwargs`."""
+    task: str
+    """Task the model declares (used when model.task is `auto`)."""
+    input_spec: Callable[[dict[str, Any]], InputSpec]
+    """InputSpec from the factory's arguments, defaults filled in."""
+    blocks: Callable[[nn.Module], list[nn.Module]]
+    """The repeated blocks, named explicitly (find_repeated_blocks would take the MLP head's two
+    Linears for blocks when num_layers=1)."""
+    summary: str
+    """One line for `kiln env` and error messages."""
+
+
+# Read-only: adding a model means adding an entry here (no global registration at import time).
+REGISTRY: Mapping[str, RegistryEntry] = MappingProxyType(
+    {
+        "mlp": RegistryEntry(
+            build_mlp,
+            "classification",
+            mlp_input_spec,
+            lambda m: list(m.backbone),
+            "seed MLP (Linear/LayerNorm/GELU/Dropout blocks)",
+        ),
+        "vit": RegistryEntry(
+            build_vit,
+            "classification",
+            vit_input_spec,
+            lambda m: list(m.blocks),
+            "Vision Transformer, ViT-B/16 shapes by default",
+        ),
+    }
+)
+
+NAME_FORMS = ("timm:<name>", "hf:<preset | config.json | dir>", "package.module:function", "path/to/file.py:function")
+
+
+def known_models() -> list[str]:
+    """Registry names and the HF presets, as they are written in `model.name`."""
+    from kiln.models.hf import PRESETS  # no transformers import: only the table
+
+    return [*REGISTRY, *(f"hf:{p}" for p in PRESETS)]
+
+
+def _build_registered(name: str, entry: RegistryEntry, kwargs: dict[str, Any]) -> BuiltModel:
+    resolved = bind_kwargs(entry.factory, kwargs, f"model {name!r}")
+    module = entry.factory(**resolved)
+    return BuiltModel(
+        module=module,
+        task=entry.task,
+        input_spec=entry.input_spec(resolved),
+        name=name,
+        blocks=entry.blocks(module),
+    )
+
+
+def build_model(cfg: ModelConfig) -> BuiltModel:
+    """Build the model `cfg` names, on the current default device (use `torch.device("meta")`
+    as a context manager for a shape-only build)."""
+    name = cfg.name.strip()
+    kwargs = dict(cfg.kwargs)
+    if cfg.task not in CHOICES["model.task"]:
+        raise ConfigError("model.task", f"unknown value {cfg.task!r}", CHOICES["model.task"])
+    if not name:
+        raise ConfigError("model.name", "must not be empty", (*known_models(), *NAME_FORMS))
+
+    if name in REGISTRY:
+        built = _build_registered(name, REGISTRY[name], kwargs)
+    elif name.startswith("timm:"):
+        from kiln.models.timm_models import build_timm
+
+        built = build_timm(name.removeprefix("timm:"), kwargs, name)
+    elif name.startswith("hf:"):
+        from kiln.models.hf import build_hf
+
+        built = build_hf(name.removeprefix("hf:"), kwargs, name)
+    elif ":" in name:
+        from kiln.models.user import build_user
+
+        built = build_user(name, kwargs)
+    else:
+        known = known_models()
+        close = difflib.get_close_matches(name, known, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ConfigError("model.name", f"unknown model {name!r}{hint}", (*known, *NAME_FORMS))
+
+    if cfg.task != "auto":
+        # The configured task wins: e.g. a user model that returns its own loss ("custom").
+        built.task = cfg.task
+    return built

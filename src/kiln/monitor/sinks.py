@@ -1,0 +1,260 @@
+"""Where metric records go: metrics.jsonl, TensorBoard, the console.
+
+A record is a flat dict of Python numbers (and the odd string) with at least `step`; the trainer
+builds one per log interval, after its single device read, and hands it to `MetricsLogger.log`.
+Sinks never touch the device, so logging adds no synchronisation.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import IO, Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from kiln.config.errors import ConfigError
+from kiln.config.schema import CHOICES, MetricsConfig
+from kiln.monitor.summary import json_safe
+
+__all__ = [
+    "ConsoleSink",
+    "JsonlSink",
+    "MetricsLogger",
+    "MetricsSink",
+    "TensorBoardSink",
+    "build_sinks",
+    "format_record",
+    "tensorboard_importable",
+]
+
+_TB_HINT = "tensorboard is not installed: pip install 'kiln[tb]'"
+
+
+class MetricsSink:
+    """One destination for metric records."""
+
+    def log(self, record: Mapping[str, Any]) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Flush and release resources; safe to call twice."""
+
+
+class JsonlSink(MetricsSink):
+    """`metrics.jsonl`: one strict-JSON object per line (NaN/inf written as null, see `json_safe`).
+
+    The file is opened for append, so a resumed run continues the same file, and each line is
+    flushed as written, so a crash keeps everything logged before it (no fsync: surviving a process
+    crash needs only the OS page cache, and an fsync per log would stall the loop on slow disks).
+    """
+
+    def __init__(self, path: str | os.PathLike[str]):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file: IO[str] | None = self.path.open("a", encoding="utf-8")
+
+    def log(self, record: Mapping[str, Any]) -> None:
+        if self._file is None:
+            raise RuntimeError(f"JsonlSink({self.path}) is closed")
+        self._file.write(json.dumps(json_safe(record), allow_nan=False) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+def tensorboard_importable() -> bool:
+    """Whether the `tensorboard` package is installed (found without importing it: imports are slow)."""
+    return importlib.util.find_spec("tensorboard") is not None
+
+
+class TensorBoardSink(MetricsSink):
+    """TensorBoard event files: one scalar per numeric key, at `record["step"]`."""
+
+    def __init__(self, log_dir: str | os.PathLike[str]):
+        try:
+            # Imported here: tensorboard is an optional extra (kiln[tb]), and slow to import.
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError as exc:
+            raise ImportError(_TB_HINT) from exc
+        self.log_dir = Path(log_dir)
+        self._writer: Any = SummaryWriter(log_dir=str(self.log_dir))
+
+    def log(self, record: Mapping[str, Any]) -> None:
+        if self._writer is None:
+            raise RuntimeError(f"TensorBoardSink({self.log_dir}) is closed")
+        step = int(record.get("step", 0))
+        for key, value in record.items():
+            # bool is an int subclass but not a metric worth a chart; strings are labels.
+            if key == "step" or isinstance(value, bool) or not isinstance(value, (int, float)):
+                continue
+            self._writer.add_scalar(key, value, global_step=step)
+        # Log steps are rare (log_interval), so flushing each keeps `tensorboard --logdir` live.
+        self._writer.flush()
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+
+# --------------------------------------------------------------------------------------------------
+# Console
+
+
+def _fmt_num(value: float) -> str:
+    if not math.isfinite(value):
+        return str(value)
+    if value != 0 and (abs(value) < 1e-3 or abs(value) >= 1e6):
+        return f"{value:.3e}"
+    return f"{value:.4g}"
+
+
+def format_record(record: Mapping[str, Any], total_steps: int | None = None) -> str:
+    """A one-line human summary of a record: known keys in a fixed order, then the rest."""
+    parts: list[str] = []
+    shown = {"step"}
+    if "step" in record:
+        parts.append(f"step {record['step']}" + (f"/{total_steps}" if total_steps else ""))
+
+    def take(key: str, text: str) -> None:
+        parts.append(text)
+        shown.add(key)
+
+    if isinstance(record.get("loss"), (int, float)):
+        take("loss", f"loss {_fmt_num(float(record['loss']))}")
+    if isinstance(record.get("lr"), (int, float)):
+        take("lr", f"lr {float(record['lr']):.2e}")
+    if isinstance(record.get("tokens_per_s"), (int, float)):
+        take("tokens_per_s", f"{float(record['tokens_per_s']):,.0f} tok/s")
+    if isinstance(record.get("samples_per_s"), (int, float)):
+        take("samples_per_s", f"{float(record['samples_per_s']):,.1f} samples/s")
+    if isinstance(record.get("step_ms"), (int, float)):
+        take("step_ms", f"{float(record['step_ms']):.2f} ms/step")
+    if isinstance(record.get("mfu"), (int, float)):
+        take("mfu", f"MFU {100 * float(record['mfu']):.1f}%")
+    for key, value in record.items():
+        if key in shown or value is None:
+            continue
+        parts.append(f"{key}={_fmt_num(float(value)) if isinstance(value, float) else value}")
+    return " | ".join(parts)
+
+
+class ConsoleSink(MetricsSink):
+    """Live progress bar on a terminal; one plain log line per record elsewhere (CI, files, pipes).
+
+    The bar redraws only in `log` (auto_refresh off): no background thread, and the console costs
+    nothing between log steps. On a non-terminal, rich's live display would print nothing useful
+    until the end, so lines are printed instead and the bar is never started.
+    """
+
+    def __init__(self, total_steps: int, enabled: bool = True, console: Console | None = None):
+        self.total_steps = total_steps
+        self.enabled = enabled
+        self.console = console if console is not None else Console()
+        self._live = enabled and (self.console.is_terminal or self.console.is_jupyter)
+        self._progress: Progress | None = None
+        self._task: Any = None
+        if self._live:
+            self._progress = Progress(
+                TextColumn("[bold]train"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[stats]}"),
+                TimeElapsedColumn(),
+                console=self.console,
+                transient=False,
+                auto_refresh=False,
+            )
+            self._task = self._progress.add_task("train", total=total_steps, stats="")
+            self._progress.start()
+
+    def log(self, record: Mapping[str, Any]) -> None:
+        if not self.enabled:
+            return
+        if self._progress is not None:
+            stats = format_record({k: v for k, v in record.items() if k != "step"})
+            completed = record.get("step")
+            if isinstance(completed, int):
+                self._progress.update(self._task, completed=completed, stats=stats)
+            else:
+                self._progress.update(self._task, stats=stats)
+            self._progress.refresh()
+        else:
+            # markup/highlight off: metric names must print as written, not as rich markup.
+            self.console.print(format_record(record, self.total_steps), markup=False, highlight=False)
+
+    def close(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+
+
+# --------------------------------------------------------------------------------------------------
+# Fan-out
+
+
+class MetricsLogger:
+    """Sends each record to every sink. With no sinks (non-main ranks) every call is a no-op."""
+
+    def __init__(self, sinks: Iterable[MetricsSink] = ()):
+        self.sinks: list[MetricsSink] = list(sinks)
+
+    def log(self, record: Mapping[str, Any]) -> None:
+        for sink in self.sinks:
+            sink.log(record)
+
+    def close(self) -> None:
+        # Close every sink even if one fails, so files are flushed; then report the first error.
+        first: BaseException | None = None
+        for sink in self.sinks:
+            try:
+                sink.close()
+            except Exception as exc:
+                first = first or exc
+        if first is not None:
+            raise first
+
+    def __enter__(self) -> MetricsLogger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def build_sinks(cfg: MetricsConfig, run_dir: str | os.PathLike[str], total_steps: int, is_main: bool) -> MetricsLogger:
+    """The sinks `cfg` asks for, writing under `run_dir` (`metrics.jsonl`, `tb/`).
+
+    Call before training starts, so `tensorboard = "true"` without tensorboard fails at once with
+    a ConfigError. That check runs on every rank: if only rank 0 failed, the others would wait in
+    the first collective until the timeout instead of exiting.
+    """
+    if cfg.tensorboard not in CHOICES["metrics.tensorboard"]:
+        raise ConfigError("metrics.tensorboard", f"unknown value {cfg.tensorboard!r}", CHOICES["metrics.tensorboard"])
+    if cfg.tensorboard == "true" and not tensorboard_importable():
+        raise ConfigError("metrics.tensorboard", _TB_HINT)
+    if not is_main:
+        return MetricsLogger()
+
+    run_dir = Path(run_dir)
+    sinks: list[MetricsSink] = []
+    if cfg.tensorboard == "true" or (cfg.tensorboard == "auto" and tensorboard_importable()):
+        try:
+            sinks.append(TensorBoardSink(run_dir / "tb"))
+        except ImportError as exc:
+            # Installed but broken (e.g. a protobuf mismatch): "auto" means best effort.
+            if cfg.tensorboard == "true":
+                raise ConfigError("metrics.tensorboard", f"{_TB_HINT} ({exc.__cause__ or exc})") from exc
+    if cfg.jsonl:
+        sinks.append(JsonlSink(run_dir / "metrics.jsonl"))
+    if cfg.console:
+        sinks.append(ConsoleSink(total_steps))
+    return MetricsLogger(sinks)

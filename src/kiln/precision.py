@@ -1,0 +1,105 @@
+"""Precision policies: fp32 | bf16-mixed | fp16-mixed (with GradScaler) | bf16-true, and TF32.
+
+A policy is resolved once per run; the step function asks it for an autocast context and, for
+fp16, a GradScaler. fp16 without loss scaling underflows small gradients to zero, which is why
+`fp16-mixed` always comes with a scaler and bf16 (fp32's exponent range) never needs one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+
+from kiln.config.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class PrecisionPolicy:
+    name: str
+    autocast_dtype: torch.dtype | None
+    """dtype of the autocast region around forward + loss, or None for no autocast."""
+    param_dtype: torch.dtype
+    """dtype the model's floating-point parameters are kept in."""
+    needs_scaler: bool
+    """fp16 gradients need dynamic loss scaling."""
+
+    @property
+    def is_16bit(self) -> bool:
+        return self.autocast_dtype is not None or self.param_dtype != torch.float32
+
+
+_POLICIES = {
+    "fp32": PrecisionPolicy("fp32", None, torch.float32, False),
+    "bf16-mixed": PrecisionPolicy("bf16-mixed", torch.bfloat16, torch.float32, False),
+    "fp16-mixed": PrecisionPolicy("fp16-mixed", torch.float16, torch.float32, True),
+    "bf16-true": PrecisionPolicy("bf16-true", None, torch.bfloat16, False),
+}
+
+
+def resolve_precision(name: str, device: torch.device) -> PrecisionPolicy:
+    if name not in _POLICIES:
+        raise ConfigError("precision.policy", f"unknown value {name!r}", tuple(_POLICIES))
+    policy = _POLICIES[name]
+    if device.type == "cuda" and "bf16" in name and not torch.cuda.is_bf16_supported():
+        raise ConfigError("precision.policy", f"{name} needs a GPU with bfloat16 support (Ampere or newer)",
+                          ("fp32", "fp16-mixed"))
+    return policy
+
+
+def apply_precision(model: torch.nn.Module, policy: PrecisionPolicy) -> torch.nn.Module:
+    """Cast parameters for `bf16-true`; mixed policies keep fp32 master weights."""
+    if policy.param_dtype != torch.float32:
+        model.to(dtype=policy.param_dtype)
+    return model
+
+
+def autocast(policy: PrecisionPolicy, device: torch.device) -> contextlib.AbstractContextManager:
+    if policy.autocast_dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=policy.autocast_dtype)
+
+
+def with_precision(fn: Callable, policy: PrecisionPolicy, device: torch.device) -> Callable:
+    """Wrap `fn(inputs, targets)` so it runs under the policy: floating inputs are cast to the
+    parameter dtype (bf16-true) and the call runs inside autocast (mixed policies)."""
+    cast = policy.param_dtype != torch.float32
+
+    def run(inputs, targets):
+        if cast and inputs.is_floating_point():
+            inputs = inputs.to(policy.param_dtype)
+        with autocast(policy, device):
+            return fn(inputs, targets)
+
+    return run
+
+
+def make_grad_scaler(policy: PrecisionPolicy, device: torch.device) -> torch.amp.GradScaler | None:
+    if not policy.needs_scaler:
+        return None
+    return torch.amp.GradScaler(device.type)
+
+
+@contextlib.contextmanager
+def tf32_enabled(enabled: bool) -> Iterator[None]:
+    """Allow (or forbid) TF32 for fp32 matmuls and convolutions, restoring the previous setting.
+
+    `set_float32_matmul_precision` is the stable switch across torch 2.6 .. 2.13; cuDNN's flag
+    has no such wrapper, and newer torch warns on the old attribute, hence the filter.
+    """
+    old_matmul = torch.get_float32_matmul_precision()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        old_cudnn = torch.backends.cudnn.allow_tf32
+        torch.backends.cudnn.allow_tf32 = enabled
+    torch.set_float32_matmul_precision("high" if enabled else "highest")
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(old_matmul)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.backends.cudnn.allow_tf32 = old_cudnn

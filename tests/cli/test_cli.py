@@ -1,0 +1,73 @@
+"""The CLI contract: exit codes, one-line errors naming the key, files of the default run."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from kiln.cli.main import main
+
+
+def _kiln(*args, cwd=None):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "kiln", *args], capture_output=True, text=True, cwd=cwd, env=env,
+                          timeout=300)
+
+
+def test_default_train_reduces_loss(tmp_path):
+    proc = _kiln("train", "--run-dir", str(tmp_path / "run"), "metrics.console=false")
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    first = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
+    assert summary["status"] == "completed"
+    assert summary["final_loss"] < first["loss"]
+
+
+@pytest.mark.parametrize(
+    ("override", "needles"),
+    [
+        ("compile.mode=max-performance", ["compile.mode", "max-autotune"]),
+        ("no.such.key=1", ["no"]),
+        ("training.stpes=5", ["training.stpes", "steps"]),
+        ("training.steps=many", ["training.steps", "integer"]),
+        ("precision.policy=fp8", ["precision.policy", "bf16-mixed"]),
+        ("compile.backend=nvfuser", ["compile.backend", "inductor"]),
+    ],
+)
+def test_bad_input_exits_2_with_one_line(tmp_path, override, needles, capsys):
+    code = main(["train", "--run-dir", str(tmp_path / "run"), override])
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert len(err.splitlines()) == 1
+    for needle in needles:
+        assert needle in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_missing_config_file_exits_2(tmp_path, capsys):
+    assert main(["train", "--config", str(tmp_path / "nope.toml")]) == 2
+    assert "nope.toml" in capsys.readouterr().err
+
+
+def test_missing_data_file_exits_2(tmp_path, capsys):
+    code = main(["train", "--run-dir", str(tmp_path / "run"), "data.source=files",
+                 f"data.path={tmp_path / 'x.npy'}", f"data.labels_path={tmp_path / 'y.npy'}"])
+    assert code == 2
+    assert "x.npy" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
+def test_unknown_command_exits_2(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["bogus"])
+    assert exc.value.code == 2
+
+
+def test_env_json(capsys):
+    assert main(["env", "--json"]) == 0
+    env = json.loads(capsys.readouterr().out)
+    assert env["torch"]

@@ -1,0 +1,29 @@
+"""Shared test helpers. Tests run on CPU, single-threaded where it keeps them deterministic."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+# Two cores, several pytest workers at most: keep intra-op threads low so timings don't matter
+# and results do not depend on the machine's load.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+@pytest.fixture
+def tiny_overrides() -> list[str]:
+    """A seed-MLP run small enough for a unit test (a fraction of a second per step)."""
+    return [
+        "model.kwargs.hidden_size=32",
+        "model.kwargs.num_layers=2",
+        "model.kwargs.num_classes=4",
+        "model.kwargs.dropout=0.0",
+        "data.batch_size=16",
+        "data.synthetic_samples=256",
+        "training.steps=30",
+        "training.log_interval=5",
+        "training.device=cpu",
+        "metrics.console=false",
+        "metrics.tensorboard=false",
+    ]

@@ -1,0 +1,128 @@
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from kiln.config import ConfigError, MetricsConfig
+from kiln.monitor import sinks as sinks_mod
+from kiln.monitor.sinks import ConsoleSink, JsonlSink, MetricsLogger, TensorBoardSink, build_sinks, format_record
+
+RECORD = {"step": 10, "loss": 2.5, "lr": 1e-3, "samples_per_s": 1234.5, "step_ms": 12.25, "mfu": 0.42}
+
+
+def test_jsonl_lines_parse_and_reopen_appends(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    sink = JsonlSink(path)
+    sink.log(RECORD)
+    sink.log({"step": 20, "loss": float("nan"), "lr": float("inf")})
+    # flushed per write: readable before close, as after a crash
+    lines = path.read_text().splitlines()
+    assert len(lines) == 2
+    sink.close()
+    sink.close()  # idempotent
+
+    resumed = JsonlSink(path)
+    resumed.log({"step": 30, "loss": 1.0})
+    resumed.close()
+
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    assert records[0] == RECORD
+    assert records[1] == {"step": 20, "loss": None, "lr": None}  # strict JSON: non-finite -> null
+    assert records[2] == {"step": 30, "loss": 1.0}
+
+
+def test_tensorboard_writes_events(tmp_path: Path) -> None:
+    sink = TensorBoardSink(tmp_path / "tb")
+    sink.log({**RECORD, "note": "text is skipped", "flag": True})
+    sink.close()
+    events = list((tmp_path / "tb").glob("events.out.tfevents.*"))
+    assert len(events) == 1 and events[0].stat().st_size > 0
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(tmp_path / "tb"))
+    acc.Reload()
+    assert set(acc.Tags()["scalars"]) == {"loss", "lr", "samples_per_s", "step_ms", "mfu"}
+    (event,) = acc.Scalars("loss")
+    assert event.step == 10 and event.value == pytest.approx(2.5)
+
+
+def test_console_sink_non_tty_prints_lines() -> None:
+    buffer = io.StringIO()
+    console = Console(file=buffer, force_terminal=False, width=200)
+    sink = ConsoleSink(total_steps=100, console=console)
+    sink.log(RECORD)
+    sink.log({"step": 20, "loss": 2.0, "tokens_per_s": 5000.0, "eval_loss": 2.25, "[bold]x": 1})
+    sink.close()
+    lines = buffer.getvalue().splitlines()
+    assert lines[0] == "step 10/100 | loss 2.5 | lr 1.00e-03 | 1,234.5 samples/s | 12.25 ms/step | MFU 42.0%"
+    assert lines[1] == "step 20/100 | loss 2 | 5,000 tok/s | eval_loss=2.25 | [bold]x=1"
+
+
+def test_console_sink_terminal_progress() -> None:
+    buffer = io.StringIO()
+    console = Console(file=buffer, force_terminal=True, width=160)
+    sink = ConsoleSink(total_steps=100, console=console)
+    sink.log(RECORD)
+    sink.close()
+    out = buffer.getvalue()
+    assert "10/100" in out and "loss 2.5" in out
+
+
+def test_console_sink_disabled() -> None:
+    buffer = io.StringIO()
+    sink = ConsoleSink(total_steps=5, enabled=False, console=Console(file=buffer))
+    sink.log(RECORD)
+    sink.close()
+    assert buffer.getvalue() == ""
+
+
+def test_format_record_minimal() -> None:
+    assert format_record({"step": 1}) == "step 1"
+
+
+def _kinds(logger: MetricsLogger) -> set[str]:
+    return {type(s).__name__ for s in logger.sinks}
+
+
+def test_build_sinks_modes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    logger = build_sinks(MetricsConfig(tensorboard="auto", console=False), tmp_path / "a", 10, is_main=True)
+    assert _kinds(logger) == {"TensorBoardSink", "JsonlSink"}
+    logger.log(RECORD)
+    logger.close()
+    assert (tmp_path / "a" / "metrics.jsonl").exists() and (tmp_path / "a" / "tb").is_dir()
+
+    logger = build_sinks(MetricsConfig(tensorboard="true"), tmp_path / "b", 10, is_main=True)
+    assert _kinds(logger) == {"TensorBoardSink", "JsonlSink", "ConsoleSink"}
+    logger.close()
+
+    logger = build_sinks(MetricsConfig(tensorboard="false", jsonl=False), tmp_path / "c", 10, is_main=True)
+    assert _kinds(logger) == {"ConsoleSink"}
+    logger.close()
+
+    logger = build_sinks(MetricsConfig(), tmp_path / "d", 10, is_main=False)
+    assert logger.sinks == []
+    logger.log(RECORD)
+    logger.close()
+    assert not (tmp_path / "d").exists()
+
+
+def test_build_sinks_without_tensorboard(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sinks_mod, "tensorboard_importable", lambda: False)
+    logger = build_sinks(MetricsConfig(tensorboard="auto", console=False), tmp_path, 10, is_main=True)
+    assert _kinds(logger) == {"JsonlSink"}
+    logger.close()
+    for is_main in (True, False):  # every rank fails alike, so none waits on the others
+        with pytest.raises(
+            ConfigError, match=r"metrics.tensorboard: tensorboard is not installed: pip install 'kiln\[tb\]'"
+        ):
+            build_sinks(MetricsConfig(tensorboard="true"), tmp_path, 10, is_main=is_main)
+
+
+def test_build_sinks_bad_value(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="valid: auto, true, false"):
+        build_sinks(MetricsConfig(tensorboard="yes"), tmp_path, 10, is_main=True)

@@ -1,0 +1,110 @@
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+
+from kiln.config import load_config
+from kiln.config.errors import ConfigError
+from kiln.train.trainer import Trainer, train
+
+METRIC_KEYS = {"step", "loss", "lr", "grad_norm", "samples_per_s", "step_ms", "data_wait_frac"}
+SUMMARY_KEYS = {"status", "steps", "final_loss", "samples_per_s", "step_ms_median", "peak_mem_bytes"}
+
+
+def _records(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_run_writes_contract_files(tmp_path, tiny_overrides):
+    run_dir = tmp_path / "run"
+    summary = train(load_config(None, tiny_overrides), run_dir)
+    assert SUMMARY_KEYS <= summary.keys()
+    on_disk = json.loads((run_dir / "summary.json").read_text())
+    assert on_disk["status"] == "completed" and on_disk["steps"] == 30
+    assert load_config(run_dir / "config.toml").training.steps == 30
+    records = _records(run_dir)
+    assert [r["step"] for r in records] == [1, 5, 10, 15, 20, 25, 30]
+    for r in records:
+        assert METRIC_KEYS <= r.keys()
+        assert 0.0 <= r["data_wait_frac"] <= 1.0
+    assert records[0]["first_step"] is True
+    assert summary["final_loss"] < summary["first_loss"]
+    assert summary["flops_per_step"] > 0
+    assert summary["peak_mem_bytes"] > 0
+
+
+def test_lr_schedule_is_logged(tmp_path, tiny_overrides):
+    run_dir = tmp_path / "run"
+    train(load_config(None, [*tiny_overrides, "optim.warmup_steps=10", "optim.lr=0.01"]), run_dir)
+    lrs = {r["step"]: r["lr"] for r in _records(run_dir)}
+    assert lrs[5] == pytest.approx(0.01 * 6 / 10)  # scheduler already stepped past step 5
+    assert lrs[10] == pytest.approx(0.01, rel=1e-6)
+    assert lrs[30] == pytest.approx(0.001, rel=1e-6)  # cosine down to min_lr_ratio
+
+
+def test_grad_accumulation_matches_larger_batch(tmp_path, tiny_overrides):
+    base = [*tiny_overrides, "training.deterministic=true", "training.steps=10"]
+    big = train(load_config(None, [*base, "data.batch_size=16"]), tmp_path / "big")
+    acc = train(load_config(None, [*base, "data.batch_size=8", "training.grad_accum_steps=2"]), tmp_path / "acc")
+    assert acc["global_batch"] == big["global_batch"] == 16
+    assert acc["final_loss"] == pytest.approx(big["final_loss"], rel=1e-4)
+
+
+def test_deterministic_runs_repeat_exactly(tmp_path, tiny_overrides):
+    over = [*tiny_overrides, "training.deterministic=true", "model.kwargs.dropout=0.1"]
+    a = train(load_config(None, over), tmp_path / "a")
+    b = train(load_config(None, over), tmp_path / "b")
+    assert [r["loss"] for r in _records(tmp_path / "a")] == [r["loss"] for r in _records(tmp_path / "b")]
+    assert a["final_loss"] == b["final_loss"]
+
+
+def test_eval_loop_reports_loss_and_accuracy(tmp_path, tiny_overrides):
+    run_dir = tmp_path / "run"
+    summary = train(load_config(None, [*tiny_overrides, "training.eval_interval=10", "training.eval_steps=3"]), run_dir)
+    assert 0.0 <= summary["eval_accuracy"] <= 1.0
+    assert summary["eval_loss"] > 0
+    assert [r["step"] for r in _records(run_dir) if "eval_loss" in r] == [10, 20, 30]
+
+
+def test_causal_lm_reports_tokens(tmp_path):
+    over = [
+        "model.name=hf:llama-tiny", "data.batch_size=4", "data.seq_len=32", "data.synthetic_samples=64",
+        "training.steps=12", "training.log_interval=4", "training.device=cpu", "optim.lr=3e-3",
+        "metrics.console=false", "metrics.tensorboard=false",
+    ]
+    summary = train(load_config(None, over), tmp_path / "run")
+    assert summary["task"] == "causal_lm"
+    assert summary["tokens_per_s"] == pytest.approx(summary["samples_per_s"] * 32, rel=1e-6)
+    assert summary["final_loss"] < summary["first_loss"]
+
+
+def test_user_model_from_file(tmp_path, tiny_overrides, monkeypatch):
+    src = tmp_path / "mymodel.py"
+    src.write_text(textwrap.dedent("""
+        import torch
+        def make(width=16):
+            net = torch.nn.Sequential(torch.nn.Linear(8, width), torch.nn.ReLU(), torch.nn.Linear(width, 3))
+            return net, {"kind": "features", "shape": (8,), "num_classes": 3}
+    """))
+    monkeypatch.chdir(tmp_path)
+    over = [o for o in tiny_overrides if not o.startswith("model.kwargs")]
+    summary = train(load_config(None, [*over, "model.name=mymodel.py:make", "model.kwargs.width=12"]), tmp_path / "run")
+    assert summary["status"] == "completed"
+    assert summary["num_params"] == 8 * 12 + 12 + 12 * 3 + 3
+
+
+def test_existing_run_dir_is_not_overwritten(tmp_path, tiny_overrides):
+    run_dir = tmp_path / "run"
+    train(load_config(None, tiny_overrides), run_dir)
+    before = (run_dir / "summary.json").read_bytes()
+    with pytest.raises(ConfigError, match="already holds a run"):
+        Trainer(load_config(None, tiny_overrides), run_dir)
+    assert (run_dir / "summary.json").read_bytes() == before
+
+
+def test_bad_model_name_fails_before_run_dir_exists(tmp_path, tiny_overrides):
+    with pytest.raises(ConfigError, match="model.name"):
+        Trainer(load_config(None, [*tiny_overrides, "model.name=no_such_model"]), tmp_path / "run")
+    assert not (tmp_path / "run").exists()
