@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from kiln.compile import apply_compile, compile_counters
+from kiln.compile import compile_counters
 from kiln.config.load import save_config
 from kiln.config.schema import Config
 from kiln.data import build_data
@@ -23,9 +23,10 @@ from kiln.monitor.flops import count_step_flops, mfu, peak_flops
 from kiln.monitor.memory import memory_stats, reset_peak
 from kiln.monitor.sinks import build_sinks
 from kiln.monitor.summary import write_summary
-from kiln.precision import apply_precision, make_grad_scaler, resolve_precision, tf32_enabled, with_precision
+from kiln.precision import apply_precision, resolve_precision, tf32_enabled, with_precision
+from kiln.train.assemble import build_train_step
 from kiln.train.losses import build_eval_fn, build_forward_loss
-from kiln.train.optim import build_optimizer, build_scheduler, current_lr
+from kiln.train.optim import current_lr
 from kiln.train.runtime import (
     check_run_dir,
     default_run_dir,
@@ -34,7 +35,7 @@ from kiln.train.runtime import (
     seed_everything,
     synchronize,
 )
-from kiln.train.step import TrainStep, evaluate
+from kiln.train.step import evaluate
 
 log = logging.getLogger("kiln.train")
 
@@ -127,16 +128,8 @@ class Trainer:
             device, cfg.precision.policy, cfg.metrics.peak_tflops, tf32=cfg.precision.tf32
         )
 
-        apply_compile(model, cfg.compile, self.built.blocks)
-        lr_as_tensor = cfg.compile.enabled and cfg.compile.scope == "step"
-        optimizer = build_optimizer(model, cfg.optim, device, lr_as_tensor=lr_as_tensor,
-                                    param_dtype=self.policy.param_dtype)
-        scheduler = build_scheduler(optimizer, cfg.optim, tcfg.steps)
-        step_fn = TrainStep(
-            model, forward_loss, optimizer, scheduler,
-            grad_clip=tcfg.grad_clip,
-            scaler=make_grad_scaler(self.policy, device), compile_cfg=cfg.compile,
-        )
+        step_fn = build_train_step(model, self.built.task, self.built.blocks, cfg, self.policy, device)
+        optimizer = step_fn.optimizer
         eval_fn = with_precision(build_eval_fn(model, self.built.task), self.policy, device)
 
         samples_per_step = self.train_data.samples_per_batch * accum
