@@ -21,16 +21,37 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from kiln.cli import env_cmd, train_cmd
+    from kiln.cli import bench_cmd, doctor_cmd, env_cmd, explain_cmd, export_cmd, train_cmd
 
     parser = _Parser(prog="kiln", description="Fast PyTorch training and inference, with evidence.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     train_cmd.add_parser(sub)
     env_cmd.add_parser(sub)
+    bench_cmd.add_parser(sub)
+    explain_cmd.add_parser(sub)
+    doctor_cmd.add_parser(sub)
+    export_cmd.add_parser(sub)
     return parser
 
 
+def _setup_logging() -> None:
+    import logging
+    import os
+
+    rank = os.environ.get("RANK")
+    prefix = f"kiln[rank {rank}]" if rank is not None and os.environ.get("WORLD_SIZE", "1") != "1" else "kiln"
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(f"{prefix}: %(message)s"))
+    logger = logging.getLogger("kiln")
+    if not logger.handlers:
+        logger.addHandler(handler)
+    # Rank 0 tells what it decided (strategy, compile); other ranks speak up only about problems.
+    logger.setLevel(logging.INFO if rank in (None, "0") else logging.WARNING)
+    logger.propagate = False
+
+
 def main(argv: list[str] | None = None) -> int:
+    _setup_logging()
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "run", None):

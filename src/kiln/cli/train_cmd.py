@@ -1,4 +1,4 @@
-"""`kiln train [--config FILE.toml] [--run-dir DIR] [KEY=VALUE ...]`."""
+"""`kiln train [--config FILE.toml] [--run-dir DIR] [--nproc-per-node N ...] [KEY=VALUE ...]`."""
 
 from __future__ import annotations
 
@@ -13,19 +13,54 @@ def add_parser(sub) -> None:
     )
     p.add_argument("--config", help="TOML config file (see configs/); defaults apply to missing keys")
     p.add_argument("--run-dir", help="output directory (default: runs/<time>-<model>)")
+    d = p.add_argument_group("distributed (runs torchrun for you; `torchrun -m kiln train ...` works too)")
+    d.add_argument("--nproc-per-node", type=int, help="processes on this node (one per GPU; gloo ranks on CPU)")
+    d.add_argument("--nnodes", type=int, default=1, help="number of nodes")
+    d.add_argument("--node-rank", type=int, help="this node's rank (0 on the rendezvous host)")
+    d.add_argument("--rdzv-endpoint", help="HOST:PORT of node rank 0, for several nodes")
+    d.add_argument("--max-restarts", type=int, default=0, help="restart the group up to K times after a failure")
+    d.add_argument("--rdzv-wait", type=float, default=30.0, help="seconds a non-zero node waits for the endpoint")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, applied after --config")
     p.set_defaults(run=run)
+
+
+def _launch(args: argparse.Namespace, cfg) -> int:
+    from pathlib import Path
+
+    from kiln.distributed.launch import LaunchSpec, check_launch, launch
+    from kiln.train.preflight import preflight
+    from kiln.train.runtime import default_run_dir
+
+    spec = LaunchSpec(
+        nproc_per_node=args.nproc_per_node if args.nproc_per_node is not None else 1,
+        nnodes=args.nnodes,
+        node_rank=args.node_rank,
+        rdzv_endpoint=args.rdzv_endpoint,
+        max_restarts=args.max_restarts,
+        rdzv_wait_s=args.rdzv_wait,
+    )
+    run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(cfg.model.name)
+    check_launch(spec, cfg.training.device)
+    preflight(cfg, run_dir)
+    passthrough = (["--config", args.config] if args.config else []) + list(args.overrides)
+    code = launch(spec, run_dir, passthrough)
+    print(f"kiln: {'completed' if code == 0 else 'failed'}; run dir {run_dir}")
+    return code
 
 
 def run(args: argparse.Namespace) -> int:
     from kiln.config import load_config
 
     cfg = load_config(args.config, args.overrides)  # ConfigError -> exit 2 before any work
+    if args.nproc_per_node is not None or args.nnodes > 1:
+        return _launch(args, cfg)
 
     from kiln.train.trainer import Trainer
 
     trainer = Trainer(cfg, args.run_dir)  # builds model and data: bad paths/names also exit 2 here
     summary = trainer.fit()
+    if not trainer.dist.is_main:
+        return 0
     rate = summary.get("tokens_per_s") and f"{summary['tokens_per_s']:.0f} tokens/s" or (
         f"{summary['samples_per_s']:.0f} samples/s"
     )

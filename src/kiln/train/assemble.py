@@ -6,10 +6,13 @@ that training runs.
 
 from __future__ import annotations
 
-import torch
+from collections.abc import Callable
 
-from kiln.compile import apply_compile
+import torch
+from torch import Tensor
+
 from kiln.config.schema import Config
+from kiln.distributed.apply import apply_parallel
 from kiln.precision import PrecisionPolicy, make_grad_scaler, with_precision
 from kiln.train.losses import build_forward_loss
 from kiln.train.optim import build_optimizer, build_scheduler
@@ -23,11 +26,19 @@ def build_train_step(
     cfg: Config,
     policy: PrecisionPolicy,
     device: torch.device,
+    strategy: str = "none",
+    *,
+    loss_builder: Callable[[torch.nn.Module], Callable[[Tensor, Tensor], Tensor]] | None = None,
 ) -> TrainStep:
-    """Compile `model` per cfg.compile (in place for scope `model`), then build the optimizer,
-    LR schedule, grad scaler and the step function around it."""
-    apply_compile(model, cfg.compile, blocks)
-    forward_loss = with_precision(build_forward_loss(model, task), policy, device)
+    """Compile and parallelise `model` (see kiln.distributed.apply for the order), then build the
+    optimizer, LR schedule, grad scaler and the step function around it. `step.model` is the
+    model to call (a DDP wrapper under DDP; FSDP2 shards in place).
+
+    `loss_builder(model) -> forward_loss(inputs, targets)` replaces the task's loss (kiln bench
+    compile's distillation loss); it gets the model after compile/parallel wrapping."""
+    model, grad_sync = apply_parallel(model, blocks, cfg, policy, device, strategy)
+    build = loss_builder if loss_builder is not None else (lambda m: build_forward_loss(m, task))
+    forward_loss = with_precision(build(model), policy, device)
     # A compiled optimizer step reads the LR from a tensor, so the schedule causes no recompiles.
     lr_as_tensor = cfg.compile.enabled and cfg.compile.scope == "step"
     optimizer = build_optimizer(model, cfg.optim, device, lr_as_tensor=lr_as_tensor, param_dtype=policy.param_dtype)
@@ -40,4 +51,5 @@ def build_train_step(
         grad_clip=cfg.training.grad_clip,
         scaler=make_grad_scaler(policy, device),
         compile_cfg=cfg.compile,
+        grad_sync=grad_sync,
     )

@@ -6,6 +6,7 @@ tensors, and the trainer reads them at log intervals only, so the CPU can run ah
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 
 import torch
@@ -13,6 +14,7 @@ from torch import Tensor
 
 from kiln.compile import compile_function
 from kiln.config.schema import CompileConfig
+from kiln.distributed.env import all_reduce_sum
 
 
 class TrainStep:
@@ -32,6 +34,7 @@ class TrainStep:
         grad_clip: float,
         scaler: torch.amp.GradScaler | None = None,
         compile_cfg: CompileConfig | None = None,
+        grad_sync: Callable[[bool], contextlib.AbstractContextManager] | None = None,
     ) -> None:
         self.model = model
         self.optimizer = optimizer
@@ -39,6 +42,8 @@ class TrainStep:
         self.scaler = scaler
         self.grad_clip = grad_clip
         self.params = [p for p in model.parameters() if p.requires_grad]
+        # DDP/FSDP: communicate gradients only on the last micro-step of an accumulation.
+        self._grad_sync = grad_sync or (lambda is_last: contextlib.nullcontext())
 
         self._loss_fn = forward_loss
         self._update_fn = self._update
@@ -71,12 +76,13 @@ class TrainStep:
     def __call__(self, micro_batches: list[tuple[Tensor, Tensor]], want_grad_norm: bool = False):
         n = len(micro_batches)
         total = None
-        for inputs, targets in micro_batches:
-            loss = self._loss_fn(inputs, targets)
-            scaled = loss / n if n > 1 else loss
-            if self.scaler is not None:
-                scaled = self.scaler.scale(scaled)
-            scaled.backward()
+        for i, (inputs, targets) in enumerate(micro_batches):
+            with self._grad_sync(i == n - 1):
+                loss = self._loss_fn(inputs, targets)
+                scaled = loss / n if n > 1 else loss
+                if self.scaler is not None:
+                    scaled = self.scaler.scale(scaled)
+                scaled.backward()
             detached = loss.detach()
             total = detached if total is None else total + detached
         if self.scaler is not None:
@@ -114,9 +120,13 @@ def evaluate(
             items += targets.numel()
             batches_done += 1
     model.train(was_training)
-    if batches_done == 0:
+    # Each rank evaluated its own shard: sum the parts (one collective; a no-op in one process).
+    totals = torch.stack([loss_sum, correct.to(loss_sum.dtype),
+                          torch.tensor(float(batches_done), device=device), torch.tensor(float(items), device=device)])
+    totals = all_reduce_sum(totals).tolist()
+    if totals[2] == 0:
         return {}
-    result = {"eval_loss": (loss_sum / batches_done).item()}
+    result = {"eval_loss": totals[0] / totals[2]}
     if has_accuracy:
-        result["eval_accuracy"] = correct.item() / max(items, 1)
+        result["eval_accuracy"] = totals[1] / max(totals[3], 1)
     return result

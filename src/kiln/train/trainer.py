@@ -1,13 +1,13 @@
-"""The single-process trainer: build -> apply (precision, compile) -> loop with log-interval hooks.
+"""The trainer: build -> apply (precision, compile, DDP/FSDP2) -> loop with log-interval hooks.
 
 Read top to bottom: `Trainer.__init__` builds and checks everything that can fail on bad input
-(so a typo costs no compute and writes nothing), `fit` creates the run dir and trains.
+(so a typo costs no compute and writes nothing), `fit` joins the process group, creates the run
+dir (rank 0) and trains. One process and N torchrun ranks run the same code.
 """
 
 from __future__ import annotations
 
 import logging
-import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -15,17 +15,28 @@ from typing import Any
 import torch
 
 from kiln.compile import compile_counters
+from kiln.config.errors import ConfigError
 from kiln.config.load import save_config
 from kiln.config.schema import Config
 from kiln.data import build_data
+from kiln.distributed.env import (
+    DistEnv,
+    backend_for,
+    barrier,
+    destroy_process_group,
+    device_for,
+    init_process_group,
+)
+from kiln.distributed.strategy import resolve_strategy
 from kiln.models import build_model
-from kiln.monitor.flops import count_step_flops, mfu, peak_flops
+from kiln.monitor.flops import count_step_flops, peak_flops
 from kiln.monitor.memory import memory_stats, reset_peak
 from kiln.monitor.sinks import build_sinks
 from kiln.monitor.summary import write_summary
 from kiln.precision import apply_precision, resolve_precision, tf32_enabled, with_precision
 from kiln.train.assemble import build_train_step
 from kiln.train.losses import build_eval_fn, build_forward_loss
+from kiln.train.meter import IntervalMeter
 from kiln.train.optim import current_lr
 from kiln.train.runtime import (
     check_run_dir,
@@ -40,59 +51,68 @@ from kiln.train.step import evaluate
 log = logging.getLogger("kiln.train")
 
 
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    k = (len(ordered) - 1) * q
-    lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
-
-
 class Trainer:
     def __init__(self, cfg: Config, run_dir: str | Path | None = None) -> None:
         self.cfg = cfg
-        self.device = resolve_device(cfg.training.device)
+        self.dist = DistEnv.from_env()
+        multi = self.dist.world_size > 1
+        self.device = device_for(self.dist, cfg.training.device) if multi else resolve_device(cfg.training.device)
         self.policy = resolve_precision(cfg.precision.policy, self.device)
         self.run_dir = Path(run_dir) if run_dir is not None else default_run_dir(cfg.model.name)
-        check_run_dir(self.run_dir)
-        seed_everything(cfg.training.seed)
+        if multi and run_dir is None:
+            raise ConfigError("--run-dir", "several ranks need one run dir chosen up front; pass --run-dir")
+        if self.dist.is_main:
+            check_run_dir(self.run_dir)
+        seed_everything(cfg.training.seed)  # same seed on every rank: identical initial weights
         built = build_model(cfg.model)
         self.built = built
         self.model = apply_precision(built.module.to(self.device), self.policy)
-        self.train_data = build_data(cfg.data, built.input_spec, device=self.device, seed=cfg.training.seed)
+        self.num_params = sum(p.numel() for p in self.model.parameters())
+        param_bytes = torch.finfo(self.policy.param_dtype).bits // 8
+        self.strategy, self.strategy_reason = resolve_strategy(
+            cfg, self.dist.world_size, self.num_params, param_bytes, self.device
+        )
+        shard = {"rank": self.dist.rank, "world_size": self.dist.world_size}
+        self.train_data = build_data(cfg.data, built.input_spec, device=self.device, seed=cfg.training.seed, **shard)
         self.eval_data = None
         if cfg.training.eval_interval > 0:
             self.eval_data = build_data(
-                cfg.data, built.input_spec, device=self.device, seed=cfg.training.seed, split="eval"
+                cfg.data, built.input_spec, device=self.device, seed=cfg.training.seed, split="eval", **shard
             )
             if self.eval_data is None:
                 log.warning("training.eval_interval is set but data has no eval split (data.eval_path); eval is off")
         if cfg.compile.enabled and cfg.compile.regional and not built.blocks:
-            from kiln.config.errors import ConfigError
-
             raise ConfigError("compile.regional", f"{cfg.model.name} has no repeated blocks to compile one by one")
-        self.num_params = sum(p.numel() for p in self.model.parameters())
 
     # -- one-time measurements --------------------------------------------------------------
-    def _count_flops(self, forward_loss, batch) -> int | None:
+    def _count_flops(self, batch) -> int | None:
+        """FLOPs of one optimizer step on one device, counted on the eager, unwrapped model."""
         if not self.cfg.metrics.mfu:
             return None
+        forward_loss = with_precision(build_forward_loss(self.model, self.built.task), self.policy, self.device)
         inputs, targets = batch
-
-        def fwd_bwd() -> None:
-            forward_loss(inputs, targets).backward()
-
         try:
-            flops = count_step_flops(fwd_bwd, device=self.device, module=self.model)
+            flops = count_step_flops(lambda: forward_loss(inputs, targets).backward(),
+                                     device=self.device, module=self.model)
         finally:
             self.model.zero_grad(set_to_none=True)
         return flops * self.cfg.training.grad_accum_steps
 
     # -- the run ----------------------------------------------------------------------------
     def fit(self) -> dict[str, Any]:
-        cfg = self.cfg
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        save_config(cfg, self.run_dir / "config.toml")
-        sinks = build_sinks(cfg.metrics, self.run_dir, cfg.training.steps, is_main=True)
+        cfg, main = self.cfg, self.dist.is_main
+        if self.dist.world_size > 1 or self.dist.launched:
+            init_process_group(self.dist, self.device, backend_for(self.device, cfg.distributed.backend),
+                               cfg.distributed.timeout_s)
+        if cfg.distributed.bind_numa:
+            from kiln.distributed.numa import bind_to_gpu_numa_node
+
+            log.info(bind_to_gpu_numa_node(self.device))
+        if main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            save_config(cfg, self.run_dir / "config.toml")
+            log.info("strategy: %s (%s)", self.strategy, self.strategy_reason)
+        sinks = build_sinks(cfg.metrics, self.run_dir, cfg.training.steps, is_main=main)
         summary: dict[str, Any] = {"status": "running", "steps": 0, "run_dir": str(self.run_dir)}
         started = time.perf_counter()
         try:
@@ -110,115 +130,70 @@ class Trainer:
             summary["wall_s"] = round(time.perf_counter() - started, 3)
             summary.update(getattr(self, "_progress", {}))
             sinks.close()
-            write_summary(self.run_dir / "summary.json", summary)
+            if main:
+                write_summary(self.run_dir / "summary.json", summary)
+            destroy_process_group()
         return summary
 
     def _train(self, sinks) -> dict[str, Any]:
         cfg, device = self.cfg, self.device
         tcfg = cfg.training
         accum = tcfg.grad_accum_steps
-        model = self.model
-        model.train()
-        forward_loss = with_precision(build_forward_loss(model, self.built.task), self.policy, device)
+        self.model.train()
         data_iter = iter(self.train_data)
+        pending = [next(data_iter)]
+        flops_per_step = self._count_flops(pending[0])
+        peak, peak_source = peak_flops(device, cfg.precision.policy, cfg.metrics.peak_tflops, tf32=cfg.precision.tf32)
 
-        first_batch = next(data_iter)
-        flops_per_step = self._count_flops(forward_loss, first_batch)
-        peak, peak_source = peak_flops(
-            device, cfg.precision.policy, cfg.metrics.peak_tflops, tf32=cfg.precision.tf32
-        )
-
-        step_fn = build_train_step(model, self.built.task, self.built.blocks, cfg, self.policy, device)
-        optimizer = step_fn.optimizer
+        step_fn = build_train_step(self.model, self.built.task, self.built.blocks, cfg, self.policy, device,
+                                   strategy=self.strategy)
+        model = step_fn.model
         eval_fn = with_precision(build_eval_fn(model, self.built.task), self.policy, device)
-
-        samples_per_step = self.train_data.samples_per_batch * accum
-        tokens_per_step = (self.train_data.tokens_per_batch or 0) * accum or None
+        meter = IntervalMeter(
+            device,
+            samples_per_step=self.train_data.samples_per_batch * accum,
+            tokens_per_step=(self.train_data.tokens_per_batch or 0) * accum or None,
+            world_size=self.dist.world_size,
+            flops_per_step=flops_per_step,
+            peak_flops=peak,
+        )
         reset_peak(device)
-
-        pending = [first_batch]
-        interval_loss = torch.zeros((), device=device)
-        interval_steps = 0
-        interval_data_s = 0.0
-        records: list[dict[str, Any]] = []
-        step_ms_values: list[float] = []
+        record: dict[str, Any] = {}
         evals: dict[str, float] = {}
-        first_loss = None
+        barrier()
         synchronize(device)
-        t_interval = t_run = time.perf_counter()
-        first_step_s = None
-
+        meter.restart_clock()
         for step in range(1, tcfg.steps + 1):
             t_data = time.perf_counter()
             while len(pending) < accum:
                 pending.append(next(data_iter))
-            interval_data_s += time.perf_counter() - t_data
+            meter.add_data_wait(time.perf_counter() - t_data)
             is_log = step == 1 or step % tcfg.log_interval == 0 or step == tcfg.steps
             loss, grad_norm = step_fn(pending, want_grad_norm=is_log)
             pending = []
-            interval_loss += loss
-            interval_steps += 1
+            meter.add_step(loss)
             self._progress = {"steps": step}
-
             if not is_log:
                 continue
-            # The only host reads of device values: once per log interval.
-            loss_value = (interval_loss / interval_steps).item()
-            now = time.perf_counter()
-            elapsed = now - t_interval
-            step_s = elapsed / interval_steps
-            record: dict[str, Any] = {
-                "step": step,
-                "loss": loss_value,
-                "lr": current_lr(optimizer),
-                "grad_norm": float(grad_norm.item()) if grad_norm is not None else None,
-                "samples_per_s": samples_per_step / step_s,
-                "step_ms": step_s * 1e3,
-                "data_wait_frac": min(1.0, interval_data_s / elapsed) if elapsed > 0 else 0.0,
-            }
-            if tokens_per_step:
-                record["tokens_per_s"] = tokens_per_step / step_s
-            if flops_per_step:
-                record["tflops"] = flops_per_step / step_s / 1e12
-                record["mfu"] = mfu(flops_per_step, step_s, peak)
-            record.update({k: v for k, v in memory_stats(device).items() if v is not None})
-            if step == 1:
-                first_step_s = elapsed
-                first_loss = loss_value
-                record["first_step"] = True  # includes compilation and warm-up
-            else:
-                step_ms_values.append(record["step_ms"])
+            record = meter.record(step, current_lr(step_fn.optimizer), grad_norm)
             if self.eval_data is not None and (step % tcfg.eval_interval == 0 or step == tcfg.steps):
                 self.eval_data.reset()  # every eval pass sees the same batches
                 evals = evaluate(model, eval_fn, self.eval_data, tcfg.eval_steps, device=device)
                 record.update(evals)
-            records.append(record)
             sinks.log(record)
-            interval_loss = torch.zeros((), device=device)
-            interval_steps = 0
-            interval_data_s = 0.0
             synchronize(device)
-            t_interval = time.perf_counter()
+            meter.restart_clock()
 
-        total_s = time.perf_counter() - t_run
-        steady = step_ms_values or [records[-1]["step_ms"]]
-        step_ms_median = statistics.median(steady)
-        mem = memory_stats(device)
         result: dict[str, Any] = {
             "steps": tcfg.steps,
-            "first_loss": first_loss,
-            "final_loss": records[-1]["loss"],
-            "samples_per_s": samples_per_step / (step_ms_median / 1e3),
-            "step_ms_median": step_ms_median,
-            "step_ms_p10": _percentile(steady, 0.1),
-            "step_ms_p90": _percentile(steady, 0.9),
-            "first_step_s": first_step_s,
-            "train_s": total_s,
-            "peak_mem_bytes": mem.get("max_allocated_bytes") or mem.get("max_rss_bytes"),
-            "memory": mem,
+            **meter.summary(record),
+            "peak_mem_bytes": memory_stats(device).get("peak_mem_bytes"),
+            "memory": memory_stats(device),
             "num_params": self.num_params,
-            "world_size": 1,
-            "global_batch": samples_per_step,
+            "world_size": self.dist.world_size,
+            "strategy": self.strategy,
+            "strategy_reason": self.strategy_reason,
+            "global_batch": self.train_data.samples_per_batch * accum * self.dist.world_size,
             "device": str(device),
             "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
             "precision": cfg.precision.policy,
@@ -227,18 +202,12 @@ class Trainer:
                         "regional": cfg.compile.regional, **compile_counters()},
             "task": self.built.task,
             "torch": torch.__version__,
+            "peak_flops_source": peak_source,
         }
-        if tokens_per_step:
-            result["tokens_per_s"] = tokens_per_step / (step_ms_median / 1e3)
-        if flops_per_step:
-            result["flops_per_step"] = flops_per_step
-            result["mfu"] = mfu(flops_per_step, step_ms_median / 1e3, peak)
-            result["peak_flops"] = peak
-            result["peak_flops_source"] = peak_source
         result.update(evals)
         return result
 
 
 def train(cfg: Config, run_dir: str | Path | None = None) -> dict[str, Any]:
-    """Build, train and return the summary (also written to `run_dir/summary.json`)."""
+    """Build, train and return the summary (also written to `run_dir/summary.json` by rank 0)."""
     return Trainer(cfg, run_dir).fit()

@@ -1,0 +1,1 @@
+"""Data parallelism through torch.distributed: process groups, torchrun launch, DDP, FSDP2."""

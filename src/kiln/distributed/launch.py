@@ -1,0 +1,127 @@
+"""`kiln train --nproc-per-node N ...`: check the job here, then hand it to torchrun.
+
+torchrun (torch.distributed.run) starts the ranks, sets RANK/WORLD_SIZE/..., and with
+`--max-restarts K` its elastic agent restarts the whole group when a rank dies. Each rank runs
+`python -m kiln train` with the same config and run dir, exactly what `torchrun -m kiln train`
+would run by hand. Bad input is rejected in this parent process first, so it exits 2 once
+instead of N ranks failing in parallel.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from kiln.config.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    nproc_per_node: int
+    nnodes: int = 1
+    node_rank: int | None = None
+    rdzv_endpoint: str | None = None
+    max_restarts: int = 0
+    rdzv_wait_s: float = 30.0
+
+
+def _local_addresses() -> set[str]:
+    names = {"localhost", "127.0.0.1", "::1", socket.gethostname(), socket.getfqdn()}
+    try:
+        names |= {info[4][0] for info in socket.getaddrinfo(socket.gethostname(), None)}
+    except OSError:
+        pass
+    return names
+
+
+def parse_endpoint(endpoint: str) -> tuple[str, int]:
+    host, sep, port = endpoint.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError("--rdzv-endpoint", f"{endpoint!r} is not HOST:PORT")
+    return host.strip("[]"), int(port)
+
+
+def _is_local(host: str) -> bool:
+    if host in _local_addresses():
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_endpoint(host: str, port: int, *, must_listen_here: bool, wait_s: float) -> None:
+    """Fail fast on an endpoint that can never work: a name that does not resolve, rank 0 on a
+    machine that is not the endpoint, or (other ranks) nothing listening within `wait_s`."""
+    try:
+        socket.getaddrinfo(host, port)
+    except OSError as exc:
+        raise ConfigError("--rdzv-endpoint", f"{host}:{port} does not resolve: {exc}") from None
+    if must_listen_here:
+        if not _is_local(host):
+            raise ConfigError("--rdzv-endpoint", f"node rank 0 hosts the rendezvous, but {host} is not this machine")
+        return
+    deadline = time.monotonic() + wait_s
+    last: OSError | None = None
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection((host, port), timeout=min(2.0, wait_s)):
+                return
+        except OSError as exc:
+            last = exc
+            time.sleep(0.5)
+    raise ConfigError("--rdzv-endpoint", f"{host}:{port} is unreachable after {wait_s:.0f} s ({last}); "
+                      "start node rank 0 first and check the address and firewall")
+
+
+def check_launch(spec: LaunchSpec, device_choice: str) -> None:
+    if spec.nproc_per_node < 1:
+        raise ConfigError("--nproc-per-node", f"must be >= 1, got {spec.nproc_per_node}")
+    if spec.nnodes < 1:
+        raise ConfigError("--nnodes", f"must be >= 1, got {spec.nnodes}")
+    if spec.max_restarts < 0:
+        raise ConfigError("--max-restarts", f"must be >= 0, got {spec.max_restarts}")
+    uses_gpu = device_choice.startswith("cuda") or (device_choice == "auto" and torch.cuda.is_available())
+    if uses_gpu:
+        visible = torch.cuda.device_count()
+        if spec.nproc_per_node > visible:
+            raise ConfigError("--nproc-per-node", f"{spec.nproc_per_node} processes but {visible} visible GPUs "
+                              "(one GPU per process)", [str(i) for i in range(1, visible + 1)])
+    if spec.nnodes > 1:
+        if not spec.rdzv_endpoint:
+            raise ConfigError("--rdzv-endpoint", "several nodes need a rendezvous endpoint HOST:PORT")
+        if spec.node_rank is None:
+            raise ConfigError("--node-rank", "several nodes need this node's rank (0 on the endpoint's host)")
+        if not 0 <= spec.node_rank < spec.nnodes:
+            raise ConfigError("--node-rank", f"must be in [0, {spec.nnodes}), got {spec.node_rank}")
+    if spec.rdzv_endpoint:
+        host, port = parse_endpoint(spec.rdzv_endpoint)
+        check_endpoint(host, port, must_listen_here=(spec.node_rank or 0) == 0, wait_s=spec.rdzv_wait_s)
+
+
+def torchrun_command(spec: LaunchSpec, run_dir: Path, train_args: list[str]) -> list[str]:
+    """The torchrun argv. One node: a private rendezvous on a free local port (`--standalone`).
+    Several nodes: static rendezvous at the endpoint with explicit node ranks, which is what
+    `--node-rank` means to torchrun (the c10d backend would assign ranks itself)."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={spec.nproc_per_node}",
+           f"--max-restarts={spec.max_restarts}"]
+    if spec.nnodes == 1 and not spec.rdzv_endpoint:
+        cmd.append("--standalone")
+    else:
+        host, port = parse_endpoint(spec.rdzv_endpoint)
+        cmd += [f"--nnodes={spec.nnodes}", f"--node-rank={spec.node_rank or 0}",
+                f"--master-addr={host}", f"--master-port={port}"]
+    return [*cmd, "-m", "kiln", "train", "--run-dir", str(run_dir), *train_args]
+
+
+def launch(spec: LaunchSpec, run_dir: Path, train_args: list[str]) -> int:
+    """Run torchrun and return its exit code (0, or 1 for any failure of the ranks)."""
+    proc = subprocess.run(torchrun_command(spec, run_dir, train_args), check=False)
+    return 0 if proc.returncode == 0 else 1

@@ -1,0 +1,49 @@
+"""Which strategy a run uses, and why: `auto` picks FSDP when one device could not hold the
+model's training state comfortably, DDP otherwise."""
+
+from __future__ import annotations
+
+import torch
+
+from kiln.config.errors import ConfigError
+from kiln.config.schema import Config
+
+# Share of device memory the training state (params + grads + optimizer) may take before `auto`
+# shards it; the rest is for activations, workspace and fragmentation.
+STATE_BUDGET = 0.5
+
+
+def training_state_bytes(num_params: int, param_bytes: int, optimizer: str) -> int:
+    """Parameters + gradients (param dtype) + optimizer state (fp32: AdamW 2 moments, SGD 1)."""
+    moments = 2 if optimizer == "adamw" else 1
+    return num_params * (2 * param_bytes + 4 * moments)
+
+
+def device_memory_bytes(device: torch.device) -> int | None:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    return None
+
+
+def resolve_strategy(cfg: Config, world_size: int, num_params: int, param_bytes: int,
+                     device: torch.device) -> tuple[str, str]:
+    """(strategy, reason). One process is always `none`."""
+    chosen = cfg.distributed.strategy
+    if world_size == 1:
+        if chosen in ("ddp", "fsdp"):
+            return "none", f"distributed.strategy={chosen} with one process: nothing to parallelise"
+        return "none", "one process"
+    if chosen == "none":
+        raise ConfigError("distributed.strategy", f"'none' runs one process, but the job has {world_size}",
+                          ("ddp", "fsdp", "auto"))
+    state = training_state_bytes(num_params, param_bytes, cfg.optim.name)
+    if chosen != "auto":
+        return chosen, f"distributed.strategy={chosen}"
+    mem = device_memory_bytes(device)
+    gib = state / 2**30
+    if mem is None:
+        return "ddp", f"auto: training state {gib:.2f} GiB; device memory unknown (CPU), replicating with DDP"
+    if state > STATE_BUDGET * mem:
+        return "fsdp", (f"auto: training state {gib:.1f} GiB > {STATE_BUDGET:.0%} of {mem / 2**30:.0f} GiB per device, "
+                        "sharding with FSDP2")
+    return "ddp", f"auto: training state {gib:.2f} GiB fits in {STATE_BUDGET:.0%} of {mem / 2**30:.0f} GiB, DDP"

@@ -1,0 +1,123 @@
+"""Per-log-interval bookkeeping: device-side loss sums between logs, one host read per log.
+
+At a log step every rank takes part in two small collectives (mean loss, and an all_gather of
+each rank's interval time and peak memory), so rank 0 can report global throughput and spot
+stragglers without any per-step synchronisation.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+import torch
+
+from kiln.distributed.env import all_reduce_mean, gather_floats
+from kiln.monitor.flops import mfu
+from kiln.monitor.memory import memory_stats
+
+
+def scalar(value: torch.Tensor | None) -> float | None:
+    """Host float of a device scalar; a sharded (DTensor) norm is reduced first."""
+    if value is None:
+        return None
+    if hasattr(value, "full_tensor"):
+        value = value.full_tensor()
+    return float(value.item())
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    k = (len(ordered) - 1) * q
+    lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
+class IntervalMeter:
+    def __init__(self, device: torch.device, *, samples_per_step: int, tokens_per_step: int | None,
+                 world_size: int, flops_per_step: int | None, peak_flops: float | None) -> None:
+        self.device = device
+        self.samples_per_step = samples_per_step  # per rank
+        self.tokens_per_step = tokens_per_step
+        self.world_size = world_size
+        self.flops_per_step = flops_per_step
+        self.peak_flops = peak_flops
+        self.steady_step_ms: list[float] = []
+        self.first_step_s: float | None = None
+        self.first_loss: float | None = None
+        self._reset()
+
+    def _reset(self) -> None:
+        self._loss = torch.zeros((), device=self.device)
+        self._steps = 0
+        self._data_s = 0.0
+        self._start = time.perf_counter()
+
+    def restart_clock(self) -> None:
+        self._start = time.perf_counter()
+
+    def add_data_wait(self, seconds: float) -> None:
+        self._data_s += seconds
+
+    def add_step(self, loss: torch.Tensor) -> None:
+        self._loss += loss  # device op: no host read
+        self._steps += 1
+
+    def record(self, step: int, lr: float, grad_norm: torch.Tensor | None) -> dict[str, Any]:
+        """Close the interval ending at `step`: the only host reads of device values."""
+        loss = float(all_reduce_mean(self._loss / self._steps).item())
+        elapsed = time.perf_counter() - self._start
+        mem = memory_stats(self.device)
+        per_rank = gather_floats([elapsed, float(mem.get("peak_mem_bytes") or 0)], self.device)
+        times = [r[0] for r in per_rank]
+        step_s = max(times) / self._steps  # the slowest rank sets the pace of a synchronous step
+        record: dict[str, Any] = {
+            "step": step,
+            "loss": loss,
+            "lr": lr,
+            "grad_norm": scalar(grad_norm),
+            "samples_per_s": self.samples_per_step * self.world_size / step_s,
+            "step_ms": step_s * 1e3,
+            "data_wait_frac": min(1.0, self._data_s / elapsed) if elapsed > 0 else 0.0,
+        }
+        if self.world_size > 1:
+            record["samples_per_s_per_device"] = self.samples_per_step / step_s
+            record["step_ms_ranks"] = [t / self._steps * 1e3 for t in times]
+            record["straggler_ratio"] = max(times) / statistics.median(times)
+            record["peak_mem_bytes_max_rank"] = max(r[1] for r in per_rank)
+        if self.tokens_per_step:
+            record["tokens_per_s"] = self.tokens_per_step * self.world_size / step_s
+        if self.flops_per_step:
+            record["tflops"] = self.flops_per_step / step_s / 1e12  # per device
+            record["mfu"] = mfu(self.flops_per_step, step_s, self.peak_flops)
+        record.update({k: v for k, v in mem.items() if v is not None})
+        if self.first_step_s is None:
+            self.first_step_s = elapsed
+            self.first_loss = loss
+            record["first_step"] = True  # step 1 alone: includes compilation and warm-up
+        else:
+            self.steady_step_ms.append(record["step_ms"])
+        self._reset()
+        return record
+
+    def summary(self, last: dict[str, Any]) -> dict[str, Any]:
+        steady = self.steady_step_ms or [last["step_ms"]]
+        median_ms = statistics.median(steady)
+        out: dict[str, Any] = {
+            "first_loss": self.first_loss,
+            "final_loss": last["loss"],
+            "first_step_s": self.first_step_s,
+            "step_ms_median": median_ms,
+            "step_ms_p10": percentile(steady, 0.1),
+            "step_ms_p90": percentile(steady, 0.9),
+            "samples_per_s": self.samples_per_step * self.world_size / (median_ms / 1e3),
+            "samples_per_s_per_device": self.samples_per_step / (median_ms / 1e3),
+        }
+        if self.tokens_per_step:
+            out["tokens_per_s"] = self.tokens_per_step * self.world_size / (median_ms / 1e3)
+        if self.flops_per_step:
+            out["flops_per_step"] = self.flops_per_step
+            out["mfu"] = mfu(self.flops_per_step, median_ms / 1e3, self.peak_flops)
+            out["peak_flops"] = self.peak_flops
+        return out

@@ -1,0 +1,41 @@
+"""Checks a launcher runs before starting ranks, so bad input exits 2 once, in the parent,
+before any rank spends time or writes anything."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+
+from kiln.config.errors import ConfigError
+from kiln.config.schema import Config
+from kiln.train.runtime import check_run_dir
+
+log = logging.getLogger("kiln.train")
+
+
+def preflight(cfg: Config, run_dir: Path) -> None:
+    """Config was validated on load; here: the run dir, the model factory and its arguments
+    (built on the meta device: no memory, no compute), file data, and FSDP2 support."""
+    check_run_dir(run_dir)
+    from kiln.models import build_model
+
+    try:
+        with torch.device("meta"):
+            built = build_model(cfg.model)
+    except ConfigError:
+        raise
+    except Exception as exc:  # some factories cannot build on meta; the ranks will build for real
+        log.debug("preflight: model not built on meta (%s); ranks will check it", exc)
+        built = None
+    if cfg.data.source != "synthetic":
+        from kiln.data import build_data
+
+        build_data(cfg.data, built.input_spec if built else None, device=torch.device("cpu"), seed=cfg.training.seed)
+    if cfg.distributed.strategy == "fsdp":
+        from kiln.distributed.fsdp import fsdp_available
+
+        if not fsdp_available():
+            raise ConfigError("distributed.strategy", f"FSDP2 (fully_shard) is not in torch {torch.__version__}",
+                              ("ddp", "auto"))
