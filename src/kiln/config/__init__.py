@@ -3,6 +3,7 @@
 from kiln.config.errors import ConfigError
 from kiln.config.load import apply_override, dump_toml, load_config, save_config
 from kiln.config.schema import (
+    CheckpointConfig,
     CompileConfig,
     Config,
     DataConfig,
@@ -16,6 +17,7 @@ from kiln.config.schema import (
 from kiln.config.validate import is_import_path, validate
 
 __all__ = [
+    "CheckpointConfig",
     "CompileConfig",
     "Config",
     "ConfigError",

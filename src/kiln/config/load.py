@@ -46,6 +46,22 @@ def _type_name(tp: Any) -> str:
     return str(tp).replace("typing.", "")
 
 
+# Deeper values parse, but then overflow the stack when the resolved config is copied
+# (dataclasses.asdict) or written back (tomli_w); no real model factory needs this depth.
+MAX_NESTING = 32
+
+
+def _check_nesting(key: str, value: Any, depth: int = 0) -> None:
+    if depth > MAX_NESTING:
+        raise ConfigError(key, f"value nested more than {MAX_NESTING} levels deep")
+    if isinstance(value, dict):
+        for item in value.values():
+            _check_nesting(key, item, depth + 1)
+    elif isinstance(value, list):
+        for item in value:
+            _check_nesting(key, item, depth + 1)
+
+
 def coerce(key: str, value: Any, tp: Any) -> Any:
     """Convert `value` (from TOML or a command-line string) to the field type `tp`, or raise."""
     origin = typing.get_origin(tp)
@@ -82,13 +98,13 @@ def coerce(key: str, value: Any, tp: Any) -> Any:
     if tp is float:
         if isinstance(value, bool):
             raise ConfigError(key, f"expected a number, got {value!r}")
-        if isinstance(value, (int, float)):
-            return float(value)
-        if isinstance(value, str):
-            try:
+        try:
+            if isinstance(value, (int, float)):
+                return float(value)
+            if isinstance(value, str):
                 return float(value.strip().replace("_", ""))
-            except ValueError:
-                pass
+        except (ValueError, OverflowError):  # OverflowError: an int beyond float range (TOML `lr = 1e400` as digits)
+            pass
         raise ConfigError(key, f"expected a number, got {value!r}")
     if tp is str:
         if isinstance(value, str):
@@ -102,11 +118,17 @@ def coerce(key: str, value: Any, tp: Any) -> Any:
         (item_tp,) = typing.get_args(tp) or (Any,)
         if isinstance(value, str):
             value = parse_literal(value)
-            if isinstance(value, str):
-                value = [v for v in value.split(",") if v != ""]
+            if isinstance(value, str):  # not a TOML array: `0.9,0.95`, or `[a, b]` with bare words
+                text = value.strip()
+                if text.startswith("[") and text.endswith("]"):
+                    text = text[1:-1]
+                value = [v for v in text.split(",") if v != ""]
+            elif not isinstance(value, (list, dict)):
+                value = [value]  # `optim.betas=0.9` (one item, no brackets or comma)
         if not isinstance(value, list):
             raise ConfigError(key, f"expected a list, got {value!r}")
         if item_tp is Any:
+            _check_nesting(key, value)
             return list(value)
         return [coerce(f"{key}[{i}]", v, item_tp) for i, v in enumerate(value)]
     if origin is dict:
@@ -114,6 +136,7 @@ def coerce(key: str, value: Any, tp: Any) -> Any:
             value = parse_literal(value)
         if not isinstance(value, dict):
             raise ConfigError(key, f"expected a table, got {value!r}")
+        _check_nesting(key, value)
         return dict(value)
     if tp is Any:
         return value
@@ -124,9 +147,14 @@ def parse_literal(text: str) -> Any:
     """Read a command-line value as a TOML literal (`3`, `1e-3`, `true`, `[1, 2]`, `{a = 1}`);
     anything that is not a valid literal stays a plain string (`max-autotune`, `runs/x`)."""
     try:
-        return tomllib.loads(f"v = {text}")["v"]
-    except tomllib.TOMLDecodeError:
+        table = tomllib.loads(f"v = {text}")
+    # ValueError: integers over Python's 4300-digit limit; RecursionError: deeply nested arrays or
+    # inline tables. Both escape tomllib undecorated (tomllib has no depth limit).
+    except (ValueError, RecursionError):  # TOMLDecodeError is a ValueError
         return text
+    if list(table) != ["v"]:  # `1\nother = 2`: more than one value, so not a literal
+        return text
+    return table["v"]
 
 
 def _merge_table(obj: Any, table: dict[str, Any], prefix: str) -> None:
@@ -163,7 +191,8 @@ def apply_override(cfg: Config, assignment: str) -> None:
         hints = _field_types(type(obj))
         if part not in hints:
             names = [f.name for f in dataclasses.fields(obj)]
-            raise ConfigError(dotted, "unknown key", _did_you_mean(part, names))
+            where = f"{'.'.join(parts[:i])}" or "the top level"
+            raise ConfigError(key, f"unknown key ({part!r} is not a key of {where})", _did_you_mean(part, names))
         tp = hints[part]
         last = i == len(parts) - 1
         if _is_section(tp):
@@ -173,7 +202,9 @@ def apply_override(cfg: Config, assignment: str) -> None:
             continue
         if typing.get_origin(tp) is dict and not last:
             entry_key = ".".join(parts[i + 1 :])
-            getattr(obj, part)[entry_key] = parse_literal(raw)
+            value = parse_literal(raw)
+            _check_nesting(key, value, depth=1)
+            getattr(obj, part)[entry_key] = value
             return
         if not last:
             raise ConfigError(dotted, f"is a {_type_name(tp)} value, not a section")
@@ -191,8 +222,16 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         if not p.is_file():
             raise ConfigError(str(path), "config file not found")
         try:
-            table = tomllib.loads(p.read_text(encoding="utf-8"))
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            text = p.read_text(encoding="utf-8-sig")  # -sig: files saved by editors that add a BOM
+        except UnicodeDecodeError as exc:
+            raise ConfigError(str(path), f"not valid TOML (not UTF-8): {exc}") from None
+        except OSError as exc:
+            raise ConfigError(str(path), f"cannot read config file: {exc.strerror or exc}") from None
+        try:
+            table = tomllib.loads(text)
+        # ValueError covers TOMLDecodeError and integers over Python's digit limit; RecursionError
+        # deeply nested arrays/tables, which tomllib does not bound.
+        except (ValueError, RecursionError) as exc:
             raise ConfigError(str(path), f"not valid TOML: {exc}") from None
         _merge_table(cfg, table, "")
     for item in overrides:

@@ -73,6 +73,10 @@ class TrainingConfig:
     """Steps between eval passes; 0 disables eval (an eval also runs at the end when > 0)."""
     eval_steps: int = 10
     """Batches per eval pass."""
+    nonfinite: str = "error"
+    """On a NaN/inf loss or gradient norm: `error` (stop, exit 1, keep the last good checkpoint) or `skip` (drop that update)."""
+    nonfinite_max_skips: int = 10
+    """With `skip`: stop after this many consecutive non-finite steps."""
 
 
 @dataclass(kw_only=True)
@@ -129,8 +133,54 @@ class CompileConfig:
 
 @dataclass(kw_only=True)
 class DistributedConfig:
-    strategy: str = "none"
-    """Data parallelism: `none` (one process). Multi-process strategies arrive with `kiln train --nproc-per-node`."""
+    strategy: str = "auto"
+    """Data parallelism: `none` (one process), `ddp`, `fsdp` (FSDP2 fully_shard), or `auto` (one process: none; several: FSDP when parameters + gradients + optimizer state would not fit comfortably on one device, else DDP)."""
+    backend: str = "auto"
+    """Process-group backend: `auto` (NCCL on CUDA, gloo on CPU), `nccl`, `gloo`."""
+    timeout_s: float = 600.0
+    """Seconds a collective may wait before the group fails (a dead or cut-off peer ends in an error, not a hang)."""
+    ddp_static_graph: bool = True
+    """DDP: the set of used parameters never changes between steps (lets DDP skip per-step bookkeeping)."""
+    ddp_gradient_as_bucket_view: bool = True
+    """DDP: gradients are views into the all-reduce buckets (saves a copy and memory)."""
+    ddp_bucket_cap_mb: float = 25.0
+    """DDP: gradient bucket size in MiB."""
+    ddp_broadcast_buffers: bool = False
+    """DDP: re-broadcast buffers (e.g. BatchNorm stats) from rank 0 every forward."""
+    ddp_find_unused_parameters: bool = False
+    """DDP: search the graph for parameters without gradients every step (slow; only for models that need it)."""
+    ddp_comm_hook: str = "none"
+    """DDP gradient compression: `none`, `bf16` or `fp16` (all-reduce in 16 bits, halving traffic)."""
+    fsdp_param_dtype: str = "auto"
+    """FSDP2 MixedPrecisionPolicy param dtype for compute: `auto` (from precision.policy), `fp32`, `bf16`, `fp16`."""
+    fsdp_reduce_dtype: str = "fp32"
+    """FSDP2 MixedPrecisionPolicy dtype of the gradient reduce-scatter: `fp32`, `bf16`, `fp16`."""
+    fsdp_wrap: str = "auto"
+    """FSDP2 units: `auto` (the model's repeated blocks), `size` (modules with >= fsdp_min_params parameters), or comma-separated class names."""
+    fsdp_min_params: int = 100_000_000
+    """FSDP2 `size` rule: smallest parameter count of a module that becomes its own unit."""
+    fsdp_reshard_after_forward: bool = True
+    """FSDP2: free gathered parameters after forward (ZeRO-3, less memory) or keep them until backward (ZeRO-2-like, less communication)."""
+    fsdp_cpu_offload: bool = False
+    """FSDP2: keep sharded parameters, gradients and optimizer state in CPU memory."""
+    compile_strategy: str = "auto"
+    """How compile combines with the strategy: `auto` (whole model for DDP with graph splitting at buckets, per-block for FSDP2), `whole`, `per_block`."""
+    bind_numa: bool = False
+    """Bind each process to the CPU cores of the NUMA node nearest its GPU (read from NVML)."""
+
+
+@dataclass(kw_only=True)
+class CheckpointConfig:
+    interval: int = 0
+    """Save every N optimizer steps; 0 saves only at the end (and on SIGTERM/SIGINT)."""
+    resume: str = "never"
+    """`never`, `auto` (newest complete checkpoint in the run dir, if any), or the path of a checkpoint directory."""
+    keep: int = 3
+    """Number of newest complete checkpoints kept; older ones are deleted."""
+    async_save: bool = False
+    """Write checkpoints in the background (torch.distributed.checkpoint.async_save), overlapping training."""
+    save_final: bool = True
+    """Save a checkpoint when training finishes."""
 
 
 @dataclass(kw_only=True)
@@ -163,6 +213,8 @@ class Config:
     """torch.compile settings."""
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
     """Parallelism across processes."""
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    """Saving and resuming."""
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     """What is measured and where it goes."""
 
@@ -171,6 +223,7 @@ class Config:
 # installed torch instead (see validate.py), since they change between torch releases.
 CHOICES: dict[str, tuple[str, ...]] = {
     "model.task": ("auto", "classification", "causal_lm", "custom"),
+    "training.nonfinite": ("error", "skip"),
     "data.token_dtype": ("uint16", "uint32"),
     "optim.name": ("adamw", "sgd"),
     "optim.fused": ("auto", "true", "false"),
@@ -178,7 +231,12 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "precision.policy": ("fp32", "bf16-mixed", "fp16-mixed", "bf16-true"),
     "compile.dynamic": ("auto", "true", "false"),
     "compile.scope": ("model", "model+loss", "step"),
-    "distributed.strategy": ("none",),
+    "distributed.strategy": ("none", "ddp", "fsdp", "auto"),
+    "distributed.backend": ("auto", "nccl", "gloo"),
+    "distributed.ddp_comm_hook": ("none", "bf16", "fp16"),
+    "distributed.fsdp_param_dtype": ("auto", "fp32", "bf16", "fp16"),
+    "distributed.fsdp_reduce_dtype": ("fp32", "bf16", "fp16"),
+    "distributed.compile_strategy": ("auto", "whole", "per_block"),
     "metrics.tensorboard": ("auto", "true", "false"),
 }
 

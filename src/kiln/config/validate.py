@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import re
 
 from kiln.config.errors import ConfigError
@@ -17,12 +19,13 @@ _MODE_HINTS = {
 # Backends removed from PyTorch that users still copy from old articles.
 _REMOVED_BACKENDS = {"nvfuser": "inductor", "aot_ts_nvfuser": "inductor", "aot_nvfuser": "inductor"}
 
-_IMPORT_PATH = re.compile(r"^[\w./\\-]+(\.py)?:[A-Za-z_]\w*$")
+# fullmatch, not `$`: `$` also matches before a trailing newline, which let "pkg.mod:fn\n" through.
+_IMPORT_PATH = re.compile(r"[\w./\\-]+(\.py)?:[A-Za-z_]\w*")
 
 
 def is_import_path(text: str) -> bool:
     """`package.module:function` or `path/to/file.py:function`."""
-    return bool(_IMPORT_PATH.match(text))
+    return bool(_IMPORT_PATH.fullmatch(text))
 
 
 def _get(cfg: Config, key: str):
@@ -88,12 +91,25 @@ def validate_compile(cfg: Config) -> None:
             raise ConfigError("compile.options", f"options are inductor settings; backend is {c.backend!r}")
         names = inductor_option_names()
         known = set(names)
-        for name in c.options:
-            if name not in known:
+        for name, value in c.options.items():
+            key = name
+            if name not in known and isinstance(value, dict) and value:
+                # TOML reads `[compile.options]  triton.cudagraphs = true` as a nested table, but
+                # inductor's option names are flat dotted strings (torch._inductor.config.patch).
+                dotted = [f"{name}.{sub}" for sub in value]
+                unknown = [d for d in dotted if d not in known]
+                if not unknown:
+                    raise ConfigError(
+                        f"compile.options.{name}",
+                        f'inductor option names are dotted strings: quote them in TOML ("{dotted[0]}" = ...) '
+                        f"or write compile.options.{dotted[0]}=... on the command line",
+                    )
+                key = unknown[0]
+            if key not in known:
                 import difflib
 
-                close = difflib.get_close_matches(name, names, n=5, cutoff=0.6)
-                raise ConfigError(f"compile.options.{name}", "not an inductor option in this torch", close or None)
+                close = difflib.get_close_matches(key, names, n=5, cutoff=0.6)
+                raise ConfigError(f"compile.options.{key}", "not an inductor option in this torch", close or None)
     if c.mode and c.backend != "inductor" and c.mode != "default":
         raise ConfigError("compile.mode", f"modes are inductor settings; backend is {c.backend!r}", ["default"])
     if c.fullgraph and c.scope == "step":
@@ -105,7 +121,19 @@ def validate_compile(cfg: Config) -> None:
         raise ConfigError("compile.regional", "regional compilation compiles blocks of the model; needs compile.scope=model")
 
 
+def _check_finite(cfg: Config) -> None:
+    """NaN compares false with everything, so it would pass every range check below; inf would
+    pass the lower bounds. Neither is a usable learning rate, clip norm, epsilon, ..."""
+    for section in dataclasses.fields(cfg):
+        obj = getattr(cfg, section.name)
+        for f in dataclasses.fields(obj):
+            value = getattr(obj, f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ConfigError(f"{section.name}.{f.name}", f"must be a finite number, got {value!r}")
+
+
 def validate(cfg: Config, *, check_torch: bool = True) -> None:
+    _check_finite(cfg)
     for key, allowed in CHOICES.items():
         value = _get(cfg, key)
         if value not in allowed:
@@ -140,8 +168,15 @@ def validate(cfg: Config, *, check_torch: bool = True) -> None:
         ("optim.warmup_steps", 0),
         ("optim.min_lr_ratio", 0),
         ("metrics.peak_tflops", 0),
+        ("training.nonfinite_max_skips", 1),
+        ("distributed.ddp_bucket_cap_mb", 1e-3),
+        ("distributed.fsdp_min_params", 1),
+        ("checkpoint.interval", 0),
+        ("checkpoint.keep", 1),
     ):
         _at_least(cfg, key, minimum)
+    if not cfg.distributed.timeout_s > 0:
+        raise ConfigError("distributed.timeout_s", f"must be > 0, got {cfg.distributed.timeout_s!r}")
     if cfg.optim.lr <= 0:
         raise ConfigError("optim.lr", f"must be > 0, got {cfg.optim.lr!r}")
     if cfg.optim.min_lr_ratio > 1:
@@ -154,7 +189,7 @@ def validate(cfg: Config, *, check_torch: bool = True) -> None:
             f"warm-up ({cfg.optim.warmup_steps}) is longer than training.steps ({cfg.training.steps})",
         )
     dev = cfg.training.device
-    if not (dev in ("auto", "cpu", "cuda") or re.fullmatch(r"cuda:\d+", dev)):
+    if not (dev in ("auto", "cpu", "cuda") or re.fullmatch(r"cuda:[0-9]+", dev)):
         raise ConfigError("training.device", f"unknown device {dev!r}", ("auto", "cpu", "cuda", "cuda:N"))
     if check_torch:
         # Checked even while compile is off: a typo should not wait for the day it is switched on.
