@@ -1,0 +1,201 @@
+"""Reading DCP checkpoints without executing pickled code, and the helpers every load path shares.
+
+A torch.distributed.checkpoint (DCP) directory holds tensor files (`*.distcp`, read by DCP with
+`torch.load(weights_only=True)`), a `.metadata` file written with plain `pickle`, and non-tensor
+values (ints, dicts, optimizer hyper-parameters) stored as `torch.save` blobs that DCP's
+`DefaultLoadPlanner.load_bytes` reads with `torch.load(weights_only=False)` (torch 2.6 .. 2.13,
+default_planner.py). Both of the latter would run arbitrary code from a crafted checkpoint, so kiln
+reads checkpoints only through:
+
+- `SafeFileSystemReader`: `.metadata` through an unpickler that resolves only the classes DCP's
+  metadata consists of (an allow-list; anything else is refused);
+- `SafeLoadPlanner`: non-tensor values through `torch.load(weights_only=True)`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import io
+import pickle
+import warnings
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
+
+APP_KEY = "app"
+"""The one top-level key of every kiln checkpoint: `dcp.save({"app": AppState})`, so tensor keys read
+`app.model.<fqn>`, `app.optim.state.<fqn>.exp_avg`, ..."""
+
+_METADATA_MODULES = ("torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem")
+_PATH_CLASSES = {"PosixPath", "WindowsPath", "PurePosixPath", "PureWindowsPath"}
+
+
+class UnsafeCheckpointError(pickle.UnpicklingError):
+    """The checkpoint metadata names a Python object outside the allow-list."""
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Resolves only what DCP metadata is made of: its dataclasses, torch.Size, dtypes/layouts,
+    paths (StorageMeta.checkpoint_id). Everything else (os.system, builtins.eval, ...) is refused."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        allowed = False
+        if module in _METADATA_MODULES:
+            allowed = isinstance(getattr(__import__(module, fromlist=[name]), name, None), type)
+        elif module == "torch":
+            obj = getattr(torch, name, None)
+            allowed = obj is torch.Size or isinstance(obj, (torch.dtype, torch.layout, torch.memory_format))
+        elif module == "torch.serialization" and name == "_get_layout":  # how torch pickles layouts
+            allowed = True
+        elif module == "pathlib" and name in _PATH_CLASSES:
+            allowed = True
+        elif module == "collections" and name == "OrderedDict":
+            allowed = True
+        if not allowed:
+            raise UnsafeCheckpointError(f"checkpoint metadata refers to {module}.{name}, which kiln does not load")
+        return super().find_class(module, name)
+
+
+class SafeFileSystemReader(dcp.FileSystemReader):
+    """FileSystemReader whose `.metadata` is read by the allow-list unpickler.
+
+    The signature takes no `rank` on purpose: torch >= 2.8 then never falls back to per-rank
+    metadata files (which kiln never writes)."""
+
+    def read_metadata(self) -> Metadata:  # type: ignore[override]
+        with open(Path(self.path) / ".metadata", "rb") as f:
+            metadata = _MetadataUnpickler(f).load()
+        if not isinstance(metadata, Metadata):
+            raise UnsafeCheckpointError(f"{self.path}/.metadata does not hold DCP metadata")
+        # What FileSystemReader.read_metadata does after unpickling (torch 2.6 .. 2.13).
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = getattr(self, "load_id", None)
+        return metadata
+
+
+class SafeLoadPlanner(DefaultLoadPlanner):
+    """DefaultLoadPlanner that reads non-tensor values with `torch.load(weights_only=True)`.
+
+    Same body as DefaultLoadPlanner.load_bytes (torch 2.6 .. 2.13) except for `weights_only`."""
+
+    def load_bytes(self, read_item, value: io.BytesIO) -> None:
+        obj = torch.load(value, weights_only=True)
+        fqn = read_item.dest_index.fqn
+        if self.flatten_state_dict:
+            from torch.distributed.checkpoint._traverse import set_element
+
+            set_element(self.original_state_dict, self.mappings[fqn], obj)
+        else:
+            self.state_dict[fqn] = obj
+
+
+@contextlib.contextmanager
+def quiet_single_process() -> Iterator[None]:
+    """DCP warns on every call without a process group that it assumes a single process: that is
+    kiln's ordinary one-process run, not news."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*assuming the intent is to")
+        yield
+
+
+def read_metadata(path: Path) -> Metadata:
+    return SafeFileSystemReader(path).read_metadata()
+
+
+def dcp_load(state_dict: dict[str, Any], path: Path, *, process_group=None, no_dist: bool = False) -> None:
+    """`dcp.load` through the safe reader and planner. `no_dist=True` reads in this process alone
+    even when a process group exists (export); torch versions without the flag infer it."""
+    kwargs: dict[str, Any] = {"storage_reader": SafeFileSystemReader(path), "planner": SafeLoadPlanner()}
+    if process_group is not None:
+        kwargs["process_group"] = process_group
+    if no_dist and "no_dist" in inspect.signature(dcp.load).parameters:
+        kwargs["no_dist"] = True
+    with quiet_single_process():
+        dcp.load(state_dict, **kwargs)
+
+
+def check_files(path: Path, metadata: Metadata) -> str | None:
+    """Why the data files of a checkpoint cannot be complete (missing/truncated), or None.
+    A stat per file: catches a checkpoint whose files were cut short without reading them."""
+    needed: dict[str, int] = {}
+    for info in (metadata.storage_data or {}).values():
+        rel = getattr(info, "relative_path", None)
+        if rel is None:
+            continue
+        end = int(getattr(info, "offset", 0)) + int(getattr(info, "length", 0))
+        needed[rel] = max(needed.get(rel, 0), end)
+    for rel, end in sorted(needed.items()):
+        file = path / rel
+        if not file.is_file():
+            return f"data file {rel} is missing"
+        if file.stat().st_size < end:
+            return f"data file {rel} is truncated ({file.stat().st_size} < {end} bytes)"
+    return None
+
+
+def tensor_shapes(metadata: Metadata, prefix: str) -> dict[str, tuple[int, ...]]:
+    """`{key without prefix: global shape}` of the tensors whose key starts with `prefix`."""
+    out = {}
+    for key, md in metadata.state_dict_metadata.items():
+        if key.startswith(prefix) and isinstance(md, TensorStorageMetadata):
+            out[key[len(prefix):]] = tuple(md.size)
+    return out
+
+
+def flat_keys(tree: Any, path: str = "") -> dict[str, Any]:
+    """DCP's flattened keys of a nested state dict (torch.distributed.checkpoint._traverse rules:
+    mappings are walked; lists only when they hold tensors or mappings; tuples are leaves)."""
+    out: dict[str, Any] = {}
+    if isinstance(tree, Mapping):
+        for k, v in tree.items():
+            out.update(flat_keys(v, f"{path}.{k}" if path else str(k)))
+    elif isinstance(tree, list) and not _is_leaf_list(tree):
+        for i, v in enumerate(tree):
+            out.update(flat_keys(v, f"{path}.{i}"))
+    else:
+        out[path] = tree
+    return out
+
+
+def _is_leaf_list(values: list) -> bool:
+    for v in values:
+        if isinstance(v, (Mapping, torch.Tensor)) or (isinstance(v, list) and not _is_leaf_list(v)):
+            return False
+    return True
+
+
+_DROP = object()
+
+
+def prune_to(tree: Any, present: set[str], path: str) -> Any:
+    """`tree` without the dict entries whose flattened keys the checkpoint lacks, so DCP's strict
+    planner loads what is there and the rest keeps its current value. A list with a missing
+    element is dropped whole (DCP addresses list elements by index)."""
+    if isinstance(tree, Mapping):
+        out = {}
+        for k, v in tree.items():
+            kept = prune_to(v, present, f"{path}.{k}")
+            if kept is not _DROP:
+                out[k] = kept
+        return out
+    if isinstance(tree, list) and not _is_leaf_list(tree):
+        items = [prune_to(v, present, f"{path}.{i}") for i, v in enumerate(tree)]
+        return _DROP if any(v is _DROP for v in items) else items
+    return tree if path in present else _DROP
+
+
+def is_dropped(value: Any) -> bool:
+    return value is _DROP
+
+
+def preview(keys: Iterable[str], n: int = 5) -> str:
+    keys = sorted(keys)
+    shown = ", ".join(keys[:n])
+    return shown + (f" (+{len(keys) - n} more)" if len(keys) > n else "")

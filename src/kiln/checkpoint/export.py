@@ -1,0 +1,95 @@
+"""Consolidate a checkpoint's model weights into one safetensors file, for inference.
+
+Needs neither the model code nor a process group: the tensors' keys, global shapes and dtypes
+come from the DCP metadata, so empty tensors of those shapes are allocated and DCP fills them in
+this one process, stitching FSDP shards together (the approach of
+torch.distributed.checkpoint.format_utils.dcp_to_torch_save, minus its pickled output and its
+`torch.load(weights_only=False)` of non-tensor values: only tensors are read, through the safe
+reader in kiln.checkpoint.dcp_io).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kiln.checkpoint.dcp_io import APP_KEY, dcp_load, read_metadata
+from kiln.checkpoint.manager import checkpoint_problem, latest_complete, read_marker
+from kiln.config.errors import ConfigError
+
+MODEL_PREFIX = f"{APP_KEY}.model."
+
+
+def find_checkpoint(run_dir: Path, checkpoint: Path | None = None) -> Path:
+    """The checkpoint to export: `checkpoint` (as given, or relative to the run's checkpoints/), else
+    the newest complete one of `run_dir`. ConfigError when there is none."""
+    run_dir = Path(run_dir)
+    if checkpoint is not None:
+        path = Path(checkpoint)
+        if not path.exists() and (run_dir / "checkpoints" / path).exists():
+            path = run_dir / "checkpoints" / path
+        if not path.exists():
+            raise ConfigError("--checkpoint", f"{path}: does not exist")
+        problem = checkpoint_problem(path)
+        if problem is not None:
+            raise ConfigError("--checkpoint", f"{path}: not a complete kiln checkpoint: {problem}")
+        return path
+    if not run_dir.is_dir():
+        raise ConfigError("RUN_DIR", f"{run_dir}: not a directory")
+    found = latest_complete(run_dir / "checkpoints")
+    if found is None:
+        raise ConfigError("RUN_DIR", f"{run_dir}: no complete checkpoint under {run_dir / 'checkpoints'}")
+    return found
+
+
+def load_model_weights(path: Path) -> dict[str, torch.Tensor]:
+    """`{fqn: full tensor}` of the model in checkpoint `path`, on CPU."""
+    metadata = read_metadata(path)
+    wanted: dict[str, torch.Tensor] = {}
+    for key, md in metadata.state_dict_metadata.items():
+        # Non-tensor model entries (a module's `_extra_state`) have no place in safetensors.
+        if key.startswith(MODEL_PREFIX) and hasattr(md, "size") and hasattr(md, "properties"):
+            wanted[key] = torch.empty(tuple(md.size), dtype=md.properties.dtype)
+    if not wanted:
+        raise ConfigError("--checkpoint", f"{path}: holds no model tensors (not a kiln training checkpoint?)")
+    # A flat dict with DCP's own dotted keys flattens to itself, so DCP matches them 1:1.
+    dcp_load(wanted, path, no_dist=True)
+    return {key[len(MODEL_PREFIX):]: tensor for key, tensor in wanted.items()}
+
+
+def export_safetensors(run_dir: Path, out: Path, *, checkpoint: Path | None = None) -> dict[str, Any]:
+    """Write the model of the newest complete checkpoint (or `checkpoint`) to `out`; returns a summary."""
+    try:
+        from safetensors.torch import save_file
+    except ImportError:
+        raise ConfigError("kiln export", "needs safetensors: pip install 'kiln[llm]' (or safetensors)") from None
+    out = Path(out)
+    if out.suffix != ".safetensors":
+        raise ConfigError("--out", f"{out}: must end in .safetensors")
+    if out.exists() and out.is_dir():
+        raise ConfigError("--out", f"{out}: is a directory")
+    path = find_checkpoint(run_dir, checkpoint)
+    tensors = load_model_weights(path)
+    # safetensors refuses tensors sharing storage and wants contiguous ones; DCP fills separate
+    # buffers, but views of one buffer could still come through, so make each its own.
+    seen: set[int] = set()
+    for key, tensor in tensors.items():
+        ptr = tensor.untyped_storage().data_ptr()
+        if ptr in seen or not tensor.is_contiguous():
+            tensors[key] = tensor.contiguous().clone()
+        seen.add(tensors[key].untyped_storage().data_ptr())
+    marker = read_marker(path) or {}
+    header = {"format": "pt", "kiln_checkpoint": str(path), "kiln_step": str(marker.get("step", "")),
+              "torch": torch.__version__}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    part = out.with_name(out.name + ".part")
+    save_file(tensors, str(part), metadata=header)
+    os.replace(part, out)  # a reader never sees half a file
+    summary = {"checkpoint": str(path), "step": marker.get("step"), "out": str(out), "tensors": len(tensors),
+               "parameters": sum(t.numel() for t in tensors.values()), "bytes": out.stat().st_size}
+    out.with_name(out.stem + ".kiln_export.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary

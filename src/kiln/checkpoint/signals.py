@@ -1,0 +1,84 @@
+"""SIGTERM / SIGINT as a request to stop at the next step boundary (save, then exit cleanly).
+
+A signal can arrive in the middle of a step, a collective or a checkpoint write; acting there would
+leave state half-updated. The handler only records the request; the trainer polls
+`stop_requested()` between steps. A second signal of the same kind means "now": SIGINT raises
+KeyboardInterrupt, SIGTERM exits with 128 + 15 — the user or the scheduler insisted.
+
+Python runs signal handlers in the main thread only, and `signal.signal` may only be called from
+it (Python docs, "signal — Set handlers for asynchronous events"); elsewhere this is a no-op.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from types import FrameType
+from typing import Any
+
+import torch
+
+log = logging.getLogger("kiln.checkpoint")
+
+DEFAULT_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class StopOnSignal:
+    """Context manager: while active, SIGTERM/SIGINT set a flag instead of killing the process."""
+
+    def __init__(self, signals: tuple[int, ...] = DEFAULT_SIGNALS) -> None:
+        self.signals = signals
+        self.received: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> StopOnSignal:
+        if threading.current_thread() is not threading.main_thread():
+            log.debug("not the main thread: SIGTERM/SIGINT keep their handlers")
+            return self
+        for sig in self.signals:
+            self._previous[sig] = signal.getsignal(sig)
+            signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+        self._previous.clear()
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.received == signum:
+            if signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            raise SystemExit(128 + signum)
+        self.received = signum
+        log.warning("%s received: stopping after this step (a checkpoint is saved first); send it again to "
+                    "stop at once", signal.Signals(signum).name)
+
+    def stop_requested(self) -> bool:
+        """True once a signal arrived (this process only; see `any_rank` to agree across ranks)."""
+        return self.received is not None
+
+    @property
+    def signal_name(self) -> str | None:
+        return signal.Signals(self.received).name if self.received is not None else None
+
+
+def any_rank(flag: bool, group=None) -> bool:
+    """True on every rank when `flag` is True on any rank; call it on all ranks at the same steps.
+
+    torchrun forwards SIGTERM to every worker, but a signal sent to one rank only (`kill PID`)
+    must still stop all of them together: a rank that stops while the others enter the next
+    step's collectives would hang them. On a group with a CPU backend (gloo) the vote is a CPU
+    round trip; on NCCL it reads a device value, so call it where the trainer syncs anyway (log
+    intervals). With no process group it returns `flag`.
+    """
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return flag
+    backend = str(dist.get_backend(group))  # "gloo", "nccl" or "cpu:gloo,cuda:nccl"
+    device = "cpu" if "gloo" in backend else "cuda"
+    vote = torch.tensor([1 if flag else 0], dtype=torch.int32, device=device)
+    dist.all_reduce(vote, op=dist.ReduceOp.MAX, group=group)
+    return bool(vote.item())

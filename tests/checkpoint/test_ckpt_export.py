@@ -1,0 +1,67 @@
+"""`kiln export`: a checkpoint's model as one safetensors file, without the model code."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from kiln.checkpoint import AppState
+from kiln.cli.main import main
+
+from .ckpt_helpers import checkpointer, make_run
+
+safetensors_torch = pytest.importorskip("safetensors.torch")
+
+
+def test_export_newest_checkpoint_equals_model(tmp_path: Path, capsys) -> None:
+    run = make_run()
+    ck = checkpointer(tmp_path)
+    run.step()
+    ck.save(1, run.app)
+    run.step()
+    ck.save(2, run.app)
+    out = tmp_path / "export" / "model.safetensors"
+    assert main(["export", str(tmp_path), "--out", str(out)]) == 0
+    assert "step 2" in capsys.readouterr().out
+    loaded = safetensors_torch.load_file(str(out))
+    expected = run.model.state_dict()
+    assert loaded.keys() == expected.keys()
+    assert all(torch.equal(loaded[k], expected[k]) for k in expected)
+    summary = json.loads((out.parent / "model.kiln_export.json").read_text())
+    assert summary["step"] == 2 and summary["tensors"] == len(expected)
+
+    # --checkpoint by name under RUN_DIR/checkpoints picks an older one.
+    older = tmp_path / "older.safetensors"
+    assert main(["export", str(tmp_path), "--checkpoint", "step_00000001", "--out", str(older)]) == 0
+    assert not torch.equal(safetensors_torch.load_file(str(older))["0.weight"], expected["0.weight"])
+
+
+def test_export_tied_weights(tmp_path: Path) -> None:
+    model = torch.nn.Sequential(torch.nn.Embedding(5, 4), torch.nn.Linear(4, 5, bias=False))
+    model[1].weight = model[0].weight  # tied, as in many LMs
+    app = AppState(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    checkpointer(tmp_path).save(1, app)
+    out = tmp_path / "tied.safetensors"
+    assert main(["export", str(tmp_path), "--out", str(out)]) == 0
+    loaded = safetensors_torch.load_file(str(out))
+    assert torch.equal(loaded["0.weight"], model[0].weight.detach())
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["{missing}", "--out", "{out}"], "RUN_DIR: {missing}: not a directory"),
+        (["{empty}", "--out", "{out}"], "RUN_DIR: {empty}: no complete checkpoint"),
+        (["{empty}", "--checkpoint", "{missing}", "--out", "{out}"], "--checkpoint: {missing}: does not exist"),
+        (["{empty}", "--out", "{empty}/model.pt"], "--out: {empty}/model.pt: must end in .safetensors"),
+    ],
+)
+def test_export_bad_input_exits_2(tmp_path: Path, capsys, args: list[str], message: str) -> None:
+    names = {"missing": tmp_path / "nope", "empty": tmp_path / "empty", "out": tmp_path / "o.safetensors"}
+    (tmp_path / "empty").mkdir()
+    assert main(["export", *(a.format(**names) for a in args)]) == 2
+    assert message.format(**names) in capsys.readouterr().err
+    assert not (tmp_path / "o.safetensors").exists()
