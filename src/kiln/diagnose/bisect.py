@@ -1,0 +1,62 @@
+"""Narrow an Inductor failure down to a subsystem with torch's CompilerBisector, where torch has one.
+
+`torch._inductor.compiler_bisector.CompilerBisector.do_bisect(fn)` (PyTorch 2.6+, grown since)
+reruns `fn` while it overrides the backend of every torch.compile call (eager, aot_eager, ...,
+inductor) and then disables inductor subsystems (pre/post-grad passes, lowerings, ...) one by one,
+binary-searching the n-th application that breaks. `fn` returns True when the result is good.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from collections.abc import Callable
+from typing import Any
+
+
+def bisector_available() -> bool:
+    try:
+        from torch._inductor.compiler_bisector import CompilerBisector
+    except ImportError:
+        return False
+    return hasattr(CompilerBisector, "do_bisect")
+
+
+def bisect_inductor(check: Callable[[], bool]) -> dict[str, Any]:
+    """Run the bisector with `check` as the predicate; the result, or why there is none."""
+    if not bisector_available():
+        return {"status": "unavailable", "note": "this torch has no torch._inductor.compiler_bisector.CompilerBisector"}
+    from torch._inductor.compiler_bisector import CompilerBisector
+
+    log = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(log):  # the bisector narrates each step on stdout
+            result = CompilerBisector.do_bisect(check)
+    except Exception as exc:
+        return {"status": "error", "note": f"bisector failed: {type(exc).__name__}: {exc}", "log": log.getvalue()}
+    if result is None:
+        return {"status": "not_reproduced", "note": "every backend passed while bisecting (flaky failure?)",
+                "log": log.getvalue()}
+    out = {
+        "status": "found",
+        "backend": result.backend,
+        "subsystem": getattr(result, "subsystem", None),
+        "bisect_number": getattr(result, "bisect_number", None),
+        "debug_info": getattr(result, "debug_info", None),
+        "log": log.getvalue(),
+    }
+    out["summary"] = _summary(out)
+    return out
+
+
+def _summary(r: dict[str, Any]) -> str:
+    if not r["subsystem"]:
+        return f"the failure starts at backend {r['backend']}; no single subsystem could be blamed"
+    text = f"{r['backend']} / {r['subsystem']}"
+    if r["subsystem"] == "lowerings" and r["debug_info"]:
+        text += f": lowering #{r['bisect_number']} ({r['debug_info']}) - the op is lowered wrongly"
+    elif r["bisect_number"]:
+        text += f": application #{r['bisect_number']}" + (f" ({r['debug_info']})" if r["debug_info"] else "")
+    else:
+        text += " - turning it off fixes the result"
+    return text

@@ -1,0 +1,214 @@
+"""`kiln explain`: graphs, graph breaks (where, why, how to fix), recompiles, ops per graph.
+
+The target runs once eagerly (a model that fails without compile is not a compile problem), then
+compiled with a recording backend on the example inputs and on `--vary` variants. The default
+backend is `eager` (dynamo only: breaks and recompiles are dynamo's), `aot_eager` with --train so
+the backward graphs are seen as well.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+
+from kiln.diagnose import classify
+from kiln.diagnose.capture import DynamoCapture, RawBreak, capture_dynamo
+from kiln.diagnose.expectations import compare_breaks
+from kiln.diagnose.frames import place_from_exception
+from kiln.diagnose.inputs import describe_inputs, to_device
+from kiln.diagnose.runtime import call, eager_check, first_line, quiet_stdout, single_process_group
+from kiln.diagnose.target import Target
+from kiln.diagnose.vary import DEFAULT_VARY, Variant, make_variants
+
+_COLLECTIVE_OPS = ("_c10d_functional", "c10d", "all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")
+COLLECTIVE_IN_GRAPH_HINT = (
+    "A collective inside forward synchronises every rank on every call and ties the model to a process group. "
+    "torch traced it (functional collective), so it compiles; if it is not essential to the model's maths, move it "
+    "out of forward (DDP/FSDP already communicate gradients in hooks)."
+)
+
+
+def _break_dict(raw: RawBreak) -> dict[str, Any]:
+    place = raw.place
+    code = place.code if place else ""
+    category = classify.classify_break(raw.reason, code)
+    hint = classify.BREAK_HINTS[category]
+    if raw.frame_skipped:
+        hint = ("torch gave up on the whole function after this break (a break inside a loop or a `with` block "
+                "cannot be resumed), so all of it runs eagerly. ") + hint
+    return {
+        "category": category,
+        "reason": classify.headline(raw.reason),
+        "explanation": classify.explanation(raw.reason),
+        "file": place.file if place else None,
+        "line": place.line if place else None,
+        "code": code,
+        "function": place.function if place else None,
+        "hint": hint,
+        "frame_skipped": raw.frame_skipped,
+        "count": raw.count,
+    }
+
+
+def _recompile_dicts(capture: DynamoCapture) -> list[dict[str, Any]]:
+    out = []
+    for rc in capture.recompiles:
+        category, hint = classify.classify_guard(rc.guard)
+        place = rc.place
+        out.append({
+            "reason": rc.reason,
+            "guard": rc.guard,
+            "category": category,
+            "file": place.file if place else None,
+            "line": place.line if place else None,
+            "code": place.code if place else "",
+            "function": rc.function,
+            "hint": hint,
+            "entries_checked": rc.entries_checked,
+        })
+    return out
+
+
+def _graph_dicts(capture: DynamoCapture) -> list[dict[str, Any]]:
+    out = []
+    for g in capture.graphs:
+        counts: dict[str, int] = {}
+        for op in g.ops:
+            counts[op] = counts.get(op, 0) + 1
+        out.append({"index": g.index, "kind": g.kind, "op_count": len(g.ops), "ops": counts})
+    return out
+
+
+def _collectives(capture: DynamoCapture) -> list[dict[str, Any]]:
+    found, seen = [], set()
+    for g in capture.graphs:
+        if g.kind != "dynamo":
+            continue
+        for name, place in g.op_places:
+            if "wait_tensor" in name or not any(key in name for key in _COLLECTIVE_OPS):
+                continue
+            key = (name, place.file if place else None, place.line if place else None)
+            if key not in seen:
+                seen.add(key)
+                found.append({"op": name, "graph": g.index, **(place.as_dict() if place else {}),
+                              "hint": COLLECTIVE_IN_GRAPH_HINT})
+    return found
+
+
+def _run(fn, variant: Variant, train: bool, printed: list[str]):
+    ctx = torch.autocast(_device_type(variant.inputs), dtype=torch.bfloat16) if variant.autocast else (
+        contextlib.nullcontext())
+    with quiet_stdout(printed), ctx:
+        return call(fn, variant.inputs, train)
+
+
+def _device_type(inputs: tuple[Any, ...]) -> str:
+    for x in inputs:
+        if isinstance(x, torch.Tensor):
+            return x.device.type
+    return "cpu"
+
+
+def _fullgraph_blocker(module, inputs, backend: str, train: bool, printed: list[str]) -> dict[str, Any] | None:
+    """Compile with fullgraph=True: None if it traces as one graph, else the first blocker."""
+    with capture_dynamo():
+        try:
+            with quiet_stdout(printed):
+                call(torch.compile(module, backend=backend, fullgraph=True), inputs, train)
+            return None
+        except Exception as exc:
+            place = place_from_exception(exc)
+            brk = _break_dict(RawBreak(str(exc), place, "fullgraph"))
+            brk["error_type"] = type(exc).__name__
+            return brk
+
+
+def explain_target(
+    target: Target,
+    *,
+    backend: str | None = None,
+    train: bool = False,
+    vary: list[tuple[str, list[int] | None]] | None = None,
+    fullgraph_check: bool = False,
+    device: str = "cpu",
+) -> dict[str, Any]:
+    """The explain report as a dict (JSON keys per DESIGN.md, plus details)."""
+    backend = backend or ("aot_eager" if train else "eager")
+    module = target.module.to(device)
+    base = to_device(target.inputs, device)
+    printed: list[str] = []
+    notes: list[str] = []
+    explicit_vary = vary is not None
+    if vary is None:
+        vary = [] if len(target.input_sets) > 1 else [(k, None) for k in DEFAULT_VARY]
+    variants, vary_notes = make_variants(base, vary)
+    if explicit_vary:
+        notes += vary_notes
+    runs = [Variant("example", base)]
+    runs += [Variant(f"input set {i}", to_device(s, device)) for i, s in enumerate(target.input_sets[1:], 1)]
+
+    pg_needed = eager_check(module, base, train, printed)
+    with single_process_group(pg_needed) as made_pg:
+        if made_pg:
+            notes.append("the model calls torch.distributed: diagnosed inside a 1-process gloo group")
+            eager_check(module, base, train, printed)
+        for variant in variants:
+            # A variant the model rejects without compile (e.g. float64 inputs, float32 weights) says
+            # nothing about compilation: leave it out, and say so.
+            try:
+                _run(module, variant, train, printed)
+                runs.append(variant)
+            except Exception as exc:
+                notes.append(f"--vary {variant.label} left out: the model rejects it without compile ({first_line(exc)})")
+        run_log: list[dict[str, Any]] = []
+        main_graphs = main_backward = 0
+        with capture_dynamo() as cap:
+            compiled = torch.compile(module, backend=cap.backend(backend, train))
+            for i, variant in enumerate(runs):
+                entry: dict[str, Any] = {"label": variant.label, "inputs": describe_inputs(variant.inputs), "status": "ok"}
+                try:
+                    _run(compiled, variant, train, printed)
+                except Exception as exc:
+                    place = place_from_exception(exc)
+                    entry.update(status="error", error=first_line(exc), **(place.as_dict() if place else {}))
+                if i == 0:
+                    main_graphs = sum(1 for g in cap.graphs if g.kind == "dynamo")
+                    main_backward = sum(1 for g in cap.graphs if g.kind == "aot_backward")
+                run_log.append(entry)
+        blocker = _fullgraph_blocker(module, base, backend, train, printed) if fullgraph_check else None
+
+    breaks = [_break_dict(b) for b in cap.breaks]
+    dynamo_graphs = [g for g in cap.graphs if g.kind == "dynamo"]
+    if not fullgraph_check:
+        blocker = breaks[0] if breaks else None
+    fullgraph_ok = blocker is None and run_log[0]["status"] == "ok"
+    result: dict[str, Any] = {
+        "target": target.spec,
+        "torch": torch.__version__,
+        "backend": backend,
+        "train": train,
+        "device": str(device),
+        "input_source": target.input_source,
+        "inputs": describe_inputs(base),
+        "graph_count": main_graphs,
+        "graph_break_count": len(breaks),
+        "breaks": breaks,
+        "recompiles": _recompile_dicts(cap),
+        "ops_per_graph": [len(g.ops) for g in dynamo_graphs[:main_graphs]],
+        "graphs": _graph_dicts(cap),
+        "graphs_compiled_total": len(dynamo_graphs),
+        "collectives": _collectives(cap),
+        "fullgraph_ok": fullgraph_ok,
+        "fullgraph_checked": fullgraph_check,
+        "fullgraph_blocker": blocker,
+        "frames_skipped": sum(1 for b in breaks if b["frame_skipped"]),
+        "runs": run_log,
+        "seed_expectations": compare_breaks(target.expectations, target.source_file, breaks, cap.graphs),
+        "printed_chars": sum(len(p) for p in printed),
+        "notes": notes,
+    }
+    if train:
+        result["backward_ops_per_graph"] = [len(g.ops) for g in cap.graphs if g.kind == "aot_backward"][:main_backward]
+    return result

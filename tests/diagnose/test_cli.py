@@ -1,0 +1,70 @@
+"""`kiln explain` / `kiln doctor` on the command line: JSON contract, exit codes, one-line errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kiln.cli.main import main
+
+from .conftest import EXAMPLES, PLANTED, marker_line, target
+
+EXPLAIN_KEYS = {"graph_count", "graph_break_count", "breaks", "recompiles"}
+BREAK_KEYS = {"category", "reason", "file", "line", "code", "hint"}
+RECOMPILE_KEYS = {"reason", "guard", "file", "line", "hint"}
+
+
+def test_explain_writes_the_contract_json(tmp_path, capsys):
+    out = tmp_path / "explain.json"
+    assert main(["explain", target("float_arg"), "--vary", "scalars", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert EXPLAIN_KEYS <= set(report)
+    assert all(RECOMPILE_KEYS <= set(r) for r in report["recompiles"]) and report["recompiles"]
+    assert "Recompiles" in capsys.readouterr().out  # the rich report went to the screen
+
+
+def test_explain_json_to_stdout_with_an_input_spec(capsys):
+    assert main(["explain", target("item"), "--input", "float32:2x8", "--no-vary", "--json", "-"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["inputs"] == ["float32[2, 8]"] and report["input_source"] == "--input"
+    assert all(BREAK_KEYS <= set(b) for b in report["breaks"]) and report["breaks"][0]["line"] == marker_line("item")
+
+
+def test_fullgraph_check_answers_yes_and_no(capsys):
+    assert main(["explain", target("clean"), "--fullgraph-check", "--no-vary"]) == 0
+    assert "fullgraph: yes" in capsys.readouterr().out
+    assert main(["explain", f"{EXAMPLES / 'seed_graph_breaks.py'}:build", "--fullgraph-check", "--no-vary"]) == 1
+    captured = capsys.readouterr()
+    assert "fullgraph: no" in captured.out and "seed_graph_breaks.py" in captured.err
+
+
+@pytest.mark.parametrize(
+    ("argv", "needles"),
+    [
+        (["explain", "nope/missing.py:build"], ["TARGET", "missing.py"]),
+        (["explain", f"{PLANTED}:no_such_function"], ["TARGET", "no_such_function", "relu_net"]),
+        (["explain", "no_such_registry_model"], ["TARGET", "mlp"]),
+        (["explain", target("clean"), "--input", "4xbanana"], ["--input", "4xbanana", "int64[0,512):2x32"]),
+        (["explain", target("clean"), "--input", "complex7:4x8"], ["--input", "complex7", "float32"]),
+        (["explain", target("clean"), "--vary", "sideways"], ["--vary", "batch"]),
+        (["explain", target("clean"), "--backend", "nvfuser"], ["--backend", "inductor"]),
+        (["doctor", target("clean"), "--mode", "max-performance"], ["--mode", "max-autotune"]),
+        (["doctor", target("clean"), "--stages", "eager,warp9"], ["--backend", "warp9", "aot_eager"]),
+        (["doctor", "mlp", "--kwarg", "hidden_sise=8"], ["--kwarg hidden_sise", "hidden_size"]),
+    ],
+)
+def test_bad_input_exits_2_with_one_line(argv, needles, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    for needle in needles:
+        assert needle in err
+
+
+def test_registry_model_gets_inputs_from_its_spec(capsys):
+    argv = ["explain", "mlp", "--kwarg", "hidden_size=16", "--kwarg", "num_layers=1", "--no-vary", "--json", "-"]
+    assert main(argv) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["input_source"] == "input spec" and report["inputs"] == ["float32[4, 16]"]
+    assert report["graph_break_count"] == 0
