@@ -59,6 +59,18 @@ def time_calls(fn: Callable[[], object], *, calls: int, device: torch.device | s
     return time.perf_counter() - start
 
 
+def time_each(fn: Callable[[], object], n: int, *, device: torch.device | str | None,
+              after: Callable[[int], object] | None = None) -> list[float]:
+    """Seconds of each of `n` calls, each synchronized; `after(i)` runs untimed after call i (e.g.
+    to read a result before the next call overwrites it: CUDA-graph outputs are reused)."""
+    out = []
+    for i in range(n):
+        out.append(time_calls(fn, calls=1, device=device))
+        if after is not None:
+            after(i)
+    return out
+
+
 def measure(fn: Callable[[], object], *, warmup: int = 3, repeats: int = 20, calls_per_sample: int = 1,
             device: torch.device | str | None = None) -> Timing:
     for _ in range(warmup):

@@ -1,0 +1,24 @@
+#!/bin/bash
+# GPU evidence for `kiln bench compile` (run on the device machine from the repo root), one
+# preset per call so each stays within one device command:
+#   bash benchmarks/gpu_bench_compile.sh seed001-vit --steps 30
+#   TAG=seed000-levels bash benchmarks/gpu_bench_compile.sh seed000-levels --steps 50 \
+#     --modes default,reduce-overhead,max-autotune-no-cudagraphs
+# Writes $OUT/r/$TAG/results.{json,md,png} and the log, and packs $OUT/r as $OUT/results.tgz.
+set -uo pipefail
+preset=${1:?usage: gpu_bench_compile.sh PRESET [kiln bench compile args...]}
+shift
+OUT=${OUT:-/tmp/kiln-out}
+R=$OUT/r
+TAG=${TAG:-$preset}
+mkdir -p "$R"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
+  export PYTHONPATH=/tmp/site
+fi
+export PYTHONPATH=$PWD/src:${PYTHONPATH:-} PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/nvidia-smi.csv"
+echo "=== kiln bench compile --preset $preset $* ($(date +%T))"
+python3 -m kiln bench compile --preset "$preset" --out "$R/$TAG" "$@" 2>&1 | tee "$R/$TAG.log" | grep -v '^W'
+echo "=== done ($(date +%T))"
+tar czf "$OUT/results.tgz" -C "$R" .

@@ -1,0 +1,319 @@
+"""`kiln bench compile`: eager and every selected compile recipe, side by side, in one process.
+
+Rows are grouped by loss, then precision (fp32 first: its eager run is the reference of
+`speedup_vs_eager_fp32`). For each group the eager baseline is built and kept; each compiled
+recipe is then built (fresh model, same weights), its first step timed (compile), warmed up,
+and timed *interleaved* with its eager baseline (and eager fp32) through the shared timing
+helper, so drift hits all sides alike (PyTorch's harness: speedup = median eager / median
+compiled). A failing recipe becomes a row (`oom`, `error`, `accuracy_fail`, `skipped`) with a
+one-line reason and the matrix goes on; dynamo's caches are reset and memory freed between rows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from kiln.bench.accuracy import compare, eager_random
+from kiln.bench.recipes import Recipe, cuda_graph_reason
+from kiln.bench.runner import FP64, BenchContext, Started, build_context, release, start_runner
+from kiln.bench.timing import Timing, measure_interleaved
+from kiln.compile import compile_counters
+from kiln.config.schema import Config
+from kiln.precision import tf32_enabled
+from kiln.train.runtime import deterministic_mode, resolve_device
+
+Log = Callable[[str], None]
+
+# Every row carries these keys (None where a row has no such figure), so consumers see one schema.
+FIGURES = (
+    "compile_s", "first_step_s", "warmup_s", "step_ms", "step_ms_p10", "step_ms_p90", "samples", "eager_step_ms",
+    "eager_fp32_step_ms", "speedup", "speedup_vs_eager_fp32", "throughput", "peak_mem_bytes",
+    "memory_compression", "graphs", "graph_breaks", "recompiles", "accuracy",
+)
+
+
+@dataclass
+class CompileBenchOptions:
+    cfg: Config
+    """Base config (model, data, optimizer, ...); each row sets precision and compile from its recipe."""
+    recipes: list[Recipe]
+    train: bool = True
+    steps: int = 20
+    """Timed samples per side, taken interleaved."""
+    warmup: int = 3
+    """Steps after the first (compiling) one before timing; CUDA graphs are recorded here."""
+    accuracy_steps: int = 3
+    """Optimizer steps in the loss-trajectory check; 0 turns accuracy checks off."""
+    fresh_cache: bool = True
+    """Compile each row with empty inductor/triton caches, so compile_s is a cold compile."""
+
+
+def _stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _fresh_cache(enabled: bool) -> contextlib.AbstractContextManager:
+    if not enabled:
+        return contextlib.nullcontext()
+    import torch._inductor.utils as inductor_utils
+
+    fresh = getattr(inductor_utils, "fresh_cache", None) or getattr(inductor_utils, "fresh_inductor_cache", None)
+    return fresh() if fresh is not None else contextlib.nullcontext()
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    out: list[BaseException] = []
+    while exc is not None and exc not in out:
+        out.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    return out
+
+
+def failure(exc: BaseException) -> tuple[str, str]:
+    """(status, one-line reason) for an exception raised while running a row."""
+    chain = _chain(exc)
+    oom = any(isinstance(e, torch.cuda.OutOfMemoryError) or "out of memory" in str(e).lower() for e in chain)
+    root = chain[-1]
+    lines = [line.strip() for line in str(root).splitlines() if line.strip()]
+    text = f"{type(root).__name__}: {lines[0] if lines else ''}".strip()
+    if root is not exc:
+        text = f"{type(exc).__name__}: {text}"
+    return ("oom" if oom else "error"), text[:300]
+
+
+def _recompiles() -> int | None:
+    """Compilations beyond the first, per frame, since dynamo's last reset (kiln.compile's counter
+    reads a `recompiles` key that dynamo's counters do not have)."""
+    from torch._dynamo import convert_frame
+
+    per_frame = getattr(convert_frame, "FRAME_COMPILE_COUNTER", None)
+    if per_frame is None:
+        return None
+    return int(sum(max(0, n - 1) for n in per_frame.values()))
+
+
+def _skip_reason(ctx: BenchContext, recipe: Recipe) -> str | None:
+    if not ctx.train and recipe.loss != "task":
+        return "distillation is a training loss; inference rows use the model's outputs"
+    if not ctx.train and recipe.compiled and recipe.scope != "model":
+        return f"scope {recipe.scope} compiles a loss or optimizer step; inference has neither"
+    cuda_graphs = cuda_graph_reason(recipe)
+    if cuda_graphs and ctx.device.type != "cuda":
+        return f"{cuda_graphs}; needs a CUDA device, this run is on {ctx.device.type}"
+    return None
+
+
+def _base_row(ctx: BenchContext, recipe: Recipe) -> dict[str, Any]:
+    return {
+        "model": ctx.model_name,
+        "task": ctx.task,
+        "run": "train" if ctx.train else "infer",
+        "batch_size": ctx.cfg.data.batch_size,
+        "precision": recipe.precision,
+        "loss": recipe.loss,
+        "mode": recipe.mode,
+        "backend": recipe.backend,
+        "scope": recipe.scope,
+        "status": "ok",
+        "reason": None,
+        **dict.fromkeys(FIGURES),
+    }
+
+
+def _timing_figures(ctx: BenchContext, row: dict, timings: dict[str, Timing], side: str) -> None:
+    mine = timings[side].as_dict()
+    step_s = timings[side].median_s
+    row.update(step_ms=mine["median_ms"], step_ms_p10=mine["p10_ms"], step_ms_p90=mine["p90_ms"],
+               samples=mine["samples"])
+    row["throughput"] = ctx.samples_per_step / step_s if step_s > 0 else None
+    if ctx.tokens_per_step:
+        row["tokens_per_s"] = ctx.tokens_per_step / step_s if step_s > 0 else None
+    eager_s = timings["eager"].median_s
+    row["eager_step_ms"] = eager_s * 1e3
+    row["speedup"] = eager_s / step_s if step_s > 0 else None
+    fp32 = timings.get("eager_fp32")
+    if fp32 is not None:
+        row["eager_fp32_step_ms"] = fp32.median_s * 1e3
+        row["speedup_vs_eager_fp32"] = fp32.median_s / step_s if step_s > 0 else None
+    elif row["precision"] == "fp32":
+        row["eager_fp32_step_ms"] = row["eager_step_ms"]
+        row["speedup_vs_eager_fp32"] = row["speedup"]
+
+
+class _MatrixRun:
+    def __init__(self, ctx: BenchContext, opts: CompileBenchOptions, log: Log):
+        self.ctx, self.opts, self.log = ctx, opts, log
+        self.device = ctx.device
+        self.values = max(1, opts.accuracy_steps) if ctx.train else 1
+        self._fp64: dict[str, Any] = {}
+        self.done = 0
+
+    # -- the reference runs ------------------------------------------------------------------
+    def fp64_values(self, loss: str) -> Any:
+        """The float64 eager run's values for this loss (computed once; None if it cannot run)."""
+        if loss not in self._fp64:
+            try:
+                started = start_runner(self.ctx, Recipe.eager("fp32", loss), warmup=0, values=self.values,
+                                       policy=FP64)
+                self._fp64[loss] = started.values if self.ctx.train else started.values[0]
+                del started
+            except Exception as exc:  # e.g. an op without a float64 kernel: the harness falls back to cosine
+                self.log(f"fp64 reference for loss {loss} failed ({failure(exc)[1]}); accuracy uses cosine similarity")
+                self._fp64[loss] = None
+            self.ctx.drop_teacher(torch.float64)
+            release(self.device)
+        return self._fp64[loss]
+
+    def _interleave(self, sides: dict[str, Callable[[], object]]) -> dict[str, Timing]:
+        return measure_interleaved(sides, warmup=1, repeats=self.opts.steps, device=self.device)
+
+    def _report(self, recipe: Recipe, row: dict) -> None:
+        self.done += 1
+        total = len(self.opts.recipes)
+        figures = ""
+        if row.get("step_ms") is not None:
+            figures = f" {row['step_ms']:.3f} ms"
+            if row.get("speedup") is not None:
+                figures += f" ({row['speedup']:.2f}x eager)"
+            if row.get("compile_s") is not None:
+                figures += f", compile {row['compile_s']:.1f} s"
+        why = f": {row['reason']}" if row.get("reason") else ""
+        self.log(f"[{self.done}/{total}] {recipe.label}: {row['status']}{figures}{why}")
+
+    # -- rows --------------------------------------------------------------------------------
+    # The measuring is done in helpers, so that when one raises, the runner it built is only
+    # referenced by the traceback, and is gone by the time `release` frees memory.
+    def _time_eager(self, row: dict, recipe: Recipe, ref32: Started | None) -> Started:
+        started = start_runner(self.ctx, recipe, warmup=self.opts.warmup, values=self.values,
+                               probe_rng=self.ctx.train)
+        sides: dict[str, Callable[[], object]] = {"eager": started.runner}
+        if ref32 is not None:
+            sides["eager_fp32"] = ref32.runner
+        _timing_figures(self.ctx, row, self._interleave(sides), "eager")
+        row.update(first_step_s=started.first_step_s, warmup_s=started.warmup_s,
+                   peak_mem_bytes=started.peak_mem_bytes,
+                   memory_compression=1.0 if started.peak_mem_bytes else None,
+                   graphs=0, graph_breaks=0, recompiles=0, uses_rng=started.uses_rng)
+        return started
+
+    def eager_row(self, recipe: Recipe, ref32: Started | None) -> tuple[dict, Started | None]:
+        row = _base_row(self.ctx, recipe)
+        try:
+            return row, self._time_eager(row, recipe, ref32)
+        except Exception as exc:
+            row["status"], row["reason"] = failure(exc)
+        release(self.device)
+        return row, None
+
+    def _time_compiled(self, row: dict, recipe: Recipe, eager: Started, ref32: Started | None) -> list[Any]:
+        """Build, compile, warm up and time the recipe against its eager baselines; fills `row`
+        and returns the values of its first steps for the accuracy check."""
+        before = compile_counters()
+        started = start_runner(self.ctx, recipe, warmup=self.opts.warmup, values=self.values)
+        sides: dict[str, Callable[[], object]] = {"eager": eager.runner, "compiled": started.runner}
+        if ref32 is not None and recipe.precision != "fp32":
+            sides["eager_fp32"] = ref32.runner
+        timings = self._interleave(sides)
+        after = compile_counters()
+        _timing_figures(self.ctx, row, timings, "compiled")
+        peak, eager_peak = started.peak_mem_bytes, eager.peak_mem_bytes
+        row.update(
+            compile_s=max(0.0, started.first_step_s - timings["eager"].median_s),
+            first_step_s=started.first_step_s,
+            warmup_s=started.warmup_s,
+            peak_mem_bytes=peak,
+            eager_peak_mem_bytes=eager_peak,
+            memory_compression=eager_peak / peak if eager_peak and peak else None,
+            graphs=after["graphs"] - before["graphs"],
+            graph_breaks=after["graph_breaks"] - before["graph_breaks"],
+            recompiles=_recompiles(),  # dynamo was reset before this row
+        )
+        return started.values
+
+    def _values_on_eager_rng(self, recipe: Recipe) -> list[Any]:
+        """The timed copy draws its own random numbers (inductor's RNG), so the check runs a fresh
+        copy compiled to draw them through eager's generator, as the harness does."""
+        with eager_random():
+            return start_runner(self.ctx, recipe, warmup=0, values=self.values).values
+
+    def compiled_row(self, recipe: Recipe, eager: Started, ref32: Started | None) -> dict:
+        row = _base_row(self.ctx, recipe)
+        reason = _skip_reason(self.ctx, recipe)
+        if reason:
+            row.update(status="skipped", reason=reason)
+            return row
+        import torch._dynamo
+
+        torch._dynamo.reset()
+        try:
+            with _fresh_cache(self.opts.fresh_cache):  # one cache per row: the check reuses its autotuning
+                values = self._time_compiled(row, recipe, eager, ref32)
+                release(self.device)
+                if self.ctx.train and self.opts.accuracy_steps == 0:
+                    row["accuracy"] = "skipped"
+                else:
+                    if eager.uses_rng:
+                        values = self._values_on_eager_rng(recipe)
+                        release(self.device)
+                    reference = eager.values if self.ctx.train else eager.values[0]
+                    result = values if self.ctx.train else values[0]
+                    verdict = compare(reference, result, self.fp64_values(recipe.loss),
+                                      precision=recipe.precision, train=self.ctx.train)
+                    reason = verdict.pop("accuracy_reason", None)
+                    row.update(verdict)
+                    if reason:
+                        row.update(status="accuracy_fail", reason=reason)
+        except Exception as exc:
+            row["status"], row["reason"] = failure(exc)
+        finally:
+            release(self.device)
+        return row
+
+    # -- the matrix --------------------------------------------------------------------------
+    def run(self) -> list[dict]:
+        plan = self.opts.recipes
+        rows: dict[Recipe, dict] = {}
+        for loss in dict.fromkeys(r.loss for r in plan):
+            group = [r for r in plan if r.loss == loss]
+            precisions = ["fp32", *(p for p in dict.fromkeys(r.precision for r in group) if p != "fp32")]
+            ref32: Started | None = None
+            for precision in precisions:
+                eager_recipe = Recipe.eager(precision, loss)
+                row, eager = self.eager_row(eager_recipe, ref32 if precision != "fp32" else None)
+                rows[eager_recipe] = row
+                self._report(eager_recipe, row)
+                for recipe in (r for r in group if r.precision == precision and r.compiled):
+                    if eager is None:
+                        rows[recipe] = {**_base_row(self.ctx, recipe), "status": "skipped",
+                                        "reason": f"eager baseline at {precision} failed: {row['reason']}"}
+                    else:
+                        rows[recipe] = self.compiled_row(recipe, eager, ref32)
+                    self._report(recipe, rows[recipe])
+                if precision == "fp32":
+                    ref32 = eager
+                else:
+                    del eager
+                    release(self.device)
+            del ref32
+            release(self.device)
+        return [rows[r] for r in plan if r in rows]
+
+
+def run_compile_bench(opts: CompileBenchOptions, log: Log | None = None) -> list[dict]:
+    """Run the planned rows; returns one row dict per recipe in plan order (all statuses)."""
+    cfg = opts.cfg
+    device = resolve_device(cfg.training.device)
+    log = log or _stderr
+    with tf32_enabled(cfg.precision.tf32), deterministic_mode(cfg.training.deterministic):
+        ctx = build_context(cfg, device, train=opts.train, batches=max(2, opts.accuracy_steps))
+        try:
+            return _MatrixRun(ctx, opts, log).run()
+        finally:
+            ctx.close()
+            release(device)

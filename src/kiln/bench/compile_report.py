@@ -1,0 +1,125 @@
+"""Showing `kiln bench compile` results: a rich table, results.json/results.md, a PNG chart."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from kiln.bench.results import write_results
+
+# The columns of results.md and of the table on screen, in order.
+COLUMNS = [
+    "precision", "loss", "mode", "backend", "scope", "status", "compile_s", "warmup_s", "step_ms",
+    "step_ms_p10", "step_ms_p90", "speedup", "speedup_vs_eager_fp32", "throughput", "peak_mem_bytes",
+    "memory_compression", "graphs", "graph_breaks", "recompiles", "accuracy", "reason",
+]
+
+
+def row_label(row: dict[str, Any]) -> str:
+    if row.get("mode") == "eager":
+        return f"{row['precision']} {row['loss']} eager"
+    return f"{row['precision']} {row['loss']} {row.get('backend')}/{row.get('mode')}/{row.get('scope')}"
+
+
+def _cell(key: str, value: Any) -> str:
+    if value is None:
+        return "-"
+    if key == "peak_mem_bytes":
+        return f"{value / 2**20:.0f} MiB"
+    if key in ("speedup", "speedup_vs_eager_fp32", "memory_compression"):
+        return f"{value:.2f}x"
+    if key in ("compile_s", "warmup_s"):
+        return f"{value:.1f}"
+    if isinstance(value, float):
+        return f"{value:.4g}" if math.isfinite(value) else str(value)
+    return str(value)
+
+
+_STATUS_STYLE = {"ok": "green", "skipped": "dim", "accuracy_fail": "yellow", "oom": "red", "error": "red"}
+
+
+def render_table(rows: list[dict[str, Any]], title: str):
+    """A rich Table of the rows (times in ms, memory in MiB)."""
+    from rich.table import Table
+
+    shown = ["row", "status", "compile_s", "step_ms", "speedup", "speedup_vs_eager_fp32", "throughput",
+             "peak_mem_bytes", "memory_compression", "graphs", "graph_breaks", "recompiles", "accuracy"]
+    headers = {"row": "recipe (precision loss backend/mode/scope)", "compile_s": "compile s",
+               "step_ms": "step ms (p10-p90)", "speedup": "vs eager", "speedup_vs_eager_fp32": "vs fp32",
+               "throughput": "samples/s", "peak_mem_bytes": "peak mem", "memory_compression": "mem ratio",
+               "graph_breaks": "breaks"}
+    table = Table(title=title, title_justify="left")
+    for key in shown:
+        table.add_column(headers.get(key, key), overflow="fold")
+    for row in rows:
+        cells = []
+        for key in shown:
+            if key == "row":
+                cells.append(row_label(row))
+            elif key == "step_ms" and row.get("step_ms") is not None:
+                cells.append(f"{row['step_ms']:.3f} ({row.get('step_ms_p10', 0):.3f}-{row.get('step_ms_p90', 0):.3f})")
+            elif key == "status":
+                style = _STATUS_STYLE.get(row["status"], "")
+                cells.append(f"[{style}]{row['status']}[/{style}]" if style else row["status"])
+            else:
+                cells.append(_cell(key, row.get(key)))
+        table.add_row(*cells)
+        if row.get("reason"):
+            table.add_row(f"  [dim]{row['reason']}[/dim]", *[""] * (len(shown) - 1))
+    return table
+
+
+def plot(rows: list[dict[str, Any]], path: Path, title: str) -> Path | None:
+    """Speedup (vs eager at the same precision and vs eager fp32) and peak memory per row."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    labels = [row_label(r) for r in rows]
+    y = list(range(len(rows)))
+    height = max(2.5, 0.38 * len(rows) + 1.2)
+    fig, (ax_speed, ax_mem) = plt.subplots(1, 2, figsize=(13, height), sharey=True)
+    speed = [r.get("speedup") or 0.0 for r in rows]
+    vs32 = [r.get("speedup_vs_eager_fp32") or 0.0 for r in rows]
+    ax_speed.barh([i - 0.2 for i in y], speed, height=0.4, label="vs eager, same precision", color="#3b7dd8")
+    ax_speed.barh([i + 0.2 for i in y], vs32, height=0.4, label="vs eager fp32", color="#9bbbe8")
+    ax_speed.axvline(1.0, color="black", linewidth=0.8)
+    ax_speed.set_xlabel("speedup (median eager / median recipe, interleaved)")
+    mem = [(r.get("peak_mem_bytes") or 0) / 2**20 for r in rows]
+    ax_mem.barh(y, mem, height=0.6, color="#d88a3b")
+    ax_mem.set_xlabel("peak device memory over warm-up, MiB")
+    for i, row in enumerate(rows):
+        if row.get("memory_compression"):
+            ax_mem.text(mem[i], i, f" {row['memory_compression']:.2f}x", va="center", fontsize=7)
+    if not any(mem):  # CPU: the process RSS peak cannot be reset per row, so none is reported
+        ax_mem.set_xticks([])
+        ax_mem.text(0.5, 0.5, "not measured (CUDA only)", ha="center", va="center", transform=ax_mem.transAxes)
+    for i, row in enumerate(rows):
+        if row["status"] != "ok":
+            ax_speed.text(0.02, i, row["status"], va="center", fontsize=8, color="#b00000")
+    ax_speed.set_yticks(y)
+    ax_speed.set_yticklabels(labels, fontsize=8)
+    ax_speed.invert_yaxis()
+    ax_speed.legend(fontsize=8, loc="lower right")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write_compile_results(out_dir: str | Path, rows: list[dict[str, Any]], *, env: dict, config: dict,
+                          command: str, title: str) -> dict[str, Path]:
+    """results.json + results.md (kiln.bench.results) and results.png; returns the paths written."""
+    out = Path(out_dir)
+    written = {"json": write_results(out, env=env, config=config, results=rows, columns=COLUMNS, title=title,
+                                     command=command)}
+    written["md"] = out / "results.md"
+    png = plot(rows, out / "results.png", title)
+    if png is not None:
+        written["png"] = png
+    return written

@@ -1,0 +1,82 @@
+"""`kiln bench compile` on the command line: exit 2 on bad input, presets end to end."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kiln.cli.main import main
+
+
+@pytest.mark.parametrize(
+    ("args", "needles"),
+    [
+        (["--modes", "max-performance"], ["--modes", "max-autotune"]),
+        (["--backends", "nvfuser"], ["--backends", "inductor"]),
+        (["--precisions", "fp8"], ["--precisions", "bf16-mixed"]),
+        (["--scopes", "everything"], ["--scopes", "model+loss"]),
+        (["--losses", "mse"], ["--losses", "distill"]),
+        (["--preset", "seed999"], ["--preset", "seed000-levels", "seed001-vit"]),
+        (["--config", "does/not/exist.toml"], ["does/not/exist.toml", "not found"]),
+        (["--steps", "0"], ["--steps", ">= 1"]),
+        (["--modes", "reduce-overhead", "compile.options.max_autotune=true"], ["compile.options", "mode"]),
+        (["--config", "a.toml", "--model", "mlp"], ["--model", "not allowed"]),
+        (["training.stpes=3"], ["training.stpes", "steps"]),
+    ],
+)
+def test_bad_input_exits_2_with_one_line_before_any_work(tmp_path, capsys, args, needles):
+    out = tmp_path / "out"
+    try:
+        code = main(["bench", "compile", "--out", str(out), *args])
+    except SystemExit as exc:  # argparse's own usage errors exit from parse_args, also with 2
+        code = exc.code
+    err = capsys.readouterr().err.strip()
+    assert code == 2, err
+    assert len(err.splitlines()) == 1, err
+    for needle in needles:
+        assert needle in err
+    assert not out.exists()
+
+
+def test_bench_without_a_subcommand_exits_2(capsys):
+    assert main(["bench"]) == 2
+
+
+def test_seed000_preset_end_to_end_with_tiny_sizes(tmp_path, tiny_mlp):
+    out = tmp_path / "levels"
+    code = main(["bench", "compile", "--preset", "seed000-levels", "--precisions", "fp32", "--steps", "3",
+                 "--warmup", "1", "--warm-cache", "--out", str(out), *tiny_mlp])
+    assert code == 0
+    payload = json.loads((out / "results.json").read_text())
+    rows = payload["results"]
+    assert [r["mode"] for r in rows] == [
+        "eager", "default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune"]
+    assert payload["config"]["bench"]["preset"] == "seed000-levels"
+    assert payload["config"]["base"]["model"]["kwargs"]["hidden_size"] == 32  # the override beat the preset
+    assert payload["config"]["base"]["data"]["batch_size"] == 8
+    by_mode = {r["mode"]: r for r in rows}
+    for mode in ("default", "max-autotune-no-cudagraphs"):
+        assert by_mode[mode]["status"] == "ok" and by_mode[mode]["compile_s"] is not None
+        assert by_mode[mode]["accuracy"] == "pass"
+    for mode in ("reduce-overhead", "max-autotune"):
+        assert by_mode[mode]["status"] == "skipped" and "CUDA graphs" in by_mode[mode]["reason"]
+    assert (out / "results.png").exists() and (out / "results.md").exists()
+
+
+def test_seed001_preset_code_path_with_a_tiny_vit(tmp_path, tiny_vit):
+    out = tmp_path / "vit"
+    code = main(["bench", "compile", "--preset", "seed001-vit", "--precisions", "fp32", "--backends", "aot_eager",
+                 "--scopes", "model,model+loss", "--steps", "2", "--warmup", "1", "--accuracy-steps", "2",
+                 "--out", str(out), *tiny_vit])
+    assert code == 0
+    rows = json.loads((out / "results.json").read_text())["results"]
+    got = [(r["loss"], r["mode"], r["backend"], r["scope"], r["status"]) for r in rows]
+    assert got == [
+        ("task", "eager", None, None, "ok"),
+        ("task", "default", "aot_eager", "model", "ok"),
+        ("distill", "eager", None, None, "ok"),
+        ("distill", "default", "aot_eager", "model", "ok"),
+        ("distill", "default", "aot_eager", "model+loss", "ok"),
+    ]
+    assert all(r["model"] == "vit" for r in rows)
