@@ -294,6 +294,17 @@ class Checkpointer:
             raise RuntimeError(f"checkpoint save{'' if step is None else f' of step {step}'} failed: {error}") from error
 
     # -- loading ---------------------------------------------------------------------------
+    def check_model(self, path: Path, model: torch.nn.Module) -> None:
+        """Compare the plain (unwrapped) model's keys and shapes with checkpoint `path` before any
+        work: a checkpoint of another model is bad input (exit 2) and nothing gets written."""
+        path = Path(path)
+        problem = checkpoint_problem(path)
+        if problem is not None:
+            raise ConfigError("checkpoint.resume", f"{path}: not a complete kiln checkpoint: {problem}")
+        metadata = read_metadata(path)
+        current = {k: tuple(v.shape) for k, v in model.state_dict().items() if isinstance(v, torch.Tensor)}
+        _check_model(path, tensor_shapes(metadata, f"{APP_KEY}.model."), current, set(metadata.state_dict_metadata))
+
     def load(self, path: Path, app_state: AppState) -> LoadReport:
         """Restore `app_state` from the complete checkpoint `path`.
 

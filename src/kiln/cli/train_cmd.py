@@ -43,6 +43,9 @@ def _launch(args: argparse.Namespace, cfg) -> int:
     check_launch(spec, cfg.training.device)
     preflight(cfg, run_dir)
     passthrough = (["--config", args.config] if args.config else []) + list(args.overrides)
+    if spec.max_restarts > 0 and cfg.checkpoint.resume == "never":
+        # A restarted group should continue from the last checkpoint, not start over.
+        passthrough.append("checkpoint.resume=auto")
     code = launch(spec, run_dir, passthrough)
     print(f"kiln: {'completed' if code == 0 else 'failed'}; run dir {run_dir}")
     return code

@@ -69,12 +69,36 @@ def backend_for(device: torch.device, choice: str) -> str:
     return "nccl" if device.type == "cuda" else "gloo"
 
 
-def init_process_group(env: DistEnv, device: torch.device, backend: str, timeout_s: float) -> None:
+def enable_flight_recorder(run_dir) -> None:
+    """NCCL's flight recorder keeps the last collectives of each rank and, on a timeout, dumps
+    them to `run_dir/flight_recorder/rank_<r>` (PyTorch "Flight Recorder" docs); read the dumps
+    with `python -m torch.distributed.flight_recorder.fr_trace`. Must be set before the group
+    exists; a user's own settings win."""
+    from pathlib import Path
+
+    folder = Path(run_dir) / "flight_recorder"
+    folder.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000")
+    os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
+    os.environ.setdefault("TORCH_FR_DUMP_TEMP_FILE", str(folder / "rank_"))
+
+
+def init_process_group(env: DistEnv, device: torch.device, backend: str, timeout_s: float, run_dir=None) -> None:
     """Create the default group once; a collective that waits longer than `timeout_s` fails
     instead of hanging (NCCL needs async error handling for that, on by default in torch >= 2.2)."""
     if dist.is_initialized():
         return
-    kwargs = {"backend": backend, "timeout": datetime.timedelta(seconds=timeout_s)}
+    if backend == "nccl" and run_dir is not None:
+        enable_flight_recorder(run_dir)
+    timeout = datetime.timedelta(seconds=timeout_s)
+    kwargs = {"backend": backend, "timeout": timeout}
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    if attempt is not None and "MASTER_ADDR" in os.environ:
+        # Give each elastic attempt its own key space in the rendezvous store: after a restart,
+        # gloo ranks were seen reading the dead attempt's peer addresses and failing to connect
+        # ("Connection refused" in connectFullMesh), which turned one crash into a failed job.
+        store, rank, world_size = next(dist.rendezvous("env://", timeout=timeout))
+        kwargs.update(store=dist.PrefixStore(f"kiln/attempt_{attempt}", store), rank=rank, world_size=world_size)
     if backend == "nccl":
         # Binding the device at init lets NCCL create its communicator eagerly (torch >= 2.3).
         kwargs["device_id"] = device

@@ -29,13 +29,15 @@ def build_train_step(
     strategy: str = "none",
     *,
     loss_builder: Callable[[torch.nn.Module], Callable[[Tensor, Tensor], Tensor]] | None = None,
+    guard=None,
 ) -> TrainStep:
     """Compile and parallelise `model` (see kiln.distributed.apply for the order), then build the
     optimizer, LR schedule, grad scaler and the step function around it. `step.model` is the
     model to call (a DDP wrapper under DDP; FSDP2 shards in place).
 
     `loss_builder(model) -> forward_loss(inputs, targets)` replaces the task's loss (kiln bench
-    compile's distillation loss); it gets the model after compile/parallel wrapping."""
+    compile's distillation loss); it gets the model after compile/parallel wrapping. `guard` (a
+    kiln.checkpoint.NonFiniteGuard) flags non-finite steps and, in `skip` mode, drops them."""
     model, grad_sync = apply_parallel(model, blocks, cfg, policy, device, strategy)
     build = loss_builder if loss_builder is not None else (lambda m: build_forward_loss(m, task))
     forward_loss = with_precision(build(model), policy, device)
@@ -52,4 +54,5 @@ def build_train_step(
         scaler=make_grad_scaler(policy, device),
         compile_cfg=cfg.compile,
         grad_sync=grad_sync,
+        guard=guard,
     )

@@ -20,8 +20,10 @@ from kiln.distributed.env import all_reduce_sum
 class TrainStep:
     """One optimizer step over `grad_accum_steps` micro-batches.
 
-    Call with a list of `(inputs, targets)` micro-batches; returns `(mean_loss, grad_norm)` as
-    device tensors (`grad_norm` is None when clipping is off and `want_grad_norm` is False).
+    Call with a list of `(inputs, targets)` micro-batches; returns `(mean_loss, grad_norm, flag)`
+    as device tensors: `grad_norm` is None when neither clipping, the non-finite guard nor the
+    caller needs it; `flag` (a device bool: loss or gradient norm not finite) is None without a
+    guard. With a guard in `skip` mode a non-finite update is dropped on the device.
     """
 
     def __init__(
@@ -35,12 +37,14 @@ class TrainStep:
         scaler: torch.amp.GradScaler | None = None,
         compile_cfg: CompileConfig | None = None,
         grad_sync: Callable[[bool], contextlib.AbstractContextManager] | None = None,
+        guard=None,
     ) -> None:
         self.model = model
         self.optimizer = optimizer
         self.scheduler = scheduler
         self.scaler = scaler
         self.grad_clip = grad_clip
+        self.guard = guard
         self.params = [p for p in model.parameters() if p.requires_grad]
         # DDP/FSDP: communicate gradients only on the last micro-step of an accumulation.
         self._grad_sync = grad_sync or (lambda is_last: contextlib.nullcontext())
@@ -59,19 +63,24 @@ class TrainStep:
             return torch.nn.utils.get_total_norm(grads, foreach=True)
         return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
 
-    def _update(self, want_grad_norm: bool) -> Tensor | None:
-        norm = None
+    def _update(self, loss: Tensor, want_grad_norm: bool) -> tuple[Tensor | None, Tensor | None]:
+        norm = flag = None
         if self.grad_clip > 0:
             norm = torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip, foreach=True)
-        elif want_grad_norm:
+        elif want_grad_norm or self.guard is not None:
             norm = self._grad_norm()
-        if self.scaler is not None:
+        if self.guard is not None:
+            # Under a GradScaler an inf gradient is a routine overflow the scaler skips; only the
+            # loss then says the run diverged.
+            flag = self.guard.flag(loss, None if self.scaler is not None else norm)
+            self.guard.step_optimizer(self.optimizer, flag, self.scaler)
+        elif self.scaler is not None:
             self.scaler.step(self.optimizer)
             self.scaler.update()
         else:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return norm
+        return norm, flag
 
     def __call__(self, micro_batches: list[tuple[Tensor, Tensor]], want_grad_norm: bool = False):
         n = len(micro_batches)
@@ -85,12 +94,13 @@ class TrainStep:
                 scaled.backward()
             detached = loss.detach()
             total = detached if total is None else total + detached
+        mean = total / n if n > 1 else total
         if self.scaler is not None:
             # Clip the true gradients, not the scaled ones; unscale_ records inf/NaN on the device.
             self.scaler.unscale_(self.optimizer)
-        norm = self._update_fn(want_grad_norm)
+        norm, flag = self._update_fn(mean, want_grad_norm)
         self.scheduler.step()
-        return (total / n if n > 1 else total), norm
+        return mean, norm, flag
 
 
 def evaluate(

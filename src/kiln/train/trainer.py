@@ -8,12 +8,14 @@ dir (rank 0) and trains. One process and N torchrun ranks run the same code.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from kiln.checkpoint import AppState, Checkpointer, NonFiniteGuard, StopOnSignal, any_rank, config_digest
 from kiln.compile import compile_counters
 from kiln.config.errors import ConfigError
 from kiln.config.load import save_config
@@ -35,6 +37,7 @@ from kiln.monitor.sinks import build_sinks
 from kiln.monitor.summary import write_summary
 from kiln.precision import apply_precision, resolve_precision, tf32_enabled, with_precision
 from kiln.train.assemble import build_train_step
+from kiln.train.faults import inject, planned_fault
 from kiln.train.losses import build_eval_fn, build_forward_loss
 from kiln.train.meter import IntervalMeter
 from kiln.train.optim import current_lr
@@ -61,11 +64,18 @@ class Trainer:
         self.run_dir = Path(run_dir) if run_dir is not None else default_run_dir(cfg.model.name)
         if multi and run_dir is None:
             raise ConfigError("--run-dir", "several ranks need one run dir chosen up front; pass --run-dir")
-        if self.dist.is_main:
+        # An elastic restart (or an explicit resume) continues in a run dir that holds a run.
+        restarting = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+        if self.dist.is_main and cfg.checkpoint.resume == "never" and not restarting:
             check_run_dir(self.run_dir)
+        self.checkpointer = Checkpointer(self.run_dir, cfg.checkpoint, rank=self.dist.rank,
+                                         world_size=self.dist.world_size, config_digest=config_digest(cfg))
+        self.resume_path = self.checkpointer.resolve_resume(cfg.checkpoint.resume)
         seed_everything(cfg.training.seed)  # same seed on every rank: identical initial weights
         built = build_model(cfg.model)
         self.built = built
+        if self.resume_path is not None:  # a checkpoint of another model is bad input: exit 2, nothing written
+            self.checkpointer.check_model(self.resume_path, built.module)
         self.model = apply_precision(built.module.to(self.device), self.policy)
         self.num_params = sum(p.numel() for p in self.model.parameters())
         param_bytes = torch.finfo(self.policy.param_dtype).bits // 8
@@ -103,7 +113,7 @@ class Trainer:
         cfg, main = self.cfg, self.dist.is_main
         if self.dist.world_size > 1 or self.dist.launched:
             init_process_group(self.dist, self.device, backend_for(self.device, cfg.distributed.backend),
-                               cfg.distributed.timeout_s)
+                               cfg.distributed.timeout_s, run_dir=self.run_dir)
         if cfg.distributed.bind_numa:
             from kiln.distributed.numa import bind_to_gpu_numa_node
 
@@ -111,6 +121,8 @@ class Trainer:
         if main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             save_config(cfg, self.run_dir / "config.toml")
+            if self.resume_path is None:  # a fresh start (or a restart with no checkpoint yet)
+                (self.run_dir / "metrics.jsonl").unlink(missing_ok=True)
             log.info("strategy: %s (%s)", self.strategy, self.strategy_reason)
         sinks = build_sinks(cfg.metrics, self.run_dir, cfg.training.steps, is_main=main)
         summary: dict[str, Any] = {"status": "running", "steps": 0, "run_dir": str(self.run_dir)}
@@ -118,7 +130,7 @@ class Trainer:
         try:
             with tf32_enabled(cfg.precision.tf32), deterministic_mode(cfg.training.deterministic):
                 summary.update(self._train(sinks))
-            summary["status"] = "completed"
+            summary["status"] = "stopped" if summary.get("stopped_by") else "completed"
         except KeyboardInterrupt:
             summary["status"] = "interrupted"
             raise
@@ -130,6 +142,7 @@ class Trainer:
             summary["wall_s"] = round(time.perf_counter() - started, 3)
             summary.update(getattr(self, "_progress", {}))
             sinks.close()
+            self.checkpointer.close()  # completes an in-flight async save
             if main:
                 write_summary(self.run_dir / "summary.json", summary)
             destroy_process_group()
@@ -145,47 +158,82 @@ class Trainer:
         flops_per_step = self._count_flops(pending[0])
         peak, peak_source = peak_flops(device, cfg.precision.policy, cfg.metrics.peak_tflops, tf32=cfg.precision.tf32)
 
+        guard = NonFiniteGuard(tcfg.nonfinite, tcfg.nonfinite_max_skips, device=device)
         step_fn = build_train_step(self.model, self.built.task, self.built.blocks, cfg, self.policy, device,
-                                   strategy=self.strategy)
+                                   strategy=self.strategy, guard=guard)
         model = step_fn.model
         eval_fn = with_precision(build_eval_fn(model, self.built.task), self.policy, device)
-        meter = IntervalMeter(
-            device,
-            samples_per_step=self.train_data.samples_per_batch * accum,
-            tokens_per_step=(self.train_data.tokens_per_batch or 0) * accum or None,
-            world_size=self.dist.world_size,
-            flops_per_step=flops_per_step,
-            peak_flops=peak,
-        )
+        samples_per_step = self.train_data.samples_per_batch * accum
+        tokens_per_step = (self.train_data.tokens_per_batch or 0) * accum or None
+        meter = IntervalMeter(device, samples_per_step=samples_per_step, tokens_per_step=tokens_per_step,
+                              world_size=self.dist.world_size, flops_per_step=flops_per_step, peak_flops=peak)
+        ck = self.checkpointer
+        app = AppState(model, step_fn.optimizer, step_fn.scheduler, step_fn.scaler, data=self.train_data,
+                       guard=guard, rank=self.dist.rank, world_size=self.dist.world_size, device=device)
+        start = 1
+        if self.resume_path is not None:
+            report = ck.load(self.resume_path, app)
+            start = int(app.progress.get("step", report.step)) + 1
+            pending = []  # the data position was restored: batches fetched before it are not ours
+            if self.dist.is_main:
+                _trim_metrics(self.run_dir / "metrics.jsonl", start - 1)
+                log.info("resumed from %s at step %d", report.path, start - 1)
+        fault = planned_fault(self.dist.rank)
         reset_peak(device)
         record: dict[str, Any] = {}
         evals: dict[str, float] = {}
+        stopped_by = None
         barrier()
         synchronize(device)
         meter.restart_clock()
-        for step in range(1, tcfg.steps + 1):
-            t_data = time.perf_counter()
-            while len(pending) < accum:
-                pending.append(next(data_iter))
-            meter.add_data_wait(time.perf_counter() - t_data)
-            is_log = step == 1 or step % tcfg.log_interval == 0 or step == tcfg.steps
-            loss, grad_norm = step_fn(pending, want_grad_norm=is_log)
-            pending = []
-            meter.add_step(loss)
-            self._progress = {"steps": step}
-            if not is_log:
-                continue
-            record = meter.record(step, current_lr(step_fn.optimizer), grad_norm)
-            if self.eval_data is not None and (step % tcfg.eval_interval == 0 or step == tcfg.steps):
-                self.eval_data.reset()  # every eval pass sees the same batches
-                evals = evaluate(model, eval_fn, self.eval_data, tcfg.eval_steps, device=device)
-                record.update(evals)
-            sinks.log(record)
-            synchronize(device)
-            meter.restart_clock()
+        with StopOnSignal() as stop:
+            for step in range(start, tcfg.steps + 1):
+                t_data = time.perf_counter()
+                while len(pending) < accum:
+                    pending.append(next(data_iter))
+                meter.add_data_wait(time.perf_counter() - t_data)
+                is_log = step == start or step % tcfg.log_interval == 0 or step == tcfg.steps
+                loss, grad_norm, flag = step_fn(pending, want_grad_norm=is_log)
+                pending = []
+                guard.observe(loss, grad_norm, step, flag=flag)
+                meter.add_step(loss)
+                app.progress.update(step=step, samples_seen=step * samples_per_step * self.dist.world_size,
+                                    tokens_seen=step * (tokens_per_step or 0) * self.dist.world_size)
+                self._progress = {"steps": step}
+                inject(fault, step)
+                if is_log:
+                    record = meter.record(step, current_lr(step_fn.optimizer), grad_norm)
+                    record.update(guard.check())  # NonFiniteError: exit 1 naming the step
+                    if self.eval_data is not None and (step % tcfg.eval_interval == 0 or step == tcfg.steps):
+                        self.eval_data.reset()  # every eval pass sees the same batches
+                        evals = evaluate(model, eval_fn, self.eval_data, tcfg.eval_steps, device=device)
+                        record.update(evals)
+                    sinks.log(record)
+                # A signal on one rank must stop all ranks at the same step; agreeing costs a
+                # collective, so multi-rank jobs agree at log steps only.
+                want_stop = stop.stop_requested()
+                if self.dist.world_size > 1:
+                    want_stop = any_rank(want_stop) if is_log else False
+                if want_stop:
+                    ck.save(step, app, block=True)
+                    stopped_by = stop.signal_name or "signal"
+                    break
+                if cfg.checkpoint.interval and step % cfg.checkpoint.interval == 0 and step != tcfg.steps:
+                    ck.save(step, app)
+                if is_log:
+                    synchronize(device)
+                    meter.restart_clock()
+            else:
+                if cfg.checkpoint.save_final:
+                    ck.save(tcfg.steps, app, final=True)
+        if stopped_by is not None:
+            log.warning("stopped by %s after step %d; checkpoint saved, resume with checkpoint.resume=auto",
+                        stopped_by, app.progress["step"])
 
         result: dict[str, Any] = {
-            "steps": tcfg.steps,
+            "steps": app.progress.get("step", tcfg.steps),
+            "stopped_by": stopped_by,
+            "resumed_from": str(self.resume_path) if self.resume_path else None,
             **meter.summary(record),
             "peak_mem_bytes": memory_stats(device).get("peak_mem_bytes"),
             "memory": memory_stats(device),
@@ -206,6 +254,16 @@ class Trainer:
         }
         result.update(evals)
         return result
+
+
+def _trim_metrics(path: Path, last_step: int) -> None:
+    """On resume, drop records past the checkpoint: those steps run again."""
+    if not path.exists():
+        return
+    import json
+
+    kept = [line for line in path.read_text().splitlines() if line and json.loads(line).get("step", 0) <= last_step]
+    path.write_text("".join(line + "\n" for line in kept))
 
 
 def train(cfg: Config, run_dir: str | Path | None = None) -> dict[str, Any]:
