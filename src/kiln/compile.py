@@ -54,14 +54,23 @@ def compile_function(fn: Callable, cfg: CompileConfig) -> Callable:
     return torch.compile(fn, **compile_kwargs(cfg))
 
 
-def compile_counters() -> dict[str, int]:
-    """Graph and graph-break counts dynamo has recorded so far in this process."""
+def recompiles() -> int | None:
+    """Compilations beyond the first, per frame, since dynamo's last reset (dynamo keeps no
+    single counter for this; FRAME_COMPILE_COUNTER counts compiles per code object)."""
+    from torch._dynamo import convert_frame
+
+    per_frame = getattr(convert_frame, "FRAME_COMPILE_COUNTER", None)
+    if per_frame is None:
+        return None
+    return int(sum(max(0, n - 1) for n in per_frame.values()))
+
+
+def compile_counters() -> dict[str, int | None]:
+    """Graph, graph-break and recompile counts dynamo has recorded since its last reset."""
     from torch._dynamo.utils import counters
 
-    breaks = sum(counters["graph_break"].values())
     return {
         "graphs": int(counters["stats"].get("unique_graphs", 0)),
-        "graph_breaks": int(breaks),
-        "recompiles": int(counters["recompiles"].get("total", 0)) if "recompiles" in counters else 0,
+        "graph_breaks": int(sum(counters["graph_break"].values())),
+        "recompiles": recompiles(),
     }
-

@@ -23,7 +23,7 @@ from kiln.bench.accuracy import compare, eager_random
 from kiln.bench.recipes import Recipe, cuda_graph_reason
 from kiln.bench.runner import FP64, BenchContext, Started, build_context, release, start_runner
 from kiln.bench.timing import Timing, measure_interleaved
-from kiln.compile import compile_counters
+from kiln.compile import compile_counters, recompiles
 from kiln.config.schema import Config
 from kiln.precision import tf32_enabled
 from kiln.train.runtime import deterministic_mode, resolve_device
@@ -85,17 +85,6 @@ def failure(exc: BaseException) -> tuple[str, str]:
     if root is not exc:
         text = f"{type(exc).__name__}: {text}"
     return ("oom" if oom else "error"), text[:300]
-
-
-def _recompiles() -> int | None:
-    """Compilations beyond the first, per frame, since dynamo's last reset (kiln.compile's counter
-    reads a `recompiles` key that dynamo's counters do not have)."""
-    from torch._dynamo import convert_frame
-
-    per_frame = getattr(convert_frame, "FRAME_COMPILE_COUNTER", None)
-    if per_frame is None:
-        return None
-    return int(sum(max(0, n - 1) for n in per_frame.values()))
 
 
 def _skip_reason(ctx: BenchContext, recipe: Recipe) -> str | None:
@@ -232,7 +221,7 @@ class _MatrixRun:
             memory_compression=eager_peak / peak if eager_peak and peak else None,
             graphs=after["graphs"] - before["graphs"],
             graph_breaks=after["graph_breaks"] - before["graph_breaks"],
-            recompiles=_recompiles(),  # dynamo was reset before this row
+            recompiles=recompiles(),  # dynamo was reset before this row
         )
         return started.values
 

@@ -224,6 +224,10 @@ class Checkpointer:
         self.last_saved_step = step
         return target
 
+    def in_flight(self) -> bool:
+        """True while an async save is still being written (this rank's view; never blocks)."""
+        return self._pending is not None and not self._finalized.is_set()
+
     def wait(self) -> None:
         """Block until the in-flight async save (if any) is complete; raises its error on every rank."""
         if self._pending is None:
