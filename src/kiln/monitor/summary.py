@@ -53,7 +53,13 @@ def write_summary(path: str | os.PathLike[str], summary: Mapping[str, Any]) -> N
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     text = json.dumps(json_safe(summary), indent=2, allow_nan=False) + "\n"
+    # A process killed mid-write (an NCCL watchdog abort, SIGKILL) cannot clean up after itself.
+    for stale in target.parent.glob(f".{target.name}.*.tmp"):
+        stale.unlink(missing_ok=True)
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it 0600; the summary is for everyone who reads the run
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
