@@ -119,7 +119,7 @@ def test_iterable_with_workers(user_file):
 @pytest.mark.parametrize(
     ("target", "message"),
     [
-        ("{file}:missing", "has no attribute 'missing'"),
+        ("{file}:missing", "has no function 'missing'"),
         ("{file}:value", "not a function"),
         ("{file}:broken", "raised RuntimeError: disk on fire"),
         ("{file}:not_a_dataset", "returned int"),

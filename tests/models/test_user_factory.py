@@ -145,7 +145,7 @@ def test_not_callable(user_module: str) -> None:
 
 
 def test_missing_file(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match=r"model\.name.*model file not found"):
+    with pytest.raises(ConfigError, match=r"model\.name.*file not found"):
         build_model(ModelConfig(name=f"{tmp_path / 'absent.py'}:build"))
 
 

@@ -135,15 +135,17 @@ def test_missing_resume_path_is_bad_input(tmp_path, capsys):
     assert not (tmp_path / "run").exists()
 
 
-def test_a_rank_that_stops_participating_times_out(tmp_path):
+def test_a_rank_that_stops_participating_times_out_then_the_group_resumes(tmp_path):
+    run_dir = tmp_path / "run"
     started = time.monotonic()
-    proc = _kiln("train", "--nproc-per-node", "2", "--run-dir", str(tmp_path / "run"), *BASE,
+    proc = _kiln("train", "--nproc-per-node", "2", "--max-restarts", "1", "--run-dir", str(run_dir), *BASE,
                  "distributed.strategy=ddp", "distributed.timeout_s=5",
                  env={"KILN_FAULT": "hang@5", "KILN_FAULT_RANK": "1"})
-    assert proc.returncode == 1
-    assert "timed out" in proc.stderr.lower() or "timeout" in proc.stderr.lower()
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "timed out" in proc.stderr.lower() or "timeout" in proc.stderr.lower()  # the first attempt's end
     assert time.monotonic() - started < 240
-    assert (tmp_path / "run" / "checkpoints" / "step_00000004").is_dir()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["resumed_from"].endswith("step_00000004")
 
 
 def test_sigterm_saves_and_exits_cleanly(tmp_path):

@@ -21,20 +21,10 @@ from torch import Tensor, nn
 
 from kiln.compile import compile_function
 from kiln.config.schema import CompileConfig, ModelConfig
+from kiln.train.losses import logits_of
 
 # Keys of model factories that set the number of repeated blocks (kiln mlp/vit, HF configs).
 _DEPTH_KEYS = ("num_layers", "depth", "num_hidden_layers", "n_layer")
-
-
-def logits_of(output) -> Tensor:
-    if isinstance(output, Tensor):
-        return output
-    logits = getattr(output, "logits", None)
-    if logits is None and isinstance(output, dict):
-        logits = output.get("logits")
-    if logits is None:
-        raise TypeError(f"model output {type(output).__name__} has no logits to distill")
-    return logits
 
 
 class DistillationLoss(nn.Module):

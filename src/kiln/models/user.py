@@ -7,87 +7,24 @@ form) or a BuiltModel.
 
 from __future__ import annotations
 
-import hashlib
-import importlib
-import importlib.util
-import sys
 from collections.abc import Callable, Mapping
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import torch
 import torch.nn as nn
 
 from kiln.config.errors import ConfigError
+from kiln.imports import FORMS as IMPORT_FORMS
+from kiln.imports import load_callable
 from kiln.models.blocks import find_repeated_blocks
 from kiln.models.factory_args import bind_kwargs
 from kiln.models.spec import BuiltModel, InputSpec, check_task, make_input_spec, spec_from_example
 
-FORMS = ("package.module:function", "path/to/file.py:function")
-
-
-def split_target(target: str) -> tuple[str, str]:
-    """('module or file', 'function'); splits on the last ':' so 'C:\\x.py:f' keeps its drive."""
-    where, sep, func = target.rpartition(":")
-    if not sep or not where or not func.isidentifier():
-        raise ConfigError("model.name", f"{target!r} is not a model factory reference", FORMS)
-    return where, func
-
-
-def _is_file_ref(where: str) -> bool:
-    return where.endswith(".py") or "/" in where or "\\" in where
-
-
-def _load_file(where: str) -> ModuleType:
-    path = Path(where).expanduser().resolve()  # relative to the current directory
-    if not path.is_file():
-        raise ConfigError("model.name", f"model file not found: {path}")
-    # A name unique per path: two runs' files both called model.py must not share a module, and
-    # registering it in sys.modules lets dataclasses and pickling inside the file find it.
-    digest = hashlib.sha1(str(path).encode()).hexdigest()[:10]
-    mod_name = f"kiln_user_{path.stem}_{digest}"
-    if mod_name in sys.modules:
-        return sys.modules[mod_name]
-    spec = importlib.util.spec_from_file_location(mod_name, path)
-    if spec is None or spec.loader is None:
-        raise ConfigError("model.name", f"cannot load {path} as a Python module")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[mod_name] = module
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        del sys.modules[mod_name]
-        raise
-    return module
-
-
-def _import_module(where: str) -> ModuleType:
-    try:
-        return importlib.import_module(where)
-    except ModuleNotFoundError as e:
-        # Tell "your module does not exist" apart from "your module imports something missing".
-        if e.name and (where == e.name or where.startswith(e.name + ".")):
-            raise ConfigError(
-                "model.name", f"no module named {where!r} (is it on PYTHONPATH / installed?)", FORMS
-            ) from None
-        raise ConfigError("model.name", f"importing {where!r} failed: {e}") from None
+FORMS = IMPORT_FORMS
 
 
 def load_factory(target: str) -> Callable[..., Any]:
-    where, func_name = split_target(target)
-    module = _load_file(where) if _is_file_ref(where) else _import_module(where)
-    func = getattr(module, func_name, None)
-    if func is None:
-        callables = sorted(
-            n
-            for n, v in vars(module).items()
-            if callable(v) and not n.startswith("_") and not isinstance(v, ModuleType)
-        )
-        raise ConfigError("model.name", f"{where!r} has no function {func_name!r}", callables or None)
-    if not callable(func):
-        raise ConfigError("model.name", f"{where}:{func_name} is a {type(func).__name__}, not a function")
-    return func
+    return load_callable(target, "model.name")
 
 
 def _bad_return(target: str, value: Any) -> ConfigError:

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 
-def _logits(output) -> Tensor:
+def logits_of(output) -> Tensor:
     # HF models return a ModelOutput with .logits; plain modules return the tensor itself.
     if isinstance(output, Tensor):
         return output
@@ -34,12 +34,12 @@ def _own_loss(output) -> Tensor:
 
 
 def classification_loss(output, targets: Tensor) -> Tensor:
-    return F.cross_entropy(_logits(output), targets)
+    return F.cross_entropy(logits_of(output), targets)
 
 
 def next_token_loss(output, targets: Tensor) -> Tensor:
     # Data yields targets already shifted by one token, so this is plain cross-entropy per position.
-    logits = _logits(output)
+    logits = logits_of(output)
     return F.cross_entropy(logits.flatten(0, -2), targets.flatten())
 
 
@@ -62,7 +62,7 @@ def build_eval_fn(model: torch.nn.Module, task: str) -> Callable[[Tensor, Tensor
 
     def eval_fn(inputs: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
         output = model(inputs)
-        hits = (_logits(output).argmax(dim=-1) == targets).sum()
+        hits = (logits_of(output).argmax(dim=-1) == targets).sum()
         return loss_of(output, targets), hits
 
     return eval_fn
