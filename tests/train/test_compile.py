@@ -59,3 +59,16 @@ def test_compile_aot_eager_backend(tmp_path, tiny_overrides):
     summary = _run(tmp_path, "aot", [*tiny_overrides, "compile.enabled=true", "compile.backend=aot_eager"])
     assert summary["status"] == "completed"
     assert summary["compile"]["graphs"] >= 1
+
+
+def test_recompiles_count_compilations_beyond_the_first():
+    from kiln.compile import compile_counters, recompiles
+
+    torch._dynamo.reset()
+    double = torch.compile(lambda x: x * 2, backend="eager", dynamic=False)
+    for n in (3, 4, 5):  # static shapes: each new shape recompiles
+        double(torch.ones(n))
+    assert recompiles() == 2
+    assert compile_counters()["recompiles"] == 2
+    torch._dynamo.reset()
+    assert recompiles() == 0
