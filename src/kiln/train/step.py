@@ -72,7 +72,8 @@ class TrainStep:
         if self.guard is not None:
             # Under a GradScaler an inf gradient is a routine overflow the scaler skips; only the
             # loss then says the run diverged.
-            flag = self.guard.flag(loss, None if self.scaler is not None else norm)
+            if self.guard.needs_flag:
+                flag = self.guard.flag(loss, None if self.scaler is not None else norm)
             self.guard.step_optimizer(self.optimizer, flag, self.scaler)
         elif self.scaler is not None:
             self.scaler.step(self.optimizer)

@@ -158,7 +158,7 @@ class Trainer:
         flops_per_step = self._count_flops(pending[0])
         peak, peak_source = peak_flops(device, cfg.precision.policy, cfg.metrics.peak_tflops, tf32=cfg.precision.tf32)
 
-        guard = NonFiniteGuard(tcfg.nonfinite, tcfg.nonfinite_max_skips, device=device)
+        guard = NonFiniteGuard(tcfg.nonfinite, tcfg.nonfinite_max_skips, device=device, window=tcfg.log_interval)
         step_fn = build_train_step(self.model, self.built.task, self.built.blocks, cfg, self.policy, device,
                                    strategy=self.strategy, guard=guard)
         model = step_fn.model
@@ -195,7 +195,8 @@ class Trainer:
                 is_log = step == start or step % tcfg.log_interval == 0 or step == tcfg.steps
                 loss, grad_norm, flag = step_fn(pending, want_grad_norm=is_log)
                 pending = []
-                guard.observe(loss, grad_norm, step, flag=flag)
+                # Under a GradScaler an inf gradient is a routine overflow it skips, not divergence.
+                guard.observe(loss, None if step_fn.scaler is not None else grad_norm, step, flag=flag)
                 meter.add_step(loss)
                 app.progress.update(step=step, samples_seen=step * samples_per_step * self.dist.world_size,
                                     tokens_seen=step * (tokens_per_step or 0) * self.dist.world_size)
