@@ -112,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     device = resolve_device(cfg.training.device)
     kiln_ms: list[float] = []
     hand_ms: list[float] = []
+    rounds: dict[str, list[float]] = {"kiln": [], "hand": []}  # per-round medians: the spread is the noise
     summaries = []
     with tempfile.TemporaryDirectory() as tmp, tf32_enabled(cfg.precision.tf32):
         for r in range(args.rounds):
@@ -123,7 +124,9 @@ def main(argv: list[str] | None = None) -> int:
                     kiln_ms += ms
                     summaries.append(summary)
                 else:
-                    hand_ms += hand_loop(cfg, device, args.steps, args.interval)
+                    ms = hand_loop(cfg, device, args.steps, args.interval)
+                    hand_ms += ms
+                rounds[side].append(statistics.median(ms))
                 print(f"round {r} {side}: done", file=sys.stderr, flush=True)
     kiln_med, hand_med = statistics.median(kiln_ms), statistics.median(hand_ms)
     row = {
@@ -136,6 +139,8 @@ def main(argv: list[str] | None = None) -> int:
         "kiln_step_ms": kiln_med,
         "hand_step_ms": hand_med,
         "ratio": kiln_med / hand_med,
+        "kiln_round_ms": rounds["kiln"],
+        "hand_round_ms": rounds["hand"],
         "kiln_intervals": len(kiln_ms),
         "hand_intervals": len(hand_ms),
         "kiln_first_step_s": statistics.median(s["first_step_s"] for s in summaries),
