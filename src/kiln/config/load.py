@@ -6,6 +6,7 @@ input in a fraction of a second.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import sys
@@ -98,13 +99,12 @@ def coerce(key: str, value: Any, tp: Any) -> Any:
     if tp is float:
         if isinstance(value, bool):
             raise ConfigError(key, f"expected a number, got {value!r}")
-        try:
+        # OverflowError: an int beyond float range (TOML `lr = 1e400` written as digits).
+        with contextlib.suppress(ValueError, OverflowError):
             if isinstance(value, (int, float)):
                 return float(value)
             if isinstance(value, str):
                 return float(value.strip().replace("_", ""))
-        except (ValueError, OverflowError):  # OverflowError: an int beyond float range (TOML `lr = 1e400` as digits)
-            pass
         raise ConfigError(key, f"expected a number, got {value!r}")
     if tp is str:
         if isinstance(value, str):

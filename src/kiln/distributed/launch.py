@@ -9,6 +9,7 @@ instead of N ranks failing in parallel.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import socket
 import subprocess
@@ -34,10 +35,8 @@ class LaunchSpec:
 
 def _local_addresses() -> set[str]:
     names = {"localhost", "127.0.0.1", "::1", socket.gethostname(), socket.getfqdn()}
-    try:
+    with contextlib.suppress(OSError):  # an unresolvable own hostname: the names above remain
         names |= {info[4][0] for info in socket.getaddrinfo(socket.gethostname(), None)}
-    except OSError:
-        pass
     return names
 
 

@@ -6,6 +6,7 @@ empty list), never an exception, since `kiln env` is what people run when someth
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import importlib.util
 import os
@@ -40,12 +41,10 @@ def _kiln_version() -> str:
 def _cpu_model() -> str | None:
     # platform.processor() is just "x86_64" on most Linux systems, so /proc/cpuinfo comes first.
     cpuinfo = Path("/proc/cpuinfo")
-    try:
+    with contextlib.suppress(OSError):
         for line in cpuinfo.read_text(encoding="utf-8", errors="replace").splitlines():
             if line.lower().startswith("model name"):
                 return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
     return platform.processor() or platform.machine() or None
 
 
