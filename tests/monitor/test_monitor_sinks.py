@@ -60,7 +60,7 @@ def test_console_sink_non_tty_prints_lines() -> None:
     sink.close()
     lines = buffer.getvalue().splitlines()
     assert lines[0] == "step 10/100 | loss 2.5 | lr 1.00e-03 | 1,234.5 samples/s | 12.25 ms/step | MFU 42.0%"
-    assert lines[1] == "step 20/100 | loss 2 | 5,000 tok/s | eval_loss=2.25 | [bold]x=1"
+    assert lines[1] == "step 20/100 | loss 2 | 5,000 tok/s | eval_loss=2.25"  # other keys: JSONL only
 
 
 def test_console_sink_terminal_progress() -> None:
@@ -83,6 +83,13 @@ def test_console_sink_disabled() -> None:
 
 def test_format_record_minimal() -> None:
     assert format_record({"step": 1}) == "step 1"
+
+
+def test_format_record_keeps_the_line_short() -> None:
+    line = format_record({**RECORD, "grad_norm": 0.5, "max_rss_bytes": 123, "step_ms_ranks": [1.0, 2.0],
+                          "nonfinite_skipped": 0}, total_steps=100)
+    assert line.startswith("step 10/100 | loss") and "grad_norm=0.5" in line
+    assert "max_rss_bytes" not in line and "step_ms_ranks" not in line and "nonfinite" not in line
 
 
 def _kinds(logger: MetricsLogger) -> set[str]:

@@ -119,7 +119,7 @@ def _fmt_num(value: float) -> str:
 
 
 def format_record(record: Mapping[str, Any], total_steps: int | None = None) -> str:
-    """A one-line human summary of a record: known keys in a fixed order, then the rest."""
+    """A one-line human summary of a record: the keys a person watches, in a fixed order."""
     parts: list[str] = []
     shown = {"step"}
     if "step" in record:
@@ -141,10 +141,11 @@ def format_record(record: Mapping[str, Any], total_steps: int | None = None) -> 
         take("step_ms", f"{float(record['step_ms']):.2f} ms/step")
     if isinstance(record.get("mfu"), (int, float)):
         take("mfu", f"MFU {100 * float(record['mfu']):.1f}%")
-    for key, value in record.items():
-        if key in shown or value is None:
-            continue
-        parts.append(f"{key}={_fmt_num(float(value)) if isinstance(value, float) else value}")
+    # A few more that a person watching wants; memory peaks and per-rank lists stay in the JSONL.
+    for key in ("grad_norm", "eval_loss", "eval_accuracy", "straggler_ratio", "nonfinite_skipped"):
+        value = record.get(key)
+        if isinstance(value, (int, float)) and not (key == "nonfinite_skipped" and value == 0):
+            parts.append(f"{key}={_fmt_num(float(value)) if isinstance(value, float) else value}")
     return " | ".join(parts)
 
 
