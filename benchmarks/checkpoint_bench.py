@@ -24,7 +24,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from kiln.bench.results import write_results
-from kiln.bench.timing import synchronize
+from kiln.bench.timing import synchronize, time_calls
 from kiln.checkpoint import AppState, Checkpointer
 from kiln.config import load_config
 from kiln.config.load import config_to_dict
@@ -62,11 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         step_fn = build_train_step(model, built.task, built.blocks, cfg, policy, device)
 
         def one_step() -> float:
-            synchronize(device)
-            t = time.perf_counter()
-            step_fn([next(it)])
-            synchronize(device)
-            return time.perf_counter() - t
+            return time_calls(lambda: step_fn([next(it)]), calls=1, device=device)
 
         for _ in range(10):  # compile and warm up
             one_step()

@@ -18,13 +18,12 @@ import shlex
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 
 from kiln.bench.results import write_results
-from kiln.bench.timing import synchronize
+from kiln.bench.timing import time_calls
 from kiln.compile import compile_kwargs
 from kiln.config import load_config
 from kiln.config.load import config_to_dict
@@ -74,12 +73,7 @@ def hand_loop(cfg, device: torch.device, steps: int, interval: int) -> list[floa
     done = 1
     while done < steps:
         n = min(interval, steps - done)
-        synchronize(device)
-        t = time.perf_counter()
-        for _ in range(n):
-            step()
-        synchronize(device)
-        out.append((time.perf_counter() - t) / n * 1e3)
+        out.append(time_calls(step, calls=n, device=device) / n * 1e3)
         done += n
     return out
 

@@ -10,6 +10,7 @@ complete one; a crash at any point leaves the previous complete checkpoint as th
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import hashlib
@@ -404,8 +405,7 @@ def _fsync_dir(path: Path) -> None:
     except OSError:
         return
     try:
-        os.fsync(fd)
-    except OSError:
-        pass
+        with contextlib.suppress(OSError):  # some filesystems cannot fsync a directory; the rename stands
+            os.fsync(fd)
     finally:
         os.close(fd)

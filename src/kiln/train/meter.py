@@ -16,6 +16,7 @@ import torch
 from kiln.distributed.env import all_reduce_mean, gather_floats
 from kiln.monitor.flops import mfu
 from kiln.monitor.memory import memory_stats
+from kiln.monitor.summary import StepStats
 
 
 def scalar(value: torch.Tensor | None) -> float | None:
@@ -27,13 +28,6 @@ def scalar(value: torch.Tensor | None) -> float | None:
     return float(value.item())
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    k = (len(ordered) - 1) * q
-    lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
-
-
 class IntervalMeter:
     def __init__(self, device: torch.device, *, samples_per_step: int, tokens_per_step: int | None,
                  world_size: int, flops_per_step: int | None, peak_flops: float | None) -> None:
@@ -43,7 +37,7 @@ class IntervalMeter:
         self.world_size = world_size
         self.flops_per_step = flops_per_step
         self.peak_flops = peak_flops
-        self.steady_step_ms: list[float] = []
+        self.steady = StepStats()  # seconds per step of each interval after the first
         self.first_step_s: float | None = None
         self.first_loss: float | None = None
         self._reset()
@@ -97,20 +91,20 @@ class IntervalMeter:
             self.first_loss = loss
             record["first_step"] = True  # step 1 alone: includes compilation and warm-up
         else:
-            self.steady_step_ms.append(record["step_ms"])
+            self.steady.add(step_s)
         self._reset()
         return record
 
     def summary(self, last: dict[str, Any]) -> dict[str, Any]:
-        steady = self.steady_step_ms or [last["step_ms"]]
-        median_ms = statistics.median(steady)
+        if not len(self.steady):  # a run of one log interval: only the first (warm-up) one exists
+            self.steady.add(last["step_ms"] / 1e3)
+        times = self.steady.summary_ms()
+        median_ms = times["step_ms_median"]
         out: dict[str, Any] = {
             "first_loss": self.first_loss,
             "final_loss": last["loss"],
             "first_step_s": self.first_step_s,
-            "step_ms_median": median_ms,
-            "step_ms_p10": percentile(steady, 0.1),
-            "step_ms_p90": percentile(steady, 0.9),
+            **times,
             "samples_per_s": self.samples_per_step * self.world_size / (median_ms / 1e3),
             "samples_per_s_per_device": self.samples_per_step / (median_ms / 1e3),
         }

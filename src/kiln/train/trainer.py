@@ -140,7 +140,7 @@ class Trainer:
             raise
         finally:
             summary["wall_s"] = round(time.perf_counter() - started, 3)
-            summary.update(getattr(self, "_progress", {}))
+            summary["steps"] = getattr(self, "_steps_done", summary["steps"])  # also when the loop failed
             sinks.close()
             self.checkpointer.close()  # completes an in-flight async save
             if main:
@@ -200,7 +200,7 @@ class Trainer:
                 meter.add_step(loss)
                 app.progress.update(step=step, samples_seen=step * samples_per_step * self.dist.world_size,
                                     tokens_seen=step * (tokens_per_step or 0) * self.dist.world_size)
-                self._progress = {"steps": step}
+                self._steps_done = step
                 inject(fault, step)
                 if is_log:
                     record = meter.record(step, current_lr(step_fn.optimizer), grad_norm)
