@@ -82,8 +82,9 @@ def _reraise_as_flag(flag: str, exc: ConfigError) -> ConfigError:
     return ConfigError(flag, message)
 
 
-def check_axes(axes: Axes, base: Config) -> None:
-    """Raise ConfigError (naming the flag) for any value the installed torch or kiln lacks."""
+def check_axes(axes: Axes, base: Config, *, eager_only: bool = False) -> None:
+    """Raise ConfigError (naming the flag) for any value the installed torch or kiln lacks.
+    `eager_only`: the user asked for `--modes eager` alone, so no compile mode is needed."""
     from kiln.config.validate import compile_backends, validate_compile
 
     for flag, values, valid in (
@@ -96,7 +97,7 @@ def check_axes(axes: Axes, base: Config) -> None:
         for value in values:
             if value not in valid:
                 raise ConfigError(flag, f"unknown value {value!r}", valid)
-    if not axes.modes:
+    if not axes.modes and not eager_only:
         raise ConfigError("--modes", "needs at least one value")
     if not axes.backends:
         raise ConfigError("--backends", "needs at least one value", compile_backends())

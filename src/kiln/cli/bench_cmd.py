@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import sys
 
 AXES = ("modes", "precisions", "backends", "scopes", "losses")
 
@@ -24,7 +25,8 @@ def add_parser(sub) -> None:
     source.add_argument("--config", help="TOML config of the model/data/optimizer to benchmark")
     source.add_argument("--model", help="model spec (registry name, timm:<name>, hf:<...>, module:function)")
     p.add_argument("--preset", help="seed001-vit | seed000-levels (overrides and flags still apply)")
-    p.add_argument("--modes", action="append", help="compile modes, e.g. default,reduce-overhead")
+    p.add_argument("--modes", action="append",
+                   help="compile modes, e.g. default,reduce-overhead (eager is always the baseline; naming it is allowed)")
     p.add_argument("--precisions", action="append", help="fp32,bf16-mixed,fp16-mixed,bf16-true")
     p.add_argument("--backends", action="append", help="compile backends, e.g. inductor,aot_eager,cudagraphs")
     p.add_argument("--scopes", action="append", help="model,model/loss,model+loss,step")
@@ -59,7 +61,7 @@ def plan(args: argparse.Namespace):
     """(options, preset or None) from the arguments; raises ConfigError on any bad input."""
     from kiln.bench.compile_bench import CompileBenchOptions
     from kiln.bench.presets import get_preset, plan_preset
-    from kiln.bench.recipes import Axes, check_axes, expand_matrix, recipe_config, split_values
+    from kiln.bench.recipes import EAGER, Axes, check_axes, expand_matrix, recipe_config, split_values
     from kiln.config import load_config
     from kiln.config.validate import validate_compile
     from kiln.precision import resolve_precision
@@ -80,6 +82,13 @@ def plan(args: argparse.Namespace):
         overrides.append(f"training.device={args.device}")
     cfg = load_config(args.config, overrides)
     given = {k: split_values(getattr(args, k)) for k in AXES if getattr(args, k) is not None}
+    eager_only = False
+    if "modes" in given and EAGER in given["modes"]:
+        # Eager is every table's baseline, always run: asking for it is fine, not an error.
+        given["modes"] = [m for m in given["modes"] if m != EAGER]
+        eager_only = not given["modes"]
+        print(f"kiln: --modes {EAGER}: eager is always run as the baseline of each precision"
+              + ("; running the eager rows only" if eager_only else "; not a compile mode, ignored"), file=sys.stderr)
     if preset:
         _, axes, recipes = plan_preset(preset.name, given)
     else:
@@ -89,9 +98,11 @@ def plan(args: argparse.Namespace):
         for key, values in given.items():
             setattr(axes, key, values)
         recipes = []
-    check_axes(axes, cfg)
+    check_axes(axes, cfg, eager_only=eager_only)
     if not preset:
         recipes = expand_matrix(axes)
+    if eager_only:
+        recipes = [r for r in recipes if not r.compiled]
     for recipe in recipes:
         if recipe.compiled:
             validate_compile(recipe_config(cfg, recipe))

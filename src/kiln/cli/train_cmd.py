@@ -12,7 +12,8 @@ def add_parser(sub) -> None:
         description="Train a model. Overrides use dotted config keys, e.g. training.steps=50 compile.enabled=true",
     )
     p.add_argument("--config", help="TOML config file (see configs/); defaults apply to missing keys")
-    p.add_argument("--run-dir", help="output directory (default: runs/<time>-<model>)")
+    p.add_argument("--run-dir", help="output directory (default: runs/<time>-<model>); the same command again continues "
+                   "a run that crashed there (checkpoint.resume=auto)")
     d = p.add_argument_group("distributed (runs torchrun for you; `torchrun -m kiln train ...` works too)")
     d.add_argument("--nproc-per-node", type=int, help="processes on this node (one per GPU; gloo ranks on CPU)")
     d.add_argument("--nnodes", type=int, default=1, help="number of nodes")
@@ -44,7 +45,8 @@ def _launch(args: argparse.Namespace, cfg) -> int:
     preflight(cfg, run_dir)
     passthrough = (["--config", args.config] if args.config else []) + list(args.overrides)
     if spec.max_restarts > 0 and cfg.checkpoint.resume == "never":
-        # A restarted group should continue from the last checkpoint, not start over.
+        # A restarted group must continue from the last checkpoint, not start over (the parent
+        # checked the run dir above; an elastic restart skips that check).
         passthrough.append("checkpoint.resume=auto")
     code = launch(spec, run_dir, passthrough)
     print(f"kiln: {'completed' if code == 0 else 'failed'}; run dir {run_dir}")
@@ -63,6 +65,10 @@ def run(args: argparse.Namespace) -> int:
     trainer = Trainer(cfg, args.run_dir)  # builds model and data: bad paths/names also exit 2 here
     summary = trainer.fit()
     if not trainer.dist.is_main:
+        return 0
+    if summary.get("already_complete"):
+        print(f"kiln: {trainer.run_dir} already holds the completed run of this config ({summary['steps']} steps); "
+              "nothing to do. Choose a new --run-dir to train again.")
         return 0
     rate = summary.get("tokens_per_s") and f"{summary['tokens_per_s']:.0f} tokens/s" or (
         f"{summary['samples_per_s']:.0f} samples/s"

@@ -173,8 +173,8 @@ class DistributedConfig:
 class CheckpointConfig:
     interval: int = 0
     """Save every N optimizer steps; 0 saves only at the end (and on SIGTERM/SIGINT)."""
-    resume: str = "never"
-    """`never`, `auto` (newest complete checkpoint in the run dir, if any), or the path of a checkpoint directory."""
+    resume: str = "auto"
+    """`auto` (continue the run dir's run from its newest complete checkpoint when the config is the same; a run of another config there is refused), `never` (refuse a run dir that holds a run), or the path of a checkpoint directory to start from."""
     keep: int = 3
     """Number of newest complete checkpoints kept; older ones are deleted."""
     async_save: bool = False

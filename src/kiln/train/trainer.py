@@ -7,6 +7,7 @@ dir (rank 0) and trains. One process and N torchrun ranks run the same code.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -41,8 +42,14 @@ from kiln.train.faults import inject, planned_fault
 from kiln.train.losses import build_eval_fn, build_forward_loss
 from kiln.train.meter import IntervalMeter
 from kiln.train.optim import current_lr
-from kiln.train.runtime import (
+from kiln.train.rundir import (
+    RunDirLock,
+    already_complete_summary,
     check_run_dir,
+    checkpoint_step,
+    no_checkpoint_decision,
+)
+from kiln.train.runtime import (
     default_run_dir,
     deterministic_mode,
     resolve_device,
@@ -64,13 +71,9 @@ class Trainer:
         self.run_dir = Path(run_dir) if run_dir is not None else default_run_dir(cfg.model.name)
         if multi and run_dir is None:
             raise ConfigError("--run-dir", "several ranks need one run dir chosen up front; pass --run-dir")
-        # An elastic restart (or an explicit resume) continues in a run dir that holds a run.
-        restarting = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
-        if self.dist.is_main and cfg.checkpoint.resume == "never" and not restarting:
-            check_run_dir(self.run_dir)
         self.checkpointer = Checkpointer(self.run_dir, cfg.checkpoint, rank=self.dist.rank,
                                          world_size=self.dist.world_size, config_digest=config_digest(cfg))
-        self.resume_path = self.checkpointer.resolve_resume(cfg.checkpoint.resume)
+        self.resume_path, self.already_complete = self._resolve_run_dir()
         seed_everything(cfg.training.seed)  # same seed on every rank: identical initial weights
         built = build_model(cfg.model)
         self.built = built
@@ -94,6 +97,26 @@ class Trainer:
         if cfg.compile.enabled and cfg.compile.regional and not built.blocks:
             raise ConfigError("compile.regional", f"{cfg.model.name} has no repeated blocks to compile one by one")
 
+    def _resolve_run_dir(self) -> tuple[Path | None, bool]:
+        """(checkpoint to resume from or None, whether the run is already complete), deciding what
+        to do with a run dir that holds a run (kiln.train.rundir). Every rank decides (read-only),
+        so bad input stops all of them before the process group forms."""
+        resume = self.cfg.checkpoint.resume
+        # An elastic restart continues the group's own run: nothing to compare.
+        restarting = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+        note = "restart" if restarting else check_run_dir(self.run_dir, self.cfg, resume)
+        if resume == "auto" and note is None:
+            return None, False  # nothing there yet: a fresh start
+        path = self.checkpointer.resolve_resume(resume)
+        if path is not None and resume == "auto" and checkpoint_step(path) >= self.cfg.training.steps:
+            return path, True
+        if note == "same config":
+            if path is None:
+                log.warning(no_checkpoint_decision(self.run_dir))
+            else:
+                log.info("%s holds an unfinished run of this config: continuing it", self.run_dir)
+        return path, False
+
     # -- one-time measurements --------------------------------------------------------------
     def _count_flops(self, batch) -> int | None:
         """FLOPs of one optimizer step on one device, counted on the eager, unwrapped model."""
@@ -111,6 +134,8 @@ class Trainer:
     # -- the run ----------------------------------------------------------------------------
     def fit(self) -> dict[str, Any]:
         cfg, main = self.cfg, self.dist.is_main
+        if self.already_complete:  # nothing to train, nothing written
+            return already_complete_summary(self.run_dir, self.resume_path)
         if self.dist.world_size > 1 or self.dist.launched:
             init_process_group(self.dist, self.device, backend_for(self.device, cfg.distributed.backend),
                                cfg.distributed.timeout_s, run_dir=self.run_dir)
@@ -118,8 +143,10 @@ class Trainer:
             from kiln.distributed.numa import bind_to_gpu_numa_node
 
             log.info(bind_to_gpu_numa_node(self.device))
+        lock = contextlib.ExitStack()
         if main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
+            lock.enter_context(RunDirLock(self.run_dir))  # a second kiln in this dir is refused
             save_config(cfg, self.run_dir / "config.toml")
             if self.resume_path is None:  # a fresh start (or a restart with no checkpoint yet)
                 (self.run_dir / "metrics.jsonl").unlink(missing_ok=True)
@@ -145,6 +172,7 @@ class Trainer:
             self.checkpointer.close()  # completes an in-flight async save
             if main:
                 write_summary(self.run_dir / "summary.json", summary)
+            lock.close()
             destroy_process_group()
         return summary
 
