@@ -54,6 +54,20 @@ def test_compiled_matches_eager(tmp_path, tiny_overrides, extra):
     assert compiled["final_loss"] < compiled["first_loss"]
 
 
+@pytest.mark.parametrize("policy", ["error", "skip"])
+def test_step_scope_has_no_graph_breaks_or_recompiles(tmp_path, tiny_overrides, policy):
+    # Log steps ask for the gradient norm and the LR changes every step: neither may recompile;
+    # the optimizer is traced (not a fused kernel behind a break), zero_grad stays outside.
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()  # reset() keeps the graph counters of earlier tests
+    summary = _run(tmp_path, "step", [*tiny_overrides, "compile.enabled=true", "compile.scope=step",
+                                      "optim.warmup_steps=3", f"training.nonfinite={policy}"])
+    counters = summary["compile"]
+    assert counters["graph_breaks"] == 0 and counters["recompiles"] == 0
+    # forward+loss, and the update (norm, clip, optimizer) or, under `skip`, the norm and flag.
+    assert counters["graphs"] == 2
+
+
 def test_compile_aot_eager_backend(tmp_path, tiny_overrides):
     torch._dynamo.reset()
     summary = _run(tmp_path, "aot", [*tiny_overrides, "compile.enabled=true", "compile.backend=aot_eager"])

@@ -18,6 +18,7 @@ import torch
 
 from kiln.checkpoint import AppState, Checkpointer, NonFiniteGuard, StopOnSignal, any_rank, config_digest
 from kiln.compile import compile_counters
+from kiln.compile_cache import ARTIFACTS_FILE, compile_cache_dir, load_artifacts, save_artifacts
 from kiln.config.errors import ConfigError
 from kiln.config.load import save_config
 from kiln.config.schema import Config
@@ -117,6 +118,19 @@ class Trainer:
                 log.info("%s holds an unfinished run of this config: continuing it", self.run_dir)
         return path, False
 
+    def _save_compile_cache(self, path: Path) -> bool:
+        """Save torch's compile artifacts with the run (rank 0; once), for a warm resume/restart."""
+        if not self.dist.is_main:
+            return True
+        try:
+            count = save_artifacts(path)
+        except Exception as exc:  # a cache is an optimisation: never fail the run over it
+            log.warning("compile cache not saved (%s: %s)", type(exc).__name__, exc)
+            return True
+        if count:
+            log.info("saved %d compile cache artifacts to %s", count, path)
+        return True
+
     # -- one-time measurements --------------------------------------------------------------
     def _count_flops(self, batch) -> int | None:
         """FLOPs of one optimizer step on one device, counted on the eager, unwrapped model."""
@@ -155,7 +169,8 @@ class Trainer:
         summary: dict[str, Any] = {"status": "running", "steps": 0, "run_dir": str(self.run_dir)}
         started = time.perf_counter()
         try:
-            with tf32_enabled(cfg.precision.tf32), deterministic_mode(cfg.training.deterministic):
+            with tf32_enabled(cfg.precision.tf32), deterministic_mode(cfg.training.deterministic), \
+                    compile_cache_dir(cfg.compile.cache_dir if cfg.compile.enabled else "torch"):
                 summary.update(self._train(sinks))
             summary["status"] = "stopped" if summary.get("stopped_by") else "completed"
         except KeyboardInterrupt:
@@ -199,6 +214,12 @@ class Trainer:
         app = AppState(model, step_fn.optimizer, step_fn.scheduler, step_fn.scaler, data=self.train_data,
                        guard=guard, rank=self.dist.rank, world_size=self.dist.world_size, device=device)
         start = 1
+        cache_file = self.run_dir / ARTIFACTS_FILE
+        cache_saved = not (cfg.compile.enabled and cfg.compile.save_cache) or cache_file.exists()
+        if self.resume_path is not None and cfg.compile.enabled and cfg.compile.save_cache:
+            loaded = load_artifacts(cache_file)  # before the first step compiles: a warm start
+            if loaded:
+                log.info("loaded %d compile cache artifacts from %s", loaded, cache_file)
         if self.resume_path is not None:
             report = ck.load(self.resume_path, app)
             start = int(app.progress.get("step", report.step)) + 1
@@ -223,8 +244,9 @@ class Trainer:
                 is_log = step == start or step % tcfg.log_interval == 0 or step == tcfg.steps
                 loss, grad_norm, flag = step_fn(pending, want_grad_norm=is_log)
                 pending = []
-                # Under a GradScaler an inf gradient is a routine overflow it skips, not divergence.
-                guard.observe(loss, None if step_fn.scaler is not None else grad_norm, step, flag=flag)
+                if not step_fn.observes_guard:  # a captured step records it inside its graph
+                    # Under a GradScaler an inf gradient is a routine overflow it skips, not divergence.
+                    guard.observe(loss, None if step_fn.scaler is not None else grad_norm, step, flag=flag)
                 meter.add_step(loss)
                 app.progress.update(step=step, samples_seen=step * samples_per_step * self.dist.world_size,
                                     tokens_seen=step * (tokens_per_step or 0) * self.dist.world_size)
@@ -249,12 +271,14 @@ class Trainer:
                     break
                 if cfg.checkpoint.interval and step % cfg.checkpoint.interval == 0 and step != tcfg.steps:
                     ck.save(step, app)
+                    cache_saved = cache_saved or self._save_compile_cache(cache_file)
                 if is_log:
                     synchronize(device)
                     meter.restart_clock()
             else:
                 if cfg.checkpoint.save_final:
                     ck.save(tcfg.steps, app, final=True)
+                    cache_saved = cache_saved or self._save_compile_cache(cache_file)
         if stopped_by is not None:
             log.warning("stopped by %s after step %d; checkpoint saved, resume with checkpoint.resume=auto",
                         stopped_by, app.progress["step"])
@@ -276,7 +300,8 @@ class Trainer:
             "precision": cfg.precision.policy,
             "compile": {"enabled": cfg.compile.enabled, "mode": cfg.compile.mode or "default",
                         "backend": cfg.compile.backend, "scope": cfg.compile.scope,
-                        "regional": cfg.compile.regional, **compile_counters()},
+                        "regional": cfg.compile.regional,
+                        "cudagraphs": getattr(step_fn, "capture_status", "off"), **compile_counters()},
             "task": self.built.task,
             "torch": torch.__version__,
             "peak_flops_source": peak_source,
