@@ -31,11 +31,25 @@ def kiln_cache_dir() -> Path:
     return base / "kiln" / "compile"
 
 
+def _user_cache_dir() -> str | None:
+    """TORCHINDUCTOR_CACHE_DIR as the user set it; None when unset or when it is torch's default
+    (inductor writes its default into the environment the first time it asks)."""
+    value = os.environ.get(_ENV)
+    if not value:
+        return None
+    with contextlib.suppress(ImportError, AttributeError):
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+        if os.path.abspath(value) == os.path.abspath(default_cache_dir()):
+            return None
+    return value
+
+
 @contextlib.contextmanager
 def compile_cache_dir(spec: str) -> Iterator[Path | None]:
     """Point inductor's cache at `spec` (a path), kiln's dir (empty) or leave torch's (`torch`)
     for the duration of the block; yields the directory in use (None for torch's default)."""
-    if spec == "torch" or (not spec and os.environ.get(_ENV)):
+    if spec == "torch" or (not spec and _user_cache_dir()):
         yield Path(os.environ[_ENV]) if os.environ.get(_ENV) else None
         return
     path = Path(spec).expanduser() if spec else kiln_cache_dir()
@@ -66,9 +80,9 @@ def _count(info) -> int:
     return total
 
 
-def save_artifacts(path: Path) -> int | None:
-    """Write this process's compile artifacts to `path` (atomically); returns how many, or None
-    when torch cannot (too old) or there was nothing to save."""
+def artifacts_blob() -> tuple[bytes, int] | None:
+    """(serialized artifacts, how many) of what this process compiled, or None (nothing, or a
+    torch without mega-cache)."""
     if not artifacts_supported():
         return None
     import torch
@@ -76,11 +90,39 @@ def save_artifacts(path: Path) -> int | None:
     saved = torch.compiler.save_cache_artifacts()
     if not saved or not saved[0]:
         return None
-    blob, info = saved
+    return saved[0], _count(saved[1])
+
+
+def load_blob(blob: bytes) -> int:
+    """Load serialized artifacts into the current caches; returns how many."""
+    import torch
+
+    return _count(torch.compiler.load_cache_artifacts(blob))
+
+
+@contextlib.contextmanager
+def fresh_artifacts() -> Iterator[None]:
+    """Record only the artifacts compiled inside the block (a bench row's own), where torch can."""
+    manager = None
+    with contextlib.suppress(ImportError, AttributeError):
+        from torch.compiler._cache import CacheArtifactManager as manager  # noqa: N813
+    if manager is None or not hasattr(manager, "with_fresh_cache"):
+        yield
+        return
+    with manager.with_fresh_cache():
+        yield
+
+
+def save_artifacts(path: Path) -> int | None:
+    """Write this process's compile artifacts to `path` (atomically); returns how many, or None
+    when torch cannot (too old) or there was nothing to save."""
+    saved = artifacts_blob()
+    if saved is None:
+        return None
     tmp = path.with_name(path.name + ".part")
-    tmp.write_bytes(blob)
+    tmp.write_bytes(saved[0])
     os.replace(tmp, path)
-    return _count(info)
+    return saved[1]
 
 
 def load_artifacts(path: Path) -> int | None:
@@ -89,11 +131,8 @@ def load_artifacts(path: Path) -> int | None:
     compile then runs cold, which is slower but correct."""
     if not path.is_file() or not artifacts_supported():
         return None
-    import torch
-
     try:
-        info = torch.compiler.load_cache_artifacts(path.read_bytes())
+        return load_blob(path.read_bytes())
     except Exception as exc:  # another torch version's blob, truncated file: compile cold instead
         log.warning("compile cache %s not loaded (%s: %s); compiling from scratch", path, type(exc).__name__, exc)
         return None
-    return _count(info)

@@ -7,7 +7,7 @@ import argparse
 import shlex
 import sys
 
-AXES = ("modes", "precisions", "backends", "scopes", "losses")
+AXES = ("modes", "precisions", "backends", "scopes", "losses", "cudagraphs", "regional", "baselines")
 
 
 def add_parser(sub) -> None:
@@ -31,6 +31,15 @@ def add_parser(sub) -> None:
     p.add_argument("--backends", action="append", help="compile backends, e.g. inductor,aot_eager,cudagraphs")
     p.add_argument("--scopes", action="append", help="model,model/loss,model+loss,step")
     p.add_argument("--losses", action="append", help="task (the model's loss), distill (teacher KL + CE)")
+    p.add_argument("--cudagraphs", action="append", metavar="off,on",
+                   help="whole-step CUDA-graph capture (compile.cudagraphs) off and/or on for each recipe; "
+                        "'on' also adds eager with capture")
+    p.add_argument("--regional", action="append", metavar="off,on",
+                   help="scope-model recipes compiled whole and/or block by block (compile.regional)")
+    p.add_argument("--baseline", dest="baselines", action="append", metavar="plain",
+                   help="plain: add, for each mode, the loop a user writes by hand around torch.compile(model, mode)")
+    p.add_argument("--warm-start", action="store_true",
+                   help="also time each compiled recipe's compile from its saved cache artifacts (warm restart)")
     run_kind = p.add_mutually_exclusive_group()
     run_kind.add_argument("--train", dest="train", action="store_true", default=None, help="time training steps")
     run_kind.add_argument("--infer", dest="train", action="store_false", help="time inference forwards")
@@ -111,7 +120,8 @@ def plan(args: argparse.Namespace):
         resolve_precision(precision, device)
     train = args.train if args.train is not None else (preset.train if preset else True)
     opts = CompileBenchOptions(cfg=cfg, recipes=recipes, train=train, steps=args.steps, warmup=args.warmup,
-                               accuracy_steps=args.accuracy_steps, fresh_cache=not args.warm_cache)
+                               accuracy_steps=args.accuracy_steps, fresh_cache=not args.warm_cache,
+                               warm_start=args.warm_start)
     return opts, preset
 
 
@@ -122,7 +132,7 @@ def _command(args: argparse.Namespace) -> str:
             parts += [f"--{flag}", getattr(args, flag)]
     for key in AXES:
         if getattr(args, key) is not None:
-            parts += [f"--{key}", ",".join(getattr(args, key))]
+            parts += ["--baseline" if key == "baselines" else f"--{key}", ",".join(getattr(args, key))]
     if args.train is not None:
         parts.append("--train" if args.train else "--infer")
     for flag in ("steps", "warmup", "accuracy_steps", "batch_size", "device", "out"):
@@ -131,6 +141,8 @@ def _command(args: argparse.Namespace) -> str:
             parts += [f"--{flag.replace('_', '-')}", str(value)]
     if args.warm_cache:
         parts.append("--warm-cache")
+    if args.warm_start:
+        parts.append("--warm-start")
     return shlex.join(parts + list(args.overrides))
 
 
@@ -160,6 +172,7 @@ def run_compile(args: argparse.Namespace) -> int:
         "base": dataclasses.asdict(cfg),
         "bench": {"preset": preset.name if preset else None, "train": opts.train, "steps": opts.steps,
                   "warmup": opts.warmup, "accuracy_steps": opts.accuracy_steps, "fresh_cache": opts.fresh_cache,
+                  "warm_start": opts.warm_start,
                   "recipes": [dataclasses.asdict(r) for r in opts.recipes], "device": str(device)},
     }
     written = write_compile_results(out, rows, env=collect_env(), config=config, command=_command(args), title=title)
