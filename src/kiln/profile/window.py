@@ -10,6 +10,7 @@ synchronised at the window's edges so every kernel of the window lands in the tr
 
 from __future__ import annotations
 
+import contextlib
 import time
 from pathlib import Path
 from typing import Any
@@ -76,15 +77,32 @@ class ProfilerWindow:
             self._prof.stop()
             self._prof = None
             if self.last_memory > self.last_active:
-                self._history.start()
-                self._prof = profile(activities=activities(self.device), profile_memory=True, record_shapes=True,
-                                     with_stack=True)
-                self._prof.start()
+                try:
+                    self._history.start()
+                    self._prof = profile(activities=activities(self.device), profile_memory=True,
+                                         record_shapes=True, with_stack=True)
+                    self._prof.start()
+                except Exception as exc:  # the timing results stand; memory is reported as missing
+                    self._memory_failed(exc)
         elif step == self.last_memory and self._prof is not None:
             synchronize(self.device)
-            self._prof.stop()
-            self.memory = {"by_category": memory_by_category(self._prof, self.device),
-                           "cuda_snapshot": self._history.stop(self.snapshot_path)}
+            try:
+                self._prof.stop()
+                self.memory = {"by_category": memory_by_category(self._prof, self.device),
+                               "cuda_snapshot": self._history.stop(self.snapshot_path)}
+            except Exception as exc:
+                self._memory_failed(exc)
+            self._prof = None
+
+    def _memory_failed(self, exc: Exception) -> None:
+        reason = f"memory window failed ({type(exc).__name__}: {exc})"
+        self.memory = {"by_category": na(reason), "cuda_snapshot": na(reason)}
+        if self._history.active:
+            torch.cuda.memory._record_memory_history(enabled=None)
+            self._history.active = False
+        if self._prof is not None:
+            with contextlib.suppress(Exception):  # already failed; stopping is best effort
+                self._prof.stop()
             self._prof = None
 
     def close(self) -> None:
