@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import base64
 import html
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from kiln.bench.results import format_cell
 
 
 @dataclass
@@ -39,19 +40,11 @@ Block = Heading | Para | Table | Image
 
 
 def cell(value: Any) -> str:
-    if value is None:
-        return "—"
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            return str(value)
-        return f"{value:.4g}" if abs(value) < 1e6 else f"{value:.4e}"
     if isinstance(value, (list, tuple)):
         return ", ".join(cell(v) for v in value) or "—"
     if isinstance(value, dict):
         return ", ".join(f"{k}={cell(v)}" for k, v in value.items())
-    return str(value)
+    return format_cell(value)
 
 
 def to_markdown(blocks: list[Block], files_dir: str) -> str:
