@@ -62,7 +62,7 @@ def render_markdown(s: dict[str, Any]) -> str:
                   "## GPU idle gaps between kernels (the launch-bound signature)", "",
                   f"GPU busy {idle['busy_ms_per_step']:.3f} ms/step, **idle {idle['idle_ms_per_step']:.3f} ms/step = "
                   f"{_pct(idle['idle_frac'])} of the GPU timeline** ({idle['gpu_span_ms']:.2f} ms from the first "
-                  f"kernel to the last). {idle['gaps_per_step']:.0f} gaps/step, median {idle['gap_us_median']:.1f} us, "
+                  f"kernel to the last). {idle['gaps_per_step']:.1f} gaps/step, median {idle['gap_us_median']:.1f} us, "
                   f"{idle['gaps_over_10us']} over 10 us.", "",
                   "| gap us | at ms | after | before |", "|---|---|---|---|"]
         lines += [f"| {g['us']:.1f} | {g['at_ms']:.3f} | {_short(g['after'], 50)} | {_short(g['before'], 50)} |"

@@ -66,7 +66,7 @@ def lines(records: list[dict[str, Any]], title: str, ylabel: str, keys: list[tup
             ax.plot(xs, ys, (styles or {}).get(key, ".-"), label=label, markersize=4)
             drawn += 1
     if drawn:
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)  # never over a line
     else:
         _note(ax, empty)
     return _png(fig)
@@ -101,9 +101,10 @@ def gpu_health(records: list[dict[str, Any]], empty: str) -> bytes:
         elif lo and len(lo) == len(xs):
             ax.plot(xs, lo, ":", color="#3b7dd8", label="min")
         if limit:
-            lx, ly = _series(records, limit)
+            _, ly = _series(records, limit)
             if ly:
-                ax.axhline(ly[-1], color="#b00000", linestyle="--", linewidth=0.8, label="limit")
+                ax.axhline(ly[-1], color="#b00000", linestyle="--", linewidth=0.8,
+                           label="max clock" if "clock" in limit else "limit")
         throttled = [r["step"] for r in records if (r.get("gpu_throttle_frac") or 0) > 0]
         for step in throttled:
             ax.axvline(step, color="#d88a3b", alpha=0.4, linewidth=2)
