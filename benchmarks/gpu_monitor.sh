@@ -1,5 +1,8 @@
 #!/bin/bash
-# GPU evidence for issue 13 (run on the device machine from the repo root; ~4-5 min on one H100):
+# GPU evidence for issue 13 (run on the device machine from the repo root). Expected ~4 min on one
+# H100: profiles ~1.5 min (eager ~20 s; reduce-overhead ~40 s with its compile; whole-step capture
+# ~60 s or skipped; each capped at 120 s), train ~45 s (19 s compile + 3000 steps), NVML overhead
+# ~65 s (6 rounds x 3 sides x ~3 s), reports ~15 s. Run it as `bash benchmarks/gpu_monitor.sh`.
 #  1. kiln profile of the seed MLP (configs/seed_production.toml: batch 128, bf16) eager vs
 #     compile.mode=reduce-overhead vs whole-step CUDA-graph capture (compile.scope=step
 #     compile.cudagraphs=true; a `skipped` row with the reason where this kiln lacks the key):
