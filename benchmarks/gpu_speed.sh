@@ -7,7 +7,7 @@
 #             plain hand loops (eager, default, reduce-overhead), cold and warm compile
 #   train     kiln train of the seed MLP with compile.scope=step under default and reduce-overhead, and with
 #             whole-step capture: no crash, no breaks/recompiles, the capture status
-#   vit       ViT-B/16 b64 bf16 (seed001-vit): eager, default/reduce-overhead whole and regional, capture,
+#   vit       ViT-B/16 b64 bf16 (seed001-vit): eager, default/reduce-overhead regional, capture,
 #             plain loops; FLOPs per step against the matmul peak measured in the same process
 #   vitmax    ViT-B/16 max-autotune-no-cudagraphs (regional) and bf16-true rows
 #   regional  cold compile time, whole-model vs regional, of a 24-block model (seed MLP) and ViT-L depth 24
@@ -65,7 +65,7 @@ for part in $PARTS; do
       ;;
     vit)
       bench vit_bf16 --preset seed001-vit --precisions bf16-mixed --losses task --modes default,reduce-overhead \
-        --backends inductor --scopes model --regional off,on --cudagraphs off,on --baseline plain --warm-start "${VIT[@]}"
+        --backends inductor --scopes model --regional on --cudagraphs off,on --baseline plain --warm-start "${VIT[@]}"
       ;;
     vitmax)
       bench vit_max --preset seed001-vit --precisions bf16-mixed,bf16-true --losses task \

@@ -150,6 +150,8 @@ def plan_preset(name: str, given: dict[str, list[str]] | None = None) -> tuple[P
     axes = Axes(**{k: list(v) for k, v in vars(preset.axes).items()})
     for key, values in (given or {}).items():
         setattr(axes, key, list(values))
-    # The regional / cudagraphs switches and plain twins apply to every row the preset plans.
-    rows = [variant for row in preset.plan(axes) for variant in variants(row, axes)]
+    # The regional / cudagraphs switches and plain twins apply to the rows the preset plans at the
+    # precisions asked for (not to the eager fp32 reference row added for speedup_vs_eager_fp32).
+    rows = [variant for row in preset.plan(axes)
+            for variant in (variants(row, axes) if row.precision in axes.precisions else [row])]
     return preset, axes, with_references(list(dict.fromkeys(rows)))
