@@ -200,6 +200,7 @@ def start_runner(ctx: BenchContext, recipe: Recipe, *, warmup: int, values: int,
     from kiln.bench.accuracy import uses_rng
 
     device = ctx.device
+    gc.collect()  # what the previous row left in reference cycles must not count in (or out of) this one
     base = allocated(device)
     before = compile_counters()
     runner = Runner(ctx, recipe, policy)
