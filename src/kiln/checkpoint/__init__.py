@@ -29,9 +29,11 @@ from kiln.checkpoint.manager import Checkpointer, LoadReport, config_digest, lat
 from kiln.checkpoint.nonfinite import NonFiniteError, NonFiniteGuard
 from kiln.checkpoint.signals import StopOnSignal, any_rank
 from kiln.checkpoint.state import AppState
+from kiln.checkpoint.storage import CheckpointSaveError
 
 __all__ = [
     "AppState",
+    "CheckpointSaveError",
     "Checkpointer",
     "LoadReport",
     "NonFiniteError",

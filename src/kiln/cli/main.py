@@ -1,14 +1,15 @@
 """`kiln <command>`: parse arguments, call the library, map errors to exit codes.
 
 Exit codes (DESIGN.md): 0 success, 2 bad input (ConfigError, named key and valid choices),
-1 a failure while running (artifacts already written are kept).
+1 a failure while running (artifacts already written are kept): a few lines on stderr say what
+failed, where, what was kept and what to do; the traceback goes to `error.log` in the command's
+run or output directory (`--verbose` also prints it).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-import traceback
 
 from kiln.config.errors import ConfigError
 
@@ -32,6 +33,11 @@ def build_parser() -> argparse.ArgumentParser:
     doctor_cmd.add_parser(sub)
     export_cmd.add_parser(sub)
     return parser
+
+
+def add_verbose_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--verbose", action="store_true",
+                        help="on a failure, also print the full traceback on stderr (it always goes to error.log)")
 
 
 def _setup_logging() -> None:
@@ -65,10 +71,20 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("kiln: interrupted", file=sys.stderr)
         return 130
-    except Exception as exc:  # a failure while running: show where, keep what was written
-        traceback.print_exc()
-        print(f"kiln: failed: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return EXIT_FAILED
+    except Exception as exc:  # a failure while running: say what and where, keep what was written
+        return _report_failure(exc, args)
+
+
+def _report_failure(exc: Exception, args: argparse.Namespace) -> int:
+    from kiln.distributed.failures import console_mode, write_error_file
+    from kiln.failure import RunFailed, emit, generic_report
+
+    # Commands that know their run build the report (train: step, checkpoint, summary); others
+    # name their output directory (`args.output_dir`) for the log file.
+    report = exc.report if isinstance(exc, RunFailed) else generic_report(exc, output_dir=getattr(args, "output_dir", None))
+    emit(report, verbose=getattr(args, "verbose", False), mode=console_mode(report))
+    write_error_file(report)
+    return EXIT_FAILED
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ from kiln.distributed.env import (
     init_process_group,
 )
 from kiln.distributed.strategy import resolve_strategy
+from kiln.failure.classify import short_error
 from kiln.models import build_model
 from kiln.monitor.flops import count_step_flops, peak_flops
 from kiln.monitor.memory import memory_stats, reset_peak
@@ -93,6 +94,11 @@ class Trainer:
                 log.warning("training.eval_interval is set but data has no eval split (data.eval_path); eval is off")
         if cfg.compile.enabled and cfg.compile.regional and not built.blocks:
             raise ConfigError("compile.regional", f"{cfg.model.name} has no repeated blocks to compile one by one")
+        # Where a failure happened, for its report: step `_step` began, `_steps_done` finished.
+        self._step = self._steps_done = 0
+        self._start = 1
+        self.summary_error: OSError | None = None
+        self.cleanup_errors: list[tuple[str, BaseException]] = []
 
     # -- one-time measurements --------------------------------------------------------------
     def _count_flops(self, batch) -> int | None:
@@ -130,23 +136,53 @@ class Trainer:
         try:
             with tf32_enabled(cfg.precision.tf32), deterministic_mode(cfg.training.deterministic):
                 summary.update(self._train(sinks))
+            self.checkpointer.close()  # completes an in-flight async save: its failure fails the run
             summary["status"] = "stopped" if summary.get("stopped_by") else "completed"
-        except KeyboardInterrupt:
-            summary["status"] = "interrupted"
-            raise
-        except Exception as exc:
-            summary["status"] = "failed"
-            summary["error"] = f"{type(exc).__name__}: {exc}"
+        except BaseException as exc:
+            interrupted = isinstance(exc, (KeyboardInterrupt, SystemExit))
+            summary["status"] = "interrupted" if interrupted else "failed"
+            if not interrupted:
+                summary["error"] = short_error(exc, 2000)
             raise
         finally:
-            summary["wall_s"] = round(time.perf_counter() - started, 3)
-            summary["steps"] = getattr(self, "_steps_done", summary["steps"])  # also when the loop failed
-            sinks.close()
-            self.checkpointer.close()  # completes an in-flight async save
-            if main:
-                write_summary(self.run_dir / "summary.json", summary)
-            destroy_process_group()
+            self._finish(summary, sinks, started)
         return summary
+
+    def _finish(self, summary: dict[str, Any], sinks, started: float) -> None:
+        """Close everything and write summary.json. On the failure path nothing here may hide the
+        error being raised: each step's own error is kept in `cleanup_errors` (for the log) and the
+        next step still runs; partial checkpoint directories are removed. After a clean run the
+        first error here is the run's failure."""
+        failing = summary["status"] not in ("completed", "stopped")
+        summary["wall_s"] = round(time.perf_counter() - started, 3)
+        summary["steps"] = self._steps_done  # also when the loop failed
+        steps = [("closing the metric sinks", sinks.close)]
+        if failing:
+            # Complete (or fail) an in-flight async save without collectives: peers may be gone.
+            steps += [("waiting for the in-flight checkpoint save", lambda: self.checkpointer.close(collective=False)),
+                      ("removing partial checkpoints", self.checkpointer.remove_partial)]
+        first: BaseException | None = None
+        for label, action in steps:
+            try:
+                action()
+            except Exception as exc:
+                self.cleanup_errors.append((label, exc))
+                if not failing and first is None:
+                    first = exc
+                    summary.update(status="failed", error=short_error(exc, 2000))
+        if self.dist.is_main:
+            try:
+                write_summary(self.run_dir / "summary.json", summary)
+            except OSError as exc:
+                self.summary_error = exc
+                self.cleanup_errors.append(("writing summary.json", exc))
+                first = first or (None if failing else exc)
+        try:
+            destroy_process_group()
+        except Exception as exc:  # a group broken by a dead peer may refuse a clean shutdown
+            self.cleanup_errors.append(("leaving the process group", exc))
+        if first is not None:
+            raise first
 
     def _train(self, sinks) -> dict[str, Any]:
         cfg, device = self.cfg, self.device
@@ -174,6 +210,8 @@ class Trainer:
         if self.resume_path is not None:
             report = ck.load(self.resume_path, app)
             start = int(app.progress.get("step", report.step)) + 1
+            self._step = self._steps_done = start - 1
+            self._start = start
             pending = []  # the data position was restored: batches fetched before it are not ours
             if self.dist.is_main:
                 _trim_metrics(self.run_dir / "metrics.jsonl", start - 1)
@@ -188,6 +226,7 @@ class Trainer:
         meter.restart_clock()
         with StopOnSignal() as stop:
             for step in range(start, tcfg.steps + 1):
+                self._step = step
                 t_data = time.perf_counter()
                 while len(pending) < accum:
                     pending.append(next(data_iter))
@@ -200,8 +239,8 @@ class Trainer:
                 meter.add_step(loss)
                 app.progress.update(step=step, samples_seen=step * samples_per_step * self.dist.world_size,
                                     tokens_seen=step * (tokens_per_step or 0) * self.dist.world_size)
-                self._steps_done = step
                 inject(fault, step)
+                self._steps_done = step
                 if is_log:
                     record = meter.record(step, current_lr(step_fn.optimizer), grad_norm)
                     record.update(guard.check())  # NonFiniteError: exit 1 naming the step
