@@ -44,9 +44,21 @@ def _setup_logging() -> None:
     import logging
     import os
 
+    class StderrHandler(logging.StreamHandler):
+        """Writes to the sys.stderr of the moment, not the one at setup: `main()` called again in
+        one process (tests, notebooks) with stderr redirected must not write to a closed stream."""
+
+        @property
+        def stream(self):
+            return sys.stderr
+
+        @stream.setter
+        def stream(self, value) -> None:
+            pass
+
     rank = os.environ.get("RANK")
     prefix = f"kiln[rank {rank}]" if rank is not None and os.environ.get("WORLD_SIZE", "1") != "1" else "kiln"
-    handler = logging.StreamHandler(sys.stderr)
+    handler = StderrHandler()
     handler.setFormatter(logging.Formatter(f"{prefix}: %(message)s"))
     logger = logging.getLogger("kiln")
     if not logger.handlers:

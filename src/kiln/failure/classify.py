@@ -56,6 +56,11 @@ def short_error(exc: BaseException, limit: int = DETAIL_CHARS) -> str:
     return out if len(out) <= limit else out[: limit - 3].rstrip() + "..."
 
 
+def reason(exc: BaseException) -> str:
+    """The shortest honest reason: an OSError's strerror ("No space left on device"), else `short_error`."""
+    return exc.strerror if isinstance(exc, OSError) and exc.strerror else short_error(exc, 160)
+
+
 def causes(exc: BaseException) -> Iterator[BaseException]:
     """`exc` and everything it wraps, outermost first, each once: `__cause__`/`__context__`, DCP's
     per-rank failures, kiln's `CheckpointSaveError.cause` and `.storage`."""

@@ -21,7 +21,7 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kiln.failure.classify import Diagnosis, diagnose, short_error
+from kiln.failure.classify import Diagnosis, diagnose, reason
 
 
 @dataclass
@@ -127,14 +127,14 @@ def write_log(report: FailureReport, argv: list[str] | None = None) -> None:
             report.log_path = target
             return
         except OSError as exc:
-            report.log_problem = f"{report.log_dir} is not writable: {short_error(exc, 120)}"
+            report.log_problem = f"{report.log_dir} is not writable: {reason(exc)}"
     try:
         fd, name = tempfile.mkstemp(prefix="kiln-error-", suffix=".log")
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
         report.log_path = Path(name)
     except OSError as exc:
-        report.log_problem = (report.log_problem or "") + f"; temporary file: {short_error(exc, 120)}"
+        report.log_problem = (report.log_problem or "") + f"; nor a temporary file: {reason(exc)}"
 
 
 def emit(report: FailureReport, *, verbose: bool = False, mode: str = "full") -> None:

@@ -13,7 +13,7 @@ from typing import Any
 
 from kiln.checkpoint.manager import newest_intact, read_marker
 from kiln.checkpoint.storage import CheckpointSaveError
-from kiln.failure.classify import Diagnosis, causes, diagnose, short_error
+from kiln.failure.classify import Diagnosis, causes, diagnose, reason, short_error
 from kiln.failure.report import FailureReport, error_log_name
 
 
@@ -69,7 +69,7 @@ def training_report(trainer, exc: BaseException) -> FailureReport:
             # Under torchrun the ranks cannot know its flags; the kiln launcher prints its own command.
             report.resume = command.replace("kiln train", "torchrun ... -m kiln train", 1) if dist.launched else command
     if dist.is_main:
-        report.summary = (f"could not be written ({short_error(trainer.summary_error, 160)})"
+        report.summary = (f"could not be written ({reason(trainer.summary_error)})"
                           if trainer.summary_error is not None
                           else "records status failed and the error" if (run_dir / "summary.json").exists()
                           else "was not written (the run dir was never created)")
@@ -118,7 +118,7 @@ def record_group_failure(run_dir: Path, error: str, failed_rank: int | None,
     try:
         write_summary(path, summary)
     except OSError as exc:
-        return f"could not be written ({short_error(exc, 160)})"
+        return f"could not be written ({reason(exc)})"
     who = f"rank {failed_rank}'s error" if failed_rank is not None else "the error"
     return f"records status failed and {who}"
 
