@@ -67,8 +67,9 @@ def assert_failed_cleanly(run_dir: Path, err: str, *, kept: int, needles: list[s
     return msg
 
 
-@pytest.mark.parametrize("summary_disk", ["ok", "full"])
-def test_disk_full_inside_a_checkpoint_save(tmp_path, monkeypatch, capsys, summary_disk):
+@pytest.mark.parametrize(("summary_disk", "async_save"), [("ok", False), ("full", False), ("ok", True)],
+                         ids=["sync", "sync-summary-full", "async"])
+def test_disk_full_inside_a_checkpoint_save(tmp_path, monkeypatch, capsys, summary_disk, async_save):
     import torch.distributed.checkpoint.filesystem as dcp_fs
 
     real_write = dcp_fs._write_item
@@ -86,7 +87,7 @@ def test_disk_full_inside_a_checkpoint_save(tmp_path, monkeypatch, capsys, summa
 
         monkeypatch.setattr("kiln.train.trainer.write_summary", no_space)
     run_dir = tmp_path / "run"
-    code = main(["train", "--run-dir", str(run_dir), *BASE])
+    code = main(["train", "--run-dir", str(run_dir), *BASE, f"checkpoint.async_save={str(async_save).lower()}"])
     err = capsys.readouterr().err
     assert code == 1
     msg = assert_failed_cleanly(run_dir, err, kept=4, summary=summary_disk == "ok", needles=[
