@@ -46,7 +46,7 @@ from kiln.checkpoint.dcp_io import (
     tensor_shapes,
 )
 from kiln.checkpoint.state import AppState
-from kiln.checkpoint.storage import CheckpointSaveError, probe_storage
+from kiln.checkpoint.storage import CheckpointSaveError, discard_partial, remove_partial
 from kiln.config.errors import ConfigError
 from kiln.config.schema import CheckpointConfig
 
@@ -107,15 +107,6 @@ def latest_complete(root: Path, *, ignore: Path | None = None) -> Path | None:
         if problem is None:
             return path
         log.warning("skipping checkpoint %s: %s", path, problem)
-    return None
-
-
-def newest_intact(root: Path) -> Path | None:
-    """Newest complete checkpoint under `root`, fully checked, without logging what it skips (the
-    failure path names what was kept; warnings about skipped ones would only add noise there)."""
-    for path in reversed(complete_checkpoints(root)):
-        if checkpoint_problem(path) is None:
-            return path
     return None
 
 
@@ -214,8 +205,9 @@ class Checkpointer:
         except BaseException as exc:
             # DCP raises only after every rank's writes ended (its results are gathered on rank 0
             # and broadcast), so rank 0 can remove the partial directory without racing a writer.
-            storage = self._discard(tmp, exc) if self.rank == 0 else None
-            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            interrupted = isinstance(exc, (KeyboardInterrupt, SystemExit))
+            storage = self._discard(tmp, None if interrupted else exc) if self.rank == 0 else None
+            if interrupted:
                 raise
             raise CheckpointSaveError(step, target, exc, storage=storage, rank=self.rank) from exc
         self.last_saved_step = step
@@ -252,31 +244,18 @@ class Checkpointer:
         else:
             future.add_done_callback(lambda f: self._finalized.set())
 
-    def _discard(self, tmp: Path, error: BaseException) -> OSError | None:
-        """Rank 0, after a failed save: look at the storage first (a full disk is only visible while
-        the partial files still fill it), then remove the partial directory. Returns the storage's
-        problem, if it has one."""
-        storage = probe_storage(self.root, error)
-        if tmp.exists():
-            try:
-                shutil.rmtree(tmp)
-                self.removed_partial.append(tmp)
-            except OSError as exc:  # the failure itself is what gets reported; this is a footnote
-                log.debug("could not remove the partial checkpoint %s: %s", tmp, exc)
+    def _discard(self, tmp: Path, error: BaseException | None) -> OSError | None:
+        storage, removed = discard_partial(self.root, tmp, error)
+        self.removed_partial += removed
         return storage
 
     def remove_partial(self) -> list[Path]:
         """Rank 0, on the failure path once no save is in flight: remove every `step_*.tmp` left
         under the checkpoint root (a save cut short, an interrupted replace). They are never
         resumed from and hold space. Returns what it removed."""
-        if self.rank != 0 or self._pending is not None or not self.root.is_dir():
+        if self.rank != 0 or self._pending is not None:
             return []
-        removed = []
-        for tmp in sorted(self.root.glob("step_*.tmp")):
-            if tmp.is_dir():
-                shutil.rmtree(tmp, ignore_errors=True)
-                if not tmp.exists():
-                    removed.append(tmp)
+        removed = remove_partial(self.root)
         self.removed_partial += removed
         return removed
 

@@ -1,11 +1,11 @@
-"""Why a checkpoint save failed, when the error itself does not say: the storage, examined.
+"""After a failed save: why it failed when the error does not say, and what it left behind.
 
 torch.save writes DCP's files through its zip writer, which reports a full disk as
 `RuntimeError: [enforce fail at inline_container.cc] . unexpected pos N vs M` and drops the
 errno. So after a failed save whose errors carry no errno, rank 0 looks at the filesystem while
 the partial files still fill it: almost no free space means the disk is full; otherwise a small
 probe write shows a lost permission, a read-only remount or an exhausted quota with their real
-errno.
+errno. Then the partial directory goes; the previous complete checkpoint is never touched.
 """
 
 from __future__ import annotations
@@ -71,3 +71,40 @@ def _size(n: int) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n} B"
+
+
+def discard_partial(root: Path, tmp: Path, error: BaseException | None) -> tuple[OSError | None, list[Path]]:
+    """Rank 0, after a failed save: examine the storage first (a full disk is only visible while
+    the partial files still fill it; not after an interruption, `error` None), then remove the
+    partial directory `tmp`. Returns the storage's problem (or None) and what was removed."""
+    storage = probe_storage(root, error) if error is not None else None
+    if not tmp.exists():
+        return storage, []
+    try:
+        shutil.rmtree(tmp)
+    except OSError:  # the failure itself is what gets reported; a leftover is swept on the failure path
+        return storage, []
+    return storage, [tmp]
+
+
+def remove_partial(root: Path) -> list[Path]:
+    """Remove every `step_*.tmp` directory under `root` (saves cut short: never resumed from, and
+    they hold space). Only while no save is running. Returns what it removed."""
+    removed = []
+    for tmp in sorted(root.glob("step_*.tmp")) if root.is_dir() else []:
+        if tmp.is_dir():
+            shutil.rmtree(tmp, ignore_errors=True)
+            if not tmp.exists():
+                removed.append(tmp)
+    return removed
+
+
+def newest_intact(root: Path) -> Path | None:
+    """Newest complete checkpoint under `root`, fully checked, without logging what it skips (the
+    failure message names what was kept; warnings about skipped ones would only add noise)."""
+    from kiln.checkpoint.manager import checkpoint_problem, complete_checkpoints
+
+    for path in reversed(complete_checkpoints(root)):
+        if checkpoint_problem(path) is None:
+            return path
+    return None

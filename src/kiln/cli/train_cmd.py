@@ -58,7 +58,8 @@ def _launch(args: argparse.Namespace, cfg) -> int:
         print(f"kiln: completed; run dir {run_dir}")
         return 0
     # The ranks said one line each at most; name the first failure, what was kept, what to do.
-    raise RunFailed(group_report(run_dir, first_failure(failures), failures, launcher_flags(spec)))
+    raise RunFailed(group_report(run_dir, first_failure(failures), failures, launcher_flags(spec),
+                                 owner=(spec.node_rank or 0) == 0))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -11,8 +11,8 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from kiln.checkpoint.manager import newest_intact, read_marker
-from kiln.checkpoint.storage import CheckpointSaveError
+from kiln.checkpoint.manager import read_marker
+from kiln.checkpoint.storage import CheckpointSaveError, newest_intact, remove_partial
 from kiln.failure.classify import Diagnosis, causes, diagnose, reason, short_error
 from kiln.failure.report import FailureReport, error_log_name
 
@@ -123,22 +123,11 @@ def record_group_failure(run_dir: Path, error: str, failed_rank: int | None,
     return f"records status failed and {who}"
 
 
-def remove_partial_checkpoints(run_dir: Path) -> list[Path]:
-    """After every rank has exited: `.tmp` directories that a killed rank's save left behind."""
-    import shutil
-
-    root = run_dir / "checkpoints"
-    removed = []
-    for tmp in sorted(root.glob("step_*.tmp")) if root.is_dir() else []:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if not tmp.exists():
-            removed.append(tmp)
-    return removed
-
-
-def group_report(run_dir: Path, first, failures: list, launcher: list[str]) -> FailureReport:
+def group_report(run_dir: Path, first, failures: list, launcher: list[str], *, owner: bool = True) -> FailureReport:
     """The job's report from its ranks' failures (`first`, a RankFailure, failed first; None when
-    torchrun failed without any rank reporting, e.g. in the rendezvous)."""
+    torchrun failed without any rank reporting, e.g. in the rendezvous). Only the `owner` (node
+    rank 0's launcher) touches the run dir: it removes partial checkpoints and updates
+    summary.json; another node's launcher sees only its own ranks and may not share the storage."""
     if first is None:
         diagnosis = Diagnosis("error", "torchrun failed", "no rank reported an error",
                               "torchrun's output above says why (rendezvous, ports, a rank that could not start)")
@@ -147,11 +136,14 @@ def group_report(run_dir: Path, first, failures: list, launcher: list[str]) -> F
         diagnosis = first.diagnosis()
         where = f"on rank {first.rank}" + (f" {first.where or _where_of_peers(failures)}".rstrip())
     report = FailureReport(diagnosis, where=where, log_dir=run_dir if run_dir.is_dir() else None)
-    report.removed = remove_partial_checkpoints(run_dir) + (first.removed() if first is not None else [])
+    # Rank 0 removed the partial directory of a save that failed; a killed rank's is removed here.
+    report.removed = [p for f in failures for p in f.removed()]
+    report.removed += remove_partial(run_dir / "checkpoints") if owner else []
     if run_dir.is_dir():
         report.kept, resumable = kept(run_dir, report.removed)
         if resumable:
             report.resume = resume_command(run_dir, launcher)
+    if run_dir.is_dir() and owner:
         report.summary = record_group_failure(
             run_dir, f"rank {first.rank}: {diagnosis.detail}" if first is not None else diagnosis.what,
             first.rank if first is not None else None, {f.rank: f.diagnosis().detail for f in failures})
