@@ -231,6 +231,10 @@ def killed_by_signal(signal_name: str) -> Diagnosis:
                   "lower data.batch_size or data.num_workers, or give the job more host memory")
     elif signal_name == "SIGTERM":
         advice = "it was told to stop (the launcher stops the other ranks after one fails, or a scheduler)"
+    elif signal_name == "SIGABRT":
+        advice = ("on NCCL this is the watchdog taking the rank down after a collective timed out or a peer "
+                  "failed (its [rank N] lines above say which; flight_recorder/ holds the last collectives); "
+                  "otherwise a native crash")
     else:
         advice = f"a native crash ({signal_name}): that rank's output above shows where; retry once to rule out a flaky node"
     return Diagnosis("killed", f"killed by {signal_name}", "", advice, secondary=signal_name == "SIGTERM")
