@@ -24,12 +24,27 @@ from kiln.config.schema import CompileConfig
 
 
 def compile_kwargs(cfg: CompileConfig) -> dict[str, Any]:
-    """Keyword arguments for torch.compile. Assumes the config was validated (mode xor options)."""
+    """Keyword arguments for torch.compile. Assumes the config was validated (mode xor options).
+
+    Under whole-step capture (`cudagraphs`) the compiled code is recorded into kiln's own CUDA
+    graph, so a mode that records graphs itself (reduce-overhead, max-autotune) is passed as its
+    inductor options without `triton.cudagraphs` (a graph cannot be captured inside a capture)."""
     kwargs: dict[str, Any] = {"backend": cfg.backend, "fullgraph": cfg.fullgraph}
     if cfg.mode:
         kwargs["mode"] = cfg.mode
     if cfg.options:
         kwargs["options"] = dict(cfg.options)
+    if cfg.cudagraphs and cfg.backend == "inductor":
+        import torch._inductor
+
+        options = dict(cfg.options) if cfg.options else dict(torch._inductor.list_mode_options().get(cfg.mode, {}))
+        if options.get("triton.cudagraphs"):
+            kwargs.pop("mode", None)
+            options.pop("triton.cudagraphs")
+            if options:
+                kwargs["options"] = options
+            else:
+                kwargs.pop("options", None)
     kwargs["dynamic"] = {"auto": None, "true": True, "false": False}[cfg.dynamic]
     return kwargs
 

@@ -57,13 +57,15 @@ def apply_precision(model: torch.nn.Module, policy: PrecisionPolicy) -> torch.nn
     return model
 
 
-def autocast(policy: PrecisionPolicy, device: torch.device) -> contextlib.AbstractContextManager:
+def autocast(policy: PrecisionPolicy, device: torch.device, cache: bool = True) -> contextlib.AbstractContextManager:
+    """`cache=False` for code captured into a CUDA graph: autocast's cast cache must be off there
+    (PyTorch CUDA Graphs notes, "Usage with torch.cuda.amp")."""
     if policy.autocast_dtype is None:
         return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=policy.autocast_dtype)
+    return torch.autocast(device_type=device.type, dtype=policy.autocast_dtype, cache_enabled=cache)
 
 
-def with_precision(fn: Callable, policy: PrecisionPolicy, device: torch.device) -> Callable:
+def with_precision(fn: Callable, policy: PrecisionPolicy, device: torch.device, *, cache: bool = True) -> Callable:
     """Wrap `fn(inputs, targets)` so it runs under the policy: floating inputs are cast to the
     parameter dtype (bf16-true) and the call runs inside autocast (mixed policies)."""
     cast = policy.param_dtype != torch.float32
@@ -71,7 +73,7 @@ def with_precision(fn: Callable, policy: PrecisionPolicy, device: torch.device) 
     def run(inputs, targets):
         if cast and inputs.is_floating_point():
             inputs = inputs.to(policy.param_dtype)
-        with autocast(policy, device):
+        with autocast(policy, device, cache):
             return fn(inputs, targets)
 
     return run

@@ -80,3 +80,22 @@ def test_seed001_preset_code_path_with_a_tiny_vit(tmp_path, tiny_vit):
         ("distill", "default", "aot_eager", "model+loss", "ok"),
     ]
     assert all(r["model"] == "vit" for r in rows)
+
+
+def test_eager_in_modes_is_the_baseline_not_an_error(capsys):
+    from kiln.cli.bench_cmd import plan
+    from kiln.cli.main import build_parser
+
+    def planned(*flags):
+        args = build_parser().parse_args(["bench", "compile", "--model", "mlp", "--device", "cpu", *flags])
+        opts, _ = plan(args)
+        return [(r.mode, r.precision) for r in opts.recipes], capsys.readouterr().err
+
+    rows, err = planned("--modes", "eager,default")
+    assert rows == [("eager", "fp32"), ("default", "fp32")]
+    assert err.count("eager is always run as the baseline") == 1 and "ignored" in err
+    rows, err = planned("--modes", "eager", "--precisions", "fp32,bf16-mixed")
+    assert rows == [("eager", "fp32"), ("eager", "bf16-mixed")] and "eager rows only" in err
+    rows, _ = planned("--preset", "seed000-levels", "--modes", "eager,reduce-overhead", "--precisions", "fp32")
+    assert rows == [("eager", "fp32"), ("reduce-overhead", "fp32")]
+

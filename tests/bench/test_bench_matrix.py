@@ -96,3 +96,29 @@ def test_distill_scopes_and_the_fp32_reference(tiny_mlp, precision):
         assert row["graphs"] == graphs and row["speedup_vs_eager_fp32"] > 0
     step = rows[(precision, "distill", "default", "aot_eager", "step")]
     assert step["status"] == "ok" and step["accuracy"] == "pass", step
+
+
+def test_plain_baseline_step_scope_and_warm_start_rows(tiny_mlp):
+    from kiln.compile_cache import artifacts_supported
+
+    plan = [Recipe("fp32", "default", "inductor", "step"), Recipe("fp32", "default", "inductor", "model"),
+            Recipe("fp32", runner="plain"), Recipe("fp32", "default", "inductor", "model", runner="plain")]
+    opts = CompileBenchOptions(cfg=load_config(None, tiny_mlp), recipes=with_references(plan), steps=3, warmup=1,
+                               warm_start=True)
+    rows = {r["label"] if "label" in r else (r["runner"], r["mode"], r["scope"]): r
+            for r in run_compile_bench(opts, log=lambda _: None)}
+    step = rows[("kiln", "default", "step")]
+    assert step["status"] == "ok" and step["accuracy"] == "pass"
+    assert step["graph_breaks"] == 0 and step["recompiles"] == 0 and step["graphs"] == 2
+    plain = rows[("plain", "default", "model")]
+    assert plain["status"] == "ok" and plain["accuracy"] == "n/a (baseline)" and plain["graphs"] >= 1
+    assert rows[("plain", "eager", None)]["status"] == "ok"
+    # Kiln rows are put against the plain loop of the same mode (a ratio of speedups vs one eager runner).
+    kiln_model = rows[("kiln", "default", "model")]
+    assert kiln_model["speedup_vs_plain"] == pytest.approx(kiln_model["speedup"] / plain["speedup"])
+    assert step["speedup_vs_best_plain"] == pytest.approx(
+        step["speedup"] / max(plain["speedup"], rows[("plain", "eager", None)]["speedup"]))
+    if artifacts_supported():
+        for row in (step, kiln_model, plain):
+            assert row["compile_warm_s"] is not None and row["compile_warm_s"] >= 0
+            assert row["warm_cold_ratio"] == pytest.approx(row["compile_warm_s"] / row["compile_s"])

@@ -119,3 +119,44 @@ def test_distillation_loss_is_kd_plus_ce_and_trains_only_the_student():
     torch.testing.assert_close(loss, expected)
     loss.backward()
     assert student.grad is not None and all(p.grad is None for p in teacher.parameters())
+
+
+def test_switches_and_plain_twins_expand_each_recipe():
+    axes = Axes(modes=["reduce-overhead"], precisions=["fp32"], scopes=["model", "step"], cudagraphs=["off", "on"],
+                regional=["off", "on"], baselines=["plain"])
+    labels = [r.label for r in expand_matrix(axes)]
+    assert labels == [
+        "fp32 task eager",
+        "fp32 task eager+cudagraphs",
+        "fp32 task plain eager",
+        "fp32 task inductor/reduce-overhead/model",
+        "fp32 task inductor/reduce-overhead/model+cudagraphs",
+        "fp32 task inductor/reduce-overhead/model+regional",
+        "fp32 task inductor/reduce-overhead/model+regional+cudagraphs",
+        "fp32 task plain inductor/reduce-overhead",
+        "fp32 task inductor/reduce-overhead/step",  # regional needs scope model; no plain twin for step
+        "fp32 task inductor/reduce-overhead/step+cudagraphs",
+    ]
+    rows = expand_matrix(axes)
+    assert [r for r in rows if r.is_baseline] == [Recipe.eager("fp32")]
+    captured = recipe_config(Config(), rows[4])
+    assert captured.compile.cudagraphs and captured.compile.mode == "reduce-overhead"
+    assert recipe_config(Config(), rows[5]).compile.regional is True
+    assert cuda_graph_reason(rows[1]).startswith("whole-step capture")
+
+
+def test_presets_take_the_switches_too():
+    _, _, rows = plan_preset("seed000-levels", {"modes": ["reduce-overhead"], "precisions": ["fp32"],
+                                                "cudagraphs": ["on"], "baselines": ["plain"]})
+    assert [r.label for r in rows] == [
+        "fp32 task eager", "fp32 task eager+cudagraphs", "fp32 task plain eager",
+        "fp32 task inductor/reduce-overhead/model+cudagraphs", "fp32 task plain inductor/reduce-overhead"]
+
+
+@pytest.mark.parametrize(("field", "value", "flag"), [("cudagraphs", ["maybe"], "--cudagraphs"),
+                                                      ("regional", ["yes"], "--regional"),
+                                                      ("baselines", ["hand"], "--baseline")])
+def test_switch_values_are_checked(field, value, flag):
+    axes = Axes(**{field: value})
+    with pytest.raises(ConfigError, match=flag):
+        check_axes(axes, Config())

@@ -27,6 +27,18 @@ def test_default_train_reduces_loss(tmp_path):
     assert summary["final_loss"] < first["loss"]
 
 
+def test_log_lines_piped_to_a_file_are_one_record_per_line(tmp_path):
+    # stdout is a pipe here (as under Slurm, `| tee` or CI): no live bar, no wrapping.
+    proc = _kiln("train", "--run-dir", str(tmp_path / "run"), "training.steps=20", "training.log_interval=10",
+                 "model.kwargs.hidden_size=32", "model.kwargs.num_layers=2", "metrics.tensorboard=false")
+    assert proc.returncode == 0, proc.stderr
+    records = [line for line in proc.stdout.splitlines() if line.startswith("step ")]
+    assert [r.split(" | ")[0] for r in records] == ["step 1/20", "step 10/20", "step 20/20"]
+    for line in records:
+        assert "ms/step" in line and "grad_norm=" in line, line
+    assert not any(line.startswith("grad_norm") for line in proc.stdout.splitlines())
+
+
 @pytest.mark.parametrize(
     ("override", "needles"),
     [

@@ -100,6 +100,13 @@ class Scaled(_Net):
         return self.fc(x) * scale  # planted: float
 
 
+class Repeated(_Net):
+    def forward(self, x, times: int):
+        for _ in range(times):  # planted: unrolled
+            x = torch.tanh(x)
+        return self.fc(x)
+
+
 def branch():
     return Branch(), _example()
 
@@ -139,6 +146,11 @@ def loop_print():
 def float_arg():
     """A Python float argument: changing it recompiles."""
     return Scaled(), (_example(), 0.5)
+
+
+def repeated():
+    """A Python int that sets a loop count: the loop unrolls, so every new value recompiles."""
+    return Repeated(), (_example(), 2)
 
 
 def clean():

@@ -17,11 +17,23 @@ RECOMPILE_KEYS = {"reason", "guard", "file", "line", "hint"}
 
 def test_explain_writes_the_contract_json(tmp_path, capsys):
     out = tmp_path / "explain.json"
-    assert main(["explain", target("float_arg"), "--vary", "scalars", "--json", str(out)]) == 0
+    assert main(["explain", target("repeated"), "--vary", "scalars", "--json", str(out)]) == 0
     report = json.loads(out.read_text())
     assert EXPLAIN_KEYS <= set(report)
     assert all(RECOMPILE_KEYS <= set(r) for r in report["recompiles"]) and report["recompiles"]
     assert "Recompiles" in capsys.readouterr().out  # the rich report went to the screen
+
+
+def test_explain_on_a_clean_model_says_so(tmp_path, capsys):
+    out = tmp_path / "explain.json"
+    assert main(["explain", target("clean"), "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["recompiles"] == [] and report["breaks"] == [] and report["clean"] is True
+    assert report["probes"][0]["expected"] is True
+    shown = capsys.readouterr().out
+    assert "clean: no graph breaks and no recompiles" in shown
+    assert "Recompiles (" not in shown  # no problems table
+    assert "If your inputs change" in shown and "(expected)" in shown
 
 
 def test_explain_json_to_stdout_with_an_input_spec(capsys):

@@ -10,26 +10,41 @@ from kiln.diagnose.vary import parse_vary
 from .conftest import PLANTED, marker_line, target
 
 
-def test_python_float_argument_recompiles_with_its_guard():
+def test_python_float_argument_recompiles_once_as_a_probe_not_a_problem():
     report = explain_target(load_target(target("float_arg")), vary=parse_vary(["scalars"]))
-    scalar = [r for r in report["recompiles"] if r["category"] == classify.PYTHON_SCALAR]
-    assert scalar, report["recompiles"]
-    rc = scalar[0]
+    assert report["recompiles"] == [] and report["clean"] is True
+    (probe,) = report["probes"]
+    assert probe["vary"] == "scalars" and probe["expected"] is True
+    assert "one recompile, then a dynamic graph (expected)" in probe["verdict"]
+    (rc,) = probe["recompiles"]
+    assert rc["category"] == classify.PYTHON_SCALAR
     assert "scale" in rc["guard"] and "0.5" in rc["guard"]
     # torch 2.13 names the line that uses the value; older torch only the function (the def line above it).
     assert rc["file"] == str(PLANTED) and rc["line"] in (marker_line("float"), marker_line("float") - 1)
     assert "torch.tensor" in rc["hint"]
+    assert rc["source"] == "--vary scalars=(1.0)"
     assert report["breaks"] == []  # a recompile is not a graph break
 
 
-def test_changing_batch_size_recompiles_once_then_is_dynamic():
-    report = explain_target(load_target(target("clean")), vary=parse_vary(["batch"]))
-    shape = [r for r in report["recompiles"] if r["category"] == classify.SHAPE_CHANGE]
-    assert len(shape) == 1, report["recompiles"]  # batch 8 recompiles (dim marked dynamic), batch 12 does not
-    assert "size mismatch at index 0" in shape[0]["guard"]
-    assert shape[0]["file"] == str(PLANTED)
-    assert "mark_dynamic" in shape[0]["hint"]
+def test_clean_model_has_no_problems_and_the_provoked_recompile_is_expected():
+    report = explain_target(load_target(target("clean")))  # default --vary batch,scalars
+    assert report["recompiles"] == [] and report["breaks"] == [] and report["clean"] is True
+    (probe,) = report["probes"]  # the model takes no Python numbers: only the batch probe ran
+    assert probe["vary"] == "batch" and probe["variants"] == ["batch=8", "batch=12"] and probe["expected"]
+    assert probe["verdict"] == "if your batch size changes: one recompile, then a dynamic graph (expected)"
+    assert [r["category"] for r in probe["recompiles"]] == [classify.SHAPE_CHANGE]
+    assert "size mismatch at index 0" in probe["recompiles"][0]["guard"]
     assert [run["label"] for run in report["runs"]] == ["example", "batch=8", "batch=12"]
+
+
+def test_a_value_that_recompiles_every_time_is_a_problem():
+    report = explain_target(load_target(target("repeated")), vary=parse_vary(["scalars"]))
+    assert report["clean"] is False
+    (probe,) = report["probes"]
+    assert probe["expected"] is False and "every new value recompiles" in probe["verdict"]
+    (problem,) = report["recompiles"]  # the first change is expected; the second one is the problem
+    assert problem["source"] == "--vary scalars=(4)"
+    assert "times" in problem["guard"]
 
 
 def test_input_sets_from_a_file_are_called_in_order(tmp_path):

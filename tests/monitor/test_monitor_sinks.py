@@ -63,6 +63,18 @@ def test_console_sink_non_tty_prints_lines() -> None:
     assert lines[1] == "step 20/100 | loss 2 | 5,000 tok/s | eval_loss=2.25"  # other keys: JSONL only
 
 
+def test_console_sink_never_wraps_off_a_terminal() -> None:
+    # A log file or pipe: rich would wrap at its width (80 columns when it cannot ask a terminal).
+    buffer = io.StringIO()
+    sink = ConsoleSink(total_steps=100, console=Console(file=buffer, force_terminal=False, width=40))
+    record = {**RECORD, "grad_norm": 4.109, "eval_loss": 2.25, "eval_accuracy": 0.5, "straggler_ratio": 1.01}
+    sink.log(record)
+    sink.close()
+    lines = buffer.getvalue().splitlines()
+    assert len(lines) == 1 and len(lines[0]) > 40
+    assert lines[0].startswith("step 10/100 | ") and lines[0].endswith("straggler_ratio=1.01")
+
+
 def test_console_sink_terminal_progress() -> None:
     buffer = io.StringIO()
     console = Console(file=buffer, force_terminal=True, width=160)

@@ -54,6 +54,20 @@ def test_compiled_matches_eager(tmp_path, tiny_overrides, extra):
     assert compiled["final_loss"] < compiled["first_loss"]
 
 
+@pytest.mark.parametrize("policy", ["error", "skip"])
+def test_step_scope_has_no_graph_breaks_or_recompiles(tmp_path, tiny_overrides, policy):
+    # Log steps ask for the gradient norm and the LR changes every step: neither may recompile;
+    # the optimizer is traced (not a fused kernel behind a break), zero_grad stays outside.
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()  # reset() keeps the graph counters of earlier tests
+    summary = _run(tmp_path, "step", [*tiny_overrides, "compile.enabled=true", "compile.scope=step",
+                                      "optim.warmup_steps=3", f"training.nonfinite={policy}"])
+    counters = summary["compile"]
+    assert counters["graph_breaks"] == 0 and counters["recompiles"] == 0
+    # forward+loss, and the update (norm, clip, optimizer) or, under `skip`, the norm and flag.
+    assert counters["graphs"] == 2
+
+
 def test_compile_aot_eager_backend(tmp_path, tiny_overrides):
     torch._dynamo.reset()
     summary = _run(tmp_path, "aot", [*tiny_overrides, "compile.enabled=true", "compile.backend=aot_eager"])
@@ -72,3 +86,44 @@ def test_recompiles_count_compilations_beyond_the_first():
     assert compile_counters()["recompiles"] == 2
     torch._dynamo.reset()
     assert recompiles() == 0
+
+
+def test_compile_cache_is_saved_with_the_run_and_loaded_on_resume(tmp_path, tiny_overrides, caplog, monkeypatch):
+    import logging
+
+    from kiln.compile_cache import ARTIFACTS_FILE, artifacts_supported
+
+    if not artifacts_supported():
+        pytest.skip(f"torch {torch.__version__} has no torch.compiler.save_cache_artifacts")
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    torch._dynamo.reset()
+    over = [*tiny_overrides, "compile.enabled=true", "checkpoint.interval=10", "training.steps=20"]
+    run_dir = tmp_path / "run"
+    _run(tmp_path, "run", over)
+    assert (run_dir / ARTIFACTS_FILE).stat().st_size > 0
+    assert any((tmp_path / "cache").iterdir())  # inductor's cache lived in kiln's dir
+    torch._dynamo.reset()
+    with caplog.at_level(logging.INFO, logger="kiln"):
+        summary = _run(tmp_path, "run", [*over, f"checkpoint.resume={run_dir}/checkpoints/step_00000010"])
+    assert summary["status"] == "completed" and summary["resumed_from"].endswith("step_00000010")
+    assert any("compile cache artifacts from" in r.getMessage() for r in caplog.records)
+
+
+def test_compile_cache_dir_context(tmp_path, monkeypatch):
+    import os
+
+    from kiln.compile_cache import compile_cache_dir
+
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path / "k"))
+    with compile_cache_dir("") as used:
+        assert used == tmp_path / "k" and os.environ["TORCHINDUCTOR_CACHE_DIR"] == str((tmp_path / "k").resolve())
+    assert "TORCHINDUCTOR_CACHE_DIR" not in os.environ
+    with compile_cache_dir(str(tmp_path / "mine")) as used:
+        assert used == tmp_path / "mine"
+    with compile_cache_dir("torch") as used:
+        assert used is None and "TORCHINDUCTOR_CACHE_DIR" not in os.environ
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "users"))
+    with compile_cache_dir("") as used:  # the user's own setting wins
+        assert used == tmp_path / "users"

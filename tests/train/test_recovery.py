@@ -109,7 +109,8 @@ def test_resume_with_another_world_size(tmp_path):
     proc = _kiln("train", "--nproc-per-node", "2", "--run-dir", str(run_dir), *BASE, "training.steps=8",
                  "distributed.strategy=fsdp")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    code = main(["train", "--run-dir", str(run_dir), *BASE, "checkpoint.resume=auto"])
+    # More steps is another config (the LR schedule spans them): start from the chosen checkpoint.
+    code = main(["train", "--run-dir", str(run_dir), *BASE, f"checkpoint.resume={run_dir}/checkpoints/step_00000008"])
     assert code == 0
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["world_size"] == 1 and summary["steps"] == 12
@@ -122,6 +123,12 @@ def test_resume_from_another_model_is_bad_input_and_changes_nothing(tmp_path, ca
     assert main(["train", "--run-dir", str(run_dir), *BASE, "training.steps=4"]) == 0
     before = {p: p.stat().st_mtime_ns for p in run_dir.rglob("*")}
     code = main(["train", "--run-dir", str(run_dir), *BASE, "model.kwargs.hidden_size=48", "checkpoint.resume=auto"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "another config" in err and "model.kwargs" in err  # the run dir's config.toml says so first
+    # Pointed at the checkpoint itself, the model check names the mismatch.
+    code = main(["train", "--run-dir", str(run_dir), *BASE, "model.kwargs.hidden_size=48",
+                 f"checkpoint.resume={run_dir}/checkpoints/step_00000004"])
     err = capsys.readouterr().err
     assert code == 2
     assert "step_00000004" in err and "does not match the model" in err and "shape" in err

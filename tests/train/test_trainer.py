@@ -98,10 +98,15 @@ def test_user_model_from_file(tmp_path, tiny_overrides, monkeypatch):
 def test_existing_run_dir_is_not_overwritten(tmp_path, tiny_overrides):
     run_dir = tmp_path / "run"
     train(load_config(None, tiny_overrides), run_dir)
-    before = (run_dir / "summary.json").read_bytes()
-    with pytest.raises(ConfigError, match="already holds a run"):
-        Trainer(load_config(None, tiny_overrides), run_dir)
-    assert (run_dir / "summary.json").read_bytes() == before
+    before = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    # The same config again: the run is complete, nothing to do, nothing written.
+    summary = train(load_config(None, tiny_overrides), run_dir)
+    assert summary["already_complete"] is True and summary["steps"] == 30
+    # resume=never refuses it, naming the way on.
+    with pytest.raises(ConfigError, match="checkpoint.resume=auto"):
+        Trainer(load_config(None, [*tiny_overrides, "checkpoint.resume=never"]), run_dir)
+    after = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    assert after == before
 
 
 def test_bad_model_name_fails_before_run_dir_exists(tmp_path, tiny_overrides):

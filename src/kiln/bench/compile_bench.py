@@ -24,8 +24,10 @@ from kiln.bench.recipes import Recipe, cuda_graph_reason
 from kiln.bench.runner import FP64, BenchContext, Started, build_context, release, start_runner
 from kiln.bench.timing import Timing, measure_interleaved
 from kiln.compile import compile_counters, recompiles
+from kiln.compile_cache import artifacts_blob, fresh_artifacts, load_blob
 from kiln.config.schema import Config
 from kiln.precision import tf32_enabled
+from kiln.train.capture import WARMUP_STEPS
 from kiln.train.runtime import deterministic_mode, resolve_device
 
 Log = Callable[[str], None]
@@ -34,7 +36,8 @@ Log = Callable[[str], None]
 FIGURES = (
     "compile_s", "first_step_s", "warmup_s", "step_ms", "step_ms_p10", "step_ms_p90", "samples", "eager_step_ms",
     "eager_fp32_step_ms", "speedup", "speedup_vs_eager_fp32", "throughput", "peak_mem_bytes",
-    "memory_compression", "graphs", "graph_breaks", "recompiles", "accuracy",
+    "memory_compression", "graphs", "graph_breaks", "recompiles", "accuracy", "capture", "compile_warm_s",
+    "warm_cold_ratio", "speedup_vs_plain", "speedup_vs_best_plain",
 )
 
 
@@ -52,6 +55,8 @@ class CompileBenchOptions:
     """Optimizer steps in the loss-trajectory check; 0 turns accuracy checks off."""
     fresh_cache: bool = True
     """Compile each row with empty inductor/triton caches, so compile_s is a cold compile."""
+    warm_start: bool = False
+    """Also time each compiled row's compile from its own saved cache artifacts (a warm restart)."""
 
 
 def _stderr(message: str) -> None:
@@ -88,6 +93,10 @@ def failure(exc: BaseException) -> tuple[str, str]:
 
 
 def _skip_reason(ctx: BenchContext, recipe: Recipe) -> str | None:
+    if not ctx.train and recipe.runner == "plain":
+        return "the plain baseline is a training loop; inference rows compile the model the plain way already"
+    if not ctx.train and recipe.cudagraphs:
+        return "whole-step capture records a training step; use mode reduce-overhead for inference"
     if not ctx.train and recipe.loss != "task":
         return "distillation is a training loss; inference rows use the model's outputs"
     if not ctx.train and recipe.compiled and recipe.scope != "model":
@@ -109,6 +118,9 @@ def _base_row(ctx: BenchContext, recipe: Recipe) -> dict[str, Any]:
         "mode": recipe.mode,
         "backend": recipe.backend,
         "scope": recipe.scope,
+        "runner": recipe.runner,
+        "cudagraphs": recipe.cudagraphs,
+        "regional": recipe.regional,
         "status": "ok",
         "reason": None,
         **dict.fromkeys(FIGURES),
@@ -140,7 +152,12 @@ class _MatrixRun:
         self.ctx, self.opts, self.log = ctx, opts, log
         self.device = ctx.device
         self.values = max(1, opts.accuracy_steps) if ctx.train else 1
+        if ctx.train and any(r.cudagraphs for r in opts.recipes):
+            # A captured recipe runs its first steps uncaptured (warm-up): check the trajectory
+            # far enough to cover replays of its graph too.
+            self.values += WARMUP_STEPS + 1
         self._fp64: dict[str, Any] = {}
+        self._blob: tuple[bytes, int] | None = None
         self.done = 0
 
     # -- the reference runs ------------------------------------------------------------------
@@ -212,6 +229,9 @@ class _MatrixRun:
         after = compile_counters()
         _timing_figures(self.ctx, row, timings, "compiled")
         peak, eager_peak = started.peak_mem_bytes, eager.peak_mem_bytes
+        row["capture"] = started.runner.capture_status
+        if recipe.cudagraphs and row["capture"] and row["capture"].startswith("fallback"):
+            row["reason"] = row["capture"]
         row.update(
             compile_s=max(0.0, started.first_step_s - timings["eager"].median_s),
             first_step_s=started.first_step_s,
@@ -223,7 +243,22 @@ class _MatrixRun:
             graph_breaks=after["graph_breaks"] - before["graph_breaks"],
             recompiles=recompiles(),  # dynamo was reset before this row
         )
+        self._blob = artifacts_blob() if self.opts.warm_start and recipe.compiled else None
         return started.values
+
+    def _warm_compile(self, row: dict, recipe: Recipe) -> None:
+        """Compile the recipe again in empty caches filled from the cold compile's artifacts only:
+        the compile a restarted run pays (kiln saves the artifacts with each run)."""
+        blob, self._blob = self._blob, None
+        if blob is None:
+            row["compile_warm_s"] = None
+            return
+        with _fresh_cache(True), fresh_artifacts():
+            load_blob(blob[0])
+            started = start_runner(self.ctx, recipe, warmup=0, values=1)
+        row["compile_warm_s"] = max(0.0, started.first_step_s - row["eager_step_ms"] / 1e3)
+        if row.get("compile_s"):
+            row["warm_cold_ratio"] = row["compile_warm_s"] / row["compile_s"]
 
     def _values_on_eager_rng(self, recipe: Recipe) -> list[Any]:
         """The timed copy draws its own random numbers (inductor's RNG), so the check runs a fresh
@@ -241,10 +276,13 @@ class _MatrixRun:
 
         torch._dynamo.reset()
         try:
-            with _fresh_cache(self.opts.fresh_cache):  # one cache per row: the check reuses its autotuning
+            # One cache per row (the check reuses its autotuning); only its own artifacts recorded.
+            with _fresh_cache(self.opts.fresh_cache), fresh_artifacts():
                 values = self._time_compiled(row, recipe, eager, ref32)
                 release(self.device)
-                if self.ctx.train and self.opts.accuracy_steps == 0:
+                if recipe.runner == "plain":
+                    row["accuracy"] = "n/a (baseline)"
+                elif self.ctx.train and self.opts.accuracy_steps == 0:
                     row["accuracy"] = "skipped"
                 else:
                     if eager.uses_rng:
@@ -258,6 +296,9 @@ class _MatrixRun:
                     row.update(verdict)
                     if reason:
                         row.update(status="accuracy_fail", reason=reason)
+            if self.opts.warm_start and recipe.compiled:
+                release(self.device)
+                self._warm_compile(row, recipe)
         except Exception as exc:
             row["status"], row["reason"] = failure(exc)
         finally:
@@ -277,7 +318,7 @@ class _MatrixRun:
                 row, eager = self.eager_row(eager_recipe, ref32 if precision != "fp32" else None)
                 rows[eager_recipe] = row
                 self._report(eager_recipe, row)
-                for recipe in (r for r in group if r.precision == precision and r.compiled):
+                for recipe in (r for r in group if r.precision == precision and not r.is_baseline):
                     if eager is None:
                         rows[recipe] = {**_base_row(self.ctx, recipe), "status": "skipped",
                                         "reason": f"eager baseline at {precision} failed: {row['reason']}"}
@@ -291,7 +332,26 @@ class _MatrixRun:
                     release(self.device)
             del ref32
             release(self.device)
-        return [rows[r] for r in plan if r in rows]
+        out = [rows[r] for r in plan if r in rows]
+        compare_with_plain(out)
+        return out
+
+
+def compare_with_plain(rows: list[dict]) -> None:
+    """`speedup_vs_plain`: a kiln row's speedup over eager divided by that of the plain hand loop
+    with the same precision, loss and mode; `speedup_vs_best_plain`: over the fastest plain row of
+    its precision. Both sides were timed interleaved with the same eager runner, so the ratio of
+    their speedups is their speed ratio with the drift between the two measurements taken out."""
+    plain = [r for r in rows if r["runner"] == "plain" and r["status"] == "ok" and r.get("speedup")]
+    for row in rows:
+        if row["runner"] != "kiln" or row["status"] != "ok" or not row.get("speedup"):
+            continue
+        mine = [p for p in plain if p["precision"] == row["precision"] and p["loss"] == row["loss"]]
+        same = [p for p in mine if p["mode"] == row["mode"]]
+        if same:
+            row["speedup_vs_plain"] = row["speedup"] / same[0]["speedup"]
+        if mine:
+            row["speedup_vs_best_plain"] = row["speedup"] / max(p["speedup"] for p in mine)
 
 
 def run_compile_bench(opts: CompileBenchOptions, log: Log | None = None) -> list[dict]:

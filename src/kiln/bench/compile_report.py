@@ -10,16 +10,21 @@ from kiln.bench.results import write_results
 
 # The columns of results.md and of the table on screen, in order.
 COLUMNS = [
-    "precision", "loss", "mode", "backend", "scope", "status", "compile_s", "warmup_s", "step_ms",
-    "step_ms_p10", "step_ms_p90", "speedup", "speedup_vs_eager_fp32", "throughput", "peak_mem_bytes",
-    "memory_compression", "graphs", "graph_breaks", "recompiles", "accuracy", "reason",
+    "runner", "precision", "loss", "mode", "backend", "scope", "regional", "cudagraphs", "status", "compile_s",
+    "compile_warm_s", "warmup_s", "step_ms", "step_ms_p10", "step_ms_p90", "speedup", "speedup_vs_eager_fp32",
+    "speedup_vs_plain", "speedup_vs_best_plain", "throughput", "peak_mem_bytes", "memory_compression", "graphs",
+    "graph_breaks", "recompiles", "accuracy", "capture", "reason",
 ]
 
 
 def row_label(row: dict[str, Any]) -> str:
-    if row.get("mode") == "eager":
-        return f"{row['precision']} {row['loss']} eager"
-    return f"{row['precision']} {row['loss']} {row.get('backend')}/{row.get('mode')}/{row.get('scope')}"
+    eager = row.get("mode") == "eager"
+    if row.get("runner") == "plain":
+        return f"{row['precision']} {row['loss']} plain " + ("eager" if eager else f"{row.get('backend')}/{row.get('mode')}")
+    extras = ("+regional" if row.get("regional") else "") + ("+cudagraphs" if row.get("cudagraphs") else "")
+    if eager:
+        return f"{row['precision']} {row['loss']} eager{extras}"
+    return f"{row['precision']} {row['loss']} {row.get('backend')}/{row.get('mode')}/{row.get('scope')}{extras}"
 
 
 def _cell(key: str, value: Any) -> str:
@@ -27,9 +32,9 @@ def _cell(key: str, value: Any) -> str:
         return "-"
     if key == "peak_mem_bytes":
         return f"{value / 2**20:.0f} MiB"
-    if key in ("speedup", "speedup_vs_eager_fp32", "memory_compression"):
+    if key in ("speedup", "speedup_vs_eager_fp32", "memory_compression", "speedup_vs_plain", "speedup_vs_best_plain"):
         return f"{value:.2f}x"
-    if key in ("compile_s", "warmup_s"):
+    if key in ("compile_s", "warmup_s", "compile_warm_s"):
         return f"{value:.1f}"
     if isinstance(value, float):
         return f"{value:.4g}" if math.isfinite(value) else str(value)
@@ -45,8 +50,13 @@ def render_table(rows: list[dict[str, Any]], title: str):
 
     shown = ["row", "status", "compile_s", "step_ms", "speedup", "speedup_vs_eager_fp32", "throughput",
              "peak_mem_bytes", "memory_compression", "graphs", "graph_breaks", "recompiles", "accuracy"]
+    if any(r.get("speedup_vs_best_plain") is not None for r in rows):
+        shown.insert(shown.index("throughput"), "speedup_vs_best_plain")
+    if any(r.get("compile_warm_s") is not None for r in rows):
+        shown.insert(shown.index("step_ms"), "compile_warm_s")
     headers = {"row": "recipe (precision loss backend/mode/scope)", "compile_s": "compile s",
-               "step_ms": "step ms (p10-p90)", "speedup": "vs eager", "speedup_vs_eager_fp32": "vs fp32",
+               "compile_warm_s": "warm compile s", "step_ms": "step ms (p10-p90)", "speedup": "vs eager",
+               "speedup_vs_eager_fp32": "vs fp32", "speedup_vs_best_plain": "vs best plain",
                "throughput": "samples/s", "peak_mem_bytes": "peak mem", "memory_compression": "mem ratio",
                "graph_breaks": "breaks"}
     table = Table(title=title, title_justify="left")

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from kiln.bench.recipes import Axes, Recipe, with_references
+from kiln.bench.recipes import Axes, Recipe, variants, with_references
 from kiln.config.errors import ConfigError
 
 
@@ -150,4 +150,6 @@ def plan_preset(name: str, given: dict[str, list[str]] | None = None) -> tuple[P
     axes = Axes(**{k: list(v) for k, v in vars(preset.axes).items()})
     for key, values in (given or {}).items():
         setattr(axes, key, list(values))
-    return preset, axes, preset.plan(axes)
+    # The regional / cudagraphs switches and plain twins apply to every row the preset plans.
+    rows = [variant for row in preset.plan(axes) for variant in variants(row, axes)]
+    return preset, axes, with_references(list(dict.fromkeys(rows)))

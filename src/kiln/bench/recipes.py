@@ -9,6 +9,7 @@ an unknown value raises `ConfigError` naming the command-line flag and the valid
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -25,6 +26,9 @@ SCOPES = ("model", "model/loss", "model+loss", "step")
 LOSSES = ("task", "distill")
 
 
+RUNNERS = ("kiln", "plain")
+
+
 @dataclass(frozen=True)
 class Recipe:
     """One row: `mode` is `eager` for the uncompiled baseline, else a torch.compile mode."""
@@ -36,16 +40,31 @@ class Recipe:
     scope: str | None = None
     """One of SCOPES; None for eager rows."""
     loss: str = "task"
+    cudagraphs: bool = False
+    """Whole-step CUDA-graph capture (compile.cudagraphs), with or without compile."""
+    regional: bool = False
+    """Compile each repeated block on its own (compile.regional, scope model)."""
+    runner: str = "kiln"
+    """`kiln` (the step `kiln train` runs) or `plain`: the loop a user writes by hand around
+    `torch.compile(model, mode=...)` (kiln.bench.plain), the baseline kiln must beat."""
 
     @property
     def compiled(self) -> bool:
         return self.mode != EAGER
 
     @property
+    def is_baseline(self) -> bool:
+        """The eager reference row of its precision (every other row is timed against it)."""
+        return not self.compiled and not self.cudagraphs and self.runner == "kiln"
+
+    @property
     def label(self) -> str:
+        if self.runner == "plain":
+            return f"{self.precision} {self.loss} plain " + (f"{self.backend}/{self.mode}" if self.compiled else "eager")
+        extras = ("+regional" if self.regional else "") + ("+cudagraphs" if self.cudagraphs else "")
         if not self.compiled:
-            return f"{self.precision} {self.loss} eager"
-        return f"{self.precision} {self.loss} {self.backend}/{self.mode}/{self.scope}"
+            return f"{self.precision} {self.loss} eager{extras}"
+        return f"{self.precision} {self.loss} {self.backend}/{self.mode}/{self.scope}{extras}"
 
     @staticmethod
     def eager(precision: str, loss: str = "task") -> Recipe:
@@ -61,6 +80,16 @@ class Axes:
     backends: list[str] = field(default_factory=lambda: ["inductor"])
     scopes: list[str] = field(default_factory=lambda: ["model"])
     losses: list[str] = field(default_factory=lambda: ["task"])
+    cudagraphs: list[str] = field(default_factory=lambda: ["off"])
+    """`off`, `on` (whole-step capture): each compiled recipe with and/or without it."""
+    regional: list[str] = field(default_factory=lambda: ["off"])
+    """`off`, `on`: scope-model recipes compiled whole and/or block by block."""
+    baselines: list[str] = field(default_factory=list)
+    """`plain`: add the hand-written loop with torch.compile(model, mode) for each mode."""
+
+
+SWITCHES = ("off", "on")
+BASELINES = ("plain",)
 
 
 def split_values(raw: Iterable[str] | None) -> list[str] | None:
@@ -82,21 +111,27 @@ def _reraise_as_flag(flag: str, exc: ConfigError) -> ConfigError:
     return ConfigError(flag, message)
 
 
-def check_axes(axes: Axes, base: Config) -> None:
-    """Raise ConfigError (naming the flag) for any value the installed torch or kiln lacks."""
+def check_axes(axes: Axes, base: Config, *, eager_only: bool = False) -> None:
+    """Raise ConfigError (naming the flag) for any value the installed torch or kiln lacks.
+    `eager_only`: the user asked for `--modes eager` alone, so no compile mode is needed."""
     from kiln.config.validate import compile_backends, validate_compile
 
     for flag, values, valid in (
         ("--precisions", axes.precisions, PRECISIONS),
         ("--scopes", axes.scopes, SCOPES),
         ("--losses", axes.losses, LOSSES),
+        ("--cudagraphs", axes.cudagraphs, SWITCHES),
+        ("--regional", axes.regional, SWITCHES),
     ):
         if not values:
             raise ConfigError(flag, "needs at least one value", valid)
         for value in values:
             if value not in valid:
                 raise ConfigError(flag, f"unknown value {value!r}", valid)
-    if not axes.modes:
+    for value in axes.baselines:
+        if value not in BASELINES:
+            raise ConfigError("--baseline", f"unknown value {value!r}", BASELINES)
+    if not axes.modes and not eager_only:
         raise ConfigError("--modes", "needs at least one value")
     if not axes.backends:
         raise ConfigError("--backends", "needs at least one value", compile_backends())
@@ -119,17 +154,32 @@ def check_axes(axes: Axes, base: Config) -> None:
             raise _reraise_as_flag("--backends", exc) from None
 
 
+def variants(recipe: Recipe, axes: Axes) -> list[Recipe]:
+    """`recipe` under each regional / cudagraphs switch the axes ask for (regional needs scope
+    `model`), then its plain hand-loop twin when `--baseline plain` (scope model, task loss)."""
+    out = []
+    for regional in dict.fromkeys(v == "on" for v in axes.regional):
+        if regional and (not recipe.compiled or recipe.scope != "model"):
+            continue
+        for graphs in dict.fromkeys(v == "on" for v in axes.cudagraphs):
+            out.append(dataclasses.replace(recipe, regional=regional, cudagraphs=graphs))
+    if "plain" in axes.baselines and recipe.loss == "task" and recipe.scope in (None, "model"):
+        out.append(dataclasses.replace(recipe, scope="model" if recipe.compiled else None, runner="plain"))
+    return out
+
+
 def expand_matrix(axes: Axes) -> list[Recipe]:
-    """Eager per (loss, precision), then every backend (modes apply to inductor only) x scope."""
+    """Eager per (loss, precision), then every backend (modes apply to inductor only) x scope,
+    each under the regional/cudagraphs switches, with plain twins (see `variants`)."""
     rows: list[Recipe] = []
     for loss in axes.losses:
         for precision in axes.precisions:
-            rows.append(Recipe.eager(precision, loss))
+            rows += variants(Recipe.eager(precision, loss), axes)
             for backend in axes.backends:
                 modes = axes.modes if backend == "inductor" else ["default"]
                 for mode in modes:
                     for scope in axes.scopes:
-                        rows.append(Recipe(precision, mode, backend, scope, loss))
+                        rows += variants(Recipe(precision, mode, backend, scope, loss), axes)
     return with_references(rows)
 
 
@@ -151,6 +201,8 @@ def recipe_config(base: Config, recipe: Recipe) -> Config:
     cfg.precision.policy = recipe.precision
     c = cfg.compile
     c.enabled = recipe.compiled
+    c.cudagraphs = recipe.cudagraphs
+    c.regional = recipe.regional or (c.regional and recipe.runner == "kiln")
     if recipe.compiled:
         c.backend = recipe.backend or "inductor"
         # torch.compile takes a mode or options: `default` with options from the config keeps them.
@@ -164,7 +216,9 @@ def recipe_config(base: Config, recipe: Recipe) -> Config:
 
 
 def cuda_graph_reason(recipe: Recipe) -> str | None:
-    """Why a recipe needs CUDA graphs (mode or backend), or None."""
+    """Why a recipe needs CUDA graphs (mode, backend or whole-step capture), or None."""
+    if recipe.cudagraphs:
+        return "whole-step capture (compile.cudagraphs) records a CUDA graph"
     if not recipe.compiled:
         return None
     if recipe.backend == "cudagraphs":

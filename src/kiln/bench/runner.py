@@ -17,6 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from kiln.bench.distill import build_teacher, logits_of, loss_builder
+from kiln.bench.plain import PlainLoop
 from kiln.bench.recipes import Recipe, recipe_config
 from kiln.bench.timing import synchronize, time_calls, time_each
 from kiln.compile import apply_compile, compile_counters
@@ -102,7 +103,11 @@ class Runner:
         self.model = apply_precision(built.module.to(device), self.policy)
         self._cursor = 0
         self.last: Any = None
-        if ctx.train:
+        self._plain: PlainLoop | None = None
+        if ctx.train and recipe.runner == "plain":
+            self.model.train()
+            self._plain = PlainLoop(self.model, built.task, cfg, self.policy, device, ctx.batches, ctx.accum)
+        elif ctx.train:
             self.model.train()
             teacher = ctx.teacher(self.policy.param_dtype) if recipe.loss == "distill" else None
             build_loss = loss_builder(recipe.loss, recipe.scope, built.task, teacher, cfg.compile)
@@ -120,8 +125,16 @@ class Runner:
         self._cursor = (self._cursor + n) % len(batches)
         return out
 
+    @property
+    def capture_status(self) -> str | None:
+        """Whole-step capture's status for a training recipe that asked for it, else None."""
+        return getattr(getattr(self, "_step", None), "capture_status", None)
+
     def __call__(self) -> None:
-        if self.ctx.train:
+        if self._plain is not None:
+            self._plain()
+            self.last = self._plain.last
+        elif self.ctx.train:
             # TrainStep returns (mean loss, grad norm, ...): the loss comes first.
             self.last = self._step(self._next(self.ctx.accum))[0]
         else:

@@ -25,11 +25,12 @@ The same calls serve one process, DDP and FSDP2; call them on every rank, in thi
 
 from __future__ import annotations
 
-from kiln.checkpoint.manager import Checkpointer, LoadReport, config_digest, latest_complete
+from kiln.checkpoint.manager import Checkpointer, LoadReport, latest_complete
 from kiln.checkpoint.nonfinite import NonFiniteError, NonFiniteGuard
 from kiln.checkpoint.signals import StopOnSignal, any_rank
 from kiln.checkpoint.state import AppState
 from kiln.checkpoint.storage import CheckpointSaveError
+from kiln.config.identity import config_digest
 
 __all__ = [
     "AppState",

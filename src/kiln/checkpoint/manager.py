@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
-import hashlib
 import json
 import logging
 import os
@@ -55,13 +54,6 @@ log = logging.getLogger("kiln.checkpoint")
 MARKER = "kiln_complete.json"
 FORMAT_VERSION = 1
 _STEP_DIR = re.compile(r"^step_(\d{8,})$")
-
-
-def config_digest(cfg: Any) -> str:
-    """A short digest of a resolved config (dataclass), written into each completion marker."""
-    data = dataclasses.asdict(cfg) if dataclasses.is_dataclass(cfg) else cfg
-    text = json.dumps(data, sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def read_marker(path: Path) -> dict[str, Any] | None:

@@ -65,6 +65,9 @@ class NonFiniteGuard:
         self.group = process_group
         self.distributed = dist.is_available() and dist.is_initialized()
         self.reported = 0
+        self.counting = policy == "skip"
+        """Per-step device counters (skip mode, and any step captured in a CUDA graph) instead of
+        the row buffer `error` mode uses otherwise."""
         self._reset(0, 0)
         # `error` needs no per-step decision, only the first bad step when the host looks: each step
         # stores (loss, grad norm) in a row of a device buffer (one kernel; the flag/counter
@@ -75,8 +78,14 @@ class NonFiniteGuard:
 
     @property
     def needs_flag(self) -> bool:
-        """Whether the step must compute a per-step flag (only `skip` drops updates)."""
-        return self.policy == "skip"
+        """Whether the step must compute a per-step flag (`skip` drops updates; counters need it)."""
+        return self.counting
+
+    def use_counters(self) -> None:
+        """Keep device counters in `error` mode too: a CUDA graph replays the same kernels every
+        step, so it cannot write a new row of the buffer each time (the row index is a host
+        value); the counters take the step number from a device tensor instead."""
+        self.counting = True
 
     def _reset(self, count: int, run: int) -> None:
         def full(value: int) -> Tensor:
@@ -98,10 +107,12 @@ class NonFiniteGuard:
             bad = vote > 0
         return bad
 
-    def observe(self, loss: Tensor, grad_norm: Tensor | None, step: int, *, flag: Tensor | None = None) -> Tensor:
-        """Record step `step`; returns its flag (None in `error` mode, which decides at check()).
-        Pass `flag` when the step already computed it."""
-        if self.policy == "error":
+    def observe(self, loss: Tensor, grad_norm: Tensor | None, step: int | Tensor, *,
+                flag: Tensor | None = None) -> Tensor:
+        """Record step `step` (a host int, or a device int64 tensor inside a CUDA graph); returns its
+        flag (None in `error` mode without counters, which decides at check()). Pass `flag` when the
+        step already computed it."""
+        if not self.counting:
             i = len(self._row_steps)
             if i == self._rows.shape[0]:
                 self._rows = torch.cat([self._rows, torch.zeros_like(self._rows)])
@@ -113,11 +124,13 @@ class NonFiniteGuard:
         if flag is None:
             flag = self.flag(loss, grad_norm)
         flag = flag.to(self.device)
-        self._count = self._count + flag.to(torch.int64)
-        self._run = (self._run + 1) * flag.to(torch.int64)  # back to 0 on a finite step
-        self._first = torch.where(flag & (self._first == _NONE), step, self._first)
-        self._last = torch.where(flag, step, self._last)
-        self._limit = torch.where((self._run >= self.max_skips) & (self._limit == _NONE), step, self._limit)
+        bad = flag.to(torch.int64)
+        # In place: a CUDA graph replays these kernels on the same tensors every step.
+        self._count.add_(bad)
+        self._run.add_(1).mul_(bad)  # back to 0 on a finite step
+        self._first.copy_(torch.where(flag & (self._first == _NONE), step, self._first))
+        self._last.copy_(torch.where(flag, step, self._last))
+        self._limit.copy_(torch.where((self._run >= self.max_skips) & (self._limit == _NONE), step, self._limit))
         return flag
 
     def step_optimizer(self, optimizer: torch.optim.Optimizer, flag: Tensor,
@@ -152,7 +165,7 @@ class NonFiniteGuard:
     def check(self) -> dict[str, int]:
         """Raise NonFiniteError per the policy; else return counters for the metrics record.
         Under a process group, call on every rank at the same steps (it is collective)."""
-        if self.policy == "error":
+        if not self.counting:
             return self._check_rows()
         values = torch.stack([self._first, -self._count, self._limit, -self._run, -self._last])
         if self.distributed and self.policy == "error":

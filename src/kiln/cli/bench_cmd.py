@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import sys
 
 from kiln.cli.main import add_verbose_flag
 
-AXES = ("modes", "precisions", "backends", "scopes", "losses")
+AXES = ("modes", "precisions", "backends", "scopes", "losses", "cudagraphs", "regional", "baselines")
 
 
 def add_parser(sub) -> None:
@@ -26,11 +27,21 @@ def add_parser(sub) -> None:
     source.add_argument("--config", help="TOML config of the model/data/optimizer to benchmark")
     source.add_argument("--model", help="model spec (registry name, timm:<name>, hf:<...>, module:function)")
     p.add_argument("--preset", help="seed001-vit | seed000-levels (overrides and flags still apply)")
-    p.add_argument("--modes", action="append", help="compile modes, e.g. default,reduce-overhead")
+    p.add_argument("--modes", action="append",
+                   help="compile modes, e.g. default,reduce-overhead (eager is always the baseline; naming it is allowed)")
     p.add_argument("--precisions", action="append", help="fp32,bf16-mixed,fp16-mixed,bf16-true")
     p.add_argument("--backends", action="append", help="compile backends, e.g. inductor,aot_eager,cudagraphs")
     p.add_argument("--scopes", action="append", help="model,model/loss,model+loss,step")
     p.add_argument("--losses", action="append", help="task (the model's loss), distill (teacher KL + CE)")
+    p.add_argument("--cudagraphs", action="append", metavar="off,on",
+                   help="whole-step CUDA-graph capture (compile.cudagraphs) off and/or on for each recipe; "
+                        "'on' also adds eager with capture")
+    p.add_argument("--regional", action="append", metavar="off,on",
+                   help="scope-model recipes compiled whole and/or block by block (compile.regional)")
+    p.add_argument("--baseline", dest="baselines", action="append", metavar="plain",
+                   help="plain: add, for each mode, the loop a user writes by hand around torch.compile(model, mode)")
+    p.add_argument("--warm-start", action="store_true",
+                   help="also time each compiled recipe's compile from its saved cache artifacts (warm restart)")
     run_kind = p.add_mutually_exclusive_group()
     run_kind.add_argument("--train", dest="train", action="store_true", default=None, help="time training steps")
     run_kind.add_argument("--infer", dest="train", action="store_false", help="time inference forwards")
@@ -62,7 +73,7 @@ def plan(args: argparse.Namespace):
     """(options, preset or None) from the arguments; raises ConfigError on any bad input."""
     from kiln.bench.compile_bench import CompileBenchOptions
     from kiln.bench.presets import get_preset, plan_preset
-    from kiln.bench.recipes import Axes, check_axes, expand_matrix, recipe_config, split_values
+    from kiln.bench.recipes import EAGER, Axes, check_axes, expand_matrix, recipe_config, split_values
     from kiln.config import load_config
     from kiln.config.validate import validate_compile
     from kiln.precision import resolve_precision
@@ -83,6 +94,13 @@ def plan(args: argparse.Namespace):
         overrides.append(f"training.device={args.device}")
     cfg = load_config(args.config, overrides)
     given = {k: split_values(getattr(args, k)) for k in AXES if getattr(args, k) is not None}
+    eager_only = False
+    if "modes" in given and EAGER in given["modes"]:
+        # Eager is every table's baseline, always run: asking for it is fine, not an error.
+        given["modes"] = [m for m in given["modes"] if m != EAGER]
+        eager_only = not given["modes"]
+        print(f"kiln: --modes {EAGER}: eager is always run as the baseline of each precision"
+              + ("; running the eager rows only" if eager_only else "; not a compile mode, ignored"), file=sys.stderr)
     if preset:
         _, axes, recipes = plan_preset(preset.name, given)
     else:
@@ -92,9 +110,11 @@ def plan(args: argparse.Namespace):
         for key, values in given.items():
             setattr(axes, key, values)
         recipes = []
-    check_axes(axes, cfg)
+    check_axes(axes, cfg, eager_only=eager_only)
     if not preset:
         recipes = expand_matrix(axes)
+    if eager_only:
+        recipes = [r for r in recipes if not r.compiled]
     for recipe in recipes:
         if recipe.compiled:
             validate_compile(recipe_config(cfg, recipe))
@@ -103,7 +123,8 @@ def plan(args: argparse.Namespace):
         resolve_precision(precision, device)
     train = args.train if args.train is not None else (preset.train if preset else True)
     opts = CompileBenchOptions(cfg=cfg, recipes=recipes, train=train, steps=args.steps, warmup=args.warmup,
-                               accuracy_steps=args.accuracy_steps, fresh_cache=not args.warm_cache)
+                               accuracy_steps=args.accuracy_steps, fresh_cache=not args.warm_cache,
+                               warm_start=args.warm_start)
     return opts, preset
 
 
@@ -114,7 +135,7 @@ def _command(args: argparse.Namespace) -> str:
             parts += [f"--{flag}", getattr(args, flag)]
     for key in AXES:
         if getattr(args, key) is not None:
-            parts += [f"--{key}", ",".join(getattr(args, key))]
+            parts += ["--baseline" if key == "baselines" else f"--{key}", ",".join(getattr(args, key))]
     if args.train is not None:
         parts.append("--train" if args.train else "--infer")
     for flag in ("steps", "warmup", "accuracy_steps", "batch_size", "device", "out"):
@@ -123,6 +144,8 @@ def _command(args: argparse.Namespace) -> str:
             parts += [f"--{flag.replace('_', '-')}", str(value)]
     if args.warm_cache:
         parts.append("--warm-cache")
+    if args.warm_start:
+        parts.append("--warm-start")
     return shlex.join(parts + list(args.overrides))
 
 
@@ -154,6 +177,7 @@ def run_compile(args: argparse.Namespace) -> int:
         "base": dataclasses.asdict(cfg),
         "bench": {"preset": preset.name if preset else None, "train": opts.train, "steps": opts.steps,
                   "warmup": opts.warmup, "accuracy_steps": opts.accuracy_steps, "fresh_cache": opts.fresh_cache,
+                  "warm_start": opts.warm_start,
                   "recipes": [dataclasses.asdict(r) for r in opts.recipes], "device": str(device)},
     }
     written = write_compile_results(out, rows, env=collect_env(), config=config, command=_command(args), title=title)

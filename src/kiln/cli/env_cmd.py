@@ -7,7 +7,10 @@ import json
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("env", help="report torch, CUDA, GPUs, compilers, compile backends, recommendations")
+    p = sub.add_parser("env", help="report torch, CUDA, GPUs, compilers, compile backends, recommendations",
+                       description="What this machine offers kiln: torch and CUDA versions, GPUs (name, memory, "
+                       "compute capability), C/Triton compilers, torch.compile modes and backends, and recommended "
+                       "settings for it.")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(run=run)
 

@@ -14,7 +14,8 @@ def add_parser(sub) -> None:
         description="Train a model. Overrides use dotted config keys, e.g. training.steps=50 compile.enabled=true",
     )
     p.add_argument("--config", help="TOML config file (see configs/); defaults apply to missing keys")
-    p.add_argument("--run-dir", help="output directory (default: runs/<time>-<model>)")
+    p.add_argument("--run-dir", help="output directory (default: runs/<time>-<model>); the same command again continues "
+                   "a run that crashed there (checkpoint.resume=auto)")
     add_verbose_flag(p)
     d = p.add_argument_group("distributed (runs torchrun for you; `torchrun -m kiln train ...` works too)")
     d.add_argument("--nproc-per-node", type=int, help="processes on this node (one per GPU; gloo ranks on CPU)")
@@ -51,7 +52,8 @@ def _launch(args: argparse.Namespace, cfg) -> int:
     passthrough = (["--verbose"] if args.verbose else []) + (["--config", args.config] if args.config else [])
     passthrough += list(args.overrides)
     if spec.max_restarts > 0 and cfg.checkpoint.resume == "never":
-        # A restarted group should continue from the last checkpoint, not start over.
+        # A restarted group must continue from the last checkpoint, not start over (the parent
+        # checked the run dir above; an elastic restart skips that check).
         passthrough.append("checkpoint.resume=auto")
     code, failures = launch(spec, run_dir, passthrough)
     if code == 0:
@@ -82,6 +84,10 @@ def run(args: argparse.Namespace) -> int:
     except Exception as exc:  # cleaned up, summary written: say what, where, what was kept
         raise RunFailed(training_report(trainer, exc)) from exc
     if not trainer.dist.is_main:
+        return 0
+    if summary.get("already_complete"):
+        print(f"kiln: {trainer.run_dir} already holds the completed run of this config ({summary['steps']} steps); "
+              "nothing to do. Choose a new --run-dir to train again.")
         return 0
     rate = summary.get("tokens_per_s") and f"{summary['tokens_per_s']:.0f} tokens/s" or (
         f"{summary['samples_per_s']:.0f} samples/s"

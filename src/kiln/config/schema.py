@@ -129,6 +129,12 @@ class CompileConfig:
     """What is compiled: `model`, `model+loss`, or `step` (forward, loss and optimizer update)."""
     regional: bool = False
     """Compile each repeated block (transformer layer) separately instead of the whole model: much faster compile, similar speed."""
+    cudagraphs: bool = False
+    """Capture the whole optimizer step (forward, loss, backward, clipping, non-finite guard, optimizer update, LR schedule) in one CUDA graph and replay it every step; with `enabled` the compiled code is captured, without it the eager kernels. Needs one process on CUDA and a fixed batch shape; otherwise (or if capture fails, e.g. on a host sync) the normal step runs and the reason is logged."""
+    cache_dir: str = ""
+    """Where compiled kernels are cached (inductor and Triton caches): empty for kiln's cache dir (`$KILN_CACHE_DIR` or `~/.cache/kiln/compile`), `torch` for torch's own default, or a path."""
+    save_cache: bool = True
+    """Save torch.compile's cache artifacts with the run (`compile_cache.bin`, torch >= 2.7) and load them on resume or restart, so a warm start skips most of the compile."""
 
 
 @dataclass(kw_only=True)
@@ -173,8 +179,8 @@ class DistributedConfig:
 class CheckpointConfig:
     interval: int = 0
     """Save every N optimizer steps; 0 saves only at the end (and on SIGTERM/SIGINT)."""
-    resume: str = "never"
-    """`never`, `auto` (newest complete checkpoint in the run dir, if any), or the path of a checkpoint directory."""
+    resume: str = "auto"
+    """`auto` (continue the run dir's run from its newest complete checkpoint when the config is the same; a run of another config there is refused), `never` (refuse a run dir that holds a run), or the path of a checkpoint directory to start from."""
     keep: int = 3
     """Number of newest complete checkpoints kept; older ones are deleted."""
     async_save: bool = False

@@ -57,6 +57,9 @@ class RawRecompile:
     reason: str
     place: Place | None
     entries_checked: int
+    code_id: int = 0
+    """id() of the code object that recompiled, and `ordinal`: this miss's index among its misses."""
+    ordinal: int = 0
 
 
 def op_name(node: torch.fx.Node) -> str:
@@ -143,6 +146,15 @@ class DynamoCapture:
         for code, reasons in list(failures.items()):
             self.recompiles.extend(_group_recompiles(code, list(reasons)))
 
+    @staticmethod
+    def recompile_counts() -> dict[int, int]:
+        """Recompiles so far per code object (id -> count); snapshots taken between calls tell
+        which call caused which recompile (guard_failures is only grouped at `collect`)."""
+        from torch._dynamo import utils as dynamo_utils
+
+        failures = getattr(dynamo_utils, "guard_failures", {})
+        return {id(code): len(_group_recompiles(code, list(reasons))) for code, reasons in list(failures.items())}
+
 
 def _parse_break_log(message: str) -> RawBreak | None:
     """One graph_breaks log message -> a break (formats of torch 2.6 .. 2.13)."""
@@ -179,7 +191,7 @@ def _group_recompiles(code: Any, reasons: list[str]) -> list[RawRecompile]:
         events[-1].append((idx, body))
         last = idx
     out = []
-    for event in events:
+    for ordinal, event in enumerate(events):
         body = event[0][1]
         guard_text, _, stack = body.partition("User stack trace:")
         guard = guard_text.strip().splitlines()[0] if guard_text.strip() else body
@@ -188,7 +200,7 @@ def _group_recompiles(code: Any, reasons: list[str]) -> list[RawRecompile]:
         if place is None:
             file, line = code.co_filename, code.co_firstlineno
             place = Place(file, line, source_line(file, line), code.co_name)
-        out.append(RawRecompile(code.co_name, guard, body.strip(), place, len(event)))
+        out.append(RawRecompile(code.co_name, guard, body.strip(), place, len(event), id(code), ordinal))
     return out
 
 

@@ -52,9 +52,9 @@ def _break_dict(raw: RawBreak) -> dict[str, Any]:
     }
 
 
-def _recompile_dicts(capture: DynamoCapture) -> list[dict[str, Any]]:
+def _recompile_dicts(recompiles: list, source: str = "your inputs") -> list[dict[str, Any]]:
     out = []
-    for rc in capture.recompiles:
+    for rc in recompiles:
         category, hint = classify.classify_guard(rc.guard)
         place = rc.place
         out.append({
@@ -67,8 +67,46 @@ def _recompile_dicts(capture: DynamoCapture) -> list[dict[str, Any]]:
             "function": rc.function,
             "hint": hint,
             "entries_checked": rc.entries_checked,
+            "source": source,
         })
     return out
+
+
+_PROBE_TOPICS = {"batch": "your batch size changes", "scalars": "your Python number arguments change",
+                 "dtype": "your input dtypes change", "autocast": "you call it under autocast"}
+
+
+def _topic(kind: str) -> str:
+    return _PROBE_TOPICS.get(kind, f"dimension {kind[3:]} of your inputs changes" if kind.startswith("dim") else kind)
+
+
+def _probe_results(probes: list[tuple[Variant, list]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(probe reports, problems) from the `--vary` calls kiln made, grouped by kind.
+
+    The first change of a kind is expected to recompile once (per compiled function) and, for
+    sizes and numbers, to leave a dynamic graph behind (automatic dynamic shapes); a later change
+    that recompiles again means every new value recompiles, a problem the user's run would meet
+    if that input changes. Those recompiles are returned as problems; the rest is the probe's."""
+    by_kind: dict[str, list[tuple[Variant, list]]] = {}
+    for variant, rcs in probes:
+        by_kind.setdefault(variant.label.split("=", 1)[0], []).append((variant, rcs))
+    reports, problems = [], []
+    for kind, calls in by_kind.items():
+        first = _recompile_dicts(calls[0][1], f"--vary {calls[0][0].label}")
+        later = [d for variant, rcs in calls[1:] for d in _recompile_dicts(rcs, f"--vary {variant.label}")]
+        topic = _topic(kind)
+        if later:
+            verdict = f"if {topic}: every new value recompiles (see the recompiles table)"
+            problems += later
+        elif not first:
+            verdict = f"if {topic}: no recompile"
+        elif len(calls) == 1:
+            verdict = f"if {topic}: one recompile (expected)"
+        else:
+            verdict = f"if {topic}: one recompile, then a dynamic graph (expected)"
+        reports.append({"vary": kind, "variants": [v.label for v, _ in calls], "expected": not later,
+                        "verdict": verdict, "recompiles": first + later})
+    return reports, problems
 
 
 def _graph_dicts(capture: DynamoCapture) -> list[dict[str, Any]]:
@@ -164,6 +202,7 @@ def explain_target(
                 notes.append(f"--vary {variant.label} left out: the model rejects it without compile ({first_line(exc)})")
         run_log: list[dict[str, Any]] = []
         main_graphs = main_backward = 0
+        counts_after: list[dict[int, int]] = []  # recompiles per code object after each call
         with capture_dynamo() as cap:
             compiled = torch.compile(module, backend=cap.backend(backend, train))
             for i, variant in enumerate(runs):
@@ -176,10 +215,20 @@ def explain_target(
                 if i == 0:
                     main_graphs = sum(1 for g in cap.graphs if g.kind == "dynamo")
                     main_backward = sum(1 for g in cap.graphs if g.kind == "aot_backward")
+                counts_after.append(cap.recompile_counts())
                 run_log.append(entry)
         blocker = _fullgraph_blocker(module, base, backend, train, printed) if fullgraph_check else None
 
     breaks = [_break_dict(b) for b in cap.breaks]
+    # Which call caused each recompile: the user's own inputs, or a --vary probe of kiln's.
+    per_run: list[list] = [[] for _ in runs]
+    for rc in cap.recompiles:
+        i = next((i for i, c in enumerate(counts_after) if c.get(rc.code_id, 0) > rc.ordinal), len(runs) - 1)
+        per_run[i].append(rc)
+    is_probe = [any(run is v for v in variants) for run in runs]
+    own = [rc for i, rcs in enumerate(per_run) if not is_probe[i] for rc in rcs]
+    probe_reports, probe_problems = _probe_results([(runs[i], rcs) for i, rcs in enumerate(per_run) if is_probe[i]])
+    recompiles = _recompile_dicts(own) + probe_problems
     dynamo_graphs = [g for g in cap.graphs if g.kind == "dynamo"]
     if not fullgraph_check:
         blocker = breaks[0] if breaks else None
@@ -195,7 +244,9 @@ def explain_target(
         "graph_count": main_graphs,
         "graph_break_count": len(breaks),
         "breaks": breaks,
-        "recompiles": _recompile_dicts(cap),
+        "recompiles": recompiles,
+        "probes": probe_reports,
+        "clean": not breaks and not recompiles and all(run["status"] == "ok" for run in run_log),
         "ops_per_graph": [len(g.ops) for g in dynamo_graphs[:main_graphs]],
         "graphs": _graph_dicts(cap),
         "graphs_compiled_total": len(dynamo_graphs),

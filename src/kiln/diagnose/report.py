@@ -28,9 +28,15 @@ def _summary_line(r: dict[str, Any]) -> Text:
     text.append(f"{r['target']}", style="bold")
     text.append(f"  torch {r['torch']}, backend {r['backend']}{', --train' if r['train'] else ''}, inputs "
                 f"{' '.join(r['inputs'])} ({r['input_source']})\n")
-    style = "green" if r["graph_break_count"] == 0 else "yellow"
-    text.append(f"{r['graph_count']} graph(s), {r['graph_break_count']} graph break(s)", style=style)
-    text.append(f", {len(r['recompiles'])} recompile(s), ops per graph {r['ops_per_graph']}")
+    if r.get("clean"):
+        text.append("clean: no graph breaks and no recompiles on these inputs", style="bold green")
+        text.append(f" ({r['graph_count']} graph(s), ops per graph {r['ops_per_graph']})")
+    else:
+        style = "green" if r["graph_break_count"] == 0 else "yellow"
+        text.append(f"{r['graph_count']} graph(s), {r['graph_break_count']} graph break(s)", style=style)
+        style = "green" if not r["recompiles"] else "yellow"
+        text.append(f", {len(r['recompiles'])} recompile problem(s)", style=style)
+        text.append(f", ops per graph {r['ops_per_graph']}")
     if r.get("backward_ops_per_graph"):
         text.append(f", backward ops per graph {r['backward_ops_per_graph']}")
     verdict = "yes" if r["fullgraph_ok"] else "no"
@@ -76,6 +82,18 @@ def _recompiles_table(recompiles: list[dict[str, Any]]) -> Table:
     return table
 
 
+def _probes_table(probes: list[dict[str, Any]]) -> Table:
+    """What kiln's `--vary` calls showed: expected behaviour, not problems, unless marked."""
+    table = Table(title="If your inputs change (kiln's --vary probes)", show_lines=False, expand=True)
+    table.add_column("changed", ratio=2)
+    table.add_column("calls", ratio=3)
+    table.add_column("what torch.compile does", ratio=6)
+    for p in probes:
+        style = "green" if p["expected"] else "yellow"
+        table.add_row(p["vary"], ", ".join(p["variants"]), Text(p["verdict"], style=style))
+    return table
+
+
 def _expectations_table(rows: list[dict[str, Any]], doctor: bool = False) -> Table:
     table = Table(title="Seed expectations vs this torch", show_lines=True, expand=True)
     table.add_column("construct", ratio=2)
@@ -102,6 +120,8 @@ def render_explain(r: dict[str, Any]) -> Group:
         parts.append(_breaks_table([r["fullgraph_blocker"]]))
     if r["recompiles"]:
         parts.append(_recompiles_table(r["recompiles"]))
+    if r.get("probes"):
+        parts.append(_probes_table(r["probes"]))
     for c in r.get("collectives", []):
         parts.append(Text(f"collective {c['op']} in graph {c['graph']} at {_where(c.get('file'), c.get('line'))}: "
                           f"{c.get('code', '')}\n  {c['hint']}", style="magenta"))

@@ -190,8 +190,11 @@ class ConsoleSink(MetricsSink):
                 self._progress.update(self._task, stats=stats)
             self._progress.refresh()
         else:
-            # markup/highlight off: metric names must print as written, not as rich markup.
-            self.console.print(format_record(record, self.total_steps), markup=False, highlight=False)
+            # A log file or pipe gets one record per line, never wrapped: written as plain text,
+            # not through rich (which wraps at its width, 80 columns when it cannot ask a terminal).
+            out = self.console.file
+            out.write(format_record(record, self.total_steps) + "\n")
+            out.flush()
 
     def close(self) -> None:
         if self._progress is not None:

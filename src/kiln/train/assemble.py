@@ -14,8 +14,9 @@ from torch import Tensor
 from kiln.config.schema import Config
 from kiln.distributed.apply import apply_parallel
 from kiln.precision import PrecisionPolicy, make_grad_scaler, with_precision
+from kiln.train.capture import CapturedStep, capture_problem, scaler_problem
 from kiln.train.losses import build_forward_loss
-from kiln.train.optim import build_optimizer, build_scheduler
+from kiln.train.optim import DeviceSchedule, build_optimizer, build_scheduler
 from kiln.train.step import TrainStep
 
 
@@ -30,7 +31,7 @@ def build_train_step(
     *,
     loss_builder: Callable[[torch.nn.Module], Callable[[Tensor, Tensor], Tensor]] | None = None,
     guard=None,
-) -> TrainStep:
+) -> TrainStep | CapturedStep:
     """Compile and parallelise `model` (see kiln.distributed.apply for the order), then build the
     optimizer, LR schedule, grad scaler and the step function around it. `step.model` is the
     model to call (a DDP wrapper under DDP; FSDP2 shards in place).
@@ -40,19 +41,29 @@ def build_train_step(
     kiln.checkpoint.NonFiniteGuard) flags non-finite steps and, in `skip` mode, drops them."""
     model, grad_sync = apply_parallel(model, blocks, cfg, policy, device, strategy)
     build = loss_builder if loss_builder is not None else (lambda m: build_forward_loss(m, task))
-    forward_loss = with_precision(build(model), policy, device)
-    # A compiled optimizer step reads the LR from a tensor, so the schedule causes no recompiles.
-    lr_as_tensor = cfg.compile.enabled and cfg.compile.scope == "step"
-    optimizer = build_optimizer(model, cfg.optim, device, lr_as_tensor=lr_as_tensor, param_dtype=policy.param_dtype)
+    reason = capture_problem(device, strategy) if cfg.compile.cudagraphs else None
+    captured = cfg.compile.cudagraphs and reason is None
+    forward_loss = with_precision(build(model), policy, device, cache=not captured)
+    # The optimizer implementation follows what runs the update (see build_optimizer): traced by
+    # torch.compile (scope step), recorded into kiln's CUDA graph, or called eagerly.
+    compiled_update = cfg.compile.enabled and cfg.compile.scope == "step"
+    purpose = "compiled" if compiled_update else "captured" if captured else "eager"
+    optimizer = build_optimizer(model, cfg.optim, device, param_dtype=policy.param_dtype, purpose=purpose)
     scheduler = build_scheduler(optimizer, cfg.optim, cfg.training.steps)
-    return TrainStep(
+    scaler = make_grad_scaler(policy, device)
+    step = TrainStep(
         model,
         forward_loss,
         optimizer,
         scheduler,
         grad_clip=cfg.training.grad_clip,
-        scaler=make_grad_scaler(policy, device),
+        scaler=scaler,
         compile_cfg=cfg.compile,
         grad_sync=grad_sync,
         guard=guard,
     )
+    if not cfg.compile.cudagraphs:
+        return step
+    reason = reason or scaler_problem(optimizer, scaler)
+    schedule = DeviceSchedule(optimizer, scheduler, cfg.optim, cfg.training.steps) if reason is None else None
+    return CapturedStep(step, schedule, reason=reason)

@@ -39,17 +39,35 @@ def build_optimizer(
     *,
     lr_as_tensor: bool = False,
     param_dtype: torch.dtype = torch.float32,
+    purpose: str = "eager",
 ) -> torch.optim.Optimizer:
-    """`lr_as_tensor` keeps the LR in a tensor so a compiled optimizer step does not recompile
-    when the scheduler changes it."""
+    """The implementation follows what runs the update (`purpose`):
+
+    - `eager`: fused AdamW on CUDA (one kernel for all parameters), foreach/for-loop elsewhere;
+    - `compiled`: the update is traced by torch.compile (compile.scope=step): foreach with
+      `capturable=True` and the LR in a tensor, which dynamo traces without graph breaks and
+      inductor fuses (PyTorch recipe "compiling the optimizer"); a fused kernel is opaque to it;
+    - `captured`: the update is recorded into a CUDA graph (compile.cudagraphs): `capturable=True`
+      (step counts and LR on the device), fused where it would be in eager.
+
+    `lr_as_tensor` keeps the LR in a tensor, so a compiled update does not recompile when the
+    schedule changes it and a captured one reads it from the device."""
     groups = param_groups(model, cfg.weight_decay)
+    lr_as_tensor = lr_as_tensor or purpose != "eager"
     lr: float | torch.Tensor = torch.tensor(cfg.lr, device=device) if lr_as_tensor else cfg.lr
+    capturable = purpose != "eager" and device.type == "cuda"
+    fused = purpose != "compiled" and _use_fused(cfg, device, param_dtype)
     if cfg.name == "adamw":
-        fused = _use_fused(cfg, device, param_dtype)
-        extra: dict = {"fused": True} if fused else {"foreach": not lr_as_tensor}
+        extra: dict = {"fused": True} if fused else {"foreach": capturable or not lr_as_tensor}
+        if capturable:
+            extra["capturable"] = True
         return torch.optim.AdamW(groups, lr=lr, betas=tuple(cfg.betas), eps=cfg.eps, **extra)
     if cfg.name == "sgd":
-        return torch.optim.SGD(groups, lr=lr, momentum=cfg.momentum, foreach=not lr_as_tensor)
+        # SGD has no capturable flag; a tensor LR stays on the device only in the fused kernel
+        # (foreach turns it into a host scalar) or when compiled.
+        on_graph = purpose == "captured" and device.type == "cuda"
+        extra = {"fused": True} if on_graph else {"foreach": purpose == "compiled" or not lr_as_tensor}
+        return torch.optim.SGD(groups, lr=lr, momentum=cfg.momentum, **extra)
     raise ValueError(f"unknown optimizer {cfg.name!r}")
 
 
@@ -65,6 +83,55 @@ def lr_factor(step: int, total_steps: int, cfg: OptimConfig) -> float:
     if cfg.schedule == "cosine":
         return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
     return floor + (1 - floor) * (1 - progress)
+
+
+def lr_factor_tensor(step: torch.Tensor, total_steps: int, cfg: OptimConfig) -> torch.Tensor:
+    """`lr_factor` computed on the device from a float64 step tensor (0-based), so a captured CUDA
+    graph can advance the schedule itself: same formula, same float64 arithmetic."""
+    one = torch.ones_like(step)
+    if cfg.schedule == "constant":
+        after = one
+    else:
+        decay_steps = max(1, total_steps - cfg.warmup_steps)
+        progress = ((step - cfg.warmup_steps) / decay_steps).clamp(max=1.0)
+        floor = cfg.min_lr_ratio
+        if cfg.schedule == "cosine":
+            after = floor + (1 - floor) * 0.5 * (1 + torch.cos(math.pi * progress))
+        else:
+            after = floor + (1 - floor) * (1 - progress)
+    if not cfg.warmup_steps:
+        return after
+    return torch.where(step < cfg.warmup_steps, (step + 1) / cfg.warmup_steps, after)
+
+
+class DeviceSchedule:
+    """The LR schedule advanced on the device: the optimizer's LR tensors are rewritten from a
+    device step counter, with no host value involved, so it can live inside a CUDA graph. The
+    host-side LambdaLR only keeps its step count (for checkpoints); `sync_from_host` sets the
+    device counter from it (at start and after a resume)."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, scheduler, cfg: OptimConfig, total_steps: int) -> None:
+        self.optimizer, self.scheduler = optimizer, scheduler
+        self.cfg, self.total_steps = cfg, total_steps
+        self.lrs = [group["lr"] for group in optimizer.param_groups]
+        if not all(isinstance(lr, torch.Tensor) for lr in self.lrs):
+            raise ValueError("DeviceSchedule needs the optimizer's LR in tensors (build_optimizer(lr_as_tensor=True))")
+        self.base = [float(b) for b in scheduler.base_lrs]
+        self.step = torch.zeros((), dtype=torch.float64, device=self.lrs[0].device)
+
+    def sync_from_host(self) -> None:
+        self.step.fill_(float(self.scheduler.last_epoch))
+
+    def advance(self) -> None:
+        """Device ops only: step += 1, then each group's LR = base * factor(step)."""
+        self.step.add_(1)
+        factor = lr_factor_tensor(self.step, self.total_steps, self.cfg)
+        for lr, base in zip(self.lrs, self.base):
+            lr.copy_(factor * base)
+
+    def host_step(self) -> None:
+        """Keep the host scheduler's count in step with the device (no device work)."""
+        self.scheduler.last_epoch += 1
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, total_steps: int):

@@ -10,15 +10,16 @@ import torch
 
 from kiln.config.errors import ConfigError
 from kiln.config.schema import Config
-from kiln.train.runtime import check_run_dir
+from kiln.train.rundir import check_run_dir
 
 log = logging.getLogger("kiln.train")
 
 
 def preflight(cfg: Config, run_dir: Path) -> None:
-    """Config was validated on load; here: the run dir, the model factory and its arguments
+    """Config was validated on load; here: the run dir (another config's run there is refused,
+    see kiln.train.rundir), the model factory and its arguments
     (built on the meta device: no memory, no compute), file data, and FSDP2 support."""
-    check_run_dir(run_dir)
+    check_run_dir(run_dir, cfg, cfg.checkpoint.resume)
     from kiln.models import build_model
 
     try:

@@ -15,9 +15,6 @@ import torch
 
 from kiln.config.errors import ConfigError
 
-# Files whose presence means a directory already holds a run that must not be overwritten.
-RUN_MARKERS = ("summary.json", "metrics.jsonl", "checkpoints")
-
 
 def resolve_device(spec: str) -> torch.device:
     if spec == "auto":
@@ -79,15 +76,6 @@ def default_run_dir(model_name: str, root: str | Path = "runs") -> Path:
         n += 1
         path = Path(root) / f"{stamp}-{slug}-{n}"
     return path
-
-
-def check_run_dir(path: Path) -> None:
-    """Refuse a directory that already holds a run: its files would be overwritten."""
-    if path.exists() and not path.is_dir():
-        raise ConfigError("--run-dir", f"{path} exists and is not a directory")
-    held = [m for m in RUN_MARKERS if (path / m).exists()]
-    if held:
-        raise ConfigError("--run-dir", f"{path} already holds a run ({', '.join(held)}); choose a new directory")
 
 
 def synchronize(device: torch.device) -> None:

@@ -7,6 +7,7 @@ tensors, and the trainer reads them at log intervals only, so the CPU can run ah
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Callable
 
 import torch
@@ -17,6 +18,17 @@ from kiln.config.schema import CompileConfig
 from kiln.distributed.env import all_reduce_sum
 
 
+def uses_cudagraph_trees(cfg: CompileConfig | None) -> bool:
+    """Whether torch.compile records its own CUDA graphs (cudagraph trees) for this config."""
+    if cfg is None or not cfg.enabled or cfg.backend != "inductor":
+        return cfg is not None and cfg.enabled and cfg.backend == "cudagraphs"
+    if cfg.options:
+        return bool(cfg.options.get("triton.cudagraphs"))
+    import torch._inductor
+
+    return bool(torch._inductor.list_mode_options().get(cfg.mode or "default", {}).get("triton.cudagraphs"))
+
+
 class TrainStep:
     """One optimizer step over `grad_accum_steps` micro-batches.
 
@@ -24,7 +36,14 @@ class TrainStep:
     as device tensors: `grad_norm` is None when neither clipping, the non-finite guard nor the
     caller needs it; `flag` (a device bool: loss or gradient norm not finite) is None without a
     guard. With a guard in `skip` mode a non-finite update is dropped on the device.
+
+    Under a compile mode that records CUDA graphs (reduce-overhead, max-autotune) each step begins
+    with `torch.compiler.cudagraph_mark_step_begin()` and the values handed back are copies: a
+    graph's outputs are overwritten by its next replay (PyTorch "CUDAGraph Trees" docs).
     """
+
+    observes_guard = False
+    """The caller records each step with the guard (a captured step does it inside its graph)."""
 
     def __init__(
         self,
@@ -50,12 +69,25 @@ class TrainStep:
         self._grad_sync = grad_sync or (lambda is_last: contextlib.nullcontext())
 
         self._loss_fn = forward_loss
-        self._update_fn = self._update
         scope = compile_cfg.scope if compile_cfg is not None and compile_cfg.enabled else None
+        self._trees = uses_cudagraph_trees(compile_cfg) and not compile_cfg.cudagraphs
         if scope in ("model+loss", "step"):
             self._loss_fn = compile_function(forward_loss, compile_cfg)
+        # Scope `step` compiles the update as one graph: norm/clip, guard flag and the optimizer's
+        # own step function, traced whole. Two things keep it whole: the optimizer is called
+        # through its undecorated step (torch's `_use_grad` wrapper inserts graph breaks on purpose,
+        # pytorch#104053, and LR schedulers wrap `step` in a function dynamo skips), under
+        # no_grad set by the caller; and zero_grad stays outside (dynamo skips it). A GradScaler or
+        # the `skip` policy decide on the host whether to apply an update, so with them only the
+        # norm and flag are compiled and the update runs eagerly.
+        self._update_in_graph = scope == "step" and scaler is None and not (guard is not None and guard.needs_flag)
+        self._norm_compiled = scope == "step"
+        self._norm_fn = self._norm_and_flag
+        self._update_fn = self._graph_update
         if scope == "step":
-            self._update_fn = compile_function(self._update, compile_cfg)
+            self._norm_fn = compile_function(self._norm_and_flag, compile_cfg)
+            self._update_fn = compile_function(self._graph_update, compile_cfg)
+            optimizer._opt_called = True  # what the scheduler's wrapper would record (we bypass it)
 
     def _grad_norm(self) -> Tensor:
         grads = [p.grad for p in self.params if p.grad is not None]
@@ -63,27 +95,47 @@ class TrainStep:
             return torch.nn.utils.get_total_norm(grads, foreach=True)
         return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
 
-    def _update(self, loss: Tensor, want_grad_norm: bool) -> tuple[Tensor | None, Tensor | None]:
+    def _norm_and_flag(self, loss: Tensor, want_grad_norm: bool) -> tuple[Tensor | None, Tensor | None]:
         norm = flag = None
         if self.grad_clip > 0:
             norm = torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip, foreach=True)
         elif want_grad_norm or self.guard is not None:
             norm = self._grad_norm()
-        if self.guard is not None:
+        if self.guard is not None and self.guard.needs_flag:
             # Under a GradScaler an inf gradient is a routine overflow the scaler skips; only the
             # loss then says the run diverged.
-            if self.guard.needs_flag:
-                flag = self.guard.flag(loss, None if self.scaler is not None else norm)
+            flag = self.guard.flag(loss, None if self.scaler is not None else norm)
+        return norm, flag
+
+    def _apply(self, flag: Tensor | None) -> None:
+        if self.guard is not None:
             self.guard.step_optimizer(self.optimizer, flag, self.scaler)
         elif self.scaler is not None:
             self.scaler.step(self.optimizer)
             self.scaler.update()
         else:
             self.optimizer.step()
+
+    def _graph_update(self, loss: Tensor) -> tuple[Tensor | None, Tensor | None]:
+        """Norm, clip and the optimizer update in one traceable function (scope `step`)."""
+        norm, flag = self._norm_and_flag(loss, True)
+        inspect.unwrap(type(self.optimizer).step)(self.optimizer)
+        return norm, flag
+
+    def _update(self, loss: Tensor, want_grad_norm: bool) -> tuple[Tensor | None, Tensor | None]:
+        if self._update_in_graph:
+            with torch.no_grad():  # entered outside the graph, so AOT sees an inference graph
+                norm, flag = self._update_fn(loss)
+        else:
+            # A compiled norm always computes the norm: a flag argument that flips at log steps
+            # would recompile it.
+            norm, flag = self._norm_fn(loss, want_grad_norm or self._norm_compiled)
+            self._apply(flag)
         self.optimizer.zero_grad(set_to_none=True)
         return norm, flag
 
-    def __call__(self, micro_batches: list[tuple[Tensor, Tensor]], want_grad_norm: bool = False):
+    def run(self, micro_batches: list[tuple[Tensor, Tensor]], want_grad_norm: bool = False):
+        """Everything of a step but the LR schedule: forward, loss, backward, clip, guard, update."""
         n = len(micro_batches)
         total = None
         for i, (inputs, targets) in enumerate(micro_batches):
@@ -94,12 +146,23 @@ class TrainStep:
                     scaled = self.scaler.scale(scaled)
                 scaled.backward()
             detached = loss.detach()
+            if self._trees:
+                detached = detached.clone()
             total = detached if total is None else total + detached
         mean = total / n if n > 1 else total
         if self.scaler is not None:
             # Clip the true gradients, not the scaled ones; unscale_ records inf/NaN on the device.
             self.scaler.unscale_(self.optimizer)
-        norm, flag = self._update_fn(mean, want_grad_norm)
+        norm, flag = self._update(mean, want_grad_norm)
+        if self._trees:
+            norm = norm.clone() if norm is not None else None
+            flag = flag.clone() if flag is not None else None
+        return mean, norm, flag
+
+    def __call__(self, micro_batches: list[tuple[Tensor, Tensor]], want_grad_norm: bool = False):
+        if self._trees:
+            torch.compiler.cudagraph_mark_step_begin()
+        mean, norm, flag = self.run(micro_batches, want_grad_norm)
         self.scheduler.step()
         return mean, norm, flag
 

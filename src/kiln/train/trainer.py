@@ -7,6 +7,7 @@ dir (rank 0) and trains. One process and N torchrun ranks run the same code.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -17,6 +18,7 @@ import torch
 
 from kiln.checkpoint import AppState, Checkpointer, NonFiniteGuard, StopOnSignal, any_rank, config_digest
 from kiln.compile import compile_counters
+from kiln.compile_cache import ARTIFACTS_FILE, compile_cache_dir, load_artifacts, save_artifacts
 from kiln.config.errors import ConfigError
 from kiln.config.load import save_config
 from kiln.config.schema import Config
@@ -42,8 +44,14 @@ from kiln.train.faults import inject, planned_fault
 from kiln.train.losses import build_eval_fn, build_forward_loss
 from kiln.train.meter import IntervalMeter
 from kiln.train.optim import current_lr
-from kiln.train.runtime import (
+from kiln.train.rundir import (
+    RunDirLock,
+    already_complete_summary,
     check_run_dir,
+    checkpoint_step,
+    no_checkpoint_decision,
+)
+from kiln.train.runtime import (
     default_run_dir,
     deterministic_mode,
     resolve_device,
@@ -65,13 +73,9 @@ class Trainer:
         self.run_dir = Path(run_dir) if run_dir is not None else default_run_dir(cfg.model.name)
         if multi and run_dir is None:
             raise ConfigError("--run-dir", "several ranks need one run dir chosen up front; pass --run-dir")
-        # An elastic restart (or an explicit resume) continues in a run dir that holds a run.
-        restarting = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
-        if self.dist.is_main and cfg.checkpoint.resume == "never" and not restarting:
-            check_run_dir(self.run_dir)
         self.checkpointer = Checkpointer(self.run_dir, cfg.checkpoint, rank=self.dist.rank,
                                          world_size=self.dist.world_size, config_digest=config_digest(cfg))
-        self.resume_path = self.checkpointer.resolve_resume(cfg.checkpoint.resume)
+        self.resume_path, self.already_complete = self._resolve_run_dir()
         seed_everything(cfg.training.seed)  # same seed on every rank: identical initial weights
         built = build_model(cfg.model)
         self.built = built
@@ -100,6 +104,39 @@ class Trainer:
         self.summary_error: OSError | None = None
         self.cleanup_errors: list[tuple[str, BaseException]] = []
 
+    def _resolve_run_dir(self) -> tuple[Path | None, bool]:
+        """(checkpoint to resume from or None, whether the run is already complete), deciding what
+        to do with a run dir that holds a run (kiln.train.rundir). Every rank decides (read-only),
+        so bad input stops all of them before the process group forms."""
+        resume = self.cfg.checkpoint.resume
+        # An elastic restart continues the group's own run: nothing to compare.
+        restarting = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+        note = "restart" if restarting else check_run_dir(self.run_dir, self.cfg, resume)
+        if resume == "auto" and note is None:
+            return None, False  # nothing there yet: a fresh start
+        path = self.checkpointer.resolve_resume(resume)
+        if path is not None and resume == "auto" and checkpoint_step(path) >= self.cfg.training.steps:
+            return path, True
+        if note == "same config":
+            if path is None:
+                log.warning(no_checkpoint_decision(self.run_dir))
+            else:
+                log.info("%s holds an unfinished run of this config: continuing it", self.run_dir)
+        return path, False
+
+    def _save_compile_cache(self, path: Path) -> bool:
+        """Save torch's compile artifacts with the run (rank 0; once), for a warm resume/restart."""
+        if not self.dist.is_main:
+            return True
+        try:
+            count = save_artifacts(path)
+        except Exception as exc:  # a cache is an optimisation: never fail the run over it
+            log.warning("compile cache not saved (%s: %s)", type(exc).__name__, exc)
+            return True
+        if count:
+            log.info("saved %d compile cache artifacts to %s", count, path)
+        return True
+
     # -- one-time measurements --------------------------------------------------------------
     def _count_flops(self, batch) -> int | None:
         """FLOPs of one optimizer step on one device, counted on the eager, unwrapped model."""
@@ -117,6 +154,8 @@ class Trainer:
     # -- the run ----------------------------------------------------------------------------
     def fit(self) -> dict[str, Any]:
         cfg, main = self.cfg, self.dist.is_main
+        if self.already_complete:  # nothing to train, nothing written
+            return already_complete_summary(self.run_dir, self.resume_path)
         if self.dist.world_size > 1 or self.dist.launched:
             init_process_group(self.dist, self.device, backend_for(self.device, cfg.distributed.backend),
                                cfg.distributed.timeout_s, run_dir=self.run_dir)
@@ -124,8 +163,10 @@ class Trainer:
             from kiln.distributed.numa import bind_to_gpu_numa_node
 
             log.info(bind_to_gpu_numa_node(self.device))
+        lock = contextlib.ExitStack()
         if main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
+            lock.enter_context(RunDirLock(self.run_dir))  # a second kiln in this dir is refused
             save_config(cfg, self.run_dir / "config.toml")
             if self.resume_path is None:  # a fresh start (or a restart with no checkpoint yet)
                 (self.run_dir / "metrics.jsonl").unlink(missing_ok=True)
@@ -134,7 +175,8 @@ class Trainer:
         summary: dict[str, Any] = {"status": "running", "steps": 0, "run_dir": str(self.run_dir)}
         started = time.perf_counter()
         try:
-            with tf32_enabled(cfg.precision.tf32), deterministic_mode(cfg.training.deterministic):
+            with tf32_enabled(cfg.precision.tf32), deterministic_mode(cfg.training.deterministic), \
+                    compile_cache_dir(cfg.compile.cache_dir if cfg.compile.enabled else "torch"):
                 summary.update(self._train(sinks))
             self.checkpointer.close()  # completes an in-flight async save: its failure fails the run
             summary["status"] = "stopped" if summary.get("stopped_by") else "completed"
@@ -145,10 +187,10 @@ class Trainer:
                 summary["error"] = short_error(exc, 2000)
             raise
         finally:
-            self._finish(summary, sinks, started)
+            self._finish(summary, sinks, started, lock)
         return summary
 
-    def _finish(self, summary: dict[str, Any], sinks, started: float) -> None:
+    def _finish(self, summary: dict[str, Any], sinks, started: float, lock: contextlib.ExitStack) -> None:
         """Close everything and write summary.json. On the failure path nothing here may hide the
         error being raised: each step's own error is kept in `cleanup_errors` (for the log) and the
         next step still runs; partial checkpoint directories are removed. After a clean run the
@@ -177,6 +219,7 @@ class Trainer:
                 self.summary_error = exc
                 self.cleanup_errors.append(("writing summary.json", exc))
                 first = first or (None if failing else exc)
+        lock.close()  # releases the run dir (never raises: a lock file it cannot remove stays)
         try:
             destroy_process_group()
         except Exception as exc:  # a group broken by a dead peer may refuse a clean shutdown
@@ -207,6 +250,12 @@ class Trainer:
         app = AppState(model, step_fn.optimizer, step_fn.scheduler, step_fn.scaler, data=self.train_data,
                        guard=guard, rank=self.dist.rank, world_size=self.dist.world_size, device=device)
         start = 1
+        cache_file = self.run_dir / ARTIFACTS_FILE
+        cache_saved = not (cfg.compile.enabled and cfg.compile.save_cache) or cache_file.exists()
+        if self.resume_path is not None and cfg.compile.enabled and cfg.compile.save_cache:
+            loaded = load_artifacts(cache_file)  # before the first step compiles: a warm start
+            if loaded:
+                log.info("loaded %d compile cache artifacts from %s", loaded, cache_file)
         if self.resume_path is not None:
             report = ck.load(self.resume_path, app)
             start = int(app.progress.get("step", report.step)) + 1
@@ -234,8 +283,9 @@ class Trainer:
                 is_log = step == start or step % tcfg.log_interval == 0 or step == tcfg.steps
                 loss, grad_norm, flag = step_fn(pending, want_grad_norm=is_log)
                 pending = []
-                # Under a GradScaler an inf gradient is a routine overflow it skips, not divergence.
-                guard.observe(loss, None if step_fn.scaler is not None else grad_norm, step, flag=flag)
+                if not step_fn.observes_guard:  # a captured step records it inside its graph
+                    # Under a GradScaler an inf gradient is a routine overflow it skips, not divergence.
+                    guard.observe(loss, None if step_fn.scaler is not None else grad_norm, step, flag=flag)
                 meter.add_step(loss)
                 app.progress.update(step=step, samples_seen=step * samples_per_step * self.dist.world_size,
                                     tokens_seen=step * (tokens_per_step or 0) * self.dist.world_size)
@@ -260,12 +310,14 @@ class Trainer:
                     break
                 if cfg.checkpoint.interval and step % cfg.checkpoint.interval == 0 and step != tcfg.steps:
                     ck.save(step, app)
+                    cache_saved = cache_saved or self._save_compile_cache(cache_file)
                 if is_log:
                     synchronize(device)
                     meter.restart_clock()
             else:
                 if cfg.checkpoint.save_final:
                     ck.save(tcfg.steps, app, final=True)
+                    cache_saved = cache_saved or self._save_compile_cache(cache_file)
         if stopped_by is not None:
             log.warning("stopped by %s after step %d; checkpoint saved, resume with checkpoint.resume=auto",
                         stopped_by, app.progress["step"])
@@ -287,7 +339,8 @@ class Trainer:
             "precision": cfg.precision.policy,
             "compile": {"enabled": cfg.compile.enabled, "mode": cfg.compile.mode or "default",
                         "backend": cfg.compile.backend, "scope": cfg.compile.scope,
-                        "regional": cfg.compile.regional, **compile_counters()},
+                        "regional": cfg.compile.regional,
+                        "cudagraphs": getattr(step_fn, "capture_status", "off"), **compile_counters()},
             "task": self.built.task,
             "torch": torch.__version__,
             "peak_flops_source": peak_source,

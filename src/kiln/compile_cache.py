@@ -1,0 +1,138 @@
+"""Compile caches: where inductor keeps compiled kernels, and torch's portable cache artifacts.
+
+- `compile_cache_dir`: inductor's and Triton's on-disk caches live in kiln's cache dir
+  (`$KILN_CACHE_DIR`, else `$XDG_CACHE_HOME/kiln/compile`, else `~/.cache/kiln/compile`) rather
+  than torch's default under /tmp, which a reboot or a fresh container empties. A
+  TORCHINDUCTOR_CACHE_DIR the user set is respected.
+- Mega-cache artifacts (`torch.compiler.save_cache_artifacts` / `load_cache_artifacts`, torch >=
+  2.7): everything the compile put into inductor's, AOTAutograd's and autotuning caches, in one
+  blob that kiln saves with a run (`compile_cache.bin`) and loads before a resume or an elastic
+  restart, so the restarted process skips most of the compile even on another machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+log = logging.getLogger("kiln.compile")
+
+ARTIFACTS_FILE = "compile_cache.bin"
+_ENV = "TORCHINDUCTOR_CACHE_DIR"
+
+
+def kiln_cache_dir() -> Path:
+    if os.environ.get("KILN_CACHE_DIR"):
+        return Path(os.environ["KILN_CACHE_DIR"]).expanduser()
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "kiln" / "compile"
+
+
+def _user_cache_dir() -> str | None:
+    """TORCHINDUCTOR_CACHE_DIR as the user set it; None when unset or when it is torch's default
+    (inductor writes its default into the environment the first time it asks)."""
+    value = os.environ.get(_ENV)
+    if not value:
+        return None
+    with contextlib.suppress(ImportError, AttributeError):
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+        if os.path.abspath(value) == os.path.abspath(default_cache_dir()):
+            return None
+    return value
+
+
+@contextlib.contextmanager
+def compile_cache_dir(spec: str) -> Iterator[Path | None]:
+    """Point inductor's cache at `spec` (a path), kiln's dir (empty) or leave torch's (`torch`)
+    for the duration of the block; yields the directory in use (None for torch's default)."""
+    if spec == "torch" or (not spec and _user_cache_dir()):
+        yield Path(os.environ[_ENV]) if os.environ.get(_ENV) else None
+        return
+    path = Path(spec).expanduser() if spec else kiln_cache_dir()
+    path.mkdir(parents=True, exist_ok=True)
+    old = os.environ.get(_ENV)
+    os.environ[_ENV] = str(path.resolve())
+    try:
+        yield path
+    finally:
+        if old is None:
+            os.environ.pop(_ENV, None)
+        else:
+            os.environ[_ENV] = old
+
+
+def artifacts_supported() -> bool:
+    import torch
+
+    return hasattr(torch.compiler, "save_cache_artifacts") and hasattr(torch.compiler, "load_cache_artifacts")
+
+
+def _count(info) -> int:
+    """Number of artifacts a torch CacheInfo lists (its fields are lists per cache kind)."""
+    total = 0
+    for value in vars(info).values() if info is not None else ():
+        if isinstance(value, (list, tuple, dict)):
+            total += len(value)
+    return total
+
+
+def artifacts_blob() -> tuple[bytes, int] | None:
+    """(serialized artifacts, how many) of what this process compiled, or None (nothing, or a
+    torch without mega-cache)."""
+    if not artifacts_supported():
+        return None
+    import torch
+
+    saved = torch.compiler.save_cache_artifacts()
+    if not saved or not saved[0]:
+        return None
+    return saved[0], _count(saved[1])
+
+
+def load_blob(blob: bytes) -> int:
+    """Load serialized artifacts into the current caches; returns how many."""
+    import torch
+
+    return _count(torch.compiler.load_cache_artifacts(blob))
+
+
+@contextlib.contextmanager
+def fresh_artifacts() -> Iterator[None]:
+    """Record only the artifacts compiled inside the block (a bench row's own), where torch can."""
+    manager = None
+    with contextlib.suppress(ImportError, AttributeError):
+        from torch.compiler._cache import CacheArtifactManager as manager  # noqa: N813
+    if manager is None or not hasattr(manager, "with_fresh_cache"):
+        yield
+        return
+    with manager.with_fresh_cache():
+        yield
+
+
+def save_artifacts(path: Path) -> int | None:
+    """Write this process's compile artifacts to `path` (atomically); returns how many, or None
+    when torch cannot (too old) or there was nothing to save."""
+    saved = artifacts_blob()
+    if saved is None:
+        return None
+    tmp = path.with_name(path.name + ".part")
+    tmp.write_bytes(saved[0])
+    os.replace(tmp, path)
+    return saved[1]
+
+
+def load_artifacts(path: Path) -> int | None:
+    """Load artifacts saved by `save_artifacts` into the current caches; returns how many (None if
+    there is no file or torch cannot). A file torch cannot read is skipped with a warning: the
+    compile then runs cold, which is slower but correct."""
+    if not path.is_file() or not artifacts_supported():
+        return None
+    try:
+        return load_blob(path.read_bytes())
+    except Exception as exc:  # another torch version's blob, truncated file: compile cold instead
+        log.warning("compile cache %s not loaded (%s: %s); compiling from scratch", path, type(exc).__name__, exc)
+        return None

@@ -1,0 +1,188 @@
+"""What `kiln train` does with a run dir that already holds a run.
+
+Rerunning the command of a run that crashed or was killed continues it: `checkpoint.resume`
+defaults to `auto`, and a run dir holding a run of the *same* config resumes from its newest
+complete checkpoint (as torchtitan does). A run dir holding a run of a *different* config is
+protected: bad input (exit 2) naming each differing key with both values, and nothing is touched.
+
+"Same config" compares the keys that decide what a run computes (kiln.config.identity); the
+comparison is made with the run dir's `config.toml` (the resolved config the first attempt
+wrote), so it works before any checkpoint exists.
+
+Decisions, for `checkpoint.resume=auto` (see `check_run_dir`):
+- no run there: a fresh start;
+- a run of another config: refused, differing keys named;
+- the same config with a complete checkpoint: resume from it (if it is the final step, the
+  run is already complete: nothing to do, nothing written);
+- the same config, no complete checkpoint, not completed: the attempt died before its first
+  save, so the run starts over (with a warning);
+- the same config, completed, no checkpoint (`checkpoint.save_final=false`): refused, since
+  starting over would overwrite a finished run.
+`never` refuses any run dir that holds a run (the message names `checkpoint.resume=auto`); a
+checkpoint PATH starts from that checkpoint whatever the run dir holds (the user chose it).
+A run dir in use by a live kiln process (an advisory lock) is refused in every mode.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kiln.config.errors import ConfigError
+from kiln.config.identity import differences, identity
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
+# Files whose presence means a directory already holds a run that must not be overwritten.
+RUN_MARKERS = ("summary.json", "metrics.jsonl", "checkpoints")
+LOCK_FILE = ".kiln.lock"
+
+@dataclass
+class RunDirState:
+    """What a directory holds, read without writing anything."""
+
+    path: Path
+    held: list[str]
+    """The run markers present (summary.json, metrics.jsonl, checkpoints)."""
+    saved_identity: dict[str, Any] | None
+    """Identity of the run's config.toml; None when it is missing or unreadable."""
+    status: str | None
+    """summary.json's status; None without a readable summary."""
+
+    @property
+    def holds_run(self) -> bool:
+        return bool(self.held)
+
+
+def inspect_run_dir(path: Path) -> RunDirState:
+    if path.exists() and not path.is_dir():
+        raise ConfigError("--run-dir", f"{path} exists and is not a directory")
+    held = [m for m in RUN_MARKERS if (path / m).exists()]
+    saved = status = None
+    with contextlib.suppress(OSError, ValueError):  # unreadable: treated as absent, and said so
+        saved = identity(tomllib.loads((path / "config.toml").read_text(encoding="utf-8")))
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        status = json.loads((path / "summary.json").read_text()).get("status")
+    return RunDirState(path, held, saved, status)
+
+
+def lock_holder(path: Path) -> str | None:
+    """The pid recorded by a live kiln process holding the run dir's lock, or None if free."""
+    lock = path / LOCK_FILE
+    if not lock.exists():
+        return None
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - no advisory locks on this platform
+        return None
+    try:
+        with open(lock, "a+") as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                f.seek(0)
+                return f.read().strip() or "?"
+            fcntl.flock(f, fcntl.LOCK_UN)
+    except OSError:
+        return None
+    return None
+
+
+class RunDirLock:
+    """Held by rank 0 while it trains in a run dir; the OS drops it when the process dies
+    (SIGKILL included), so a crashed run never leaves a stale lock behind."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path / LOCK_FILE
+        self._file = None
+
+    def __enter__(self) -> RunDirLock:
+        try:
+            import fcntl
+        except ImportError:  # pragma: no cover
+            return self
+        f = open(self.path, "a+")  # noqa: SIM115 - held for the whole run
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            f.close()
+            raise ConfigError("--run-dir", f"{self.path.parent} is in use by another kiln process; "
+                              "choose another directory") from None
+        f.seek(0)
+        f.truncate()
+        f.write(f"{os.getpid()}\n")
+        f.flush()
+        self._file = f
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._file is not None:
+            self._file.close()  # closing releases the lock
+            self._file = None
+            with contextlib.suppress(OSError):
+                self.path.unlink()
+
+
+def check_run_dir(path: Path, config: Any = None, resume: str = "never") -> str | None:
+    """Raise ConfigError if training `config` in `path` with `checkpoint.resume=resume` would
+    overwrite another run (see the module docstring); return a note for the log, or None.
+    Reads only: nothing is written or removed."""
+    path = Path(path)
+    state = inspect_run_dir(path)
+    pid = lock_holder(path) if path.is_dir() else None
+    if pid is not None:
+        raise ConfigError("--run-dir", f"{path} is in use by a running kiln process (pid {pid}); choose another directory")
+    if not state.holds_run:
+        return None
+    held = ", ".join(state.held)
+    if resume == "never" or config is None:
+        raise ConfigError("--run-dir", f"{path} already holds a run ({held}); rerun with checkpoint.resume=auto "
+                          "to continue it, or choose a new directory")
+    if resume != "auto":
+        return None  # an explicit checkpoint: the user chose where to start from
+    if state.saved_identity is None:
+        raise ConfigError("--run-dir", f"{path} holds a run ({held}) but no readable config.toml to compare this "
+                          "config with; choose a new directory, or pass checkpoint.resume=<its checkpoint dir>")
+    diff = differences(state.saved_identity, identity(config))
+    if diff:
+        shown = "; ".join(diff[:6]) + (f"; +{len(diff) - 6} more" if len(diff) > 6 else "")
+        raise ConfigError("--run-dir", f"{path} holds a run of another config ({shown}); choose a new directory, "
+                          "or pass checkpoint.resume=<one of its checkpoints> to start from it with this config")
+    return "same config"
+
+
+def no_checkpoint_decision(path: Path) -> str:
+    """With `auto`, the same config and no complete checkpoint: start over, unless the run
+    finished (then starting over would overwrite it). Returns the note to log."""
+    state = inspect_run_dir(path)
+    if state.status == "completed":
+        raise ConfigError("--run-dir", f"{path} holds a completed run of this config and no checkpoint to continue "
+                          "from (checkpoint.save_final=false); choose a new directory")
+    return (f"{path} holds an earlier attempt of this run that stopped before its first checkpoint; "
+            "starting over from step 0")
+
+
+def checkpoint_step(path: Path) -> int:
+    """The step a complete checkpoint was saved at (from its completion marker)."""
+    from kiln.checkpoint.manager import read_marker
+
+    return int((read_marker(Path(path)) or {}).get("step", -1))
+
+
+def already_complete_summary(path: Path, checkpoint: Path) -> dict[str, Any]:
+    """The summary of a run whose newest checkpoint is its last step: what it wrote, untouched."""
+    summary: dict[str, Any] = {}
+    with contextlib.suppress(OSError, ValueError):
+        summary = json.loads((Path(path) / "summary.json").read_text())
+    summary.update(already_complete=True, run_dir=str(path), checkpoint=str(checkpoint))
+    summary.setdefault("steps", checkpoint_step(checkpoint))
+    summary.setdefault("status", "completed")
+    return summary
