@@ -54,16 +54,14 @@ def test_the_rank_that_failed_first_is_named(tmp_path, fault, needles):
     # Rank 0 only lost its peer: it says nothing under the launcher; no traceback reaches the console.
     assert "Traceback" not in err and "ChildFailedError" not in err
     assert "kiln[rank 0]: failed" not in err
-    assert len(err.splitlines()) <= 12, err
+    assert len(err.splitlines()) <= 14, err
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "failed" and summary["failed_rank"] == 1
-    assert summary["error"].startswith("rank 1: ")
-    assert "peer" in summary["rank_errors"]["0"].lower()
+    assert summary["error"].startswith("rank 1: ") and "1" in summary["rank_errors"]
     assert not list((run_dir / "checkpoints").glob("*.tmp"))
     assert export_safetensors(run_dir, tmp_path / "w.safetensors")["step"] == 4
-    log = (run_dir / "error.log").read_text()
-    assert "---- rank 1" in log and "---- rank 0" in log
-    assert "Traceback (most recent call last)" in (run_dir / "error.rank0.log").read_text()
+    # Rank 0 may or may not be listed: the agent stops it once rank 1 is gone, maybe before it reports.
+    assert "---- rank 1" in (run_dir / "error.log").read_text()
 
 
 def test_plain_torchrun_ranks_say_it_themselves(tmp_path):
@@ -80,7 +78,8 @@ def test_plain_torchrun_ranks_say_it_themselves(tmp_path):
     assert "kiln[rank 1]: to do:" in err and "torchrun ... -m kiln train --config" in err
     rank0 = [line for line in err.splitlines() if line.startswith("kiln[rank 0]: failed")]
     assert len(rank0) <= 1 and all("lost contact with another rank" in line for line in rank0)
-    assert "MemoryError" in err.split("Root Cause")[1]  # torchrun read rank 1's error file
+    # torchrun read rank 1's error file (its own failure table quotes what kiln wrote there).
+    assert "injected by KILN_FAULT=host-oom@6" in err.split("ChildFailedError")[-1]
 
 
 def _failure(rank, exitcode, t, kiln=None):
@@ -104,16 +103,23 @@ def test_first_failure_prefers_a_cause_over_its_echoes():
     assert _failure(1, -15, 1).diagnosis().secondary
 
 
-def test_agent_failures_round_trip(tmp_path):
-    payload = {"message": {"message": "failed in step 6", "extraInfo": {
-        "py_callstack": "Traceback ...", "timestamp": "10", "kiln": {"kind": "host_oom", "what": "out of host memory",
-                                                                     "step": 6, "where": "in step 6", "time": 10.25}}}}
-    failures = {1: SimpleNamespace(exitcode=1, timestamp=10, message="failed in step 6", error_file_data=payload),
-                0: SimpleNamespace(exitcode=-9, timestamp=11, message="Signal 9", error_file_data={})}
-    path = tmp_path / "failures.json"
-    dump_failures(str(path), failures)
-    loaded = load_failures(path)
-    assert [f.rank for f in loaded] == [0, 1]
-    assert loaded[1].step == 6 and loaded[1].callstack == "Traceback ..." and loaded[0].signal_name == "SIGKILL"
-    assert first_failure(loaded).rank == 1
-    assert load_failures(tmp_path / "missing.json") == []
+def test_launcher_reads_the_agent_and_the_ranks_reports(tmp_path):
+    """The agent lists the ranks that had exited (here rank 0's echo and rank 2's SIGKILL); rank 1,
+    whose own error came first, was still cleaning up and got stopped: its report still counts."""
+    echo = {"message": {"message": "lost contact", "extraInfo": {
+        "py_callstack": "Traceback ...", "timestamp": "10", "kiln": {"rank": 0, "kind": "peer_lost", "secondary": True,
+                                                                     "what": "lost contact", "step": 6, "time": 10.1}}}}
+    failures = {0: SimpleNamespace(exitcode=1, timestamp=10, message="lost contact", error_file_data=echo),
+                2: SimpleNamespace(exitcode=-9, timestamp=11, message="Signal 9", error_file_data={})}
+    dump_failures(str(tmp_path), failures)
+    own = {"rank": 1, "kind": "cuda_oom", "what": "CUDA out of memory", "secondary": False, "where": "in step 6",
+           "step": 6, "time": 10.4, "removed": [str(tmp_path / "step_00000008.tmp")]}
+    (tmp_path / "rank_1.json").write_text(json.dumps({"kiln": own, "callstack": "Traceback (OOM)"}))
+    loaded = load_failures(tmp_path)
+    assert [f.rank for f in loaded] == [0, 1, 2]
+    assert loaded[0].step == 6 and loaded[0].callstack == "Traceback ..." and loaded[2].signal_name == "SIGKILL"
+    first = first_failure(loaded)
+    assert first.rank == 1 and first.exitcode is None and first.diagnosis().what == "CUDA out of memory"
+    assert first.removed() == [tmp_path / "step_00000008.tmp"]
+    assert "stopped by the launcher" in first.log_section() and "Traceback (OOM)" in first.log_section()
+    assert load_failures(tmp_path / "missing") == []

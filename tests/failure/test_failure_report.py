@@ -53,6 +53,7 @@ def _dcp(inner: BaseException) -> CheckpointException:
     (RuntimeError("[../gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 5000ms for recv operation"),
      "collective_timeout", "a collective timed out"),
     (ValueError("bad shape in my_model.py"), "error", "error"),
+    (BrokenPipeError(errno.EPIPE, "Broken pipe"), "error", "error"),  # stdout piped into `head`: no peer
 ])
 def test_diagnose_kinds(exc, kind, what):
     d = diagnose(_raised(exc), cfg=CFG, run_dir="/r")

@@ -88,14 +88,16 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _report_failure(exc: Exception, args: argparse.Namespace) -> int:
-    from kiln.distributed.failures import console_mode, write_error_file
-    from kiln.failure import RunFailed, emit, generic_report
+    from kiln.distributed.failures import console_mode, publish
+    from kiln.failure import RunFailed, emit, generic_report, quiet_child_signals
 
-    # Commands that know their run build the report (train: step, checkpoint, summary); others
-    # name their output directory (`args.output_dir`) for the log file.
-    report = exc.report if isinstance(exc, RunFailed) else generic_report(exc, output_dir=getattr(args, "output_dir", None))
-    emit(report, verbose=getattr(args, "verbose", False), mode=console_mode(report))
-    write_error_file(report)
+    with quiet_child_signals():
+        # Commands that know their run build the report (train: step, checkpoint, summary); others
+        # name their output directory (`args.output_dir`) for the log file.
+        report = exc.report if isinstance(exc, RunFailed) else generic_report(
+            exc, output_dir=getattr(args, "output_dir", None))
+        emit(report, verbose=getattr(args, "verbose", False), mode=console_mode(report))
+        publish(report)  # for a launcher: this rank's report, complete
     return EXIT_FAILED
 
 

@@ -72,17 +72,25 @@ def run(args: argparse.Namespace) -> int:
     if args.nproc_per_node is not None or args.nnodes > 1:
         return _launch(args, cfg)
 
-    from kiln.failure import RunFailed
+    from kiln.distributed.failures import publish
+    from kiln.failure import RunFailed, quiet_child_signals
     from kiln.train.failure import training_report
     from kiln.train.trainer import Trainer
 
-    trainer = Trainer(cfg, args.run_dir)  # builds model and data: bad paths/names also exit 2 here
+    def publish_early(exc: BaseException) -> None:  # under a launcher: the report before cleanup
+        if trainer.dist.launched:
+            publish(training_report(trainer, exc, final=False))
+
+    # Builds model and data: bad paths/names also exit 2 here.
+    trainer = Trainer(cfg, args.run_dir, on_failure=publish_early)
     try:
         summary = trainer.fit()
     except ConfigError:
         raise
     except Exception as exc:  # cleaned up, summary written: say what, where, what was kept
-        raise RunFailed(training_report(trainer, exc)) from exc
+        with quiet_child_signals():
+            report = training_report(trainer, exc)
+        raise RunFailed(report) from exc
     if not trainer.dist.is_main:
         return 0
     if summary.get("already_complete"):

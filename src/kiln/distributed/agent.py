@@ -2,8 +2,8 @@
 
 The same parser and elastic agent as `python -m torch.distributed.run` (restarts, rendezvous,
 signal forwarding), with one difference: when the group fails for good and the kiln launcher asked
-for a report ($KILN_LAUNCH_REPORT), the failed ranks (exit code or signal, and the report each
-wrote into its torchelastic error file) go to that file as JSON instead of torchrun's
+for reports ($KILN_LAUNCH_REPORT_DIR), the failed ranks (exit code or signal, and the report each
+wrote into its torchelastic error file) go to that directory as JSON instead of torchrun's
 ChildFailedError traceback on the console, and the exit code is 1. The launcher then names the
 rank that failed first in one short message.
 """

@@ -127,11 +127,10 @@ def torchrun_command(spec: LaunchSpec, run_dir: Path, train_args: list[str]) -> 
 def launch(spec: LaunchSpec, run_dir: Path, train_args: list[str]) -> tuple[int, list[RankFailure]]:
     """Run torchrun; returns its exit code (0, or 1 for any failure of the ranks) and, on failure,
     the failed ranks as the agent reported them (empty if it reported none)."""
-    with tempfile.TemporaryDirectory(prefix="kiln-launch-") as tmp:
-        report = Path(tmp) / "failures.json"
-        env = {**os.environ, REPORT_ENV: str(report)}
+    with tempfile.TemporaryDirectory(prefix="kiln-launch-") as reports:
+        env = {**os.environ, REPORT_ENV: reports}
         proc = subprocess.run(torchrun_command(spec, run_dir, train_args), check=False, env=env)
-        failures = load_failures(report) if proc.returncode != 0 else []
+        failures = load_failures(Path(reports)) if proc.returncode != 0 else []
     return (0 if proc.returncode == 0 else 1), failures
 
 

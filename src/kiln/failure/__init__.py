@@ -9,7 +9,7 @@
 from __future__ import annotations
 
 from kiln.failure.classify import Diagnosis, diagnose, killed_by_signal, short_error
-from kiln.failure.report import FailureReport, RunFailed, emit, generic_report, write_log
+from kiln.failure.report import FailureReport, RunFailed, emit, generic_report, quiet_child_signals, write_log
 
 __all__ = [
     "Diagnosis",
@@ -19,6 +19,7 @@ __all__ = [
     "emit",
     "generic_report",
     "killed_by_signal",
+    "quiet_child_signals",
     "short_error",
     "write_log",
 ]

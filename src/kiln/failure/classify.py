@@ -136,6 +136,9 @@ def diagnose(exc: BaseException, *, cfg: Any = None, run_dir: Any = None) -> Dia
         if match:
             return _worker_killed(e, match, cfg)
     for e in chain:
+        if _lost_loader_worker(e):
+            return _worker_killed(e, None, cfg)
+    for e in chain:
         if _is_cuda_oom(e):
             return Diagnosis("cuda_oom", "CUDA out of memory", short_error(e, 400), _oom_advice(cfg))
     for e in chain:
@@ -181,9 +184,23 @@ def _host_memory_advice(cfg: Any) -> str:
             "or run on a machine with more memory")
 
 
-def _worker_killed(e: BaseException, match: re.Match, cfg: Any) -> Diagnosis:
-    sig = _signal_of(match.group(2))
-    what = f"a DataLoader worker was killed ({sig})" if sig else "a DataLoader worker exited unexpectedly"
+def _lost_loader_worker(e: BaseException) -> bool:
+    """A connection to a DataLoader worker that broke while a batch was handed over (the worker
+    died with the batch's shared-memory handle half sent): the traceback runs through torch.utils.data."""
+    if not isinstance(e, (ConnectionError, EOFError)):
+        return False
+    tb = e.__traceback__
+    while tb is not None:
+        if "/torch/utils/data/" in tb.tb_frame.f_code.co_filename.replace("\\", "/"):
+            return True
+        tb = tb.tb_next
+    return False
+
+
+def _worker_killed(e: BaseException, match: re.Match | None, cfg: Any) -> Diagnosis:
+    sig = _signal_of(match.group(2)) if match else ""
+    what = (f"a DataLoader worker was killed ({sig})" if sig else "a DataLoader worker exited unexpectedly" if match
+            else "a DataLoader worker died while handing over a batch")
     workers = _cfg(cfg, "data.num_workers")
     fewer = f"lower data.num_workers (now {workers}) or data.prefetch_factor" if workers else \
         "lower data.num_workers or data.prefetch_factor"
@@ -204,6 +221,8 @@ def _is_distributed(e: BaseException) -> bool:
     name = type(e).__name__
     if name in ("DistError", "DistBackendError", "DistNetworkError", "DistStoreError"):
         return True
+    if isinstance(e, OSError):  # a closed pipe or socket of the process itself (`kiln ... | head`)
+        return False
     text = str(e).lower()
     return any(m in text for m in ("gloo", "nccl", "processgroup")) or any(m in text for m in _PEER_LOST)
 

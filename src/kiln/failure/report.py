@@ -14,10 +14,14 @@ import contextlib
 import datetime
 import os
 import shlex
+import signal
 import socket
 import sys
 import tempfile
+import threading
+import time
 import traceback
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -48,6 +52,8 @@ class FailureReport:
     """Extra text for the log only: errors met while cleaning up, memory summaries."""
     log_path: Path | None = None
     log_problem: str | None = None
+    time: float = field(default_factory=time.time)
+    """When the failure was caught (orders the ranks' failures)."""
 
     @property
     def prefix(self) -> str:
@@ -82,6 +88,23 @@ class FailureReport:
     def brief(self, *, verbose: bool = False) -> str:
         """One line, for a rank whose launcher prints the whole message."""
         return f"{self.prefix}: {self.headline()}; {self.log_line(verbose)}"
+
+
+@contextlib.contextmanager
+def quiet_child_signals() -> Iterator[None]:
+    """While a failure is cleaned up and reported: torch's DataLoader raises "DataLoader worker
+    (pid N) is killed by signal" from its SIGCHLD handler (torch/utils/data/_utils/signal_handling.py)
+    wherever the main thread happens to be, so a dead worker would interrupt the cleanup and
+    replace the error being reported with the same news. SIGCHLD's default action is restored
+    for the duration (it ignores the signal without reaping children)."""
+    if not hasattr(signal, "SIGCHLD") or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGCHLD, previous if previous is not None else signal.SIG_DFL)
 
 
 def error_log_name(rank: int | None) -> str:

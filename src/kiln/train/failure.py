@@ -52,8 +52,9 @@ def where_it_failed(exc: BaseException, step: int, steps_done: int, start: int =
     return f"before step {start}" if steps_done < start else f"after step {steps_done}"
 
 
-def training_report(trainer, exc: BaseException) -> FailureReport:
-    """The report of `trainer`'s failed `fit` (or of a failure before it started training)."""
+def training_report(trainer, exc: BaseException, *, final: bool = True) -> FailureReport:
+    """The report of `trainer`'s failed `fit` (or of a failure before it started training).
+    `final=False`: what is known the moment the error is caught (what, where), before cleanup."""
     dist = trainer.dist
     rank = dist.rank if dist.world_size > 1 or dist.launched else None
     run_dir = Path(trainer.run_dir)
@@ -61,6 +62,9 @@ def training_report(trainer, exc: BaseException) -> FailureReport:
     report = FailureReport(diagnose(exc, cfg=trainer.cfg, run_dir=run_dir),
                            where=where_it_failed(exc, step, done, start), rank=rank, step=max(step, done), exc=exc,
                            log_dir=run_dir if run_dir.is_dir() else None, log_name=error_log_name(rank))
+    report.time = trainer.failed_at or report.time
+    if not final:
+        return report
     if run_dir.is_dir():
         report.removed = list(trainer.checkpointer.removed_partial)
         report.kept, resumable = kept(run_dir, report.removed)
@@ -72,7 +76,7 @@ def training_report(trainer, exc: BaseException) -> FailureReport:
         report.summary = (f"could not be written ({reason(trainer.summary_error)})"
                           if trainer.summary_error is not None
                           else "records status failed and the error" if (run_dir / "summary.json").exists()
-                          else "was not written (the run dir was never created)")
+                          else "was not written (the failure came before training started)")
     for label, error in trainer.cleanup_errors:
         report.notes.append(f"while {label} after the failure:\n{_format(error)}")
     if report.diagnosis.kind == "cuda_oom":

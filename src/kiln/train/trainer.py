@@ -11,6 +11,7 @@ import contextlib
 import logging
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ from kiln.distributed.env import (
 )
 from kiln.distributed.strategy import resolve_strategy
 from kiln.failure.classify import short_error
+from kiln.failure.report import quiet_child_signals
 from kiln.models import build_model
 from kiln.monitor.flops import count_step_flops, peak_flops
 from kiln.monitor.memory import memory_stats, reset_peak
@@ -64,8 +66,12 @@ log = logging.getLogger("kiln.train")
 
 
 class Trainer:
-    def __init__(self, cfg: Config, run_dir: str | Path | None = None) -> None:
+    def __init__(self, cfg: Config, run_dir: str | Path | None = None, *,
+                 on_failure: Callable[[BaseException], None] | None = None) -> None:
+        """`on_failure(exc)` is called as soon as `fit` catches an error, before cleaning up (the
+        CLI publishes the rank's report there: a launcher may stop this process during cleanup)."""
         self.cfg = cfg
+        self.on_failure = on_failure
         self.dist = DistEnv.from_env()
         multi = self.dist.world_size > 1
         self.device = device_for(self.dist, cfg.training.device) if multi else resolve_device(cfg.training.device)
@@ -101,8 +107,9 @@ class Trainer:
         # Where a failure happened, for its report: step `_step` began, `_steps_done` finished.
         self._step = self._steps_done = 0
         self._start = 1
-        self.summary_error: OSError | None = None
+        self.summary_error: Exception | None = None
         self.cleanup_errors: list[tuple[str, BaseException]] = []
+        self.failed_at: float | None = None
 
     def _resolve_run_dir(self) -> tuple[Path | None, bool]:
         """(checkpoint to resume from or None, whether the run is already complete), deciding what
@@ -184,7 +191,13 @@ class Trainer:
             interrupted = isinstance(exc, (KeyboardInterrupt, SystemExit))
             summary["status"] = "interrupted" if interrupted else "failed"
             if not interrupted:
+                self.failed_at = time.time()
                 summary["error"] = short_error(exc, 2000)
+                if self.on_failure is not None:
+                    try:
+                        self.on_failure(exc)
+                    except Exception as hook_error:  # a report that cannot be published must not hide the error
+                        self.cleanup_errors.append(("publishing the failure", hook_error))
             raise
         finally:
             self._finish(summary, sinks, started, lock)
@@ -196,6 +209,11 @@ class Trainer:
         next step still runs; partial checkpoint directories are removed. After a clean run the
         first error here is the run's failure."""
         failing = summary["status"] not in ("completed", "stopped")
+        with quiet_child_signals() if failing else contextlib.nullcontext():
+            self._close_all(summary, sinks, started, lock, failing)
+
+    def _close_all(self, summary: dict[str, Any], sinks, started: float, lock: contextlib.ExitStack,
+                   failing: bool) -> None:
         summary["wall_s"] = round(time.perf_counter() - started, 3)
         summary["steps"] = self._steps_done  # also when the loop failed
         steps = [("closing the metric sinks", sinks.close)]
@@ -215,15 +233,18 @@ class Trainer:
         if self.dist.is_main:
             try:
                 write_summary(self.run_dir / "summary.json", summary)
-            except OSError as exc:
+            except Exception as exc:
                 self.summary_error = exc
                 self.cleanup_errors.append(("writing summary.json", exc))
-                first = first or (None if failing else exc)
-        lock.close()  # releases the run dir (never raises: a lock file it cannot remove stays)
-        try:
-            destroy_process_group()
-        except Exception as exc:  # a group broken by a dead peer may refuse a clean shutdown
-            self.cleanup_errors.append(("leaving the process group", exc))
+                if not failing and first is None:
+                    first = exc
+        # Never the run's failure: a lock file that cannot be removed stays behind harmlessly, and a
+        # group broken by a dead peer may refuse a clean shutdown.
+        for label, action in [("releasing the run dir", lock.close), ("leaving the process group", destroy_process_group)]:
+            try:
+                action()
+            except Exception as exc:
+                self.cleanup_errors.append((label, exc))
         if first is not None:
             raise first
 
