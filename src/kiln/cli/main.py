@@ -37,7 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def add_verbose_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--verbose", action="store_true",
-                        help="on a failure, also print the full traceback on stderr (it always goes to error.log)")
+                        help="on a failure, also print the full traceback on stderr (it always goes to the log file the "
+                             "message names: error.log in the run or output dir)")
 
 
 def _setup_logging() -> None:
