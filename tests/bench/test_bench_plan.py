@@ -160,3 +160,9 @@ def test_switch_values_are_checked(field, value, flag):
     axes = Axes(**{field: value})
     with pytest.raises(ConfigError, match=flag):
         check_axes(axes, Config())
+
+
+def test_regional_only_keeps_the_rows_that_cannot_be_regional():
+    axes = Axes(modes=["default"], precisions=["fp32"], scopes=["model", "step"], regional=["on"])
+    assert [r.label for r in expand_matrix(axes)] == [
+        "fp32 task eager", "fp32 task inductor/default/model+regional", "fp32 task inductor/default/step"]

@@ -95,6 +95,9 @@ LOWER_BOUNDS = [
     ("distributed.fsdp_min_params", "1", "0"),
     ("checkpoint.interval", "0", "-1"),
     ("checkpoint.keep", "1", "0"),
+    ("metrics.straggler_margin", "0", "-0.1"),
+    ("metrics.straggler_intervals", "1", "0"),
+    ("metrics.prometheus_port", "0", "-1"),
 ]
 
 
@@ -115,6 +118,17 @@ def test_lr_must_be_positive():
 def test_distributed_timeout_must_be_positive(bad):
     check("distributed.timeout_s=0.5")
     assert error_of(f"distributed.timeout_s={bad}").key == "distributed.timeout_s"
+
+
+@pytest.mark.parametrize("bad", ["0", "-1"])
+def test_gpu_health_period_must_be_positive(bad):
+    check("metrics.gpu_health_period_s=0.25")
+    assert error_of(f"metrics.gpu_health_period_s={bad}").key == "metrics.gpu_health_period_s"
+
+
+def test_prometheus_port_upper_bound():
+    check("metrics.prometheus_port=65535")
+    assert error_of("metrics.prometheus_port=65536").key == "metrics.prometheus_port"
 
 
 def test_min_lr_ratio_upper_bound():
@@ -396,6 +410,7 @@ TESTED_KEYS = (
         "compile.fullgraph",
         "compile.regional",
         "distributed.timeout_s",
+        "metrics.gpu_health_period_s",
     }
 )
 

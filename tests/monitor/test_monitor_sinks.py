@@ -145,3 +145,26 @@ def test_build_sinks_without_tensorboard(tmp_path: Path, monkeypatch: pytest.Mon
 def test_build_sinks_bad_value(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="valid: auto, true, false"):
         build_sinks(MetricsConfig(tensorboard="yes"), tmp_path, 10, is_main=True)
+
+
+def test_tensorboard_charts_every_number_including_per_rank_lists(tmp_path: Path) -> None:
+    record = {"step": 4, "loss": 1.0, "step_ms_ranks": [10.0, 12.0], "sync_wait_ms_ranks": [2.0, 0.5],
+              "gpu_util_pct": 88.0, "gpu_throttle_reasons": ["gpu_idle"], "stragglers": [1], "straggler_count": 1}
+    sink = TensorBoardSink(tmp_path / "tb")
+    sink.log(record)
+    sink.close()
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(tmp_path / "tb"))
+    acc.Reload()
+    assert set(acc.Tags()["scalars"]) == {
+        "loss", "gpu_util_pct", "straggler_count", "step_ms_ranks/rank_0", "step_ms_ranks/rank_1",
+        "sync_wait_ms_ranks/rank_0", "sync_wait_ms_ranks/rank_1"}
+    assert acc.Scalars("step_ms_ranks/rank_1")[0].value == pytest.approx(12.0)
+
+
+def test_console_names_stragglers_and_throttling() -> None:
+    line = format_record({"step": 8, "loss": 1.0, "stragglers": [1, 3], "gpu_util_pct": 97.5,
+                          "gpu_throttle_frac": 0.5, "gpu_throttle_reasons": ["sw_thermal_slowdown"]})
+    assert "stragglers=rank 1,rank 3" in line and "gpu_util_pct=97.5" in line
+    assert "throttled: sw_thermal_slowdown" in line

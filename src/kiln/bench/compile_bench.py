@@ -37,7 +37,7 @@ FIGURES = (
     "compile_s", "first_step_s", "warmup_s", "step_ms", "step_ms_p10", "step_ms_p90", "samples", "eager_step_ms",
     "eager_fp32_step_ms", "speedup", "speedup_vs_eager_fp32", "throughput", "peak_mem_bytes",
     "memory_compression", "graphs", "graph_breaks", "recompiles", "accuracy", "capture", "compile_warm_s",
-    "warm_cold_ratio", "speedup_vs_plain", "speedup_vs_best_plain",
+    "warm_cold_ratio", "speedup_vs_plain", "speedup_vs_best_plain", "tflops", "matmul_peak_tflops", "peak_frac",
 )
 
 
@@ -133,6 +133,11 @@ def _timing_figures(ctx: BenchContext, row: dict, timings: dict[str, Timing], si
     row.update(step_ms=mine["median_ms"], step_ms_p10=mine["p10_ms"], step_ms_p90=mine["p90_ms"],
                samples=mine["samples"])
     row["throughput"] = ctx.samples_per_step / step_s if step_s > 0 else None
+    if ctx.flops_per_step and step_s > 0:
+        row["tflops"] = ctx.flops_per_step / step_s / 1e12
+        peak = ctx.matmul_peak(row["precision"])
+        row["matmul_peak_tflops"] = peak / 1e12
+        row["peak_frac"] = ctx.flops_per_step / step_s / peak
     if ctx.tokens_per_step:
         row["tokens_per_s"] = ctx.tokens_per_step / step_s if step_s > 0 else None
     eager_s = timings["eager"].median_s
@@ -198,6 +203,8 @@ class _MatrixRun:
     def _time_eager(self, row: dict, recipe: Recipe, ref32: Started | None) -> Started:
         started = start_runner(self.ctx, recipe, warmup=self.opts.warmup, values=self.values,
                                probe_rng=self.ctx.train)
+        if self.ctx.flops_per_step is None:
+            self.ctx.flops_per_step = started.runner.count_flops()
         sides: dict[str, Callable[[], object]] = {"eager": started.runner}
         if ref32 is not None:
             sides["eager_fp32"] = ref32.runner

@@ -12,7 +12,8 @@ from kiln.bench.results import write_results
 COLUMNS = [
     "runner", "precision", "loss", "mode", "backend", "scope", "regional", "cudagraphs", "status", "compile_s",
     "compile_warm_s", "warmup_s", "step_ms", "step_ms_p10", "step_ms_p90", "speedup", "speedup_vs_eager_fp32",
-    "speedup_vs_plain", "speedup_vs_best_plain", "throughput", "peak_mem_bytes", "memory_compression", "graphs",
+    "speedup_vs_plain", "speedup_vs_best_plain", "throughput", "tflops", "peak_frac", "peak_mem_bytes",
+    "memory_compression", "graphs",
     "graph_breaks", "recompiles", "accuracy", "capture", "reason",
 ]
 
@@ -34,6 +35,8 @@ def _cell(key: str, value: Any) -> str:
         return f"{value / 2**20:.0f} MiB"
     if key in ("speedup", "speedup_vs_eager_fp32", "memory_compression", "speedup_vs_plain", "speedup_vs_best_plain"):
         return f"{value:.2f}x"
+    if key == "peak_frac":
+        return f"{100 * value:.1f}%"
     if key in ("compile_s", "warmup_s", "compile_warm_s"):
         return f"{value:.1f}"
     if isinstance(value, float):
@@ -50,6 +53,8 @@ def render_table(rows: list[dict[str, Any]], title: str):
 
     shown = ["row", "status", "compile_s", "step_ms", "speedup", "speedup_vs_eager_fp32", "throughput",
              "peak_mem_bytes", "memory_compression", "graphs", "graph_breaks", "recompiles", "accuracy"]
+    if any(r.get("peak_frac") is not None for r in rows):
+        shown.insert(shown.index("throughput") + 1, "peak_frac")
     if any(r.get("speedup_vs_best_plain") is not None for r in rows):
         shown.insert(shown.index("throughput"), "speedup_vs_best_plain")
     if any(r.get("compile_warm_s") is not None for r in rows):
@@ -57,6 +62,7 @@ def render_table(rows: list[dict[str, Any]], title: str):
     headers = {"row": "recipe (precision loss backend/mode/scope)", "compile_s": "compile s",
                "compile_warm_s": "warm compile s", "step_ms": "step ms (p10-p90)", "speedup": "vs eager",
                "speedup_vs_eager_fp32": "vs fp32", "speedup_vs_best_plain": "vs best plain",
+               "peak_frac": "of matmul peak",
                "throughput": "samples/s", "peak_mem_bytes": "peak mem", "memory_compression": "mem ratio",
                "graph_breaks": "breaks"}
     table = Table(title=title, title_justify="left")

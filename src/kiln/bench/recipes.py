@@ -158,9 +158,9 @@ def variants(recipe: Recipe, axes: Axes) -> list[Recipe]:
     """`recipe` under each regional / cudagraphs switch the axes ask for (regional needs scope
     `model`), then its plain hand-loop twin when `--baseline plain` (scope model, task loss)."""
     out = []
-    for regional in dict.fromkeys(v == "on" for v in axes.regional):
-        if regional and (not recipe.compiled or recipe.scope != "model"):
-            continue
+    can_be_regional = recipe.compiled and recipe.scope == "model"
+    regionals = [r for r in dict.fromkeys(v == "on" for v in axes.regional) if can_be_regional or not r] or [False]
+    for regional in regionals:
         for graphs in dict.fromkeys(v == "on" for v in axes.cudagraphs):
             out.append(dataclasses.replace(recipe, regional=regional, cudagraphs=graphs))
     if "plain" in axes.baselines and recipe.loss == "task" and recipe.scope in (None, "model"):

@@ -15,7 +15,8 @@ from typing import Any
 STATUSES = ("ok", "oom", "error", "accuracy_fail", "skipped")
 
 
-def _fmt(value: Any) -> str:
+def format_cell(value: Any) -> str:
+    """A table cell: — for missing, yes/no, 4 significant digits."""
     if value is None:
         return "—"
     if isinstance(value, bool):
@@ -30,7 +31,7 @@ def _fmt(value: Any) -> str:
 def markdown_table(rows: list[dict[str, Any]], columns: list[str]) -> str:
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for row in rows:
-        lines.append("| " + " | ".join(_fmt(row.get(c)) for c in columns) + " |")
+        lines.append("| " + " | ".join(format_cell(row.get(c)) for c in columns) + " |")
     return "\n".join(lines)
 
 

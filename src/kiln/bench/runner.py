@@ -45,7 +45,20 @@ class BenchContext:
     batches: list[tuple[Tensor, Tensor]] = field(default_factory=list)
     samples_per_step: int = 0
     tokens_per_step: int | None = None
+    flops_per_step: int | None = None
+    """Model FLOPs of one timed unit (counted once, on the first eager runner)."""
     _teachers: dict[torch.dtype, nn.Module] = field(default_factory=dict)
+    _peaks: dict[str, float] = field(default_factory=dict)
+
+    def matmul_peak(self, precision: str) -> float:
+        """The device's matmul FLOP/s at this precision's matrix-unit dtype, measured once here."""
+        from kiln.bench.ceilings import matmul_dtype, matmul_peak
+
+        dtype = matmul_dtype(precision, self.cfg.precision.tf32)
+        key = str(dtype)
+        if key not in self._peaks:
+            self._peaks[key] = matmul_peak(self.device, dtype).value
+        return self._peaks[key]
 
     @property
     def accum(self) -> int:
@@ -140,6 +153,22 @@ class Runner:
         else:
             with torch.no_grad():
                 self.last = self._forward(*self._next(1)[0])
+
+    def count_flops(self) -> int:
+        """Model FLOPs of one timed unit on the eager path (kiln.monitor.flops): forward, loss and
+        backward of each micro-batch for training, the forward for inference."""
+        from kiln.monitor.flops import count_step_flops
+
+        x, y = self.ctx.batches[0]
+        if not self.ctx.train:
+            with torch.no_grad():
+                return count_step_flops(lambda: self._forward(x, y), device=self.ctx.device, module=self.model)
+        loss_fn = self._step._loss_fn  # the eager runner: not compiled
+        try:
+            flops = count_step_flops(lambda: loss_fn(x, y).backward(), device=self.ctx.device, module=self.model)
+        finally:
+            self.model.zero_grad(set_to_none=True)
+        return flops * self.ctx.accum
 
     def read(self) -> float | Tensor:
         """The last result, copied to the host now (CUDA-graph outputs are overwritten by the next replay)."""

@@ -201,6 +201,22 @@ class MetricsConfig:
     """Count FLOPs once (torch.utils.flop_counter) and report model FLOPs utilisation."""
     peak_tflops: float = 0.0
     """Device peak TFLOP/s for MFU; 0 looks the GPU up in kiln's table."""
+    gpu_health: bool = True
+    """Sample each rank's GPU through NVML (utilisation, memory, temperature, power, SM clock, throttle reasons) in a background thread and log min/mean/max per interval; turns itself off with one info line without nvidia-ml-py or a GPU."""
+    gpu_health_period_s: float = 1.0
+    """Seconds between NVML samples (the sampler thread's period)."""
+    sync_timing: bool = True
+    """Time each rank's wait in gradient collectives (DDP: CUDA events or host clocks around the last bucket's all-reduce, read at log steps) and at the log-step gather."""
+    straggler_margin: float = 0.2
+    """A rank is slow in an interval when its own time per step (step time minus time blocked in collectives) exceeds the median of the other ranks by more than this fraction."""
+    straggler_intervals: int = 3
+    """Consecutive slow log intervals before a rank is named a straggler (warning and `stragglers` in the metrics)."""
+    prometheus: bool = False
+    """Serve the latest metrics as Prometheus text (`/metrics`) from rank 0 while training."""
+    prometheus_host: str = "127.0.0.1"
+    """Address the Prometheus endpoint binds to (loopback by default: not reachable from other machines)."""
+    prometheus_port: int = 9464
+    """Port of the Prometheus endpoint; 0 picks a free port (logged at start)."""
 
 
 @dataclass(kw_only=True)

@@ -173,10 +173,17 @@ def validate(cfg: Config, *, check_torch: bool = True) -> None:
         ("distributed.fsdp_min_params", 1),
         ("checkpoint.interval", 0),
         ("checkpoint.keep", 1),
+        ("metrics.straggler_margin", 0),
+        ("metrics.straggler_intervals", 1),
+        ("metrics.prometheus_port", 0),
     ):
         _at_least(cfg, key, minimum)
     if not cfg.distributed.timeout_s > 0:
         raise ConfigError("distributed.timeout_s", f"must be > 0, got {cfg.distributed.timeout_s!r}")
+    if not cfg.metrics.gpu_health_period_s > 0:
+        raise ConfigError("metrics.gpu_health_period_s", f"must be > 0, got {cfg.metrics.gpu_health_period_s!r}")
+    if cfg.metrics.prometheus_port > 65535:
+        raise ConfigError("metrics.prometheus_port", f"must be a TCP port (0..65535), got {cfg.metrics.prometheus_port!r}")
     if cfg.optim.lr <= 0:
         raise ConfigError("optim.lr", f"must be > 0, got {cfg.optim.lr!r}")
     if cfg.optim.min_lr_ratio > 1:

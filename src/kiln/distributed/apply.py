@@ -18,6 +18,7 @@ from kiln.compile import apply_compile, compile_kwargs
 from kiln.config.schema import Config
 from kiln.distributed.ddp import apply_ddp
 from kiln.distributed.fsdp import apply_fsdp, set_gradient_sync
+from kiln.distributed.sync_timing import SyncTimer
 from kiln.precision import PrecisionPolicy
 
 GradSync = Callable[[bool], contextlib.AbstractContextManager]
@@ -40,9 +41,11 @@ def apply_parallel(
     policy: PrecisionPolicy,
     device: torch.device,
     strategy: str,
+    sync_timer: SyncTimer | None = None,
 ) -> tuple[torch.nn.Module, GradSync]:
     """Returns the model to call and a `grad_sync(is_last_micro_step)` context factory that
-    skips gradient communication on all but the last micro-step of an accumulation."""
+    skips gradient communication on all but the last micro-step of an accumulation. Under DDP a
+    `sync_timer` times the wait in the gradient all-reduce (kiln.distributed.sync_timing)."""
     module_compile = cfg.compile.enabled and cfg.compile.scope == "model"
     choice = cfg.distributed.compile_strategy
     per_block = module_compile and blocks and (
@@ -54,7 +57,7 @@ def apply_parallel(
     if per_block:
         _compile_blocks(blocks, cfg)
     if strategy == "ddp":
-        wrapped = apply_ddp(model, cfg.distributed, device, cfg.training.grad_accum_steps)
+        wrapped = apply_ddp(model, cfg.distributed, device, cfg.training.grad_accum_steps, sync_timer)
         if module_compile and not per_block:
             wrapped.compile(**compile_kwargs(cfg.compile))
 

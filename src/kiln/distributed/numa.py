@@ -10,24 +10,19 @@ import os
 
 import torch
 
+from kiln.monitor.nvml import NVML_HINT, device_handle, import_nvml
+
 
 def bind_to_gpu_numa_node(device: torch.device) -> str:
     """Pin this process; returns a line saying what was done (or why nothing was)."""
     if device.type != "cuda":
         return "bind_numa: CPU run, nothing to bind"
-    try:
-        import pynvml
-    except ImportError:
-        return "bind_numa: nvidia-ml-py is not installed (pip install 'kiln[gpu]'); not binding"
+    pynvml = import_nvml()
+    if pynvml is None:
+        return f"bind_numa: {NVML_HINT}; not binding"
     pynvml.nvmlInit()
     try:
-        props = torch.cuda.get_device_properties(device)
-        # Match by PCI address: NVML indexes all GPUs, torch only those CUDA_VISIBLE_DEVICES shows.
-        if all(hasattr(props, a) for a in ("pci_domain_id", "pci_bus_id", "pci_device_id")):
-            address = f"{props.pci_domain_id:08x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
-            handle = pynvml.nvmlDeviceGetHandleByPciBusId(address)
-        else:
-            handle = pynvml.nvmlDeviceGetHandleByIndex(device.index)
+        handle = device_handle(pynvml, device)
         words = (os.cpu_count() + 63) // 64
         mask = pynvml.nvmlDeviceGetCpuAffinity(handle, words)
     finally:

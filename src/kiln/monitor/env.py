@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from kiln.monitor.nvml import import_nvml
+
 __all__ = ["collect_env", "render_env"]
 
 # Distribution names (as pip knows them) reported by version without importing them.
@@ -50,10 +52,9 @@ def _cpu_model() -> str | None:
 
 def _driver_version() -> str | None:
     """NVIDIA driver version via NVML (kiln[gpu]) if present, else nvidia-smi, else None."""
-    if importlib.util.find_spec("pynvml") is not None:
+    pynvml = import_nvml()
+    if pynvml is not None:
         try:
-            import pynvml
-
             pynvml.nvmlInit()
             try:
                 version = pynvml.nvmlSystemGetDriverVersion()

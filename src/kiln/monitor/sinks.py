@@ -30,6 +30,7 @@ __all__ = [
     "TensorBoardSink",
     "build_sinks",
     "format_record",
+    "scalars",
     "tensorboard_importable",
 ]
 
@@ -76,8 +77,23 @@ def tensorboard_importable() -> bool:
     return importlib.util.find_spec("tensorboard") is not None
 
 
+def scalars(record: Mapping[str, Any]) -> Iterable[tuple[str, float]]:
+    """(tag, value) for every number in a record: numeric keys as they are, per-rank lists
+    (`*_ranks`) as `key/rank_N`. bool is an int subclass but not a metric worth a chart; strings
+    and other lists (`stragglers`, throttle reason names) are labels, counted elsewhere."""
+    for key, value in record.items():
+        if key == "step" or isinstance(value, bool):
+            continue
+        if isinstance(value, (int, float)):
+            yield key, value
+        elif key.endswith("_ranks") and isinstance(value, (list, tuple)):
+            for rank, item in enumerate(value):
+                if isinstance(item, (int, float)) and not isinstance(item, bool):
+                    yield f"{key}/rank_{rank}", item
+
+
 class TensorBoardSink(MetricsSink):
-    """TensorBoard event files: one scalar per numeric key, at `record["step"]`."""
+    """TensorBoard event files: one scalar per number of the record (see `scalars`), at `record["step"]`."""
 
     def __init__(self, log_dir: str | os.PathLike[str]):
         try:
@@ -92,11 +108,8 @@ class TensorBoardSink(MetricsSink):
         if self._writer is None:
             raise RuntimeError(f"TensorBoardSink({self.log_dir}) is closed")
         step = int(record.get("step", 0))
-        for key, value in record.items():
-            # bool is an int subclass but not a metric worth a chart; strings are labels.
-            if key == "step" or isinstance(value, bool) or not isinstance(value, (int, float)):
-                continue
-            self._writer.add_scalar(key, value, global_step=step)
+        for tag, value in scalars(record):
+            self._writer.add_scalar(tag, value, global_step=step)
         # Log steps are rare (log_interval), so flushing each keeps `tensorboard --logdir` live.
         self._writer.flush()
 
@@ -142,10 +155,15 @@ def format_record(record: Mapping[str, Any], total_steps: int | None = None) -> 
     if isinstance(record.get("mfu"), (int, float)):
         take("mfu", f"MFU {100 * float(record['mfu']):.1f}%")
     # A few more that a person watching wants; memory peaks and per-rank lists stay in the JSONL.
-    for key in ("grad_norm", "eval_loss", "eval_accuracy", "straggler_ratio", "nonfinite_skipped"):
+    for key in ("grad_norm", "eval_loss", "eval_accuracy", "straggler_ratio", "sync_wait_ms", "gpu_util_pct",
+                "gpu_temp_c", "gpu_power_w", "nonfinite_skipped"):
         value = record.get(key)
         if isinstance(value, (int, float)) and not (key == "nonfinite_skipped" and value == 0):
             parts.append(f"{key}={_fmt_num(float(value)) if isinstance(value, float) else value}")
+    if record.get("stragglers"):
+        parts.append("stragglers=" + ",".join(f"rank {r}" for r in record["stragglers"]))
+    if record.get("gpu_throttle_frac"):
+        parts.append("throttled: " + ",".join(record.get("gpu_throttle_reasons") or []))
     return " | ".join(parts)
 
 
@@ -261,4 +279,16 @@ def build_sinks(cfg: MetricsConfig, run_dir: str | os.PathLike[str], total_steps
         sinks.append(JsonlSink(run_dir / "metrics.jsonl"))
     if cfg.console:
         sinks.append(ConsoleSink(total_steps))
+    if cfg.prometheus:
+        import logging
+
+        from kiln.monitor.prometheus import PrometheusSink
+
+        try:
+            prometheus = PrometheusSink(cfg.prometheus_host, cfg.prometheus_port, run=run_dir.name)
+        except BaseException:
+            MetricsLogger(sinks).close()
+            raise
+        sinks.append(prometheus)
+        logging.getLogger("kiln.monitor").info("prometheus: serving metrics at %s", prometheus.url)
     return MetricsLogger(sinks)

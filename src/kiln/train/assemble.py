@@ -31,6 +31,7 @@ def build_train_step(
     *,
     loss_builder: Callable[[torch.nn.Module], Callable[[Tensor, Tensor], Tensor]] | None = None,
     guard=None,
+    sync_timer=None,
 ) -> TrainStep | CapturedStep:
     """Compile and parallelise `model` (see kiln.distributed.apply for the order), then build the
     optimizer, LR schedule, grad scaler and the step function around it. `step.model` is the
@@ -38,8 +39,9 @@ def build_train_step(
 
     `loss_builder(model) -> forward_loss(inputs, targets)` replaces the task's loss (kiln bench
     compile's distillation loss); it gets the model after compile/parallel wrapping. `guard` (a
-    kiln.checkpoint.NonFiniteGuard) flags non-finite steps and, in `skip` mode, drops them."""
-    model, grad_sync = apply_parallel(model, blocks, cfg, policy, device, strategy)
+    kiln.checkpoint.NonFiniteGuard) flags non-finite steps and, in `skip` mode, drops them.
+    `sync_timer` (kiln.distributed.sync_timing.SyncTimer) times the DDP gradient all-reduce wait."""
+    model, grad_sync = apply_parallel(model, blocks, cfg, policy, device, strategy, sync_timer)
     build = loss_builder if loss_builder is not None else (lambda m: build_forward_loss(m, task))
     reason = capture_problem(device, strategy) if cfg.compile.cudagraphs else None
     captured = cfg.compile.cudagraphs and reason is None

@@ -1,10 +1,13 @@
-"""Fault injection for testing recovery and failure reports (CI's tests, or a user's own drill).
+"""Fault injection for testing recovery, monitoring and failure reports (CI's tests, or a user's
+own drill).
 
 `KILN_FAULT=KIND@K` acts on the rank(s) named by `KILN_FAULT_RANK` (default: all) right after
 optimizer step K, before the step counts as done:
 
 - `kill`: SIGKILL this process (a crashed or OOM-killed rank);
 - `hang`: stop participating (sleep), so the others' next collective times out;
+- `slow@K:MS`: sleep MS milliseconds after every step from K on (a straggler: a slow host, a
+  throttled GPU, a noisy neighbour);
 - `cuda-oom`: raise torch.cuda.OutOfMemoryError, as a too-large batch would inside the step;
 - `host-oom`: raise MemoryError (host memory exhausted in Python);
 - `kill-worker`: SIGKILL one of this rank's DataLoader worker processes (needs file or user data
@@ -19,37 +22,54 @@ from __future__ import annotations
 import os
 import signal
 import time
+from dataclasses import dataclass
 
-KINDS = ("kill", "hang", "cuda-oom", "host-oom", "kill-worker")
+ONCE = ("kill", "hang", "cuda-oom", "host-oom", "kill-worker")
+_FORMS = f"{'@STEP, '.join(ONCE)}@STEP or slow@STEP:MS"
 
 
-def planned_fault(rank: int) -> tuple[str, int] | None:
+@dataclass(frozen=True)
+class Fault:
+    kind: str  # one of ONCE, or slow
+    step: int
+    ms: float = 0.0  # slow: milliseconds added after each step from `step` on
+
+
+def planned_fault(rank: int) -> Fault | None:
     spec = os.environ.get("KILN_FAULT", "")
     if not spec or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
         return None
     who = os.environ.get("KILN_FAULT_RANK")
     if who is not None and int(who) != rank:
         return None
-    kind, _, step = spec.partition("@")
-    if kind not in KINDS or not step.isdigit():
-        raise ValueError(f"KILN_FAULT must be KIND@STEP with KIND one of {', '.join(KINDS)}, got {spec!r}")
-    return kind, int(step)
+    kind, _, rest = spec.partition("@")
+    step, _, ms = rest.partition(":")
+    valid = step.isdigit() and (
+        (kind in ONCE and not ms) or (kind == "slow" and ms.replace(".", "", 1).isdigit())
+    )
+    if not valid:
+        raise ValueError(f"KILN_FAULT must be {_FORMS}, got {spec!r}")
+    return Fault(kind, int(step), float(ms) if ms else 0.0)
 
 
-def inject(fault: tuple[str, int] | None, step: int) -> None:
-    if fault is None or step != fault[1]:
+def inject(fault: Fault | None, step: int) -> None:
+    if fault is None or step < fault.step:
         return
-    kind = fault[0]
-    if kind == "kill":
+    if fault.kind == "slow":
+        time.sleep(fault.ms / 1e3)  # the injected slowness itself, not a synchronisation
+        return
+    if step != fault.step:
+        return
+    if fault.kind == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
-    elif kind == "cuda-oom":
+    elif fault.kind == "cuda-oom":
         import torch
 
         raise torch.cuda.OutOfMemoryError(
             f"CUDA out of memory. Tried to allocate 2.00 GiB (injected by KILN_FAULT=cuda-oom@{step})")
-    elif kind == "host-oom":
+    elif fault.kind == "host-oom":
         raise MemoryError(f"injected by KILN_FAULT=host-oom@{step}")
-    elif kind == "kill-worker":
+    elif fault.kind == "kill-worker":
         _kill_a_loader_worker()
     else:
         while True:  # hang: the peers' collective must time out (distributed.timeout_s)

@@ -34,6 +34,10 @@ def preflight(cfg: Config, run_dir: Path) -> None:
         from kiln.data import build_data
 
         build_data(cfg.data, built.input_spec if built else None, device=torch.device("cpu"), seed=cfg.training.seed)
+    if cfg.metrics.prometheus:
+        from kiln.monitor.prometheus import check_bindable
+
+        check_bindable(cfg.metrics.prometheus_host, cfg.metrics.prometheus_port)
     if cfg.distributed.strategy == "fsdp":
         from kiln.distributed.fsdp import fsdp_available
 

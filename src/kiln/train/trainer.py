@@ -33,12 +33,16 @@ from kiln.distributed.env import (
     init_process_group,
 )
 from kiln.distributed.strategy import resolve_strategy
+from kiln.distributed.sync_timing import SyncTimer
 from kiln.failure.classify import short_error
 from kiln.failure.report import quiet_child_signals
 from kiln.models import build_model
 from kiln.monitor.flops import count_step_flops, peak_flops
+from kiln.monitor.gpu_health import start_gpu_health
 from kiln.monitor.memory import memory_stats, reset_peak
+from kiln.monitor.prometheus import check_bindable
 from kiln.monitor.sinks import build_sinks
+from kiln.monitor.stragglers import StragglerDetector
 from kiln.monitor.summary import write_summary
 from kiln.precision import apply_precision, resolve_precision, tf32_enabled, with_precision
 from kiln.train.assemble import build_train_step
@@ -66,11 +70,14 @@ log = logging.getLogger("kiln.train")
 
 
 class Trainer:
-    def __init__(self, cfg: Config, run_dir: str | Path | None = None, *,
+    def __init__(self, cfg: Config, run_dir: str | Path | None = None,
+                 step_hook: Callable[[int], None] | None = None, *,
                  on_failure: Callable[[BaseException], None] | None = None) -> None:
-        """`on_failure(exc)` is called as soon as `fit` catches an error, before cleaning up (the
-        CLI publishes the rank's report there: a launcher may stop this process during cleanup)."""
+        """`step_hook(step)` runs after every optimizer step (kiln profile's profiler window).
+        `on_failure(exc)` is called as soon as `fit` catches an error, before cleaning up (the CLI
+        publishes the rank's report there: a launcher may stop this process during cleanup)."""
         self.cfg = cfg
+        self.step_hook = step_hook
         self.on_failure = on_failure
         self.dist = DistEnv.from_env()
         multi = self.dist.world_size > 1
@@ -104,6 +111,8 @@ class Trainer:
                 log.warning("training.eval_interval is set but data has no eval split (data.eval_path); eval is off")
         if cfg.compile.enabled and cfg.compile.regional and not built.blocks:
             raise ConfigError("compile.regional", f"{cfg.model.name} has no repeated blocks to compile one by one")
+        if cfg.metrics.prometheus and self.dist.is_main:
+            check_bindable(cfg.metrics.prometheus_host, cfg.metrics.prometheus_port)
         # Where a failure happened, for its report: step `_step` began, `_steps_done` finished.
         self._step = self._steps_done = 0
         self._start = 1
@@ -179,6 +188,7 @@ class Trainer:
                 (self.run_dir / "metrics.jsonl").unlink(missing_ok=True)
             log.info("strategy: %s (%s)", self.strategy, self.strategy_reason)
         sinks = build_sinks(cfg.metrics, self.run_dir, cfg.training.steps, is_main=main)
+        self._health = start_gpu_health(cfg.metrics.gpu_health, self.device, cfg.metrics.gpu_health_period_s)
         summary: dict[str, Any] = {"status": "running", "steps": 0, "run_dir": str(self.run_dir)}
         started = time.perf_counter()
         try:
@@ -200,23 +210,22 @@ class Trainer:
                         self.cleanup_errors.append(("publishing the failure", hook_error))
             raise
         finally:
-            self._finish(summary, sinks, started, lock)
+            failing = summary["status"] not in ("completed", "stopped")
+            with quiet_child_signals() if failing else contextlib.nullcontext():
+                self._finish(summary, sinks, started, lock, failing)
         return summary
 
-    def _finish(self, summary: dict[str, Any], sinks, started: float, lock: contextlib.ExitStack) -> None:
+    def _finish(self, summary: dict[str, Any], sinks, started: float, lock: contextlib.ExitStack,
+                failing: bool) -> None:
         """Close everything and write summary.json. On the failure path nothing here may hide the
         error being raised: each step's own error is kept in `cleanup_errors` (for the log) and the
         next step still runs; partial checkpoint directories are removed. After a clean run the
         first error here is the run's failure."""
-        failing = summary["status"] not in ("completed", "stopped")
-        with quiet_child_signals() if failing else contextlib.nullcontext():
-            self._close_all(summary, sinks, started, lock, failing)
-
-    def _close_all(self, summary: dict[str, Any], sinks, started: float, lock: contextlib.ExitStack,
-                   failing: bool) -> None:
         summary["wall_s"] = round(time.perf_counter() - started, 3)
         summary["steps"] = self._steps_done  # also when the loop failed
         steps = [("closing the metric sinks", sinks.close)]
+        if self._health is not None:
+            steps.append(("stopping the GPU health sampler", self._health.close))
         if failing:
             # Complete (or fail) an in-flight async save without collectives: peers may be gone.
             steps += [("waiting for the in-flight checkpoint save", lambda: self.checkpointer.close(collective=False)),
@@ -259,14 +268,20 @@ class Trainer:
         peak, peak_source = peak_flops(device, cfg.precision.policy, cfg.metrics.peak_tflops, tf32=cfg.precision.tf32)
 
         guard = NonFiniteGuard(tcfg.nonfinite, tcfg.nonfinite_max_skips, device=device, window=tcfg.log_interval)
+        multi = self.dist.world_size > 1
+        sync_timer = SyncTimer(device) if multi and cfg.metrics.sync_timing else None
         step_fn = build_train_step(self.model, self.built.task, self.built.blocks, cfg, self.policy, device,
-                                   strategy=self.strategy, guard=guard)
+                                   strategy=self.strategy, guard=guard, sync_timer=sync_timer)
         model = step_fn.model
         eval_fn = with_precision(build_eval_fn(model, self.built.task), self.policy, device)
         samples_per_step = self.train_data.samples_per_batch * accum
         tokens_per_step = (self.train_data.tokens_per_batch or 0) * accum or None
+        # Rank 0 names stragglers (it logs the records); every rank has the gathered values.
+        stragglers = (StragglerDetector(cfg.metrics.straggler_margin, cfg.metrics.straggler_intervals)
+                      if multi and self.dist.is_main else None)
         meter = IntervalMeter(device, samples_per_step=samples_per_step, tokens_per_step=tokens_per_step,
-                              world_size=self.dist.world_size, flops_per_step=flops_per_step, peak_flops=peak)
+                              world_size=self.dist.world_size, flops_per_step=flops_per_step, peak_flops=peak,
+                              sync_timer=sync_timer, health=self._health, stragglers=stragglers)
         ck = self.checkpointer
         app = AppState(model, step_fn.optimizer, step_fn.scheduler, step_fn.scaler, data=self.train_data,
                        guard=guard, rank=self.dist.rank, world_size=self.dist.world_size, device=device)
@@ -335,6 +350,8 @@ class Trainer:
                 if is_log:
                     synchronize(device)
                     meter.restart_clock()
+                if self.step_hook is not None:
+                    self.step_hook(step)
             else:
                 if cfg.checkpoint.save_final:
                     ck.save(tcfg.steps, app, final=True)
@@ -365,7 +382,12 @@ class Trainer:
             "task": self.built.task,
             "torch": torch.__version__,
             "peak_flops_source": peak_source,
+            "gpu_health": self._health.summary() if self._health is not None else None,
         }
+        if multi:
+            result["sync_timing"] = ("ddp_hook+log_gather" if sync_timer is not None and sync_timer.hooked
+                                     else "log_gather")
+            result["stragglers_seen"] = sorted(stragglers.ever) if stragglers is not None else []
         result.update(evals)
         return result
 

@@ -1,0 +1,74 @@
+"""What `kiln report` reads: a run dir (metrics.jsonl, summary.json, maybe profile_summary.json)
+or a bench results dir (results.json following DESIGN.md's contract)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kiln.config.errors import ConfigError
+
+
+@dataclass
+class RunData:
+    path: Path
+    records: list[dict[str, Any]]
+    summary: dict[str, Any]
+    profile: dict[str, Any] | None = None
+
+
+@dataclass
+class BenchData:
+    path: Path
+    env: dict[str, Any]
+    config: dict[str, Any]
+    command: str | None
+    rows: list[dict[str, Any]]
+    figures: list[Path] = field(default_factory=list)  # PNGs the bench wrote next to results.json
+
+
+def _json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ConfigError("RUN_DIR", f"{path} is not readable JSON ({exc})") from None
+
+
+def _records(path: Path) -> list[dict[str, Any]]:
+    out = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            # A killed writer can leave a half line at the end; anything else is a broken file.
+            if n == len(path.read_text(encoding="utf-8").splitlines()):
+                break
+            raise ConfigError("RUN_DIR", f"{path}:{n} is not a JSON line") from None
+    return out
+
+
+def load(path: str | Path) -> RunData | BenchData:
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError("RUN_DIR", f"{path} does not exist")
+    if path.is_file():  # results.json / metrics.jsonl / summary.json given directly: report its dir
+        path = path.parent
+    if (path / "results.json").exists():
+        data = _json(path / "results.json")
+        if not isinstance(data, dict) or not isinstance(data.get("results"), list):
+            raise ConfigError("BENCH_DIR", f"{path / 'results.json'} has no `results` list (DESIGN.md's contract)")
+        rows = [r for r in data["results"] if isinstance(r, dict)]
+        figures = sorted(p for p in path.glob("*.png"))
+        return BenchData(path, data.get("env") or {}, data.get("config") or {}, data.get("command"), rows, figures)
+    metrics, summary = path / "metrics.jsonl", path / "summary.json"
+    if metrics.exists() or summary.exists():
+        records = _records(metrics) if metrics.exists() else []
+        profile = path / "profile_summary.json"
+        return RunData(path, records, _json(summary) if summary.exists() else {},
+                       _json(profile) if profile.exists() else None)
+    raise ConfigError("RUN_DIR", f"{path} holds neither a run (metrics.jsonl, summary.json) nor bench results "
+                      "(results.json)")

@@ -1,0 +1,128 @@
+"""kiln report on a real CPU run (every plot present), a profile dir, and bench results dirs."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+
+import pytest
+
+from kiln.cli.main import main
+from kiln.config import load_config
+from kiln.train.trainer import train
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def _images(html: str) -> dict[str, bytes]:
+    found = re.findall(r'<img alt="([^"]+)" src="data:image/png;base64,([A-Za-z0-9+/=]+)">', html)
+    return {alt: base64.b64decode(data) for alt, data in found}
+
+
+def _png_size(png: bytes) -> tuple[int, int]:
+    assert png.startswith(PNG)
+    return int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
+
+
+@pytest.fixture(scope="module")
+def cpu_run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("report") / "run"
+    over = ["model.kwargs.hidden_size=32", "model.kwargs.num_layers=2", "model.kwargs.num_classes=4",
+            "data.batch_size=16", "training.steps=20", "training.log_interval=4", "training.device=cpu",
+            "training.eval_interval=10", "metrics.console=false", "metrics.tensorboard=false"]
+    train(load_config(None, over), run_dir)
+    return run_dir
+
+
+def test_cpu_run_report_has_every_plot(cpu_run, capsys):
+    assert main(["report", str(cpu_run)]) == 0
+    assert "report.html" in capsys.readouterr().out
+    html = (cpu_run / "report.html").read_text()
+    images = _images(html)
+    assert set(images) == {"Loss over steps", "Throughput over steps", "MFU over steps", "Memory over steps",
+                           "GPU health over steps"}
+    for png in images.values():
+        width, height = _png_size(png)
+        assert width >= 600 and height >= 250
+    assert "<table>" in html and "step ms, median" in html
+    assert "src=\"http" not in html and "<script" not in html  # self-contained
+    md = (cpu_run / "report.md").read_text()
+    for name in ("loss", "throughput", "mfu", "memory", "gpu_health"):
+        assert f"(report_files/{name}.png)" in md
+        assert (cpu_run / "report_files" / f"{name}.png").read_bytes().startswith(PNG)
+
+
+def test_report_elsewhere_leaves_the_run_dir_alone(cpu_run, tmp_path):
+    before = sorted(p.name for p in cpu_run.iterdir())
+    assert main(["report", str(cpu_run / "metrics.jsonl"), "--out", str(tmp_path / "rep")]) == 0
+    assert (tmp_path / "rep" / "report.html").exists()
+    assert sorted(p.name for p in cpu_run.iterdir()) == before
+
+
+def test_distributed_records_get_the_per_rank_plot(tmp_path):
+    run = tmp_path / "dist"
+    run.mkdir()
+    records = [{"step": s, "loss": 1.0 / s, "samples_per_s": 100.0, "step_ms": 10.0, "step_ms_ranks": [10.0, 10.0],
+                "own_ms_ranks": [4.0, 9.5], "sync_wait_ms_ranks": [6.0, 0.5], "stragglers": [1] if s > 2 else []}
+               for s in (1, 2, 3, 4)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (run / "summary.json").write_text(json.dumps({"status": "completed", "world_size": 2, "stragglers_seen": [1]}))
+    assert main(["report", str(run)]) == 0
+    assert "Per-rank timing over steps" in _images((run / "report.html").read_text())
+
+
+def test_bench_results_report_table_and_charts(tmp_path):
+    bench = tmp_path / "bench"
+    bench.mkdir()
+    rows = [
+        {"model": "mlp", "precision": "fp32", "loss": "task", "mode": "eager", "status": "ok", "step_ms": 9.5,
+         "speedup": 1.0, "peak_mem_bytes": 400 * 2**20},
+        {"model": "mlp", "precision": "fp32", "loss": "task", "mode": "reduce-overhead", "status": "ok",
+         "step_ms": 3.1, "speedup": 3.06, "peak_mem_bytes": 380 * 2**20},
+        {"model": "mlp", "precision": "fp32", "loss": "task", "mode": "max-autotune", "status": "oom",
+         "reason": "CUDA out of memory", "step_ms": None, "speedup": None},
+    ]
+    (bench / "results.json").write_text(json.dumps({"env": {"torch": "2.11"}, "config": {}, "command": "kiln bench",
+                                                    "results": rows}))
+    assert main(["report", str(bench)]) == 0
+    html = (bench / "report.html").read_text()
+    assert "CUDA out of memory" in html and "reduce-overhead" in html and "400.0 MiB" in html
+    images = _images(html)
+    assert any("speedup" in alt for alt in images) and any("step time" in alt for alt in images)
+    md = (bench / "report.md").read_text()
+    assert "| mode |" in md and "| oom |" in md
+
+
+def test_generic_results_follow_the_contract(tmp_path):
+    bench = tmp_path / "llm"
+    bench.mkdir()
+    rows = [{"engine": "hf", "quant": "none", "status": "ok", "decode_tok_s": 34.0, "prefill_tok_s": 29000.0},
+            {"engine": "kiln", "quant": "none", "status": "ok", "decode_tok_s": 380.0, "prefill_tok_s": 41000.0}]
+    (bench / "results.json").write_text(json.dumps({"env": {}, "config": {}, "results": rows}))
+    assert main(["report", str(bench)]) == 0
+    images = _images((bench / "report.html").read_text())
+    assert any("decode tokens/s" in alt for alt in images)
+
+
+@pytest.mark.parametrize(("make", "needle"), [
+    (lambda p: None, "does not exist"),
+    (lambda p: p.mkdir(), "neither a run"),
+    (lambda p: (p.mkdir(), (p / "results.json").write_text("{}")), "no `results` list"),
+    (lambda p: (p.mkdir(), (p / "summary.json").write_text("{not json")), "not readable JSON"),
+])
+def test_bad_input_exits_2(tmp_path, capsys, make, needle):
+    target = tmp_path / "x"
+    make(target)
+    assert main(["report", str(target)]) == 2
+    assert needle in capsys.readouterr().err
+
+
+def test_profile_dir_report_has_the_profile_section(tmp_path):
+    out = tmp_path / "prof"
+    assert main(["profile", "--out", str(out), "--steps", "2", "--warmup", "1", "--memory-steps", "1",
+                 "model.kwargs.hidden_size=32", "model.kwargs.num_layers=2", "training.device=cpu",
+                 "metrics.console=false"]) == 0
+    assert main(["report", str(out)]) == 0
+    html = (out / "report.html").read_text()
+    assert "<h2>Profile</h2>" in html and "GPU figures: n/a" in html and "memory category" in html

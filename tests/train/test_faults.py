@@ -1,0 +1,42 @@
+from __future__ import annotations
+
+import pytest
+
+from kiln.train import faults
+from kiln.train.faults import Fault, inject, planned_fault
+
+
+@pytest.mark.parametrize(("spec", "fault"), [
+    ("kill@6", Fault("kill", 6)),
+    ("hang@3", Fault("hang", 3)),
+    ("slow@1:50", Fault("slow", 1, 50.0)),
+    ("slow@10:2.5", Fault("slow", 10, 2.5)),
+])
+def test_parse(monkeypatch, spec, fault):
+    monkeypatch.setenv("KILN_FAULT", spec)
+    monkeypatch.delenv("KILN_FAULT_RANK", raising=False)
+    assert planned_fault(0) == fault
+
+
+@pytest.mark.parametrize("spec", ["slow@1", "kill@1:5", "slow@x:5", "slow@1:-5", "boom@1"])
+def test_bad_spec_names_the_forms(monkeypatch, spec):
+    monkeypatch.setenv("KILN_FAULT", spec)
+    with pytest.raises(ValueError, match="slow@STEP:MS"):
+        planned_fault(0)
+
+
+def test_only_the_named_rank_and_first_attempt(monkeypatch):
+    monkeypatch.setenv("KILN_FAULT", "slow@1:5")
+    monkeypatch.setenv("KILN_FAULT_RANK", "1")
+    assert planned_fault(0) is None and planned_fault(1) is not None
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    assert planned_fault(1) is None
+
+
+def test_slow_sleeps_from_its_step_on(monkeypatch):
+    slept = []
+    monkeypatch.setattr(faults.time, "sleep", slept.append)
+    fault = Fault("slow", 3, 40.0)
+    for step in range(1, 6):
+        inject(fault, step)
+    assert slept == [0.04, 0.04, 0.04]
