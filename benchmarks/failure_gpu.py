@@ -4,7 +4,7 @@ SIGABRT, a rank blocked in a CUDA sync ignores SIGTERM until the agent's SIGKILL
 shows it. Each case runs `kiln train` as a user would and checks the message the console ends
 with: the rank that failed first named, what was kept, exit 1, summary.json, error.log, no .tmp.
 
-    python benchmarks/failure_gpu.py --out DIR            # 2+ GPUs: all cases; 1 GPU: the OOM case
+    python benchmarks/failure_gpu.py --out DIR            # 2+ GPUs: all cases (~4-5 min); 1 GPU: the OOM case
     python benchmarks/failure_gpu.py --out DIR --device cpu   # dry run: gloo ranks, OOM injected
 
 Writes DIR/failure_gpu/results.json, results.md and one stderr log per case.
@@ -50,13 +50,14 @@ def _cases(device: str, gpus: int) -> list[dict]:
     return [oom, *(multi if gpus >= 2 or device == "cpu" else [])]
 
 
-def _run_case(case: dict, out: Path) -> dict:
+def _run_case(case: dict, out: Path, limit_s: float) -> dict:
     run_dir = out / "runs" / case["name"]
     cmd = [sys.executable, "-m", "kiln", "train", "--run-dir", str(run_dir)]
     if case["ranks"] > 1:
         cmd[4:4] = ["--nproc-per-node", str(case["ranks"])]
     cmd += case["args"]
-    env = {**os.environ, "NCCL_NVLS_ENABLE": "0"}
+    # NCCL's watchdog waits up to 60 s for flight-recorder dumps before it aborts a timed-out rank.
+    env = {**os.environ, "NCCL_NVLS_ENABLE": "0", "TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC": "10000"}
     if case["fault"]:
         env["KILN_FAULT"] = case["fault"]
         if case["ranks"] > 1:
@@ -66,7 +67,7 @@ def _run_case(case: dict, out: Path) -> dict:
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                             start_new_session=True)
     try:
-        _, err = proc.communicate(timeout=240)
+        _, err = proc.communicate(timeout=limit_s)
         code = proc.returncode
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -121,7 +122,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    ap.add_argument("--budget-s", type=float, default=420, help="stop starting cases after this many seconds")
     args = ap.parse_args(argv)
+    deadline = time.monotonic() + args.budget_s
     import torch
 
     gpus = torch.cuda.device_count() if args.device == "cuda" else 0
@@ -132,7 +135,12 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     rows = []
     for case in _cases(args.device, gpus):
-        row = _run_case(case, out)
+        left = deadline - time.monotonic()
+        if left < 60:
+            rows.append({"case": case["name"], "status": "skipped", "problems": f"time budget ({args.budget_s:.0f} s) spent",
+                         "first_line": "", "console_lines": 0, "wall_s": 0.0, "exit_code": None})
+            continue
+        row = _run_case(case, out, limit_s=min(left, 180))
         rows.append(row)
         print(f"{row['case']}: {row['status']} in {row['wall_s']} s  {row['problems']}", flush=True)
     command = shlex.join(["python", "benchmarks/failure_gpu.py", *(argv if argv is not None else sys.argv[1:])])
