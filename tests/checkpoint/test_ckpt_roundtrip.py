@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -14,6 +16,7 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
+from kiln.checkpoint import CheckpointSaveError
 from kiln.checkpoint.manager import MARKER, latest_complete
 from kiln.config.errors import ConfigError
 
@@ -71,29 +74,48 @@ def test_the_checkpoint_just_written_is_kept_even_if_older_ones_have_higher_step
     assert (tmp_path / "checkpoints" / "step_00000005" / MARKER).is_file()
 
 
-def test_crash_during_save_leaves_previous_checkpoint_latest(tmp_path: Path, monkeypatch, caplog) -> None:
+def test_failed_save_removes_its_partial_dir_and_keeps_the_previous_checkpoint(tmp_path: Path, monkeypatch) -> None:
     run = make_run()
     ck = checkpointer(tmp_path)
     run.step()
     ck.save(1, run.app)
+    before = {p: p.stat().st_mtime_ns for p in (tmp_path / "checkpoints" / "step_00000001").iterdir()}
     real_save = dcp.save
 
-    def save_then_crash(*args, **kwargs):
+    def save_then_fail(*args, **kwargs):
         real_save(*args, **kwargs)  # every data file and .metadata written, no marker yet
-        raise OSError("disk went away")
+        raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(dcp, "save", save_then_crash)
+    monkeypatch.setattr(dcp, "save", save_then_fail)
     run.step()
-    with pytest.raises(OSError):
+    with pytest.raises(CheckpointSaveError, match=r"step 2 to .*step_00000002 failed: OSError: \[Errno 28\]") as info:
         ck.save(2, run.app)
+    assert info.value.step == 2 and isinstance(info.value.cause, OSError)
     monkeypatch.undo()
-    with caplog.at_level(logging.WARNING, logger="kiln.checkpoint"):
-        assert latest_complete(tmp_path / "checkpoints") == tmp_path / "checkpoints" / "step_00000001"
-    assert "step_00000002.tmp" in caplog.text
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_00000001"]
+    assert ck.removed_partial == [tmp_path / "checkpoints" / "step_00000002.tmp"]
+    assert {p: p.stat().st_mtime_ns for p in (tmp_path / "checkpoints" / "step_00000001").iterdir()} == before
     assert checkpointer(tmp_path).resolve_resume("auto").name == "step_00000001"
-    # Saving that step again replaces the leftover.
-    ck.save(2, run.app)
+    ck.save(2, run.app)  # the same step saves fine once the storage is back
     assert latest_complete(tmp_path / "checkpoints").name == "step_00000002"
+
+
+def test_failed_save_without_errno_asks_the_storage(tmp_path: Path, monkeypatch) -> None:
+    """torch.save reports a full disk as `enforce fail ... unexpected pos`: the storage says why."""
+    import kiln.checkpoint.storage as storage
+
+    run = make_run()
+    ck = checkpointer(tmp_path)
+
+    def enforce_fail(*args, **kwargs):
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")
+
+    monkeypatch.setattr(dcp, "save", enforce_fail)
+    monkeypatch.setattr(storage.shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(6 << 20, 6 << 20, 4096))
+    with pytest.raises(CheckpointSaveError, match=r"No space left on device \(4\.0 KiB free of 6\.0 MiB\)") as info:
+        ck.save(1, run.app)
+    assert info.value.storage.errno == errno.ENOSPC
+    assert not (tmp_path / "checkpoints" / "step_00000001.tmp").exists()
 
 
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
@@ -110,9 +132,10 @@ def test_async_save_failure_surfaces_in_wait(tmp_path: Path, monkeypatch) -> Non
 
     monkeypatch.setattr(manager, "_write_json_durably", no_marker)
     ck.save(2, run.app)  # returns at once; the failure happens in the background
-    with pytest.raises(RuntimeError, match="checkpoint save of step 2 failed: no space left"):
+    with pytest.raises(CheckpointSaveError, match="checkpoint save of step 2 .* failed: OSError: no space left"):
         ck.wait()
     assert ck.resolve_resume("auto").name == "step_00000001"
+    assert not (tmp_path / "checkpoints" / "step_00000002.tmp").exists()  # removed in the background
 
 
 def test_process_killed_mid_save_leaves_previous_checkpoint_latest(tmp_path: Path) -> None:
@@ -138,6 +161,13 @@ def test_process_killed_mid_save_leaves_previous_checkpoint_latest(tmp_path: Pat
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     assert (tmp_path / "checkpoints" / "step_00000002.tmp" / ".metadata").is_file()
     assert checkpointer(tmp_path).resolve_resume("auto").name == "step_00000001"
+    # Saving that step again replaces the leftover; the failure path sweeps any other.
+    run = make_run()
+    ck = checkpointer(tmp_path)
+    ck.save(2, run.app)
+    assert latest_complete(tmp_path / "checkpoints").name == "step_00000002"
+    (tmp_path / "checkpoints" / "step_00000003.tmp").mkdir()
+    assert ck.remove_partial() == [tmp_path / "checkpoints" / "step_00000003.tmp"]
 
 
 def test_resolve_resume(tmp_path: Path) -> None:

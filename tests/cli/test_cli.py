@@ -83,3 +83,41 @@ def test_env_json(capsys):
     assert main(["env", "--json"]) == 0
     env = json.loads(capsys.readouterr().out)
     assert env["torch"]
+
+
+def test_export_failure_is_one_short_message_with_a_log(tmp_path, monkeypatch, capsys):
+    import errno
+
+    import safetensors.torch
+
+    run_dir = tmp_path / "run"
+    assert main(["train", "--run-dir", str(run_dir), "training.steps=2", "training.device=cpu", "metrics.console=false",
+                 "model.kwargs.hidden_size=32", "model.kwargs.num_layers=1"]) == 0
+    capsys.readouterr()
+
+    def full_disk(tensors, path, metadata=None):
+        with open(path, "wb") as f:
+            f.write(b"\0" * 64)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(safetensors.torch, "save_file", full_disk)
+    out = tmp_path / "export" / "model.safetensors"
+    assert main(["export", str(run_dir), "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("kiln: failed: disk full (OSError: [Errno 28] No space left on device)"), err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 3
+    assert f"traceback in {out.parent / 'error.log'}" in err and "to do: free space" in err
+    assert sorted(p.name for p in out.parent.iterdir()) == ["error.log"]  # no half-written .part
+
+
+def test_bench_failure_is_one_short_message_with_a_log_in_the_output_dir(tmp_path, monkeypatch, capsys):
+    def out_of_memory(opts):
+        raise MemoryError()
+
+    monkeypatch.setattr("kiln.bench.compile_bench.run_compile_bench", out_of_memory)
+    out = tmp_path / "bench"
+    assert main(["bench", "compile", "--model", "mlp", "--device", "cpu", "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("kiln: failed: out of host memory (MemoryError)"), err
+    assert "Traceback" not in err and f"traceback in {out / 'error.log'}" in err
+    assert "MemoryError" in (out / "error.log").read_text()

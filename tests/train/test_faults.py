@@ -11,6 +11,9 @@ from kiln.train.faults import Fault, inject, planned_fault
     ("hang@3", Fault("hang", 3)),
     ("slow@1:50", Fault("slow", 1, 50.0)),
     ("slow@10:2.5", Fault("slow", 10, 2.5)),
+    ("cuda-oom@6", Fault("cuda-oom", 6)),
+    ("host-oom@2", Fault("host-oom", 2)),
+    ("kill-worker@4", Fault("kill-worker", 4)),
 ])
 def test_parse(monkeypatch, spec, fault):
     monkeypatch.setenv("KILN_FAULT", spec)
@@ -40,3 +43,16 @@ def test_slow_sleeps_from_its_step_on(monkeypatch):
     for step in range(1, 6):
         inject(fault, step)
     assert slept == [0.04, 0.04, 0.04]
+
+
+def test_raising_faults(monkeypatch):
+    import torch
+
+    with pytest.raises(torch.cuda.OutOfMemoryError, match="CUDA out of memory"):
+        inject(Fault("cuda-oom", 2), 2)
+    with pytest.raises(MemoryError):
+        inject(Fault("host-oom", 2), 2)
+    inject(Fault("host-oom", 2), 3)  # once, at its step only
+    monkeypatch.setattr("multiprocessing.active_children", lambda: [])
+    with pytest.raises(RuntimeError, match="no DataLoader worker"):
+        inject(Fault("kill-worker", 1), 1)

@@ -29,10 +29,12 @@ from kiln.checkpoint.manager import Checkpointer, LoadReport, latest_complete
 from kiln.checkpoint.nonfinite import NonFiniteError, NonFiniteGuard
 from kiln.checkpoint.signals import StopOnSignal, any_rank
 from kiln.checkpoint.state import AppState
+from kiln.checkpoint.storage import CheckpointSaveError
 from kiln.config.identity import config_digest
 
 __all__ = [
     "AppState",
+    "CheckpointSaveError",
     "Checkpointer",
     "LoadReport",
     "NonFiniteError",

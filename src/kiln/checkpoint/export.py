@@ -87,8 +87,12 @@ def export_safetensors(run_dir: Path, out: Path, *, checkpoint: Path | None = No
               "torch": torch.__version__}
     out.parent.mkdir(parents=True, exist_ok=True)
     part = out.with_name(out.name + ".part")
-    save_file(tensors, str(part), metadata=header)
-    os.replace(part, out)  # a reader never sees half a file
+    try:
+        save_file(tensors, str(part), metadata=header)
+        os.replace(part, out)  # a reader never sees half a file
+    except BaseException:
+        part.unlink(missing_ok=True)  # a full disk must not keep half a file (and its space)
+        raise
     summary = {"checkpoint": str(path), "step": marker.get("step"), "out": str(out), "tensors": len(tensors),
                "parameters": sum(t.numel() for t in tensors.values()), "bytes": out.stat().st_size}
     out.with_name(out.stem + ".kiln_export.json").write_text(json.dumps(summary, indent=2) + "\n")

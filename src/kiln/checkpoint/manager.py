@@ -6,6 +6,10 @@
 A save writes into `step_N.tmp/` with DCP, then rank 0 writes the completion marker and renames
 the directory. Rename is atomic on POSIX filesystems, so a reader sees either no `step_N/` or a
 complete one; a crash at any point leaves the previous complete checkpoint as the newest.
+
+A save that fails (full disk, lost permission, a dead peer) raises `CheckpointSaveError` on every
+rank after rank 0 removed its `.tmp` directory, so the space it held is free again and nothing
+half-written is left; the previous complete checkpoint is never touched.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from kiln.checkpoint.dcp_io import (
     tensor_shapes,
 )
 from kiln.checkpoint.state import AppState
+from kiln.checkpoint.storage import CheckpointSaveError, discard_partial, remove_partial
 from kiln.config.errors import ConfigError
 from kiln.config.schema import CheckpointConfig
 
@@ -138,6 +143,8 @@ class Checkpointer:
         self._finalize_error: BaseException | None = None
         self._finalized = threading.Event()
         self._async_group = None
+        self.removed_partial: list[Path] = []  # rank 0: .tmp directories of failed saves it removed
+        self._async_storage: OSError | None = None  # rank 0: the storage's problem after a failed async save
         if cfg.async_save and self.distributed:
             # async_save runs DCP's collectives in a background thread: they need a CPU (gloo)
             # backend (dcp.async_save asserts it) and must not interleave with the training
@@ -184,13 +191,27 @@ class Checkpointer:
         if self.last_saved_step == step:
             return target  # e.g. the interval save fell on the last step, then the final save
         tmp = target.with_name(target.name + ".tmp")
+        block = final or not self.cfg.async_save if block is None else block
+        try:
+            self._save(step, app_state, tmp, target, final=final, block=block)
+        except BaseException as exc:
+            # DCP raises only after every rank's writes ended (its results are gathered on rank 0
+            # and broadcast), so rank 0 can remove the partial directory without racing a writer.
+            interrupted = isinstance(exc, (KeyboardInterrupt, SystemExit))
+            storage = self._discard(tmp, None if interrupted else exc) if self.rank == 0 else None
+            if interrupted:
+                raise
+            raise CheckpointSaveError(step, target, exc, storage=storage, rank=self.rank) from exc
+        self.last_saved_step = step
+        return target
+
+    def _save(self, step: int, app_state: AppState, tmp: Path, target: Path, *, final: bool, block: bool) -> None:
         if self.rank == 0:
             self.root.mkdir(parents=True, exist_ok=True)
             if tmp.exists():  # left by a crashed save of this step
                 shutil.rmtree(tmp)
         self._barrier()
         tmp.mkdir(parents=True, exist_ok=True)
-        block = final or not self.cfg.async_save if block is None else block
         meta = {"step": step, "world_size": self.world_size, "final": final, "format": FORMAT_VERSION,
                 "torch": torch.__version__, "config_digest": self.digest}
         started = time.perf_counter()
@@ -200,32 +221,47 @@ class Checkpointer:
                 dcp.save(state, checkpoint_id=tmp, process_group=self.group)
             error = self._finalize(tmp, target, meta, started) if self.rank == 0 else None
             self._raise_if_any(error, step)
+            return
+        with quiet_single_process():
+            response = dcp.async_save(state, checkpoint_id=tmp, process_group=self._async_group)
+        # torch >= 2.9 may return AsyncSaveResponse (staging + upload futures); older a Future.
+        future: Future = getattr(response, "upload_completion", response)
+        self._pending = (step, future, tmp)
+        self._finalized.clear()
+        self._finalize_error = None
+        if self.rank == 0:
+            # Rank 0's DCP save returns after every rank's data is written and it has written
+            # .metadata, so it can complete the checkpoint in the background, no barrier needed.
+            future.add_done_callback(lambda f: self._finalize_async(f, tmp, target, meta, started))
         else:
-            with quiet_single_process():
-                response = dcp.async_save(state, checkpoint_id=tmp, process_group=self._async_group)
-            # torch >= 2.9 may return AsyncSaveResponse (staging + upload futures); older a Future.
-            future: Future = getattr(response, "upload_completion", response)
-            self._pending = (step, future, tmp)
-            self._finalized.clear()
-            self._finalize_error = None
-            if self.rank == 0:
-                # Rank 0's DCP save returns after every rank's data is written and it has written
-                # .metadata, so it can complete the checkpoint in the background, no barrier needed.
-                future.add_done_callback(lambda f: self._finalize_async(f, tmp, target, meta, started))
-            else:
-                future.add_done_callback(lambda f: self._finalized.set())
-        self.last_saved_step = step
-        return target
+            future.add_done_callback(lambda f: self._finalized.set())
+
+    def _discard(self, tmp: Path, error: BaseException | None) -> OSError | None:
+        storage, removed = discard_partial(self.root, tmp, error)
+        self.removed_partial += removed
+        return storage
+
+    def remove_partial(self) -> list[Path]:
+        """Rank 0, on the failure path once no save is in flight: remove every `step_*.tmp` left
+        under the checkpoint root (a save cut short, an interrupted replace). They are never
+        resumed from and hold space. Returns what it removed."""
+        if self.rank != 0 or self._pending is not None:
+            return []
+        removed = remove_partial(self.root)
+        self.removed_partial += removed
+        return removed
 
     def in_flight(self) -> bool:
         """True while an async save is still being written (this rank's view; never blocks)."""
         return self._pending is not None and not self._finalized.is_set()
 
-    def wait(self) -> None:
-        """Block until the in-flight async save (if any) is complete; raises its error on every rank."""
+    def wait(self, *, collective: bool = True) -> None:
+        """Block until the in-flight async save (if any) is complete; raises its error on every rank.
+        `collective=False` (the failure path, where peers may be gone) raises this rank's own view
+        only, without the broadcast that shares rank 0's finalisation error."""
         if self._pending is None:
             return
-        step, future, _ = self._pending
+        step, future, tmp = self._pending
         self._pending = None
         error: BaseException | None = None
         try:
@@ -235,15 +271,27 @@ class Checkpointer:
         self._finalized.wait()
         if self.rank == 0 and error is None:
             error = self._finalize_error
-        self._raise_if_any(error, step)
+        target = tmp.with_name(tmp.name[: -len(".tmp")])
+        try:
+            if collective:
+                self._raise_if_any(error, step)
+            elif error is not None:
+                raise error
+        except BaseException as exc:
+            raise CheckpointSaveError(step, target, exc, storage=self._async_storage, rank=self.rank) from exc
 
-    def close(self) -> None:
-        self.wait()
+    def close(self, *, collective: bool = True) -> None:
+        self.wait(collective=collective)
 
     def _finalize_async(self, future: Future, tmp: Path, target: Path, meta: dict, started: float) -> None:
+        self._async_storage = None
         try:
-            if future.exception() is None:
+            error = future.exception()
+            if error is None:
                 self._finalize_error = self._finalize(tmp, target, meta, started)
+                error = self._finalize_error
+            if error is not None:
+                self._async_storage = self._discard(tmp, error)
         finally:
             self._finalized.set()
 
@@ -259,12 +307,14 @@ class Checkpointer:
                 os.replace(target, old)
                 shutil.rmtree(old)
             os.replace(tmp, target)
-            _fsync_dir(self.root)
-            log.info("checkpoint %s saved in %.2fs", target, meta["save_s"])
-            self._apply_retention(keep_also=target)
-        except Exception as exc:
-            log.error("checkpoint %s could not be completed: %s", target, exc)
+        except Exception as exc:  # the caller removes the partial directory and reports the error
             return exc
+        _fsync_dir(self.root)
+        log.info("checkpoint %s saved in %.2fs", target, meta["save_s"])
+        try:
+            self._apply_retention(keep_also=target)
+        except OSError as exc:  # the new checkpoint is complete; old ones stay until the next save
+            log.warning("could not apply checkpoint.keep after saving %s: %s", target, exc)
         return None
 
     def _apply_retention(self, keep_also: Path) -> None:
@@ -286,9 +336,9 @@ class Checkpointer:
             box = [repr(error) if error is not None and self.rank == 0 else None]
             dist.broadcast_object_list(box, src=0, group=self.group)
             if error is None and box[0] is not None:
-                raise RuntimeError(f"checkpoint save of step {step} failed on rank 0: {box[0]}")
+                raise RuntimeError(f"rank 0 could not complete the checkpoint: {box[0]}")
         if error is not None:
-            raise RuntimeError(f"checkpoint save{'' if step is None else f' of step {step}'} failed: {error}") from error
+            raise error
 
     # -- loading ---------------------------------------------------------------------------
     def check_model(self, path: Path, model: torch.nn.Module) -> None:

@@ -7,6 +7,8 @@ import argparse
 import shlex
 import sys
 
+from kiln.cli.main import add_verbose_flag
+
 AXES = ("modes", "precisions", "backends", "scopes", "losses", "cudagraphs", "regional", "baselines")
 
 
@@ -51,6 +53,7 @@ def add_parser(sub) -> None:
     p.add_argument("--warm-cache", action="store_true", help="keep inductor's on-disk caches (default: cold compile)")
     p.add_argument("--out", help="output directory (default: runs/<time>-bench-compile-<name>)")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, after --config/--preset")
+    add_verbose_flag(p)
     p.set_defaults(run=run_compile)
 
 
@@ -163,6 +166,8 @@ def run_compile(args: argparse.Namespace) -> int:
     cfg = opts.cfg
     name = preset.name if preset else cfg.model.name
     out = Path(args.out) if args.out else default_run_dir(f"bench-compile-{name}")
+    out.mkdir(parents=True, exist_ok=True)
+    args.output_dir = out  # a failure's error.log lands with the results
     device = resolve_device(cfg.training.device)
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     run = "train" if opts.train else "infer"

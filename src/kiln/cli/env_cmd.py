@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from kiln.cli.main import add_verbose_flag
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser("env", help="report torch, CUDA, GPUs, compilers, compile backends, recommendations",
@@ -12,6 +14,7 @@ def add_parser(sub) -> None:
                        "compute capability), C/Triton compilers, torch.compile modes and backends, and recommended "
                        "settings for it.")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    add_verbose_flag(p)
     p.set_defaults(run=run)
 
 

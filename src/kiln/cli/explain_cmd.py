@@ -18,6 +18,9 @@ TARGET_HELP = ("registry name (mlp, vit, hf:llama-tiny), package.module:function
 
 
 def add_target_args(p: argparse.ArgumentParser) -> None:
+    from kiln.cli.main import add_verbose_flag
+
+    add_verbose_flag(p)
     p.add_argument("target", metavar="TARGET", help=TARGET_HELP)
     p.add_argument("--input", action="append", metavar="SPEC", dest="inputs",
                    help="one per forward argument: 8x3x224x224, float16:4x16, int64[0,512):2x32, float=0.5")

@@ -6,6 +6,8 @@ import argparse
 import json
 from pathlib import Path
 
+from kiln.cli.main import add_verbose_flag
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser(
@@ -19,11 +21,14 @@ def add_parser(sub) -> None:
                    help="a checkpoint directory (or its name under RUN_DIR/checkpoints); default: newest complete")
     p.add_argument("--out", type=Path, required=True, help="FILE.safetensors to write")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    add_verbose_flag(p)
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from kiln.checkpoint.export import export_safetensors
+
+    args.output_dir = args.out.parent  # a failure's error.log goes next to the file it was writing
 
     summary = export_safetensors(args.run_dir, args.out, checkpoint=args.checkpoint)
     if args.json:

@@ -1,14 +1,15 @@
 """`kiln <command>`: parse arguments, call the library, map errors to exit codes.
 
 Exit codes (DESIGN.md): 0 success, 2 bad input (ConfigError, named key and valid choices),
-1 a failure while running (artifacts already written are kept).
+1 a failure while running (artifacts already written are kept): a few lines on stderr say what
+failed, where, what was kept and what to do; the traceback goes to `error.log` in the command's
+run or output directory (`--verbose` also prints it).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-import traceback
 
 from kiln.config.errors import ConfigError
 
@@ -36,13 +37,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def add_verbose_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--verbose", action="store_true",
+                        help="on a failure, also print the full traceback on stderr (it always goes to the log file the "
+                             "message names: error.log in the run or output dir)")
+
+
 def _setup_logging() -> None:
     import logging
     import os
 
+    class StderrHandler(logging.StreamHandler):
+        """Writes to the sys.stderr of the moment, not the one at setup: `main()` called again in
+        one process (tests, notebooks) with stderr redirected must not write to a closed stream."""
+
+        @property
+        def stream(self):
+            return sys.stderr
+
+        @stream.setter
+        def stream(self, value) -> None:
+            pass
+
     rank = os.environ.get("RANK")
     prefix = f"kiln[rank {rank}]" if rank is not None and os.environ.get("WORLD_SIZE", "1") != "1" else "kiln"
-    handler = logging.StreamHandler(sys.stderr)
+    handler = StderrHandler()
     handler.setFormatter(logging.Formatter(f"{prefix}: %(message)s"))
     logger = logging.getLogger("kiln")
     if not logger.handlers:
@@ -67,10 +86,22 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("kiln: interrupted", file=sys.stderr)
         return 130
-    except Exception as exc:  # a failure while running: show where, keep what was written
-        traceback.print_exc()
-        print(f"kiln: failed: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return EXIT_FAILED
+    except Exception as exc:  # a failure while running: say what and where, keep what was written
+        return _report_failure(exc, args)
+
+
+def _report_failure(exc: Exception, args: argparse.Namespace) -> int:
+    from kiln.distributed.failures import console_mode, publish
+    from kiln.failure import RunFailed, emit, generic_report, quiet_child_signals
+
+    with quiet_child_signals():
+        # Commands that know their run build the report (train: step, checkpoint, summary); others
+        # name their output directory (`args.output_dir`) for the log file.
+        report = exc.report if isinstance(exc, RunFailed) else generic_report(
+            exc, output_dir=getattr(args, "output_dir", None))
+        emit(report, verbose=getattr(args, "verbose", False), mode=console_mode(report))
+        publish(report)  # for a launcher: this rank's report, complete
+    return EXIT_FAILED
 
 
 if __name__ == "__main__":

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from kiln.cli.main import add_verbose_flag
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser(
@@ -23,6 +25,7 @@ def add_parser(sub) -> None:
     p.add_argument("--out", help="output directory (default: runs/<time>-profile-<model>)")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                    help="config overrides, after --config (training.steps and intervals are set by the window)")
+    add_verbose_flag(p)
     p.set_defaults(run=run)
 
 
@@ -36,6 +39,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.overrides)  # ConfigError -> exit 2 before any work
     profile_config(cfg, steps=args.steps, warmup=args.warmup, memory_steps=args.memory_steps)  # flags too
     out = Path(args.out) if args.out else default_run_dir(f"profile-{cfg.model.name}")
+    args.output_dir = out  # a failure's error.log lands with the profile (once the run made it)
     summary = profile_run(cfg, out, steps=args.steps, warmup=args.warmup, memory_steps=args.memory_steps)
     if summary is None:
         return 0

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from kiln.cli.main import add_verbose_flag
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser(
@@ -15,11 +17,14 @@ def add_parser(sub) -> None:
     )
     p.add_argument("path", metavar="RUN_DIR|BENCH_DIR", help="a kiln train/profile run dir or a kiln bench --out dir")
     p.add_argument("--out", help="where to write the report (default: into RUN_DIR|BENCH_DIR)")
+    add_verbose_flag(p)
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from kiln.report.build import make_report
+
+    args.output_dir = args.out or args.path  # a failure's error.log goes where the report was going
 
     written = make_report(args.path, args.out)
     print(f"kiln: wrote {written['html']} and {written['md']} (+ {written['files']}/)")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from kiln.cli.main import add_verbose_flag
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser(
@@ -14,6 +16,7 @@ def add_parser(sub) -> None:
     p.add_argument("--config", help="TOML config file (see configs/); defaults apply to missing keys")
     p.add_argument("--run-dir", help="output directory (default: runs/<time>-<model>); the same command again continues "
                    "a run that crashed there (checkpoint.resume=auto)")
+    add_verbose_flag(p)
     d = p.add_argument_group("distributed (runs torchrun for you; `torchrun -m kiln train ...` works too)")
     d.add_argument("--nproc-per-node", type=int, help="processes on this node (one per GPU; gloo ranks on CPU)")
     d.add_argument("--nnodes", type=int, default=1, help="number of nodes")
@@ -28,7 +31,10 @@ def add_parser(sub) -> None:
 def _launch(args: argparse.Namespace, cfg) -> int:
     from pathlib import Path
 
-    from kiln.distributed.launch import LaunchSpec, check_launch, launch
+    from kiln.distributed.failures import first_failure
+    from kiln.distributed.launch import LaunchSpec, check_launch, launch, launcher_flags
+    from kiln.failure import RunFailed
+    from kiln.train.failure import group_report
     from kiln.train.preflight import preflight
     from kiln.train.runtime import default_run_dir
 
@@ -43,27 +49,48 @@ def _launch(args: argparse.Namespace, cfg) -> int:
     run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(cfg.model.name)
     check_launch(spec, cfg.training.device)
     preflight(cfg, run_dir)
-    passthrough = (["--config", args.config] if args.config else []) + list(args.overrides)
+    passthrough = (["--verbose"] if args.verbose else []) + (["--config", args.config] if args.config else [])
+    passthrough += list(args.overrides)
     if spec.max_restarts > 0 and cfg.checkpoint.resume == "never":
         # A restarted group must continue from the last checkpoint, not start over (the parent
         # checked the run dir above; an elastic restart skips that check).
         passthrough.append("checkpoint.resume=auto")
-    code = launch(spec, run_dir, passthrough)
-    print(f"kiln: {'completed' if code == 0 else 'failed'}; run dir {run_dir}")
-    return code
+    code, failures = launch(spec, run_dir, passthrough)
+    if code == 0:
+        print(f"kiln: completed; run dir {run_dir}")
+        return 0
+    # The ranks said one line each at most; name the first failure, what was kept, what to do.
+    raise RunFailed(group_report(run_dir, first_failure(failures), failures, launcher_flags(spec),
+                                 owner=(spec.node_rank or 0) == 0))
 
 
 def run(args: argparse.Namespace) -> int:
     from kiln.config import load_config
+    from kiln.config.errors import ConfigError
 
     cfg = load_config(args.config, args.overrides)  # ConfigError -> exit 2 before any work
     if args.nproc_per_node is not None or args.nnodes > 1:
         return _launch(args, cfg)
 
+    from kiln.distributed.failures import publish
+    from kiln.failure import RunFailed, quiet_child_signals
+    from kiln.train.failure import training_report
     from kiln.train.trainer import Trainer
 
-    trainer = Trainer(cfg, args.run_dir)  # builds model and data: bad paths/names also exit 2 here
-    summary = trainer.fit()
+    def publish_early(exc: BaseException) -> None:  # under a launcher: the report before cleanup
+        if trainer.dist.launched:
+            publish(training_report(trainer, exc, final=False))
+
+    # Builds model and data: bad paths/names also exit 2 here.
+    trainer = Trainer(cfg, args.run_dir, on_failure=publish_early)
+    try:
+        summary = trainer.fit()
+    except ConfigError:
+        raise
+    except Exception as exc:  # cleaned up, summary written: say what, where, what was kept
+        with quiet_child_signals():
+            report = training_report(trainer, exc)
+        raise RunFailed(report) from exc
     if not trainer.dist.is_main:
         return 0
     if summary.get("already_complete"):

@@ -4,16 +4,19 @@ torchrun (torch.distributed.run) starts the ranks, sets RANK/WORLD_SIZE/..., and
 `--max-restarts K` its elastic agent restarts the whole group when a rank dies. Each rank runs
 `python -m kiln train` with the same config and run dir, exactly what `torchrun -m kiln train`
 would run by hand. Bad input is rejected in this parent process first, so it exits 2 once
-instead of N ranks failing in parallel.
+instead of N ranks failing in parallel. torchrun runs through `kiln.distributed.agent`, which
+hands the failed ranks back (`launch` returns them) so the caller can name the first failure.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ipaddress
+import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +24,7 @@ from pathlib import Path
 import torch
 
 from kiln.config.errors import ConfigError
+from kiln.distributed.failures import REPORT_ENV, RankFailure, load_failures
 
 
 @dataclass(frozen=True)
@@ -109,7 +113,7 @@ def torchrun_command(spec: LaunchSpec, run_dir: Path, train_args: list[str]) -> 
     """The torchrun argv. One node: a private rendezvous on a free local port (`--standalone`).
     Several nodes: static rendezvous at the endpoint with explicit node ranks, which is what
     `--node-rank` means to torchrun (the c10d backend would assign ranks itself)."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={spec.nproc_per_node}",
+    cmd = [sys.executable, "-m", "kiln.distributed.agent", f"--nproc-per-node={spec.nproc_per_node}",
            f"--max-restarts={spec.max_restarts}"]
     if spec.nnodes == 1 and not spec.rdzv_endpoint:
         cmd.append("--standalone")
@@ -120,7 +124,22 @@ def torchrun_command(spec: LaunchSpec, run_dir: Path, train_args: list[str]) -> 
     return [*cmd, "-m", "kiln", "train", "--run-dir", str(run_dir), *train_args]
 
 
-def launch(spec: LaunchSpec, run_dir: Path, train_args: list[str]) -> int:
-    """Run torchrun and return its exit code (0, or 1 for any failure of the ranks)."""
-    proc = subprocess.run(torchrun_command(spec, run_dir, train_args), check=False)
-    return 0 if proc.returncode == 0 else 1
+def launch(spec: LaunchSpec, run_dir: Path, train_args: list[str]) -> tuple[int, list[RankFailure]]:
+    """Run torchrun; returns its exit code (0, or 1 for any failure of the ranks) and, on failure,
+    the failed ranks as the agent reported them (empty if it reported none)."""
+    with tempfile.TemporaryDirectory(prefix="kiln-launch-") as reports:
+        env = {**os.environ, REPORT_ENV: reports}
+        proc = subprocess.run(torchrun_command(spec, run_dir, train_args), check=False, env=env)
+        failures = load_failures(Path(reports)) if proc.returncode != 0 else []
+    return (0 if proc.returncode == 0 else 1), failures
+
+
+def launcher_flags(spec: LaunchSpec) -> list[str]:
+    """The `kiln train` flags that recreate this launch (for the resume command of a failure)."""
+    flags = [f"--nproc-per-node={spec.nproc_per_node}"]
+    if spec.nnodes > 1:
+        flags += [f"--nnodes={spec.nnodes}", f"--node-rank={spec.node_rank or 0}",
+                  f"--rdzv-endpoint={spec.rdzv_endpoint}"]
+    if spec.max_restarts:
+        flags.append(f"--max-restarts={spec.max_restarts}")
+    return flags

@@ -1,11 +1,20 @@
-"""Fault injection for testing recovery and monitoring (CI's tests, or a user's own drill).
+"""Fault injection for testing recovery, monitoring and failure reports (CI's tests, or a user's
+own drill).
 
-`KILN_FAULT=kill@K` makes the rank(s) named by `KILN_FAULT_RANK` (default: all) SIGKILL
-themselves right after optimizer step K; `hang@K` makes them stop participating (sleep) so the
-others' next collective times out; `slow@K:MS` makes them sleep MS milliseconds after every
-step from K on (a straggler: a slow host, a throttled GPU, a noisy neighbour). Only on the first
-attempt of a torchrun job (TORCHELASTIC_RESTART_COUNT 0), so an elastic restart runs clean.
-Unset: no effect, no cost beyond one comparison per step.
+`KILN_FAULT=KIND@K` acts on the rank(s) named by `KILN_FAULT_RANK` (default: all) right after
+optimizer step K, before the step counts as done:
+
+- `kill`: SIGKILL this process (a crashed or OOM-killed rank);
+- `hang`: stop participating (sleep), so the others' next collective times out;
+- `slow@K:MS`: sleep MS milliseconds after every step from K on (a straggler: a slow host, a
+  throttled GPU, a noisy neighbour);
+- `cuda-oom`: raise torch.cuda.OutOfMemoryError, as a too-large batch would inside the step;
+- `host-oom`: raise MemoryError (host memory exhausted in Python);
+- `kill-worker`: SIGKILL one of this rank's DataLoader worker processes (needs file or user data
+  with data.num_workers > 0); the loader notices at its next batch.
+
+Only on the first attempt of a torchrun job (TORCHELASTIC_RESTART_COUNT 0), so an elastic restart
+runs clean. Unset: no effect, no cost beyond one comparison per step.
 """
 
 from __future__ import annotations
@@ -15,12 +24,13 @@ import signal
 import time
 from dataclasses import dataclass
 
-_FORMS = "kill@STEP, hang@STEP or slow@STEP:MS"
+ONCE = ("kill", "hang", "cuda-oom", "host-oom", "kill-worker")
+_FORMS = f"{'@STEP, '.join(ONCE)}@STEP or slow@STEP:MS"
 
 
 @dataclass(frozen=True)
 class Fault:
-    kind: str  # kill | hang | slow
+    kind: str  # one of ONCE, or slow
     step: int
     ms: float = 0.0  # slow: milliseconds added after each step from `step` on
 
@@ -35,7 +45,7 @@ def planned_fault(rank: int) -> Fault | None:
     kind, _, rest = spec.partition("@")
     step, _, ms = rest.partition(":")
     valid = step.isdigit() and (
-        (kind in ("kill", "hang") and not ms) or (kind == "slow" and ms.replace(".", "", 1).isdigit())
+        (kind in ONCE and not ms) or (kind == "slow" and ms.replace(".", "", 1).isdigit())
     )
     if not valid:
         raise ValueError(f"KILN_FAULT must be {_FORMS}, got {spec!r}")
@@ -52,5 +62,26 @@ def inject(fault: Fault | None, step: int) -> None:
         return
     if fault.kind == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
-    while True:  # hang: the peers' collective must time out (distributed.timeout_s)
-        time.sleep(3600)
+    elif fault.kind == "cuda-oom":
+        import torch
+
+        raise torch.cuda.OutOfMemoryError(
+            f"CUDA out of memory. Tried to allocate 2.00 GiB (injected by KILN_FAULT=cuda-oom@{step})")
+    elif fault.kind == "host-oom":
+        raise MemoryError(f"injected by KILN_FAULT=host-oom@{step}")
+    elif fault.kind == "kill-worker":
+        _kill_a_loader_worker()
+    else:
+        while True:  # hang: the peers' collective must time out (distributed.timeout_s)
+            time.sleep(3600)
+
+
+def _kill_a_loader_worker() -> None:
+    import multiprocessing
+
+    # DataLoader workers are multiprocessing children of this process (torch.utils.data.dataloader).
+    workers = [p for p in multiprocessing.active_children() if p.pid is not None]
+    if not workers:
+        raise RuntimeError("KILN_FAULT=kill-worker: this process has no DataLoader worker to kill "
+                           "(synthetic data, or data.num_workers=0)")
+    os.kill(workers[0].pid, signal.SIGKILL)

@@ -34,6 +34,8 @@ from kiln.distributed.env import (
 )
 from kiln.distributed.strategy import resolve_strategy
 from kiln.distributed.sync_timing import SyncTimer
+from kiln.failure.classify import short_error
+from kiln.failure.report import quiet_child_signals
 from kiln.models import build_model
 from kiln.monitor.flops import count_step_flops, peak_flops
 from kiln.monitor.gpu_health import start_gpu_health
@@ -69,10 +71,14 @@ log = logging.getLogger("kiln.train")
 
 class Trainer:
     def __init__(self, cfg: Config, run_dir: str | Path | None = None,
-                 step_hook: Callable[[int], None] | None = None) -> None:
-        """`step_hook(step)` runs after every optimizer step (kiln profile's profiler window)."""
+                 step_hook: Callable[[int], None] | None = None, *,
+                 on_failure: Callable[[BaseException], None] | None = None) -> None:
+        """`step_hook(step)` runs after every optimizer step (kiln profile's profiler window).
+        `on_failure(exc)` is called as soon as `fit` catches an error, before cleaning up (the CLI
+        publishes the rank's report there: a launcher may stop this process during cleanup)."""
         self.cfg = cfg
         self.step_hook = step_hook
+        self.on_failure = on_failure
         self.dist = DistEnv.from_env()
         multi = self.dist.world_size > 1
         self.device = device_for(self.dist, cfg.training.device) if multi else resolve_device(cfg.training.device)
@@ -107,6 +113,12 @@ class Trainer:
             raise ConfigError("compile.regional", f"{cfg.model.name} has no repeated blocks to compile one by one")
         if cfg.metrics.prometheus and self.dist.is_main:
             check_bindable(cfg.metrics.prometheus_host, cfg.metrics.prometheus_port)
+        # Where a failure happened, for its report: step `_step` began, `_steps_done` finished.
+        self._step = self._steps_done = 0
+        self._start = 1
+        self.summary_error: Exception | None = None
+        self.cleanup_errors: list[tuple[str, BaseException]] = []
+        self.failed_at: float | None = None
 
     def _resolve_run_dir(self) -> tuple[Path | None, bool]:
         """(checkpoint to resume from or None, whether the run is already complete), deciding what
@@ -183,26 +195,67 @@ class Trainer:
             with tf32_enabled(cfg.precision.tf32), deterministic_mode(cfg.training.deterministic), \
                     compile_cache_dir(cfg.compile.cache_dir if cfg.compile.enabled else "torch"):
                 summary.update(self._train(sinks))
+            self.checkpointer.close()  # completes an in-flight async save: its failure fails the run
             summary["status"] = "stopped" if summary.get("stopped_by") else "completed"
-        except KeyboardInterrupt:
-            summary["status"] = "interrupted"
-            raise
-        except Exception as exc:
-            summary["status"] = "failed"
-            summary["error"] = f"{type(exc).__name__}: {exc}"
+        except BaseException as exc:
+            interrupted = isinstance(exc, (KeyboardInterrupt, SystemExit))
+            summary["status"] = "interrupted" if interrupted else "failed"
+            if not interrupted:
+                self.failed_at = time.time()
+                summary["error"] = short_error(exc, 2000)
+                if self.on_failure is not None:
+                    try:
+                        self.on_failure(exc)
+                    except Exception as hook_error:  # a report that cannot be published must not hide the error
+                        self.cleanup_errors.append(("publishing the failure", hook_error))
             raise
         finally:
-            summary["wall_s"] = round(time.perf_counter() - started, 3)
-            summary["steps"] = getattr(self, "_steps_done", summary["steps"])  # also when the loop failed
-            sinks.close()
-            if self._health is not None:
-                self._health.close()
-            self.checkpointer.close()  # completes an in-flight async save
-            if main:
-                write_summary(self.run_dir / "summary.json", summary)
-            lock.close()
-            destroy_process_group()
+            failing = summary["status"] not in ("completed", "stopped")
+            with quiet_child_signals() if failing else contextlib.nullcontext():
+                self._finish(summary, sinks, started, lock, failing)
         return summary
+
+    def _finish(self, summary: dict[str, Any], sinks, started: float, lock: contextlib.ExitStack,
+                failing: bool) -> None:
+        """Close everything and write summary.json. On the failure path nothing here may hide the
+        error being raised: each step's own error is kept in `cleanup_errors` (for the log) and the
+        next step still runs; partial checkpoint directories are removed. After a clean run the
+        first error here is the run's failure."""
+        summary["wall_s"] = round(time.perf_counter() - started, 3)
+        summary["steps"] = self._steps_done  # also when the loop failed
+        steps = [("closing the metric sinks", sinks.close)]
+        if self._health is not None:
+            steps.append(("stopping the GPU health sampler", self._health.close))
+        if failing:
+            # Complete (or fail) an in-flight async save without collectives: peers may be gone.
+            steps += [("waiting for the in-flight checkpoint save", lambda: self.checkpointer.close(collective=False)),
+                      ("removing partial checkpoints", self.checkpointer.remove_partial)]
+        first: BaseException | None = None
+        for label, action in steps:
+            try:
+                action()
+            except Exception as exc:
+                self.cleanup_errors.append((label, exc))
+                if not failing and first is None:
+                    first = exc
+                    summary.update(status="failed", error=short_error(exc, 2000))
+        if self.dist.is_main:
+            try:
+                write_summary(self.run_dir / "summary.json", summary)
+            except Exception as exc:
+                self.summary_error = exc
+                self.cleanup_errors.append(("writing summary.json", exc))
+                if not failing and first is None:
+                    first = exc
+        # Never the run's failure: a lock file that cannot be removed stays behind harmlessly, and a
+        # group broken by a dead peer may refuse a clean shutdown.
+        for label, action in [("releasing the run dir", lock.close), ("leaving the process group", destroy_process_group)]:
+            try:
+                action()
+            except Exception as exc:
+                self.cleanup_errors.append((label, exc))
+        if first is not None:
+            raise first
 
     def _train(self, sinks) -> dict[str, Any]:
         cfg, device = self.cfg, self.device
@@ -242,6 +295,8 @@ class Trainer:
         if self.resume_path is not None:
             report = ck.load(self.resume_path, app)
             start = int(app.progress.get("step", report.step)) + 1
+            self._step = self._steps_done = start - 1
+            self._start = start
             pending = []  # the data position was restored: batches fetched before it are not ours
             if self.dist.is_main:
                 _trim_metrics(self.run_dir / "metrics.jsonl", start - 1)
@@ -256,6 +311,7 @@ class Trainer:
         meter.restart_clock()
         with StopOnSignal() as stop:
             for step in range(start, tcfg.steps + 1):
+                self._step = step
                 t_data = time.perf_counter()
                 while len(pending) < accum:
                     pending.append(next(data_iter))
@@ -269,8 +325,8 @@ class Trainer:
                 meter.add_step(loss)
                 app.progress.update(step=step, samples_seen=step * samples_per_step * self.dist.world_size,
                                     tokens_seen=step * (tokens_per_step or 0) * self.dist.world_size)
-                self._steps_done = step
                 inject(fault, step)
+                self._steps_done = step
                 if is_log:
                     record = meter.record(step, current_lr(step_fn.optimizer), grad_norm)
                     record.update(guard.check())  # NonFiniteError: exit 1 naming the step

@@ -1,0 +1,25 @@
+"""Failing well: one clear message per failure, the traceback in a log file, the run dir clean.
+
+    diagnose(exc, cfg=..., run_dir=...) -> Diagnosis     what failed, in words, and what to do
+    FailureReport(...).lines()                           the few lines a user reads
+    emit(report, verbose=...)                            writes the log, prints the message
+    RunFailed(report)                                    raised by commands, mapped to exit 1 by the CLI
+"""
+
+from __future__ import annotations
+
+from kiln.failure.classify import Diagnosis, diagnose, killed_by_signal, short_error
+from kiln.failure.report import FailureReport, RunFailed, emit, generic_report, quiet_child_signals, write_log
+
+__all__ = [
+    "Diagnosis",
+    "FailureReport",
+    "RunFailed",
+    "diagnose",
+    "emit",
+    "generic_report",
+    "killed_by_signal",
+    "quiet_child_signals",
+    "short_error",
+    "write_log",
+]

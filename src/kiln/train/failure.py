@@ -1,0 +1,160 @@
+"""The report of a failed training run: what failed, in which step, what was kept, how to resume.
+
+One process (or one rank) builds it from the trainer after `Trainer.fit` cleaned up; the launcher
+of several ranks builds one for the whole job from the ranks' reports (`group_report`), names the
+rank that failed first, and makes summary.json say so.
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import Any
+
+from kiln.checkpoint.manager import read_marker
+from kiln.checkpoint.storage import CheckpointSaveError, newest_intact, remove_partial
+from kiln.failure.classify import Diagnosis, causes, diagnose, reason, short_error
+from kiln.failure.report import FailureReport, error_log_name
+
+
+def resume_command(run_dir: Path, launcher: list[str] | None = None) -> str:
+    """`kiln train` with the run's own resolved config (so every override the failed run had is
+    kept), its run dir and `checkpoint.resume=auto`; `launcher` holds --nproc-per-node and friends."""
+    config = run_dir / "config.toml"
+    parts = ["kiln", "train", *(launcher or []), "--config", str(config), "--run-dir", str(run_dir),
+             "checkpoint.resume=auto"]
+    return shlex.join(parts)
+
+
+def kept(run_dir: Path, removed: list[Path]) -> tuple[str, bool]:
+    """("checkpoint step 5 is intact (path); the partial save ... was removed", resumable)."""
+    root = run_dir / "checkpoints"
+    newest = newest_intact(root)
+    if newest is not None:
+        step = (read_marker(newest) or {}).get("step", "?")
+        text = f"checkpoint step {step} is intact ({newest})"
+    else:
+        text = "no complete checkpoint was saved before the failure"
+    if removed:
+        names = ", ".join(p.name for p in removed)
+        text += f"; the partial save{'s' if len(removed) > 1 else ''} ({names}) {'were' if len(removed) > 1 else 'was'} removed"
+    return text, newest is not None
+
+
+def where_it_failed(exc: BaseException, step: int, steps_done: int, start: int = 1) -> str:
+    """"saving checkpoint step 10 (path)", "in step 7" (the step began, did not finish), "after
+    step 6" (logging, eval or saving after it), "before step 1" (building, compiling, resuming)."""
+    for e in causes(exc):
+        if isinstance(e, CheckpointSaveError):
+            return f"saving checkpoint step {e.step} ({e.path})"
+    if step > steps_done:
+        return f"in step {step}"
+    return f"before step {start}" if steps_done < start else f"after step {steps_done}"
+
+
+def training_report(trainer, exc: BaseException, *, final: bool = True) -> FailureReport:
+    """The report of `trainer`'s failed `fit` (or of a failure before it started training).
+    `final=False`: what is known the moment the error is caught (what, where), before cleanup."""
+    dist = trainer.dist
+    rank = dist.rank if dist.world_size > 1 or dist.launched else None
+    run_dir = Path(trainer.run_dir)
+    step, done, start = trainer._step, trainer._steps_done, trainer._start
+    report = FailureReport(diagnose(exc, cfg=trainer.cfg, run_dir=run_dir),
+                           where=where_it_failed(exc, step, done, start), rank=rank, step=max(step, done), exc=exc,
+                           log_dir=run_dir if run_dir.is_dir() else None, log_name=error_log_name(rank))
+    report.time = trainer.failed_at or report.time
+    if not final:
+        return report
+    if run_dir.is_dir():
+        report.removed = list(trainer.checkpointer.removed_partial)
+        report.kept, resumable = kept(run_dir, report.removed)
+        if resumable:
+            command = resume_command(run_dir)
+            # Under torchrun the ranks cannot know its flags; the kiln launcher prints its own command.
+            report.resume = command.replace("kiln train", "torchrun ... -m kiln train", 1) if dist.launched else command
+    if dist.is_main:
+        report.summary = (f"could not be written ({reason(trainer.summary_error)})"
+                          if trainer.summary_error is not None
+                          else "records status failed and the error" if (run_dir / "summary.json").exists()
+                          else "was not written (the failure came before training started)")
+    for label, error in trainer.cleanup_errors:
+        report.notes.append(f"while {label} after the failure:\n{_format(error)}")
+    if report.diagnosis.kind == "cuda_oom":
+        report.notes.append(_cuda_memory(trainer.device))
+    return report
+
+
+def _format(error: BaseException) -> str:
+    import traceback
+
+    return "".join(traceback.format_exception(error))
+
+
+def _cuda_memory(device: Any) -> str:
+    import torch
+
+    if getattr(device, "type", None) != "cuda" or not torch.cuda.is_available():
+        return "CUDA memory summary: not a CUDA device in this process"
+    try:
+        return "CUDA memory at the failure (torch.cuda.memory_summary):\n" + torch.cuda.memory_summary(device)
+    except Exception as exc:  # the summary is an aid; a broken context must not hide the OOM
+        return f"CUDA memory summary unavailable: {short_error(exc)}"
+
+
+def record_group_failure(run_dir: Path, error: str, failed_rank: int | None,
+                         rank_errors: dict[int, str]) -> str:
+    """Make summary.json name the job's first failure (rank 0 wrote its own, possibly secondary,
+    error; a killed rank 0 wrote none). Returns the phrase for the message."""
+    import json
+
+    from kiln.monitor.summary import write_summary
+
+    path = run_dir / "summary.json"
+    try:
+        summary: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
+    except (OSError, ValueError):
+        summary = {}
+    if summary.get("status") not in (None, "running", "failed", "interrupted"):
+        return f"says {summary.get('status')}"  # an elastic restart got further; leave its record alone
+    summary.setdefault("steps", 0)
+    summary.update(status="failed", error=error, failed_rank=failed_rank, run_dir=str(run_dir),
+                   rank_errors={str(r): e for r, e in sorted(rank_errors.items())})
+    try:
+        write_summary(path, summary)
+    except OSError as exc:
+        return f"could not be written ({reason(exc)})"
+    who = f"rank {failed_rank}'s error" if failed_rank is not None else "the error"
+    return f"records status failed and {who}"
+
+
+def group_report(run_dir: Path, first, failures: list, launcher: list[str], *, owner: bool = True) -> FailureReport:
+    """The job's report from its ranks' failures (`first`, a RankFailure, failed first; None when
+    torchrun failed without any rank reporting, e.g. in the rendezvous). Only the `owner` (node
+    rank 0's launcher) touches the run dir: it removes partial checkpoints and updates
+    summary.json; another node's launcher sees only its own ranks and may not share the storage."""
+    if first is None:
+        diagnosis = Diagnosis("error", "torchrun failed", "no rank reported an error",
+                              "torchrun's output above says why (rendezvous, ports, a rank that could not start)")
+        where = ""
+    else:
+        diagnosis = first.diagnosis()
+        where = f"on rank {first.rank}" + (f" {first.where or _where_of_peers(failures)}".rstrip())
+    report = FailureReport(diagnosis, where=where, log_dir=run_dir if run_dir.is_dir() else None)
+    # Rank 0 removed the partial directory of a save that failed; a killed rank's is removed here.
+    report.removed = [p for f in failures for p in f.removed()]
+    report.removed += remove_partial(run_dir / "checkpoints") if owner else []
+    if run_dir.is_dir():
+        report.kept, resumable = kept(run_dir, report.removed)
+        if resumable:
+            report.resume = resume_command(run_dir, launcher)
+    if run_dir.is_dir() and owner:
+        report.summary = record_group_failure(
+            run_dir, f"rank {first.rank}: {diagnosis.detail}" if first is not None else diagnosis.what,
+            first.rank if first is not None else None, {f.rank: f.diagnosis().detail for f in failures})
+    report.notes += [f.log_section() for f in failures]
+    return report
+
+
+def _where_of_peers(failures: list) -> str:
+    steps = [f.step for f in failures if f.step is not None]
+    return f"near step {max(steps)}" if steps else ""
