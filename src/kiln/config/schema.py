@@ -128,9 +128,11 @@ class CompileConfig:
     scope: str = "model"
     """What is compiled: `model`, `model+loss`, or `step` (forward, loss and optimizer update)."""
     regional: bool = False
-    """Compile each repeated block (transformer layer) separately instead of the whole model: much faster compile, similar speed."""
+    """Compile each repeated block (transformer layer) separately instead of the whole model: a compile several times faster (one block is compiled and reused); on launch-bound steps pair it with `cudagraphs`, since each region adds Python overhead per call."""
     cudagraphs: bool = False
     """Capture the whole optimizer step (forward, loss, backward, clipping, non-finite guard, optimizer update, LR schedule) in one CUDA graph and replay it every step; with `enabled` the compiled code is captured, without it the eager kernels. Needs one process on CUDA and a fixed batch shape; otherwise (or if capture fails, e.g. on a host sync) the normal step runs and the reason is logged."""
+    defaults: str = "measured"
+    """What `enabled=true` with no other compile key set means: `measured` (kiln's fastest accurate recipe for the model family on one CUDA GPU, from benchmarks/results; see kiln.compile_defaults) or `torch` (torch.compile's defaults)."""
     cache_dir: str = ""
     """Where compiled kernels are cached (inductor and Triton caches): empty for kiln's cache dir (`$KILN_CACHE_DIR` or `~/.cache/kiln/compile`), `torch` for torch's own default, or a path."""
     save_cache: bool = True
@@ -253,6 +255,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "precision.policy": ("fp32", "bf16-mixed", "fp16-mixed", "bf16-true"),
     "compile.dynamic": ("auto", "true", "false"),
     "compile.scope": ("model", "model+loss", "step"),
+    "compile.defaults": ("measured", "torch"),
     "distributed.strategy": ("none", "ddp", "fsdp", "auto"),
     "distributed.backend": ("auto", "nccl", "gloo"),
     "distributed.ddp_comm_hook": ("none", "bf16", "fp16"),

@@ -20,6 +20,7 @@ import torch
 from kiln.checkpoint import AppState, Checkpointer, NonFiniteGuard, StopOnSignal, any_rank, config_digest
 from kiln.compile import compile_counters
 from kiln.compile_cache import ARTIFACTS_FILE, compile_cache_dir, load_artifacts, save_artifacts
+from kiln.compile_defaults import apply_measured_defaults
 from kiln.config.errors import ConfigError
 from kiln.config.load import save_config
 from kiln.config.schema import Config
@@ -83,6 +84,9 @@ class Trainer:
         multi = self.dist.world_size > 1
         self.device = device_for(self.dist, cfg.training.device) if multi else resolve_device(cfg.training.device)
         self.policy = resolve_precision(cfg.precision.policy, self.device)
+        note = apply_measured_defaults(cfg, self.device.type, self.dist.world_size)  # before the run-dir check
+        if note and self.dist.is_main:
+            log.info(note)
         self.run_dir = Path(run_dir) if run_dir is not None else default_run_dir(cfg.model.name)
         if multi and run_dir is None:
             raise ConfigError("--run-dir", "several ranks need one run dir chosen up front; pass --run-dir")
