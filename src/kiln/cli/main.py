@@ -21,7 +21,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from kiln.cli import bench_cmd, doctor_cmd, env_cmd, explain_cmd, export_cmd, train_cmd
+    from kiln.cli import bench_cmd, doctor_cmd, env_cmd, explain_cmd, export_cmd, generate_cmd, train_cmd
 
     parser = _Parser(prog="kiln", description="Fast PyTorch training and inference, with evidence.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
@@ -31,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     explain_cmd.add_parser(sub)
     doctor_cmd.add_parser(sub)
     export_cmd.add_parser(sub)
+    generate_cmd.add_parser(sub)
     return parser
 
 

@@ -1,0 +1,145 @@
+"""The engines `kiln bench llm` puts side by side, behind one small interface.
+
+- `hf-eager`: transformers `generate` with its default dynamic cache, uncompiled;
+- `hf-compiled`: `generate(..., cache_implementation="static")`, which in transformers 5.x
+  compiles the decode forward by itself (`torch.compile(mode="reduce-overhead")`, CUDA only;
+  `GenerationMixin._valid_auto_compile_criteria`), prefill staying eager;
+- `kiln-eager`: kiln's engine, no compile, no CUDA graphs;
+- `kiln-compiled`: kiln's engine, prefill compiled per padded length, decode compiled and
+  replayed as a CUDA graph.
+Both HF engines share one HF model and both kiln engines one kiln model (each engine keeps its
+own cache), so weights are built once per library. Every engine exposes `prefill()` (one prompt
+forward that fills the cache, timed by the bench) and `generate(clock)` (the full request, with
+a clock mark after the prefill and after every decode step).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from kiln.bench.timing import StepClock
+
+ENGINES = ("hf-eager", "hf-compiled", "kiln-eager", "kiln-compiled")
+HF_ENGINES = ("hf-eager", "hf-compiled")
+
+
+class KilnEngine:
+    def __init__(self, name: str, model, prompts: list[list[int]], new_tokens: int):
+        from kiln.llm.engine import Engine
+
+        self.name = name
+        self.engine = Engine(model, compile=name == "kiln-compiled")
+        self.prompts, self.new_tokens = prompts, new_tokens
+        self.note = None
+        if name == "kiln-compiled" and self.engine.device.type != "cuda":
+            self.note = "no CUDA device: compiled with inductor, decode not captured in a CUDA graph"
+
+    def _prepare(self):
+        return self.engine.prepare(self.prompts, max_new_tokens=self.new_tokens)
+
+    def prefill(self) -> None:
+        self.engine.run_prefill(self._prepare())
+
+    def generate(self, clock: StepClock) -> list[list[int]]:
+        return self.engine.generate(self.prompts, max_new_tokens=self.new_tokens, clock=clock).tokens
+
+    def compile_stats(self) -> dict[str, Any]:
+        return {"compiles": len(self.engine.compiled) if self.engine.compile else 0,
+                "compiled_variants": dict(self.engine.compiled), "kv_cache_bytes": self.engine.cache_bytes}
+
+
+class _ClockMark:
+    """A no-op logits processor that marks the clock each time generate has new logits."""
+
+    def __init__(self, clock: StepClock | None):
+        self.clock = clock
+
+    def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
+        if self.clock is not None:
+            self.clock.mark()
+        return scores
+
+
+class HfEngine:
+    def __init__(self, name: str, model, prompts: list[list[int]], new_tokens: int):
+        self.name, self.model, self.new_tokens = name, model, new_tokens
+        device = next(model.parameters()).device
+        self.input_ids = torch.tensor(prompts, dtype=torch.long, device=device)
+        self.static = name == "hf-compiled"
+        self.note = None
+        if self.static and device.type != "cuda":
+            self.note = "transformers auto-compiles only on CUDA: static cache, uncompiled, on this device"
+        self._static_cache = None
+
+    def _generation_config(self):
+        from transformers import GenerationConfig
+
+        # Exactly new_tokens tokens (no EOS stop), greedy, like kiln's rows.
+        return GenerationConfig(max_new_tokens=self.new_tokens, min_new_tokens=0, do_sample=False,
+                                eos_token_id=None, pad_token_id=0,
+                                cache_implementation="static" if self.static else None)
+
+    @torch.inference_mode()
+    def prefill(self) -> None:
+        """The eager prompt forward both HF recipes run inside generate (HF compiles decode only)."""
+        kwargs: dict[str, Any] = {"use_cache": True, "logits_to_keep": 1}
+        if self.static:
+            if self._static_cache is None:
+                from transformers import StaticCache
+
+                self._static_cache = StaticCache(config=self.model.config,
+                                                 max_cache_len=self.input_ids.shape[1] + self.new_tokens)
+            self._static_cache.reset()
+            kwargs["past_key_values"] = self._static_cache
+        self.model(self.input_ids, **kwargs)
+
+    @torch.inference_mode()
+    def generate(self, clock: StepClock) -> list[list[int]]:
+        from transformers import LogitsProcessorList
+
+        clock.start()
+        out = self.model.generate(self.input_ids, attention_mask=torch.ones_like(self.input_ids),
+                                  generation_config=self._generation_config(),
+                                  logits_processor=LogitsProcessorList([_ClockMark(clock)]))
+        new = out[:, self.input_ids.shape[1]:]
+        if new.shape[1] != self.new_tokens:
+            raise RuntimeError(f"transformers generated {new.shape[1]} tokens, asked for {self.new_tokens}")
+        return new.tolist()
+
+    def compile_stats(self) -> dict[str, Any]:
+        return {"compiles": 1 if getattr(self.model, "_compiled_call", None) is not None else 0,
+                "compiled_variants": None, "kv_cache_bytes": None}
+
+
+def build_hf_model(source, *, device: torch.device, dtype: torch.dtype, seed: int):
+    """The HF model of `source` (its weights when its directory has them, else random, seeded)."""
+    from kiln.llm.weights import has_weights
+    from kiln.models.hf import _dtype_kwarg, _import_transformers, make_config
+
+    transformers = _import_transformers(source.spec)
+    config = make_config(source.raw, {}, source.spec)
+    kwargs = {"attn_implementation": "sdpa", **_dtype_kwarg(transformers, dtype)}
+    if has_weights(source.directory):
+        model = transformers.AutoModelForCausalLM.from_pretrained(str(source.directory), config=config,
+                                                                  local_files_only=True, **kwargs).to(device)
+    else:
+        torch.manual_seed(seed)
+        with torch.device(device):
+            model = transformers.AutoModelForCausalLM.from_config(config, **kwargs)
+    model.eval().requires_grad_(False)
+    # Benchmark requests run to their length: no EOS stop from the model's own defaults.
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    return model
+
+
+def hf_available() -> str | None:
+    """None when transformers imports, else the reason HF rows are skipped."""
+    try:
+        import transformers  # noqa: F401
+    except ImportError as exc:
+        return f"transformers is not installed ({exc}); pip install 'kiln[llm]'"
+    return None

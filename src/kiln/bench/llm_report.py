@@ -1,0 +1,112 @@
+"""Showing `kiln bench llm` results: a rich table, results.json/results.md, a PNG chart."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from kiln.bench.results import write_results
+
+# Columns of results.md, in order (results.json rows carry more: variants, parity, bytes, ...).
+COLUMNS = [
+    "engine", "quant", "status", "ttft_ms", "prefill_ms", "prefill_tok_s", "prefill_tflops", "prefill_peak_frac",
+    "decode_tok_s", "token_ms_p50", "token_ms_p90", "achieved_gbs", "roofline_frac", "decode_vs_hf",
+    "prefill_vs_hf", "peak_mem_bytes", "weight_bytes", "warmup_s", "compile_s", "compiles", "greedy_match", "reason",
+]
+
+_STATUS_STYLE = {"ok": "green", "skipped": "dim", "accuracy_fail": "yellow", "oom": "red", "error": "red"}
+
+
+def _cell(key: str, value: Any) -> str:
+    if value is None:
+        return "-"
+    if key.endswith("_bytes"):
+        return f"{value / 2**30:.2f} GiB"
+    if key.endswith("_frac"):
+        return f"{100 * value:.1f}%"
+    if key.endswith("_vs_hf"):
+        return f"{value:.2f}x"
+    if key.endswith("_s") and not key.endswith("tok_s"):
+        return f"{value:.1f}"
+    if isinstance(value, float):
+        return f"{value:,.1f}" if math.isfinite(value) and abs(value) >= 100 else f"{value:.3g}"
+    return str(value)
+
+
+def render_table(rows: list[dict[str, Any]], title: str):
+    from rich.table import Table
+
+    shown = ["engine", "status", "ttft_ms", "prefill_tok_s", "prefill_peak_frac", "decode_tok_s", "token_ms_p50",
+             "roofline_frac", "decode_vs_hf", "prefill_vs_hf", "peak_mem_bytes", "warmup_s", "compiles"]
+    headers = {"ttft_ms": "TTFT ms", "prefill_tok_s": "prefill tok/s", "prefill_peak_frac": "of matmul peak",
+               "decode_tok_s": "decode tok/s", "token_ms_p50": "ms/token p50", "roofline_frac": "of roofline",
+               "decode_vs_hf": "decode vs HF", "prefill_vs_hf": "prefill vs HF", "peak_mem_bytes": "peak mem",
+               "warmup_s": "warm-up s"}
+    table = Table(title=title, title_justify="left")
+    for key in shown:
+        table.add_column(headers.get(key, key), overflow="fold")
+    for row in rows:
+        cells = []
+        for key in shown:
+            if key == "status":
+                style = _STATUS_STYLE.get(row["status"], "")
+                cells.append(f"[{style}]{row['status']}[/{style}]" if style else row["status"])
+            else:
+                cells.append(_cell(key, row.get(key)))
+        table.add_row(*cells)
+        for extra in (row.get("reason"), row.get("note")):
+            if extra:
+                table.add_row(f"  [dim]{extra}[/dim]", *[""] * (len(shown) - 1))
+    return table
+
+
+def plot(rows: list[dict[str, Any]], path: Path, title: str) -> Path | None:
+    """Prefill and decode tokens/s per engine, decode against the bandwidth roofline, and memory."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    labels = [r["engine"] for r in rows]
+    y = list(range(len(rows)))
+    fig, (ax_pre, ax_dec, ax_mem) = plt.subplots(1, 3, figsize=(14, max(2.5, 0.5 * len(rows) + 1.4)), sharey=True)
+    ax_pre.barh(y, [r.get("prefill_tok_s") or 0 for r in rows], color="#3b7dd8")
+    ax_pre.set_xlabel("prefill tokens/s")
+    ax_dec.barh(y, [r.get("decode_tok_s") or 0 for r in rows], color="#2a9d5c")
+    roof = next((r.get("roofline_tok_s") for r in rows if r.get("roofline_tok_s")), None)
+    if roof:
+        ax_dec.axvline(roof, color="black", linestyle="--", linewidth=1)
+        ax_dec.text(roof, len(rows) - 0.5, " bandwidth roofline", fontsize=7, va="top")
+    ax_dec.set_xlabel("decode tokens/s")
+    mem = [(r.get("peak_mem_bytes") or 0) / 2**30 for r in rows]
+    ax_mem.barh(y, mem, color="#d88a3b")
+    ax_mem.set_xlabel("peak memory, GiB")
+    if not any(mem):
+        ax_mem.set_xticks([])
+        ax_mem.text(0.5, 0.5, "not measured (CUDA only)", ha="center", va="center", transform=ax_mem.transAxes)
+    for i, row in enumerate(rows):
+        if row["status"] != "ok":
+            ax_pre.text(0, i, f" {row['status']}", va="center", fontsize=8, color="#b00000")
+    ax_pre.set_yticks(y)
+    ax_pre.set_yticklabels(labels, fontsize=9)
+    ax_pre.invert_yaxis()
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write_llm_results(out_dir: str | Path, rows: list[dict[str, Any]], *, env: dict, config: dict, command: str,
+                      title: str) -> dict[str, Path]:
+    out = Path(out_dir)
+    written = {"json": write_results(out, env=env, config=config, results=rows, columns=COLUMNS, title=title,
+                                     command=command)}
+    written["md"] = out / "results.md"
+    png = plot(rows, out / "results.png", title)
+    if png is not None:
+        written["png"] = png
+    return written
