@@ -27,9 +27,10 @@ import torch
 
 from kiln.bench.ceilings import Ceilings, measure_ceilings
 from kiln.bench.compile_bench import failure
-from kiln.bench.llm_engines import ENGINES, HF_ENGINES, HfEngine, KilnEngine, build_hf_model, hf_available
+from kiln.bench.llm_engines import ENGINES, HF_ENGINES, HfEngine, KilnEngine
 from kiln.bench.timing import StepClock, Timing, measure_interleaved, time_calls
 from kiln.compile import compile_counters
+from kiln.llm.hf_model import build_hf_model, hf_available
 from kiln.llm.weights import TORCH_DTYPES
 
 Log = Callable[[str], None]

@@ -51,18 +51,6 @@ class KilnEngine:
                 "compiled_variants": dict(self.engine.compiled), "kv_cache_bytes": self.engine.cache_bytes}
 
 
-class _ClockMark:
-    """A no-op logits processor that marks the clock each time generate has new logits."""
-
-    def __init__(self, clock: StepClock | None):
-        self.clock = clock
-
-    def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
-        if self.clock is not None:
-            self.clock.mark()
-        return scores
-
-
 class HfEngine:
     def __init__(self, name: str, model, prompts: list[list[int]], new_tokens: int):
         self.name, self.model, self.new_tokens = name, model, new_tokens
@@ -82,7 +70,7 @@ class HfEngine:
                                 eos_token_id=None, pad_token_id=0,
                                 cache_implementation="static" if self.static else None)
 
-    @torch.inference_mode()
+    @torch.no_grad()
     def prefill(self) -> None:
         """The eager prompt forward both HF recipes run inside generate (HF compiles decode only)."""
         kwargs: dict[str, Any] = {"use_cache": True, "logits_to_keep": 1}
@@ -96,14 +84,20 @@ class HfEngine:
             kwargs["past_key_values"] = self._static_cache
         self.model(self.input_ids, **kwargs)
 
-    @torch.inference_mode()
-    def generate(self, clock: StepClock) -> list[list[int]]:
-        from transformers import LogitsProcessorList
+    def generate(self, clock: StepClock) -> list[list[int]]:  # as users call it (generate sets no_grad)
+        from transformers import LogitsProcessor, LogitsProcessorList
+
+        class ClockMark(LogitsProcessor):
+            """A no-op logits processor marking the clock each time generate has new logits."""
+
+            def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
+                clock.mark()
+                return scores
 
         clock.start()
         out = self.model.generate(self.input_ids, attention_mask=torch.ones_like(self.input_ids),
                                   generation_config=self._generation_config(),
-                                  logits_processor=LogitsProcessorList([_ClockMark(clock)]))
+                                  logits_processor=LogitsProcessorList([ClockMark()]))
         new = out[:, self.input_ids.shape[1]:]
         if new.shape[1] != self.new_tokens:
             raise RuntimeError(f"transformers generated {new.shape[1]} tokens, asked for {self.new_tokens}")
@@ -112,34 +106,3 @@ class HfEngine:
     def compile_stats(self) -> dict[str, Any]:
         return {"compiles": 1 if getattr(self.model, "_compiled_call", None) is not None else 0,
                 "compiled_variants": None, "kv_cache_bytes": None}
-
-
-def build_hf_model(source, *, device: torch.device, dtype: torch.dtype, seed: int):
-    """The HF model of `source` (its weights when its directory has them, else random, seeded)."""
-    from kiln.llm.weights import has_weights
-    from kiln.models.hf import _dtype_kwarg, _import_transformers, make_config
-
-    transformers = _import_transformers(source.spec)
-    config = make_config(source.raw, {}, source.spec)
-    kwargs = {"attn_implementation": "sdpa", **_dtype_kwarg(transformers, dtype)}
-    if has_weights(source.directory):
-        model = transformers.AutoModelForCausalLM.from_pretrained(str(source.directory), config=config,
-                                                                  local_files_only=True, **kwargs).to(device)
-    else:
-        torch.manual_seed(seed)
-        with torch.device(device):
-            model = transformers.AutoModelForCausalLM.from_config(config, **kwargs)
-    model.eval().requires_grad_(False)
-    # Benchmark requests run to their length: no EOS stop from the model's own defaults.
-    model.generation_config.eos_token_id = None
-    model.generation_config.pad_token_id = 0
-    return model
-
-
-def hf_available() -> str | None:
-    """None when transformers imports, else the reason HF rows are skipped."""
-    try:
-        import transformers  # noqa: F401
-    except ImportError as exc:
-        return f"transformers is not installed ({exc}); pip install 'kiln[llm]'"
-    return None
