@@ -193,7 +193,18 @@ class LlmBench:
         self.log(f"{r.name}: warm-up {r.row['warmup_s']:.1f} s (first call {first:.1f} s)")
 
     def time_prefill(self, ready: list[_Row]) -> None:
-        sides = {r.name: r.engine.prefill for r in ready}
+        """Each engine's prompt forward, interleaved. An engine whose prefill cannot be called on
+        its own keeps its generate figures; its prefill figures stay empty, with the reason."""
+        sides = {}
+        for r in ready:
+            try:
+                r.engine.prefill()
+                sides[r.name] = r.engine.prefill
+            except Exception as exc:
+                r.row["prefill_error"] = failure(exc)[1]
+                self.log(f"{r.name}: prefill alone failed ({r.row['prefill_error']}); no prefill figures")
+        if not sides:
+            return
         for name, timing in measure_interleaved(sides, warmup=1, repeats=self.opts.prefill_repeats,
                                                 device=self.device).items():
             self.rows[name].row["prefill_ms"] = timing.median_s * 1e3
@@ -250,13 +261,14 @@ class LlmBench:
             row["roofline_tok_s"] = c.copy_bytes_per_s / weight_bytes * o.batch
             if not r.ok or not r.decode:
                 continue
-            prefill_s = row["prefill_ms"] / 1e3
             decode_s = statistics.median(r.decode)
+            if row.get("prefill_ms"):
+                prefill_s = row["prefill_ms"] / 1e3
+                row.update(prefill_tok_s=o.batch * o.prompt_len / prefill_s,
+                           prefill_tflops=flops / prefill_s / 1e12 if flops else None,
+                           prefill_peak_frac=flops / prefill_s / c.matmul_flops_per_s if flops else None)
             row.update(
                 ttft_ms=statistics.median(r.ttft) * 1e3,
-                prefill_tok_s=o.batch * o.prompt_len / prefill_s,
-                prefill_tflops=flops / prefill_s / 1e12 if flops else None,
-                prefill_peak_frac=flops / prefill_s / c.matmul_flops_per_s if flops else None,
                 decode_tok_s=o.batch * steps / decode_s if steps else None,
                 token_ms_p50=Timing(tuple(r.intervals)).quantile_s(0.5) * 1e3 if r.intervals else None,
                 token_ms_p90=Timing(tuple(r.intervals)).quantile_s(0.9) * 1e3 if r.intervals else None,
@@ -275,8 +287,9 @@ class LlmBench:
         ref = next((ok[n] for n in ("hf-eager", "hf-compiled", "kiln-eager", "kiln-compiled") if n in ok), None)
         for r in ok.values():
             if base is not None:
-                r.row.update(vs_hf=base.name, decode_vs_hf=r.row["decode_tok_s"] / base.row["decode_tok_s"],
-                             prefill_vs_hf=base.row["prefill_ms"] / r.row["prefill_ms"])
+                r.row.update(vs_hf=base.name, decode_vs_hf=r.row["decode_tok_s"] / base.row["decode_tok_s"])
+                if base.row.get("prefill_ms") and r.row.get("prefill_ms"):
+                    r.row["prefill_vs_hf"] = base.row["prefill_ms"] / r.row["prefill_ms"]
             if ref is not None and r.tokens and ref.tokens:
                 a, b = r.tokens[0], ref.tokens[0]
                 r.row.update(greedy_ref=ref.name,
@@ -286,8 +299,8 @@ class LlmBench:
     def run(self) -> list[dict[str, Any]]:
         self.log(f"measuring ceilings on {self.device}")
         self.ceilings = measure_ceilings(self.device, self.dtype)
-        self.log(f"copy {self.ceilings.copy_bytes_per_s / 1e9:.0f} GB/s, "
-                 f"matmul {self.ceilings.matmul_flops_per_s / 1e12:.1f} TFLOP/s")
+        self.log(f"copy {self.ceilings.copy_bytes_per_s / 1e9:.4g} GB/s, "
+                 f"matmul {self.ceilings.matmul_flops_per_s / 1e12:.4g} TFLOP/s")
         self.build_models()
         self.check_parity()
         flops = self.prefill_flops()
@@ -304,16 +317,8 @@ class LlmBench:
                 gc.collect()
         ready = [r for r in ready if r.ok]
         if ready:
-            try:
-                self.time_prefill(ready)
-            except Exception as exc:  # which one failed is unknown: retry each alone
-                self.log(f"interleaved prefill timing failed ({failure(exc)[1]}); timing engines one by one")
-                for r in ready:
-                    try:
-                        self.time_prefill([r])
-                    except Exception as one:
-                        r.fail(one)
-            self.time_generate([r for r in ready if r.ok])
+            self.time_prefill(ready)
+            self.time_generate(ready)
         return self.finish_rows(flops)
 
 

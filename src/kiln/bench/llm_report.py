@@ -35,7 +35,10 @@ def _cell(key: str, value: Any) -> str:
 
 
 def render_table(rows: list[dict[str, Any]], title: str):
+    """A rich Table of the main figures, with each row's reason or note listed under it."""
+    from rich.console import Group
     from rich.table import Table
+    from rich.text import Text
 
     shown = ["engine", "status", "ttft_ms", "prefill_tok_s", "prefill_peak_frac", "decode_tok_s", "token_ms_p50",
              "roofline_frac", "decode_vs_hf", "prefill_vs_hf", "peak_mem_bytes", "warmup_s", "compiles"]
@@ -55,10 +58,9 @@ def render_table(rows: list[dict[str, Any]], title: str):
             else:
                 cells.append(_cell(key, row.get(key)))
         table.add_row(*cells)
-        for extra in (row.get("reason"), row.get("note")):
-            if extra:
-                table.add_row(f"  [dim]{extra}[/dim]", *[""] * (len(shown) - 1))
-    return table
+    notes = [f"{row['engine']}: {extra}" for row in rows
+             for extra in (row.get("reason"), row.get("note"), row.get("prefill_error")) if extra]
+    return Group(table, *(Text(n, style="dim") for n in notes))
 
 
 def plot(rows: list[dict[str, Any]], path: Path, title: str) -> Path | None:

@@ -69,12 +69,18 @@ class Slots:
     top_p: Tensor
 
 
+def _is_stop(tokens: Tensor, stop: Tensor) -> Tensor:
+    # A broadcast compare, not torch.isin: eager isin on CUDA may call unique(), a host sync that
+    # would also break CUDA-graph capture.
+    return (tokens[:, None] == stop[None, :]).any(dim=-1)
+
+
 def prefill_step(model: Decoder, s: Slots, length: int, padded: bool, greedy: bool) -> None:
     logits = model(s.tokens[:, :length], cache=s.cache, pad=s.pad if padded else None, last_only=True)
     first = sample(logits[:, -1].float(), greedy, s.temperature, s.top_k, s.top_p)
     s.tokens[:, length] = first
     s.pos.fill_(length)
-    s.done.copy_(torch.isin(first, s.stop))
+    s.done.copy_(_is_stop(first, s.stop))
 
 
 def decode_step(model: Decoder, s: Slots, greedy: bool) -> None:
@@ -82,7 +88,7 @@ def decode_step(model: Decoder, s: Slots, greedy: bool) -> None:
     logits = model(token, cache=s.cache, pad=s.pad, decode_slot=s.pos)
     nxt = sample(logits[:, -1].float(), greedy, s.temperature, s.top_k, s.top_p)
     s.tokens.index_copy_(1, s.pos + 1, nxt.view(-1, 1))
-    s.done.logical_or_(torch.isin(nxt, s.stop))
+    s.done.logical_or_(_is_stop(nxt, s.stop))
     s.pos.add_(1)
 
 
