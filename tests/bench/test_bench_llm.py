@@ -89,6 +89,8 @@ def test_hf_rows_are_skipped_without_transformers(tiny, tmp_path, monkeypatch):
     pytest.param(["--device", "cuda"], ["--device", "no CUDA"],
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")),
     (["--model", "llama-3.2-3"], ["--model", "llama-3.2-3b"]),
+    (["--inductor", "coordinate_descent_tunin=true"], ["--inductor", "coordinate_descent_tuning"]),
+    (["--inductor", "max_autotune"], ["--inductor", "KEY=VALUE"]),
 ])
 def test_bad_input_exits_2_with_one_line_before_any_work(tiny, tmp_path, capsys, args, needles):
     out = tmp_path / "out"

@@ -74,6 +74,8 @@ class LlmBenchOptions:
     prefill_repeats: int = 10
     seed: int = 0
     preset: str | None = None
+    inductor_options: dict[str, Any] = field(default_factory=dict)
+    """Inductor options for kiln-compiled, over kiln's defaults."""
 
 
 def _stderr(message: str) -> None:
@@ -173,7 +175,7 @@ class LlmBench:
     def _make(self, name: str):
         if name in HF_ENGINES:
             return HfEngine(name, self.hf_model, self.prompts, self.opts.new_tokens)
-        return KilnEngine(name, self.kiln_model, self.prompts, self.opts.new_tokens)
+        return KilnEngine(name, self.kiln_model, self.prompts, self.opts.new_tokens, self.opts.inductor_options)
 
     def warm_up(self, r: _Row) -> None:
         before_counters, before_bytes = compile_counters(), _allocated(self.device)

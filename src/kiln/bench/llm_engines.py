@@ -27,11 +27,14 @@ HF_ENGINES = ("hf-eager", "hf-compiled")
 
 
 class KilnEngine:
-    def __init__(self, name: str, model, prompts: list[list[int]], new_tokens: int):
-        from kiln.llm.engine import Engine
+    def __init__(self, name: str, model, prompts: list[list[int]], new_tokens: int,
+                 inductor_options: dict[str, Any] | None = None):
+        from kiln.llm.engine import Engine, default_inductor_options
 
         self.name = name
-        self.engine = Engine(model, compile=name == "kiln-compiled")
+        device = model.embed.weight.device
+        options = {**default_inductor_options(device), **(inductor_options or {})}
+        self.engine = Engine(model, compile=name == "kiln-compiled", inductor_options=options)
         self.prompts, self.new_tokens = prompts, new_tokens
         self.note = None
         if name == "kiln-compiled" and self.engine.device.type != "cuda":

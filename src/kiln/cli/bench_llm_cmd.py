@@ -4,6 +4,7 @@ measuring is in kiln.bench.llm_bench. Every check runs before a model is built."
 from __future__ import annotations
 
 import argparse
+import difflib
 import shlex
 
 from kiln.cli.llm_args import MODEL_HELP, at_least, resolve_device_flag, resolve_dtype_flag, split_list
@@ -31,6 +32,9 @@ def add_parser(bsub) -> None:
     p.add_argument("--repeats", type=int, default=3, help="timed requests per engine, interleaved (default 3)")
     p.add_argument("--prefill-repeats", type=int, default=10, help="timed prefills per engine (default 10)")
     p.add_argument("--seed", type=int, default=0, help="seed of the prompt and of random weights")
+    p.add_argument("--inductor", action="append", metavar="KEY=VALUE",
+                   help="inductor option for kiln-compiled, over kiln's defaults (coordinate_descent_tuning=true "
+                   "on CUDA), e.g. max_autotune=true; repeatable")
     p.add_argument("--out", help="output directory (default: runs/<time>-bench-llm-<name>)")
     p.set_defaults(run=run)
 
@@ -70,7 +74,26 @@ def plan(args: argparse.Namespace):
                   keys={"max_new_tokens": "--new-tokens", "prompt": "--prompt-len"})
     return LlmBenchOptions(model=model, engines=engines, dtype=dtype, device=str(device), warmup=args.warmup,
                            repeats=args.repeats, prefill_repeats=args.prefill_repeats, seed=args.seed,
-                           preset=preset.name if preset else None, **sizes)
+                           preset=preset.name if preset else None, inductor_options=_inductor_options(args.inductor),
+                           **sizes)
+
+
+def _inductor_options(assignments: list[str] | None) -> dict[str, object]:
+    from kiln.config.load import parse_literal
+    from kiln.config.validate import inductor_option_names
+
+    options: dict[str, object] = {}
+    names = inductor_option_names() if assignments else []
+    for assignment in assignments or []:
+        key, sep, value = assignment.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError("--inductor", f"expected KEY=VALUE, got {assignment!r}")
+        key = key.strip()
+        if key not in names:
+            close = difflib.get_close_matches(key, names, n=3)
+            raise ConfigError("--inductor", f"{key!r} is not an inductor option in this torch", close or None)
+        options[key] = parse_literal(value)
+    return options
 
 
 def _command(args: argparse.Namespace) -> str:
@@ -82,6 +105,8 @@ def _command(args: argparse.Namespace) -> str:
             parts += [f"--{flag.replace('_', '-')}", str(value)]
     if args.engines:
         parts += ["--engines", ",".join(split_list(args.engines))]
+    for option in args.inductor or []:
+        parts += ["--inductor", option]
     return shlex.join(parts)
 
 
