@@ -15,15 +15,7 @@
 # 1024, 64 new tokens): catches GPU-only failures (CUDA graph capture, Triton kernels) cheaply.
 # Writes $OUT/r/<name>/results.{json,md,png} with logs and nvidia-smi.csv; packs $OUT/results.tgz.
 set -uo pipefail
-OUT=${OUT:-/tmp/kiln-out}
-R=$OUT/r
-mkdir -p "$R"
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
-  export PYTHONPATH=/tmp/site
-fi
-export PYTHONPATH=$PWD/src:${PYTHONPATH:-} PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/nvidia-smi.csv"
+source benchmarks/gpu_env.sh
 start=$(date +%s)
 step() {  # step NAME CMD...: run, keep the full log, show it without inductor's warning lines
   local name=$1; shift

@@ -94,7 +94,7 @@ def test_hf_rows_are_skipped_without_transformers(tiny, tmp_path, monkeypatch):
 ])
 def test_bad_input_exits_2_with_one_line_before_any_work(tiny, tmp_path, capsys, args, needles):
     out = tmp_path / "out"
-    base = ["bench", "llm", "--model", str(tiny), "--prompt-len", "20", "--out", str(out)]
+    base = ["bench", "llm", "--model", str(tiny), "--prompt-len", "20", "--new-tokens", "8", "--out", str(out)]
     code = main(base + args)
     err = capsys.readouterr().err.strip()
     assert code == 2, err

@@ -6,7 +6,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from kiln.bench.results import write_results
+from kiln.bench.results import pyplot, status_cell, write_result_files
 
 # The columns of results.md and of the table on screen, in order.
 COLUMNS = [
@@ -36,9 +36,6 @@ def _cell(key: str, value: Any) -> str:
     return str(value)
 
 
-_STATUS_STYLE = {"ok": "green", "skipped": "dim", "accuracy_fail": "yellow", "oom": "red", "error": "red"}
-
-
 def render_table(rows: list[dict[str, Any]], title: str):
     """A rich Table of the rows (times in ms, memory in MiB)."""
     from rich.table import Table
@@ -60,8 +57,7 @@ def render_table(rows: list[dict[str, Any]], title: str):
             elif key == "step_ms" and row.get("step_ms") is not None:
                 cells.append(f"{row['step_ms']:.3f} ({row.get('step_ms_p10', 0):.3f}-{row.get('step_ms_p90', 0):.3f})")
             elif key == "status":
-                style = _STATUS_STYLE.get(row["status"], "")
-                cells.append(f"[{style}]{row['status']}[/{style}]" if style else row["status"])
+                cells.append(status_cell(row["status"]))
             else:
                 cells.append(_cell(key, row.get(key)))
         table.add_row(*cells)
@@ -72,12 +68,8 @@ def render_table(rows: list[dict[str, Any]], title: str):
 
 def plot(rows: list[dict[str, Any]], path: Path, title: str) -> Path | None:
     """Speedup (vs eager at the same precision and vs eager fp32) and peak memory per row."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return None
     labels = [row_label(r) for r in rows]
     y = list(range(len(rows)))
@@ -115,11 +107,5 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> Path | None:
 def write_compile_results(out_dir: str | Path, rows: list[dict[str, Any]], *, env: dict, config: dict,
                           command: str, title: str) -> dict[str, Path]:
     """results.json + results.md (kiln.bench.results) and results.png; returns the paths written."""
-    out = Path(out_dir)
-    written = {"json": write_results(out, env=env, config=config, results=rows, columns=COLUMNS, title=title,
-                                     command=command)}
-    written["md"] = out / "results.md"
-    png = plot(rows, out / "results.png", title)
-    if png is not None:
-        written["png"] = png
-    return written
+    return write_result_files(out_dir, rows, env=env, config=config, command=command, title=title,
+                              columns=COLUMNS, plot=plot)

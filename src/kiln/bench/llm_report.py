@@ -6,7 +6,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from kiln.bench.results import write_results
+from kiln.bench.results import pyplot, status_cell, write_result_files
 
 # Columns of results.md, in order (results.json rows carry more: variants, parity, bytes, ...).
 COLUMNS = [
@@ -14,9 +14,6 @@ COLUMNS = [
     "decode_tok_s", "token_ms_p50", "token_ms_p90", "achieved_gbs", "roofline_frac", "decode_vs_hf",
     "prefill_vs_hf", "peak_mem_bytes", "weight_bytes", "warmup_s", "compile_s", "compiles", "greedy_match", "reason",
 ]
-
-_STATUS_STYLE = {"ok": "green", "skipped": "dim", "accuracy_fail": "yellow", "oom": "red", "error": "red"}
-
 
 def _cell(key: str, value: Any) -> str:
     if value is None:
@@ -53,8 +50,7 @@ def render_table(rows: list[dict[str, Any]], title: str):
         cells = []
         for key in shown:
             if key == "status":
-                style = _STATUS_STYLE.get(row["status"], "")
-                cells.append(f"[{style}]{row['status']}[/{style}]" if style else row["status"])
+                cells.append(status_cell(row["status"]))
             else:
                 cells.append(_cell(key, row.get(key)))
         table.add_row(*cells)
@@ -65,12 +61,8 @@ def render_table(rows: list[dict[str, Any]], title: str):
 
 def plot(rows: list[dict[str, Any]], path: Path, title: str) -> Path | None:
     """Prefill and decode tokens/s per engine, decode against the bandwidth roofline, and memory."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return None
     labels = [r["engine"] for r in rows]
     y = list(range(len(rows)))
@@ -104,11 +96,5 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> Path | None:
 
 def write_llm_results(out_dir: str | Path, rows: list[dict[str, Any]], *, env: dict, config: dict, command: str,
                       title: str) -> dict[str, Path]:
-    out = Path(out_dir)
-    written = {"json": write_results(out, env=env, config=config, results=rows, columns=COLUMNS, title=title,
-                                     command=command)}
-    written["md"] = out / "results.md"
-    png = plot(rows, out / "results.png", title)
-    if png is not None:
-        written["png"] = png
-    return written
+    return write_result_files(out_dir, rows, env=env, config=config, command=command, title=title,
+                              columns=COLUMNS, plot=plot)

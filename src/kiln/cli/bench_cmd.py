@@ -133,7 +133,6 @@ def run_compile(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     import torch
-    from rich.console import Console
 
     from kiln.bench.compile_bench import run_compile_bench
     from kiln.bench.compile_report import render_table, write_compile_results
@@ -155,11 +154,18 @@ def run_compile(args: argparse.Namespace) -> int:
                   "recipes": [dataclasses.asdict(r) for r in opts.recipes], "device": str(device)},
     }
     written = write_compile_results(out, rows, env=collect_env(), config=config, command=_command(args), title=title)
+    show_results(rows, render_table(rows, title), written)
+    return 0
+
+
+def show_results(rows: list[dict], renderable, written: dict) -> None:
+    """Print a bench's table and a one-line summary of row statuses and files written."""
+    from rich.console import Console
+
     console = Console()
     if not console.is_terminal:  # piped or logged: do not squeeze the table into 80 columns
         console = Console(width=220)
-    console.print(render_table(rows, title))
+    console.print(renderable)
     counts = {s: sum(r["status"] == s for r in rows) for s in dict.fromkeys(r["status"] for r in rows)}
     summary = ", ".join(f"{n} {s}" for s, n in counts.items())
     print(f"kiln: {len(rows)} rows ({summary}); wrote {', '.join(str(p) for p in written.values())}")
-    return 0

@@ -117,10 +117,10 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     import torch
-    from rich.console import Console
 
     from kiln.bench.llm_bench import run_llm_bench
     from kiln.bench.llm_report import render_table, write_llm_results
+    from kiln.cli.bench_cmd import show_results
     from kiln.monitor.env import collect_env
     from kiln.train.runtime import default_run_dir
 
@@ -133,11 +133,5 @@ def run(args: argparse.Namespace) -> int:
     rows, context = run_llm_bench(opts)
     config = {"bench": dataclasses.asdict(opts), **context}
     written = write_llm_results(out, rows, env=collect_env(), config=config, command=_command(args), title=title)
-    console = Console()
-    if not console.is_terminal:  # piped or logged: do not squeeze the table into 80 columns
-        console = Console(width=220)
-    console.print(render_table(rows, title))
-    counts = {s: sum(r["status"] == s for r in rows) for s in dict.fromkeys(r["status"] for r in rows)}
-    summary = ", ".join(f"{n} {s}" for s, n in counts.items())
-    print(f"kiln: {len(rows)} rows ({summary}); wrote {', '.join(str(p) for p in written.values())}")
+    show_results(rows, render_table(rows, title), written)
     return 0
