@@ -9,7 +9,9 @@
 5. Generate: `repeats` rounds, each running every engine once (interleaved), with a clock mark
    per token (CUDA events, no host sync): TTFT, decode tok/s, per-token p50/p90.
 Decode at batch B reads every weight once per step, so `weight_bytes × steps/s` is the bandwidth
-a row achieves and `roofline_frac` is that over the measured copy bandwidth. Memory per row is
+a row achieves and `roofline_frac` is that over the measured copy bandwidth. Prefill FLOPs are
+counted once by torch.utils.flop_counter on an eager kiln prefill (attention counted in full, as
+the counter does, not halved for the causal mask) and shared by all rows: the same math. Memory per row is
 what the engine would need alone: weights + what it keeps after warm-up (cache, graph pools) +
 its peak transient during a request (CUDA only).
 """
@@ -191,6 +193,9 @@ class LlmBench:
                      compile_s=max(0.0, first - min(rest)) if compiled and rest else (first if compiled else None),
                      graphs=after["graphs"] - before_counters["graphs"],
                      graph_breaks=after["graph_breaks"] - before_counters["graph_breaks"],
+                     recompiles=(after["recompiles"] - before_counters["recompiles"]
+                                 if after["recompiles"] is not None and before_counters["recompiles"] is not None
+                                 else None),
                      note=r.engine.note, **r.engine.compile_stats())
         self.log(f"{r.name}: warm-up {r.row['warmup_s']:.1f} s (first call {first:.1f} s)")
 
@@ -317,6 +322,8 @@ class LlmBench:
                 r.fail(exc)
                 self.log(f"{r.name}: {r.row['status']}: {r.row['reason']}")
                 gc.collect()
+                if self.device.type == "cuda":
+                    torch.cuda.empty_cache()
         ready = [r for r in ready if r.ok]
         if ready:
             self.time_prefill(ready)

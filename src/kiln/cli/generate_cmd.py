@@ -151,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
     new = sum(len(t) for t in out.tokens)
     decode_s = marks[-1] - marks[0]
     rate = f", decode {len(req.prompts) * out.steps / decode_s:.1f} tok/s" if out.steps and decode_s > 0 else ""
-    compiled = f", compile {sum(engine.compiled.values()):.1f} s" if engine.compiled else ""
+    compiled = f" (first call: includes compiling, {sum(engine.compiled.values()):.1f} s)" if engine.compiled else ""
     print(f"kiln: {new} tokens, TTFT {marks[0] * 1e3:.1f} ms{rate}{compiled} ({req.device}, {req.dtype})",
           file=sys.stderr)
     if args.json:
