@@ -196,7 +196,8 @@ class LlmBench:
                      recompiles=(after["recompiles"] - before_counters["recompiles"]
                                  if after["recompiles"] is not None and before_counters["recompiles"] is not None
                                  else None),
-                     note=r.engine.note, **r.engine.compile_stats())
+                     **r.engine.compile_stats())
+        r.row["note"] = r.engine.note
         self.log(f"{r.name}: warm-up {r.row['warmup_s']:.1f} s (first call {first:.1f} s)")
 
     def time_prefill(self, ready: list[_Row]) -> None:

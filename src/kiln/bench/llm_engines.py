@@ -3,7 +3,8 @@
 - `hf-eager`: transformers `generate` with its default dynamic cache, uncompiled;
 - `hf-compiled`: `generate(..., cache_implementation="static")`, which in transformers 5.x
   compiles the decode forward by itself (`torch.compile(mode="reduce-overhead")`, CUDA only;
-  `GenerationMixin._valid_auto_compile_criteria`), prefill staying eager;
+  `GenerationMixin._valid_auto_compile_criteria` / `get_compiled_call` in 5.23's source; the
+  BASELINES run on 5.17 shows the same 73 s compile), prefill staying eager;
 - `kiln-eager`: kiln's engine, no compile, no CUDA graphs;
 - `kiln-compiled`: kiln's engine, prefill compiled per padded length, decode compiled and
   replayed as a CUDA graph.
@@ -107,5 +108,7 @@ class HfEngine:
         return new.tolist()
 
     def compile_stats(self) -> dict[str, Any]:
-        return {"compiles": 1 if getattr(self.model, "_compiled_call", None) is not None else 0,
-                "compiled_variants": None, "kv_cache_bytes": None}
+        compiled = getattr(self.model, "_compiled_call", None) is not None  # GenerationMixin.get_compiled_call
+        if self.static and self.note is None and not compiled:
+            self.note = "transformers did not compile decode (no _compiled_call after generate)"
+        return {"compiles": int(compiled), "compiled_variants": None, "kv_cache_bytes": None}
