@@ -6,7 +6,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from kiln.bench.results import pyplot, status_cell, write_result_files
+from kiln.bench.results import pyplot, rich_table, write_result_files
 
 # The columns of results.md and of the table on screen, in order.
 COLUMNS = [
@@ -38,32 +38,21 @@ def _cell(key: str, value: Any) -> str:
 
 def render_table(rows: list[dict[str, Any]], title: str):
     """A rich Table of the rows (times in ms, memory in MiB)."""
-    from rich.table import Table
-
     shown = ["row", "status", "compile_s", "step_ms", "speedup", "speedup_vs_eager_fp32", "throughput",
              "peak_mem_bytes", "memory_compression", "graphs", "graph_breaks", "recompiles", "accuracy"]
     headers = {"row": "recipe (precision loss backend/mode/scope)", "compile_s": "compile s",
                "step_ms": "step ms (p10-p90)", "speedup": "vs eager", "speedup_vs_eager_fp32": "vs fp32",
                "throughput": "samples/s", "peak_mem_bytes": "peak mem", "memory_compression": "mem ratio",
                "graph_breaks": "breaks"}
-    table = Table(title=title, title_justify="left")
-    for key in shown:
-        table.add_column(headers.get(key, key), overflow="fold")
-    for row in rows:
-        cells = []
-        for key in shown:
-            if key == "row":
-                cells.append(row_label(row))
-            elif key == "step_ms" and row.get("step_ms") is not None:
-                cells.append(f"{row['step_ms']:.3f} ({row.get('step_ms_p10', 0):.3f}-{row.get('step_ms_p90', 0):.3f})")
-            elif key == "status":
-                cells.append(status_cell(row["status"]))
-            else:
-                cells.append(_cell(key, row.get(key)))
-        table.add_row(*cells)
-        if row.get("reason"):
-            table.add_row(f"  [dim]{row['reason']}[/dim]", *[""] * (len(shown) - 1))
-    return table
+
+    def cell(key: str, row: dict[str, Any]) -> str:
+        if key == "row":
+            return row_label(row)
+        if key == "step_ms" and row.get("step_ms") is not None:
+            return f"{row['step_ms']:.3f} ({row.get('step_ms_p10', 0):.3f}-{row.get('step_ms_p90', 0):.3f})"
+        return _cell(key, row.get(key))
+
+    return rich_table(rows, title, shown, headers, cell, notes=lambda row: [row["reason"]] if row.get("reason") else [])
 
 
 def plot(rows: list[dict[str, Any]], path: Path, title: str) -> Path | None:

@@ -6,7 +6,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from kiln.bench.results import pyplot, status_cell, write_result_files
+from kiln.bench.results import pyplot, rich_table, write_result_files
 
 # Columns of results.md, in order (results.json rows carry more: variants, parity, bytes, ...).
 COLUMNS = [
@@ -34,7 +34,6 @@ def _cell(key: str, value: Any) -> str:
 def render_table(rows: list[dict[str, Any]], title: str):
     """A rich Table of the main figures, with each row's reason or note listed under it."""
     from rich.console import Group
-    from rich.table import Table
     from rich.text import Text
 
     shown = ["engine", "status", "ttft_ms", "prefill_tok_s", "prefill_peak_frac", "decode_tok_s", "token_ms_p50",
@@ -43,17 +42,7 @@ def render_table(rows: list[dict[str, Any]], title: str):
                "decode_tok_s": "decode tok/s", "token_ms_p50": "ms/token p50", "roofline_frac": "of roofline",
                "decode_vs_hf": "decode vs HF", "prefill_vs_hf": "prefill vs HF", "peak_mem_bytes": "peak mem",
                "warmup_s": "warm-up s"}
-    table = Table(title=title, title_justify="left")
-    for key in shown:
-        table.add_column(headers.get(key, key), overflow="fold")
-    for row in rows:
-        cells = []
-        for key in shown:
-            if key == "status":
-                cells.append(status_cell(row["status"]))
-            else:
-                cells.append(_cell(key, row.get(key)))
-        table.add_row(*cells)
+    table = rich_table(rows, title, shown, headers, lambda key, row: _cell(key, row.get(key)))
     notes = [f"{row['engine']}: {extra}" for row in rows
              for extra in (row.get("reason"), row.get("note"), row.get("prefill_error")) if extra]
     return Group(table, *(Text(n, style="dim") for n in notes))

@@ -94,3 +94,19 @@ def write_result_files(out_dir: str | Path, rows: list[dict[str, Any]], *, env: 
     if png is not None:
         written["png"] = png
     return written
+
+
+def rich_table(rows: list[dict[str, Any]], title: str, shown: list[str], headers: dict[str, str], cell,
+               notes=None):
+    """A rich Table: one column per key in `shown` (titled from `headers`), `cell(key, row)` for the
+    text, the status coloured; `notes(row)` lines, if given, go dim under their row."""
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left")
+    for key in shown:
+        table.add_column(headers.get(key, key), overflow="fold")
+    for row in rows:
+        table.add_row(*(status_cell(row["status"]) if key == "status" else cell(key, row) for key in shown))
+        for line in notes(row) if notes else ():
+            table.add_row(f"  [dim]{line}[/dim]", *[""] * (len(shown) - 1))
+    return table
