@@ -4,17 +4,9 @@
 # `kiln train --nproc-per-node N`, for N in 1 and each of $WORLDS (default "2 4").
 # Writes $OUT/r/<run>/ (summary, metrics), $OUT/r/scale/results.{json,md}; packs $OUT/results.tgz.
 set -uo pipefail
-OUT=${OUT:-/tmp/kiln-out}
-R=$OUT/r
 WORLDS=${WORLDS:-2 4}
 STEPS=${STEPS:-60}
-mkdir -p "$R"
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
-  export PYTHONPATH=/tmp/site
-fi
-export PYTHONPATH=$PWD/src:${PYTHONPATH:-} PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/nvidia-smi.csv"
+source benchmarks/gpu_env.sh
 nvidia-smi topo -m > "$R/topo.txt" 2>&1
 common=(--config configs/vit_b16.toml training.steps=$STEPS training.log_interval=10 metrics.console=false
         checkpoint.save_final=false)

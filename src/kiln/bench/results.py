@@ -61,3 +61,53 @@ def write_results(out_dir: str | Path, *, env: dict, config: dict, results: list
     ]
     (out / "results.md").write_text("\n".join(md), encoding="utf-8")
     return out / "results.json"
+
+
+_STATUS_STYLE = {"ok": "green", "skipped": "dim", "accuracy_fail": "yellow", "oom": "red", "error": "red"}
+
+
+def status_cell(status: str) -> str:
+    """A row status as rich markup (green ok, red failures, dim skips)."""
+    style = _STATUS_STYLE.get(status, "")
+    return f"[{style}]{status}[/{style}]" if style else status
+
+
+def pyplot():
+    """matplotlib.pyplot on the headless Agg backend, or None when matplotlib (kiln[plot]) is absent."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    return plt
+
+
+def write_result_files(out_dir: str | Path, rows: list[dict[str, Any]], *, env: dict, config: dict, command: str,
+                       title: str, columns: list[str], plot) -> dict[str, Path]:
+    """results.json + results.md and, when `plot(rows, path, title)` can draw, results.png."""
+    out = Path(out_dir)
+    written = {"json": write_results(out, env=env, config=config, results=rows, columns=columns, title=title,
+                                     command=command)}
+    written["md"] = out / "results.md"
+    png = plot(rows, out / "results.png", title)
+    if png is not None:
+        written["png"] = png
+    return written
+
+
+def rich_table(rows: list[dict[str, Any]], title: str, shown: list[str], headers: dict[str, str], cell,
+               notes=None):
+    """A rich Table: one column per key in `shown` (titled from `headers`), `cell(key, row)` for the
+    text, the status coloured; `notes(row)` lines, if given, go dim under their row."""
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left")
+    for key in shown:
+        table.add_column(headers.get(key, key), overflow="fold")
+    for row in rows:
+        table.add_row(*(status_cell(row["status"]) if key == "status" else cell(key, row) for key in shown))
+        for line in notes(row) if notes else ():
+            table.add_row(f"  [dim]{line}[/dim]", *[""] * (len(shown) - 1))
+    return table
