@@ -1,5 +1,5 @@
-"""`kiln bench compile [...]`: benchmark commands. Argument parsing and planning only; the
-measuring is in kiln.bench. Every check of the input happens before any model is built."""
+"""`kiln bench compile [...]`: benchmark commands (scale, comm and predict live in bench_scale_cmd).
+Argument parsing and planning only; the measuring is in kiln.bench. Every check of the input happens before any model is built."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ AXES = ("modes", "precisions", "backends", "scopes", "losses")
 
 
 def add_parser(sub) -> None:
-    bench = sub.add_parser("bench", help="benchmarks with results.json/md/png: compile")
+    bench = sub.add_parser("bench", help="benchmarks with results.json/md/png: compile, scale, comm, predict")
     bench.set_defaults(run=_no_subcommand, bench_parser=bench)
     bsub = bench.add_subparsers(dest="bench_command", metavar="BENCH", parser_class=type(bench))
     p = bsub.add_parser(
@@ -41,6 +41,9 @@ def add_parser(sub) -> None:
     p.add_argument("--out", help="output directory (default: runs/<time>-bench-compile-<name>)")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, after --config/--preset")
     p.set_defaults(run=run_compile)
+    from kiln.cli import bench_scale_cmd
+
+    bench_scale_cmd.add_parsers(bsub)
 
 
 def _no_subcommand(args: argparse.Namespace) -> int:
