@@ -4,9 +4,10 @@ Computed from the model built on the meta device (no memory, no compute) with th
 wrappers use, so `kiln bench comm` measures bandwidth at the sizes the run really communicates and
 `kiln.bench.predict` can cost each collective:
 
-- DDP: gradient buckets as DDP forms them (its own `_compute_bucket_assignment_by_size`, first
-  bucket capped at 1 MiB, then `distributed.ddp_bucket_cap_mb`), all-reduced in backward order; the
-  bytes are the gradient dtype's (the parameter dtype), or 2 per element under a bf16/fp16 hook.
+- DDP: gradient buckets as DDP forms them once it has seen a backward (its own
+  `_compute_bucket_assignment_by_size` over the parameters in gradient-ready order, capped at
+  `distributed.ddp_bucket_cap_mb`), all-reduced in that order; the bytes are the gradient dtype's
+  (the parameter dtype), or 2 per element under a bf16/fp16 hook.
 - FSDP2: per unit (kiln.distributed.fsdp.fsdp_units) one all-gather of the parameters in the
   compute dtype before forward, another before backward unless the unit stays gathered (the root
   and the last unit, or `fsdp_reshard_after_forward=false`), and one reduce-scatter of the
@@ -71,17 +72,19 @@ def ddp_traffic(model: torch.nn.Module, cfg: Config, grad_bytes: int) -> StepTra
     total = sum(p.numel() for p in params) or 1
     wire = 2 if cfg.distributed.ddp_comm_hook in ("bf16", "fp16") else grad_bytes
     cap = int(cfg.distributed.ddp_bucket_cap_mb * 2**20)
-    # DDP sizes buckets on the gradient dtype; a comm hook only changes what goes on the wire.
+    # After its first backward DDP rebuilds its buckets in the order gradients became ready
+    # (backward: the last parameters first), every one capped at bucket_cap_mb since kiln passes it
+    # explicitly (DDP's 1 MiB first bucket applies only to its default). A bucket closes once it
+    # reaches the cap. DDP sizes buckets on the gradient dtype; a comm hook only changes the wire.
+    backward = list(reversed(params))
     sized = [torch.empty(p.shape, dtype={4: torch.float32, 2: torch.bfloat16}[grad_bytes], device="meta")
-             for p in params]
-    buckets, _ = dist._compute_bucket_assignment_by_size(
-        sized, [dist._DEFAULT_FIRST_BUCKET_BYTES, cap], [False] * len(params))
+             for p in backward]
+    buckets, _ = dist._compute_bucket_assignment_by_size(sized, [cap], [False] * len(sized))
     collectives = []
-    ordered = list(reversed(buckets))  # DDP reverses them: the last parameters' gradients come first
-    for i, indices in enumerate(ordered):
-        numel = sum(params[j].numel() for j in indices)
+    for i, indices in enumerate(buckets):
+        numel = sum(backward[j].numel() for j in indices)
         collectives.append(Collective("all_reduce", numel * wire, "backward", numel / total,
-                                      f"bucket {i + 1}/{len(ordered)}"))
+                                      f"bucket {i + 1}/{len(buckets)}"))
     return StepTraffic("ddp", tuple(collectives), total)
 
 
