@@ -117,7 +117,8 @@ def _t1(rows: list[dict], variant: str, base: dict | None, calibrate_at: int | N
     one = next(iter(_ok(rows, kind="point", variant=variant, world=1, role="point")), None)
     if one is not None:
         return one["step_ms"] / 1e3, "measured at 1 rank"
-    if base is not None:
+    tried = any(r.get("kind") == "point" and r.get("variant") == variant and r.get("world") == 1 for r in rows)
+    if base is not None and not tried:
         return base["step_ms"] / 1e3, "baseline step (the wrapper's own cost unknown: taken as 0)"
     return None, ""
 
@@ -135,7 +136,8 @@ def prediction_rows(rows: list[dict], traffic: dict[str, StepTraffic], worlds: l
             row: dict[str, Any] = {"kind": "prediction", "variant": variant, "strategy": tr.strategy, "world": world,
                                    "nodes": -(-world // topo.gpus_per_node)}
             if t1 is None or base is None:
-                out.append({**row, "status": "skipped", "reason": "no measured 1-rank or baseline step to start from"})
+                out.append({**row, "status": "skipped", "reason": "no 1-rank step of this variant (failed, skipped "
+                            "or not measured) and no baseline to start from"})
                 continue
             batch = base["batch_per_rank"] if mode == "weak" else base["batch_per_rank"] / world
             if mode == "strong" and batch < 1:

@@ -17,7 +17,7 @@ from typing import Any
 from kiln.bench.predict import Phases
 from kiln.bench.scale_analysis import analyse_points, overlap_cost, prediction_rows, topology
 from kiln.bench.scale_plan import ScalePlan, Variant
-from kiln.bench.scale_run import run_point, skipped_row
+from kiln.bench.scale_run import rank_env, run_point, skipped_row
 from kiln.config import load_config
 from kiln.distributed.launch import LaunchSpec, launch_kiln
 from kiln.distributed.traffic import StepTraffic, step_traffic
@@ -69,11 +69,11 @@ def comm_args(world: int, out: Path, config: str | None, overrides: list[str], v
 
 
 def launch_comm(world: int, out: Path, *, config: str | None, overrides: list[str], variants: list[Variant],
-                repeats: int, timeout_s: float | None) -> list[dict[str, Any]]:
+                repeats: int, timeout_s: float | None, env: dict[str, str] | None = None) -> list[dict[str, Any]]:
     """`kiln bench comm` on `world` ranks through torchrun; its rows, or one error row."""
     out.mkdir(parents=True, exist_ok=True)
     code = launch_kiln(LaunchSpec(nproc_per_node=world), comm_args(world, out, config, overrides, variants, repeats),
-                       timeout_s=timeout_s, log_path=out / "launch.log")
+                       timeout_s=timeout_s, log_path=out / "launch.log", env=env)
     results = out / "results.json"
     if code == 0 and results.exists():
         return json.loads(results.read_text())["results"]
@@ -101,7 +101,7 @@ def run_scale_bench(opts: ScaleOptions, out: Path, *,
             rows.append(skipped_row(point))
         else:
             rows.append(run_point(point, out / "points" / point.name, config=opts.config, overrides=opts.overrides,
-                                  steps=opts.steps, timeout_s=opts.timeout_s))
+                                  steps=opts.steps, timeout_s=opts.timeout_s, device_type=plan.device_type))
         if on_rows is not None:
             on_rows(rows)
     analyse_points(rows, plan.thresholds, plan.mode)
@@ -113,7 +113,8 @@ def run_scale_bench(opts: ScaleOptions, out: Path, *,
         comm_rows = comm_skipped(traffic, plan, f"one {unit} here runs one rank: no peer to communicate with")
     else:
         comm_rows = launch_comm(world, out / "comm", config=opts.config, overrides=opts.overrides,
-                                variants=plan.variants, repeats=opts.comm_repeats, timeout_s=opts.timeout_s)
+                                variants=plan.variants, repeats=opts.comm_repeats, timeout_s=opts.timeout_s,
+                                env=rank_env(plan.device_type))
     rows += comm_rows
     if on_rows is not None:
         on_rows(rows)

@@ -10,6 +10,8 @@ checkpoints, no console or TensorBoard output. Each point's run dir and its rank
 from __future__ import annotations
 
 import json
+import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -26,21 +28,28 @@ def bench_overrides(steps: int) -> list[str]:
             "checkpoint.resume=never", "training.eval_interval=0"]
 
 
+def point_overrides(point: Point, overrides: list[str], steps: int) -> list[str]:
+    """The user's overrides, then the variant's, then the bench's own (later overrides win)."""
+    return [*overrides, *point.variant.config_overrides(), f"data.batch_size={point.batch}", *bench_overrides(steps)]
+
+
 def point_args(point: Point, run_dir: Path, config: str | None, overrides: list[str], steps: int) -> list[str]:
-    """`kiln` arguments of one point: the user's config and overrides, then the variant's, then the
-    bench's own (later overrides win)."""
+    """`kiln` arguments of one point."""
     args = ["train", "--run-dir", str(run_dir)]
     if config:
         args += ["--config", config]
-    return [*args, *overrides, *point.variant.config_overrides(), f"data.batch_size={point.batch}",
-            *bench_overrides(steps)]
+    return [*args, *point_overrides(point, overrides, steps)]
 
 
 def _tail(path: Path) -> str:
+    """The ranks' own error line (kiln prints one), else the last exception line, else the tail."""
     if not path.exists():
         return ""
-    text = path.read_text(encoding="utf-8", errors="replace")
-    lines = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith(" ")]
+    lines = [ln.strip() for ln in path.read_text(encoding="utf-8", errors="replace").splitlines() if ln.strip()]
+    for pattern in (r"kiln: (error|failed):", r"^(\[rank\d+\]: )?\w*(Error|Exception)\b"):
+        hits = [ln for ln in lines if re.search(pattern, ln) and "ChildFailedError" not in ln]
+        if hits:
+            return hits[0][-LOG_TAIL:]
     return " | ".join(lines[-4:])[-LOG_TAIL:]
 
 
@@ -91,12 +100,22 @@ def read_point(point: Point, run_dir: Path, code: int, timeout_s: float | None) 
     return row
 
 
+def rank_env(device_type: str) -> dict[str, str]:
+    """On CPU every rank runs one intra-op thread unless the user chose otherwise: torchrun already
+    does so for several ranks, and a 1-rank point with all cores would not compare like for like
+    (nor survive a loaded machine: idle OpenMP threads spin)."""
+    env = dict(os.environ)
+    if device_type == "cpu":
+        env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
 def run_point(point: Point, run_dir: Path, *, config: str | None, overrides: list[str], steps: int,
-              timeout_s: float | None) -> dict[str, Any]:
+              timeout_s: float | None, device_type: str = "cuda") -> dict[str, Any]:
     run_dir.mkdir(parents=True, exist_ok=True)
     spec = LaunchSpec(nproc_per_node=point.world)
     code = launch_kiln(spec, point_args(point, run_dir, config, overrides, steps), timeout_s=timeout_s,
-                       log_path=run_dir / "launch.log")
+                       log_path=run_dir / "launch.log", env=rank_env(device_type))
     return read_point(point, run_dir, code, timeout_s)
 
 

@@ -138,6 +138,16 @@ def _check_variants(config, overrides, variants):
     return variant_traffic(config, overrides, variants)
 
 
+def _check_points(points, config, overrides, steps) -> None:
+    """Each point's full config (the bench's own overrides included) validates: a point that could
+    only fail (e.g. warm-up longer than --steps) is bad input, reported before anything runs."""
+    from kiln.bench.scale_run import point_overrides
+    from kiln.config import load_config
+
+    for point in (p for p in points if not p.skip):
+        load_config(config, point_overrides(point, overrides, steps))
+
+
 def _topology_flags(args):
     from kiln.bench.predict import Phases
     from kiln.bench.scale_bench import TopologyFlags
@@ -230,6 +240,7 @@ def run_scale(args: argparse.Namespace) -> int:
     _fresh_out(out)
     points = plan_points(cfg, variants, nprocs, mode=args.mode, device_type=device_type, slots=slots,
                          fsdp_ok=fsdp_available())
+    _check_points(points, args.config, overrides, args.steps)
     plan = ScalePlan(cfg, variants, nprocs, args.mode, thresholds, points, device_type, slots)
     opts = ScaleOptions(plan, args.config, overrides, steps=args.steps, timeout_s=args.timeout,
                         comm=not args.no_comm, comm_repeats=args.comm_repeats, predict_worlds=predict_worlds,

@@ -127,17 +127,18 @@ def torchrun_command(spec: LaunchSpec, run_dir: Path, train_args: list[str]) -> 
 
 
 def launch_kiln(spec: LaunchSpec, kiln_args: list[str], *, timeout_s: float | None = None,
-                log_path: Path | None = None) -> int:
+                log_path: Path | None = None, env: dict[str, str] | None = None) -> int:
     """Run `kiln KILN_ARGS...` on every rank through torchrun; 0, or 1 for any failure of the ranks,
     or 124 when it ran past `timeout_s` (then the whole process group is killed). With `log_path`
-    the ranks' output goes there instead of this terminal."""
+    the ranks' output goes there instead of this terminal; `env` replaces the environment."""
     argv = torchrun_argv(spec, kiln_args)
     if log_path is None and timeout_s is None:
-        return 0 if subprocess.run(argv, check=False).returncode == 0 else 1
+        return 0 if subprocess.run(argv, check=False, env=env).returncode == 0 else 1
     log = open(log_path, "w", encoding="utf-8") if log_path is not None else None  # noqa: SIM115
     try:
         # A session of its own, so a timeout can end torchrun and every rank it started.
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT if log else None, start_new_session=True)
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT if log else None, start_new_session=True,
+                                env=env)
         try:
             code = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
