@@ -47,6 +47,7 @@ def test_fsdp_units_match_fully_shard(wrappers):
     assert [c.nbytes // 4 for c in gathers] == [u["params"] for u in wrappers["fsdp_units"]]  # fp32 policy: 4 B
     # Every unit but the last is resharded after forward, so only those gather again in backward.
     assert [u["reshard"] for u in wrappers["fsdp_units"]] == [True, True, False]
+    assert [u["prefetches"] for u in wrappers["fsdp_units"]] == [1, 1, 0]  # fsdp_forward_prefetch=1
     regathers = [c.label for c in t.collectives if c.op == "all_gather" and c.phase == "backward"]
     assert regathers == ["unit 2/3", "unit 1/3"]
     assert wrappers["state_dict_keys_kept"]

@@ -38,7 +38,7 @@ def main(out: str) -> None:
                              for b in ddp.reducer._get_zeros_like_grad_buckets()]
 
     cfg = load_config(None, [*OVERRIDES, "distributed.strategy=fsdp", "distributed.fsdp_unit_blocks=2",
-                             "compile.enabled=true", "compile.backend=eager"])
+                             "distributed.fsdp_forward_prefetch=1", "compile.enabled=true", "compile.backend=eager"])
     built = _model(cfg)
     keys = sorted(built.module.state_dict())
     sharded, _ = apply_parallel(built.module, built.blocks, cfg, policy, device, "fsdp")
@@ -54,7 +54,8 @@ def main(out: str) -> None:
             continue
         seen.add(id(group))
         units.append({"params": sum(p._sharded_param_data.numel() for p in group.fsdp_params) * dist.get_world_size(),
-                      "reshard": group.post_forward_mesh_info is not None})
+                      "reshard": group.post_forward_mesh_info is not None,
+                      "prefetches": len(module._get_fsdp_state()._states_to_forward_prefetch)})
     report["fsdp_units"] = units
     if dist.get_rank() == 0:
         with open(out, "w") as f:

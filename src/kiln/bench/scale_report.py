@@ -73,7 +73,7 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> Path | None:
         ax.step([w for w, _ in bars], [t for _, t in bars], where="post", color="grey", linewidth=1, label="threshold")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("ranks (GPUs)")
-    ax.set_ylabel("efficiency (per-device throughput / one-process baseline)")
+    ax.set_ylabel("efficiency (per-device throughput / the baseline's)")
     ax.set_ylim(0, 1.1)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
@@ -82,15 +82,27 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> Path | None:
     shown = [r for r in points if r.get("compute_ms") is not None]
     if base is not None and shown:
         labels = [f"{r['variant']}\nx{r['world']}" for r in shown]
-        b = [base["step_ms"] for _ in shown]
-        w = [max(0.0, r.get("wrapper_ms") or 0.0) for r in shown]
-        e = [max(0.0, r.get("exposed_comm_ms") or 0.0) for r in shown]
-        x = list(range(len(shown)))
-        bx.bar(x, b, color="#9bbbe8", label="baseline compute (none, 1 rank)")
-        bx.bar(x, w, bottom=b, color="#d88a3b", label="wrapper at 1 rank")
-        bx.bar(x, e, bottom=[i + j for i, j in zip(b, w)], color="#b03a3a", label="exposed communication")
+        stacks = [("baseline compute (none, 1 rank)", "#9bbbe8", [base["step_ms"] for _ in shown]),
+                  ("wrapper at 1 rank", "#d88a3b", [max(0.0, r.get("wrapper_ms") or 0.0) for r in shown]),
+                  ("exposed communication", "#b03a3a", [max(0.0, r.get("exposed_comm_ms") or 0.0) for r in shown])]
+        bx.set_title("measured step", fontsize=9)
+    elif preds:  # nothing measured to split: the predicted steps instead
+        shown = sorted(preds, key=lambda r: (r["variant"], r["world"]))
+        labels = [f"{r['variant']}\nx{r['world']}" for r in shown]
+        stacks = [("1-rank step", "#9bbbe8", [r["compute_ms"] for r in shown]),
+                  ("exposed communication", "#b03a3a", [r["exposed_comm_ms"] for r in shown]),
+                  ("overlap cost", "#e0a0a0", [r["overlap_cost_ms"] for r in shown])]
+        bx.set_title("predicted step", fontsize=9)
+    else:
+        stacks = []
+    if stacks:
+        x = list(range(len(labels)))
+        bottom = [0.0] * len(x)
+        for label, color, values in stacks:
+            bx.bar(x, values, bottom=bottom, color=color, label=label)
+            bottom = [b + v for b, v in zip(bottom, values)]
         bx.set_xticks(x)
-        bx.set_xticklabels(labels, fontsize=7)
+        bx.set_xticklabels(labels, fontsize=6)
         bx.set_ylabel("step ms")
         bx.legend(fontsize=7)
     else:

@@ -27,10 +27,12 @@ def fsdp_available() -> bool:
     return True
 
 
-# `fsdp_unit_blocks=0` groups blocks until a unit gathers this much: each FSDP unit costs a fixed
-# amount of host work per step (hooks, per-parameter views, stream events) and each collective a
-# fixed latency, so units of a few MiB are dominated by overhead (see kiln.bench.predict and the
-# README's scaling section for the measurements behind this).
+# `fsdp_unit_blocks=0` groups blocks until a unit gathers this much. Each FSDP2 unit costs host
+# work every step (hooks, stream events, per-parameter views): on a 12-block ViT, 13 units -> 5 cut
+# the host time of a step by a sixth and 2 units by a third (benchmarks/results/cpu/
+# fsdp_host_overhead); and each collective pays a latency that grows with the ring, which is what
+# kiln.bench.predict charges at scale. The price is coarser overlap and one more unit gathered at a
+# time: 32 MiB keeps that small next to DDP's 25 MiB buckets.
 UNIT_TARGET_BYTES = 32 * 2**20
 
 
