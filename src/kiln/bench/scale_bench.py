@@ -110,7 +110,9 @@ def run_scale_bench(opts: ScaleOptions, out: Path, *,
         comm_rows = comm_skipped(traffic, plan, "--no-comm")
     elif world < 2:
         unit = "GPU" if plan.device_type == "cuda" else "CPU core"
-        comm_rows = comm_skipped(traffic, plan, f"one {unit} here runs one rank: no peer to communicate with")
+        reason = (f"one {unit} here runs one rank: no peer to communicate with" if plan.slots < 2
+                  else "no requested rank count of 2 or more: no peer to communicate with")
+        comm_rows = comm_skipped(traffic, plan, reason)
     else:
         comm_rows = launch_comm(world, out / "comm", config=opts.config, overrides=opts.overrides,
                                 variants=plan.variants, repeats=opts.comm_repeats, timeout_s=opts.timeout_s,

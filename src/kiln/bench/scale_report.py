@@ -117,8 +117,9 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> Path | None:
 def write_scale_results(out_dir: str | Path, rows: list[dict[str, Any]], *, env: dict, config: dict, command: str,
                         title: str, png: bool = True) -> dict[str, Path]:
     out = Path(out_dir)
+    scaling = any(r.get("kind") in ("point", "prediction") for r in rows)
     written = {"json": write_results(out, env=env, config=config, results=rows, columns=ALL_COLUMNS, title=title,
-                                     command=command, sections=sections(rows), notes=NOTES)}
+                                     command=command, sections=sections(rows), notes=NOTES if scaling else "")}
     written["md"] = out / "results.md"
     if png:
         image = plot(rows, out / "results.png", title)

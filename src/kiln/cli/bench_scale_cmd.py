@@ -217,9 +217,14 @@ def run_scale(args: argparse.Namespace) -> int:
         plan_points,
     )
     from kiln.config import load_config
+    from kiln.distributed.env import DistEnv
     from kiln.distributed.fsdp import fsdp_available
     from kiln.train.runtime import default_run_dir
 
+    if DistEnv.from_env().launched:
+        from kiln.config.errors import ConfigError
+
+        raise ConfigError("torchrun", "kiln bench scale starts its own torchrun jobs: run it without torchrun")
     nprocs = parse_nprocs(args.nprocs)
     thresholds = parse_thresholds(args.thresholds)
     _at_least("--steps", args.steps, 4)
@@ -319,9 +324,8 @@ def run_comm(args: argparse.Namespace) -> int:
     if rows and rows[0]["status"] == "error":
         print(f"kiln: failed: {rows[0]['reason']}", file=sys.stderr)
         return 1
-    for r in rows:
-        if r.get("kind") in ("comm", "comm_fit", "overlap") and r["status"] == "ok":
-            print({k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items() if k != "status"})
+    print((out / "results.md").read_text().split("\nCommand:")[0])
+    print(f"kiln: wrote {out / 'results.json'}, {out / 'results.md'}")
     return 0
 
 
@@ -348,8 +352,11 @@ def _comm_worker(args, cfg, traffic) -> int:
                         overlap=not args.no_overlap)
     finally:
         destroy_process_group()
-    if dist_env.is_main and args.out:
-        write_scale_results(Path(args.out), rows, env=collect_env(), config={"world": dist_env.world_size,
+    if dist_env.is_main:
+        from kiln.train.runtime import default_run_dir
+
+        out = Path(args.out) if args.out else default_run_dir(f"bench-comm-{cfg.model.name}")
+        write_scale_results(out, rows, env=collect_env(), config={"world": dist_env.world_size,
                             "variants": list(traffic)}, command=_command("comm"),
                             title=f"kiln bench comm: {cfg.model.name}, {dist_env.world_size} ranks", png=False)
     return 0
