@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from kiln.bench.comm import bus_factor, fit_latency_bandwidth, plan_sizes
+from kiln.bench.comm import fit_latency_bandwidth, plan_sizes
+from kiln.bench.predict import bus_factor
 from kiln.bench.scale_analysis import analyse_points, topology
 from kiln.bench.scale_plan import (
     Variant,

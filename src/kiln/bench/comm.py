@@ -25,18 +25,14 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from kiln.bench.predict import OPS, bus_factor
 from kiln.bench.timing import measure, measure_interleaved
 from kiln.distributed.env import gather_floats
 from kiln.distributed.traffic import StepTraffic
 
-OPS = ("all_reduce", "all_gather", "reduce_scatter")
 # Extra sizes (bytes) around the model's own, so the latency/bandwidth fit spans small and large.
 SWEEP = tuple(4096 * 8**k for k in range(7))  # 4 KiB .. 1 GiB; capped at the largest model size
 TARGET_SAMPLE_S = 2e-3  # calls per sample: enough that one sample lasts about this long
-
-
-def bus_factor(op: str, world: int) -> float:
-    return 2 * (world - 1) / world if op == "all_reduce" else (world - 1) / world
 
 
 @dataclass(frozen=True)

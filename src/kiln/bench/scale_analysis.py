@@ -17,11 +17,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from kiln.bench.predict import LinkCost, Phases, Topology, calibrate_t1, predict_step, ring_hops
+from kiln.bench.predict import OPS, LinkCost, Phases, Topology, calibrate_t1, predict_step, ring_hops
 from kiln.bench.scale_plan import threshold_for
 from kiln.distributed.traffic import StepTraffic
 
-OPS = ("all_reduce", "all_gather", "reduce_scatter")
 # Defaults when nothing was measured (one GPU, or --no-comm): given, and labelled so in the rows.
 GIVEN = {
     # 8 x H200 NVLink, NCCL all-reduce of 256 MB (shared/BASELINES.md): 344 GB/s bus bandwidth.
@@ -43,6 +42,8 @@ def analyse_points(rows: list[dict[str, Any]], thresholds: dict[int, float], mod
     """Adds efficiency, breakdown and threshold columns to the point rows, in place."""
     base = next(iter(_ok(rows, kind="point", role="baseline")), None)
     for r in (r for r in rows if r.get("kind") == "point" and r.get("status") == "ok"):
+        if r["role"] == "reference":  # strong scaling's 1-rank compute at a smaller batch: an input only
+            continue
         if base is not None:
             r["efficiency"] = r["throughput_per_device"] / base["throughput_per_device"]
             if base.get("peak_mem_bytes") and r.get("peak_mem_bytes"):

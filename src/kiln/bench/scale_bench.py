@@ -130,3 +130,28 @@ def run_scale_bench(opts: ScaleOptions, out: Path, *,
                             mode=plan.mode, thresholds=plan.thresholds, phases=opts.phases,
                             calibrate_at=opts.calibrate_at)
     return rows
+
+
+def comm_worker(cfg, traffic: dict[str, StepTraffic], *, warmup: int, repeats: int, overlap: bool,
+                out: Path | None, command: str) -> list[dict[str, Any]]:
+    """One rank of `kiln bench comm` under torchrun: join the group, measure every size of every
+    variant's traffic, leave; rank 0 writes the results (to `out`, or a new run dir)."""
+    from kiln.bench.comm import plan_sizes, run_comm
+    from kiln.bench.scale_report import write_scale_results
+    from kiln.distributed.env import DistEnv, backend_for, destroy_process_group, device_for, init_process_group
+    from kiln.monitor.env import collect_env
+    from kiln.train.runtime import default_run_dir
+
+    env = DistEnv.from_env()
+    device = device_for(env, cfg.training.device)
+    init_process_group(env, device, backend_for(device, cfg.distributed.backend), cfg.distributed.timeout_s)
+    try:
+        rows = run_comm(plan_sizes(list(traffic.values())), device=device, warmup=warmup, repeats=repeats,
+                        overlap=overlap)
+    finally:
+        destroy_process_group()
+    if env.is_main:
+        write_scale_results(out or default_run_dir(f"bench-comm-{cfg.model.name}"), rows, env=collect_env(),
+                            config={"world": env.world_size, "variants": list(traffic)}, command=command,
+                            title=f"kiln bench comm: {cfg.model.name}, {env.world_size} ranks", png=False)
+    return rows

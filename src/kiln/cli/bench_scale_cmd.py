@@ -297,7 +297,11 @@ def run_comm(args: argparse.Namespace) -> int:
     _at_least("--repeats", args.repeats, 1)
     _at_least("--warmup", args.warmup, 0)
     if DistEnv.from_env().launched:
-        return _comm_worker(args, cfg, traffic)
+        from kiln.bench.scale_bench import comm_worker
+
+        comm_worker(cfg, traffic, warmup=args.warmup, repeats=args.repeats, overlap=not args.no_overlap,
+                    out=Path(args.out) if args.out else None, command=_command("comm"))
+        return 0
     device_type, slots = machine_slots(cfg.training.device)
     world = args.nprocs if args.nprocs is not None else (slots if device_type == "cuda" else 2)
     _at_least("--nprocs", world, 1)
@@ -326,39 +330,6 @@ def run_comm(args: argparse.Namespace) -> int:
         return 1
     print((out / "results.md").read_text().split("\nCommand:")[0])
     print(f"kiln: wrote {out / 'results.json'}, {out / 'results.md'}")
-    return 0
-
-
-def _comm_worker(args, cfg, traffic) -> int:
-    """One rank of `kiln bench comm` under torchrun: join the group, measure, rank 0 writes."""
-    from pathlib import Path
-
-    from kiln.bench.comm import plan_sizes, run_comm
-    from kiln.bench.scale_report import write_scale_results
-    from kiln.distributed.env import (
-        DistEnv,
-        backend_for,
-        destroy_process_group,
-        device_for,
-        init_process_group,
-    )
-    from kiln.monitor.env import collect_env
-
-    dist_env = DistEnv.from_env()
-    device = device_for(dist_env, cfg.training.device)
-    init_process_group(dist_env, device, backend_for(device, cfg.distributed.backend), cfg.distributed.timeout_s)
-    try:
-        rows = run_comm(plan_sizes(list(traffic.values())), device=device, warmup=args.warmup, repeats=args.repeats,
-                        overlap=not args.no_overlap)
-    finally:
-        destroy_process_group()
-    if dist_env.is_main:
-        from kiln.train.runtime import default_run_dir
-
-        out = Path(args.out) if args.out else default_run_dir(f"bench-comm-{cfg.model.name}")
-        write_scale_results(out, rows, env=collect_env(), config={"world": dist_env.world_size,
-                            "variants": list(traffic)}, command=_command("comm"),
-                            title=f"kiln bench comm: {cfg.model.name}, {dist_env.world_size} ranks", png=False)
     return 0
 
 
