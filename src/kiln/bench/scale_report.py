@@ -76,19 +76,19 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> Path | None:
     ax.set_ylabel("efficiency (per-device throughput / the baseline's)")
     ax.set_ylim(0, 1.1)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=6, ncol=2 if len(colors) > 3 else 1)
     base = next((r for r in rows if r.get("kind") == "point" and r.get("role") == "baseline" and r["status"] == "ok"),
                 None)
     shown = [r for r in points if r.get("compute_ms") is not None]
     if base is not None and shown:
-        labels = [f"{r['variant']}\nx{r['world']}" for r in shown]
+        labels = [f"{r['variant']} x{r['world']}" for r in shown]
         stacks = [("baseline compute (none, 1 rank)", "#9bbbe8", [base["step_ms"] for _ in shown]),
                   ("wrapper at 1 rank", "#d88a3b", [max(0.0, r.get("wrapper_ms") or 0.0) for r in shown]),
                   ("exposed communication", "#b03a3a", [max(0.0, r.get("exposed_comm_ms") or 0.0) for r in shown])]
         bx.set_title("measured step", fontsize=9)
     elif preds:  # nothing measured to split: the predicted steps instead
         shown = sorted(preds, key=lambda r: (r["variant"], r["world"]))
-        labels = [f"{r['variant']}\nx{r['world']}" for r in shown]
+        labels = [f"{r['variant']} x{r['world']}" for r in shown]
         stacks = [("1-rank step", "#9bbbe8", [r["compute_ms"] for r in shown]),
                   ("exposed communication", "#b03a3a", [r["exposed_comm_ms"] for r in shown]),
                   ("overlap cost", "#e0a0a0", [r["overlap_cost_ms"] for r in shown])]
@@ -102,7 +102,7 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> Path | None:
             bx.bar(x, values, bottom=bottom, color=color, label=label)
             bottom = [b + v for b, v in zip(bottom, values)]
         bx.set_xticks(x)
-        bx.set_xticklabels(labels, fontsize=6)
+        bx.set_xticklabels(labels, fontsize=6, rotation=60, ha="right")
         bx.set_ylabel("step ms")
         bx.legend(fontsize=7)
     else:
