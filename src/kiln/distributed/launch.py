@@ -126,32 +126,44 @@ def torchrun_command(spec: LaunchSpec, run_dir: Path, train_args: list[str]) -> 
     return torchrun_argv(spec, ["train", "--run-dir", str(run_dir), *train_args])
 
 
+def _stop(proc: subprocess.Popen, grace_s: float = 45.0) -> None:
+    """End torchrun and its ranks. torchrun runs each rank in a session of its own, so only it can
+    reach them: SIGTERM makes it pass the signal on (a kiln rank then stops at its next step) and,
+    after its own 30 s, kill them. Only if torchrun itself does not end is its group killed."""
+    import os
+    import signal
+
+    with contextlib.suppress(ProcessLookupError):  # it ended just now: nothing to stop
+        proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
 def launch_kiln(spec: LaunchSpec, kiln_args: list[str], *, timeout_s: float | None = None,
                 log_path: Path | None = None, env: dict[str, str] | None = None) -> int:
     """Run `kiln KILN_ARGS...` on every rank through torchrun; 0, or 1 for any failure of the ranks,
-    or 124 when it ran past `timeout_s` (then the whole process group is killed). With `log_path`
-    the ranks' output goes there instead of this terminal; `env` replaces the environment."""
+    or 124 when it ran past `timeout_s` (then torchrun and its ranks are stopped, as on Ctrl-C). With
+    `log_path` the ranks' output goes there instead of this terminal; `env` replaces the environment."""
     argv = torchrun_argv(spec, kiln_args)
     if log_path is None and timeout_s is None:
         return 0 if subprocess.run(argv, check=False, env=env).returncode == 0 else 1
-    log = open(log_path, "w", encoding="utf-8") if log_path is not None else None  # noqa: SIM115
-    try:
-        # A session of its own, so a timeout can end torchrun and every rank it started.
+    with contextlib.ExitStack() as stack:
+        log = stack.enter_context(open(log_path, "w", encoding="utf-8")) if log_path is not None else None
+        # A session of its own, so a timeout can end torchrun and every rank it started at once.
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT if log else None, start_new_session=True,
                                 env=env)
         try:
             code = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            import os
-            import signal
-
-            with contextlib.suppress(ProcessLookupError):  # it ended just now: nothing to kill
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            _stop(proc)
             return 124
-    finally:
-        if log is not None:
-            log.close()
+        except BaseException:  # Ctrl-C here: torchrun, in a session of its own, would not see it
+            _stop(proc)
+            raise
     return 0 if code == 0 else 1
 
 
