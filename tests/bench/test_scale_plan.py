@@ -126,3 +126,22 @@ def test_comm_sizes_are_the_traffic_sizes_plus_a_sweep():
     assert [(s.op, s.nbytes, s.per_step) for s in model] == [("all_reduce", 3 * 2**20, {"ddp": 2})]
     assert {s.nbytes for s in sizes if not s.per_step} == {4096, 32768, 262144, 2097152}
     assert plan_sizes([t], sweep=False) == model
+
+
+def test_strong_scaling_predictions_and_calibration():
+    from kiln.bench.predict import OPS, LinkCost, Topology, predict_step
+    from kiln.bench.scale_analysis import prediction_rows
+
+    rows = [_point("none", 1, 40.0, batch=16, role="baseline"), _point("ddp", 1, 41.0, batch=16),
+            _point("ddp", 4, 12.0, batch=4)]
+    analyse_points(rows, {}, "strong")
+    traffic = {"ddp": StepTraffic("ddp", (Collective("all_reduce", 10**8, "backward", 1.0, "b1"),), 1)}
+    topo = Topology(8, {op: LinkCost(1e-6, 100e9, "given") for op in OPS}, 10e9, 5e-6)
+    (four,) = prediction_rows(rows, traffic, [4], topo, cost=(0.2, "given"), mode="strong", thresholds={})
+    expected = predict_step(traffic["ddp"], 0.041 / 4, 4, topo, overlap_cost=0.2).step_s
+    assert four["batch_per_rank"] == 4 and four["step_ms"] == pytest.approx(expected * 1e3)
+    assert four["efficiency"] == pytest.approx(0.040 / (4 * expected))
+    assert four["error_points"] == pytest.approx((four["efficiency"] - 40 / 48) * 100)
+    (cal,) = prediction_rows(rows, traffic, [4], topo, cost=(0.2, "given"), mode="strong", thresholds={},
+                             calibrate_at=4)
+    assert cal["step_ms"] == pytest.approx(12.0) and cal["error_points"] == pytest.approx(0.0, abs=1e-6)

@@ -108,13 +108,14 @@ def overlap_cost(comm_rows: list[dict], given: float | None) -> tuple[float, str
 
 
 def _t1(rows: list[dict], variant: str, base: dict | None, calibrate_at: int | None, traffic: StepTraffic,
-        topo: Topology, cost: float, phases: Phases) -> tuple[float | None, str]:
-    """The variant's 1-rank step (s) and where it came from."""
+        topo: Topology, cost: float, phases: Phases, mode: str) -> tuple[float | None, str]:
+    """The variant's 1-rank step (s) at the baseline's batch, and where it came from."""
     if calibrate_at is not None:
         at = next(iter(_ok(rows, kind="point", variant=variant, world=calibrate_at, role="point")), None)
         if at is not None:
             t1 = calibrate_t1(traffic, at["step_ms"] / 1e3, calibrate_at, topo, overlap_cost=cost, phases=phases)
-            return t1, f"calibrated on the {calibrate_at}-rank point"
+            # Strong scaling ran that point at batch B/N: back to the full batch, as predictions expect.
+            return t1 * (calibrate_at if mode == "strong" else 1), f"calibrated on the {calibrate_at}-rank point"
     one = next(iter(_ok(rows, kind="point", variant=variant, world=1, role="point")), None)
     if one is not None:
         return one["step_ms"] / 1e3, "measured at 1 rank"
@@ -132,7 +133,7 @@ def prediction_rows(rows: list[dict], traffic: dict[str, StepTraffic], worlds: l
     base = next(iter(_ok(rows, kind="point", role="baseline")), None)
     out = []
     for variant, tr in traffic.items():
-        t1, t1_source = _t1(rows, variant, base, calibrate_at, tr, topo, cost[0], phases)
+        t1, t1_source = _t1(rows, variant, base, calibrate_at, tr, topo, cost[0], phases, mode)
         for world in worlds:
             row: dict[str, Any] = {"kind": "prediction", "variant": variant, "strategy": tr.strategy, "world": world,
                                    "nodes": -(-world // topo.gpus_per_node)}
