@@ -36,8 +36,12 @@ def markdown_table(rows: list[dict[str, Any]], columns: list[str]) -> str:
 
 
 def write_results(out_dir: str | Path, *, env: dict, config: dict, results: list[dict[str, Any]],
-                  columns: list[str], title: str, command: str) -> Path:
-    """Write results.json and results.md (table + command line + environment) atomically."""
+                  columns: list[str], title: str, command: str,
+                  sections: list[tuple[str, list[dict[str, Any]], list[str]]] | None = None,
+                  notes: str = "") -> Path:
+    """Write results.json and results.md (table + command line + environment) atomically.
+    `sections` (heading, rows, columns) replaces the single table with one table per section;
+    `notes` (markdown) follows the tables."""
     for row in results:
         if row.get("status") not in STATUSES:
             raise ValueError(f"row status must be one of {STATUSES}: {row!r}")
@@ -48,11 +52,13 @@ def write_results(out_dir: str | Path, *, env: dict, config: dict, results: list
     tmp.write_text(json.dumps(payload, indent=2, default=str) + "\n", encoding="utf-8")
     os.replace(tmp, out / "results.json")
     gpus = ", ".join(g.get("name", "?") for g in env.get("gpus", []) or []) or "none"
+    tables = [markdown_table(results, columns), ""] if sections is None else [
+        part for heading, rows, cols in sections if rows for part in (f"## {heading}", "", markdown_table(rows, cols), "")]
     md = [
         f"# {title}",
         "",
-        markdown_table(results, columns),
-        "",
+        *tables,
+        *([notes, ""] if notes else []),
         f"Command: `{command}`",
         "",
         f"Environment: torch {env.get('torch')}, CUDA {env.get('cuda')}, GPU {gpus}, "

@@ -1,5 +1,6 @@
-"""`kiln bench compile|llm [...]`: benchmark commands (`llm` lives in bench_llm_cmd). Argument
-parsing and planning only; the measuring is in kiln.bench. Every check of the input happens before any model is built."""
+"""`kiln bench compile|llm|scale|comm|predict [...]`: benchmark commands (`llm` lives in bench_llm_cmd;
+scale, comm and predict in bench_scale_cmd). Argument parsing and planning only; the measuring is
+in kiln.bench. Every check of the input happens before any model is built."""
 
 from __future__ import annotations
 
@@ -13,9 +14,9 @@ AXES = ("modes", "precisions", "backends", "scopes", "losses", "cudagraphs", "re
 
 
 def add_parser(sub) -> None:
-    from kiln.cli import bench_llm_cmd
+    from kiln.cli import bench_llm_cmd, bench_scale_cmd
 
-    bench = sub.add_parser("bench", help="benchmarks with results.json/md/png: compile, llm")
+    bench = sub.add_parser("bench", help="benchmarks with results.json/md/png: compile, llm, scale, comm, predict")
     bench.set_defaults(run=_no_subcommand, bench_parser=bench)
     bsub = bench.add_subparsers(dest="bench_command", metavar="BENCH", parser_class=type(bench))
     p = bsub.add_parser(
@@ -58,6 +59,7 @@ def add_parser(sub) -> None:
     add_verbose_flag(p)
     p.set_defaults(run=run_compile)
     bench_llm_cmd.add_parser(bsub)
+    bench_scale_cmd.add_parsers(bsub)
 
 
 def _no_subcommand(args: argparse.Namespace) -> int:

@@ -167,8 +167,12 @@ class DistributedConfig:
     """FSDP2 units: `auto` (the model's repeated blocks), `size` (modules with >= fsdp_min_params parameters), or comma-separated class names."""
     fsdp_min_params: int = 100_000_000
     """FSDP2 `size` rule: smallest parameter count of a module that becomes its own unit."""
+    fsdp_unit_blocks: int = 0
+    """FSDP2 with `fsdp_wrap=auto`: consecutive repeated blocks per FSDP unit (one all-gather and one reduce-scatter each). 0 = auto: enough blocks that a unit gathers >= 32 MiB of parameters. More blocks per unit: fewer, larger collectives and less per-unit CPU work, but coarser overlap and more gathered memory."""
     fsdp_reshard_after_forward: bool = True
-    """FSDP2: free gathered parameters after forward (ZeRO-3, less memory) or keep them until backward (ZeRO-2-like, less communication)."""
+    """FSDP2: free gathered parameters after forward (ZeRO-3, less memory) or keep them until backward (ZeRO-2-like, less communication). The root and the last unit are never resharded: backward needs them first."""
+    fsdp_forward_prefetch: int = 0
+    """FSDP2: units whose all-gather each unit issues explicitly before its own forward (0 = FSDP2's implicit prefetch, which overlaps only while the CPU runs ahead of the device)."""
     fsdp_cpu_offload: bool = False
     """FSDP2: keep sharded parameters, gradients and optimizer state in CPU memory."""
     compile_strategy: str = "auto"

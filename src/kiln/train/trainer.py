@@ -102,7 +102,7 @@ class Trainer:
         self.num_params = sum(p.numel() for p in self.model.parameters())
         param_bytes = torch.finfo(self.policy.param_dtype).bits // 8
         self.strategy, self.strategy_reason = resolve_strategy(
-            cfg, self.dist.world_size, self.num_params, param_bytes, self.device
+            cfg, self.dist.world_size, self.num_params, param_bytes, self.device, launched=self.dist.launched
         )
         shard = {"rank": self.dist.rank, "world_size": self.dist.world_size}
         self.train_data = build_data(cfg.data, built.input_spec, device=self.device, seed=cfg.training.seed, **shard)
