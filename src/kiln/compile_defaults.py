@@ -27,13 +27,13 @@ class MeasuredRecipe:
 MEASURED: dict[str, MeasuredRecipe] = {
     "mlp": MeasuredRecipe(
         {"regional": True, "cudagraphs": True},
-        "benchmarks/results/h100/speed_mlp: seed MLP b128, regional compile + whole-step capture "
-        "~6x kiln eager fp32, ~3.5x a plain reduce-overhead loop",
+        "benchmarks/results/h100/speed_mlp: seed MLP b128 fp32 1.53 ms/step, 5.97x kiln eager and 3.1x the "
+        "plain reduce-overhead loop in the same run; compile 2.6 s",
     ),
     "vit": MeasuredRecipe(
         {"regional": True, "cudagraphs": True},
-        "benchmarks/results/h100/speed_vit: ViT-B/16 b64 bf16, regional compile + whole-step capture, "
-        "the fastest accurate recipe, compile ~5x faster than whole-model",
+        "benchmarks/results/h100/speed_vit: ViT-B/16 b64 bf16 22.5 ms/step, the fastest accurate recipe "
+        "(plain reduce-overhead 22.7 ms), compile 4.0 s against 21.4 s for the whole model",
     ),
 }
 
