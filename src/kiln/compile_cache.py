@@ -136,3 +136,32 @@ def load_artifacts(path: Path) -> int | None:
     except Exception as exc:  # another torch version's blob, truncated file: compile cold instead
         log.warning("compile cache %s not loaded (%s: %s); compiling from scratch", path, type(exc).__name__, exc)
         return None
+
+
+class RunCompileCache:
+    """A run's `compile_cache.bin`: loaded before a resumed run compiles, saved once (rank 0) with
+    the first checkpoint after compiling. Never fails the run: a cache is an optimisation."""
+
+    def __init__(self, run_dir: Path, cfg, *, is_main: bool) -> None:
+        self.path = Path(run_dir) / ARTIFACTS_FILE
+        self.enabled = cfg.enabled and cfg.save_cache
+        self.is_main = is_main
+        self.saved = not self.enabled or not is_main or self.path.exists()
+
+    def load(self) -> None:
+        if self.enabled:
+            loaded = load_artifacts(self.path)
+            if loaded:
+                log.info("loaded %d compile cache artifacts from %s", loaded, self.path)
+
+    def save(self) -> None:
+        if self.saved:
+            return
+        self.saved = True
+        try:
+            count = save_artifacts(self.path)
+        except Exception as exc:  # a full disk or a torch quirk must not end a healthy run
+            log.warning("compile cache not saved (%s: %s)", type(exc).__name__, exc)
+            return
+        if count:
+            log.info("saved %d compile cache artifacts to %s", count, self.path)

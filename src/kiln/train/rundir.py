@@ -186,3 +186,11 @@ def already_complete_summary(path: Path, checkpoint: Path) -> dict[str, Any]:
     summary.setdefault("steps", checkpoint_step(checkpoint))
     summary.setdefault("status", "completed")
     return summary
+
+
+def trim_metrics(path: Path, last_step: int) -> None:
+    """On resume, drop records past the checkpoint: those steps run again."""
+    if not path.exists():
+        return
+    kept = [line for line in path.read_text().splitlines() if line and json.loads(line).get("step", 0) <= last_step]
+    path.write_text("".join(line + "\n" for line in kept))

@@ -19,7 +19,7 @@ import torch
 
 from kiln.checkpoint import AppState, Checkpointer, NonFiniteGuard, StopOnSignal, any_rank, config_digest
 from kiln.compile import compile_counters
-from kiln.compile_cache import ARTIFACTS_FILE, compile_cache_dir, load_artifacts, save_artifacts
+from kiln.compile_cache import RunCompileCache, compile_cache_dir
 from kiln.compile_defaults import apply_measured_defaults
 from kiln.config.errors import ConfigError
 from kiln.config.load import save_config
@@ -57,6 +57,7 @@ from kiln.train.rundir import (
     check_run_dir,
     checkpoint_step,
     no_checkpoint_decision,
+    trim_metrics,
 )
 from kiln.train.runtime import (
     default_run_dir,
@@ -143,19 +144,6 @@ class Trainer:
             else:
                 log.info("%s holds an unfinished run of this config: continuing it", self.run_dir)
         return path, False
-
-    def _save_compile_cache(self, path: Path) -> bool:
-        """Save torch's compile artifacts with the run (rank 0; once), for a warm resume/restart."""
-        if not self.dist.is_main:
-            return True
-        try:
-            count = save_artifacts(path)
-        except Exception as exc:  # a cache is an optimisation: never fail the run over it
-            log.warning("compile cache not saved (%s: %s)", type(exc).__name__, exc)
-            return True
-        if count:
-            log.info("saved %d compile cache artifacts to %s", count, path)
-        return True
 
     # -- one-time measurements --------------------------------------------------------------
     def _count_flops(self, batch) -> int | None:
@@ -290,12 +278,9 @@ class Trainer:
         app = AppState(model, step_fn.optimizer, step_fn.scheduler, step_fn.scaler, data=self.train_data,
                        guard=guard, rank=self.dist.rank, world_size=self.dist.world_size, device=device)
         start = 1
-        cache_file = self.run_dir / ARTIFACTS_FILE
-        cache_saved = not (cfg.compile.enabled and cfg.compile.save_cache) or cache_file.exists()
-        if self.resume_path is not None and cfg.compile.enabled and cfg.compile.save_cache:
-            loaded = load_artifacts(cache_file)  # before the first step compiles: a warm start
-            if loaded:
-                log.info("loaded %d compile cache artifacts from %s", loaded, cache_file)
+        compile_cache = RunCompileCache(self.run_dir, cfg.compile, is_main=self.dist.is_main)
+        if self.resume_path is not None:
+            compile_cache.load()  # before the first step compiles: a warm start
         if self.resume_path is not None:
             report = ck.load(self.resume_path, app)
             start = int(app.progress.get("step", report.step)) + 1
@@ -303,7 +288,7 @@ class Trainer:
             self._start = start
             pending = []  # the data position was restored: batches fetched before it are not ours
             if self.dist.is_main:
-                _trim_metrics(self.run_dir / "metrics.jsonl", start - 1)
+                trim_metrics(self.run_dir / "metrics.jsonl", start - 1)
                 log.info("resumed from %s at step %d", report.path, start - 1)
         fault = planned_fault(self.dist.rank)
         reset_peak(device)
@@ -350,7 +335,7 @@ class Trainer:
                     break
                 if cfg.checkpoint.interval and step % cfg.checkpoint.interval == 0 and step != tcfg.steps:
                     ck.save(step, app)
-                    cache_saved = cache_saved or self._save_compile_cache(cache_file)
+                    compile_cache.save()
                 if is_log:
                     synchronize(device)
                     meter.restart_clock()
@@ -359,7 +344,7 @@ class Trainer:
             else:
                 if cfg.checkpoint.save_final:
                     ck.save(tcfg.steps, app, final=True)
-                    cache_saved = cache_saved or self._save_compile_cache(cache_file)
+                    compile_cache.save()
         if stopped_by is not None:
             log.warning("stopped by %s after step %d; checkpoint saved, resume with checkpoint.resume=auto",
                         stopped_by, app.progress["step"])
@@ -394,16 +379,6 @@ class Trainer:
             result["stragglers_seen"] = sorted(stragglers.ever) if stragglers is not None else []
         result.update(evals)
         return result
-
-
-def _trim_metrics(path: Path, last_step: int) -> None:
-    """On resume, drop records past the checkpoint: those steps run again."""
-    if not path.exists():
-        return
-    import json
-
-    kept = [line for line in path.read_text().splitlines() if line and json.loads(line).get("step", 0) <= last_step]
-    path.write_text("".join(line + "\n" for line in kept))
 
 
 def train(cfg: Config, run_dir: str | Path | None = None) -> dict[str, Any]:
