@@ -26,6 +26,7 @@ from kiln.bench.timing import Timing, measure_interleaved
 from kiln.compile import compile_counters, recompiles
 from kiln.compile_cache import artifacts_blob, fresh_artifacts, load_blob
 from kiln.config.schema import Config
+from kiln.cpu.threads import cpu_settings
 from kiln.precision import tf32_enabled
 from kiln.train.capture import WARMUP_STEPS
 from kiln.train.runtime import deterministic_mode, resolve_device
@@ -366,7 +367,8 @@ def run_compile_bench(opts: CompileBenchOptions, log: Log | None = None) -> list
     cfg = opts.cfg
     device = resolve_device(cfg.training.device)
     log = log or _stderr
-    with tf32_enabled(cfg.precision.tf32), deterministic_mode(cfg.training.deterministic):
+    cpu = cpu_settings(cfg.cpu) if device.type == "cpu" else contextlib.nullcontext()
+    with tf32_enabled(cfg.precision.tf32), deterministic_mode(cfg.training.deterministic), cpu:
         ctx = build_context(cfg, device, train=opts.train, batches=max(2, opts.accuracy_steps))
         try:
             return _MatrixRun(ctx, opts, log).run()
