@@ -70,7 +70,7 @@ def test_explicit_threads_win_and_oversubscription_is_named(tmp_path):
     topo = _fake_sysfs(tmp_path)
     plan = plan_cpu(CpuConfig(), topo, set(range(16)), omp_env="3")
     assert (plan.threads, plan.source) == (3, "OMP_NUM_THREADS=3")
-    assert any("idle" in note for note in plan.notes)
+    assert any("idle" in hint for hint in plan.hints)
     plan = plan_cpu(CpuConfig(threads=6), topo, set(range(16)), local_world=2, omp_env="3")
     assert plan.threads == 6 and plan.source == "cpu.threads"
     assert any("oversubscribe" in note for note in plan.notes)

@@ -64,7 +64,7 @@ def _stderr(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def _fresh_cache(enabled: bool) -> contextlib.AbstractContextManager:
+def fresh_cache(enabled: bool) -> contextlib.AbstractContextManager:
     if not enabled:
         return contextlib.nullcontext()
     import torch._inductor.utils as inductor_utils
@@ -108,7 +108,7 @@ def _skip_reason(ctx: BenchContext, recipe: Recipe) -> str | None:
     return None
 
 
-def _base_row(ctx: BenchContext, recipe: Recipe) -> dict[str, Any]:
+def base_row(ctx: BenchContext, recipe: Recipe) -> dict[str, Any]:
     return {
         "model": ctx.model_name,
         "task": ctx.task,
@@ -153,7 +153,7 @@ def _timing_figures(ctx: BenchContext, row: dict, timings: dict[str, Timing], si
         row["speedup_vs_eager_fp32"] = row["speedup"]
 
 
-class _MatrixRun:
+class MatrixRun:
     def __init__(self, ctx: BenchContext, opts: CompileBenchOptions, log: Log):
         self.ctx, self.opts, self.log = ctx, opts, log
         self.device = ctx.device
@@ -217,7 +217,7 @@ class _MatrixRun:
         return started
 
     def eager_row(self, recipe: Recipe, ref32: Started | None) -> tuple[dict, Started | None]:
-        row = _base_row(self.ctx, recipe)
+        row = base_row(self.ctx, recipe)
         try:
             return row, self._time_eager(row, recipe, ref32)
         except Exception as exc:
@@ -261,7 +261,7 @@ class _MatrixRun:
         if blob is None:
             row["compile_warm_s"] = None
             return
-        with _fresh_cache(True), fresh_artifacts():
+        with fresh_cache(True), fresh_artifacts():
             load_blob(blob[0])
             started = start_runner(self.ctx, recipe, warmup=0, values=1)
         row["compile_warm_s"] = max(0.0, started.first_step_s - row["eager_step_ms"] / 1e3)
@@ -275,7 +275,7 @@ class _MatrixRun:
             return start_runner(self.ctx, recipe, warmup=0, values=self.values).values
 
     def compiled_row(self, recipe: Recipe, eager: Started, ref32: Started | None) -> dict:
-        row = _base_row(self.ctx, recipe)
+        row = base_row(self.ctx, recipe)
         reason = _skip_reason(self.ctx, recipe)
         if reason:
             row.update(status="skipped", reason=reason)
@@ -285,7 +285,7 @@ class _MatrixRun:
         torch._dynamo.reset()
         try:
             # One cache per row (the check reuses its autotuning); only its own artifacts recorded.
-            with _fresh_cache(self.opts.fresh_cache), fresh_artifacts():
+            with fresh_cache(self.opts.fresh_cache), fresh_artifacts():
                 values = self._time_compiled(row, recipe, eager, ref32)
                 release(self.device)
                 if recipe.runner == "plain":
@@ -328,7 +328,7 @@ class _MatrixRun:
                 self._report(eager_recipe, row)
                 for recipe in (r for r in group if r.precision == precision and not r.is_baseline):
                     if eager is None:
-                        rows[recipe] = {**_base_row(self.ctx, recipe), "status": "skipped",
+                        rows[recipe] = {**base_row(self.ctx, recipe), "status": "skipped",
                                         "reason": f"eager baseline at {precision} failed: {row['reason']}"}
                     else:
                         rows[recipe] = self.compiled_row(recipe, eager, ref32)
@@ -371,7 +371,7 @@ def run_compile_bench(opts: CompileBenchOptions, log: Log | None = None) -> list
     with tf32_enabled(cfg.precision.tf32), deterministic_mode(cfg.training.deterministic), cpu:
         ctx = build_context(cfg, device, train=opts.train, batches=max(2, opts.accuracy_steps))
         try:
-            return _MatrixRun(ctx, opts, log).run()
+            return MatrixRun(ctx, opts, log).run()
         finally:
             ctx.close()
             release(device)

@@ -28,12 +28,14 @@ def row_label(row: dict[str, Any]) -> str:
     return f"{row['precision']} {row['loss']} {row.get('backend')}/{row.get('mode')}/{row.get('scope')}{extras}"
 
 
-def _cell(key: str, value: Any) -> str:
+def cell_text(key: str, value: Any) -> str:
+    """A figure as the tables show it (ms, MiB, 1.23x, 12.3%)."""
     if value is None:
         return "-"
     if key == "peak_mem_bytes":
         return f"{value / 2**20:.0f} MiB"
-    if key in ("speedup", "speedup_vs_eager_fp32", "memory_compression", "speedup_vs_plain", "speedup_vs_best_plain"):
+    if key in ("speedup", "speedup_vs_eager_fp32", "memory_compression", "speedup_vs_plain", "speedup_vs_best_plain",
+               "speedup_vs_default"):
         return f"{value:.2f}x"
     if key == "peak_frac":
         return f"{100 * value:.1f}%"
@@ -79,15 +81,16 @@ def render_table(rows: list[dict[str, Any]], title: str):
                 style = _STATUS_STYLE.get(row["status"], "")
                 cells.append(f"[{style}]{row['status']}[/{style}]" if style else row["status"])
             else:
-                cells.append(_cell(key, row.get(key)))
+                cells.append(cell_text(key, row.get(key)))
         table.add_row(*cells)
         if row.get("reason"):
             table.add_row(f"  [dim]{row['reason']}[/dim]", *[""] * (len(shown) - 1))
     return table
 
 
-def plot(rows: list[dict[str, Any]], path: Path, title: str) -> Path | None:
-    """Speedup (vs eager at the same precision and vs eager fp32) and peak memory per row."""
+def plot(rows: list[dict[str, Any]], path: Path, title: str, labels: list[str] | None = None) -> Path | None:
+    """Speedup (vs eager at the same precision and vs eager fp32) and peak memory per row
+    (`labels`: the rows' names on the chart, default the recipe)."""
     try:
         import matplotlib
 
@@ -95,7 +98,7 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> Path | None:
         import matplotlib.pyplot as plt
     except ImportError:
         return None
-    labels = [row_label(r) for r in rows]
+    labels = labels or [row_label(r) for r in rows]
     y = list(range(len(rows)))
     height = max(2.5, 0.38 * len(rows) + 1.2)
     fig, (ax_speed, ax_mem) = plt.subplots(1, 2, figsize=(13, height), sharey=True)

@@ -22,7 +22,17 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from kiln.cli import bench_cmd, doctor_cmd, env_cmd, explain_cmd, export_cmd, profile_cmd, report_cmd, train_cmd
+    from kiln.cli import (
+        autotune_cmd,
+        bench_cmd,
+        doctor_cmd,
+        env_cmd,
+        explain_cmd,
+        export_cmd,
+        profile_cmd,
+        report_cmd,
+        train_cmd,
+    )
 
     parser = _Parser(prog="kiln", description="Fast PyTorch training and inference, with evidence.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
@@ -34,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     export_cmd.add_parser(sub)
     profile_cmd.add_parser(sub)
     report_cmd.add_parser(sub)
+    autotune_cmd.add_parser(sub)
     return parser
 
 

@@ -39,11 +39,13 @@ class CpuPlan:
     bind: str = "none"
     notes: list[str] = field(default_factory=list)
     """Warnings (oversubscription, too few cores to split)."""
+    hints: list[str] = field(default_factory=list)
+    """Information (cores left idle by an explicit setting)."""
 
     def describe(self) -> dict:
         return {"threads": self.threads, "bind": self.bind,
                 "cpus": format_cpulist(self.cpus) if self.cpus is not None else None,
-                "source": self.source, "notes": list(self.notes)}
+                "source": self.source, "notes": list(self.notes), "hints": list(self.hints)}
 
 
 def _split(items: list[int], parts: int, index: int) -> list[int]:
@@ -99,15 +101,16 @@ def plan_cpu(cfg: CpuConfig, topo: CpuTopology, affinity: set[int], *, local_ran
             threads, source = share, rule
     else:
         threads, source = share, rule
+    hints: list[str] = []
     if source.startswith("OMP_NUM_THREADS") and threads < share:
-        notes.append(f"{source} leaves {share - threads} of this rank's {share} cores idle (torchrun sets 1 when it "
+        hints.append(f"{source} leaves {share - threads} of this rank's {share} cores idle (torchrun sets 1 when it "
                      f"starts several processes); cpu.threads={share} uses them all")
     if threads * local_world > len(physical) or (cpus is not None and threads > len(cpus)):
         where = f"the {len(cpus)} pinned cores" if cpus is not None else f"{len(physical)} physical cores"
         total = f"{threads} threads x {local_world} ranks" if local_world > 1 else f"{threads} threads"
         notes.append(f"{total} oversubscribe {where} (from {source}); "
                      f"cpu.threads=0 with OMP_NUM_THREADS unset uses {share}")
-    return CpuPlan(threads=threads, cpus=cpus, source=source, bind=cfg.bind, notes=notes)
+    return CpuPlan(threads=threads, cpus=cpus, source=source, bind=cfg.bind, notes=notes, hints=hints)
 
 
 def launcher_env(cfg: CpuConfig, nproc: int) -> dict[str, str]:
@@ -138,6 +141,8 @@ def configure_cpu(cfg: CpuConfig, *, local_rank: int = 0, local_world: int = 1) 
     log.info("cpu: %d intra-op threads (%s)%s", plan.threads, plan.source, pinned)
     for note in plan.notes:
         log.warning("cpu: %s", note)
+    for hint in plan.hints:
+        log.info("cpu: %s", hint)
     return plan
 
 
