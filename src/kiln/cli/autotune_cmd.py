@@ -102,16 +102,19 @@ def plan(args: argparse.Namespace):
         except ConfigError as exc:
             raise ConfigError("--precisions", str(exc).split(": ", 1)[-1], exc.choices) from None
     available = compile_modes()
-    modes = _list("--modes", args.modes, available)
+    modes = _list("--modes", args.modes)
     if modes is None:
         wanted = ["default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune"] if gpu else [
             "default", "max-autotune-no-cudagraphs"]
         modes = [m for m in wanted if m in available]
     probe = copy.deepcopy(cfg)
-    probe.compile.enabled = True
+    probe.compile.enabled, probe.compile.backend = True, "inductor"
     for mode in modes:
         probe.compile.mode = mode
-        validate_compile(probe)
+        try:
+            validate_compile(probe)
+        except ConfigError as exc:  # named after the flag, with torch's list and the seed's typo hint
+            raise ConfigError("--modes", str(exc).split(": ", 1)[-1].rsplit(" (valid: ", 1)[0], exc.choices) from None
     scopes = _list("--scopes", args.scopes, SCOPES) or list(SCOPES)
     nproc = args.nproc_per_node
     if nproc is not None and nproc < 1:

@@ -4,6 +4,7 @@ measured or not) and results.png; plus the table shown on screen."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from pathlib import Path
 from typing import Any
@@ -48,7 +49,8 @@ def result_rows(result: TuneResult) -> list[dict[str, Any]]:
 
 
 def best_config(base: Config, result: TuneResult) -> Config:
-    cfg = recipe_config(base, result.winner)
+    """The config with the winning keys (the config as it was when its own recipe won)."""
+    cfg = copy.deepcopy(base) if result.winner == result.default else recipe_config(base, result.winner)
     if result.extra.get("strategy"):  # several processes: whole-step capture needs one
         cfg.distributed.strategy = result.extra["strategy"]
         cfg.compile.cudagraphs = False
@@ -64,7 +66,7 @@ def _header(result: TuneResult, model: str, device: str, precisions: list[str]) 
         lines.append(f"winner: {sp.describe(result.winner)}: {winner.row['step_ms']:.3f} ms/step, "
                      f"{winner.score:.2f}x eager fp32{versus} (decided on the {result.decided_on} rows)")
     lines.append(f"precisions searched: {', '.join(precisions)} (a precision change changes the numerics; "
-                 "each candidate passed the accuracy check against eager at its precision and fp64)")
+                 "every candidate was checked against eager at its own precision and an fp64 reference)")
     return lines
 
 

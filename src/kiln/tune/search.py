@@ -100,7 +100,10 @@ class TuneResult:
 
 class Search:
     def __init__(self, opts: TuneOptions, *, has_blocks: bool, log: Callable[[str], None] | None = None,
-                 progress: Progress | None = None):
+                 progress: Progress | None = None, session_factory: Callable[..., Any] = BenchSession):
+        """`session_factory(bench_options, log)` makes the measuring session (a BenchSession; tests
+        pass a stand-in with the same `device`, `opts`, `eager` and `measure`)."""
+        self.session_factory = session_factory
         self.opts = opts
         self.space = opts.space
         self.log = log or (lambda message: None)
@@ -113,6 +116,7 @@ class Search:
         self.stopped = False
         self.session: BenchSession | None = None
         self.budget: Budget | None = None
+        self.live_precisions: list[str] = list(self.space.precisions)
 
     # -- bookkeeping -------------------------------------------------------------------------
     def _tried(self, recipe: Recipe, stage: str | None = None) -> Trial | None:
@@ -194,35 +198,48 @@ class Search:
         if base is not None and base.score is None:
             self.notes.append(f"the config's own recipe ({sp.describe(self.default)}) did not run: {base.row.get('reason')}")
 
-    def _live_precisions(self) -> list[str]:
-        best = self.best()
+    def _kinds(self) -> list[bool | None]:
+        """The kinds of compile mode compared among themselves: with capture to come (GPU), modes
+        without CUDA graphs only with each other (capture is what will give them graphs, so
+        reduce-overhead beating them now says nothing yet) and modes with graphs likewise."""
+        return [False, True] if self.space.cudagraphs and self._on_gpu() else [None]
+
+    def _best_of_kind(self, kind: bool | None, precision: str | None = None) -> Trial | None:
+        return self.best(where=lambda t: t.stage == "modes" and (kind is None or (t.recipe.mode in sp.GRAPH_MODES) == kind)
+                         and (precision is None or t.recipe.precision == precision))
+
+    def _modes(self) -> list[Recipe]:
+        """Measure the cheap modes at every allowed precision; drop the precisions, then the
+        modes, that are clearly slower than the best of their kind; return the survivors."""
+        self._stage("modes", sp.mode_candidates(self.space, self.space.precisions))
+        kinds = self._kinds()
         live = []
         for precision in self.space.precisions:
-            mine = self.best(where=lambda t, p=precision: t.recipe.precision == p)
-            if best is not None and mine is not None and sp.clearly_slower(mine.score, best.score):
-                self.notes.append(f"precision {precision} dropped: its best ({mine.score:.2f}x eager fp32) is clearly "
-                                  f"slower than {best.recipe.precision}'s ({best.score:.2f}x)")
-                continue
-            live.append(precision)
-        if best is None:
-            return list(self.space.precisions)
-        return live or [best.recipe.precision]
-
-    def _modes(self, precisions: list[str]) -> list[Recipe]:
-        """Measure the cheap modes; return the best recipe of each surviving (precision, mode)."""
-        self._stage("modes", sp.mode_candidates(self.space, precisions))
-        best = self.best(where=lambda t: t.recipe.compiled)
+            verdicts = []
+            for kind in kinds:
+                mine, best = self._best_of_kind(kind, precision), self._best_of_kind(kind)
+                if mine is not None:
+                    verdicts.append((sp.clearly_slower(mine.score, best.score), mine, best))
+            if verdicts and all(slower for slower, _, _ in verdicts):
+                _, mine, best = max(verdicts, key=lambda v: v[1].score)
+                self.notes.append(f"precision {precision} dropped: its best ({sp.describe(mine.recipe)}, {mine.score:.2f}x "
+                                  f"eager fp32) is clearly slower than {sp.describe(best.recipe)} ({best.score:.2f}x)")
+            else:
+                live.append(precision)
         survivors = []
-        for precision in precisions:
+        for precision in live:
             for mode in self.space.cheap_modes:
                 trial = self._tried(Recipe(precision, mode, "inductor", "model"), "modes")
                 if trial is None or trial.score is None:
                     continue
+                kind = (mode in sp.GRAPH_MODES) if kinds != [None] else None
+                best = self._best_of_kind(kind)
                 if sp.clearly_slower(trial.score, best.score if best else None):
                     self.notes.append(f"{sp.describe(trial.recipe)} dropped from later stages: {trial.score:.2f}x "
                                       f"eager fp32, clearly slower than {sp.describe(best.recipe)} ({best.score:.2f}x)")
                     continue
                 survivors.append(trial.recipe)
+        self.live_precisions = live or list(self.space.precisions)
         return survivors
 
     def _variants(self, survivors: list[Recipe]) -> None:
@@ -230,7 +247,8 @@ class Search:
             self.notes.append("whole-step capture and modes that record CUDA graphs were not searched: CPU run")
         if self.space.regional and not self.has_blocks:
             self.notes.append("regional compile was not searched: the model has no repeated blocks")
-        for recipe in sp.variant_candidates(survivors, self.space, self.has_blocks, self._on_gpu()):
+        for recipe in sp.variant_candidates(survivors, self.space, self.has_blocks, self._on_gpu(),
+                                             self.live_precisions):
             self.progress.planned(1)
             reason = self._pruned(recipe)
             if reason:
@@ -292,11 +310,11 @@ class Search:
         recipes = [self.default, Recipe("fp32", cudagraphs=self.space.cudagraphs and self._device().type == "cuda")]
         bench = CompileBenchOptions(cfg=o.cfg, recipes=recipes, steps=o.steps, warmup=o.warmup,
                                     accuracy_steps=o.accuracy_steps, fresh_cache=False)
-        with BenchSession(bench, self.log) as session:
+        with self.session_factory(bench, self.log) as session:
             self.session = session
             self.budget = Budget(o.budget_s, session.device.type)
             self._baseline()
-            survivors = self._modes(self._live_precisions())
+            survivors = self._modes()
             self._variants(survivors)
             self._scopes()
             self._expensive()

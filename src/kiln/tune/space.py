@@ -76,7 +76,8 @@ def mode_candidates(space: Space, precisions: list[str]) -> list[Recipe]:
     return [Recipe(p, mode, "inductor", "model") for p in precisions for mode in space.cheap_modes]
 
 
-def variant_candidates(best_by_mode: list[Recipe], space: Space, has_blocks: bool, on_gpu: bool) -> list[Recipe]:
+def variant_candidates(best_by_mode: list[Recipe], space: Space, has_blocks: bool, on_gpu: bool,
+                       precisions: list[str] | None = None) -> list[Recipe]:
     """Capture and regional variants of each surviving (precision, mode), in the order they are
     tried: capture, regional + capture (regional's per-block overhead is hidden once the step is
     one graph), then regional alone; and eager with capture per precision."""
@@ -91,7 +92,7 @@ def variant_candidates(best_by_mode: list[Recipe], space: Space, has_blocks: boo
         if regional:
             out.append(dataclasses.replace(recipe, regional=True))
     if capture:
-        for precision in dict.fromkeys(r.precision for r in best_by_mode):
+        for precision in precisions or dict.fromkeys(r.precision for r in best_by_mode):
             out.append(Recipe(precision, cudagraphs=True))
     return out
 
