@@ -23,6 +23,7 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     from kiln.cli import (
+        advise_cmd,
         autotune_cmd,
         bench_cmd,
         doctor_cmd,
@@ -45,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     profile_cmd.add_parser(sub)
     report_cmd.add_parser(sub)
     autotune_cmd.add_parser(sub)
+    advise_cmd.add_parser(sub)
     return parser
 
 
