@@ -161,3 +161,26 @@ def test_a_precision_faster_in_one_kind_of_mode_survives():
               "bf16-mixed default/model +capture": 4.5, "fp32 default/model +capture": 4.0}
     result, _ = _search(speeds, precisions=("fp32", "bf16-mixed"), regional=False)
     assert sp.describe(result.winner) == "bf16-mixed default/model +capture"
+
+
+def test_only_allowed_precisions_are_candidates():
+    """Eager fp32 is every row's reference; with bf16 alone allowed, nothing in fp32 is tried or wins."""
+    cfg = load_config(None, ["precision.policy=bf16-mixed", "compile.enabled=true"])
+    speeds = {"fp32 eager": 1.0, "bf16-mixed eager": 0.7, "bf16-mixed default/model": 0.8,
+              "fp32 default/step": 3.0, "bf16-mixed default/step": 0.9}
+    result, session = _search(speeds, cfg=cfg, precisions=("bf16-mixed",), modes=("default",), device="cpu")
+    assert all(r.precision == "bf16-mixed" for r in session.measured if r != Recipe.eager("fp32"))
+    assert result.winner.precision == "bf16-mixed"
+
+
+def test_the_configs_own_compiled_recipe_counts_as_a_mode_row():
+    """vit_b16.toml compiles with the default mode: that baseline row is the modes stage's row too,
+    so its capture and regional variants are searched."""
+    cfg = load_config(None, ["precision.policy=bf16-mixed", "compile.enabled=true"])
+    speeds = {"fp32 eager": 1.0, "bf16-mixed eager": 1.8, "bf16-mixed default/model": 2.3,
+              "bf16-mixed reduce-overhead/model": 2.5, "bf16-mixed default/model +capture": 2.6,
+              "bf16-mixed default/model +regional +capture": 2.9}
+    result, session = _search(speeds, cfg=cfg, precisions=("bf16-mixed",))
+    assert session.measured.count(Recipe("bf16-mixed", "default", "inductor", "model")) == 2  # baseline, confirm
+    assert sp.describe(result.winner) == "bf16-mixed default/model +regional +capture"
+    assert all(t.recipe.precision == "bf16-mixed" for t in result.trials if t.stage == "confirm")

@@ -236,8 +236,12 @@ def run(args: argparse.Namespace) -> int:
         console = Console(width=200)
     console.print(render_table(result, title))
     gain = result.speedup_vs_default
-    verdict = (f"{len(changes)} key(s) changed, {gain:.2f}x the config's own recipe" if changes and gain
-               else "the config's own recipe stays")
+    if not changes:
+        verdict = "the config's own recipe stays"
+    elif gain:
+        verdict = f"{len(changes)} key(s) changed, {gain:.2f}x the config's own recipe"
+    else:
+        verdict = f"{len(changes)} key(s) changed; the config's own recipe did not run here"
     print(f"kiln: winner {describe(result.winner)}"
           f" ({verdict}); {len(result.trials)} rows measured in {result.elapsed_s / 60:.1f} min, "
           f"{len(result.not_tried)} not tried; wrote {path}, {', '.join(str(p) for p in written)}")

@@ -83,6 +83,11 @@ class Budget:
     def fits(self, seconds: float) -> bool:
         return seconds <= self.left
 
+    def first_compile_affordable(self, seconds: float) -> bool:
+        """Before any compile was seen the estimate is only a prior: the first compile starts when
+        half of it fits (the hard stop still ends it in time), or nothing could ever be learned."""
+        return not self._compile_per_factor and 0.5 * seconds <= self.left
+
     @contextlib.contextmanager
     def hard_stop(self, grace_s: float) -> Iterator[None]:
         """Raise BudgetExceeded in this (main) thread once the budget plus `grace_s` is spent: a

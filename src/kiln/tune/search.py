@@ -131,7 +131,11 @@ class Search:
         self.progress.finished(stage, label, None, sp.describe(best.recipe) if best else None)
 
     def best(self, stage: str | None = None, where: Callable[[Trial], bool] = lambda t: True) -> Trial | None:
-        scored = [t for t in self.trials if t.score is not None and (stage is None or t.stage == stage) and where(t)]
+        """The fastest row (among `stage`'s), of an allowed precision or the config's own recipe:
+        eager fp32 is every row's reference, not a candidate, unless fp32 is allowed."""
+        allowed = set(self.space.precisions)
+        scored = [t for t in self.trials if t.score is not None and (stage is None or t.stage == stage) and where(t)
+                  and (t.recipe.precision in allowed or t.recipe == self.default)]
         return max(scored, key=lambda t: (t.score, -(t.row.get("compile_s") or 0.0)), default=None)
 
     def _on_gpu(self) -> bool:
@@ -156,7 +160,7 @@ class Search:
             estimate = self.budget.estimate(Recipe.eager(recipe.precision)) + 0.25 * self.budget.compile_estimate(recipe)
         else:
             estimate = self.budget.estimate(recipe, accuracy_recompile=bool(eager and eager.uses_rng))
-        if not self.budget.fits(estimate):
+        if not self.budget.fits(estimate) and not (recipe.compiled and self.budget.first_compile_affordable(estimate)):
             left = max(0.0, self.budget.left)
             self._skip(recipe, f"estimated {estimate:.0f} s, {left:.0f} s of the budget left", stage)
             return None
@@ -205,7 +209,10 @@ class Search:
         return [False, True] if self.space.cudagraphs and self._on_gpu() else [None]
 
     def _best_of_kind(self, kind: bool | None, precision: str | None = None) -> Trial | None:
-        return self.best(where=lambda t: t.stage == "modes" and (kind is None or (t.recipe.mode in sp.GRAPH_MODES) == kind)
+        """The best of the mode candidates (whatever stage measured them: the config's own recipe
+        may be one) of a kind, and of a precision."""
+        modes = set(sp.mode_candidates(self.space, self.space.precisions))
+        return self.best(where=lambda t: t.recipe in modes and (kind is None or (t.recipe.mode in sp.GRAPH_MODES) == kind)
                          and (precision is None or t.recipe.precision == precision))
 
     def _modes(self) -> list[Recipe]:
@@ -229,7 +236,7 @@ class Search:
         survivors = []
         for precision in live:
             for mode in self.space.cheap_modes:
-                trial = self._tried(Recipe(precision, mode, "inductor", "model"), "modes")
+                trial = self._tried(Recipe(precision, mode, "inductor", "model"))
                 if trial is None or trial.score is None:
                     continue
                 kind = (mode in sp.GRAPH_MODES) if kinds != [None] else None
@@ -287,7 +294,9 @@ class Search:
 
     def _confirm(self) -> str:
         finalists: list[Recipe] = []
-        for trial in sorted((t for t in self.trials if t.score is not None), key=lambda t: -t.score):
+        allowed = set(self.space.precisions)
+        candidates = (t for t in self.trials if t.score is not None and t.recipe.precision in allowed)
+        for trial in sorted(candidates, key=lambda t: -t.score):
             if trial.recipe not in finalists:
                 finalists.append(trial.recipe)
             if len(finalists) == 2:

@@ -1,0 +1,86 @@
+#!/bin/bash
+# GPU evidence for issue 16: `kiln autotune` on the seed MLP and on ViT-B/16, on one GPU, from the repo root:
+#   bash benchmarks/gpu_autotune.sh            # both parts, about 11-12 minutes on one H100
+#   bash benchmarks/gpu_autotune.sh mlp        # one part per device call: mlp (~5.5 min), vit (~6.5 min)
+#   bash benchmarks/gpu_autotune.sh advise     # optional: kiln advise on the seed MLP b128 fp32 (~2 min)
+# Parts:
+#   mlp     configs/seed_production.toml (seed MLP b128), precisions fp32 and bf16-mixed allowed, budget 4.5 min.
+#           Best known on an H100 (kiln bench compile, 2026-11-23): fp32 regional default + whole-step capture
+#           1.53 ms/step = 5.6x eager fp32 (8.6 ms).
+#   vit     configs/vit_b16.toml (ViT-B/16 b64), its own precision (bf16-mixed), budget 5.5 min.
+#           Best known: regional + whole-step capture 22.5 ms/step (eager bf16 30.8 ms, 40% of the bf16 matmul peak).
+#   advise  kiln advise on the seed MLP b128 fp32 eager: GPU idle gaps, the measured gain of capture, shapes.
+# Why that long: the budget is the search's own clock (compiles included; kiln autotune stops in time and lists
+# what it did not try); each call adds ~20-40 s of start-up, the fp64 accuracy reference and writing results.
+# Each call is capped at budget + 150 s by `timeout`. Writes $OUT/autotune/<part>/{best.toml,results.json,
+# results.md,results.png,run.log}, $OUT/autotune/nvidia-smi.csv, packed into $OUT/autotune.tgz, and prints a
+# short table per part (the winner against eager fp32, eager at its precision and the config's own recipe,
+# all measured in the same call).
+# DRY=1: the same calls on the CPU with tiny models and 2-minute budgets (no GPU; ~6 minutes).
+set -uo pipefail
+OUT=${OUT:-/tmp/kiln-out}
+R=$OUT/autotune
+mkdir -p "$R"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
+  export PYTHONPATH=/tmp/site
+fi
+export PYTHONPATH=$PWD/src:${PYTHONPATH:-} PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
+PARTS=${*:-mlp vit}
+MLP_BUDGET=4.5 VIT_BUDGET=5.5 ADVISE=(--measure)
+MLP=() VIT=() DEV=()
+if [ "${DRY:-0}" = 1 ]; then
+  MLP=(model.kwargs.hidden_size=32 model.kwargs.num_layers=4 model.kwargs.num_classes=8 data.batch_size=8
+       optim.warmup_steps=10)
+  VIT=(model.kwargs.img_size=32 model.kwargs.patch_size=16 model.kwargs.embed_dim=32 model.kwargs.depth=2
+       model.kwargs.num_heads=2 model.kwargs.num_classes=10 data.batch_size=4)
+  DEV=(--device cpu)
+  MLP_BUDGET=2 VIT_BUDGET=2
+fi
+t0=$(date +%s)
+say() { echo "=== $* ($(date +%T), +$(( $(date +%s) - t0 )) s)"; }
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv > "$R/nvidia-smi.csv" 2>/dev/null
+summary() {  # summary DIR: the winner, the config's own recipe and eager, from results.json
+  python3 - "$1" <<'EOF'
+import json, sys
+payload = json.load(open(f"{sys.argv[1]}/results.json"))
+rows, tune = payload["results"], payload["config"]["autotune"]
+fmt = lambda v, f: "-" if v is None else format(v, f)
+print(f"{'role':8} {'stage':17} {'candidate':46} {'status':9} {'ms':>8} {'vs fp32':>8} {'vs eager':>8} {'vs config':>9} {'compile s':>9}")
+for r in rows:
+    if r.get("role") or r.get("stage") in ("baseline", "confirm"):
+        print(f"{r.get('role') or '':8} {r.get('stage') or '':17} {r['candidate'][:46]:46} {r['status']:9} "
+              f"{fmt(r.get('step_ms'), '.3f'):>8} {fmt(r.get('speedup_vs_eager_fp32'), '.2f'):>8} "
+              f"{fmt(r.get('speedup'), '.2f'):>8} {fmt(r.get('speedup_vs_default'), '.2f'):>9} {fmt(r.get('compile_s'), '.1f'):>9}")
+measured = sum(1 for r in rows if not str(r.get("reason") or "").startswith("not tried"))
+print(f"{measured} rows measured, {len(tune['not_tried'])} not tried, {tune['elapsed_s'] / 60:.1f} min; "
+      f"decided on {tune['decided_on']} rows; changes: {tune['changes']}")
+EOF
+}
+tune() {  # tune PART BUDGET ARGS...: one kiln autotune call, capped
+  local part=$1 budget=$2; shift 2
+  local cap
+  cap=$(python3 -c "print(int($budget * 60 + 150))")
+  say "autotune $part (budget $budget min, cap $cap s)"
+  rm -rf "${R:?}/$part"
+  timeout -k 10 "$cap" python3 -m kiln autotune "${DEV[@]}" --budget "$budget" --out "$R/$part" "$@" > "$R/$part.log" 2>&1
+  echo "exit $?"
+  grep -E "^\[|^kiln:" "$R/$part.log" | tail -40
+  [ -f "$R/$part/results.json" ] && summary "$R/$part"
+}
+for part in $PARTS; do
+  case $part in
+    mlp) tune mlp "$MLP_BUDGET" --config configs/seed_production.toml --precisions fp32,bf16-mixed "${MLP[@]}" ;;
+    vit) tune vit "$VIT_BUDGET" --config configs/vit_b16.toml "${VIT[@]}" ;;
+    advise)
+      say "advise seed MLP b128 fp32 eager"
+      timeout -k 10 300 python3 -m kiln advise "${ADVISE[@]}" --json "$R/advise_mlp.json" "${DEV[@]}" \
+        --config configs/seed_production.toml precision.policy=fp32 compile.enabled=false "${MLP[@]}" \
+        > "$R/advise_mlp.log" 2>&1
+      echo "exit $?"; tail -40 "$R/advise_mlp.log"
+      ;;
+    *) echo "unknown part $part (mlp, vit, advise)"; exit 2 ;;
+  esac
+done
+say "done"
+tar czf "$OUT/autotune.tgz" -C "$R" .
