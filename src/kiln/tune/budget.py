@@ -57,20 +57,22 @@ class Budget:
     def left(self) -> float:
         return self.seconds - self.elapsed
 
-    def observe(self, recipe: Recipe, row: dict, wall_s: float) -> None:
+    def observe(self, recipe: Recipe, row: dict, wall_s: float, *, recompiled: bool = False) -> None:
         """Learn from a measured row: its compile time per unit of compile factor, and the rest of
-        its wall time (building, warm-up, timing, accuracy)."""
+        its wall time (building, warm-up, timing, accuracy; `recompiled`: the accuracy check
+        compiled a second copy, which is not overhead)."""
         compile_s = row.get("compile_s") or 0.0
         factor = compile_factor(recipe)
         if factor and row.get("status") == "ok" and compile_s > 0:
             self._compile_per_factor.append(compile_s / factor)
-        self._overhead.append(max(0.0, wall_s - compile_s))
+        self._overhead.append(max(0.0, wall_s - compile_s * (2 if recompiled else 1)))
 
     def compile_estimate(self, recipe: Recipe) -> float:
+        """The largest compile time per unit seen so far (rows whose graphs were already in the
+        cache compile fast and would make a median too hopeful) times the recipe's factor."""
         if not recipe.compiled:
             return 0.0
-        per = (sorted(self._compile_per_factor)[len(self._compile_per_factor) // 2] if self._compile_per_factor
-               else PRIOR_COMPILE_S.get(self.device_type, 30.0))
+        per = max(self._compile_per_factor) if self._compile_per_factor else PRIOR_COMPILE_S.get(self.device_type, 30.0)
         return per * compile_factor(recipe)
 
     def estimate(self, recipe: Recipe, *, accuracy_recompile: bool = False) -> float:

@@ -177,7 +177,7 @@ class Search:
         if row.get("status") == "skipped" and "budget" in str(row.get("reason")):
             self.stopped = True
         wall = time.monotonic() - start
-        self.budget.observe(recipe, row, wall)
+        self.budget.observe(recipe, row, wall, recompiled=bool(eager and eager.uses_rng and recipe.compiled and not warm))
         trial = Trial(recipe, stage, row, wall)
         self.trials.append(trial)
         best = self.best()
