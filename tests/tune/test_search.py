@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import time
 import types
+from pathlib import Path
 
 import pytest
 import torch
@@ -184,3 +185,36 @@ def test_the_configs_own_compiled_recipe_counts_as_a_mode_row():
     assert session.measured.count(Recipe("bf16-mixed", "default", "inductor", "model")) == 2  # baseline, confirm
     assert sp.describe(result.winner) == "bf16-mixed default/model +regional +capture"
     assert all(t.recipe.precision == "bf16-mixed" for t in result.trials if t.stage == "confirm")
+
+
+def test_strategy_stage_picks_the_faster_strategy(tmp_path, monkeypatch):
+    """DDP vs FSDP runs go through `kiln train --nproc-per-node` (faked here: each writes the
+    summary.json a run would); the faster one lands in best.toml, with capture off."""
+    import json
+    import subprocess
+
+    from kiln.tune import strategy
+
+    calls = []
+
+    def fake_run(cmd, **kwargs):
+        calls.append(cmd)
+        run_dir = Path(cmd[cmd.index("--run-dir") + 1])
+        cfg = load_config(cmd[cmd.index("--config") + 1])
+        run_dir.mkdir(parents=True)
+        rate = {"ddp": 900.0, "fsdp": 1200.0}[cfg.distributed.strategy]
+        (run_dir / "summary.json").write_text(json.dumps({"step_ms_median": 64e3 / rate, "samples_per_s": rate}))
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(strategy.subprocess, "run", fake_run)
+    speeds = {"fp32 eager": 1.0, "fp32 default/model": 1.5, "fp32 default/model +capture": 3.0}
+    result, _ = _search(speeds, modes=("default",), regional=False, scopes=["model"])
+    assert result.winner.cudagraphs
+    strategy.strategy_stage(result, TuneOptions(cfg=BASE, space=sp.Space(["fp32"], ["default"]), budget_s=600),
+                            2, tmp_path, log=lambda m: None)
+    assert [c[c.index("--nproc-per-node") + 1] for c in calls] == ["2", "2"]
+    assert result.extra["strategy"] == "fsdp"
+    best = best_config(BASE, result)
+    assert best.distributed.strategy == "fsdp" and not best.compile.cudagraphs and best.compile.enabled
+    rows = [r for r in result_rows(result) if r.get("stage") == "strategy"]
+    assert [r["strategy"] for r in rows] == ["ddp", "fsdp"] and rows[1]["role"] == "winner (strategy)"

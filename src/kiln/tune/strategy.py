@@ -92,7 +92,7 @@ def strategy_stage(result: TuneResult, opts: TuneOptions, nproc: int, out: Path,
     ok = [r for r in rows if r["status"] == "ok" and r.get("throughput")]
     if ok:
         best = max(ok, key=lambda r: r["throughput"])
-        best["role"] = "winner"
+        best["role"] = "winner (strategy)"
         result.extra["strategy"] = best["strategy"]
         each = ", ".join(f"{r['strategy']} {r['throughput']:.0f}" for r in ok)
         result.notes.append(f"distributed.strategy={best['strategy']}: {best['throughput']:.0f} samples/s over {nproc} "
