@@ -140,42 +140,9 @@ def _command(args: argparse.Namespace) -> str:
     return shlex.join(parts + list(args.overrides))
 
 
-class RichProgress:
-    """kiln.tune.search.Progress on a rich progress bar (stderr), with one line per candidate."""
-
-    def __init__(self, budget_s: float):
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-        console = Console(stderr=True)
-        self.bar = Progress(TextColumn("[bold]autotune[/bold] {task.description}"), BarColumn(), MofNCompleteColumn(),
-                            TimeElapsedColumn(), TextColumn(f"of {budget_s / 60:.0f} min"), console=console)
-        self.task = self.bar.add_task("starting", total=0)
-
-    def __enter__(self) -> RichProgress:
-        self.bar.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.bar.stop()
-
-    def log(self, message: str) -> None:
-        self.bar.console.print(message, highlight=False, markup=False)
-
-    def planned(self, count: int) -> None:
-        self.bar.update(self.task, total=(self.bar.tasks[0].total or 0) + count)
-
-    def started(self, stage: str, label: str) -> None:
-        self.bar.update(self.task, description=f"{stage}: {label}")
-
-    def finished(self, stage: str, label: str, row, best: str | None) -> None:
-        self.bar.update(self.task, advance=1, description=f"{stage}: best so far {best or '-'}")
-
-
 def run(args: argparse.Namespace) -> int:
     opts, nproc, notes = plan(args)  # ConfigError -> exit 2 before any work
 
-    import dataclasses
     from pathlib import Path
 
     import torch
@@ -185,7 +152,8 @@ def run(args: argparse.Namespace) -> int:
     from kiln.models import build_model
     from kiln.monitor.env import collect_env
     from kiln.train.runtime import default_run_dir, resolve_device
-    from kiln.tune.output import best_config, changed_keys, render_table, write_best, write_evidence
+    from kiln.tune.output import best_config, changed_keys, evidence_config, render_table, write_best, write_evidence
+    from kiln.tune.progress import RichProgress
     from kiln.tune.search import Search
     from kiln.tune.space import describe
 
@@ -220,15 +188,7 @@ def run(args: argparse.Namespace) -> int:
     changes = changed_keys(cfg, best)
     path = write_best(out, cfg, result, model=cfg.model.name, device=where, precisions=precisions)
     title = f"kiln autotune: {cfg.model.name} (batch {cfg.data.batch_size}, {where})"
-    config = {"base": dataclasses.asdict(cfg),
-              "autotune": {"budget_min": args.budget, "precisions": precisions, "modes": opts.space.modes,
-                           "scopes": opts.space.scopes, "regional": opts.space.regional,
-                           "capture": opts.space.cudagraphs, "steps": opts.steps, "warmup": opts.warmup,
-                           "elapsed_s": result.elapsed_s, "decided_on": result.decided_on,
-                           "winner": dataclasses.asdict(result.winner), "default": dataclasses.asdict(result.default),
-                           "speedup_vs_default": result.speedup_vs_default, "changes": {k: list(v) for k, v in changes.items()},
-                           "not_tried": [{k: v for k, v in n.items() if k != "fields"} for n in result.not_tried],
-                           "notes": result.notes, "stopped_early": result.stopped_early}}
+    config = evidence_config(cfg, opts, result, changes, budget_min=args.budget)
     written = write_evidence(out, result, env=collect_env(), config=config, command=_command(args), title=title,
                              changes=changes, precisions=precisions, model=cfg.model.name, device=where)
     console = Console()

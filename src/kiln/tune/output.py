@@ -140,3 +140,19 @@ def render_table(result: TuneResult, title: str):
         if row.get("reason") and row["status"] != "ok":
             table.add_row("", f"[dim]{row['reason']}[/dim]", *[""] * (len(shown) - 2))
     return table
+
+
+def evidence_config(cfg: Config, opts, result: TuneResult, changes: dict[str, tuple[Any, Any]], *,
+                    budget_min: float) -> dict[str, Any]:
+    """The `config` block of results.json: the base config and what the search did with it."""
+    space = opts.space
+    return {"base": dataclasses.asdict(cfg),
+            "autotune": {"budget_min": budget_min, "precisions": space.precisions, "modes": space.modes,
+                         "scopes": space.scopes, "regional": space.regional, "capture": space.cudagraphs,
+                         "steps": opts.steps, "warmup": opts.warmup, "elapsed_s": result.elapsed_s,
+                         "decided_on": result.decided_on, "winner": dataclasses.asdict(result.winner),
+                         "default": dataclasses.asdict(result.default), "speedup_vs_default": result.speedup_vs_default,
+                         "changes": {k: list(v) for k, v in changes.items()},
+                         "not_tried": [{k: v for k, v in n.items() if k != "fields"} for n in result.not_tried],
+                         "notes": result.notes, "stopped_early": result.stopped_early,
+                         "strategy": result.extra.get("strategy")}}

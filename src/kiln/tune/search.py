@@ -346,5 +346,8 @@ class Search:
             winner, winner_trial = best.recipe, best
         elif best is not None and best.recipe != self.default:
             self.notes.append(f"no recipe measured {sp.MIN_GAIN:.0%} faster than the config's own; keeping it")
+        if winner.precision != self.default.precision:
+            self.notes.append(f"the winner runs in {winner.precision} where the config used {self.default.precision}: "
+                              "it passed the accuracy check over the first steps; compare a real run's loss curve too")
         return TuneResult(self.trials, self.default, winner, winner_trial, default, self.not_tried, self.notes,
                           decided_on, self.budget.elapsed, self.stopped)
