@@ -49,7 +49,7 @@ class FakeSession:
     def eager(self, precision, loss="task"):
         return self._row(Recipe.eager(precision)), types.SimpleNamespace(uses_rng=False)
 
-    def measure(self, recipe: Recipe) -> dict:
+    def measure(self, recipe: Recipe, retime: bool = False) -> dict:
         self.measured.append(recipe)
         return self._row(recipe)
 

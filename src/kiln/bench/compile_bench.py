@@ -128,7 +128,7 @@ def base_row(ctx: BenchContext, recipe: Recipe) -> dict[str, Any]:
     }
 
 
-def _timing_figures(ctx: BenchContext, row: dict, timings: dict[str, Timing], side: str) -> None:
+def timing_figures(ctx: BenchContext, row: dict, timings: dict[str, Timing], side: str) -> None:
     mine = timings[side].as_dict()
     step_s = timings[side].median_s
     row.update(step_ms=mine["median_ms"], step_ms_p10=mine["p10_ms"], step_ms_p90=mine["p90_ms"],
@@ -182,7 +182,7 @@ class MatrixRun:
             release(self.device)
         return self._fp64[loss]
 
-    def _interleave(self, sides: dict[str, Callable[[], object]]) -> dict[str, Timing]:
+    def interleave(self, sides: dict[str, Callable[[], object]]) -> dict[str, Timing]:
         return measure_interleaved(sides, warmup=1, repeats=self.opts.steps, device=self.device)
 
     def _report(self, recipe: Recipe, row: dict) -> None:
@@ -209,7 +209,7 @@ class MatrixRun:
         sides: dict[str, Callable[[], object]] = {"eager": started.runner}
         if ref32 is not None:
             sides["eager_fp32"] = ref32.runner
-        _timing_figures(self.ctx, row, self._interleave(sides), "eager")
+        timing_figures(self.ctx, row, self.interleave(sides), "eager")
         row.update(first_step_s=started.first_step_s, warmup_s=started.warmup_s,
                    peak_mem_bytes=started.peak_mem_bytes,
                    memory_compression=1.0 if started.peak_mem_bytes else None,
@@ -233,9 +233,9 @@ class MatrixRun:
         sides: dict[str, Callable[[], object]] = {"eager": eager.runner, "compiled": started.runner}
         if ref32 is not None and recipe.precision != "fp32":
             sides["eager_fp32"] = ref32.runner
-        timings = self._interleave(sides)
+        timings = self.interleave(sides)
         after = compile_counters()
-        _timing_figures(self.ctx, row, timings, "compiled")
+        timing_figures(self.ctx, row, timings, "compiled")
         peak, eager_peak = started.peak_mem_bytes, eager.peak_mem_bytes
         row["capture"] = started.runner.capture_status
         if recipe.cudagraphs and row["capture"] and row["capture"].startswith("fallback"):

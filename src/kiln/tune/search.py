@@ -169,7 +169,7 @@ class Search:
         start = time.monotonic()
         try:
             with self.budget.hard_stop(grace_s=max(20.0, 0.1 * self.budget.seconds)):
-                row = self.session.measure(recipe)
+                row = self.session.measure(recipe, retime=warm)
         except BudgetExceeded as exc:
             row = {"status": "skipped", "reason": str(exc)}
         if "BudgetExceeded" in str(row.get("reason") or ""):
