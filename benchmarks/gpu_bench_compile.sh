@@ -8,16 +8,8 @@
 set -uo pipefail
 preset=${1:?usage: gpu_bench_compile.sh PRESET [kiln bench compile args...]}
 shift
-OUT=${OUT:-/tmp/kiln-out}
-R=$OUT/r
 TAG=${TAG:-$preset}
-mkdir -p "$R"
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
-  export PYTHONPATH=/tmp/site
-fi
-export PYTHONPATH=$PWD/src:${PYTHONPATH:-} PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/nvidia-smi.csv"
+source benchmarks/gpu_env.sh
 echo "=== kiln bench compile --preset $preset $* ($(date +%T))"
 python3 -m kiln bench compile --preset "$preset" --out "$R/$TAG" "$@" 2>&1 | tee "$R/$TAG.log" | grep -v '^W'
 echo "=== done ($(date +%T))"

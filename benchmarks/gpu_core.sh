@@ -4,16 +4,8 @@
 #   hand-written loop for the seed MLP and ViT-B/16; timm's ViT-B/16 through kiln.
 # Writes everything under $OUT/r and packs it as $OUT/results.tgz.
 set -uo pipefail
-OUT=${OUT:-/tmp/kiln-out}
-R=$OUT/r
-mkdir -p "$R"
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
-  export PYTHONPATH=/tmp/site
-fi
-export PYTHONPATH=$PWD/src:${PYTHONPATH:-} PYTHONUNBUFFERED=1
+source benchmarks/gpu_env.sh
 step() { echo "=== $* ($(date +%T))"; "$@" 2>&1 | tee -a "$R/log.txt" | tail -4; }
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/nvidia-smi.csv"
 python3 -m kiln env --json > "$R/env.json"
 step python3 -m kiln train --config configs/seed_production.toml --run-dir "$R/seed_production" metrics.console=false
 step python3 benchmarks/trainer_overhead.py --config configs/seed_production.toml --steps 400 --rounds 3 \

@@ -1,35 +1,20 @@
 #!/bin/bash
-# Scaling evidence for DDP and FSDP2 (run on a multi-GPU device machine from the repo root):
-# kiln's ViT-B/16, bf16-mixed, compiled, batch 64 per GPU (weak scaling), through
-# `kiln train --nproc-per-node N`, for N in 1 and each of $WORLDS (default "2 4").
-# Writes $OUT/r/<run>/ (summary, metrics), $OUT/r/scale/results.{json,md}; packs $OUT/results.tgz.
+# Scaling on a multi-GPU device machine (run from the repo root), through `kiln bench scale`:
+# kiln's ViT-B/16, bf16-mixed, torch.compile default, batch 64 per GPU (weak scaling), DDP and
+# FSDP2 (kiln's defaults) at each rank count in $NPROCS (default 1,2,4,8; counts above the visible
+# GPUs become `skipped` rows), NCCL collectives at the model's bucket and unit sizes on the largest
+# rank count, and predictions to 1024 GPUs with their error against every measured point.
+# Extra variants: VARIANTS="--variant fsdp-prefetch=fsdp,distributed.fsdp_forward_prefetch=1 ...".
+# Expected on 8 GPUs: ~6 min (1 + 2 x 4 points, ~35 s each; the bandwidth step ~30 s).
+# Writes $OUT/scale/{results.json,results.md,results.png,points/*,comm/*}, $OUT/topo.txt.
 set -uo pipefail
-OUT=${OUT:-/tmp/kiln-out}
-R=$OUT/r
-WORLDS=${WORLDS:-2 4}
+NPROCS=${NPROCS:-1,2,4,8}
 STEPS=${STEPS:-60}
-mkdir -p "$R"
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
-  export PYTHONPATH=/tmp/site
-fi
-export PYTHONPATH=$PWD/src:${PYTHONPATH:-} PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/nvidia-smi.csv"
-nvidia-smi topo -m > "$R/topo.txt" 2>&1
-common=(--config configs/vit_b16.toml training.steps=$STEPS training.log_interval=10 metrics.console=false
-        checkpoint.save_final=false)
-run() {  # name nproc overrides...
-  local name=$1 n=$2; shift 2
-  echo "=== $name ($(date +%T))"
-  timeout 240 python3 -m kiln train --nproc-per-node "$n" --run-dir "$R/$name" "${common[@]}" "$@" \
-    > "$R/$name.log" 2>&1 || echo "FAILED: see $name.log"
-  grep "^kiln: completed" "$R/$name.log" | head -1
-}
-run vit_w1 1
-runs=("$R/vit_w1")
-for n in $WORLDS; do
-  run "vit_ddp_w$n" "$n" distributed.strategy=ddp; runs+=("$R/vit_ddp_w$n")
-  run "vit_fsdp_w$n" "$n" distributed.strategy=fsdp; runs+=("$R/vit_fsdp_w$n")
-done
-python3 benchmarks/scale_table.py --title "kiln ViT-B/16 bf16 compiled, batch 64 per GPU" --out "$R/scale" "${runs[@]}"
-tar czf "$OUT/results.tgz" -C "$R" .
+read -r -a VARIANT_ARGS <<< "${VARIANTS:-}"
+source benchmarks/gpu_env.sh
+cp "$R/nvidia-smi.csv" "$OUT/nvidia-smi.csv"
+nvidia-smi topo -m > "$OUT/topo.txt" 2>&1
+echo "=== kiln bench scale --nprocs $NPROCS ($(date +%T))"
+python3 -m kiln bench scale --config configs/vit_b16.toml --nprocs "$NPROCS" --strategies ddp,fsdp "${VARIANT_ARGS[@]}" \
+  --steps "$STEPS" --timeout 240 --out "$OUT/scale" 2>&1 | tee "$OUT/scale.log" | tail -40
+echo "=== done ($(date +%T))"

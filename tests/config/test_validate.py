@@ -93,6 +93,8 @@ LOWER_BOUNDS = [
     ("training.nonfinite_max_skips", "1", "0"),
     ("distributed.ddp_bucket_cap_mb", "0.001", "0"),
     ("distributed.fsdp_min_params", "1", "0"),
+    ("distributed.fsdp_unit_blocks", "0", "-1"),
+    ("distributed.fsdp_forward_prefetch", "0", "-1"),
     ("checkpoint.interval", "0", "-1"),
     ("checkpoint.keep", "1", "0"),
     ("metrics.straggler_margin", "0", "-0.1"),

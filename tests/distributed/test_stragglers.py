@@ -13,7 +13,7 @@ BASE = [
     "model.kwargs.hidden_size=32", "model.kwargs.num_layers=2", "model.kwargs.num_classes=4",
     "data.synthetic_samples=256", "data.batch_size=8", "training.steps=12", "training.log_interval=2",
     "training.device=cpu", "metrics.tensorboard=false", "distributed.strategy=ddp",
-    "metrics.straggler_intervals=3", "checkpoint.save_final=false",
+    "metrics.straggler_intervals=3", "checkpoint.save_final=false", "metrics.sync_timing=true",
 ]
 
 

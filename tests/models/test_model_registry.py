@@ -107,3 +107,20 @@ def test_timm_adapter_with_fake_timm(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "timm:tiny_net" in info.value.choices
     with pytest.raises(ConfigError, match=r"model\.kwargs.*rejected"):
         build_model(ModelConfig(name="timm:tiny_net", kwargs={"depth": 3}))
+
+
+def test_vit_attention_backend_is_a_choice():
+    import torch
+
+    from kiln.config.errors import ConfigError
+    from kiln.models.vit import build_vit
+
+    small = dict(img_size=32, patch_size=16, embed_dim=32, depth=1, num_heads=2, num_classes=5)
+    torch.manual_seed(0)
+    auto = build_vit(**small)
+    pinned = build_vit(**small, attn_backend="math")
+    pinned.load_state_dict(auto.state_dict())
+    x = torch.randn(2, 3, 32, 32)
+    assert torch.allclose(auto(x), pinned(x), atol=1e-5)
+    with pytest.raises(ConfigError, match="model.kwargs.attn_backend"):
+        build_vit(**small, attn_backend="fast")

@@ -83,3 +83,21 @@ def test_mfu_math() -> None:
     assert mfu(1e12, 0.5, 4e12) == pytest.approx(0.5)
     assert mfu(1e12, 0.5, None) is None
     assert mfu(1e12, 0.0, 4e12) is None
+
+
+def test_grouped_query_attention_formulas_match_torchs_own():
+    # torch >= 2.12 counts GQA attention itself; kiln's formulas (for older torch) must agree.
+    from torch.utils import flop_counter
+
+    from kiln.monitor.flops import _attention_backward_flops, _attention_flops
+
+    q, kv = (2, 8, 64, 32), (2, 2, 96, 32)
+    try:
+        expected_fwd = flop_counter.sdpa_flop_count(q, kv, kv)
+        expected_bwd = flop_counter.sdpa_backward_flop_count(q, q, kv, kv)
+    except AssertionError:  # this torch predates GQA counting: compare with the expanded heads
+        full = (2, 8, 96, 32)
+        expected_fwd = flop_counter.sdpa_flop_count(q, full, full)
+        expected_bwd = flop_counter.sdpa_backward_flop_count(q, q, full, full)
+    assert _attention_flops(q, kv, kv) == expected_fwd
+    assert _attention_backward_flops(q, kv, kv) == expected_bwd

@@ -1,17 +1,16 @@
-"""The two ceilings of a device, measured on the spot (METHOD.md: datasheet rates are leads).
+"""Hardware ceilings measured on the spot: device-to-device copy bandwidth and matmul FLOP/s.
 
-- `copy_bandwidth`: a large device-to-device copy, counting bytes read plus bytes written: the
-  rate memory-bound work (batch-1 decoding, optimizer updates) can reach at best.
-- `matmul_peak`: a large square matrix product through the library torch uses, on random data
-  (zeros run faster than real data): the rate compute-bound work can reach at best.
-
-Both go through kiln's one timing helper (warm-up, synchronize, median of repeats). On a CPU
-they are measured the same way on smaller sizes, which is enough to report a fraction.
+Datasheet peaks are not what a kernel can reach on this machine today (clocks, ECC, power caps,
+another tenant), so benchmarks compare against what the same device does at the same moment:
+- bandwidth: `dst.copy_(src)` of a buffer far larger than the L2 cache, counting the bytes read
+  plus the bytes written (a memory-bound kernel's own accounting);
+- matmul: a square matmul in the benchmark's dtype, 2·n³ FLOPs per call.
+Both go through the shared timing helper (warm-up, synchronize, median).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import torch
 
@@ -19,41 +18,66 @@ from kiln.bench.timing import measure
 
 
 @dataclass(frozen=True)
-class Ceiling:
-    value: float
-    """bytes/s for bandwidth, FLOP/s for a matmul peak."""
-    how: str
-    """What was measured, for the results' environment block."""
+class Ceilings:
+    copy_bytes_per_s: float
+    """Bytes read + written per second by a device-to-device copy."""
+    matmul_flops_per_s: float
+    """FLOP/s of an n x n x n matmul in `dtype`."""
+    copy_bytes: int
+    """Size of the copied buffer."""
+    matmul_n: int
+    dtype: str
+    device: str
+
+    def as_dict(self) -> dict:
+        return asdict(self)
 
 
-def copy_bandwidth(device: torch.device, nbytes: int | None = None, repeats: int = 20) -> Ceiling:
-    """Bytes read + written per second of a device-to-device copy of `nbytes` (default: 1 GiB on
-    CUDA, 64 MiB on CPU: well past any cache)."""
-    device = torch.device(device)
-    nbytes = nbytes or (2**30 if device.type == "cuda" else 2**26)
-    src = torch.randn(nbytes // 4, device=device)
+def _default_sizes(device: torch.device) -> tuple[int, int]:
+    # GPU: 1 GiB (far beyond any L2) and an 8192³ matmul (tensor cores saturated). CPU: small
+    # enough for a test to measure in well under a second.
+    return (1 << 30, 8192) if device.type == "cuda" else (64 << 20, 512)
+
+
+def measure_copy_bandwidth(device: torch.device | str, nbytes: int | None = None, repeats: int = 20) -> float:
+    """Bytes/s (read + written) of a device-to-device copy of `nbytes`."""
+    dev = torch.device(device)
+    nbytes = nbytes or _default_sizes(dev)[0]
+    src = torch.empty(nbytes, dtype=torch.uint8, device=dev).fill_(1)
     dst = torch.empty_like(src)
-    timing = measure(lambda: dst.copy_(src), warmup=3, repeats=repeats, device=device)
-    moved = 2 * src.numel() * src.element_size()
-    return Ceiling(moved / timing.median_s, f"copy of {nbytes / 2**20:.0f} MiB, read+write, median of {repeats}")
+    timing = measure(lambda: dst.copy_(src), warmup=3, repeats=repeats, device=dev)
+    return 2 * nbytes / timing.median_s
 
 
-def matmul_peak(device: torch.device, dtype: torch.dtype = torch.bfloat16, n: int | None = None,
-                repeats: int = 20) -> Ceiling:
-    """FLOP/s of an n x n x n matrix product in `dtype` (default n: 8192 on CUDA, 1024 on CPU)."""
-    device = torch.device(device)
-    n = n or (8192 if device.type == "cuda" else 1024)
-    a = torch.randn(n, n, device=device, dtype=dtype)
-    b = torch.randn(n, n, device=device, dtype=dtype)
-    timing = measure(lambda: torch.mm(a, b), warmup=3, repeats=repeats, device=device)
-    name = str(dtype).removeprefix("torch.")
-    return Ceiling(2 * n**3 / timing.median_s, f"{name} {n}x{n}x{n} matmul on random data, median of {repeats}")
+def measure_matmul_flops(device: torch.device | str, dtype: torch.dtype = torch.bfloat16, n: int | None = None,
+                         repeats: int = 20) -> float:
+    """FLOP/s of an n³ matmul in `dtype`."""
+    dev = torch.device(device)
+    n = n or _default_sizes(dev)[1]
+    a = torch.randn(n, n, device=dev).to(dtype)
+    b = torch.randn(n, n, device=dev).to(dtype)
+    out = torch.empty(n, n, device=dev, dtype=a.dtype)
+    timing = measure(lambda: torch.mm(a, b, out=out), warmup=3, repeats=repeats, device=dev)
+    return 2 * n**3 / timing.median_s
+
+
+def measure_ceilings(device: torch.device | str, dtype: torch.dtype = torch.bfloat16, *, copy_bytes: int | None = None,
+                     matmul_n: int | None = None) -> Ceilings:
+    dev = torch.device(device)
+    default_bytes, default_n = _default_sizes(dev)
+    copy_bytes, matmul_n = copy_bytes or default_bytes, matmul_n or default_n
+    bandwidth = measure_copy_bandwidth(dev, copy_bytes)
+    flops = measure_matmul_flops(dev, dtype, matmul_n)
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()  # hand the 2 GiB of copy buffers back before the models load
+    return Ceilings(bandwidth, flops, copy_bytes, matmul_n, str(dtype).removeprefix("torch."), str(dev))
 
 
 def matmul_dtype(policy: str, tf32: bool) -> torch.dtype:
-    """The matrix-unit precision a precision policy runs its matmuls in."""
+    """The matrix-unit precision a precision policy runs its matmuls in (fp32 runs on the TF32
+    tensor cores on CUDA when `tf32` is allowed, which the caller's tf32 setting decides)."""
     if policy.startswith("bf16"):
         return torch.bfloat16
     if policy.startswith("fp16"):
         return torch.float16
-    return torch.float32  # with tf32 on CUDA, torch runs these on the TF32 tensor cores
+    return torch.float32

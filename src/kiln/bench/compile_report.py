@@ -6,7 +6,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from kiln.bench.results import write_results
+from kiln.bench.results import pyplot, rich_table, write_result_files
 
 # The columns of results.md and of the table on screen, in order.
 COLUMNS = [
@@ -46,13 +46,8 @@ def cell_text(key: str, value: Any) -> str:
     return str(value)
 
 
-_STATUS_STYLE = {"ok": "green", "skipped": "dim", "accuracy_fail": "yellow", "oom": "red", "error": "red"}
-
-
 def render_table(rows: list[dict[str, Any]], title: str):
     """A rich Table of the rows (times in ms, memory in MiB)."""
-    from rich.table import Table
-
     shown = ["row", "status", "compile_s", "step_ms", "speedup", "speedup_vs_eager_fp32", "throughput",
              "peak_mem_bytes", "memory_compression", "graphs", "graph_breaks", "recompiles", "accuracy"]
     if any(r.get("peak_frac") is not None for r in rows):
@@ -67,36 +62,22 @@ def render_table(rows: list[dict[str, Any]], title: str):
                "peak_frac": "of matmul peak",
                "throughput": "samples/s", "peak_mem_bytes": "peak mem", "memory_compression": "mem ratio",
                "graph_breaks": "breaks"}
-    table = Table(title=title, title_justify="left")
-    for key in shown:
-        table.add_column(headers.get(key, key), overflow="fold")
-    for row in rows:
-        cells = []
-        for key in shown:
-            if key == "row":
-                cells.append(row_label(row))
-            elif key == "step_ms" and row.get("step_ms") is not None:
-                cells.append(f"{row['step_ms']:.3f} ({row.get('step_ms_p10', 0):.3f}-{row.get('step_ms_p90', 0):.3f})")
-            elif key == "status":
-                style = _STATUS_STYLE.get(row["status"], "")
-                cells.append(f"[{style}]{row['status']}[/{style}]" if style else row["status"])
-            else:
-                cells.append(cell_text(key, row.get(key)))
-        table.add_row(*cells)
-        if row.get("reason"):
-            table.add_row(f"  [dim]{row['reason']}[/dim]", *[""] * (len(shown) - 1))
-    return table
+
+    def cell(key: str, row: dict[str, Any]) -> str:
+        if key == "row":
+            return row_label(row)
+        if key == "step_ms" and row.get("step_ms") is not None:
+            return f"{row['step_ms']:.3f} ({row.get('step_ms_p10', 0):.3f}-{row.get('step_ms_p90', 0):.3f})"
+        return cell_text(key, row.get(key))
+
+    return rich_table(rows, title, shown, headers, cell, notes=lambda row: [row["reason"]] if row.get("reason") else [])
 
 
 def plot(rows: list[dict[str, Any]], path: Path, title: str, labels: list[str] | None = None) -> Path | None:
     """Speedup (vs eager at the same precision and vs eager fp32) and peak memory per row
     (`labels`: the rows' names on the chart, default the recipe)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return None
     labels = labels or [row_label(r) for r in rows]
     y = list(range(len(rows)))
@@ -134,11 +115,5 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str, labels: list[str] |
 def write_compile_results(out_dir: str | Path, rows: list[dict[str, Any]], *, env: dict, config: dict,
                           command: str, title: str) -> dict[str, Path]:
     """results.json + results.md (kiln.bench.results) and results.png; returns the paths written."""
-    out = Path(out_dir)
-    written = {"json": write_results(out, env=env, config=config, results=rows, columns=COLUMNS, title=title,
-                                     command=command)}
-    written["md"] = out / "results.md"
-    png = plot(rows, out / "results.png", title)
-    if png is not None:
-        written["png"] = png
-    return written
+    return write_result_files(out_dir, rows, env=env, config=config, command=command, title=title,
+                              columns=COLUMNS, plot=plot)

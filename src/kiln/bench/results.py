@@ -36,8 +36,12 @@ def markdown_table(rows: list[dict[str, Any]], columns: list[str]) -> str:
 
 
 def write_results(out_dir: str | Path, *, env: dict, config: dict, results: list[dict[str, Any]],
-                  columns: list[str], title: str, command: str) -> Path:
-    """Write results.json and results.md (table + command line + environment) atomically."""
+                  columns: list[str], title: str, command: str,
+                  sections: list[tuple[str, list[dict[str, Any]], list[str]]] | None = None,
+                  notes: str = "") -> Path:
+    """Write results.json and results.md (table + command line + environment) atomically.
+    `sections` (heading, rows, columns) replaces the single table with one table per section;
+    `notes` (markdown) follows the tables."""
     for row in results:
         if row.get("status") not in STATUSES:
             raise ValueError(f"row status must be one of {STATUSES}: {row!r}")
@@ -48,11 +52,13 @@ def write_results(out_dir: str | Path, *, env: dict, config: dict, results: list
     tmp.write_text(json.dumps(payload, indent=2, default=str) + "\n", encoding="utf-8")
     os.replace(tmp, out / "results.json")
     gpus = ", ".join(g.get("name", "?") for g in env.get("gpus", []) or []) or "none"
+    tables = [markdown_table(results, columns), ""] if sections is None else [
+        part for heading, rows, cols in sections if rows for part in (f"## {heading}", "", markdown_table(rows, cols), "")]
     md = [
         f"# {title}",
         "",
-        markdown_table(results, columns),
-        "",
+        *tables,
+        *([notes, ""] if notes else []),
         f"Command: `{command}`",
         "",
         f"Environment: torch {env.get('torch')}, CUDA {env.get('cuda')}, GPU {gpus}, "
@@ -61,3 +67,53 @@ def write_results(out_dir: str | Path, *, env: dict, config: dict, results: list
     ]
     (out / "results.md").write_text("\n".join(md), encoding="utf-8")
     return out / "results.json"
+
+
+_STATUS_STYLE = {"ok": "green", "skipped": "dim", "accuracy_fail": "yellow", "oom": "red", "error": "red"}
+
+
+def status_cell(status: str) -> str:
+    """A row status as rich markup (green ok, red failures, dim skips)."""
+    style = _STATUS_STYLE.get(status, "")
+    return f"[{style}]{status}[/{style}]" if style else status
+
+
+def pyplot():
+    """matplotlib.pyplot on the headless Agg backend, or None when matplotlib (kiln[plot]) is absent."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    return plt
+
+
+def write_result_files(out_dir: str | Path, rows: list[dict[str, Any]], *, env: dict, config: dict, command: str,
+                       title: str, columns: list[str], plot) -> dict[str, Path]:
+    """results.json + results.md and, when `plot(rows, path, title)` can draw, results.png."""
+    out = Path(out_dir)
+    written = {"json": write_results(out, env=env, config=config, results=rows, columns=columns, title=title,
+                                     command=command)}
+    written["md"] = out / "results.md"
+    png = plot(rows, out / "results.png", title)
+    if png is not None:
+        written["png"] = png
+    return written
+
+
+def rich_table(rows: list[dict[str, Any]], title: str, shown: list[str], headers: dict[str, str], cell,
+               notes=None):
+    """A rich Table: one column per key in `shown` (titled from `headers`), `cell(key, row)` for the
+    text, the status coloured; `notes(row)` lines, if given, go dim under their row."""
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left")
+    for key in shown:
+        table.add_column(headers.get(key, key), overflow="fold")
+    for row in rows:
+        table.add_row(*(status_cell(row["status"]) if key == "status" else cell(key, row) for key in shown))
+        for line in notes(row) if notes else ():
+            table.add_row(f"  [dim]{line}[/dim]", *[""] * (len(shown) - 1))
+    return table

@@ -52,12 +52,12 @@ class BenchContext:
 
     def matmul_peak(self, precision: str) -> float:
         """The device's matmul FLOP/s at this precision's matrix-unit dtype, measured once here."""
-        from kiln.bench.ceilings import matmul_dtype, matmul_peak
+        from kiln.bench.ceilings import matmul_dtype, measure_matmul_flops
 
         dtype = matmul_dtype(precision, self.cfg.precision.tf32)
         key = str(dtype)
         if key not in self._peaks:
-            self._peaks[key] = matmul_peak(self.device, dtype).value
+            self._peaks[key] = measure_matmul_flops(self.device, dtype)
         return self._peaks[key]
 
     @property

@@ -89,3 +89,38 @@ def measure_interleaved(fns: dict[str, Callable[[], object]], *, warmup: int = 3
         for name, fn in fns.items():
             samples[name].append(time_calls(fn, calls=calls_per_sample, device=device))
     return {name: Timing(tuple(vals)) for name, vals in samples.items()}
+
+
+class StepClock:
+    """Timestamps of the steps inside one call without a host sync per step: CUDA events on a GPU
+    (recorded in stream order, read after one synchronize), `perf_counter` elsewhere (where every
+    step has finished when it returns). `start()`, then `mark()` after each step, then `marks_s()`."""
+
+    def __init__(self, device: torch.device | str | None):
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        self._cuda = self.device.type == "cuda"
+        self._start = None
+        self._marks: list = []
+
+    def _now(self):
+        if self._cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record(torch.cuda.current_stream(self.device))
+            return event
+        return time.perf_counter()
+
+    def start(self) -> None:
+        self._marks = []
+        self._start = self._now()
+
+    def mark(self) -> None:
+        self._marks.append(self._now())
+
+    def marks_s(self) -> list[float]:
+        """Seconds from `start()` to each mark (synchronizes the device once)."""
+        if self._start is None:
+            raise RuntimeError("StepClock.marks_s() before start()")
+        if self._cuda:
+            synchronize(self.device)
+            return [self._start.elapsed_time(m) / 1e3 for m in self._marks]
+        return [m - self._start for m in self._marks]

@@ -1,5 +1,6 @@
-"""`kiln bench compile [...]`: benchmark commands. Argument parsing and planning only; the
-measuring is in kiln.bench. Every check of the input happens before any model is built."""
+"""`kiln bench compile|llm|scale|comm|predict [...]`: benchmark commands (`llm` lives in bench_llm_cmd;
+scale, comm and predict in bench_scale_cmd). Argument parsing and planning only; the measuring is
+in kiln.bench. Every check of the input happens before any model is built."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ AXES = ("modes", "precisions", "backends", "scopes", "losses", "cudagraphs", "re
 
 
 def add_parser(sub) -> None:
-    bench = sub.add_parser("bench", help="benchmarks with results.json/md/png: compile")
+    from kiln.cli import bench_llm_cmd, bench_scale_cmd
+
+    bench = sub.add_parser("bench", help="benchmarks with results.json/md/png: compile, llm, scale, comm, predict")
     bench.set_defaults(run=_no_subcommand, bench_parser=bench)
     bsub = bench.add_subparsers(dest="bench_command", metavar="BENCH", parser_class=type(bench))
     p = bsub.add_parser(
@@ -55,6 +58,8 @@ def add_parser(sub) -> None:
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, after --config/--preset")
     add_verbose_flag(p)
     p.set_defaults(run=run_compile)
+    bench_llm_cmd.add_parser(bsub)
+    bench_scale_cmd.add_parsers(bsub)
 
 
 def _no_subcommand(args: argparse.Namespace) -> int:
@@ -156,7 +161,6 @@ def run_compile(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     import torch
-    from rich.console import Console
 
     from kiln.bench.compile_bench import run_compile_bench
     from kiln.bench.compile_report import render_table, write_compile_results
@@ -181,11 +185,18 @@ def run_compile(args: argparse.Namespace) -> int:
                   "recipes": [dataclasses.asdict(r) for r in opts.recipes], "device": str(device)},
     }
     written = write_compile_results(out, rows, env=collect_env(), config=config, command=_command(args), title=title)
+    show_results(rows, render_table(rows, title), written)
+    return 0
+
+
+def show_results(rows: list[dict], renderable, written: dict) -> None:
+    """Print a bench's table and a one-line summary of row statuses and files written."""
+    from rich.console import Console
+
     console = Console()
     if not console.is_terminal:  # piped or logged: do not squeeze the table into 80 columns
         console = Console(width=220)
-    console.print(render_table(rows, title))
+    console.print(renderable)
     counts = {s: sum(r["status"] == s for r in rows) for s in dict.fromkeys(r["status"] for r in rows)}
     summary = ", ".join(f"{n} {s}" for s, n in counts.items())
     print(f"kiln: {len(rows)} rows ({summary}); wrote {', '.join(str(p) for p in written.values())}")
-    return 0

@@ -30,6 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
         env_cmd,
         explain_cmd,
         export_cmd,
+        generate_cmd,
         profile_cmd,
         report_cmd,
         train_cmd,
@@ -43,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     explain_cmd.add_parser(sub)
     doctor_cmd.add_parser(sub)
     export_cmd.add_parser(sub)
+    generate_cmd.add_parser(sub)
     profile_cmd.add_parser(sub)
     report_cmd.add_parser(sub)
     autotune_cmd.add_parser(sub)

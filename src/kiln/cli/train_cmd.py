@@ -48,7 +48,7 @@ def _launch(args: argparse.Namespace, cfg) -> int:
     )
     run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(cfg.model.name)
     check_launch(spec, cfg.training.device)
-    preflight(cfg, run_dir)
+    preflight(cfg, run_dir, spec.nproc_per_node * spec.nnodes)
     passthrough = (["--verbose"] if args.verbose else []) + (["--config", args.config] if args.config else [])
     passthrough += list(args.overrides)
     if spec.max_restarts > 0 and cfg.checkpoint.resume == "never":

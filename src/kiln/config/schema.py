@@ -128,9 +128,11 @@ class CompileConfig:
     scope: str = "model"
     """What is compiled: `model`, `model+loss`, or `step` (forward, loss and optimizer update)."""
     regional: bool = False
-    """Compile each repeated block (transformer layer) separately instead of the whole model: much faster compile, similar speed."""
+    """Compile each repeated block (transformer layer) separately instead of the whole model: a compile several times faster (one block is compiled and reused); on launch-bound steps pair it with `cudagraphs`, since each region adds Python overhead per call."""
     cudagraphs: bool = False
     """Capture the whole optimizer step (forward, loss, backward, clipping, non-finite guard, optimizer update, LR schedule) in one CUDA graph and replay it every step; with `enabled` the compiled code is captured, without it the eager kernels. Needs one process on CUDA and a fixed batch shape; otherwise (or if capture fails, e.g. on a host sync) the normal step runs and the reason is logged."""
+    defaults: str = "measured"
+    """What `enabled=true` with no other compile key set means: `measured` (kiln's fastest accurate recipe for the model family on one CUDA GPU, from benchmarks/results; see kiln.compile_defaults) or `torch` (torch.compile's defaults)."""
     cache_dir: str = ""
     """Where compiled kernels are cached (inductor and Triton caches): empty for kiln's cache dir (`$KILN_CACHE_DIR` or `~/.cache/kiln/compile`), `torch` for torch's own default, or a path."""
     save_cache: bool = True
@@ -165,8 +167,12 @@ class DistributedConfig:
     """FSDP2 units: `auto` (the model's repeated blocks), `size` (modules with >= fsdp_min_params parameters), or comma-separated class names."""
     fsdp_min_params: int = 100_000_000
     """FSDP2 `size` rule: smallest parameter count of a module that becomes its own unit."""
+    fsdp_unit_blocks: int = 0
+    """FSDP2 with `fsdp_wrap=auto`: consecutive repeated blocks per FSDP unit (one all-gather and one reduce-scatter each). 0 = auto: enough blocks that a unit gathers >= 32 MiB of parameters. More blocks per unit: fewer, larger collectives and less per-unit CPU work, but coarser overlap and more gathered memory."""
     fsdp_reshard_after_forward: bool = True
-    """FSDP2: free gathered parameters after forward (ZeRO-3, less memory) or keep them until backward (ZeRO-2-like, less communication)."""
+    """FSDP2: free gathered parameters after forward (ZeRO-3, less memory) or keep them until backward (ZeRO-2-like, less communication). The root and the last unit are never resharded: backward needs them first."""
+    fsdp_forward_prefetch: int = 0
+    """FSDP2: units whose all-gather each unit issues explicitly before its own forward (0 = FSDP2's implicit prefetch, which overlaps only while the CPU runs ahead of the device)."""
     fsdp_cpu_offload: bool = False
     """FSDP2: keep sharded parameters, gradients and optimizer state in CPU memory."""
     compile_strategy: str = "auto"
@@ -213,8 +219,8 @@ class MetricsConfig:
     """Sample each rank's GPU through NVML (utilisation, memory, temperature, power, SM clock, throttle reasons) in a background thread and log min/mean/max per interval; turns itself off with one info line without nvidia-ml-py or a GPU."""
     gpu_health_period_s: float = 1.0
     """Seconds between NVML samples (the sampler thread's period)."""
-    sync_timing: bool = True
-    """Time each rank's wait in gradient collectives (DDP: CUDA events or host clocks around the last bucket's all-reduce, read at log steps) and at the log-step gather."""
+    sync_timing: bool = False
+    """Time each rank's wait in gradient collectives (DDP: CUDA events or host clocks around the last bucket's all-reduce, read at log steps) and at the log-step gather; naming a straggler under DDP needs it. Off by default: it replaces DDP's built-in all-reduce hook with a Python one, and one-rank DDP on an H100 ran 1.9x slower than no wrapper with it on (cause not isolated; see benchmarks/results/h100/scale_1gpu)."""
     straggler_margin: float = 0.2
     """A rank is slow in an interval when its own time per step (step time minus time blocked in collectives) exceeds the median of the other ranks by more than this fraction."""
     straggler_intervals: int = 3
@@ -263,6 +269,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "precision.policy": ("fp32", "bf16-mixed", "fp16-mixed", "bf16-true"),
     "compile.dynamic": ("auto", "true", "false"),
     "compile.scope": ("model", "model+loss", "step"),
+    "compile.defaults": ("measured", "torch"),
     "distributed.strategy": ("none", "ddp", "fsdp", "auto"),
     "distributed.backend": ("auto", "nccl", "gloo"),
     "distributed.ddp_comm_hook": ("none", "bf16", "fp16"),

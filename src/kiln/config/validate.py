@@ -171,6 +171,8 @@ def validate(cfg: Config, *, check_torch: bool = True) -> None:
         ("training.nonfinite_max_skips", 1),
         ("distributed.ddp_bucket_cap_mb", 1e-3),
         ("distributed.fsdp_min_params", 1),
+        ("distributed.fsdp_unit_blocks", 0),
+        ("distributed.fsdp_forward_prefetch", 0),
         ("checkpoint.interval", 0),
         ("checkpoint.keep", 1),
         ("metrics.straggler_margin", 0),

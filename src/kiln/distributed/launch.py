@@ -112,10 +112,11 @@ def check_launch(spec: LaunchSpec, device_choice: str) -> None:
         check_endpoint(host, port, must_listen_here=(spec.node_rank or 0) == 0, wait_s=spec.rdzv_wait_s)
 
 
-def torchrun_command(spec: LaunchSpec, run_dir: Path, train_args: list[str]) -> list[str]:
-    """The torchrun argv. One node: a private rendezvous on a free local port (`--standalone`).
-    Several nodes: static rendezvous at the endpoint with explicit node ranks, which is what
-    `--node-rank` means to torchrun (the c10d backend would assign ranks itself)."""
+def torchrun_argv(spec: LaunchSpec, kiln_args: list[str]) -> list[str]:
+    """The torchrun argv (through kiln's agent, which hands rank failures back) that runs
+    `python -m kiln KILN_ARGS...` on every rank. One node: a private rendezvous on a free local
+    port (`--standalone`). Several nodes: static rendezvous at the endpoint with explicit node
+    ranks, which is what `--node-rank` means to torchrun (the c10d backend would assign ranks)."""
     cmd = [sys.executable, "-m", "kiln.distributed.agent", f"--nproc-per-node={spec.nproc_per_node}",
            f"--max-restarts={spec.max_restarts}"]
     if spec.nnodes == 1 and not spec.rdzv_endpoint:
@@ -124,7 +125,53 @@ def torchrun_command(spec: LaunchSpec, run_dir: Path, train_args: list[str]) -> 
         host, port = parse_endpoint(spec.rdzv_endpoint)
         cmd += [f"--nnodes={spec.nnodes}", f"--node-rank={spec.node_rank or 0}",
                 f"--master-addr={host}", f"--master-port={port}"]
-    return [*cmd, "-m", "kiln", "train", "--run-dir", str(run_dir), *train_args]
+    return [*cmd, "-m", "kiln", *kiln_args]
+
+
+def torchrun_command(spec: LaunchSpec, run_dir: Path, train_args: list[str]) -> list[str]:
+    """The torchrun argv of `kiln train --run-dir RUN_DIR TRAIN_ARGS...` on every rank."""
+    return torchrun_argv(spec, ["train", "--run-dir", str(run_dir), *train_args])
+
+
+def _stop(proc: subprocess.Popen, grace_s: float = 45.0) -> None:
+    """End torchrun and its ranks. torchrun runs each rank in a session of its own, so only it can
+    reach them: SIGTERM makes it pass the signal on (a kiln rank then stops at its next step) and,
+    after its own 30 s, kill them. Only if torchrun itself does not end is its group killed."""
+    import os
+    import signal
+
+    with contextlib.suppress(ProcessLookupError):  # it ended just now: nothing to stop
+        proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def launch_kiln(spec: LaunchSpec, kiln_args: list[str], *, timeout_s: float | None = None,
+                log_path: Path | None = None, env: dict[str, str] | None = None) -> int:
+    """Run `kiln KILN_ARGS...` on every rank through torchrun; 0, or 1 for any failure of the ranks,
+    or 124 when it ran past `timeout_s` (then torchrun and its ranks are stopped, as on Ctrl-C). With
+    `log_path` the ranks' output goes there instead of this terminal; `env` replaces the environment."""
+    argv = torchrun_argv(spec, kiln_args)
+    if log_path is None and timeout_s is None:
+        return 0 if subprocess.run(argv, check=False, env=env).returncode == 0 else 1
+    with contextlib.ExitStack() as stack:
+        log = stack.enter_context(open(log_path, "w", encoding="utf-8")) if log_path is not None else None
+        # A session of its own, so a timeout can end torchrun and every rank it started at once.
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT if log else None, start_new_session=True,
+                                env=env)
+        try:
+            code = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            _stop(proc)
+            return 124
+        except BaseException:  # Ctrl-C here: torchrun, in a session of its own, would not see it
+            _stop(proc)
+            raise
+    return 0 if code == 0 else 1
 
 
 def launch(spec: LaunchSpec, run_dir: Path, train_args: list[str],

@@ -26,11 +26,15 @@ def device_memory_bytes(device: torch.device) -> int | None:
 
 
 def resolve_strategy(cfg: Config, world_size: int, num_params: int, param_bytes: int,
-                     device: torch.device) -> tuple[str, str]:
-    """(strategy, reason). One process is always `none`."""
+                     device: torch.device, *, launched: bool = False) -> tuple[str, str]:
+    """(strategy, reason). One process is `none`, except a 1-rank torchrun job that names `ddp` or
+    `fsdp`: it applies the wrapper, which is how `kiln bench scale` measures a strategy's own cost
+    at one rank (the reference its N-rank points are compared with)."""
     chosen = cfg.distributed.strategy
     if world_size == 1:
         if chosen in ("ddp", "fsdp"):
+            if launched:
+                return chosen, f"distributed.strategy={chosen} on one rank (the wrapper's own cost, no peers)"
             return "none", f"distributed.strategy={chosen} with one process: nothing to parallelise"
         return "none", "one process"
     if chosen == "none":

@@ -17,6 +17,7 @@ import torch
 import torch.nn as nn
 
 from kiln.config.errors import ConfigError
+from kiln.llm.presets import PRESETS as LLM_PRESETS
 from kiln.models.blocks import find_repeated_blocks
 from kiln.models.spec import BuiltModel, InputSpec
 
@@ -24,36 +25,10 @@ INSTALL_HINT = "pip install 'kiln[llm]'"
 
 # Presets: config fields passed to AutoConfig.for_model (model_type first). Fields use the names
 # transformers 4.x accepts (rope_theta, rope_scaling); transformers 5 folds them into
-# `rope_parameters` itself, so one table serves both.
+# `rope_parameters` itself, so one table serves both (and kiln.llm's own decoder).
 PRESETS: dict[str, dict[str, Any]] = {
-    # meta-llama/Llama-3.2-3B config.json (3,212,749,824 parameters, embeddings tied).
-    "llama-3.2-3b": {
-        "model_type": "llama",
-        "vocab_size": 128256,
-        "hidden_size": 3072,
-        "intermediate_size": 8192,
-        "num_hidden_layers": 28,
-        "num_attention_heads": 24,
-        "num_key_value_heads": 8,
-        "head_dim": 128,
-        "hidden_act": "silu",
-        "max_position_embeddings": 131072,
-        "rms_norm_eps": 1e-5,
-        "rope_theta": 500000.0,
-        "rope_scaling": {
-            "rope_type": "llama3",
-            "factor": 32.0,
-            "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 8192,
-        },
-        "tie_word_embeddings": True,
-        "attention_bias": False,
-        "mlp_bias": False,
-        "initializer_range": 0.02,
-        "bos_token_id": 128000,
-        "eos_token_id": 128001,
-    },
+    # Public Llama shapes (llama-3.2-1b, llama-3.2-3b, llama-3.1-8b): one table with kiln.llm.
+    **LLM_PRESETS,
     # Tiny shapes for tests and smoke runs: builds and steps in milliseconds on CPU.
     "llama-tiny": {
         "model_type": "llama",
@@ -96,7 +71,7 @@ _LAYER_PATHS = ("model.layers", "transformer.h", "model.decoder.layers", "gpt_ne
 SPEC_FORMS = (*(f"hf:{p}" for p in PRESETS), "hf:path/to/config.json", "hf:path/to/model_dir")
 
 
-def _import_transformers(name: str):
+def import_transformers(name: str):
     try:
         import transformers
     except ImportError as e:
@@ -147,7 +122,7 @@ def make_config(raw: dict[str, Any], kwargs: dict[str, Any], name: str):
     kwargs are merged into the fields *before* the config is constructed, so derived fields
     (e.g. llama's head_dim = hidden_size // num_attention_heads) follow an override.
     """
-    transformers = _import_transformers(name)
+    transformers = import_transformers(name)
     fields = {k: v for k, v in raw.items() if k != "model_type"}
     model_type = raw["model_type"]
     if "model_type" in kwargs:
@@ -183,7 +158,7 @@ def make_config(raw: dict[str, Any], kwargs: dict[str, Any], name: str):
         raise ConfigError("model.kwargs", f"{type(base).__name__} rejected the overrides: {e}") from None
 
 
-def _dtype_kwarg(transformers, dtype: torch.dtype) -> dict[str, Any]:
+def dtype_kwarg(transformers, dtype: torch.dtype) -> dict[str, Any]:
     # transformers 5 renamed torch_dtype to dtype (4.56+ accepts both, 4.45 only torch_dtype).
     major, minor = (int(x) for x in transformers.__version__.split(".")[:2])
     return {"dtype": dtype} if (major, minor) >= (4, 56) else {"torch_dtype": dtype}
@@ -202,13 +177,13 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
 
 
 def build_hf(spec: str, kwargs: dict[str, Any], name: str) -> BuiltModel:
-    transformers = _import_transformers(name)
+    transformers = import_transformers(name)
     raw, weights_dir, preset_seq_len = resolve_spec(spec)
     config = make_config(raw, kwargs, name)
     # Weights stay fp32: the precision policy (precision.py) casts for bf16-true, and the mixed
     # policies need fp32 master weights; transformers 5 would otherwise load a bf16 checkpoint
     # as bf16 (its from_pretrained default is dtype="auto").
-    dtype = _dtype_kwarg(transformers, torch.float32)
+    dtype = dtype_kwarg(transformers, torch.float32)
     # "sdpa": torch's fused attention kernels, which torch.compile handles without graph breaks.
     try:
         if weights_dir is not None:

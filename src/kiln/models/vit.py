@@ -29,9 +29,24 @@ class PatchEmbed(nn.Module):
         return self.proj(x).flatten(2).transpose(1, 2)
 
 
+ATTN_BACKENDS = ("auto", "flash", "efficient", "cudnn", "math")
+
+
+def sdpa_backends(name: str) -> list | None:
+    """The SDPA kernel(s) `model.kwargs.attn_backend` asks for; None lets torch choose."""
+    if name == "auto":
+        return None
+    from torch.nn.attention import SDPBackend
+
+    return [{"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
+             "cudnn": SDPBackend.CUDNN_ATTENTION, "math": SDPBackend.MATH}[name]]
+
+
 class Attention(nn.Module):
-    def __init__(self, dim: int, num_heads: int, qkv_bias: bool, attn_drop: float, proj_drop: float):
+    def __init__(self, dim: int, num_heads: int, qkv_bias: bool, attn_drop: float, proj_drop: float,
+                 attn_backend: str = "auto"):
         super().__init__()
+        self.backends = sdpa_backends(attn_backend)
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
         self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
@@ -43,8 +58,16 @@ class Attention(nn.Module):
         B, N, C = x.shape
         qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k, v = qkv.unbind(0)
-        # SDPA picks the fused kernel for the device/dtype; dropout only while training.
-        x = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop if self.training else 0.0)
+        # SDPA picks the fused kernel for the device/dtype unless a backend was chosen (dynamo
+        # traces the sdpa_kernel context); dropout only while training.
+        drop = self.attn_drop if self.training else 0.0
+        if self.backends is None:
+            x = F.scaled_dot_product_attention(q, k, v, dropout_p=drop)
+        else:
+            from torch.nn.attention import sdpa_kernel
+
+            with sdpa_kernel(self.backends):
+                x = F.scaled_dot_product_attention(q, k, v, dropout_p=drop)
         x = x.transpose(1, 2).reshape(B, N, C)
         return self.proj_drop(self.proj(x))
 
@@ -65,10 +88,11 @@ class Mlp(nn.Module):
 class ViTBlock(nn.Module):
     """Pre-norm transformer block: x + attn(norm1(x)), then x + mlp(norm2(x))."""
 
-    def __init__(self, dim: int, num_heads: int, mlp_ratio: float, qkv_bias: bool, drop: float, attn_drop: float):
+    def __init__(self, dim: int, num_heads: int, mlp_ratio: float, qkv_bias: bool, drop: float, attn_drop: float,
+                 attn_backend: str = "auto"):
         super().__init__()
         self.norm1 = nn.LayerNorm(dim, eps=1e-6)
-        self.attn = Attention(dim, num_heads, qkv_bias, attn_drop, drop)
+        self.attn = Attention(dim, num_heads, qkv_bias, attn_drop, drop, attn_backend)
         self.norm2 = nn.LayerNorm(dim, eps=1e-6)
         self.mlp = Mlp(dim, int(dim * mlp_ratio), drop)
 
@@ -91,6 +115,7 @@ class VisionTransformer(nn.Module):
         qkv_bias: bool,
         drop_rate: float,
         attn_drop_rate: float,
+        attn_backend: str = "auto",
     ):
         super().__init__()
         self.num_classes = num_classes
@@ -99,7 +124,8 @@ class VisionTransformer(nn.Module):
         self.pos_embed = nn.Parameter(torch.zeros(1, 1 + self.patch_embed.num_patches, embed_dim))
         self.pos_drop = nn.Dropout(drop_rate)
         self.blocks = nn.ModuleList(
-            ViTBlock(embed_dim, num_heads, mlp_ratio, qkv_bias, drop_rate, attn_drop_rate) for _ in range(depth)
+            ViTBlock(embed_dim, num_heads, mlp_ratio, qkv_bias, drop_rate, attn_drop_rate, attn_backend)
+            for _ in range(depth)
         )
         self.norm = nn.LayerNorm(embed_dim, eps=1e-6)
         self.head_drop = nn.Dropout(drop_rate)
@@ -141,8 +167,12 @@ def build_vit(
     qkv_bias: bool = True,
     drop_rate: float = 0.0,
     attn_drop_rate: float = 0.0,
+    attn_backend: str = "auto",
 ) -> VisionTransformer:
-    """ViT-B/16 at the defaults (86,567,656 parameters, as timm's vit_base_patch16_224)."""
+    """ViT-B/16 at the defaults (86,567,656 parameters, as timm's vit_base_patch16_224).
+    `attn_backend` pins the SDPA kernel (`flash`, `efficient`, `cudnn`, `math`); `auto` lets torch pick."""
+    if attn_backend not in ATTN_BACKENDS:
+        raise ConfigError("model.kwargs.attn_backend", f"unknown value {attn_backend!r}", ATTN_BACKENDS)
     for name, value in (
         ("img_size", img_size),
         ("patch_size", patch_size),
@@ -176,6 +206,7 @@ def build_vit(
         qkv_bias,
         drop_rate,
         attn_drop_rate,
+        attn_backend,
     )
 
 

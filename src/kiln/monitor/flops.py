@@ -48,11 +48,53 @@ def count_step_flops(
     # fork_rng restores the CPU state and the listed devices' states on exit; naming the device
     # explicitly avoids its warning (and its cost) of forking every visible GPU.
     with torch.random.fork_rng(devices=devices, device_type=device_type):
-        with FlopCounterMode(display=False) as counter:
+        with FlopCounterMode(display=False, custom_mapping=gqa_attention_formulas()) as counter:
             fn()
     if saved is not None and module is not None:
         _restore_buffers(module, saved)
     return int(counter.get_total_flops())
+
+
+def _attention_flops(q, k, v) -> int:
+    """q @ k^T and scores @ v over the query's heads: key/value heads (GQA) are broadcast."""
+    b, h, s_q, d = q
+    s_k, d_v = k[2], v[3]
+    return 2 * b * h * s_q * d * s_k + 2 * b * h * s_q * s_k * d_v
+
+
+def _attention_backward_flops(q, k, v) -> int:
+    """Recomputed scores, then the gradients of v, the scores, q and k (torch's accounting)."""
+    b, h, s_q, d = q
+    s_k, d_v = k[2], v[3]
+    return 2 * b * h * s_q * d * s_k + 2 * (2 * b * h * s_q * d_v * s_k) + 2 * (2 * b * h * s_q * s_k * d)
+
+
+def gqa_attention_formulas() -> dict:
+    """FLOP formulas for the fused SDPA ops that accept grouped-query attention (fewer key/value
+    heads than query heads). torch >= 2.12 counts these itself; older releases (2.11 on our
+    GPUs) assert equal head counts, which crashed FLOP counting of every GQA model (Llama 3,
+    Qwen, Mistral) on CUDA. Empty where torch's own formula already handles GQA."""
+    from torch.utils import flop_counter
+
+    try:
+        flop_counter.sdpa_flop_count((1, 2, 1, 1), (1, 1, 1, 1), (1, 1, 1, 1))
+        return {}
+    except AssertionError:
+        pass
+    aten = torch.ops.aten
+
+    def forward(query, key, value, *args, out_shape=None, **kwargs) -> int:
+        return _attention_flops(query, key, value)
+
+    def backward(grad_out, query, key, value, *args, out_shape=None, **kwargs) -> int:
+        return _attention_backward_flops(query, key, value)
+
+    kinds = ("efficient", "flash", "cudnn")
+    fwd = [getattr(aten, f"_scaled_dot_product_{k}_attention") for k in kinds
+           if hasattr(aten, f"_scaled_dot_product_{k}_attention")]
+    bwd = [getattr(aten, f"_scaled_dot_product_{k}_attention_backward") for k in kinds
+           if hasattr(aten, f"_scaled_dot_product_{k}_attention_backward")]
+    return {**dict.fromkeys(fwd, forward), **dict.fromkeys(bwd, backward)}
 
 
 def _rng_devices(device: torch.device | str | None) -> tuple[list[int], str]:

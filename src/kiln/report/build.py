@@ -166,8 +166,11 @@ def row_labels(rows: list[dict[str, Any]], columns: list[str], kind: str = "gene
     ident = LABEL_COLUMNS.get(kind) or [c for c in columns if c not in IDENTITY_SKIP
                                         and not any(_num(r.get(c)) for r in rows)]
     varying = [c for c in ident if len({str(r.get(c)) for r in rows}) > 1] or ident[:1]
-    labels = [" ".join(f"{c}={r[c]}" if _num(r[c]) else str(r[c]) for c in varying if r.get(c) is not None)
-              for r in rows]
+    labels = []
+    for r in rows:
+        parts = [f"{c}={r[c]}" if _num(r[c]) else str(r[c]) for c in varying if r.get(c) is not None]
+        # Two columns saying the same ("recipe" and "mode" both "eager") label once.
+        labels.append(" ".join(dict.fromkeys(p.replace("_", " ") for p in parts)))
     return [lab or f"row {i}" for i, lab in enumerate(labels)]
 
 

@@ -15,10 +15,16 @@ from kiln.train.rundir import check_run_dir
 log = logging.getLogger("kiln.train")
 
 
-def preflight(cfg: Config, run_dir: Path) -> None:
+def preflight(cfg: Config, run_dir: Path, world_size: int = 1) -> None:
     """Config was validated on load; here: the run dir (another config's run there is refused,
-    see kiln.train.rundir), the model factory and its arguments
-    (built on the meta device: no memory, no compute), file data, and FSDP2 support."""
+    see kiln.train.rundir; compared after the ranks' measured compile defaults, which resolve
+    the same way), the model factory and its arguments (built on the meta device: no memory, no
+    compute), file data, and FSDP2 support."""
+    from kiln.compile_defaults import apply_measured_defaults
+
+    device = cfg.training.device
+    device_type = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else torch.device(device).type
+    apply_measured_defaults(cfg, device_type, world_size)
     check_run_dir(run_dir, cfg, cfg.checkpoint.resume)
     from kiln.models import build_model
 

@@ -16,6 +16,7 @@ from torch import Tensor
 from kiln.compile import compile_function
 from kiln.config.schema import CompileConfig
 from kiln.distributed.env import all_reduce_sum
+from kiln.distributed.sharded_norm import clip_grad_norm, total_norm
 
 
 def uses_cudagraph_trees(cfg: CompileConfig | None) -> bool:
@@ -89,18 +90,13 @@ class TrainStep:
             self._update_fn = compile_function(self._graph_update, compile_cfg)
             optimizer._opt_called = True  # what the scheduler's wrapper would record (we bypass it)
 
-    def _grad_norm(self) -> Tensor:
-        grads = [p.grad for p in self.params if p.grad is not None]
-        if hasattr(torch.nn.utils, "get_total_norm"):  # torch >= 2.6 has it; keeps the old path honest
-            return torch.nn.utils.get_total_norm(grads, foreach=True)
-        return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
-
     def _norm_and_flag(self, loss: Tensor, want_grad_norm: bool) -> tuple[Tensor | None, Tensor | None]:
+        # FSDP2's sharded gradients take the local-shard path (one all-reduce, no DTensor dispatch).
         norm = flag = None
         if self.grad_clip > 0:
-            norm = torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip, foreach=True)
+            norm = clip_grad_norm(self.params, self.grad_clip)
         elif want_grad_norm or self.guard is not None:
-            norm = self._grad_norm()
+            norm = total_norm([p.grad for p in self.params if p.grad is not None])
         if self.guard is not None and self.guard.needs_flag:
             # Under a GradScaler an inf gradient is a routine overflow the scaler skips; only the
             # loss then says the run diverged.

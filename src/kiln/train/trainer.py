@@ -20,6 +20,7 @@ import torch
 from kiln.checkpoint import AppState, Checkpointer, NonFiniteGuard, StopOnSignal, any_rank, config_digest
 from kiln.compile import compile_counters
 from kiln.compile_cache import ARTIFACTS_FILE, compile_cache_dir, load_artifacts, save_artifacts
+from kiln.compile_defaults import apply_measured_defaults
 from kiln.config.errors import ConfigError
 from kiln.config.load import save_config
 from kiln.config.schema import Config
@@ -89,6 +90,9 @@ class Trainer:
             self.cpu_plan = configure_cpu(cfg.cpu, local_rank=self.dist.local_rank,
                                           local_world=self.dist.local_world_size)
         self.policy = resolve_precision(cfg.precision.policy, self.device)
+        note = apply_measured_defaults(cfg, self.device.type, self.dist.world_size)  # before the run-dir check
+        if note and self.dist.is_main:
+            log.info(note)
         self.run_dir = Path(run_dir) if run_dir is not None else default_run_dir(cfg.model.name)
         if multi and run_dir is None:
             raise ConfigError("--run-dir", "several ranks need one run dir chosen up front; pass --run-dir")
@@ -104,7 +108,7 @@ class Trainer:
         self.num_params = sum(p.numel() for p in self.model.parameters())
         param_bytes = torch.finfo(self.policy.param_dtype).bits // 8
         self.strategy, self.strategy_reason = resolve_strategy(
-            cfg, self.dist.world_size, self.num_params, param_bytes, self.device
+            cfg, self.dist.world_size, self.num_params, param_bytes, self.device, launched=self.dist.launched
         )
         shard = {"rank": self.dist.rank, "world_size": self.dist.world_size}
         self.train_data = build_data(cfg.data, built.input_spec, device=self.device, seed=cfg.training.seed, **shard)

@@ -1,0 +1,12 @@
+# Sourced by the benchmarks/gpu_*.sh scripts on the device machine (repo root, no network):
+# $OUT/r is where results go ($R), wheels carried in .whl/ are installed aside, kiln runs from src/,
+# and the GPU's name, driver and memory are recorded.
+OUT=${OUT:-/tmp/kiln-out}
+R=$OUT/r
+mkdir -p "$R"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
+  export PYTHONPATH=/tmp/site
+fi
+export PYTHONPATH=$PWD/src:${PYTHONPATH:-} PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/nvidia-smi.csv"

@@ -1,0 +1,34 @@
+#!/bin/bash
+# Follow-up GPU evidence in one call (one H100, ~9.5 min), each part capped:
+#   1. NVML sampler overhead on the seed MLP eager step (benchmarks/nvml_overhead.py), ~65 s
+#   2. one-rank DDP and FSDP2 on ViT-B/16 bf16 compiled: the DDP sync-timing hook on and off,
+#      FSDP2 with kiln's default units and one unit (kiln bench scale --nprocs 1), ~3 min
+#   3. ViT-B/16 b64: whole-step capture with regional reduce-overhead / max-autotune-no-cudagraphs,
+#      bf16-mixed and bf16-true, and the cuDNN attention kernel (kiln bench compile), ~4.5 min
+# Writes $OUT/followup/<part>/... and packs $OUT/followup.tgz.
+set -uo pipefail
+source benchmarks/gpu_env.sh
+F=$OUT/followup
+mkdir -p "$F"
+t0=$(date +%s)
+say() { echo "=== $* (+$(( $(date +%s) - t0 )) s)"; }
+say "1. NVML sampler overhead"
+timeout -k 5 95 python3 benchmarks/nvml_overhead.py --config configs/seed_production.toml --out "$F/nvml_overhead" \
+  compile.enabled=false > "$F/nvml_overhead.log" 2>&1; echo "exit $?"; grep -v "^W" "$F/nvml_overhead.log" | tail -8
+say "2. one-rank DDP / FSDP2"
+timeout -k 10 200 python3 -m kiln bench scale --config configs/vit_b16.toml --nprocs 1 --strategies ddp,fsdp \
+  --variant ddp-nosync=ddp,metrics.sync_timing=false --variant fsdp-unit12=fsdp,distributed.fsdp_unit_blocks=12 \
+  --steps 60 --timeout 80 --out "$F/scale_1rank" > "$F/scale_1rank.log" 2>&1; echo "exit $?"
+grep -E "^\| (none|ddp|fsdp)" "$F/scale_1rank/results.md" | cut -d'|' -f2-8 | head -8
+say "3. ViT-B/16 recipes"
+vit() {  # vit TAG CAP ARGS...: one capped kiln bench compile call on the ViT-B/16 preset
+  local tag=$1 cap=$2; shift 2
+  timeout -k 10 "$cap" python3 -m kiln bench compile --preset seed001-vit --losses task --backends inductor \
+    --scopes model --regional on --cudagraphs on --steps 30 --out "$F/$tag" "$@" > "$F/$tag.log" 2>&1
+  echo "$tag exit $?"; grep -E "^\[|^kiln:" "$F/$tag.log" | tail -6
+}
+vit vit_mixed 150 --precisions bf16-mixed --modes reduce-overhead,max-autotune-no-cudagraphs
+vit vit_true 60 --precisions bf16-true --modes reduce-overhead
+vit vit_cudnn 60 --precisions bf16-mixed --modes reduce-overhead model.kwargs.attn_backend=cudnn
+say "done"
+tar czf "$OUT/followup.tgz" -C "$F" .

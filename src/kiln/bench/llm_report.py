@@ -1,0 +1,89 @@
+"""Showing `kiln bench llm` results: a rich table, results.json/results.md, a PNG chart."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from kiln.bench.results import pyplot, rich_table, write_result_files
+
+# Columns of results.md, in order (results.json rows carry more: variants, parity, bytes, ...).
+COLUMNS = [
+    "engine", "quant", "status", "ttft_ms", "prefill_ms", "prefill_tok_s", "prefill_tflops", "prefill_peak_frac",
+    "decode_tok_s", "token_ms_p50", "token_ms_p90", "achieved_gbs", "roofline_frac", "decode_vs_hf",
+    "prefill_vs_hf", "peak_mem_bytes", "weight_bytes", "warmup_s", "compile_s", "compiles", "greedy_match", "reason",
+]
+
+def _cell(key: str, value: Any) -> str:
+    if value is None:
+        return "-"
+    if key.endswith("_bytes"):
+        return f"{value / 2**30:.2f} GiB"
+    if key.endswith("_frac"):
+        return f"{100 * value:.1f}%"
+    if key.endswith("_vs_hf"):
+        return f"{value:.2f}x"
+    if key.endswith("_s") and not key.endswith("tok_s"):
+        return f"{value:.1f}"
+    if isinstance(value, float):
+        return f"{value:,.1f}" if math.isfinite(value) and abs(value) >= 100 else f"{value:.3g}"
+    return str(value)
+
+
+def render_table(rows: list[dict[str, Any]], title: str):
+    """A rich Table of the main figures, with each row's reason or note listed under it."""
+    from rich.console import Group
+    from rich.text import Text
+
+    shown = ["engine", "status", "ttft_ms", "prefill_tok_s", "prefill_peak_frac", "decode_tok_s", "token_ms_p50",
+             "roofline_frac", "decode_vs_hf", "prefill_vs_hf", "peak_mem_bytes", "warmup_s", "compiles"]
+    headers = {"ttft_ms": "TTFT ms", "prefill_tok_s": "prefill tok/s", "prefill_peak_frac": "of matmul peak",
+               "decode_tok_s": "decode tok/s", "token_ms_p50": "ms/token p50", "roofline_frac": "of roofline",
+               "decode_vs_hf": "decode vs HF", "prefill_vs_hf": "prefill vs HF", "peak_mem_bytes": "peak mem",
+               "warmup_s": "warm-up s"}
+    table = rich_table(rows, title, shown, headers, lambda key, row: _cell(key, row.get(key)))
+    notes = [f"{row['engine']}: {extra}" for row in rows
+             for extra in (row.get("reason"), row.get("note"), row.get("prefill_error")) if extra]
+    return Group(table, *(Text(n, style="dim") for n in notes))
+
+
+def plot(rows: list[dict[str, Any]], path: Path, title: str) -> Path | None:
+    """Prefill and decode tokens/s per engine, decode against the bandwidth roofline, and memory."""
+    plt = pyplot()
+    if plt is None:
+        return None
+    labels = [r["engine"] for r in rows]
+    y = list(range(len(rows)))
+    fig, (ax_pre, ax_dec, ax_mem) = plt.subplots(1, 3, figsize=(14, max(2.5, 0.5 * len(rows) + 1.4)), sharey=True)
+    ax_pre.barh(y, [r.get("prefill_tok_s") or 0 for r in rows], color="#3b7dd8")
+    ax_pre.set_xlabel("prefill tokens/s")
+    ax_dec.barh(y, [r.get("decode_tok_s") or 0 for r in rows], color="#2a9d5c")
+    roof = next((r.get("roofline_tok_s") for r in rows if r.get("roofline_tok_s")), None)
+    if roof:
+        ax_dec.axvline(roof, color="black", linestyle="--", linewidth=1)
+        ax_dec.text(roof, len(rows) - 0.5, " bandwidth roofline", fontsize=7, va="top")
+    ax_dec.set_xlabel("decode tokens/s")
+    mem = [(r.get("peak_mem_bytes") or 0) / 2**30 for r in rows]
+    ax_mem.barh(y, mem, color="#d88a3b")
+    ax_mem.set_xlabel("peak memory, GiB")
+    if not any(mem):
+        ax_mem.set_xticks([])
+        ax_mem.text(0.5, 0.5, "not measured (CUDA only)", ha="center", va="center", transform=ax_mem.transAxes)
+    for i, row in enumerate(rows):
+        if row["status"] != "ok":
+            ax_pre.text(0, i, f" {row['status']}", va="center", fontsize=8, color="#b00000")
+    ax_pre.set_yticks(y)
+    ax_pre.set_yticklabels(labels, fontsize=9)
+    ax_pre.invert_yaxis()
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write_llm_results(out_dir: str | Path, rows: list[dict[str, Any]], *, env: dict, config: dict, command: str,
+                      title: str) -> dict[str, Path]:
+    return write_result_files(out_dir, rows, env=env, config=config, command=command, title=title,
+                              columns=COLUMNS, plot=plot)

@@ -1,0 +1,137 @@
+"""`kiln bench llm [...]`: generation engines side by side. Argument parsing and checks only; the
+measuring is in kiln.bench.llm_bench. Every check runs before a model is built."""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import shlex
+
+from kiln.cli.llm_args import MODEL_HELP, at_least, resolve_device_flag, resolve_dtype_flag, split_list
+from kiln.config.errors import ConfigError
+
+
+def add_parser(bsub) -> None:
+    p = bsub.add_parser(
+        "llm",
+        help="LLM generation engines (HF eager/compiled, kiln eager/compiled): TTFT, prefill, decode, roofline",
+        description="Engines side by side in one process on one random prompt: TTFT, prefill ms and tok/s "
+        "(TFLOP/s vs a matmul peak measured on the spot), decode tok/s and per-token p50/p90 (vs the "
+        "bandwidth roofline of a device copy measured on the spot), warm-up/compile time, peak memory. "
+        "Writes results.json, results.md and results.png.",
+    )
+    p.add_argument("--model", help=MODEL_HELP)
+    p.add_argument("--preset", help="seed002-llama3b (its model and sizes; flags given still apply)")
+    p.add_argument("--engines", action="append", help="comma-separated: hf-eager,hf-compiled,kiln-eager,kiln-compiled")
+    p.add_argument("--batch", type=int, help="prompts per request (default 1)")
+    p.add_argument("--prompt-len", type=int, help="prompt tokens (default 1024)")
+    p.add_argument("--new-tokens", type=int, help="tokens generated per request (default 256)")
+    p.add_argument("--device", default="auto", help="auto (CUDA if present), cpu, cuda, cuda:N")
+    p.add_argument("--dtype", default="auto", help="auto (bf16 on CUDA, fp32 on CPU), bf16, fp16, fp32")
+    p.add_argument("--warmup", type=int, default=1, help="untimed requests per engine after the first (default 1)")
+    p.add_argument("--repeats", type=int, default=3, help="timed requests per engine, interleaved (default 3)")
+    p.add_argument("--prefill-repeats", type=int, default=10, help="timed prefills per engine (default 10)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the prompt and of random weights")
+    p.add_argument("--inductor", action="append", metavar="KEY=VALUE",
+                   help="inductor option for kiln-compiled, over kiln's defaults (coordinate_descent_tuning=true "
+                   "on CUDA), e.g. max_autotune=true; repeatable")
+    p.add_argument("--out", help="output directory (default: runs/<time>-bench-llm-<name>)")
+    p.set_defaults(run=run)
+
+
+def plan(args: argparse.Namespace):
+    from kiln.bench.llm_bench import PRESETS, LlmBenchOptions
+    from kiln.bench.llm_engines import ENGINES
+    from kiln.llm.config import resolve_model
+    from kiln.llm.engine import check_lengths
+
+    preset = None
+    if args.preset:
+        if args.preset not in PRESETS:
+            raise ConfigError("--preset", f"unknown preset {args.preset!r}", tuple(PRESETS))
+        preset = PRESETS[args.preset]
+    model = args.model or (preset.model if preset else None)
+    if not model:
+        raise ConfigError("--model", "give a model (or --preset)", MODEL_HELP.split(" | "))
+    engines = split_list(args.engines) or list(preset.engines if preset else ENGINES)
+    unknown = [e for e in engines if e not in ENGINES]
+    if unknown:
+        raise ConfigError("--engines", f"unknown engine {unknown[0]!r}", ENGINES)
+    if len(set(engines)) != len(engines):
+        raise ConfigError("--engines", f"an engine is listed twice: {','.join(engines)}")
+    sizes = {"batch": 1, "prompt_len": 1024, "new_tokens": 256}
+    for key, default in sizes.items():
+        value = getattr(args, key)
+        sizes[key] = value if value is not None else (getattr(preset, key) if preset else default)
+        at_least(f"--{key.replace('_', '-')}", sizes[key], 1)
+    at_least("--warmup", args.warmup, 0)
+    at_least("--repeats", args.repeats, 1)
+    at_least("--prefill-repeats", args.prefill_repeats, 1)
+    device = resolve_device_flag(args.device)
+    dtype = resolve_dtype_flag(args.dtype, device)
+    config = resolve_model(model).config
+    check_lengths([sizes["prompt_len"]], sizes["new_tokens"], max_positions=config.max_positions, max_seq_len=None,
+                  keys={"max_new_tokens": "--new-tokens", "prompt": "--prompt-len"})
+    return LlmBenchOptions(model=model, engines=engines, dtype=dtype, device=str(device), warmup=args.warmup,
+                           repeats=args.repeats, prefill_repeats=args.prefill_repeats, seed=args.seed,
+                           preset=preset.name if preset else None, inductor_options=_inductor_options(args.inductor),
+                           **sizes)
+
+
+def _inductor_options(assignments: list[str] | None) -> dict[str, object]:
+    from kiln.config.load import parse_literal
+    from kiln.config.validate import inductor_option_names
+
+    options: dict[str, object] = {}
+    names = inductor_option_names() if assignments else []
+    for assignment in assignments or []:
+        key, sep, value = assignment.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError("--inductor", f"expected KEY=VALUE, got {assignment!r}")
+        key = key.strip()
+        if key not in names:
+            close = difflib.get_close_matches(key, names, n=3)
+            raise ConfigError("--inductor", f"{key!r} is not an inductor option in this torch", close or None)
+        options[key] = parse_literal(value)
+    return options
+
+
+def _command(args: argparse.Namespace) -> str:
+    parts = ["kiln", "bench", "llm"]
+    for flag in ("model", "preset", "batch", "prompt_len", "new_tokens", "device", "dtype", "warmup", "repeats",
+                 "prefill_repeats", "seed", "out"):
+        value = getattr(args, flag)
+        if value is not None:
+            parts += [f"--{flag.replace('_', '-')}", str(value)]
+    if args.engines:
+        parts += ["--engines", ",".join(split_list(args.engines))]
+    for option in args.inductor or []:
+        parts += ["--inductor", option]
+    return shlex.join(parts)
+
+
+def run(args: argparse.Namespace) -> int:
+    opts = plan(args)  # ConfigError -> exit 2 before any model is built
+
+    import dataclasses
+    from pathlib import Path
+
+    import torch
+
+    from kiln.bench.llm_bench import run_llm_bench
+    from kiln.bench.llm_report import render_table, write_llm_results
+    from kiln.cli.bench_cmd import show_results
+    from kiln.monitor.env import collect_env
+    from kiln.train.runtime import default_run_dir
+
+    name = opts.preset or Path(opts.model).name
+    out = Path(args.out) if args.out else default_run_dir(f"bench-llm-{name}")
+    device = torch.device(opts.device)
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    title = (f"kiln bench llm: {opts.model} ({opts.dtype}, batch {opts.batch}, prompt {opts.prompt_len}, "
+             f"{opts.new_tokens} new tokens, {where})")
+    rows, context = run_llm_bench(opts)
+    config = {"bench": dataclasses.asdict(opts), **context}
+    written = write_llm_results(out, rows, env=collect_env(), config=config, command=_command(args), title=title)
+    show_results(rows, render_table(rows, title), written)
+    return 0

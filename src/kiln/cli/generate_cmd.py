@@ -1,0 +1,164 @@
+"""`kiln generate`: text (or token ids) from a Llama-family model through kiln's engine.
+
+Argument parsing and input checks only; the model and engine live in kiln.llm. Every check
+(flags, model, tokenizer, prompt lengths) runs before the model is built.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from kiln.cli.llm_args import (
+    add_model_flags,
+    at_least,
+    parse_ids,
+    resolve_device_flag,
+    resolve_dtype_flag,
+)
+from kiln.config.errors import ConfigError
+
+FLAGS = {"temperature": "--temperature", "top_k": "--top-k", "top_p": "--top-p"}
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "generate",
+        help="generate text with kiln's fast decoder (static KV cache, compiled + CUDA-graphed decode)",
+        description="Generate from a prompt. Text prompts need a tokenizer.json (the model directory's or "
+        "--tokenizer); --tokens takes token ids and works with any model, presets included. Several "
+        "--prompt/--tokens, or a --prompt-file with one prompt per line, form one batch.",
+    )
+    add_model_flags(p)
+    src = p.add_argument_group("prompt (one of)")
+    src.add_argument("--prompt", action="append", help="prompt text (repeat for a batch)")
+    src.add_argument("--prompt-file", help="file with one prompt per line (empty lines skipped)")
+    src.add_argument("--tokens", action="append", help="prompt as comma-separated token ids (repeat for a batch)")
+    p.add_argument("--tokenizer", help="directory or tokenizer.json to use instead of the model directory's")
+    p.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate per prompt (default 128)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples")
+    p.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (0 = off)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1 = off)")
+    p.add_argument("--seed", type=int, help="seed for sampling")
+    p.add_argument("--stop-tokens", help="comma-separated stop token ids (default: the model's EOS ids)")
+    p.add_argument("--ignore-eos", action="store_true", help="no stop tokens: always generate --max-new-tokens")
+    p.add_argument("--compile", choices=("auto", "on", "off"), default="auto",
+                   help="compile prefill/decode and capture decode in a CUDA graph (auto: on for CUDA)")
+    p.add_argument("--max-seq-len", type=int, help="KV-cache slots (default: padded prompt + new tokens)")
+    p.add_argument("--json", help="also write prompts, tokens, text and timings to this JSON file")
+    p.set_defaults(run=run)
+
+
+@dataclass
+class Request:
+    source: object
+    device: object
+    dtype: str
+    prompts: list[list[int]]
+    texts: list[str] | None
+    tokenizer: object | None
+    stop_tokens: list[int]
+    sampling: object
+    compile: bool
+
+
+def _prompts(args: argparse.Namespace, tokenizer_dir: Path | None) -> tuple[list[list[int]], list[str] | None, object]:
+    from kiln.llm.tokenizer import load_tokenizer
+
+    given = [flag for flag, value in (("--prompt", args.prompt), ("--prompt-file", args.prompt_file),
+                                      ("--tokens", args.tokens)) if value]
+    if len(given) != 1:
+        raise ConfigError("--prompt", f"give exactly one of --prompt, --prompt-file, --tokens (got {given or 'none'})")
+    tokenizer = None
+    if args.tokenizer or (tokenizer_dir is not None and args.tokens is None):
+        where = Path(args.tokenizer) if args.tokenizer else tokenizer_dir
+        tokenizer = load_tokenizer(where, "--tokenizer" if args.tokenizer else "--model")
+    if args.tokens:
+        return [parse_ids(t, "--tokens") for t in args.tokens], None, tokenizer
+    if args.prompt_file:
+        path = Path(args.prompt_file)
+        try:
+            texts = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        except OSError as exc:
+            raise ConfigError("--prompt-file", f"cannot read {path}: {exc}") from None
+        if not texts:
+            raise ConfigError("--prompt-file", f"{path} has no prompts (one per line)")
+    else:
+        texts = list(args.prompt)
+    if tokenizer is None:
+        raise ConfigError("--prompt", "text prompts need a tokenizer: the model has no tokenizer.json; "
+                          "pass --tokenizer DIR, or token ids with --tokens")
+    return [tokenizer.encode(t) for t in texts], texts, tokenizer
+
+
+def plan(args: argparse.Namespace) -> Request:
+    from kiln.llm.config import resolve_model
+    from kiln.llm.engine import MAX_STOP_TOKENS, check_lengths
+    from kiln.llm.sampling import Sampling, check_sampling
+    from kiln.llm.tokenizer import find_tokenizer, generation_stop_tokens
+
+    at_least("--max-new-tokens", args.max_new_tokens, 1)
+    at_least("--max-seq-len", args.max_seq_len, 2)
+    sampling = check_sampling(Sampling(args.temperature, args.top_k, args.top_p), FLAGS)
+    device = resolve_device_flag(args.device)
+    dtype = resolve_dtype_flag(args.dtype, device)
+    source = resolve_model(args.model)
+    config = source.config
+    tokenizer_dir = source.directory if find_tokenizer(source.directory) else None
+    prompts, texts, tokenizer = _prompts(args, tokenizer_dir)
+    check_lengths([len(p) for p in prompts], args.max_new_tokens, max_positions=config.max_positions,
+                  max_seq_len=args.max_seq_len,
+                  keys={"max_new_tokens": "--max-new-tokens", "max_seq_len": "--max-seq-len", "prompt": "--prompt"})
+    bad = next((t for p in prompts for t in p if not 0 <= t < config.vocab_size), None)
+    if bad is not None:
+        raise ConfigError("--tokens", f"token id {bad} is outside the model's vocabulary [0, {config.vocab_size})")
+    if args.ignore_eos:
+        stops = []
+    elif args.stop_tokens is not None:
+        stops = parse_ids(args.stop_tokens, "--stop-tokens")
+    else:
+        stops = generation_stop_tokens(source.directory, config.eos_token_ids)
+    if len(set(stops)) > MAX_STOP_TOKENS:
+        raise ConfigError("--stop-tokens", f"at most {MAX_STOP_TOKENS} stop tokens, got {len(set(stops))}")
+    compile_on = args.compile == "on" or (args.compile == "auto" and device.type == "cuda")
+    return Request(source, device, dtype, prompts, texts, tokenizer, stops, sampling, compile_on)
+
+
+def run(args: argparse.Namespace) -> int:
+    req = plan(args)  # ConfigError -> exit 2 before the model is built
+
+    from kiln.bench.timing import StepClock
+    from kiln.llm.engine import Engine
+    from kiln.llm.weights import TORCH_DTYPES, build_decoder, has_weights
+
+    model = build_decoder(req.source, device=req.device, dtype=TORCH_DTYPES[req.dtype], seed=args.seed or 0)
+    if not has_weights(req.source.directory):
+        print(f"kiln: {args.model} has no weights: random weights, the output is noise", file=sys.stderr)
+    engine = Engine(model, compile=req.compile)
+    clock = StepClock(req.device)
+    out = engine.generate(req.prompts, max_new_tokens=args.max_new_tokens, sampling=req.sampling,
+                          stop_tokens=req.stop_tokens, seed=args.seed, max_seq_len=args.max_seq_len, clock=clock)
+    marks = clock.marks_s()
+    texts = [req.tokenizer.decode(t) for t in out.tokens] if req.tokenizer is not None else None
+    for i, tokens in enumerate(out.tokens):
+        if len(out.tokens) > 1:
+            print(f"--- [{i}] ({out.finish[i]}, {len(tokens)} tokens)")
+        print(texts[i] if texts is not None else ",".join(map(str, tokens)))
+    new = sum(len(t) for t in out.tokens)
+    decode_s = marks[-1] - marks[0]
+    rate = f", decode {len(req.prompts) * out.steps / decode_s:.1f} tok/s" if out.steps and decode_s > 0 else ""
+    compiled = f" (first call: includes compiling, {sum(engine.compiled.values()):.1f} s)" if engine.compiled else ""
+    print(f"kiln: {new} tokens, TTFT {marks[0] * 1e3:.1f} ms{rate}{compiled} ({req.device}, {req.dtype})",
+          file=sys.stderr)
+    if args.json:
+        payload = {"model": args.model, "device": str(req.device), "dtype": req.dtype, "compile": req.compile,
+                   "sampling": dataclasses.asdict(req.sampling), "stop_tokens": req.stop_tokens, "prompts": req.texts,
+                   "prompt_tokens": req.prompts, "tokens": out.tokens, "text": texts, "finish": out.finish,
+                   "ttft_ms": marks[0] * 1e3, "decode_s": decode_s, "steps": out.steps,
+                   "compiled": engine.compiled}
+        Path(args.json).write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
+    return 0

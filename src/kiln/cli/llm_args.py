@@ -1,0 +1,67 @@
+"""Flags `kiln generate` and `kiln bench llm` share (model, device, dtype) and their checks.
+
+Every check raises ConfigError naming the flag, so bad input exits 2 before a model is built.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from kiln.config.errors import ConfigError
+
+DTYPES = ("auto", "bf16", "fp16", "fp32")
+MODEL_HELP = ("llama-3.2-1b | llama-3.2-3b | llama-3.1-8b (shapes only, random weights), a config.json, or a "
+              "local HF model directory (config.json + *.safetensors [+ tokenizer.json])")
+
+
+def add_model_flags(p: argparse.ArgumentParser, *, model_required: bool = True) -> None:
+    p.add_argument("--model", required=model_required, help=MODEL_HELP)
+    p.add_argument("--device", default="auto", help="auto (CUDA if present), cpu, cuda, cuda:N")
+    p.add_argument("--dtype", default="auto", help="auto (bf16 on CUDA, fp32 on CPU), bf16, fp16, fp32")
+
+
+def at_least(flag: str, value: int | float | None, minimum: int | float) -> None:
+    if value is not None and value < minimum:
+        raise ConfigError(flag, f"must be >= {minimum}, got {value}")
+
+
+def resolve_device_flag(spec: str):
+    """torch.device for --device; ConfigError('--device', ...) for a typo or an absent GPU."""
+    import torch
+
+    from kiln.train.runtime import resolve_device
+
+    choices = ("auto", "cpu", "cuda", "cuda:N")
+    try:
+        torch.device(spec if spec != "auto" else "cpu")
+    except RuntimeError:
+        raise ConfigError("--device", f"not a device: {spec!r}", choices) from None
+    try:
+        return resolve_device(spec)
+    except ConfigError as exc:
+        message = str(exc).split(": ", 1)[-1].split(" (valid: ")[0]
+        raise ConfigError("--device", message, exc.choices) from None
+
+
+def resolve_dtype_flag(spec: str, device) -> str:
+    """bf16/fp16/fp32 for --dtype (auto: bf16 on CUDA, fp32 elsewhere)."""
+    if spec not in DTYPES:
+        raise ConfigError("--dtype", f"unknown dtype {spec!r}", DTYPES)
+    if spec == "auto":
+        return "bf16" if device.type == "cuda" else "fp32"
+    return spec
+
+
+def split_list(values: list[str] | None) -> list[str]:
+    """Comma-separated values of a repeatable flag, in order, without empties."""
+    return [v.strip() for chunk in values or [] for v in chunk.split(",") if v.strip()]
+
+
+def parse_ids(text: str, flag: str) -> list[int]:
+    try:
+        ids = [int(t) for t in text.replace(" ", ",").split(",") if t]
+    except ValueError:
+        raise ConfigError(flag, f"expected comma-separated integer token ids, got {text!r}") from None
+    if not ids:
+        raise ConfigError(flag, "no token ids given")
+    return ids

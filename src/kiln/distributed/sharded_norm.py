@@ -1,0 +1,62 @@
+"""Gradient norm and clipping on FSDP2's local shards: one all-reduce instead of DTensor dispatch.
+
+Under FSDP2 every gradient is a DTensor sharded on dim 0 across the ranks of a 1-D mesh, so the
+global squared norm is the sum over ranks of each rank's local squared norm. torch's
+`clip_grad_norm_` reaches the same number through DTensor dispatch, op by op and tensor by
+tensor on the host (a per-parameter cost that grows with the parameter count and made up much of
+FSDP2's host time per step at one rank; see benchmarks/results/cpu/fsdp_host_overhead). Here: two
+foreach kernels on the local shards, one all-reduce of a scalar, one foreach scale. Gradients that
+are not sharded DTensors (DDP, one process) go to torch's own functions unchanged.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+
+def _sharded_locals(grads: list[Tensor]) -> tuple[list[Tensor], object] | None:
+    """(local shards, process group) when every gradient is a DTensor sharded over one 1-D mesh."""
+    try:
+        from torch.distributed.tensor import DTensor, Shard
+    except ImportError:  # torch without public DTensor: not FSDP2
+        return None
+    if not grads or not all(isinstance(g, DTensor) for g in grads):
+        return None
+    mesh = grads[0].device_mesh
+    if mesh.ndim != 1 or not all(g.device_mesh == mesh and all(isinstance(p, Shard) for p in g.placements)
+                                 for g in grads):
+        return None  # replicated or multi-dim layouts (HSDP, TP): leave them to torch
+    return [g.to_local() for g in grads], mesh.get_group()
+
+
+def total_norm(grads: list[Tensor]) -> Tensor:
+    """The global 2-norm of `grads` as a plain tensor (float32), whatever their layout."""
+    sharded = _sharded_locals(grads)
+    if sharded is None:
+        norm = torch.nn.utils.get_total_norm(grads, foreach=True)
+        full = getattr(norm, "full_tensor", None)
+        return full() if callable(full) else norm
+    local, group = sharded
+    norms = torch._foreach_norm([g for g in local if g.numel()]) if any(g.numel() for g in local) else []
+    squared = torch.stack([n.float() for n in norms]).square().sum() if norms else torch.zeros(
+        (), device=local[0].device)
+    dist.all_reduce(squared, group=group)
+    return squared.sqrt()
+
+
+def clip_grad_norm(params: list[Tensor], max_norm: float) -> Tensor:
+    """`torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)` with the sharded fast path;
+    returns the total norm before clipping."""
+    grads = [p.grad for p in params if p.grad is not None]
+    sharded = _sharded_locals(grads)
+    if sharded is None:
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
+        return norm
+    norm = total_norm(grads)
+    coef = (max_norm / (norm + 1e-6)).clamp(max=1.0)
+    local = [g for g in sharded[0] if g.numel()]
+    if local:
+        torch._foreach_mul_(local, coef.to(local[0].dtype))
+    return norm

@@ -1,0 +1,310 @@
+"""The generation engine: static KV cache, compiled prefill per padded length, decode step compiled
+and captured in a CUDA graph.
+
+One `generate` call:
+1. `prepare`: prompts are left-padded to a bucket length (16, 32, ..., 1024, then multiples of
+   512), so prefill compiles once per bucket rather than once per prompt length; the device
+   buffers (`Slots`: cache, tokens, positions, flags, sampling parameters) are allocated once per
+   (batch, capacity) and reused, so their addresses stay fixed for CUDA graphs.
+2. `run_prefill`: one forward over the prompt, writing the cache, logits of the last position
+   only, first token sampled on the device.
+3. `run_decode`: each step reads the newest token from the token buffer at the device position,
+   writes its key/value slot, samples the next token into the buffer and advances the position,
+   all in place, so on CUDA the whole step is one graph replay. The host reads nothing per token;
+   with stop tokens it reads the "all rows done" flag every `stop_check_interval` steps.
+Compiled variants (prefill per bucket, decode per batch/capacity; greedy or sampled) are counted
+with the seconds their first call took (compile + autotuning): `Engine.compiled`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from kiln.bench.timing import StepClock, time_calls
+from kiln.config.errors import ConfigError
+from kiln.llm.model import Decoder, KVCache
+from kiln.llm.sampling import Sampling, check_sampling, sample
+
+MAX_STOP_TOKENS = 16
+# Decode steps run on a side stream before a CUDA graph is captured (lazy initialisation of
+# cuBLAS/Triton state must not happen during capture: CUDA graphs docs, "warm up before capture").
+GRAPH_WARMUP_STEPS = 2
+
+
+def default_inductor_options(device: torch.device) -> dict[str, Any]:
+    # Batch-1 decode is matrix-vector products; with coordinate descent tuning inductor lowers
+    # M=1 matmuls to tuned reductions, which reach far more of the memory bandwidth (gpt-fast).
+    return {"coordinate_descent_tuning": True} if device.type == "cuda" else {}
+
+
+def bucket_length(n: int) -> int:
+    """Padded prompt length: powers of two from 16 to 1024, then multiples of 512."""
+    if n > 1024:
+        return -(-n // 512) * 512
+    return max(16, 1 << (n - 1).bit_length())
+
+
+@dataclass
+class Slots:
+    """Device buffers of one (batch, capacity); a captured decode graph reads and writes them."""
+
+    cache: KVCache
+    tokens: Tensor
+    """[B, capacity] long: left-padded prompt, then generated tokens."""
+    pad: Tensor
+    """[B] long: padding slots at the start of each row."""
+    pos: Tensor
+    """[1] long: slot of the newest token (the next decode step's input)."""
+    done: Tensor
+    """[B] bool: row has produced a stop token."""
+    stop: Tensor
+    """[MAX_STOP_TOKENS] long, -1 where unused."""
+    temperature: Tensor
+    top_k: Tensor
+    top_p: Tensor
+
+
+def _is_stop(tokens: Tensor, stop: Tensor) -> Tensor:
+    # A broadcast compare, not torch.isin: eager isin on CUDA may call unique(), a host sync that
+    # would also break CUDA-graph capture.
+    return (tokens[:, None] == stop[None, :]).any(dim=-1)
+
+
+def prefill_step(model: Decoder, s: Slots, length: int, padded: bool, greedy: bool) -> None:
+    logits = model(s.tokens[:, :length], cache=s.cache, pad=s.pad if padded else None, last_only=True)
+    first = sample(logits[:, -1].float(), greedy, s.temperature, s.top_k, s.top_p)
+    s.tokens[:, length] = first
+    s.pos.fill_(length)
+    s.done.copy_(_is_stop(first, s.stop))
+
+
+def decode_step(model: Decoder, s: Slots, greedy: bool) -> None:
+    token = s.tokens.index_select(1, s.pos)  # [B, 1]
+    logits = model(token, cache=s.cache, pad=s.pad, decode_slot=s.pos)
+    nxt = sample(logits[:, -1].float(), greedy, s.temperature, s.top_k, s.top_p)
+    s.tokens.index_copy_(1, s.pos + 1, nxt.view(-1, 1))
+    s.done.logical_or_(_is_stop(nxt, s.stop))
+    s.pos.add_(1)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A batch of prompts written into the slots, ready for `run_prefill`."""
+
+    prompt_lens: tuple[int, ...]
+    padded_len: int
+    max_new_tokens: int
+    greedy: bool
+    stops: bool
+
+
+@dataclass
+class Generation:
+    tokens: list[list[int]]
+    """Generated tokens per row, up to and including the first stop token."""
+    finish: list[str]
+    """Per row: `stop` (a stop token) or `length` (max_new_tokens reached)."""
+    prompt_lens: list[int]
+    padded_len: int
+    steps: int
+    """Decode steps run after the prefill (<= max_new_tokens - 1)."""
+
+
+def check_lengths(prompt_lens: Sequence[int], max_new_tokens: int, *, max_positions: int, max_seq_len: int | None,
+                  keys: dict[str, str] | None = None) -> None:
+    """The max-length guard: ConfigError naming the offending setting (or flag, through `keys`)."""
+    key = {"max_new_tokens": "max_new_tokens", "max_seq_len": "max_seq_len", "prompt": "prompt", **(keys or {})}
+    if not prompt_lens or min(prompt_lens) < 1:
+        raise ConfigError(key["prompt"], "every prompt needs at least one token")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ConfigError(key["max_new_tokens"], f"must be an integer >= 1, got {max_new_tokens!r}")
+    longest = max(prompt_lens)
+    if longest + max_new_tokens > max_positions:
+        raise ConfigError(key["max_new_tokens"], f"prompt ({longest} tokens) + {max_new_tokens} new tokens exceeds "
+                          f"the model's {max_positions} positions (max_position_embeddings)")
+    if max_seq_len is not None and longest + max_new_tokens > max_seq_len:
+        raise ConfigError(key["max_seq_len"], f"prompt ({longest} tokens) + {max_new_tokens} new tokens does not fit "
+                          f"in {max_seq_len} cache slots; raise it or generate fewer tokens")
+
+
+class Engine:
+    """Generate with a Decoder. `compile`: inductor for prefill and decode; `cuda_graphs` (default:
+    on when compiling on CUDA): replay the decode step as one CUDA graph."""
+
+    def __init__(self, model: Decoder, *, compile: bool = False, cuda_graphs: bool | None = None,
+                 inductor_options: dict[str, Any] | None = None, stop_check_interval: int = 8):
+        self.model = model.eval()
+        self.config = model.config
+        self.device = model.embed.weight.device
+        self.dtype = model.embed.weight.dtype
+        self.compile = compile
+        self.cuda_graphs = (compile and self.device.type == "cuda") if cuda_graphs is None else cuda_graphs
+        if self.cuda_graphs and self.device.type != "cuda":
+            raise ConfigError("cuda_graphs", f"CUDA graphs need a CUDA device; the model is on {self.device}")
+        if stop_check_interval < 1:
+            raise ConfigError("stop_check_interval", f"must be >= 1, got {stop_check_interval}")
+        self.stop_check_interval = stop_check_interval
+        self.inductor_options = default_inductor_options(self.device) if inductor_options is None else inductor_options
+        if compile:
+            kwargs = {"fullgraph": True, "dynamic": False, "options": self.inductor_options or None}
+            self._prefill = torch.compile(prefill_step, **kwargs)
+            self._decode = torch.compile(decode_step, **kwargs)
+        else:
+            self._prefill, self._decode = prefill_step, decode_step
+        self.slots: Slots | None = None
+        self._graphs: dict[bool, torch.cuda.CUDAGraph] = {}
+        self.compiled: dict[str, float] = {}
+        """Variant -> seconds of its first call (compile and tuning included); compiled engines only."""
+
+    # -- buffers --------------------------------------------------------------------------------
+
+    def _slots_for(self, batch: int, capacity: int) -> Slots:
+        s = self.slots
+        if s is not None and s.cache.batch == batch and s.cache.capacity >= capacity:
+            return s
+        self._graphs.clear()  # they point at the old buffers
+        self.slots = None
+        dev = self.device
+        self.slots = Slots(
+            cache=KVCache(self.config, batch, capacity, dtype=self.dtype, device=dev),
+            tokens=torch.zeros(batch, capacity, dtype=torch.long, device=dev),
+            pad=torch.zeros(batch, dtype=torch.long, device=dev),
+            pos=torch.zeros(1, dtype=torch.long, device=dev),
+            done=torch.zeros(batch, dtype=torch.bool, device=dev),
+            stop=torch.full((MAX_STOP_TOKENS,), -1, dtype=torch.long, device=dev),
+            temperature=torch.ones((), dtype=torch.float32, device=dev),
+            top_k=torch.zeros((), dtype=torch.long, device=dev),
+            top_p=torch.ones((), dtype=torch.float32, device=dev),
+        )
+        return self.slots
+
+    @torch.inference_mode()
+    def prepare(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, sampling: Sampling = Sampling(),
+                stop_tokens: Sequence[int] = (), max_seq_len: int | None = None) -> Prepared:
+        """Check the request and write it into the device buffers (allocated on first use)."""
+        lens = [len(p) for p in prompts]
+        check_lengths(lens, max_new_tokens, max_positions=self.config.max_positions, max_seq_len=max_seq_len)
+        check_sampling(sampling)
+        vocab = self.config.vocab_size
+        bad = next((t for p in prompts for t in p if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise ConfigError("prompt", f"token id {bad} is outside the vocabulary [0, {vocab})")
+        stops = sorted({int(t) for t in stop_tokens})
+        if len(stops) > MAX_STOP_TOKENS:
+            raise ConfigError("stop_tokens", f"at most {MAX_STOP_TOKENS} stop tokens, got {len(stops)}")
+        padded = bucket_length(max(lens))
+        if max_seq_len is not None and padded + max_new_tokens > max_seq_len:
+            padded = max_seq_len - max_new_tokens  # an odd length compiles once more, but fits
+        s = self._slots_for(len(prompts), max_seq_len or padded + max_new_tokens)
+        rows = torch.zeros(len(prompts), padded, dtype=torch.long)
+        for i, p in enumerate(prompts):
+            rows[i, padded - len(p):] = torch.as_tensor(list(p), dtype=torch.long)
+        s.tokens[:, :padded].copy_(rows, non_blocking=True)
+        s.pad.copy_(torch.as_tensor([padded - n for n in lens]), non_blocking=True)
+        s.stop.fill_(-1)
+        if stops:
+            s.stop[: len(stops)].copy_(torch.as_tensor(stops), non_blocking=True)
+        s.temperature.fill_(sampling.temperature if not sampling.greedy else 1.0)
+        s.top_k.fill_(sampling.top_k)
+        s.top_p.fill_(sampling.top_p)
+        return Prepared(tuple(lens), padded, max_new_tokens, sampling.greedy, bool(stops))
+
+    # -- running --------------------------------------------------------------------------------
+
+    def _first_call(self, name: str, fn, *args) -> None:
+        """Call a compiled variant for the first time: raise dynamo's recompile limit (each prefill
+        bucket is a specialisation of the same function) and record how long compiling took."""
+        import torch._dynamo.config as dynamo_config
+
+        limit = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"
+        with dynamo_config.patch({limit: 64}):
+            self.compiled[name] = time_calls(lambda: fn(*args), calls=1, device=self.device)
+
+    def _call(self, name: str, fn, *args) -> None:
+        if self.compile and name not in self.compiled:
+            self._first_call(name, fn, *args)
+        else:
+            fn(*args)
+
+    @torch.inference_mode()
+    def run_prefill(self, prep: Prepared) -> None:
+        padded = any(n != prep.padded_len for n in prep.prompt_lens)
+        s = self.slots
+        name = f"prefill[b{s.cache.batch},len{prep.padded_len},cap{s.cache.capacity}{',pad' if padded else ''}" \
+               f"{',greedy' if prep.greedy else ',sampled'}]"
+        self._call(name, self._prefill, self.model, s, prep.padded_len, padded, prep.greedy)
+
+    @torch.inference_mode()
+    def run_decode(self, prep: Prepared, steps: int, clock: StepClock | None = None) -> int:
+        """Run up to `steps` decode steps; returns how many ran (fewer when every row stopped)."""
+        s = self.slots
+        name = f"decode[b{s.cache.batch},cap{s.cache.capacity}{',greedy' if prep.greedy else ',sampled'}]"
+        for i in range(steps):
+            self._decode_once(name, prep.greedy, s, warmups_left=GRAPH_WARMUP_STEPS - i)
+            if clock is not None:
+                clock.mark()
+            if prep.stops and (i + 1) % self.stop_check_interval == 0 and bool(s.done.all()):
+                return i + 1
+        return steps
+
+    def _decode_once(self, name: str, greedy: bool, s: Slots, warmups_left: int) -> None:
+        graph = self._graphs.get(greedy)
+        if graph is not None:
+            graph.replay()
+            return
+        if not self.cuda_graphs:
+            self._call(name, self._decode, self.model, s, greedy)
+            return
+        # Warm up on a side stream (compiles on the first call), then capture; capturing runs
+        # nothing, so this step itself is the warm-up step's real work.
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            self._call(name, self._decode, self.model, s, greedy)
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        if warmups_left <= 1:
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                self._decode(self.model, s, greedy)
+            self._graphs[greedy] = graph
+
+    @torch.inference_mode()
+    def collect(self, prep: Prepared, steps: int) -> Generation:
+        s = self.slots
+        out = s.tokens[:, prep.padded_len: prep.padded_len + steps + 1].tolist()
+        stops = set(s.stop.tolist()) - {-1}
+        tokens, finish = [], []
+        for row in out:
+            cut = next((i for i, t in enumerate(row) if t in stops), None)
+            tokens.append(row if cut is None else row[: cut + 1])
+            finish.append("length" if cut is None else "stop")
+        return Generation(tokens, finish, list(prep.prompt_lens), prep.padded_len, steps)
+
+    def generate(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, sampling: Sampling = Sampling(),
+                 stop_tokens: Sequence[int] = (), seed: int | None = None, max_seq_len: int | None = None,
+                 clock: StepClock | None = None) -> Generation:
+        """Up to `max_new_tokens` tokens per prompt (token ids). `seed` seeds torch's generators
+        for sampling; `clock` gets a start, then a mark per token (the first after prefill)."""
+        if clock is not None:
+            clock.start()
+        prep = self.prepare(prompts, max_new_tokens=max_new_tokens, sampling=sampling, stop_tokens=stop_tokens,
+                            max_seq_len=max_seq_len)
+        if seed is not None:
+            torch.manual_seed(seed)
+        self.run_prefill(prep)
+        if clock is not None:
+            clock.mark()
+        steps = 0
+        if not (prep.stops and bool(self.slots.done.all())):
+            steps = self.run_decode(prep, max_new_tokens - 1, clock)
+        return self.collect(prep, steps)
+
+    @property
+    def cache_bytes(self) -> int:
+        return self.slots.cache.nbytes if self.slots is not None else 0
+

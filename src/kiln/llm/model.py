@@ -1,0 +1,200 @@
+"""A Llama-family decoder (Llama 3.x, Mistral, Qwen2, Qwen3), single device, readable in one sitting.
+
+Shapes: B batch, T tokens in this call, S cache slots, H query heads, Hkv key/value heads,
+G = H // Hkv query heads per key/value head, D head dim.
+
+Choices made for fast decoding (see kiln.llm.engine for the loop around it):
+- q/k/v are one matmul (`wqkv`) and the MLP's gate/up another (`w_gate_up`): at batch 1 each
+  matmul reads its weights once, and fewer, larger matrix-vector products waste less bandwidth.
+  Every projection is a plain `nn.Linear`, so weight-only quantization can swap them later.
+- The KV cache is static ([B, Hkv, S, D] per layer, allocated once); a decode step writes its
+  slot in place (`index_copy_` at a device tensor) and attends over all S slots under a mask
+  computed from that tensor, so shapes never change and nothing recompiles per position.
+- Prefill attends within the prompt with SDPA (flash kernels when there is no padding); a
+  decode step computes attention as two broadcast matmuls with M = 1 per query head, which
+  inductor turns into tuned reductions (`coordinate_descent_tuning`) instead of a kernel that
+  parallelises over heads only.
+- Prefill computes logits for the last position only (`last_only`).
+Left padding: a batch of prompts of different lengths is padded on the left; `pad[b]` slots of
+row b are masked out as keys and its positions start after them, as HF does with attention_mask.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from kiln.llm.config import DecoderConfig
+from kiln.llm.rope import Rotary, apply_rotary
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        # In fp32, then back to the input dtype before the scale: the order HF's Llama uses.
+        normed = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * normed.to(x.dtype)
+
+
+class KVCache:
+    """Static key/value cache: one [B, Hkv, S, D] tensor each for keys and values per layer."""
+
+    def __init__(self, config: DecoderConfig, batch: int, capacity: int, *, dtype: torch.dtype,
+                 device: torch.device | str):
+        shape = (batch, config.n_kv_heads, capacity, config.head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.n_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.n_layers)]
+        self.batch, self.capacity = batch, capacity
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (*self.k, *self.v))
+
+
+class Attention(nn.Module):
+    def __init__(self, config: DecoderConfig, window: int | None):
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = config.n_heads, config.n_kv_heads, config.head_dim
+        self.window = window
+        q_out, kv_out = config.n_heads * config.head_dim, config.n_kv_heads * config.head_dim
+        self.wqkv = nn.Linear(config.dim, q_out + 2 * kv_out, bias=config.qkv_bias)
+        self.wo = nn.Linear(q_out, config.dim, bias=config.out_bias)
+        self.q_norm = RMSNorm(config.head_dim, config.norm_eps) if config.qk_norm else None
+        self.k_norm = RMSNorm(config.head_dim, config.norm_eps) if config.qk_norm else None
+        self.scale = 1.0 / math.sqrt(config.head_dim)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None,
+                kv: tuple[Tensor, Tensor] | None, decode_slot: Tensor | None) -> Tensor:
+        B, T, _ = x.shape
+        H, Hkv, D = self.n_heads, self.n_kv_heads, self.head_dim
+        q, k, v = self.wqkv(x).split([H * D, Hkv * D, Hkv * D], dim=-1)
+        q, k, v = q.view(B, T, H, D), k.view(B, T, Hkv, D), v.view(B, T, Hkv, D)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, heads, T, D]
+        if decode_slot is not None:
+            cache_k, cache_v = kv
+            cache_k.index_copy_(2, decode_slot, k)
+            cache_v.index_copy_(2, decode_slot, v)
+            y = self._decode_attention(q, cache_k, cache_v, mask)
+        else:
+            if kv is not None:  # a fresh prompt fills slots 0..T-1
+                kv[0][:, :, :T] = k
+                kv[1][:, :, :T] = v
+            y = self._prompt_attention(q, k, v, mask)
+        return self.wo(y.transpose(1, 2).reshape(B, T, H * D))
+
+    def _prompt_attention(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
+        if mask is None:  # plain causal: SDPA picks flash attention, which handles GQA itself
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_heads != self.n_kv_heads)
+        # With a padding/window mask flash is out; expand k/v for the kernels that take a mask.
+        groups = self.n_heads // self.n_kv_heads
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None])
+
+    def _decode_attention(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
+        # q [B, H, 1, D] -> [B, Hkv, G, 1, D]; k, v [B, Hkv, S, D] -> [B, Hkv, 1, S, D]. Every query
+        # head is a matrix-vector product against its group's cache (no copy of k/v when compiled).
+        B, H, _, D = q.shape
+        q = q.reshape(B, self.n_kv_heads, H // self.n_kv_heads, 1, D)
+        scores = (q @ k.unsqueeze(2).transpose(-1, -2)).float() * self.scale  # [B, Hkv, G, 1, S]
+        scores = scores.masked_fill(~mask[:, None, None, None, :], float("-inf"))
+        probs = torch.softmax(scores, dim=-1).to(v.dtype)
+        return (probs @ v.unsqueeze(2)).reshape(B, H, 1, D)
+
+
+class FeedForward(nn.Module):
+    """SwiGLU: w_down(silu(gate) * up), with gate and up in one matmul."""
+
+    def __init__(self, config: DecoderConfig):
+        super().__init__()
+        self.w_gate_up = nn.Linear(config.dim, 2 * config.ffn_dim, bias=config.mlp_bias)
+        self.w_down = nn.Linear(config.ffn_dim, config.dim, bias=config.mlp_bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        gate, up = self.w_gate_up(x).chunk(2, dim=-1)
+        return self.w_down(F.silu(gate) * up)
+
+
+class Block(nn.Module):
+    def __init__(self, config: DecoderConfig, window: int | None):
+        super().__init__()
+        self.attn_norm = RMSNorm(config.dim, config.norm_eps)
+        self.attn = Attention(config, window)
+        self.ffn_norm = RMSNorm(config.dim, config.norm_eps)
+        self.ffn = FeedForward(config)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None,
+                kv: tuple[Tensor, Tensor] | None, decode_slot: Tensor | None) -> Tensor:
+        x = x + self.attn(self.attn_norm(x), cos, sin, mask, kv, decode_slot)
+        return x + self.ffn(self.ffn_norm(x))
+
+
+class Decoder(nn.Module):
+    def __init__(self, config: DecoderConfig):
+        super().__init__()
+        self.config = config
+        self.embed = nn.Embedding(config.vocab_size, config.dim)
+        self.layers = nn.ModuleList(Block(config, config.layer_window(i)) for i in range(config.n_layers))
+        self.norm = RMSNorm(config.dim, config.norm_eps)
+        self.lm_head = nn.Linear(config.dim, config.vocab_size, bias=False)
+        if config.tie_embeddings:
+            self.lm_head.weight = self.embed.weight
+        self.rotary = Rotary(config.rope, config.head_dim)
+
+    def forward(self, tokens: Tensor, *, cache: KVCache | None = None, pad: Tensor | None = None,
+                decode_slot: Tensor | None = None, last_only: bool = False) -> Tensor:
+        """Logits [B, T or 1, vocab] for `tokens` [B, T].
+
+        Without `decode_slot`: a fresh sequence in slots 0..T-1 (written to `cache` if given),
+        causal attention within it. With `decode_slot` (a one-element long tensor): one decode
+        step, T == 1, writing that slot and attending over the whole cache up to it.
+        `pad` [B]: left-padding slots per row (masked out; positions count from the first real
+        token). `last_only`: logits of the last position only (all prefill needs).
+        """
+        B, T = tokens.shape
+        slots = decode_slot if decode_slot is not None else torch.arange(T, device=tokens.device)
+        positions = slots.view(1, T).expand(B, T)
+        if pad is not None:
+            positions = (positions - pad.view(B, 1)).clamp(min=0)
+        x = self.embed(tokens)
+        cos, sin = self.rotary(positions, x.dtype)
+        masks = self._masks(T, slots, pad, cache, decode=decode_slot is not None)
+        for i, layer in enumerate(self.layers):
+            kv = (cache.k[i], cache.v[i]) if cache is not None else None
+            x = layer(x, cos, sin, masks[layer.attn.window], kv, decode_slot)
+        if last_only:
+            x = x[:, -1:]
+        return self.lm_head(self.norm(x))
+
+    def _masks(self, T: int, slots: Tensor, pad: Tensor | None, cache: KVCache | None, *,
+               decode: bool) -> dict[int | None, Tensor | None]:
+        """Boolean masks (True = may attend) per distinct layer window: [B, S] for a decode step,
+        [B, T, T] for a prompt, or None where plain causal attention is exact (no padding, no
+        window shorter than the prompt)."""
+        windows = {layer.attn.window for layer in self.layers}
+        if not decode and pad is None and all(w is None or w >= T for w in windows):
+            return dict.fromkeys(windows)
+        device = slots.device
+        if decode:
+            keys = torch.arange(cache.capacity, device=device).view(1, -1)  # [1, S]
+            query = slots.view(1, 1)
+            base = keys <= query
+        else:
+            keys = torch.arange(T, device=device).view(1, 1, T)  # [1, 1, T]
+            query = torch.arange(T, device=device).view(1, T, 1)
+            base = keys <= query
+        if pad is not None:
+            pad = pad.view(-1, *([1] * (keys.dim() - 1)))
+            # A padding query may see itself: a row with nothing to attend to would give NaN,
+            # which its (masked, but multiplied by zero) cache slot would then spread.
+            base = base & ((keys >= pad) | (keys == query))
+        return {w: base if w is None else base & (keys > query - w) for w in windows}

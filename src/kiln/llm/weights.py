@@ -1,0 +1,184 @@
+"""Building a Decoder: random weights (presets, configs) or a checkpoint's safetensors mapped onto it.
+
+HF names map onto kiln's modules as follows (q/k/v and gate/up are concatenated along the output
+dimension into kiln's fused projections):
+
+    model.embed_tokens                      -> embed
+    model.layers.N.input_layernorm          -> layers.N.attn_norm
+    model.layers.N.self_attn.{q,k,v}_proj   -> layers.N.attn.wqkv
+    model.layers.N.self_attn.o_proj         -> layers.N.attn.wo
+    model.layers.N.self_attn.{q,k}_norm     -> layers.N.attn.{q,k}_norm          (Qwen3)
+    model.layers.N.post_attention_layernorm -> layers.N.ffn_norm
+    model.layers.N.mlp.{gate,up}_proj       -> layers.N.ffn.w_gate_up
+    model.layers.N.mlp.down_proj            -> layers.N.ffn.w_down
+    model.norm                              -> norm
+    lm_head                                 -> lm_head   (absent when tied to the embedding)
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from kiln.config.errors import ConfigError
+from kiln.llm.config import DecoderConfig, ModelSource, config_from_dict
+from kiln.llm.model import Decoder
+
+INSTALL_HINT = "pip install 'kiln[llm]'"
+TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+# Buffers some checkpoints carry that kiln recomputes.
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+def hf_names(config: DecoderConfig) -> dict[str, tuple[str, ...]]:
+    """kiln parameter name -> the HF tensor names it is made of (concatenated in this order)."""
+    names: dict[str, tuple[str, ...]] = {"embed.weight": ("model.embed_tokens.weight",), "norm.weight": ("model.norm.weight",)}
+    if not config.tie_embeddings:
+        names["lm_head.weight"] = ("lm_head.weight",)
+    for i in range(config.n_layers):
+        hf, kn = f"model.layers.{i}.", f"layers.{i}."
+        names[kn + "attn_norm.weight"] = (hf + "input_layernorm.weight",)
+        names[kn + "ffn_norm.weight"] = (hf + "post_attention_layernorm.weight",)
+        names[kn + "attn.wqkv.weight"] = tuple(f"{hf}self_attn.{p}_proj.weight" for p in "qkv")
+        names[kn + "attn.wo.weight"] = (hf + "self_attn.o_proj.weight",)
+        if config.qkv_bias:
+            names[kn + "attn.wqkv.bias"] = tuple(f"{hf}self_attn.{p}_proj.bias" for p in "qkv")
+        if config.out_bias:
+            names[kn + "attn.wo.bias"] = (hf + "self_attn.o_proj.bias",)
+        if config.qk_norm:
+            names[kn + "attn.q_norm.weight"] = (hf + "self_attn.q_norm.weight",)
+            names[kn + "attn.k_norm.weight"] = (hf + "self_attn.k_norm.weight",)
+        names[kn + "ffn.w_gate_up.weight"] = (hf + "mlp.gate_proj.weight", hf + "mlp.up_proj.weight")
+        names[kn + "ffn.w_down.weight"] = (hf + "mlp.down_proj.weight",)
+        if config.mlp_bias:
+            names[kn + "ffn.w_gate_up.bias"] = (hf + "mlp.gate_proj.bias", hf + "mlp.up_proj.bias")
+            names[kn + "ffn.w_down.bias"] = (hf + "mlp.down_proj.bias",)
+    return names
+
+
+def empty_decoder(config: DecoderConfig, *, device: torch.device | str, dtype: torch.dtype) -> Decoder:
+    """A Decoder with uninitialised weights on `device` (built on the meta device: no host copy)."""
+    with torch.device("meta"):
+        model = Decoder(config).to(dtype)  # dtype first, on meta: free; then one allocation each
+    model = model.to_empty(device=device)
+    if config.tie_embeddings:  # to_empty keeps the tie (same Parameter), but make it explicit
+        model.lm_head.weight = model.embed.weight
+    return model.eval().requires_grad_(False)
+
+
+def init_random(model: Decoder, seed: int = 0) -> Decoder:
+    """HF's initialisation: normal(0, initializer_range) matrices and embeddings, zero biases, unit norms."""
+    std = model.config.initializer_range
+    gen_device = model.embed.weight.device
+    generator = torch.Generator(device=gen_device).manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():  # a tied weight is listed once
+            if name.endswith("norm.weight"):
+                param.fill_(1.0)
+            elif name.endswith(".bias"):
+                param.zero_()
+            else:
+                param.normal_(0.0, std, generator=generator)
+    return model
+
+
+def random_decoder(config: DecoderConfig, *, device: torch.device | str, dtype: torch.dtype, seed: int = 0) -> Decoder:
+    return init_random(empty_decoder(config, device=device, dtype=dtype), seed)
+
+
+def load_hf_tensors(model: Decoder, get: Callable[[str], Tensor], available: Iterable[str], *, where: str,
+                    key: str = "--model") -> Decoder:
+    """Fill `model` from HF-named tensors: `get(name)` returns one, `available` lists them all."""
+    names = hf_names(model.config)
+    available = set(available)
+    wanted = {n for parts in names.values() for n in parts}
+    missing = sorted(wanted - available)
+    if missing:
+        raise ConfigError(key, f"{where}: checkpoint lacks {len(missing)} tensors kiln needs, e.g. {missing[:3]}")
+    unexpected = sorted(n for n in available - wanted
+                        if not n.endswith(_IGNORED_SUFFIXES) and not (n == "lm_head.weight" and model.config.tie_embeddings))
+    if unexpected:
+        raise ConfigError(key, f"{where}: checkpoint has tensors kiln's {model.config.family} decoder does not use, "
+                          f"e.g. {unexpected[:3]} (a different architecture?)")
+    params = dict(model.named_parameters(remove_duplicate=False))
+    with torch.no_grad():
+        for kiln_name, parts in names.items():
+            target = params[kiln_name]
+            value = torch.cat([get(p).to(device=target.device, dtype=target.dtype) for p in parts], dim=0)
+            if value.shape != target.shape:
+                raise ConfigError(key, f"{where}: {' + '.join(parts)} has shape {tuple(value.shape)}, "
+                                  f"the config implies {tuple(target.shape)} for {kiln_name}")
+            target.copy_(value)
+    return model
+
+
+def load_hf_state_dict(model: Decoder, state_dict: dict[str, Tensor], where: str = "state dict") -> Decoder:
+    """Copy a transformers model's `state_dict()` into kiln's modules (same weights, fused layout)."""
+    return load_hf_tensors(model, state_dict.__getitem__, state_dict.keys(), where=where)
+
+
+def safetensors_files(directory: Path, key: str = "--model") -> list[Path]:
+    index = directory / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        except (OSError, ValueError, KeyError) as exc:
+            raise ConfigError(key, f"cannot read {index}: {exc}") from None
+        files = [directory / f for f in dict.fromkeys(weight_map.values())]
+    else:
+        files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        bins = sorted(p.name for p in directory.glob("pytorch_model*.bin"))
+        extra = f" (it has {bins[0]}: kiln loads safetensors only, which never unpickle code)" if bins else ""
+        raise ConfigError(key, f"no *.safetensors weights in {directory}{extra}")
+    absent = [str(f) for f in files if not f.is_file()]
+    if absent:
+        raise ConfigError(key, f"weight file listed in the index is missing: {absent[0]}")
+    return files
+
+
+def load_safetensors_dir(model: Decoder, directory: Path, key: str = "--model") -> Decoder:
+    try:
+        from safetensors import SafetensorError, safe_open
+    except ImportError:
+        raise ConfigError(key, f"loading {directory} needs safetensors; {INSTALL_HINT}") from None
+    files = safetensors_files(directory, key)
+    try:
+        handles = [safe_open(str(f), framework="pt", device="cpu") for f in files]
+    except (SafetensorError, OSError) as exc:
+        raise ConfigError(key, f"cannot open the safetensors in {directory}: {exc}") from None
+    where_is = {name: h for h in handles for name in h.keys()}
+    return load_hf_tensors(model, lambda name: where_is[name].get_tensor(name), where_is, where=str(directory), key=key)
+
+
+def count_bytes(model: nn.Module) -> int:
+    """Bytes of the model's parameters (a tied weight counted once)."""
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def decode_weight_bytes(model: Decoder) -> int:
+    """Weight bytes one decode step reads: every matrix and norm once, and of an untied input
+    embedding only the rows it looks up (ignored) -- the batch-1 decode bandwidth ceiling."""
+    total = count_bytes(model)
+    if not model.config.tie_embeddings:
+        total -= model.embed.weight.numel() * model.embed.weight.element_size()
+    return total
+
+
+def has_weights(directory: Path | None) -> bool:
+    return directory is not None and (any(directory.glob("*.safetensors"))
+                                      or (directory / "model.safetensors.index.json").is_file())
+
+
+def build_decoder(source: ModelSource, *, device: torch.device | str, dtype: torch.dtype, seed: int = 0,
+                  key: str = "--model") -> Decoder:
+    """The model `source` names: its safetensors when its directory has them, else random weights."""
+    config = config_from_dict(source.raw, key)
+    if source.directory is not None and (has_weights(source.directory)
+                                         or any(source.directory.glob("pytorch_model*.bin"))):
+        return load_safetensors_dir(empty_decoder(config, device=device, dtype=dtype), source.directory, key)
+    return random_decoder(config, device=device, dtype=dtype, seed=seed)

@@ -1,0 +1,147 @@
+"""`kiln bench scale` input parsing, point planning and the scaling arithmetic on hand-made rows."""
+
+from __future__ import annotations
+
+import pytest
+
+from kiln.bench.comm import fit_latency_bandwidth, plan_sizes
+from kiln.bench.predict import bus_factor
+from kiln.bench.scale_analysis import analyse_points, topology
+from kiln.bench.scale_plan import (
+    Variant,
+    parse_nprocs,
+    parse_strategies,
+    parse_thresholds,
+    parse_variant,
+    plan_points,
+    threshold_for,
+)
+from kiln.config import load_config
+from kiln.config.errors import ConfigError
+from kiln.distributed.traffic import Collective, StepTraffic
+
+
+def test_parsers_accept_the_documented_forms():
+    assert parse_nprocs("4,1,2,2") == [1, 2, 4]
+    assert parse_thresholds("2:85,4:80,8:0.75") == {2: 0.85, 4: 0.80, 8: 0.75}
+    assert [v.name for v in parse_strategies("fsdp,ddp,fsdp")] == ["fsdp", "ddp"]
+    v = parse_variant("fsdp-zero2=fsdp,distributed.fsdp_reshard_after_forward=false")
+    assert v == Variant("fsdp-zero2", "fsdp", ("distributed.fsdp_reshard_after_forward=false",))
+    assert v.config_overrides()[-1] == "distributed.strategy=fsdp"
+
+
+@pytest.mark.parametrize(("fn", "text", "flag"), [
+    (parse_nprocs, "0,2", "--nprocs"), (parse_nprocs, "two", "--nprocs"),
+    (parse_thresholds, "2=85", "--thresholds"), (parse_thresholds, "2:120", "--thresholds"),
+    (parse_strategies, "dp", "--strategies"), (parse_variant, "x=zero3", "--variant"),
+    (parse_variant, "x=fsdp,distributed.strategy=ddp", "--variant"), (parse_variant, "fsdp", "--variant"),
+])
+def test_parsers_name_the_flag_on_bad_input(fn, text, flag):
+    with pytest.raises(ConfigError) as err:
+        fn(text)
+    assert err.value.key == flag
+
+
+def test_thresholds_hold_beyond_the_largest_world():
+    bars = {2: 0.85, 4: 0.80, 8: 0.75}
+    assert [threshold_for(n, bars) for n in (1, 2, 3, 4, 8, 16, 1024)] == [None, 0.85, None, 0.80, 0.75, 0.75, 0.75]
+
+
+def test_points_beyond_the_machine_are_skipped_with_the_reason():
+    cfg = load_config(None, ["data.batch_size=8"])
+    variants = parse_strategies("ddp,fsdp")
+    pts = plan_points(cfg, variants, [1, 2, 4, 8], mode="weak", device_type="cuda", slots=4)
+    assert pts[0].role == "baseline" and pts[0].variant.name == "none" and pts[0].skip is None
+    skipped = {(p.variant.name, p.world): p.skip for p in pts if p.skip}
+    assert set(skipped) == {("ddp", 8), ("fsdp", 8)}
+    assert "needs 8 GPUs" in skipped[("ddp", 8)] and "4 visible" in skipped[("ddp", 8)]
+    cpu = plan_points(cfg, variants[:1], [1, 2, 4], mode="weak", device_type="cpu", slots=2)
+    assert "gloo ranks" in next(p.skip for p in cpu if p.world == 4)
+    no_fsdp = plan_points(cfg, variants, [1], mode="weak", device_type="cpu", slots=2, fsdp_ok=False)
+    assert "FSDP2" in next(p.skip for p in no_fsdp if p.variant.name == "fsdp")
+
+
+def test_strong_scaling_splits_the_global_batch_and_adds_one_rank_references():
+    cfg = load_config(None, ["data.batch_size=12"])
+    pts = plan_points(cfg, parse_strategies("ddp"), [1, 2, 3, 8], mode="strong", device_type="cuda", slots=8)
+    got = {(p.world, p.batch, p.role): p.skip for p in pts}
+    assert got[(2, 6, "point")] is None and got[(1, 6, "reference")] is None
+    assert got[(3, 4, "point")] is None and got[(1, 4, "reference")] is None
+    assert "does not split" in got[(8, 12, "point")]
+
+
+def _point(variant, world, step_ms, batch=8, role="point", **extra):
+    return {"kind": "point", "status": "ok", "variant": variant, "strategy": variant if variant != "none" else "none",
+            "world": world, "role": role, "batch_per_rank": batch, "step_ms": step_ms,
+            "throughput_per_device": batch / step_ms * 1e3, **extra}
+
+
+def test_efficiency_and_breakdown_against_the_baseline():
+    rows = [_point("none", 1, 20.0, role="baseline", peak_mem_bytes=100), _point("ddp", 1, 22.0),
+            _point("ddp", 4, 25.0, peak_mem_bytes=110), {"kind": "point", "status": "skipped", "variant": "ddp",
+                                                         "world": 8, "role": "point"}]
+    analyse_points(rows, {2: 0.85, 4: 0.80}, "weak")
+    four = rows[2]
+    assert four["efficiency"] == pytest.approx(20 / 25)
+    assert four["efficiency_vs_1rank"] == pytest.approx(22 / 25)
+    assert four["compute_ms"] == 22.0 and four["exposed_comm_ms"] == pytest.approx(3.0)
+    assert four["wrapper_ms"] == pytest.approx(2.0)
+    assert four["threshold"] == 0.80 and four["pass"] is True
+    assert four["mem_vs_single"] == pytest.approx(1.1)
+    assert rows[1]["efficiency"] == pytest.approx(20 / 22) and "exposed_comm_ms" not in rows[1]
+    assert "efficiency" not in rows[3]
+
+
+def test_strong_scaling_efficiency_and_reference_compute():
+    rows = [_point("none", 1, 40.0, batch=16, role="baseline"), _point("ddp", 1, 41.0, batch=16),
+            _point("ddp", 4, 12.0, batch=4), _point("ddp", 1, 11.0, batch=4, role="reference")]
+    analyse_points(rows, {}, "strong")
+    assert rows[2]["efficiency"] == pytest.approx(40 / (4 * 12))
+    assert rows[2]["compute_ms"] == 11.0 and rows[2]["exposed_comm_ms"] == pytest.approx(1.0)
+
+
+def test_bandwidth_fit_recovers_latency_and_busbw():
+    world, alpha, busbw = 4, 20e-6, 150e9
+    rows = []
+    for nbytes in (4096, 2**20, 2**24, 2**27):
+        t = alpha + nbytes * bus_factor("all_gather", world) / busbw
+        rows.append({"kind": "comm", "status": "ok", "op": "all_gather", "bytes": nbytes, "world": world,
+                     "time_us": t * 1e6})
+    (fit,) = fit_latency_bandwidth(rows)
+    assert fit["latency_us"] == pytest.approx(20, rel=1e-6)
+    assert fit["busbw_GBps"] == pytest.approx(150, rel=1e-6)
+    link = topology([fit], device_type="cuda", gpus_per_node=8).intra
+    # Per-hop latency: the ring of 4 ranks has 3 hops; an op that was not measured borrows all-reduce's
+    # (none here: it falls back to the given default).
+    assert link["all_gather"].hop_latency_s == pytest.approx(20e-6 / 3)
+    assert link["all_reduce"].source == "given"
+    assert topology([fit], device_type="cuda", gpus_per_node=8, bus_bw=1e9).intra["all_gather"].busbw == 1e9
+
+
+def test_comm_sizes_are_the_traffic_sizes_plus_a_sweep():
+    t = StepTraffic("ddp", (Collective("all_reduce", 3 * 2**20, "backward", 0.5, "b1"),
+                            Collective("all_reduce", 3 * 2**20, "backward", 0.5, "b2")), 10)
+    sizes = plan_sizes([t])
+    model = [s for s in sizes if s.per_step]
+    assert [(s.op, s.nbytes, s.per_step) for s in model] == [("all_reduce", 3 * 2**20, {"ddp": 2})]
+    assert {s.nbytes for s in sizes if not s.per_step} == {4096, 32768, 262144, 2097152}
+    assert plan_sizes([t], sweep=False) == model
+
+
+def test_strong_scaling_predictions_and_calibration():
+    from kiln.bench.predict import OPS, LinkCost, Topology, predict_step
+    from kiln.bench.scale_analysis import prediction_rows
+
+    rows = [_point("none", 1, 40.0, batch=16, role="baseline"), _point("ddp", 1, 41.0, batch=16),
+            _point("ddp", 4, 12.0, batch=4)]
+    analyse_points(rows, {}, "strong")
+    traffic = {"ddp": StepTraffic("ddp", (Collective("all_reduce", 10**8, "backward", 1.0, "b1"),), 1)}
+    topo = Topology(8, {op: LinkCost(1e-6, 100e9, "given") for op in OPS}, 10e9, 5e-6)
+    (four,) = prediction_rows(rows, traffic, [4], topo, cost=(0.2, "given"), mode="strong", thresholds={})
+    expected = predict_step(traffic["ddp"], 0.041 / 4, 4, topo, overlap_cost=0.2).step_s
+    assert four["batch_per_rank"] == 4 and four["step_ms"] == pytest.approx(expected * 1e3)
+    assert four["efficiency"] == pytest.approx(0.040 / (4 * expected))
+    assert four["error_points"] == pytest.approx((four["efficiency"] - 40 / 48) * 100)
+    (cal,) = prediction_rows(rows, traffic, [4], topo, cost=(0.2, "given"), mode="strong", thresholds={},
+                             calibrate_at=4)
+    assert cal["step_ms"] == pytest.approx(12.0) and cal["error_points"] == pytest.approx(0.0, abs=1e-6)

@@ -1,0 +1,101 @@
+"""`kiln generate`: token ids, a local tokenizer, JSON output, and exit 2 naming the flag."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from kiln.cli.main import main
+
+transformers = pytest.importorskip("transformers")
+
+from tests.llm.conftest import write_checkpoint, write_tokenizer  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return write_checkpoint(tmp_path_factory.mktemp("gen") / "llama", "llama3-tied")
+
+
+def _hf_greedy(model_dir, prompt, n):
+    hf = transformers.AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    return hf.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False, eos_token_id=None,
+                       pad_token_id=0)[0, len(prompt):].tolist()
+
+
+def test_token_ids_in_token_ids_out(model_dir, tmp_path, capsys):
+    report = tmp_path / "out.json"
+    code = main(["generate", "--model", str(model_dir), "--tokens", "1,17,33,8", "--max-new-tokens", "10",
+                 "--ignore-eos", "--device", "cpu", "--json", str(report)])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    printed = [int(t) for t in captured.out.strip().split(",")]
+    assert printed == _hf_greedy(model_dir, [1, 17, 33, 8], 10)
+    payload = json.loads(report.read_text())
+    assert payload["tokens"] == [printed] and payload["finish"] == ["length"] and payload["text"] is None
+    assert "TTFT" in captured.err and "tok/s" in captured.err
+
+
+def test_text_prompts_through_the_model_dirs_tokenizer(model_dir, tmp_path, capsys):
+    d = tmp_path / "with_tok"
+    shutil.copytree(model_dir, d)
+    write_tokenizer(d)
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("w4 w5 w6\n\nw10 w11\n")
+    report = tmp_path / "out.json"
+    code = main(["generate", "--model", str(d), "--prompt-file", str(prompts), "--max-new-tokens", "5",
+                 "--stop-tokens", "2", "--device", "cpu", "--json", str(report)])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    payload = json.loads(report.read_text())
+    assert payload["prompt_tokens"] == [[1, 7, 8, 9], [1, 13, 14]]  # BOS + word ids
+    assert payload["stop_tokens"] == [2] and len(payload["text"]) == 2
+    for tokens, text in zip(payload["tokens"], payload["text"]):
+        assert text == " ".join(f"w{t - 3}" for t in tokens if t > 2)
+    assert captured.out.count("--- [") == 2
+
+
+def test_stop_token_ends_the_row(model_dir, capsys):
+    free = _hf_greedy(model_dir, [1, 17, 33, 8], 10)
+    code = main(["generate", "--model", str(model_dir), "--tokens", "1,17,33,8", "--max-new-tokens", "10",
+                 "--stop-tokens", str(free[2]), "--device", "cpu"])
+    assert code == 0
+    printed = [int(t) for t in capsys.readouterr().out.strip().split(",")]
+    assert printed == free[: free.index(free[2]) + 1]
+
+
+@pytest.mark.parametrize(("args", "needles"), [
+    (["--prompt", "hello"], ["--prompt", "tokenizer"]),
+    (["--tokens", "1,2", "--max-new-tokens", "400"], ["--max-new-tokens", "256 positions"]),
+    (["--tokens", "1,2", "--max-seq-len", "8", "--max-new-tokens", "10"], ["--max-seq-len"]),
+    (["--tokens", "1,x"], ["--tokens", "integer"]),
+    (["--tokens", "1,500"], ["--tokens", "vocabulary"]),
+    (["--tokens", "1", "--prompt", "a"], ["exactly one"]),
+    ([], ["exactly one"]),
+    (["--tokens", "1", "--temperature", "-1"], ["--temperature"]),
+    (["--tokens", "1", "--top-p", "0"], ["--top-p"]),
+    (["--tokens", "1", "--tokenizer", "nowhere"], ["--tokenizer", "nowhere"]),
+    (["--tokens", "1", "--dtype", "int8"], ["--dtype"]),
+])
+def test_bad_input_exits_2_with_one_line(model_dir, tmp_path, capsys, args, needles):
+    report = tmp_path / "out.json"
+    code = main(["generate", "--model", str(model_dir), "--device", "cpu", "--json", str(report), *args])
+    err = capsys.readouterr().err.strip()
+    assert code == 2, err
+    assert len(err.splitlines()) == 1, err
+    for needle in needles:
+        assert needle in err
+    assert not report.exists()
+
+
+def test_config_json_generates_from_random_weights(model_dir, tmp_path, capsys):
+    cfg = tmp_path / "config.json"
+    shutil.copy(model_dir / "config.json", cfg)
+    code = main(["generate", "--model", str(cfg), "--tokens", "1,2,3", "--max-new-tokens", "3", "--device", "cpu",
+                 "--seed", "1"])
+    captured = capsys.readouterr()
+    assert code == 0 and "random weights" in captured.err
+    assert len(captured.out.strip().split(",")) <= 3

@@ -1,0 +1,48 @@
+"""The rank side of test_sharded_norm: FSDP2-sharded gradients on gloo, kiln's local-shard norm
+and clipping against torch's clip_grad_norm_ on the same gradients, reported as JSON."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+import torch.distributed as dist
+
+
+def main(out: str) -> None:
+    from torch.distributed.fsdp import fully_shard
+
+    from kiln.distributed.sharded_norm import clip_grad_norm, total_norm
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+
+    def sharded_model():
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(24, 33), torch.nn.GELU(), torch.nn.Linear(33, 7))
+        for layer in (model[0], model[2]):
+            fully_shard(layer)
+        fully_shard(model)
+        torch.manual_seed(1 + rank)
+        model(torch.randn(5, 24)).square().sum().backward()
+        return model
+
+    a, b = sharded_model(), sharded_model()
+    grads = [p.grad for p in a.parameters()]
+    mine_norm = total_norm(grads)
+    torch_norm = torch.nn.utils.get_total_norm(grads, foreach=True).full_tensor()
+    clipped_norm = clip_grad_norm(list(a.parameters()), 0.5)
+    torch.nn.utils.clip_grad_norm_(list(b.parameters()), 0.5, foreach=True)
+    max_diff = max(float((pa.grad.full_tensor() - pb.grad.full_tensor()).abs().max())
+                   for pa, pb in zip(a.parameters(), b.parameters()))
+    report = {"norm": float(mine_norm), "torch_norm": float(torch_norm), "clip_returned": float(clipped_norm),
+              "max_grad_diff": max_diff, "plain": type(mine_norm).__name__}
+    if rank == 0:
+        with open(out, "w") as f:
+            json.dump(report, f)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

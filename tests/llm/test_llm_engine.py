@@ -1,0 +1,109 @@
+"""The generation engine on CPU: stop tokens, the max-length guard, sampling, compiled variants."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kiln.config.errors import ConfigError
+from kiln.llm import Engine, Sampling, bucket_length, build_decoder, resolve_model
+from kiln.llm.engine import MAX_STOP_TOKENS, check_lengths
+from kiln.llm.weights import empty_decoder
+
+
+@pytest.fixture(scope="module")
+def model(checkpoints):
+    return build_decoder(resolve_model(str(checkpoints["llama3-tied"])), device="cpu", dtype=torch.float32)
+
+
+PROMPTS = [[1, 17, 33, 8, 54], [1, 40, 41]]
+
+
+def test_bucket_lengths():
+    assert [bucket_length(n) for n in (1, 16, 17, 100, 1024, 1025, 1600)] == [16, 16, 32, 128, 1024, 1536, 2048]
+
+
+def test_generation_stops_at_a_stop_token(model):
+    engine = Engine(model, stop_check_interval=2)
+    free = engine.generate(PROMPTS, max_new_tokens=12)
+    stop = free.tokens[0][3]  # the 4th token row 0 produces when nothing stops it
+    out = engine.generate(PROMPTS, max_new_tokens=12, stop_tokens=[stop])
+    cut = free.tokens[0].index(stop)
+    assert out.tokens[0] == free.tokens[0][: cut + 1] and out.finish[0] == "stop"
+    row1 = free.tokens[1]
+    if stop in row1:
+        assert out.tokens[1] == row1[: row1.index(stop) + 1] and out.finish[1] == "stop"
+    else:
+        assert out.tokens[1] == row1 and out.finish[1] == "length"
+
+
+def test_all_rows_stopped_ends_decoding_early(model):
+    engine = Engine(model, stop_check_interval=1)
+    free = engine.generate([PROMPTS[0]], max_new_tokens=12)
+    out = engine.generate([PROMPTS[0]], max_new_tokens=12, stop_tokens=[free.tokens[0][2]])
+    assert out.finish == ["stop"] and out.steps < 11
+    first = engine.generate([PROMPTS[0]], max_new_tokens=12, stop_tokens=[free.tokens[0][0]])
+    assert first.tokens == [[free.tokens[0][0]]] and first.steps == 0  # stopped by the prefill's token
+
+
+@pytest.mark.parametrize(("kwargs", "key", "needle"), [
+    ({"max_new_tokens": 300}, "max_new_tokens", "256 positions"),
+    ({"max_new_tokens": 8, "max_seq_len": 10}, "max_seq_len", "10 cache slots"),
+    ({"max_new_tokens": 0}, "max_new_tokens", ">= 1"),
+    ({"max_new_tokens": 4, "stop_tokens": list(range(MAX_STOP_TOKENS + 1))}, "stop_tokens", "at most"),
+    ({"max_new_tokens": 4, "sampling": Sampling(temperature=-1.0)}, "temperature", ">= 0"),
+    ({"max_new_tokens": 4, "sampling": Sampling(temperature=1.0, top_p=0.0)}, "top_p", "(0, 1]"),
+])
+def test_bad_requests_raise_config_errors_before_any_work(model, kwargs, key, needle):
+    engine = Engine(model)
+    with pytest.raises(ConfigError) as info:
+        engine.generate(PROMPTS, **kwargs)
+    assert info.value.key == key and needle in str(info.value)
+    assert engine.slots is None
+
+
+def test_length_guard_names_the_callers_flags():
+    with pytest.raises(ConfigError) as info:
+        check_lengths([200], 100, max_positions=256, max_seq_len=None, keys={"max_new_tokens": "--new-tokens"})
+    assert info.value.key == "--new-tokens"
+    with pytest.raises(ConfigError, match="outside the vocabulary"):
+        Engine(empty_decoder(resolve_model("llama-3.2-1b").config, device="meta", dtype=torch.float32)).prepare(
+            [[999_999]], max_new_tokens=1)
+
+
+def test_sampling_limits_and_seeds(model):
+    engine = Engine(model)
+    greedy = engine.generate(PROMPTS, max_new_tokens=10).tokens
+    # top-k 1 and a tiny nucleus leave only the argmax, whatever the temperature.
+    assert engine.generate(PROMPTS, max_new_tokens=10, sampling=Sampling(2.0, top_k=1), seed=0).tokens == greedy
+    assert engine.generate(PROMPTS, max_new_tokens=10, sampling=Sampling(2.0, top_p=1e-6), seed=0).tokens == greedy
+    hot = Sampling(temperature=5.0)
+    a = engine.generate(PROMPTS, max_new_tokens=10, sampling=hot, seed=123).tokens
+    assert engine.generate(PROMPTS, max_new_tokens=10, sampling=hot, seed=123).tokens == a
+    assert engine.generate(PROMPTS, max_new_tokens=10, sampling=hot, seed=124).tokens != a
+
+
+def test_top_k_samples_only_among_the_k_most_likely():
+    from kiln.llm.sampling import sample
+
+    logits = torch.tensor([[0.0, 5.0, 4.0, -1.0, 4.5]]).repeat(2000, 1)
+    drawn = sample(logits, False, torch.tensor(1.0), torch.tensor(2), torch.tensor(1.0))
+    assert set(drawn.tolist()) == {1, 4}
+    share = (drawn == 1).float().mean().item()
+    expected = 1 / (1 + torch.exp(torch.tensor(-0.5))).item()
+    assert abs(share - expected) < 0.05  # exponential race = multinomial over the kept tokens
+
+
+def test_compiled_engine_matches_eager_and_counts_its_compiles(model):
+    """inductor (CPU) for prefill and decode: same greedy tokens as eager; a prompt in the same
+    bucket reuses the compiled variants, a longer one compiles one more prefill."""
+    eager = Engine(model).generate(PROMPTS, max_new_tokens=6).tokens
+    engine = Engine(model, compile=True)
+    assert engine.generate(PROMPTS, max_new_tokens=6).tokens == eager
+    assert sorted(engine.compiled) == ["decode[b2,cap22,greedy]", "prefill[b2,len16,cap22,pad,greedy]"]
+    engine.generate([[1, 2, 3, 4], [1, 5, 6]], max_new_tokens=6)
+    assert len(engine.compiled) == 2
+    longer = [list(range(1, 20)), [1, 2]]
+    assert engine.generate(longer, max_new_tokens=3, max_seq_len=22).tokens == \
+        Engine(model).generate(longer, max_new_tokens=3, max_seq_len=22).tokens
+    assert len(engine.compiled) == 3 and any("len19" in name for name in engine.compiled)

@@ -1,0 +1,45 @@
+"""`compile.enabled=true` alone takes the family's measured recipe on one CUDA GPU, and only then."""
+
+from __future__ import annotations
+
+import pytest
+
+from kiln.compile_defaults import MEASURED, apply_measured_defaults, family
+from kiln.config import load_config
+
+
+def _cfg(*overrides):
+    return load_config(None, ["compile.enabled=true", *overrides])
+
+
+def test_measured_recipe_applies_when_the_user_asks_only_for_speed():
+    cfg = _cfg()
+    note = apply_measured_defaults(cfg, "cuda", 1)
+    assert cfg.compile.regional is True and cfg.compile.cudagraphs is True
+    assert "compile.regional=true compile.cudagraphs=true" in note and "benchmarks/results/h100" in note
+
+
+@pytest.mark.parametrize(("overrides", "device", "world"), [
+    ([], "cpu", 1),                                   # no evidence on CPU
+    ([], "cuda", 2),                                  # measured on one GPU only
+    (["compile.mode=reduce-overhead"], "cuda", 1),    # the user chose how
+    (["compile.scope=step"], "cuda", 1),
+    (["compile.defaults=torch"], "cuda", 1),          # opted out
+    (["model.name=hf:llama-tiny"], "cuda", 1),        # a family without evidence
+])
+def test_anything_else_leaves_the_config_alone(overrides, device, world):
+    cfg = _cfg(*overrides)
+    before = repr(cfg.compile)
+    assert apply_measured_defaults(cfg, device, world) is None
+    assert repr(cfg.compile) == before
+
+
+def test_compile_off_is_left_alone():
+    cfg = load_config(None, [])
+    assert apply_measured_defaults(cfg, "cuda", 1) is None and not cfg.compile.cudagraphs
+
+
+def test_families():
+    assert family("mlp") == "mlp" and family("vit") == "vit" and family("timm:resnet50") == "timm"
+    assert family("hf:llama-tiny") == "hf" and family("my.py:build") == "user"
+    assert set(MEASURED) <= {"mlp", "vit"}
