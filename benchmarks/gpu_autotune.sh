@@ -1,14 +1,15 @@
 #!/bin/bash
 # GPU evidence for issue 16: `kiln autotune` on the seed MLP and on ViT-B/16, on one GPU, from the repo root:
-#   bash benchmarks/gpu_autotune.sh            # both parts, about 11-12 minutes on one H100
-#   bash benchmarks/gpu_autotune.sh mlp        # one part per device call: mlp (~5.5 min), vit (~6.5 min)
+#   bash benchmarks/gpu_autotune.sh            # both parts, about 12 minutes on one H100
+#   bash benchmarks/gpu_autotune.sh mlp        # one part per device call: mlp (~5.3 min), vit (~6.8 min)
 #   bash benchmarks/gpu_autotune.sh advise     # optional: kiln advise on the seed MLP b128 fp32 (~2 min)
 # Parts:
 #   mlp     configs/seed_production.toml (seed MLP b128), precisions fp32 and bf16-mixed allowed, budget 4.5 min.
-#           Best known on an H100 (kiln bench compile, 2026-11-23): fp32 regional default + whole-step capture
-#           1.53 ms/step = 5.6x eager fp32 (8.6 ms).
-#   vit     configs/vit_b16.toml (ViT-B/16 b64), its own precision (bf16-mixed), budget 5.5 min.
-#           Best known: regional + whole-step capture 22.5 ms/step (eager bf16 30.8 ms, 40% of the bf16 matmul peak).
+#           Best known (benchmarks/results/h100/speed_mlp): fp32 regional default + whole-step capture
+#           1.53 ms/step = 5.97x kiln eager fp32 (8.58 ms); bf16 regional reduce-overhead + capture 1.58 ms.
+#   vit     configs/vit_b16.toml (ViT-B/16 b64), bf16-mixed (its own) and bf16-true allowed, budget 6 min.
+#           Best known (speed_vit): bf16-mixed regional default + whole-step capture 22.51 ms/step = 1.51x eager
+#           bf16 (30.82 ms), 40.3% of the measured bf16 matmul peak; bf16-true and max-autotune untried there.
 #   advise  kiln advise on the seed MLP b128 fp32 eager: GPU idle gaps, the measured gain of capture, shapes.
 # Why that long: the budget is the search's own clock (compiles included; kiln autotune stops in time and lists
 # what it did not try); each call adds ~20-40 s of start-up, the fp64 accuracy reference and writing results.
@@ -27,7 +28,7 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 fi
 export PYTHONPATH=$PWD/src:${PYTHONPATH:-} PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 PARTS=${*:-mlp vit}
-MLP_BUDGET=4.5 VIT_BUDGET=5.5 ADVISE=(--measure)
+MLP_BUDGET=4.5 VIT_BUDGET=6 ADVISE=(--measure)
 MLP=() VIT=() DEV=()
 if [ "${DRY:-0}" = 1 ]; then
   MLP=(model.kwargs.hidden_size=32 model.kwargs.num_layers=4 model.kwargs.num_classes=8 data.batch_size=8
@@ -71,7 +72,7 @@ tune() {  # tune PART BUDGET ARGS...: one kiln autotune call, capped
 for part in $PARTS; do
   case $part in
     mlp) tune mlp "$MLP_BUDGET" --config configs/seed_production.toml --precisions fp32,bf16-mixed "${MLP[@]}" ;;
-    vit) tune vit "$VIT_BUDGET" --config configs/vit_b16.toml "${VIT[@]}" ;;
+    vit) tune vit "$VIT_BUDGET" --config configs/vit_b16.toml --precisions bf16-mixed,bf16-true "${VIT[@]}" ;;
     advise)
       say "advise seed MLP b128 fp32 eager"
       timeout -k 10 300 python3 -m kiln advise "${ADVISE[@]}" --json "$R/advise_mlp.json" "${DEV[@]}" \

@@ -77,8 +77,8 @@ def test_stages_find_capture_plus_regional_and_confirm_it():
     assert Recipe("fp32", "reduce-overhead", "inductor", "model", cudagraphs=True) not in session.measured
     assert result.speedup_vs_default == pytest.approx(5.6)
     best = best_config(BASE, result)
-    assert changed_keys(BASE, best) == {"compile.enabled": (False, True), "compile.mode": ("", "default"),
-                                        "compile.regional": (False, True), "compile.cudagraphs": (False, True)}
+    assert changed_keys(BASE, best) == {"compile.enabled": (False, True), "compile.regional": (False, True),
+                                        "compile.cudagraphs": (False, True)}
 
 
 def test_clearly_slower_precision_and_mode_are_dropped():

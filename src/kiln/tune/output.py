@@ -51,6 +51,8 @@ def result_rows(result: TuneResult) -> list[dict[str, Any]]:
 def best_config(base: Config, result: TuneResult) -> Config:
     """The config with the winning keys (the config as it was when its own recipe won)."""
     cfg = copy.deepcopy(base) if result.winner == result.default else recipe_config(base, result.winner)
+    if cfg.compile.mode == "default" and base.compile.mode == "":
+        cfg.compile.mode = ""  # torch's default mode either way: not a change to report
     if result.extra.get("strategy"):  # several processes: whole-step capture needs one
         cfg.distributed.strategy = result.extra["strategy"]
         cfg.compile.cudagraphs = False
