@@ -3,8 +3,11 @@
 
 from __future__ import annotations
 
+import time
+
 import torch
 from torch import nn
+from torch.utils.data import Dataset
 
 FEATURES = {"kind": "features", "shape": [100], "num_classes": 10}
 
@@ -47,3 +50,19 @@ def convnet():
     model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 16, 3, padding=1), nn.ReLU(),
                           nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 8))
     return model, {"kind": "images", "shape": [3, 16, 16], "num_classes": 8}
+
+
+class SlowDataset(Dataset):
+    """Features for `aligned`, each sample costing 4 ms of host time to read (a slow disk or decoder)."""
+
+    def __len__(self) -> int:
+        return 512
+
+    def __getitem__(self, index: int):
+        time.sleep(0.004)  # planted: slow loader (the work a real loader does, not a synchronisation)
+        gen = torch.Generator().manual_seed(index)
+        return torch.randn(64, generator=gen), index % 16
+
+
+def slow_data():
+    return SlowDataset()

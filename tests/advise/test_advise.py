@@ -68,6 +68,14 @@ def test_finds_the_graph_breaks_of_an_eager_only_model(tmp_path):
     assert clean["graph_breaks"]["status"] == "ok"
 
 
+def test_finds_a_data_loader_that_starves_the_step(tmp_path):
+    _, by = _advise(tmp_path, "aligned", f"data.source={PLANTED}:slow_data", "data.num_workers=0", measure=True)
+    found = by["data_loader"]
+    assert found["status"] == "advice"
+    assert found["measured"]["data_wait_frac"] > 0.3 and found["gain_frac"] == found["measured"]["data_wait_frac"]
+    assert "data.num_workers=" in found["fix"] and "(now 0)" in found["fix"]
+
+
 def test_channels_last_is_measured_for_a_convnet(tmp_path):
     _, by = _advise(tmp_path, "convnet", measure=True)
     found = by["channels_last"]
