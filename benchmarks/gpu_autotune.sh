@@ -13,20 +13,15 @@
 #   advise  kiln advise on the seed MLP b128 fp32 eager: GPU idle gaps, the measured gain of capture, shapes.
 # Why that long: the budget is the search's own clock (compiles included; kiln autotune stops in time and lists
 # what it did not try); each call adds ~20-40 s of start-up, the fp64 accuracy reference and writing results.
-# Each call is capped at budget + 150 s by `timeout`. Writes $OUT/autotune/<part>/{best.toml,results.json,
-# results.md,results.png,run.log}, $OUT/autotune/nvidia-smi.csv, packed into $OUT/autotune.tgz, and prints a
+# Each call is capped at budget + 150 s by `timeout`. Writes $OUT/r/autotune/<part>/{best.toml,results.json,
+# results.md,results.png} and <part>.log, $OUT/r/nvidia-smi.csv, packed into $OUT/autotune.tgz, and prints a
 # short table per part (the winner against eager fp32, eager at its precision and the config's own recipe,
 # all measured in the same call).
 # DRY=1: the same calls on the CPU with tiny models and 2-minute budgets (no GPU; ~6 minutes).
 set -uo pipefail
-OUT=${OUT:-/tmp/kiln-out}
-R=$OUT/autotune
+source benchmarks/gpu_env.sh 2>/dev/null  # $OUT/r as $R, carried wheels, PYTHONPATH, nvidia-smi.csv
+R=$R/autotune
 mkdir -p "$R"
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
-  export PYTHONPATH=/tmp/site
-fi
-export PYTHONPATH=$PWD/src:${PYTHONPATH:-} PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 PARTS=${*:-mlp vit}
 MLP_BUDGET=4.5 VIT_BUDGET=6 ADVISE=(--measure)
 MLP=() VIT=() DEV=()
@@ -40,7 +35,6 @@ if [ "${DRY:-0}" = 1 ]; then
 fi
 t0=$(date +%s)
 say() { echo "=== $* ($(date +%T), +$(( $(date +%s) - t0 )) s)"; }
-nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv > "$R/nvidia-smi.csv" 2>/dev/null
 summary() {  # summary DIR: the winner, the config's own recipe and eager, from results.json
   python3 - "$1" <<'EOF'
 import json, sys
