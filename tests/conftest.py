@@ -27,3 +27,24 @@ def tiny_overrides() -> list[str]:
         "metrics.console=false",
         "metrics.tensorboard=false",
     ]
+
+
+@pytest.fixture
+def bad_input(capsys):
+    """`bad_input(argv, needles)`: `kiln ARGV` exits 2 with one line on stderr naming every needle
+    (argparse's own usage errors exit from parse_args, also with 2)."""
+    from kiln.cli.main import main
+
+    def check(argv: list[str], needles: list[str]) -> str:
+        try:
+            code = main(argv)
+        except SystemExit as exc:
+            code = exc.code
+        err = capsys.readouterr().err.strip()
+        assert code == 2, err
+        assert len(err.splitlines()) == 1, err
+        for needle in needles:
+            assert needle in err
+        return err
+
+    return check

@@ -8,6 +8,8 @@ fp16, a GradScaler. fp16 without loss scaling underflows small gradients to zero
 from __future__ import annotations
 
 import contextlib
+import functools
+import logging
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -47,7 +49,26 @@ def resolve_precision(name: str, device: torch.device) -> PrecisionPolicy:
     if device.type == "cuda" and "bf16" in name and not torch.cuda.is_bf16_supported():
         raise ConfigError("precision.policy", f"{name} needs a GPU with bfloat16 support (Ampere or newer)",
                           ("fp32", "fp16-mixed"))
+    if device.type == "cpu" and "bf16" in name:
+        _warn_emulated_bf16()
     return policy
+
+
+def cpu_bf16_native() -> bool:
+    """The CPU runs bf16 matmuls natively (AMX, AVX512-BF16, Arm BF16): bf16 autocast pays there."""
+    from kiln.cpu.topology import read_topology
+
+    return read_topology().native_bf16
+
+
+@functools.cache
+def _warn_emulated_bf16() -> None:
+    # Autocast to bf16 works on every CPU, but without native bf16 instructions oneDNN converts
+    # to fp32 and back around each matmul: slower than fp32, and less precise.
+    if not cpu_bf16_native():
+        logging.getLogger("kiln.precision").warning(
+            "precision: this CPU has no native bf16 (AMX, AVX512-BF16): bf16 is emulated and slower than fp32 here; "
+            "precision.policy=fp32 is the fast choice on it")
 
 
 def apply_precision(model: torch.nn.Module, policy: PrecisionPolicy) -> torch.nn.Module:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from kiln.bench.accuracy import compare, tolerance, uses_rng
-from kiln.bench.compile_bench import _timing_figures, failure
+from kiln.bench.compile_bench import failure, timing_figures
 from kiln.bench.runner import BenchContext
 from kiln.bench.timing import Timing
 from kiln.config import Config
@@ -62,14 +62,14 @@ def test_speedup_math_uses_the_interleaved_medians():
         "eager_fp32": Timing((0.060, 0.062, 0.061)),  # median 61 ms
     }
     row = {"precision": "bf16-mixed"}
-    _timing_figures(ctx, row, timings, "compiled")
+    timing_figures(ctx, row, timings, "compiled")
     assert abs(row["step_ms"] - 20.0) < 1e-9 and abs(row["eager_step_ms"] - 31.0) < 1e-9
     assert abs(row["speedup"] - 31 / 20) < 1e-9
     assert abs(row["speedup_vs_eager_fp32"] - 61 / 20) < 1e-9
     assert abs(row["throughput"] - 64 / 0.020) < 1e-6
     assert row["samples"] == 3 and row["step_ms_p10"] <= row["step_ms"] <= row["step_ms_p90"]
     fp32_row = {"precision": "fp32"}
-    _timing_figures(ctx, fp32_row, {"eager": timings["eager"], "compiled": timings["compiled"]}, "compiled")
+    timing_figures(ctx, fp32_row, {"eager": timings["eager"], "compiled": timings["compiled"]}, "compiled")
     assert fp32_row["speedup_vs_eager_fp32"] == fp32_row["speedup"]
 
 

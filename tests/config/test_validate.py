@@ -100,6 +100,7 @@ LOWER_BOUNDS = [
     ("metrics.straggler_margin", "0", "-0.1"),
     ("metrics.straggler_intervals", "1", "0"),
     ("metrics.prometheus_port", "0", "-1"),
+    ("cpu.threads", "0", "-1"),
 ]
 
 

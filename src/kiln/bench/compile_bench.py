@@ -26,6 +26,7 @@ from kiln.bench.timing import Timing, measure_interleaved
 from kiln.compile import compile_counters, recompiles
 from kiln.compile_cache import artifacts_blob, fresh_artifacts, load_blob
 from kiln.config.schema import Config
+from kiln.cpu.threads import cpu_settings
 from kiln.precision import tf32_enabled
 from kiln.train.capture import WARMUP_STEPS
 from kiln.train.runtime import deterministic_mode, resolve_device
@@ -63,7 +64,7 @@ def _stderr(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def _fresh_cache(enabled: bool) -> contextlib.AbstractContextManager:
+def fresh_cache(enabled: bool) -> contextlib.AbstractContextManager:
     if not enabled:
         return contextlib.nullcontext()
     import torch._inductor.utils as inductor_utils
@@ -107,7 +108,7 @@ def _skip_reason(ctx: BenchContext, recipe: Recipe) -> str | None:
     return None
 
 
-def _base_row(ctx: BenchContext, recipe: Recipe) -> dict[str, Any]:
+def base_row(ctx: BenchContext, recipe: Recipe) -> dict[str, Any]:
     return {
         "model": ctx.model_name,
         "task": ctx.task,
@@ -127,7 +128,7 @@ def _base_row(ctx: BenchContext, recipe: Recipe) -> dict[str, Any]:
     }
 
 
-def _timing_figures(ctx: BenchContext, row: dict, timings: dict[str, Timing], side: str) -> None:
+def timing_figures(ctx: BenchContext, row: dict, timings: dict[str, Timing], side: str) -> None:
     mine = timings[side].as_dict()
     step_s = timings[side].median_s
     row.update(step_ms=mine["median_ms"], step_ms_p10=mine["p10_ms"], step_ms_p90=mine["p90_ms"],
@@ -152,7 +153,7 @@ def _timing_figures(ctx: BenchContext, row: dict, timings: dict[str, Timing], si
         row["speedup_vs_eager_fp32"] = row["speedup"]
 
 
-class _MatrixRun:
+class MatrixRun:
     def __init__(self, ctx: BenchContext, opts: CompileBenchOptions, log: Log):
         self.ctx, self.opts, self.log = ctx, opts, log
         self.device = ctx.device
@@ -181,7 +182,7 @@ class _MatrixRun:
             release(self.device)
         return self._fp64[loss]
 
-    def _interleave(self, sides: dict[str, Callable[[], object]]) -> dict[str, Timing]:
+    def interleave(self, sides: dict[str, Callable[[], object]]) -> dict[str, Timing]:
         return measure_interleaved(sides, warmup=1, repeats=self.opts.steps, device=self.device)
 
     def _report(self, recipe: Recipe, row: dict) -> None:
@@ -208,7 +209,7 @@ class _MatrixRun:
         sides: dict[str, Callable[[], object]] = {"eager": started.runner}
         if ref32 is not None:
             sides["eager_fp32"] = ref32.runner
-        _timing_figures(self.ctx, row, self._interleave(sides), "eager")
+        timing_figures(self.ctx, row, self.interleave(sides), "eager")
         row.update(first_step_s=started.first_step_s, warmup_s=started.warmup_s,
                    peak_mem_bytes=started.peak_mem_bytes,
                    memory_compression=1.0 if started.peak_mem_bytes else None,
@@ -216,7 +217,7 @@ class _MatrixRun:
         return started
 
     def eager_row(self, recipe: Recipe, ref32: Started | None) -> tuple[dict, Started | None]:
-        row = _base_row(self.ctx, recipe)
+        row = base_row(self.ctx, recipe)
         try:
             return row, self._time_eager(row, recipe, ref32)
         except Exception as exc:
@@ -232,9 +233,9 @@ class _MatrixRun:
         sides: dict[str, Callable[[], object]] = {"eager": eager.runner, "compiled": started.runner}
         if ref32 is not None and recipe.precision != "fp32":
             sides["eager_fp32"] = ref32.runner
-        timings = self._interleave(sides)
+        timings = self.interleave(sides)
         after = compile_counters()
-        _timing_figures(self.ctx, row, timings, "compiled")
+        timing_figures(self.ctx, row, timings, "compiled")
         peak, eager_peak = started.peak_mem_bytes, eager.peak_mem_bytes
         row["capture"] = started.runner.capture_status
         if recipe.cudagraphs and row["capture"] and row["capture"].startswith("fallback"):
@@ -260,7 +261,7 @@ class _MatrixRun:
         if blob is None:
             row["compile_warm_s"] = None
             return
-        with _fresh_cache(True), fresh_artifacts():
+        with fresh_cache(True), fresh_artifacts():
             load_blob(blob[0])
             started = start_runner(self.ctx, recipe, warmup=0, values=1)
         row["compile_warm_s"] = max(0.0, started.first_step_s - row["eager_step_ms"] / 1e3)
@@ -274,7 +275,7 @@ class _MatrixRun:
             return start_runner(self.ctx, recipe, warmup=0, values=self.values).values
 
     def compiled_row(self, recipe: Recipe, eager: Started, ref32: Started | None) -> dict:
-        row = _base_row(self.ctx, recipe)
+        row = base_row(self.ctx, recipe)
         reason = _skip_reason(self.ctx, recipe)
         if reason:
             row.update(status="skipped", reason=reason)
@@ -284,7 +285,7 @@ class _MatrixRun:
         torch._dynamo.reset()
         try:
             # One cache per row (the check reuses its autotuning); only its own artifacts recorded.
-            with _fresh_cache(self.opts.fresh_cache), fresh_artifacts():
+            with fresh_cache(self.opts.fresh_cache), fresh_artifacts():
                 values = self._time_compiled(row, recipe, eager, ref32)
                 release(self.device)
                 if recipe.runner == "plain":
@@ -327,7 +328,7 @@ class _MatrixRun:
                 self._report(eager_recipe, row)
                 for recipe in (r for r in group if r.precision == precision and not r.is_baseline):
                     if eager is None:
-                        rows[recipe] = {**_base_row(self.ctx, recipe), "status": "skipped",
+                        rows[recipe] = {**base_row(self.ctx, recipe), "status": "skipped",
                                         "reason": f"eager baseline at {precision} failed: {row['reason']}"}
                     else:
                         rows[recipe] = self.compiled_row(recipe, eager, ref32)
@@ -366,10 +367,11 @@ def run_compile_bench(opts: CompileBenchOptions, log: Log | None = None) -> list
     cfg = opts.cfg
     device = resolve_device(cfg.training.device)
     log = log or _stderr
-    with tf32_enabled(cfg.precision.tf32), deterministic_mode(cfg.training.deterministic):
+    cpu = cpu_settings(cfg.cpu) if device.type == "cpu" else contextlib.nullcontext()
+    with tf32_enabled(cfg.precision.tf32), deterministic_mode(cfg.training.deterministic), cpu:
         ctx = build_context(cfg, device, train=opts.train, batches=max(2, opts.accuracy_steps))
         try:
-            return _MatrixRun(ctx, opts, log).run()
+            return MatrixRun(ctx, opts, log).run()
         finally:
             ctx.close()
             release(device)

@@ -28,12 +28,14 @@ def row_label(row: dict[str, Any]) -> str:
     return f"{row['precision']} {row['loss']} {row.get('backend')}/{row.get('mode')}/{row.get('scope')}{extras}"
 
 
-def _cell(key: str, value: Any) -> str:
+def cell_text(key: str, value: Any) -> str:
+    """A figure as the tables show it (ms, MiB, 1.23x, 12.3%)."""
     if value is None:
         return "-"
     if key == "peak_mem_bytes":
         return f"{value / 2**20:.0f} MiB"
-    if key in ("speedup", "speedup_vs_eager_fp32", "memory_compression", "speedup_vs_plain", "speedup_vs_best_plain"):
+    if key in ("speedup", "speedup_vs_eager_fp32", "memory_compression", "speedup_vs_plain", "speedup_vs_best_plain",
+               "speedup_vs_default"):
         return f"{value:.2f}x"
     if key == "peak_frac":
         return f"{100 * value:.1f}%"
@@ -66,17 +68,18 @@ def render_table(rows: list[dict[str, Any]], title: str):
             return row_label(row)
         if key == "step_ms" and row.get("step_ms") is not None:
             return f"{row['step_ms']:.3f} ({row.get('step_ms_p10', 0):.3f}-{row.get('step_ms_p90', 0):.3f})"
-        return _cell(key, row.get(key))
+        return cell_text(key, row.get(key))
 
     return rich_table(rows, title, shown, headers, cell, notes=lambda row: [row["reason"]] if row.get("reason") else [])
 
 
-def plot(rows: list[dict[str, Any]], path: Path, title: str) -> Path | None:
-    """Speedup (vs eager at the same precision and vs eager fp32) and peak memory per row."""
+def plot(rows: list[dict[str, Any]], path: Path, title: str, labels: list[str] | None = None) -> Path | None:
+    """Speedup (vs eager at the same precision and vs eager fp32) and peak memory per row
+    (`labels`: the rows' names on the chart, default the recipe)."""
     plt = pyplot()
     if plt is None:
         return None
-    labels = [row_label(r) for r in rows]
+    labels = labels or [row_label(r) for r in rows]
     y = list(range(len(rows)))
     height = max(2.5, 0.38 * len(rows) + 1.2)
     fig, (ax_speed, ax_mem) = plt.subplots(1, 2, figsize=(13, height), sharey=True)

@@ -23,6 +23,8 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     from kiln.cli import (
+        advise_cmd,
+        autotune_cmd,
         bench_cmd,
         doctor_cmd,
         env_cmd,
@@ -45,6 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
     generate_cmd.add_parser(sub)
     profile_cmd.add_parser(sub)
     report_cmd.add_parser(sub)
+    autotune_cmd.add_parser(sub)
+    advise_cmd.add_parser(sub)
     return parser
 
 

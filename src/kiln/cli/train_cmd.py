@@ -32,7 +32,7 @@ def _launch(args: argparse.Namespace, cfg) -> int:
     from pathlib import Path
 
     from kiln.distributed.failures import first_failure
-    from kiln.distributed.launch import LaunchSpec, check_launch, launch, launcher_flags
+    from kiln.distributed.launch import LaunchSpec, check_launch, launch, launcher_flags, uses_gpu
     from kiln.failure import RunFailed
     from kiln.train.failure import group_report
     from kiln.train.preflight import preflight
@@ -55,7 +55,12 @@ def _launch(args: argparse.Namespace, cfg) -> int:
         # A restarted group must continue from the last checkpoint, not start over (the parent
         # checked the run dir above; an elastic restart skips that check).
         passthrough.append("checkpoint.resume=auto")
-    code, failures = launch(spec, run_dir, passthrough)
+    env = {}
+    if not uses_gpu(cfg.training.device):  # CPU ranks: threads per rank, not torchrun's 1
+        from kiln.cpu.threads import launcher_env
+
+        env = launcher_env(cfg.cpu, spec.nproc_per_node)
+    code, failures = launch(spec, run_dir, passthrough, env)
     if code == 0:
         print(f"kiln: completed; run dir {run_dir}")
         return 0

@@ -28,6 +28,8 @@ BOOKKEEPING = (
     # How the same run is laid out on devices (strategy, wrapping, buckets): kiln resumes across
     # world sizes and strategies (DCP reshards), so these may change between attempts too.
     "distributed.",
+    # Threads and pinning change how fast, not what (as the device does).
+    "cpu.",
 )
 
 

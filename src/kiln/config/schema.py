@@ -182,6 +182,14 @@ class DistributedConfig:
 
 
 @dataclass(kw_only=True)
+class CpuConfig:
+    threads: int = 0
+    """Intra-op threads of a CPU run (also the threads inductor's C++ kernels are built for): 0 = auto, `OMP_NUM_THREADS` if set, else the physical cores of the process's CPU affinity divided among the ranks on this node (never more threads than cores)."""
+    bind: str = "none"
+    """Pin each process of a CPU run: `none`, `cores` (each rank its own share of the physical cores), `numa` (each rank the cores of one NUMA node, or a share of them when ranks outnumber nodes); threads follow the pinned cores."""
+
+
+@dataclass(kw_only=True)
 class CheckpointConfig:
     interval: int = 0
     """Save every N optimizer steps; 0 saves only at the end (and on SIGTERM/SIGINT)."""
@@ -241,6 +249,8 @@ class Config:
     """torch.compile settings."""
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
     """Parallelism across processes."""
+    cpu: CpuConfig = field(default_factory=CpuConfig)
+    """Threads and core/NUMA pinning on a CPU run."""
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     """Saving and resuming."""
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
@@ -266,6 +276,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "distributed.fsdp_param_dtype": ("auto", "fp32", "bf16", "fp16"),
     "distributed.fsdp_reduce_dtype": ("fp32", "bf16", "fp16"),
     "distributed.compile_strategy": ("auto", "whole", "per_block"),
+    "cpu.bind": ("none", "cores", "numa"),
     "metrics.tensorboard": ("auto", "true", "false"),
 }
 

@@ -178,6 +178,7 @@ def validate(cfg: Config, *, check_torch: bool = True) -> None:
         ("metrics.straggler_margin", 0),
         ("metrics.straggler_intervals", 1),
         ("metrics.prometheus_port", 0),
+        ("cpu.threads", 0),
     ):
         _at_least(cfg, key, minimum)
     if not cfg.distributed.timeout_s > 0:

@@ -44,7 +44,7 @@ class Target:
         return self.input_sets[0]
 
 
-def _retarget(exc: ConfigError) -> ConfigError:
+def retarget(exc: ConfigError) -> ConfigError:
     """model.name / model.kwargs.X errors from the model builders, renamed to this command's flags."""
     if exc.key == "model.name":
         key = "TARGET"
@@ -131,7 +131,7 @@ def load_target(
             built = build_model(ModelConfig(name=spec, kwargs=kwargs))
             module, example, input_spec, expectations, source = built.module, None, built.input_spec, [], None
     except ConfigError as exc:
-        raise _retarget(exc) from None
+        raise retarget(exc) from None
 
     if given_sets:
         sets, origin = given_sets, "--inputs-from"

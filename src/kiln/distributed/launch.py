@@ -84,6 +84,10 @@ def check_endpoint(host: str, port: int, *, must_listen_here: bool, wait_s: floa
                       "start node rank 0 first and check the address and firewall")
 
 
+def uses_gpu(device_choice: str) -> bool:
+    return device_choice.startswith("cuda") or (device_choice == "auto" and torch.cuda.is_available())
+
+
 def check_launch(spec: LaunchSpec, device_choice: str) -> None:
     if spec.nproc_per_node < 1:
         raise ConfigError("--nproc-per-node", f"must be >= 1, got {spec.nproc_per_node}")
@@ -91,8 +95,7 @@ def check_launch(spec: LaunchSpec, device_choice: str) -> None:
         raise ConfigError("--nnodes", f"must be >= 1, got {spec.nnodes}")
     if spec.max_restarts < 0:
         raise ConfigError("--max-restarts", f"must be >= 0, got {spec.max_restarts}")
-    uses_gpu = device_choice.startswith("cuda") or (device_choice == "auto" and torch.cuda.is_available())
-    if uses_gpu:
+    if uses_gpu(device_choice):
         visible = torch.cuda.device_count()
         if spec.nproc_per_node > visible:
             raise ConfigError("--nproc-per-node", f"{spec.nproc_per_node} processes but {visible} visible GPUs "
@@ -171,11 +174,13 @@ def launch_kiln(spec: LaunchSpec, kiln_args: list[str], *, timeout_s: float | No
     return 0 if code == 0 else 1
 
 
-def launch(spec: LaunchSpec, run_dir: Path, train_args: list[str]) -> tuple[int, list[RankFailure]]:
-    """Run torchrun; returns its exit code (0, or 1 for any failure of the ranks) and, on failure,
-    the failed ranks as the agent reported them (empty if it reported none)."""
+def launch(spec: LaunchSpec, run_dir: Path, train_args: list[str],
+           env: dict[str, str] | None = None) -> tuple[int, list[RankFailure]]:
+    """Run torchrun (with `env` added to the environment); returns its exit code (0, or 1 for any
+    failure of the ranks) and, on failure, the failed ranks as the agent reported them (empty if
+    it reported none)."""
     with tempfile.TemporaryDirectory(prefix="kiln-launch-") as reports:
-        env = {**os.environ, REPORT_ENV: reports}
+        env = {**os.environ, **(env or {}), REPORT_ENV: reports}
         proc = subprocess.run(torchrun_command(spec, run_dir, train_args), check=False, env=env)
         failures = load_failures(Path(reports)) if proc.returncode != 0 else []
     return (0 if proc.returncode == 0 else 1), failures

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from kiln.cpu.env import cpu_env, cpu_recommendations
 from kiln.monitor.nvml import import_nvml
 
 __all__ = ["collect_env", "render_env"]
@@ -148,7 +149,16 @@ def _recommendations(env: dict[str, Any]) -> list[str]:
     if "nvidia-ml-py" not in env["packages"] or env["packages"]["nvidia-ml-py"] is None:
         if gpus:
             recs.append("pip install 'kiln[gpu]' (nvidia-ml-py) for driver and GPU utilisation readings")
+    if env.get("cpu_info"):
+        recs += cpu_recommendations(env["cpu_info"], bool(gpus), env["cxx_compiler"])
     return recs
+
+
+def _cpu_info() -> dict[str, Any] | None:
+    try:
+        return cpu_env()
+    except Exception:  # best effort, like everything here
+        return None
 
 
 def collect_env() -> dict[str, Any]:
@@ -169,6 +179,7 @@ def collect_env() -> dict[str, Any]:
         "driver": _driver_version(),
         "cpu": _cpu_model(),
         "cpu_count": os.cpu_count(),
+        "cpu_info": _cpu_info(),
         "triton": triton_version,
         "compile_backends": _compile_backends(),
         "compile_modes": _compile_modes(),
@@ -200,6 +211,22 @@ def render_env(env: dict[str, Any]) -> Any:
             continue
         table.add_row(key, show(env.get(key)))
     table.add_row("cpu", f"{show(env.get('cpu'))} ({show(env.get('cpu_count'))} logical cores)")
+    cpu = env.get("cpu_info")
+    if cpu:
+        nodes = ", ".join(f"node {n}: CPUs {cpus}" for n, cpus in cpu["numa_nodes"].items())
+        table.add_row("cpu topology", f"{cpu['sockets']} socket(s), {cpu['physical_cores']} physical cores, "
+                      f"{cpu['logical_cpus']} logical CPUs, {len(cpu['numa_nodes'])} NUMA node(s) ({nodes})")
+        table.add_row("cpu isa", f"{show(cpu['isa'])}; torch kernels {cpu['torch_capability']}; native bf16: "
+                      f"{'yes' if cpu['native_bf16'] else 'no'}")
+        table.add_row("cpu threads", f"affinity CPUs {cpu['affinity']} ({cpu['affinity_physical_cores']} physical "
+                      f"cores); torch now {cpu['torch_threads']}, OMP_NUM_THREADS {show(cpu['omp_num_threads'])}; "
+                      f"kiln uses {cpu['kiln_threads']} ({cpu['kiln_threads_source']})")
+        launchers = cpu["launchers"]
+        table.add_row("cpu launchers", ", ".join(
+            f"{name} {'yes' if launchers[key] else 'no'}" for name, key in (
+                ("torch.backends.xeon.run_cpu", "run_cpu"), ("numactl", "numactl"), ("taskset", "taskset"),
+                ("torchrun --numa-binding", "torchrun_numa_binding"))))
+        table.add_row("inductor cpu backend", show(cpu.get("inductor_cpu_backend")))
     gpus = env.get("gpus") or []
     if not gpus:
         table.add_row("gpus", "none (CUDA available: " + show(env.get("cuda_available")) + ")")

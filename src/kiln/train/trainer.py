@@ -84,6 +84,12 @@ class Trainer:
         self.dist = DistEnv.from_env()
         multi = self.dist.world_size > 1
         self.device = device_for(self.dist, cfg.training.device) if multi else resolve_device(cfg.training.device)
+        self.cpu_plan = None
+        if self.device.type == "cpu":  # threads and pinning before anything runs in parallel or compiles
+            from kiln.cpu.threads import configure_cpu
+
+            self.cpu_plan = configure_cpu(cfg.cpu, local_rank=self.dist.local_rank,
+                                          local_world=self.dist.local_world_size)
         self.policy = resolve_precision(cfg.precision.policy, self.device)
         note = apply_measured_defaults(cfg, self.device.type, self.dist.world_size)  # before the run-dir check
         if note and self.dist.is_main:
@@ -371,6 +377,7 @@ class Trainer:
             "task": self.built.task,
             "torch": torch.__version__,
             "peak_flops_source": peak_source,
+            "cpu": self.cpu_plan.describe() if self.cpu_plan is not None else None,
             "gpu_health": self._health.summary() if self._health is not None else None,
         }
         if multi:

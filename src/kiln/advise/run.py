@@ -1,0 +1,126 @@
+"""`kiln advise`: every check on one model and config, each isolated (a check that fails becomes an
+`error` finding, the others go on), static checks first, then the measured ones."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from kiln.advise.findings import Finding, failed
+from kiln.config.errors import ConfigError
+from kiln.config.schema import Config
+
+log = logging.getLogger("kiln.advise")
+
+
+def _compute_dtype(policy) -> torch.dtype:
+    return policy.autocast_dtype or policy.param_dtype
+
+
+def _guard(findings: list[Finding], check: str, title: str, fn: Callable[[], Finding], say: Callable[[str], None]):
+    say(f"checking {title}")
+    try:
+        findings.append(fn())
+    except ConfigError:
+        raise
+    except Exception as exc:  # one broken check must not hide the others
+        log.debug("advise check %s failed", check, exc_info=True)
+        findings.append(failed(check, title, exc))
+
+
+def advise(cfg: Config, *, measure: bool = True, say: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """The advise report (JSON-friendly): the findings, in order, and what they were run on."""
+    from kiln.advise import layout, runs, shapes, static
+    from kiln.cpu.threads import cpu_settings
+    from kiln.diagnose.explain import explain_target
+    from kiln.diagnose.inputs import inputs_from_spec, to_device
+    from kiln.diagnose.target import Target
+    from kiln.models import build_model
+    from kiln.precision import apply_precision, autocast, resolve_precision, tf32_enabled
+    from kiln.train.runtime import resolve_device, seed_everything
+    from kiln.tune.space import config_recipe
+
+    say = say or (lambda message: None)
+    device = resolve_device(cfg.training.device)
+    policy = resolve_precision(cfg.precision.policy, device)
+    seed_everything(cfg.training.seed)
+    built = build_model(cfg.model)
+    spec = built.input_spec
+    if spec is None:
+        raise ConfigError("TARGET", f"{cfg.model.name!r} declares no input shape; return (module, example_input) or "
+                          "(module, {'kind': ..., 'shape': ...}) from the factory")
+    if spec.kind == "tokens" and cfg.data.seq_len:
+        spec = dataclasses.replace(spec, shape=(cfg.data.seq_len,))
+    inputs = to_device(inputs_from_spec(spec, batch=cfg.data.batch_size), device)
+    module = apply_precision(built.module.to(device), policy)
+    if policy.param_dtype != torch.float32:
+        inputs = tuple(x.to(policy.param_dtype) if x.is_floating_point() else x for x in inputs)
+    findings: list[Finding] = []
+    cpu = cpu_settings(cfg.cpu) if device.type == "cpu" else contextlib.nullcontext()
+    with tf32_enabled(cfg.precision.tf32), cpu:
+        def forward() -> Any:
+            with autocast(policy, device):
+                return module(*inputs)
+
+        gemms: list = []
+        _guard(findings, "graph_breaks", "graph breaks (torch.compile)", lambda: static.check_graph_breaks(
+            explain_target(Target(cfg.model.name, module, [inputs], "config"), vary=[], device=str(device)), cfg), say)
+        num_params = sum(p.numel() for p in module.parameters())
+        param_bytes = torch.finfo(policy.param_dtype).bits // 8
+        _guard(findings, "strategy", "DDP vs FSDP fit",
+               lambda: static.check_strategy(cfg, num_params, param_bytes, device), say)
+        if device.type == "cpu":
+            _guard(findings, "cpu_threads", "CPU threads and pinning", lambda: static.check_cpu_threads(cfg), say)
+        run: dict[str, Any] | None = None
+        if measure:
+            say("a short profiled training run of the config")
+            try:
+                run = runs.short_profile(cfg)
+            except ConfigError:
+                raise
+            except Exception as exc:
+                findings.append(failed("data_loader", "data loader keeps up", exc))
+        if run is not None:
+            _guard(findings, "data_loader", "data loader keeps up", lambda: runs.check_data_loader(cfg, run), say)
+        elif not any(f.check == "data_loader" for f in findings):
+            findings.append(Finding("data_loader", "data loader keeps up", "n/a", "needs a short training run (--measure)"))
+        recipe, blocks = config_recipe(cfg), bool(built.blocks)
+        with runs.measuring_session(cfg, recipe, blocks) if measure else contextlib.nullcontext() as session:
+            step_s = None
+            if session is not None:  # the eager step at the config's precision: the scale of the GEMM gains
+                row = session.eager(cfg.precision.policy)[0]
+                step_s = row["step_ms"] / 1e3 if row.get("step_ms") else None
+
+            def alignment() -> Finding:
+                gemms.extend(shapes.collect_gemms(module, inputs, forward))
+                return shapes.check_alignment(gemms, dtype=_compute_dtype(policy), device=device, measure=measure,
+                                              step_s=step_s)
+
+            _guard(findings, "alignment", "tensor-core shapes (dims multiple of 8)", alignment, say)
+            _guard(findings, "channels_last", "channels-last for convolutions", lambda: layout.check_channels_last(
+                module, inputs, device=device, measure=measure, context=lambda: autocast(policy, device)), say)
+            _guard(findings, "precision", "bf16 where fp32 is used",
+                   lambda: runs.check_precision(cfg, device, session=session), say)
+            _guard(findings, "launch_bound", "launch-bound steps (CUDA graphs)", lambda: runs.check_launch_bound(
+                cfg, run, recipe, device, has_blocks=blocks, session=session), say)
+    order = ["alignment", "precision", "channels_last", "data_loader", "graph_breaks", "launch_bound", "strategy",
+             "cpu_threads"]
+    findings.sort(key=lambda f: order.index(f.check) if f.check in order else len(order))
+    counts = {s: sum(f.status == s for f in findings) for s in dict.fromkeys(f.status for f in findings)}
+    return {
+        "target": cfg.model.name,
+        "device": str(device),
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "precision": cfg.precision.policy,
+        "batch_size": cfg.data.batch_size,
+        "measured": measure,
+        "torch": torch.__version__,
+        "step_ms": (run or {}).get("run_step_ms"),
+        "counts": counts,
+        "findings": [f.as_dict() for f in findings],
+    }

@@ -1,0 +1,79 @@
+"""`kiln advise [TARGET] [--config FILE] [--json FILE] [--measure/--no-measure] [KEY=VALUE ...]`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from kiln.cli.main import add_verbose_flag
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "advise",
+        help="check a model and config against the speed checklist: shapes, bf16, channels-last, data, breaks, "
+             "launch overhead, DDP/FSDP; each with a fix and the gain measured here",
+        description="Static and measured checks of a model trained with a config, each with a concrete fix and, "
+        "where it can be measured, the gain measured on this machine: matmul/conv dims not multiples of 8 (timed at "
+        "their shape and padded), fp32 where bf16 would do, channels-last for convnets, a data loader that starves "
+        "the device (a short profiled run), graph breaks (kiln explain), launch-bound steps that whole-step CUDA "
+        "graphs fix (GPU idle gaps, then the capture measured), DDP vs FSDP fit, CPU threads.",
+    )
+    p.add_argument("--config", help="TOML config of the run to check (as for kiln train)")
+    p.add_argument("--json", metavar="FILE", help="write the findings as JSON to FILE ('-' for stdout, no table)")
+    p.add_argument("--measure", action=argparse.BooleanOptionalAction, default=True,
+                   help="time what can be timed: a short profiled run, padded GEMMs, channels-last, bf16, capture "
+                        "(default); --no-measure runs the static checks only")
+    p.add_argument("--device", help="same as training.device=... (auto, cpu, cuda, cuda:N)")
+    p.add_argument("words", nargs="*", metavar="[TARGET] [KEY=VALUE ...]",
+                   help="TARGET, the model: registry name (mlp, vit), package.module:function or path/to/file.py:function "
+                        "(default: the config's model.name); then config overrides, after --config")
+    add_verbose_flag(p)
+    p.set_defaults(run=run)
+
+
+def _load(args: argparse.Namespace):
+    from kiln.config import load_config
+    from kiln.config.errors import ConfigError
+
+    # TARGET is the first word that is not KEY=VALUE (a path may hold '=' only after its ':').
+    words = list(args.words)
+    target = None
+    if words and not ("=" in words[0] and ":" not in words[0].split("=", 1)[0]):
+        target = words.pop(0)
+    overrides = words
+    if target is None and args.config is None and not any(o.startswith("model.name=") for o in overrides):
+        raise ConfigError("TARGET", "name a model (mlp, vit, path/file.py:function) or give --config")
+    if target is not None:
+        overrides.insert(0, f"model.name={target}")
+    if args.device:
+        overrides.append(f"training.device={args.device}")
+    return load_config(args.config, overrides)
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = _load(args)  # ConfigError -> exit 2 before any work
+
+    from kiln.advise.findings import Finding, render
+    from kiln.cli.explain_cmd import emit
+    from kiln.config.errors import ConfigError
+    from kiln.diagnose.target import retarget
+
+    def say(message: str) -> None:
+        if args.json != "-":
+            print(f"kiln: advise: {message}", file=sys.stderr, flush=True)
+
+    from kiln.advise.run import advise
+
+    try:
+        report = advise(cfg, measure=args.measure, say=say)
+    except ConfigError as exc:
+        raise retarget(exc) from None
+    findings = [Finding(**f) for f in report["findings"]]
+    title = (f"kiln advise: {report['target']} ({report['precision']}, batch {report['batch_size']}, "
+             f"{report['device_name']}{'' if report['measured'] else ', static checks only'})")
+    emit(report, args.json, lambda r: render(findings, title))
+    if args.json != "-":
+        counts = ", ".join(f"{n} {s}" for s, n in report["counts"].items())
+        print(f"kiln: {len(findings)} checks ({counts})")
+    return 0

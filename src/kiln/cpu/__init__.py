@@ -1,0 +1,1 @@
+"""CPU runs: topology, intra-op threads, core/NUMA pinning."""

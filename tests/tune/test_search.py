@@ -1,0 +1,220 @@
+"""The autotune search's logic on a stand-in session with planted speeds: stage order, pruning,
+the budget, the winner rule. (The real measuring is exercised in test_autotune_cli.py.)"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+from kiln.bench.recipes import Recipe
+from kiln.config import load_config
+from kiln.tune import space as sp
+from kiln.tune.budget import Budget, BudgetExceeded, compile_factor
+from kiln.tune.output import best_config, changed_keys, result_rows
+from kiln.tune.search import Search, TuneOptions
+
+
+class FakeSession:
+    """Rows with planted speedups (vs eager fp32) and compile times; counts what was measured."""
+
+    def __init__(self, speeds: dict[str, float], device: str = "cuda", compile_s: float = 1.0):
+        self.speeds, self.compile_s = speeds, compile_s
+        self.device = torch.device(device)
+        self.measured: list[Recipe] = []
+        self.opts = types.SimpleNamespace(steps=20)
+
+    def __call__(self, bench_options, log):
+        self.bench_options = bench_options
+        return self
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return None
+
+    def _row(self, recipe: Recipe) -> dict:
+        speed = self.speeds.get(sp.describe(recipe), 0.5)
+        ok = speed > 0
+        return {"status": "ok" if ok else "error", "reason": None if ok else "planted failure",
+                "speedup_vs_eager_fp32": speed if ok else None, "step_ms": 10.0 / speed if ok else None,
+                "compile_s": self.compile_s * compile_factor(recipe) if ok else None,
+                "accuracy": "pass" if recipe.compiled or recipe.cudagraphs else None}
+
+    def eager(self, precision, loss="task"):
+        return self._row(Recipe.eager(precision)), types.SimpleNamespace(uses_rng=False)
+
+    def measure(self, recipe: Recipe, retime: bool = False) -> dict:
+        self.measured.append(recipe)
+        return self._row(recipe)
+
+
+BASE = load_config(None, ["training.device=cpu"])  # the device only decides the session's in real runs
+
+
+def _search(speeds, *, precisions=("fp32",), modes=("default", "reduce-overhead"), budget_s=600.0, blocks=True,
+            device="cuda", cfg=BASE, compile_s=1.0, **space):
+    session = FakeSession(speeds, device, compile_s)
+    opts = TuneOptions(cfg=cfg, space=sp.Space(list(precisions), list(modes), **space), budget_s=budget_s)
+    return Search(opts, has_blocks=blocks, session_factory=session).run(), session
+
+
+def test_stages_find_capture_plus_regional_and_confirm_it():
+    speeds = {"fp32 eager": 1.0, "fp32 default/model": 1.2, "fp32 reduce-overhead/model": 2.5,
+              "fp32 default/model +capture": 4.0, "fp32 default/model +regional +capture": 5.6,
+              "fp32 default/model +regional": 0.8, "fp32 eager +capture": 3.0, "fp32 reduce-overhead/model +regional": 2.0}
+    result, session = _search(speeds)
+    assert sp.describe(result.winner) == "fp32 default/model +regional +capture"
+    assert result.decided_on == "confirm"
+    stages = [t.stage for t in result.trials]
+    assert stages.index("modes") < stages.index("capture/regional") < stages.index("scope") < stages.index("confirm")
+    # reduce-overhead records graphs itself: no capture variant of it is measured.
+    assert Recipe("fp32", "reduce-overhead", "inductor", "model", cudagraphs=True) not in session.measured
+    assert result.speedup_vs_default == pytest.approx(5.6)
+    best = best_config(BASE, result)
+    assert changed_keys(BASE, best) == {"compile.enabled": (False, True), "compile.regional": (False, True),
+                                        "compile.cudagraphs": (False, True)}
+
+
+def test_clearly_slower_precision_and_mode_are_dropped():
+    # bf16 is clearly slower in both kinds of mode (without CUDA graphs, and with them).
+    speeds = {"fp32 eager": 1.0, "bf16-mixed eager": 1.1, "fp32 default/model": 1.2, "fp32 reduce-overhead/model": 3.0,
+              "bf16-mixed default/model": 1.0, "bf16-mixed reduce-overhead/model": 2.0}
+    result, session = _search(speeds, precisions=("fp32", "bf16-mixed"))
+    later = [t.recipe for t in result.trials if t.stage not in ("baseline", "modes", "confirm")]
+    assert later and all(r.precision == "fp32" for r in later)
+    assert any(n.startswith("precision bf16-mixed dropped") for n in result.notes)
+    assert sp.describe(result.winner).startswith("fp32 reduce-overhead")
+
+
+def test_capture_on_cpu_is_not_tried_and_says_why():
+    speeds = {"fp32 eager": 1.0, "fp32 default/model": 1.5, "fp32 default/step": 1.9}
+    result, session = _search(speeds, modes=("default",), device="cpu")
+    assert all(not sp.uses_cuda_graphs(r) for r in session.measured)
+    assert any("CPU run" in n for n in result.notes)
+    assert sp.describe(result.winner) == "fp32 default/step"
+
+
+def test_budget_leaves_expensive_modes_untried():
+    speeds = {"fp32 eager": 1.0, "fp32 default/model": 1.5}
+    result, session = _search(speeds, modes=("default", "max-autotune-no-cudagraphs"), device="cpu",
+                              compile_s=10.0, budget_s=100.0, regional=False, scopes=["model"])
+    assert not any(r.mode == "max-autotune-no-cudagraphs" for r in session.measured)
+    skipped = [n for n in result.not_tried if "max-autotune" in n["recipe"]]
+    assert skipped and "budget left" in skipped[0]["reason"]
+    rows = result_rows(result)
+    assert any(r["status"] == "skipped" and r["reason"].startswith("not tried") for r in rows)
+
+
+def test_a_winner_within_noise_keeps_the_config():
+    cfg = load_config(None, ["compile.enabled=true"])
+    speeds = {"fp32 eager": 1.0, "fp32 default/model": 1.50, "fp32 reduce-overhead/model": 1.51}
+    result, _ = _search(speeds, cfg=cfg, regional=False, cudagraphs=False, scopes=["model"])
+    assert result.winner == sp.config_recipe(cfg)
+    assert changed_keys(cfg, best_config(cfg, result)) == {}
+
+
+def test_failed_and_inaccurate_rows_never_win():
+    speeds = {"fp32 eager": 1.0, "fp32 default/model": 0.0, "fp32 reduce-overhead/model": 9.0,
+              "fp32 default/step": 1.4}
+    session = FakeSession(speeds, "cpu")
+    original = session._row
+
+    def row(recipe):
+        out = original(recipe)
+        if recipe.mode == "reduce-overhead":
+            out.update(status="accuracy_fail", accuracy="fail")
+        return out
+
+    session._row = row
+    opts = TuneOptions(cfg=BASE, space=sp.Space(["fp32"], ["default", "reduce-overhead"]), budget_s=600)
+    result = Search(opts, has_blocks=False, session_factory=session).run()
+    assert result.winner.mode not in ("reduce-overhead",)
+    assert sp.score(result.winner_trial.row) is not None
+
+
+def test_hard_stop_interrupts_a_row_past_the_budget():
+    budget = Budget(0.05)
+    started = time.monotonic()
+    with pytest.raises(BudgetExceeded), budget.hard_stop(grace_s=0.05):
+        time.sleep(30)  # interrupted by the budget's alarm, not waited out
+    assert time.monotonic() - started < 10
+
+
+def test_budget_estimates_scale_with_what_was_seen():
+    budget = Budget(600.0, "cpu")
+    default = Recipe("fp32", "default", "inductor", "model")
+    budget.observe(default, {"status": "ok", "compile_s": 10.0}, wall_s=12.0)
+    assert budget.compile_estimate(dataclasses.replace(default, regional=True)) == pytest.approx(3.0)
+    assert budget.compile_estimate(dataclasses.replace(default, mode="max-autotune-no-cudagraphs")) == pytest.approx(150)
+    assert budget.estimate(default, accuracy_recompile=True) == pytest.approx(22.0)
+
+
+def test_a_precision_faster_in_one_kind_of_mode_survives():
+    """bf16 loses under reduce-overhead but wins without graphs: capture may make it the winner."""
+    speeds = {"fp32 eager": 1.0, "bf16-mixed eager": 1.3, "fp32 default/model": 1.2, "fp32 reduce-overhead/model": 3.0,
+              "bf16-mixed default/model": 1.6, "bf16-mixed reduce-overhead/model": 2.0,
+              "bf16-mixed default/model +capture": 4.5, "fp32 default/model +capture": 4.0}
+    result, _ = _search(speeds, precisions=("fp32", "bf16-mixed"), regional=False)
+    assert sp.describe(result.winner) == "bf16-mixed default/model +capture"
+
+
+def test_only_allowed_precisions_are_candidates():
+    """Eager fp32 is every row's reference; with bf16 alone allowed, nothing in fp32 is tried or wins."""
+    cfg = load_config(None, ["precision.policy=bf16-mixed", "compile.enabled=true"])
+    speeds = {"fp32 eager": 1.0, "bf16-mixed eager": 0.7, "bf16-mixed default/model": 0.8,
+              "fp32 default/step": 3.0, "bf16-mixed default/step": 0.9}
+    result, session = _search(speeds, cfg=cfg, precisions=("bf16-mixed",), modes=("default",), device="cpu")
+    assert all(r.precision == "bf16-mixed" for r in session.measured if r != Recipe.eager("fp32"))
+    assert result.winner.precision == "bf16-mixed"
+
+
+def test_the_configs_own_compiled_recipe_counts_as_a_mode_row():
+    """vit_b16.toml compiles with the default mode: that baseline row is the modes stage's row too,
+    so its capture and regional variants are searched."""
+    cfg = load_config(None, ["precision.policy=bf16-mixed", "compile.enabled=true"])
+    speeds = {"fp32 eager": 1.0, "bf16-mixed eager": 1.8, "bf16-mixed default/model": 2.3,
+              "bf16-mixed reduce-overhead/model": 2.5, "bf16-mixed default/model +capture": 2.6,
+              "bf16-mixed default/model +regional +capture": 2.9}
+    result, session = _search(speeds, cfg=cfg, precisions=("bf16-mixed",))
+    assert session.measured.count(Recipe("bf16-mixed", "default", "inductor", "model")) == 2  # baseline, confirm
+    assert sp.describe(result.winner) == "bf16-mixed default/model +regional +capture"
+    assert all(t.recipe.precision == "bf16-mixed" for t in result.trials if t.stage == "confirm")
+
+
+def test_strategy_stage_picks_the_faster_strategy(tmp_path, monkeypatch):
+    """DDP vs FSDP runs go through `kiln train --nproc-per-node` (faked here: each writes the
+    summary.json a run would); the faster one lands in best.toml, with capture off."""
+    import json
+    import subprocess
+
+    from kiln.tune import strategy
+
+    calls = []
+
+    def fake_run(cmd, **kwargs):
+        calls.append(cmd)
+        run_dir = Path(cmd[cmd.index("--run-dir") + 1])
+        cfg = load_config(cmd[cmd.index("--config") + 1])
+        run_dir.mkdir(parents=True)
+        rate = {"ddp": 900.0, "fsdp": 1200.0}[cfg.distributed.strategy]
+        (run_dir / "summary.json").write_text(json.dumps({"step_ms_median": 64e3 / rate, "samples_per_s": rate}))
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(strategy.subprocess, "run", fake_run)
+    speeds = {"fp32 eager": 1.0, "fp32 default/model": 1.5, "fp32 default/model +capture": 3.0}
+    result, _ = _search(speeds, modes=("default",), regional=False, scopes=["model"])
+    assert result.winner.cudagraphs
+    strategy.strategy_stage(result, TuneOptions(cfg=BASE, space=sp.Space(["fp32"], ["default"]), budget_s=600),
+                            2, tmp_path, log=lambda m: None)
+    assert [c[c.index("--nproc-per-node") + 1] for c in calls] == ["2", "2"]
+    assert result.extra["strategy"] == "fsdp"
+    best = best_config(BASE, result)
+    assert best.distributed.strategy == "fsdp" and not best.compile.cudagraphs and best.compile.enabled
+    rows = [r for r in result_rows(result) if r.get("stage") == "strategy"]
+    assert [r["strategy"] for r in rows] == ["ddp", "fsdp"] and rows[1]["role"] == "winner (strategy)"
