@@ -65,3 +65,33 @@ def parse_ids(text: str, flag: str) -> list[int]:
     if not ids:
         raise ConfigError(flag, "no token ids given")
     return ids
+
+
+QUANT_HELP = ("weight-only quantization: none, int8 (per-channel), int4 (groups of --group-size, CUDA + bf16 "
+              "through torchao), nf4 (bitsandbytes)")
+
+
+def add_quant_flags(p: argparse.ArgumentParser, *, many: bool) -> None:
+    """--quant (one kind, or a comma list with `many`), --group-size, --quant-backend, --quant-lm-head."""
+    if many:
+        p.add_argument("--quant", action="append", help=f"comma-separated, one kiln row each; {QUANT_HELP} "
+                       "(default none)")
+    else:
+        p.add_argument("--quant", default="none", help=f"{QUANT_HELP} (default none)")
+    p.add_argument("--group-size", type=int, help="input features per scale: int4 32/64/128/256 (default 128), int8 "
+                   "per-channel unless given, nf4 block size (default 64); must divide the model's dims")
+    p.add_argument("--quant-backend", default="torchao", help="int8/int4 through torchao (default; pip install "
+                   "'kiln[quant]'), torch (kiln's layers on torch's own ops), or auto (torchao where it can, else torch)")
+    p.add_argument("--quant-lm-head", choices=("on", "off"), default="on",
+                   help="quantize the output head too (default on)")
+
+
+def resolve_quant_flags(kinds: list[str], args: argparse.Namespace, config, device, dtype: str) -> dict:
+    """kind -> checked QuantSpec for each kind; ConfigError naming the flag otherwise (kiln.llm.quant)."""
+    from kiln.llm.quant import QuantSpec, check_quant
+    from kiln.llm.weights import TORCH_DTYPES
+
+    if len(set(kinds)) != len(kinds):
+        raise ConfigError("--quant", f"a quantization is listed twice: {','.join(kinds)}")
+    return {kind: check_quant(QuantSpec(kind, args.group_size, args.quant_backend, args.quant_lm_head == "on"),
+                              config, device, TORCH_DTYPES[dtype]) for kind in kinds}
