@@ -44,13 +44,14 @@ def load_ppl_tokens(path: str | None, source, vocab_size: int) -> list[int] | No
 
 
 def build_variants(base, specs: dict[str, QuantSpec], log: Log) -> dict[str, QuantVariant]:
-    """kind -> its model (the base model itself for `none`), or the reason it could not be built."""
+    """entry (`int4`, `int4@inductor`, ...) -> its model (the base model itself for `none`), or the
+    reason it could not be built."""
     variants: dict[str, QuantVariant] = {}
-    for kind, spec in specs.items():
-        v = variants[kind] = QuantVariant(spec)
-        if kind == "none":
+    for entry, spec in specs.items():
+        v = variants[entry] = QuantVariant(spec)
+        if spec.kind == "none":
             v.model = base
-        elif kind == "nf4" and (missing := bitsandbytes_missing()):
+        elif spec.kind == "nf4" and (missing := bitsandbytes_missing()):
             v.status, v.reason = "skipped", missing
         else:
             log(f"quantizing kiln's decoder: {spec.describe()}")
@@ -58,9 +59,10 @@ def build_variants(base, specs: dict[str, QuantSpec], log: Log) -> dict[str, Qua
                 v.model = quantize_decoder(base, spec)
             except Exception as exc:
                 v.status, v.reason = failure(exc)
-                log(f"quantizing {kind} failed: {v.reason}")
-        v.figures = {"quant_backend": spec.library, "group_size": spec.group if kind != "none" else None,
-                     "quant_lm_head": spec.lm_head if kind != "none" else None}
+                log(f"quantizing {entry} failed: {v.reason}")
+        quantized = spec.kind != "none"
+        v.figures = {"quant_kind": spec.kind, "quant_backend": spec.library,
+                     "group_size": spec.group if quantized else None, "quant_lm_head": spec.lm_head if quantized else None}
         if v.model is not None:
             v.figures.update(weight_bytes=decode_weight_bytes(v.model), model_bytes=count_bytes(v.model))
     return variants
@@ -77,25 +79,25 @@ def measure_quality(variants: dict[str, QuantVariant], base, *, ppl_tokens: list
     if ppl_tokens is not None:
         log(f"perplexity of the unquantized model on {min(len(ppl_tokens), ppl_max_tokens or len(ppl_tokens))} tokens")
         ppl_ref = perplexity(base, ppl_tokens, context=context, max_tokens=ppl_max_tokens)
-    for kind, v in variants.items():
+    for entry, v in variants.items():
         if v.model is None:
             continue
         try:
-            if kind != "none":
+            if v.spec.kind != "none":
                 drift = logit_drift(v.model, base, prompts)
-                bound, ok = judge_drift(kind, drift)
+                bound, ok = judge_drift(v.spec.kind, drift)
                 v.figures.update(drift, drift_bound=bound, drift_ok=ok)
-                log(f"{kind}: drift KL {drift['drift_kl']:.3g} nats/token (bound {bound}), "
+                log(f"{entry}: drift KL {drift['drift_kl']:.3g} nats/token (bound {bound}), "
                     f"top-1 agreement {100 * drift['drift_top1']:.1f}%")
             if ppl_ref is not None:
-                ppl = ppl_ref if kind == "none" else perplexity(v.model, ppl_tokens, context=context,
+                ppl = ppl_ref if v.spec.kind == "none" else perplexity(v.model, ppl_tokens, context=context,
                                                                  max_tokens=ppl_max_tokens)
                 v.figures.update(ppl=ppl["ppl"], ppl_ref=ppl_ref["ppl"], ppl_ratio=ppl["ppl"] / ppl_ref["ppl"],
                                  ppl_tokens=ppl["ppl_tokens"])
         except Exception as exc:
             v.status, v.reason = failure(exc)
             v.model = None
-            log(f"{kind}: quality check failed: {v.reason}")
+            log(f"{entry}: quality check failed: {v.reason}")
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
     return {"drift_prompts": list(prompts.shape), "drift_from_ppl_text": ppl_tokens is not None
@@ -106,5 +108,5 @@ def mark_drift(row: dict[str, Any]) -> None:
     """A row whose drift is over its bound becomes `accuracy_fail`, keeping every figure."""
     if row.get("status") == "ok" and row.get("drift_ok") is False:
         row["status"] = "accuracy_fail"
-        row["reason"] = (f"logit drift KL {row['drift_kl']:.3g} nats/token is over the {row['quant']} bound "
+        row["reason"] = (f"logit drift KL {row['drift_kl']:.3g} nats/token is over the {row['quant_kind']} bound "
                          f"{row['drift_bound']} (kiln.llm.quality.DRIFT_BOUNDS)")

@@ -15,10 +15,12 @@ model with random weights the logits are nearly flat, so top-1 agreement collaps
 the distribution hardly moves; KL measures what sampling sees on real and random weights alike.
 Published figures for Llama-class checkpoints: llama.cpp's `perplexity --kl-divergence` puts
 8-bit (q8_0) at a perplexity ratio of ~1.0005 and 4-bit formats at a mean KLD of a few 1e-2
-(llama.cpp PR 12557: IQ4_XS 0.043; PR 6936: Llama 3 8B q4_K_M perplexity ratio 1.028); plain
-round-to-nearest groups of 128, as here, sit somewhat above the K-quants. On kiln's random-weight
-shapes the CPU tests measure ~2e-4 (int8) and 2-4e-2 (int4, nf4). The bounds leave room above
-both; a wrong packing, scale or kernel moves KL past 0.3.
+(llama.cpp PR 12557: IQ4_XS 0.043; PR 6936: Llama 3 8B q4_K_M perplexity ratio 1.028, and Llama 3
+loses more to quantization than Llama 2); plain round-to-nearest groups, as here, sit above the
+K-quants. Random weights (kiln's presets) have no structure for the rounding to hide in: on CPU,
+kiln's int4 g128 moves the logits by ~0.4 of their spread at any depth and width tried, which at
+the 3B preset's logit spread (std ~1.1) is a KL of ~0.1. The bounds leave room above all of
+these; a wrong packing, scale or kernel decorrelates the logits (KL ~1 on the presets).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from torch import Tensor
 
 from kiln.config.errors import ConfigError
 
-DRIFT_BOUNDS = {"int8": 0.01, "int4": 0.1, "nf4": 0.1}
+DRIFT_BOUNDS = {"int8": 0.02, "int4": 0.25, "nf4": 0.25}
 """Largest acceptable mean KL(unquantized || quantized), nats per token, per quant kind."""
 DRIFT_PROMPTS, DRIFT_LEN, DRIFT_SEED = 4, 128, 1234
 

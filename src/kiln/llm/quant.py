@@ -14,8 +14,10 @@ Backends (`QuantSpec.backend`):
   `int4_packing_format="tile_packed_to_4d"`: torch's tinygemm kernel, CUDA sm80+ and bf16 only).
   Only torchao's Python tensor subclasses are used; its C++ extensions (fp8/mx kernels) may
   fail to load against another torch build without harm.
-- `torch`: kiln's own layers on torch's ops (kiln.llm.quant_torch): int8 anywhere, int4 on CUDA
-  (bf16) and on CPU (torch's CPU int4 kernel).
+- `torch`: kiln's own layers on torch's ops (kiln.llm.quant_torch): int8 anywhere, int4 through
+  torch's tinygemm op on CUDA (bf16) and its CPU int4 kernel on CPU.
+- `inductor`: kiln's int4 layer written as plain tensor math, so inductor fuses unpacking and
+  dequantization into the decode step's matrix-vector kernels (int8: as `torch`); any device.
 - `auto`: torchao where it is installed and supports the kind on this device, else `torch`.
 - nf4 always goes through bitsandbytes (`Linear4bit`, as transformers' `load_in_4bit` does).
 Everything a spec cannot do on this device/dtype/model is a ConfigError naming the flag
@@ -35,10 +37,16 @@ from torch import nn
 
 from kiln.config.errors import ConfigError
 from kiln.llm.config import DecoderConfig
-from kiln.llm.quant_torch import INT4_GROUP_SIZES, Int4WeightOnlyLinear, Int8WeightOnlyLinear, int4_inner_k_tiles
+from kiln.llm.quant_torch import (
+    INT4_GROUP_SIZES,
+    Int4FusedLinear,
+    Int4WeightOnlyLinear,
+    Int8WeightOnlyLinear,
+    int4_inner_k_tiles,
+)
 
 QUANT_KINDS = ("none", "int8", "int4", "nf4")
-BACKENDS = ("torchao", "torch", "auto")
+BACKENDS = ("torchao", "torch", "inductor", "auto")
 NF4_BLOCK_SIZES = (64, 128, 256, 512, 1024, 2048, 4096)
 DEFAULT_GROUP = {"int8": None, "int4": 128, "nf4": 64}
 """Group size per kind when none is given: int8 per output channel, int4 128 (gpt-fast's and
@@ -55,7 +63,7 @@ class QuantSpec:
     group_size: int | None = None
     """Input features per scale (int8: None = per output channel; int4: 32/64/128/256; nf4: block size)."""
     backend: str = "torchao"
-    """torchao, torch or auto for int8/int4 (nf4 is always bitsandbytes)."""
+    """torchao, torch, inductor or auto for int8/int4 (nf4 is always bitsandbytes)."""
     lm_head: bool = True
     """Quantize the output head too (the largest single matrix of small Llamas)."""
 
@@ -128,7 +136,7 @@ def target_shapes(config: DecoderConfig, lm_head: bool) -> dict[str, tuple[int, 
 
 def _int4_device_problem(device: torch.device, dtype: torch.dtype, backend: str) -> tuple[str, str] | None:
     """(flag, reason) when int4 cannot run on this device/dtype with this backend."""
-    if device.type == "cuda":
+    if device.type == "cuda" and backend != "inductor":
         major, minor = torch.cuda.get_device_capability(device)
         if major < 8:
             return "--quant", f"int4 (tinygemm) needs a GPU of compute capability >= 8.0, this one is {major}.{minor}"
@@ -137,9 +145,12 @@ def _int4_device_problem(device: torch.device, dtype: torch.dtype, backend: str)
         if not hasattr(torch.ops.aten, "_weight_int4pack_mm"):
             return "--quant", f"torch {torch.__version__} has no aten._weight_int4pack_mm"
         return None
+    if backend == "inductor":
+        return None
     if backend == "torchao":
         return "--quant", ("int4 through torchao needs CUDA (sm80+) with bf16: its int4 weight-only kernel is "
-                           "tinygemm; on this device use --quant-backend torch (torch's CPU int4 kernel) or auto")
+                           "tinygemm; on this device use --quant-backend torch (torch's CPU int4 kernel), "
+                           "inductor, or auto")
     if device.type != "cpu" or not hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu"):
         return "--quant", f"int4 needs CUDA with bf16 (or torch's CPU int4 kernel); not available on {device}"
     return None
@@ -154,6 +165,16 @@ def resolve_backend(kind: str, requested: str, device: torch.device, dtype: torc
     return "torch"
 
 
+def parse_quant(entry: str, spec: QuantSpec, key: str = "--quant") -> QuantSpec:
+    """`KIND` or `KIND@BACKEND` (one `--quant` entry) over the flags' defaults in `spec`."""
+    kind, sep, backend = entry.partition("@")
+    if sep and kind in ("none", "nf4"):
+        raise ConfigError(key, f"{entry!r}: {kind} takes no backend (nf4 is always bitsandbytes)")
+    if sep and backend not in BACKENDS:
+        raise ConfigError(key, f"{entry!r}: unknown backend {backend!r}", BACKENDS)
+    return replace(spec, kind=kind, backend=backend if sep else spec.backend)
+
+
 def check_quant(spec: QuantSpec, config: DecoderConfig, device: torch.device | str, dtype: torch.dtype,
                 keys: dict[str, str] | None = None) -> QuantSpec:
     """The spec with its backend resolved, or a ConfigError naming the flag at fault. Does not check
@@ -166,7 +187,19 @@ def check_quant(spec: QuantSpec, config: DecoderConfig, device: torch.device | s
         raise ConfigError(key["backend"], f"unknown backend {spec.backend!r}", BACKENDS)
     if spec.kind == "none":
         return replace(spec, group_size=None)
-    spec = replace(spec, backend=resolve_backend(spec.kind, spec.backend, device, dtype))
+    backend = resolve_backend(spec.kind, spec.backend, device, dtype)
+    spec = replace(spec, backend="torch" if spec.kind == "int8" and backend == "inductor" else backend)  # same layer
+    if spec.library == "torchao":
+        reason = torchao_missing()
+        if reason:
+            raise ConfigError(key["quant"], f"{spec.kind} through torchao: {reason}, or --quant-backend torch "
+                              "(kiln's own torch kernels)")
+    if spec.kind == "int4":
+        problem = _int4_device_problem(device, dtype, spec.backend)
+        if problem:
+            flag, reason = problem
+            raise ConfigError(key["dtype"] if flag == "--dtype" else key["quant"], reason,
+                              ("bf16",) if flag == "--dtype" else None)
     group = spec.group
     if spec.kind == "int4" and group not in INT4_GROUP_SIZES:
         raise ConfigError(key["group_size"], f"int4 group size must be one the tinygemm kernel takes, got {group}",
@@ -185,17 +218,10 @@ def check_quant(spec: QuantSpec, config: DecoderConfig, device: torch.device | s
                     if all(kk % g == 0 for _, kk in shapes.values())]
             raise ConfigError(key["group_size"], f"{group} does not divide the {k} input features of {name} "
                               "(groups run along the input dimension)", fits or None)
-    if spec.library == "torchao":
-        reason = torchao_missing()
-        if reason:
-            raise ConfigError(key["quant"], f"{spec.kind} through torchao: {reason}, or --quant-backend torch "
-                              "(kiln's own torch kernels)")
     if spec.kind == "int4":
-        problem = _int4_device_problem(device, dtype, spec.backend)
-        if problem:
-            flag, reason = problem
-            raise ConfigError(key["dtype"] if flag == "--dtype" else key["quant"], reason,
-                              ("bf16",) if flag == "--dtype" else None)
+        if spec.backend == "inductor" and (bad := [n for n, (_, k) in shapes.items() if k % (2 * group)]):
+            raise ConfigError(key["group_size"], f"the inductor int4 layout packs the two halves of the input features "
+                              f"into one byte: {bad[0]}'s {shapes[bad[0]][1]} inputs must be a multiple of 2 x {group}")
         if spec.backend == "torch" and device.type == "cuda":
             odd = [(n, s) for n, s in shapes.items() if s[0] % 8 or int4_inner_k_tiles(s[1]) is None]
             if odd:
@@ -268,11 +294,12 @@ def _bitsandbytes(model: nn.Module, spec: QuantSpec) -> None:
 
 
 def _torch(model: nn.Module, spec: QuantSpec) -> None:
+    int4 = Int4FusedLinear if spec.backend == "inductor" else Int4WeightOnlyLinear
     for parent, name, linear in list(_targets(model, spec.lm_head)):
         if spec.kind == "int8":
             layer = Int8WeightOnlyLinear.from_linear(linear, spec.group)
         else:
-            layer = Int4WeightOnlyLinear.from_linear(linear, spec.group)
+            layer = int4.from_linear(linear, spec.group)
         setattr(parent, name, layer)
 
 
@@ -282,6 +309,7 @@ def quantize_decoder(model: nn.Module, spec: QuantSpec) -> nn.Module:
     if spec.kind == "none":
         return model
     quantized = shallow_copy(model)
-    {"torchao": _torchao, "torch": _torch, "bitsandbytes": _bitsandbytes}[spec.library](quantized, spec)
+    {"torchao": _torchao, "torch": _torch, "inductor": _torch, "bitsandbytes": _bitsandbytes}[spec.library](
+        quantized, spec)
     quantized.quant = spec
     return quantized.eval()

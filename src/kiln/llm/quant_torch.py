@@ -9,7 +9,13 @@
   packed for torch's tinygemm kernel (`aten._weight_int4pack_mm`, CUDA, bf16 activations; on
   CPU `aten._weight_int4pack_mm_for_cpu`). The kernel's convention is
   `w = (q - 8) * scale + zero` with `q` in [0, 15], scales and zeros as `[in/group, out, 2]`.
-Both keep their tensors as buffers, so `model.to()`, byte counts and CUDA graphs see them.
+- `Int4FusedLinear` (`--quant-backend inductor`): the same 4-bit groups, stored as plain bytes
+  (first half of the input features in the low nibbles, second half in the high ones) and
+  dequantized with ordinary tensor ops. For one token, forward is written as the matrix-vector
+  reduction itself, so inductor emits one kernel that reads each byte once, unpacks, scales and
+  accumulates, fused with its neighbours like every other decode kernel (no extern call, no
+  tinygemm tiling); for longer inputs it dequantizes the weight and calls `linear`.
+All keep their tensors as buffers, so `model.to()`, byte counts and CUDA graphs see them.
 """
 
 from __future__ import annotations
@@ -121,3 +127,51 @@ def int4_reference(linear: nn.Linear, group_size: int) -> Tensor:
     out_f, in_f = q.shape
     groups = (q.view(out_f, -1, group_size).float() - 8) * scale[..., None] + zero[..., None]
     return groups.view(out_f, in_f)
+
+
+class Int4FusedLinear(nn.Module):
+    def __init__(self, packed: Tensor, scale: Tensor, offset: Tensor, bias: Tensor | None, *, group_size: int):
+        super().__init__()
+        self.out_features, half = packed.shape
+        self.in_features, self.group_size = 2 * half, group_size
+        self.register_buffer("weight", packed)  # uint8 [out, in/2]
+        self.register_buffer("scale", scale)  # [out, in/group]: w = q * scale + offset
+        self.register_buffer("offset", offset)
+        self.bias = bias
+
+    @classmethod
+    @torch.no_grad()
+    def from_linear(cls, linear: nn.Linear, group_size: int) -> Int4FusedLinear:
+        w = linear.weight.detach()
+        q, scale, zero = _int4_groups(w, group_size)
+        half = w.shape[1] // 2
+        packed = (q[:, :half] | (q[:, half:] << 4)).to(torch.uint8)
+        offset = zero - 8 * scale  # (q - 8) * scale + zero == q * scale + offset
+        return cls(packed, scale.to(w.dtype), offset.to(w.dtype), linear.bias, group_size=group_size)
+
+    def _halves(self, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """Dequantized halves of the weight, [out, in/2/group, group] each."""
+        n, g = self.out_features, self.group_size
+        groups = self.in_features // g // 2
+        scale, offset = self.scale.to(dtype), self.offset.to(dtype)
+        lo = (self.weight & 15).view(n, groups, g).to(dtype)
+        hi = (self.weight >> 4).view(n, groups, g).to(dtype)
+        return (lo * scale[:, :groups, None] + offset[:, :groups, None],
+                hi * scale[:, groups:, None] + offset[:, groups:, None])
+
+    def dequantize(self, dtype: torch.dtype | None = None) -> Tensor:
+        lo, hi = self._halves(dtype or self.scale.dtype)
+        return torch.cat([lo.flatten(1), hi.flatten(1)], dim=1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.numel() != self.in_features:  # prefill, batches: dequantize, then a regular matmul
+            y = F.linear(x, self.dequantize(x.dtype))
+        else:  # one token: the reduction itself, for inductor to fuse with the unpacking
+            lo, hi = self._halves(x.dtype)
+            x_lo, x_hi = x.reshape(2, 1, -1, self.group_size).unbind(0)
+            y = ((lo * x_lo).sum(dim=(1, 2), dtype=torch.float32)
+                 + (hi * x_hi).sum(dim=(1, 2), dtype=torch.float32)).to(x.dtype).view(*x.shape[:-1], -1)
+        return y if self.bias is None else y + self.bias
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int4 fused group_size={self.group_size}"
