@@ -157,18 +157,41 @@ def test_quant_rows_with_quality_and_their_own_roofline(quant_config, tmp_path):
     assert "drift_kl" in md and "ppl_ratio" in md and "int4@inductor" in md
 
 
-def test_rows_over_the_drift_bound_are_marked_and_keep_their_figures(quant_config, tmp_path, monkeypatch):
+@pytest.mark.parametrize(("bound", "weights", "needle"), [
+    ("DRIFT_BOUNDS", "checkpoint", "over the int8 bound"),  # quality: judged on real weights
+    ("FIDELITY_BOUND", "random", "kernel fidelity"),  # kernels: judged on any weights
+])
+def test_rows_over_a_drift_bound_are_marked_and_keep_their_figures(tiny, quant_config, tmp_path, monkeypatch, bound,
+                                                                   weights, needle):
     from kiln.llm import quality
 
-    monkeypatch.setitem(quality.DRIFT_BOUNDS, "int8", 1e-12)
+    if bound == "DRIFT_BOUNDS":
+        monkeypatch.setitem(quality.DRIFT_BOUNDS, "int8", 1e-12)
+    else:
+        monkeypatch.setattr(quality, "FIDELITY_BOUND", -1.0)
     out = tmp_path / "bench"
-    code = main(["bench", "llm", "--model", str(quant_config), "--engines", "kiln-eager", "--quant", "none,int8@torch",
+    model = tiny if weights == "checkpoint" else quant_config
+    code = main(["bench", "llm", "--model", str(model), "--engines", "kiln-eager", "--quant", "none,int8@torch",
                  "--prompt-len", "8", "--new-tokens", "3", "--repeats", "1", "--prefill-repeats", "1", "--warmup", "0",
                  "--device", "cpu", "--out", str(out)])
     assert code == 0
     rows = json.loads((out / "results.json").read_text())["results"]
     assert [r["status"] for r in rows] == ["ok", "accuracy_fail"]
-    assert "bound" in rows[1]["reason"] and rows[1]["decode_tok_s"] > 0 and rows[1]["drift_ok"] is False
+    assert needle in rows[1]["reason"] and rows[1]["decode_tok_s"] > 0 and rows[1]["drift_ok"] is False
+
+
+def test_random_weights_are_judged_on_kernel_fidelity_only(quant_config, tmp_path, monkeypatch):
+    from kiln.llm import quality
+
+    monkeypatch.setitem(quality.DRIFT_BOUNDS, "int8", 1e-12)  # would fail any real checkpoint
+    out = tmp_path / "bench"
+    code = main(["bench", "llm", "--model", str(quant_config), "--engines", "kiln-eager", "--quant", "int8@torch",
+                 "--prompt-len", "8", "--new-tokens", "3", "--repeats", "1", "--prefill-repeats", "1", "--warmup", "0",
+                 "--device", "cpu", "--out", str(out)])
+    assert code == 0
+    row = json.loads((out / "results.json").read_text())["results"][0]
+    assert row["status"] == "ok" and row["drift_ok"] is True and "random weights" in row["drift_judged"]
+    assert row["fidelity_kl"] < row["fidelity_bound"] and row["drift_kl"] > 0
 
 
 def test_nf4_without_bitsandbytes_is_a_skipped_row(quant_config, tmp_path, monkeypatch):

@@ -11,8 +11,8 @@ from kiln.config.errors import ConfigError
 from kiln.llm import quant as quant_mod
 from kiln.llm.config import config_from_dict
 from kiln.llm.engine import Engine
-from kiln.llm.quality import DRIFT_BOUNDS, drift_prompts, judge_drift, logit_drift
-from kiln.llm.quant import QuantSpec, check_quant, parse_quant, quantize_decoder
+from kiln.llm.quality import DRIFT_BOUNDS, drift_prompts, judge_drift, judge_quantized, logit_drift
+from kiln.llm.quant import QuantSpec, check_quant, dequantized_reference, parse_quant, quantize_decoder
 from kiln.llm.quant_torch import Int4FusedLinear, Int4WeightOnlyLinear, Int8WeightOnlyLinear, int4_reference
 from kiln.llm.weights import decode_weight_bytes, random_decoder, tensor_nbytes
 
@@ -86,6 +86,11 @@ def test_quantized_copy_drifts_within_its_bound_and_leaves_the_model_alone(model
     # chance would be 1/256
     assert 0 < drift["drift_kl"] <= kl_bound and drift["drift_top1"] > (0.9 if spec.kind == "int8" else 0.3), drift
     assert judge_drift(spec.kind, drift) == (kl_bound, True)
+    # The kernels compute exactly their own rounding: against plain matmuls on the dequantized weights
+    # the logits differ by float rounding only.
+    fidelity = logit_drift(q, dequantized_reference(model, q, spec), drift_prompts(config.vocab_size, 64))
+    assert fidelity["drift_kl"] < 1e-6 and fidelity["drift_top1"] == 1.0, fidelity
+    assert judge_quantized(spec.kind, drift, fidelity["drift_kl"], real_weights=True) is None
     # Decode reads fewer bytes: the quantized matrices plus the fp32 norms (embedding not read).
     bits = 8 if spec.kind == "int8" else 4
     assert decode_weight_bytes(q) < decode_weight_bytes(model) * (bits / 32) * 1.4
@@ -111,6 +116,8 @@ def test_torchao_int8_on_cpu(model, config):
     assert tensor_nbytes(weight) == inner < weight.numel() * 4 / 3  # int8 data + per-row scales
     drift = logit_drift(q, model, drift_prompts(config.vocab_size, config.max_positions))
     assert drift["drift_kl"] <= DRIFT_BOUNDS["int8"] and drift["drift_top1"] > 0.9
+    fidelity = logit_drift(q, dequantized_reference(model, q, spec), drift_prompts(config.vocab_size, 64))
+    assert fidelity["drift_kl"] < 1e-6
     prompt = [[5, 17, 42, 9]]
     eager = Engine(q).generate(prompt, max_new_tokens=4).tokens
     assert Engine(q, compile=True).generate(prompt, max_new_tokens=4).tokens == eager
@@ -125,6 +132,8 @@ def test_nf4_through_bitsandbytes(model, config):
     assert spec.library == "bitsandbytes" and spec.group == 64
     drift = logit_drift(q, model, drift_prompts(config.vocab_size, config.max_positions))
     assert drift["drift_kl"] <= DRIFT_BOUNDS["nf4"]
+    fidelity = logit_drift(q, dequantized_reference(model, q, spec), drift_prompts(config.vocab_size, 64))
+    assert fidelity["drift_kl"] < 1e-3  # bitsandbytes' CPU kernel rounds differently from a plain matmul
     assert decode_weight_bytes(q) < decode_weight_bytes(model) * 0.2
 
 
@@ -136,6 +145,23 @@ def test_a_broken_quantization_is_caught_by_the_bound(model, config):
             layer.scale.copy_(layer.scale.flip(0))
     drift = logit_drift(q, model, drift_prompts(config.vocab_size, config.max_positions))
     assert judge_drift("int8", drift) == (DRIFT_BOUNDS["int8"], False), drift
+    # The stored format itself is wrong, so only the quality bound (real weights) can see it.
+    fidelity = logit_drift(q, dequantized_reference(model, q, spec), drift_prompts(config.vocab_size, 64))
+    assert "over the int8 bound" in judge_quantized("int8", drift, fidelity["drift_kl"], real_weights=True)
+    assert judge_quantized("int8", drift, fidelity["drift_kl"], real_weights=False) is None
+
+
+def test_a_kernel_that_computes_something_else_fails_fidelity_on_any_weights(model, config, monkeypatch):
+    spec = check_quant(QuantSpec("int8", backend="torch"), config, "cpu", torch.float32)
+    q = quantize_decoder(model, spec)
+    reference = dequantized_reference(model, q, spec)
+    # A kernel bug: scales applied to the wrong output channels (the stored format is right).
+    monkeypatch.setattr(Int8WeightOnlyLinear, "forward",
+                        lambda self, x: F.linear(x, self.weight.to(x.dtype)) * self.scale.flip(0))
+    prompts = drift_prompts(config.vocab_size, 64)
+    fidelity = logit_drift(q, reference, prompts)
+    problem = judge_quantized("int8", logit_drift(q, model, prompts), fidelity["drift_kl"], real_weights=False)
+    assert problem is not None and "kernel fidelity" in problem, fidelity
 
 
 def test_unquantized_head_keeps_the_tie(model, config):

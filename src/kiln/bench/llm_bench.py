@@ -41,7 +41,7 @@ from kiln.bench.timing import StepClock, Timing, measure_interleaved, time_calls
 from kiln.compile import compile_counters
 from kiln.llm.hf_model import build_hf_model, hf_available
 from kiln.llm.quant import QuantSpec
-from kiln.llm.weights import TORCH_DTYPES
+from kiln.llm.weights import TORCH_DTYPES, has_weights
 
 Log = Callable[[str], None]
 
@@ -186,11 +186,11 @@ class LlmBench:
     def build_variants(self) -> None:
         """Quantized copies of kiln's model (one per kind asked for) and their quality figures."""
         self.variants = build_variants(self.kiln_model, self.opts.quants, self.log)
-        if len(self.variants) > 1 or self.opts.ppl_file:
+        if any(spec.kind != "none" for spec in self.opts.quants.values()) or self.opts.ppl_file:
             tokens = load_ppl_tokens(self.opts.ppl_file, self.source, self.config.vocab_size)
             self.quality = measure_quality(self.variants, self.kiln_model, ppl_tokens=tokens,
                                            ppl_context=self.opts.ppl_context, ppl_max_tokens=self.opts.ppl_max_tokens,
-                                           log=self.log)
+                                           real_weights=has_weights(self.source.directory), log=self.log)
         for r in self.rows.values():
             v = self.variants.get(r.quant) if r.engine_name.startswith("kiln") else None
             if v is not None:

@@ -16,8 +16,16 @@ from typing import Any
 import torch
 
 from kiln.bench.compile_bench import failure
-from kiln.llm.quality import drift_prompts, judge_drift, logit_drift, perplexity, read_ppl_tokens
-from kiln.llm.quant import QuantSpec, bitsandbytes_missing, quantize_decoder
+from kiln.llm.quality import (
+    DRIFT_BOUNDS,
+    FIDELITY_BOUND,
+    drift_prompts,
+    judge_quantized,
+    logit_drift,
+    perplexity,
+    read_ppl_tokens,
+)
+from kiln.llm.quant import QuantSpec, bitsandbytes_missing, dequantized_reference, quantize_decoder
 from kiln.llm.weights import count_bytes, decode_weight_bytes
 
 Log = Callable[[str], None]
@@ -69,7 +77,7 @@ def build_variants(base, specs: dict[str, QuantSpec], log: Log) -> dict[str, Qua
 
 
 def measure_quality(variants: dict[str, QuantVariant], base, *, ppl_tokens: list[int] | None, ppl_context: int,
-                    ppl_max_tokens: int | None, log: Log) -> dict[str, Any]:
+                    ppl_max_tokens: int | None, real_weights: bool, log: Log) -> dict[str, Any]:
     """Drift of every quantized variant against `base` and perplexity of each (base included), into
     the variants' figures; returns the run-level context (prompt set, perplexity text size)."""
     config = base.config
@@ -85,10 +93,19 @@ def measure_quality(variants: dict[str, QuantVariant], base, *, ppl_tokens: list
         try:
             if v.spec.kind != "none":
                 drift = logit_drift(v.model, base, prompts)
-                bound, ok = judge_drift(v.spec.kind, drift)
-                v.figures.update(drift, drift_bound=bound, drift_ok=ok)
-                log(f"{entry}: drift KL {drift['drift_kl']:.3g} nats/token (bound {bound}), "
-                    f"top-1 agreement {100 * drift['drift_top1']:.1f}%")
+                reference = dequantized_reference(base, v.model, v.spec)
+                fidelity = logit_drift(v.model, reference, prompts)
+                del reference
+                problem = judge_quantized(v.spec.kind, drift, fidelity["drift_kl"], real_weights=real_weights)
+                v.figures.update(drift, fidelity_kl=fidelity["drift_kl"], fidelity_max_abs=fidelity["drift_max_abs"],
+                                 drift_bound=DRIFT_BOUNDS.get(v.spec.kind), fidelity_bound=FIDELITY_BOUND,
+                                 drift_judged="quality and kernel fidelity" if real_weights else
+                                 "kernel fidelity (random weights: quality not judged)",
+                                 drift_ok=problem is None, drift_problem=problem)
+                log(f"{entry}: drift KL {drift['drift_kl']:.3g} nats/token (bound {DRIFT_BOUNDS.get(v.spec.kind)}"
+                    f"{'' if real_weights else ', not judged: random weights'}), top-1 agreement "
+                    f"{100 * drift['drift_top1']:.1f}%; kernel fidelity KL {fidelity['drift_kl']:.3g} "
+                    f"(bound {FIDELITY_BOUND})")
             if ppl_ref is not None:
                 ppl = ppl_ref if v.spec.kind == "none" else perplexity(v.model, ppl_tokens, context=context,
                                                                  max_tokens=ppl_max_tokens)
@@ -100,13 +117,13 @@ def measure_quality(variants: dict[str, QuantVariant], base, *, ppl_tokens: list
             log(f"{entry}: quality check failed: {v.reason}")
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-    return {"drift_prompts": list(prompts.shape), "drift_from_ppl_text": ppl_tokens is not None
+    return {"drift_prompts": list(prompts.shape), "real_weights": real_weights,
+            "drift_from_ppl_text": ppl_tokens is not None
             and len(ppl_tokens) >= prompts.numel(), "ppl_context": context if ppl_tokens is not None else None}
 
 
 def mark_drift(row: dict[str, Any]) -> None:
-    """A row whose drift is over its bound becomes `accuracy_fail`, keeping every figure."""
+    """A row over its drift bounds becomes `accuracy_fail`, keeping every figure."""
     if row.get("status") == "ok" and row.get("drift_ok") is False:
         row["status"] = "accuracy_fail"
-        row["reason"] = (f"logit drift KL {row['drift_kl']:.3g} nats/token is over the {row['quant_kind']} bound "
-                         f"{row['drift_bound']} (kiln.llm.quality.DRIFT_BOUNDS)")
+        row["reason"] = f"{row['drift_problem']} (kiln.llm.quality)"

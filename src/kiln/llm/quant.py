@@ -43,6 +43,7 @@ from kiln.llm.quant_torch import (
     Int4WeightOnlyLinear,
     Int8WeightOnlyLinear,
     int4_inner_k_tiles,
+    int4_reference,
 )
 
 QUANT_KINDS = ("none", "int8", "int4", "nf4")
@@ -313,3 +314,38 @@ def quantize_decoder(model: nn.Module, spec: QuantSpec) -> nn.Module:
         quantized, spec)
     quantized.quant = spec
     return quantized.eval()
+
+
+def _dequantized_weight(layer: nn.Module, original: nn.Linear, spec: QuantSpec) -> torch.Tensor:
+    """The weight a quantized layer stands for, dequantized by the format's own reference code."""
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    weight = layer.weight
+    out_f, in_f = original.weight.shape
+    if is_traceable_wrapper_subclass(weight):  # torchao: the tensor subclass dequantizes itself
+        return weight.dequantize()[:out_f, :in_f]  # (int4 tiles may be padded)
+    if spec.kind == "nf4":  # bitsandbytes' own rounding, redone (its CPU path repacks the stored data)
+        bnb = _quiet_import("bitsandbytes")
+        packed, state = bnb.functional.quantize_4bit(original.weight.detach().contiguous(), blocksize=spec.group,
+                                                     compress_statistics=False, quant_type="nf4",
+                                                     quant_storage=torch.uint8)
+        return bnb.functional.dequantize_4bit(packed, state).view(out_f, in_f)
+    if isinstance(layer, Int4WeightOnlyLinear):  # tinygemm's tiles are opaque: redo the rounding
+        return int4_reference(original, spec.group, layer.scales_and_zeros.dtype)
+    return layer.dequantize()
+
+
+@torch.no_grad()
+def dequantized_reference(base: nn.Module, quantized: nn.Module, spec: QuantSpec) -> nn.Module:
+    """`base` with every quantized projection replaced by a plain `nn.Linear` holding that layer's
+    dequantized weight: the same rounding, computed by ordinary matmuls. The quantized model's
+    distance from it is its kernels' error alone, whatever the weights are (random ones included)."""
+    reference = shallow_copy(base)
+    pairs = zip(_targets(reference, spec.lm_head), _targets(quantized, spec.lm_head))
+    for (parent, name, original), (_, _, layer) in pairs:
+        plain = nn.Linear(original.in_features, original.out_features, bias=False, device="meta")
+        plain.weight = nn.Parameter(_dequantized_weight(layer, original, spec).to(original.weight.dtype),
+                                    requires_grad=False)
+        plain.bias = original.bias
+        setattr(parent, name, plain)
+    return reference.eval()

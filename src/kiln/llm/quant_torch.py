@@ -121,9 +121,11 @@ class Int4WeightOnlyLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, int4 group_size={self.group_size}"
 
 
-def int4_reference(linear: nn.Linear, group_size: int) -> Tensor:
-    """The dequantized weight `Int4WeightOnlyLinear` computes with (fp32), for checking the packing."""
+def int4_reference(linear: nn.Linear, group_size: int, params_dtype: torch.dtype = torch.float32) -> Tensor:
+    """The dequantized weight `Int4WeightOnlyLinear` computes with (fp32, scales and zeros rounded to
+    `params_dtype` as the layer stores them), for checking the packing and the kernel."""
     q, scale, zero = _int4_groups(linear.weight.detach(), group_size)
+    scale, zero = scale.to(params_dtype).float(), zero.to(params_dtype).float()
     out_f, in_f = q.shape
     groups = (q.view(out_f, -1, group_size).float() - 8) * scale[..., None] + zero[..., None]
     return groups.view(out_f, in_f)
