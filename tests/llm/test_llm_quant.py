@@ -105,7 +105,7 @@ def test_quantized_model_runs_in_the_compiled_engine(model, config):
     assert compiled == eager
 
 
-def test_torchao_int8_on_cpu(model, config):
+def test_torchao_int8_on_cpu(model, config, monkeypatch):
     _torchao_or_skip()
     spec = check_quant(QuantSpec("int8"), config, "cpu", torch.float32)
     assert spec.library == "torchao"
@@ -118,6 +118,14 @@ def test_torchao_int8_on_cpu(model, config):
     assert drift["drift_kl"] <= DRIFT_BOUNDS["int8"] and drift["drift_top1"] > 0.9
     fidelity = logit_drift(q, dequantized_reference(model, q, spec), drift_prompts(config.vocab_size, 64))
     assert fidelity["drift_kl"] < 1e-6
+    # A torchao tensor without dequantize (the int4 tinygemm one) is read back through its own matmul.
+    expected = quant_mod._dequantized_weight(q.layers[0].attn.wqkv, model.layers[0].attn.wqkv, spec)
+
+    def no_dequantize(self, *args, **kwargs):
+        raise NotImplementedError
+
+    monkeypatch.setattr(type(weight), "dequantize", no_dequantize)
+    assert torch.equal(quant_mod._dequantized_weight(q.layers[0].attn.wqkv, model.layers[0].attn.wqkv, spec), expected)
     prompt = [[5, 17, 42, 9]]
     eager = Engine(q).generate(prompt, max_new_tokens=4).tokens
     assert Engine(q, compile=True).generate(prompt, max_new_tokens=4).tokens == eager

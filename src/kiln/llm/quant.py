@@ -323,7 +323,13 @@ def _dequantized_weight(layer: nn.Module, original: nn.Linear, spec: QuantSpec) 
     weight = layer.weight
     out_f, in_f = original.weight.shape
     if is_traceable_wrapper_subclass(weight):  # torchao: the tensor subclass dequantizes itself
-        return weight.dequantize()[:out_f, :in_f]  # (int4 tiles may be padded)
+        try:
+            return weight.dequantize()[:out_f, :in_f]
+        except (NotImplementedError, RuntimeError, TypeError, AttributeError):
+            # torchao's tinygemm tensor has no dequantize: its own matmul of the identity (M = in_features,
+            # a different tiling from decode's M = 1) gives the weight as its kernel reads the packing.
+            eye = torch.eye(in_f, dtype=original.weight.dtype, device=original.weight.device)
+            return torch.nn.functional.linear(eye, weight).t()
     if spec.kind == "nf4":  # bitsandbytes' own rounding, redone (its CPU path repacks the stored data)
         bnb = _quiet_import("bitsandbytes")
         packed, state = bnb.functional.quantize_4bit(original.weight.detach().contiguous(), blocksize=spec.group,
