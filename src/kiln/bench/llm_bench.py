@@ -10,12 +10,12 @@
    per token (CUDA events, no host sync): TTFT, decode tok/s, per-token p50/p90.
 Decode at batch B reads every weight once per step, so `weight_bytes × steps/s` is the bandwidth
 a row achieves and `roofline_frac` is that over the measured copy bandwidth.
-With `--quant`, each kiln engine runs once per quant kind on a quantized copy of its model
+With `--quant`, each kiln engine runs once per quant entry on a quantized copy of its model
 (kiln.bench.llm_quant): weight bytes, roofline and memory are the copy's own, quality (logit
 drift, perplexity) is measured against the unquantized model, and `decode_vs_unquantized` is
 the ratio to the same engine's unquantized row. A row starts its warm-up only before
-`deadline_s`, so a time-boxed run ends with every row it could finish (the rest `skipped`). Prefill FLOPs are
-counted once by torch.utils.flop_counter on an eager kiln prefill (attention counted in full, as
+`deadline_s`, so a time-boxed run ends with every row it could finish (the rest `skipped`).
+Prefill FLOPs are counted once by torch.utils.flop_counter on an eager kiln prefill (attention counted in full, as
 the counter does, not halved for the causal mask) and shared by all rows: the same math. Memory per row is
 what the engine would need alone: weights + what it keeps after warm-up (cache, graph pools) +
 its peak transient during a request (CUDA only).
@@ -87,7 +87,8 @@ class LlmBenchOptions:
     inductor_options: dict[str, Any] = field(default_factory=dict)
     """Inductor options for kiln-compiled, over kiln's defaults."""
     quants: dict[str, QuantSpec] = field(default_factory=lambda: {"none": QuantSpec()})
-    """Quant kind -> checked spec (kiln.llm.quant.check_quant); each kiln engine runs once per kind."""
+    """`--quant` entry (`int4`, `int4@inductor`, ...) -> checked spec (kiln.llm.quant.check_quant); each
+    kiln engine runs once per entry."""
     ppl_file: str | None = None
     """Local text (or token-id) file for perplexity; None skips perplexity."""
     ppl_context: int = 1024
