@@ -17,12 +17,7 @@
 set -uo pipefail
 source benchmarks/gpu_env.sh
 start=$(date +%s)
-step() {  # step NAME CMD...: run, keep the full log, show it without inductor's warning lines
-  local name=$1; shift
-  echo "=== $name: $* ($(date +%T))"
-  "$@" 2>&1 | tee "$R/$name.log" | grep -v '^W[0-9]'
-  echo "=== $name: exit ${PIPESTATUS[0]} after $(( $(date +%s) - start )) s"
-}
+source benchmarks/gpu_step.sh
 if [ "${SMOKE:-0}" = "1" ]; then
   step llm_parity_1b python3 benchmarks/llm_parity.py --model llama-3.2-1b --greedy-steps 16 --out "$R/llm_parity_1b"
   step bench_llm_smoke_1b python3 -m kiln bench llm --model llama-3.2-1b --engines kiln-eager,kiln-compiled \

@@ -91,6 +91,18 @@ def test_hf_rows_are_skipped_without_transformers(tiny, tmp_path, monkeypatch):
     (["--model", "llama-3.2-3"], ["--model", "llama-3.2-3b"]),
     (["--inductor", "coordinate_descent_tunin=true"], ["--inductor", "coordinate_descent_tuning"]),
     (["--inductor", "max_autotune"], ["--inductor", "KEY=VALUE"]),
+    (["--quant", "int3"], ["--quant", "int3", "nf4"]),
+    (["--quant", "none,int8,int8"], ["--quant", "twice"]),
+    (["--quant", "int8@torch,int8@inductor"], ["--quant", "same quantization"]),
+    (["--quant", "int4", "--device", "cpu"], ["--quant", "needs CUDA"]),
+    (["--quant", "int4@torch"], ["--group-size", "does not divide the 32 input features"]),
+    (["--quant", "int8", "--engines", "hf-eager"], ["--quant", "kiln's engines"]),
+    (["--quant", "int8@torch", "--group-size", "7"], ["--group-size", "does not divide"]),
+    (["--quant-backend", "cutlass", "--quant", "int8"], ["--quant-backend", "inductor"]),
+    (["--ppl-file", "no/such/file.txt"], ["--ppl-file", "cannot read"]),
+    (["--prefill", "lazy"], ["--prefill", "eager"]),
+    (["--tuning", "max"], ["--tuning", "decode"]),
+    (["--deadline-s", "0"], ["--deadline-s", "> 0"]),
 ])
 def test_bad_input_exits_2_with_one_line_before_any_work(tiny, tmp_path, capsys, args, needles):
     out = tmp_path / "out"
@@ -102,3 +114,105 @@ def test_bad_input_exits_2_with_one_line_before_any_work(tiny, tmp_path, capsys,
     for needle in needles:
         assert needle in err
     assert not out.exists()
+
+
+@pytest.fixture(scope="module")
+def quant_config(tmp_path_factory):
+    from tests.llm.test_llm_quant import QUANT_CONFIG
+
+    path = tmp_path_factory.mktemp("quant") / "config.json"
+    path.write_text(json.dumps(QUANT_CONFIG))
+    return path
+
+
+def test_quant_rows_with_quality_and_their_own_roofline(quant_config, tmp_path):
+    ids = tmp_path / "ids.txt"
+    ids.write_text(" ".join(str((7 * i) % 256) for i in range(600)))
+    out = tmp_path / "bench"
+    code = main(["bench", "llm", "--model", str(quant_config), "--engines", "kiln-eager", "--quant",
+                 "none,int8@torch,int4@inductor", "--group-size", "64", "--ppl-file", str(ids), "--ppl-context", "128",
+                 "--prompt-len", "16", "--new-tokens", "5", "--repeats", "1", "--prefill-repeats", "1", "--warmup", "0",
+                 "--device", "cpu", "--out", str(out)])
+    assert code == 0
+    payload = json.loads((out / "results.json").read_text())
+    rows = {r["quant"]: r for r in payload["results"]}
+    assert list(rows) == ["none", "int8@torch", "int4@inductor"]
+    none, int8, int4 = rows["none"], rows["int8@torch"], rows["int4@inductor"]
+    for row in rows.values():
+        assert row["status"] == "ok", row["reason"]
+        for key in (*LLM_KEYS, "weight_bytes", "model_bytes", "ppl", "ppl_ratio"):
+            assert key in row and (row[key] is not None or key == "peak_mem_bytes"), (row["quant"], key)  # CUDA only
+        assert row["roofline_tok_s"] == pytest.approx(
+            payload["config"]["ceilings"]["copy_bytes_per_s"] / row["weight_bytes"])
+    assert none["weight_bytes"] > 3 * int8["weight_bytes"] > 1.5 * 3 * int4["weight_bytes"]  # fp32 -> 8 -> 4 bits
+    assert (int8["quant_kind"], int8["quant_backend"], int4["quant_backend"], int4["group_size"]) == \
+        ("int8", "torch", "inductor", 64)
+    assert none["ppl_ratio"] == 1.0 and none["ppl"] == int8["ppl_ref"] and int8["ppl_tokens"] == 4 * 127 + 87
+    for row in (int8, int4):
+        assert row["drift_ok"] is True and 0 < row["drift_kl"] <= row["drift_bound"]
+        assert 0 < row["drift_top1"] <= 1 and row["drift_max_abs"] >= row["drift_mean_abs"] > 0
+        assert row["decode_vs_unquantized"] > 0
+    assert payload["config"]["quality"]["drift_from_ppl_text"] is True  # 600 tokens >= 4 prompts x 128
+    md = (out / "results.md").read_text()
+    assert "drift_kl" in md and "ppl_ratio" in md and "int4@inductor" in md
+
+
+@pytest.mark.parametrize(("bound", "weights", "needle"), [
+    ("DRIFT_BOUNDS", "checkpoint", "over the int8 bound"),  # quality: judged on real weights
+    ("FIDELITY_BOUND", "random", "kernel fidelity"),  # kernels: judged on any weights
+])
+def test_rows_over_a_drift_bound_are_marked_and_keep_their_figures(tiny, quant_config, tmp_path, monkeypatch, bound,
+                                                                   weights, needle):
+    from kiln.llm import quality
+
+    if bound == "DRIFT_BOUNDS":
+        monkeypatch.setitem(quality.DRIFT_BOUNDS, "int8", 1e-12)
+    else:
+        monkeypatch.setattr(quality, "FIDELITY_BOUND", -1.0)
+    out = tmp_path / "bench"
+    model = tiny if weights == "checkpoint" else quant_config
+    code = main(["bench", "llm", "--model", str(model), "--engines", "kiln-eager", "--quant", "none,int8@torch",
+                 "--prompt-len", "8", "--new-tokens", "3", "--repeats", "1", "--prefill-repeats", "1", "--warmup", "0",
+                 "--device", "cpu", "--out", str(out)])
+    assert code == 0
+    rows = json.loads((out / "results.json").read_text())["results"]
+    assert [r["status"] for r in rows] == ["ok", "accuracy_fail"]
+    assert needle in rows[1]["reason"] and rows[1]["decode_tok_s"] > 0 and rows[1]["drift_ok"] is False
+
+
+def test_random_weights_are_judged_on_kernel_fidelity_only(quant_config, tmp_path, monkeypatch):
+    from kiln.llm import quality
+
+    monkeypatch.setitem(quality.DRIFT_BOUNDS, "int8", 1e-12)  # would fail any real checkpoint
+    out = tmp_path / "bench"
+    code = main(["bench", "llm", "--model", str(quant_config), "--engines", "kiln-eager", "--quant", "int8@torch",
+                 "--prompt-len", "8", "--new-tokens", "3", "--repeats", "1", "--prefill-repeats", "1", "--warmup", "0",
+                 "--device", "cpu", "--out", str(out)])
+    assert code == 0
+    row = json.loads((out / "results.json").read_text())["results"][0]
+    assert row["status"] == "ok" and row["drift_ok"] is True and "random weights" in row["drift_judged"]
+    assert row["fidelity_kl"] < row["fidelity_bound"] and row["drift_kl"] > 0
+
+
+def test_nf4_without_bitsandbytes_is_a_skipped_row(quant_config, tmp_path, monkeypatch):
+    import kiln.bench.llm_quant as llm_quant
+
+    monkeypatch.setattr(llm_quant, "bitsandbytes_missing", lambda: "bitsandbytes is not installed (test)")
+    out = tmp_path / "bench"
+    code = main(["bench", "llm", "--model", str(quant_config), "--engines", "kiln-eager", "--quant", "none,nf4",
+                 "--prompt-len", "8", "--new-tokens", "3", "--repeats", "1", "--prefill-repeats", "1", "--warmup", "0",
+                 "--device", "cpu", "--out", str(out)])
+    assert code == 0
+    rows = json.loads((out / "results.json").read_text())["results"]
+    assert [(r["quant"], r["status"]) for r in rows] == [("none", "ok"), ("nf4", "skipped")]
+    assert "not installed" in rows[1]["reason"] and rows[1]["quant_backend"] == "bitsandbytes"
+
+
+def test_rows_past_the_deadline_are_skipped_and_the_run_still_writes(quant_config, tmp_path):
+    out = tmp_path / "bench"
+    code = main(["bench", "llm", "--model", str(quant_config), "--engines", "kiln-eager,kiln-compiled",
+                 "--prompt-len", "8", "--new-tokens", "3", "--repeats", "1", "--deadline-s", "1e-6",
+                 "--device", "cpu", "--out", str(out)])
+    assert code == 0
+    rows = json.loads((out / "results.json").read_text())["results"]
+    assert [r["status"] for r in rows] == ["skipped", "skipped"] and "--deadline-s" in rows[0]["reason"]

@@ -79,6 +79,10 @@ def test_stop_token_ends_the_row(model_dir, capsys):
     (["--tokens", "1", "--top-p", "0"], ["--top-p"]),
     (["--tokens", "1", "--tokenizer", "nowhere"], ["--tokenizer", "nowhere"]),
     (["--tokens", "1", "--dtype", "int8"], ["--dtype"]),
+    (["--tokens", "1", "--quant", "int2"], ["--quant", "unknown quantization", "nf4"]),
+    (["--tokens", "1", "--quant", "int4"], ["--quant", "needs CUDA", "--quant-backend torch"]),
+    (["--tokens", "1", "--quant", "int4@torch", "--group-size", "64"], ["--group-size", "does not divide"]),
+    (["--tokens", "1", "--quant", "int8", "--quant-backend", "tensorrt"], ["--quant-backend", "torchao"]),
 ])
 def test_bad_input_exits_2_with_one_line(model_dir, tmp_path, capsys, args, needles):
     report = tmp_path / "out.json"
@@ -99,3 +103,20 @@ def test_config_json_generates_from_random_weights(model_dir, tmp_path, capsys):
     captured = capsys.readouterr()
     assert code == 0 and "random weights" in captured.err
     assert len(captured.out.strip().split(",")) <= 3
+
+
+def test_quantized_generation_reports_its_bytes(tmp_path, capsys):
+    from tests.llm.test_llm_quant import QUANT_CONFIG
+
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(QUANT_CONFIG))
+    report = tmp_path / "out.json"
+    code = main(["generate", "--model", str(cfg), "--tokens", "1,2,3", "--max-new-tokens", "4", "--ignore-eos",
+                 "--device", "cpu", "--quant", "int4", "--quant-backend", "inductor", "--group-size", "64",
+                 "--json", str(report)])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert "quantized int4 (g64, inductor)" in captured.err and "GiB of weights per token" in captured.err
+    payload = json.loads(report.read_text())
+    assert payload["quant"]["kind"] == "int4" and payload["quant"]["backend"] == "inductor"
+    assert len(payload["tokens"][0]) == 4

@@ -9,8 +9,13 @@
 5. Generate: `repeats` rounds, each running every engine once (interleaved), with a clock mark
    per token (CUDA events, no host sync): TTFT, decode tok/s, per-token p50/p90.
 Decode at batch B reads every weight once per step, so `weight_bytes × steps/s` is the bandwidth
-a row achieves and `roofline_frac` is that over the measured copy bandwidth. Prefill FLOPs are
-counted once by torch.utils.flop_counter on an eager kiln prefill (attention counted in full, as
+a row achieves and `roofline_frac` is that over the measured copy bandwidth.
+With `--quant`, each kiln engine runs once per quant entry on a quantized copy of its model
+(kiln.bench.llm_quant): weight bytes, roofline and memory are the copy's own, quality (logit
+drift, perplexity) is measured against the unquantized model, and `decode_vs_unquantized` is
+the ratio to the same engine's unquantized row. A row starts its warm-up only before
+`deadline_s`, so a time-boxed run ends with every row it could finish (the rest `skipped`).
+Prefill FLOPs are counted once by torch.utils.flop_counter on an eager kiln prefill (attention counted in full, as
 the counter does, not halved for the causal mask) and shared by all rows: the same math. Memory per row is
 what the engine would need alone: weights + what it keeps after warm-up (cache, graph pools) +
 its peak transient during a request (CUDA only).
@@ -21,6 +26,7 @@ from __future__ import annotations
 import gc
 import statistics
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,10 +36,12 @@ import torch
 from kiln.bench.ceilings import Ceilings, measure_ceilings
 from kiln.bench.compile_bench import failure
 from kiln.bench.llm_engines import ENGINES, HF_ENGINES, HfEngine, KilnEngine
+from kiln.bench.llm_quant import build_variants, load_ppl_tokens, mark_drift, measure_quality
 from kiln.bench.timing import StepClock, Timing, measure_interleaved, time_calls
 from kiln.compile import compile_counters
 from kiln.llm.hf_model import build_hf_model, hf_available
-from kiln.llm.weights import TORCH_DTYPES
+from kiln.llm.quant import QuantSpec
+from kiln.llm.weights import TORCH_DTYPES, has_weights
 
 Log = Callable[[str], None]
 
@@ -78,6 +86,19 @@ class LlmBenchOptions:
     preset: str | None = None
     inductor_options: dict[str, Any] = field(default_factory=dict)
     """Inductor options for kiln-compiled, over kiln's defaults."""
+    quants: dict[str, QuantSpec] = field(default_factory=lambda: {"none": QuantSpec()})
+    """`--quant` entry (`int4`, `int4@inductor`, ...) -> checked spec (kiln.llm.quant.check_quant); each
+    kiln engine runs once per entry."""
+    ppl_file: str | None = None
+    """Local text (or token-id) file for perplexity; None skips perplexity."""
+    ppl_context: int = 1024
+    ppl_max_tokens: int | None = 16384
+    prefill: str = "compiled"
+    """kiln-compiled's prefill: `compiled` (per padded length) or `eager` (no prefill compile)."""
+    tuning: str = "full"
+    """Where kiln-compiled uses coordinate-descent tuning: `full`, `decode` (prefill untuned) or `off`."""
+    deadline_s: float | None = None
+    """No row starts its warm-up after this many seconds of the run (it is `skipped` instead)."""
 
 
 def _stderr(message: str) -> None:
@@ -95,9 +116,10 @@ def _param_bytes(model: torch.nn.Module) -> int:
 class _Row:
     """One engine's figures as they are gathered."""
 
-    def __init__(self, name: str, base: dict[str, Any]):
-        self.name = name
-        self.row: dict[str, Any] = {"engine": name, "quant": "none", **base, "status": "ok", "reason": None}
+    def __init__(self, engine: str, quant: str, base: dict[str, Any]):
+        self.name = engine if quant == "none" else f"{engine}[{quant}]"
+        self.engine_name, self.quant = engine, quant
+        self.row: dict[str, Any] = {"engine": engine, "quant": quant, **base, "status": "ok", "reason": None}
         self.engine = None
         self.held_bytes = 0
         self.transient: list[int] = []
@@ -129,8 +151,12 @@ class LlmBench:
         self.prompts = torch.randint(0, self.config.vocab_size, (opts.batch, opts.prompt_len), generator=gen).tolist()
         base = {"model": opts.model, "dtype": opts.dtype, "batch": opts.batch, "prompt_len": opts.prompt_len,
                 "new_tokens": opts.new_tokens}
-        self.rows = {name: _Row(name, base) for name in opts.engines}
+        rows = [_Row(e, q, base) for e in opts.engines for q in (opts.quants if e.startswith("kiln") else ["none"])]
+        self.rows = {r.name: r for r in rows}
         self.hf_model = self.kiln_model = None
+        self.variants: dict[str, Any] = {}
+        self.quality: dict[str, Any] = {}
+        self.started = time.perf_counter()
         self.ceilings: Ceilings | None = None
         self.parity: dict[str, Any] = {}
 
@@ -138,7 +164,7 @@ class LlmBench:
     def build_models(self) -> None:
         from kiln.llm.weights import build_decoder, empty_decoder, load_hf_state_dict
 
-        hf_rows = [r for n, r in self.rows.items() if n in HF_ENGINES]
+        hf_rows = [r for r in self.rows.values() if r.engine_name in HF_ENGINES]
         reason = hf_available() if hf_rows else None
         for row in hf_rows if reason else ():
             row.row.update(status="skipped", reason=reason)
@@ -156,6 +182,22 @@ class LlmBench:
                                                      self.hf_model.state_dict(), where="the HF model")
             else:
                 self.kiln_model = build_decoder(self.source, device=self.device, dtype=self.dtype, seed=self.opts.seed)
+            self.build_variants()
+
+    def build_variants(self) -> None:
+        """Quantized copies of kiln's model (one per kind asked for) and their quality figures."""
+        self.variants = build_variants(self.kiln_model, self.opts.quants, self.log)
+        if any(spec.kind != "none" for spec in self.opts.quants.values()) or self.opts.ppl_file:
+            tokens = load_ppl_tokens(self.opts.ppl_file, self.source, self.config.vocab_size)
+            self.quality = measure_quality(self.variants, self.kiln_model, ppl_tokens=tokens,
+                                           ppl_context=self.opts.ppl_context, ppl_max_tokens=self.opts.ppl_max_tokens,
+                                           real_weights=has_weights(self.source.directory), log=self.log)
+        for r in self.rows.values():
+            v = self.variants.get(r.quant) if r.engine_name.startswith("kiln") else None
+            if v is not None:
+                r.row.update(v.figures)
+                if v.status != "ok" and r.ok:
+                    r.row.update(status=v.status, reason=v.reason)
 
     def check_parity(self, positions: int = 128) -> None:
         """Logits of both models on the first `positions` prompt tokens (eager, same weights)."""
@@ -174,21 +216,22 @@ class LlmBench:
         del ref, got
 
     # -- phases ---------------------------------------------------------------------------------
-    def _make(self, name: str):
-        if name in HF_ENGINES:
-            return HfEngine(name, self.hf_model, self.prompts, self.opts.new_tokens)
-        return KilnEngine(name, self.kiln_model, self.prompts, self.opts.new_tokens, self.opts.inductor_options)
+    def _make(self, r: _Row):
+        if r.engine_name in HF_ENGINES:
+            return HfEngine(r.engine_name, self.hf_model, self.prompts, self.opts.new_tokens)
+        return KilnEngine(r.engine_name, self.variants[r.quant].model, self.prompts, self.opts.new_tokens,
+                          self.opts.inductor_options, prefill=self.opts.prefill, tuning=self.opts.tuning)
 
     def warm_up(self, r: _Row) -> None:
         before_counters, before_bytes = compile_counters(), _allocated(self.device)
-        r.engine = self._make(r.name)
+        r.engine = self._make(r)
         clock = StepClock(self.device)
         first = time_calls(lambda: r.engine.generate(clock), calls=1, device=self.device)
         rest = [time_calls(lambda: r.engine.generate(clock), calls=1, device=self.device)
                 for _ in range(self.opts.warmup)]
         after = compile_counters()
         r.held_bytes = _allocated(self.device) - before_bytes
-        compiled = r.name.endswith("compiled")
+        compiled = r.engine_name.endswith("compiled")
         r.row.update(first_call_s=first, warmup_s=first + sum(rest),
                      compile_s=max(0.0, first - min(rest)) if compiled and rest else (first if compiled else None),
                      graphs=after["graphs"] - before_counters["graphs"],
@@ -265,8 +308,11 @@ class LlmBench:
         steps = o.new_tokens - 1
         for r in self.rows.values():
             row = r.row
-            row.update(weight_bytes=weight_bytes, prefill_flops=flops, **self.parity if r.name.startswith("kiln") else {})
-            row["roofline_tok_s"] = c.copy_bytes_per_s / weight_bytes * o.batch
+            kiln_row = r.engine_name.startswith("kiln")
+            row.setdefault("weight_bytes", weight_bytes)
+            row.update(prefill_flops=flops, **self.parity if kiln_row and r.quant == "none" else {})
+            row["roofline_tok_s"] = c.copy_bytes_per_s / row["weight_bytes"] * o.batch
+            row_model_bytes = row.get("model_bytes") if kiln_row and row.get("model_bytes") else model_bytes
             if not r.ok or not r.decode:
                 continue
             decode_s = statistics.median(r.decode)
@@ -281,12 +327,14 @@ class LlmBench:
                 token_ms_p50=Timing(tuple(r.intervals)).quantile_s(0.5) * 1e3 if r.intervals else None,
                 token_ms_p90=Timing(tuple(r.intervals)).quantile_s(0.9) * 1e3 if r.intervals else None,
                 generate_s=statistics.median(r.totals),
-                peak_mem_bytes=model_bytes + r.held_bytes + max(r.transient) if r.transient else None,
+                peak_mem_bytes=row_model_bytes + r.held_bytes + max(r.transient) if r.transient else None,
             )
             if row["decode_tok_s"]:
-                achieved = weight_bytes * row["decode_tok_s"] / o.batch
+                achieved = row["weight_bytes"] * row["decode_tok_s"] / o.batch
                 row.update(achieved_gbs=achieved / 1e9, roofline_frac=achieved / c.copy_bytes_per_s)
         self._ratios()
+        for r in self.rows.values():
+            mark_drift(r.row)
         return [r.row for r in self.rows.values()]
 
     def _ratios(self) -> None:
@@ -294,6 +342,9 @@ class LlmBench:
         base = next((ok[n] for n in ("hf-compiled", "hf-eager") if n in ok), None)
         ref = next((ok[n] for n in ("hf-eager", "hf-compiled", "kiln-eager", "kiln-compiled") if n in ok), None)
         for r in ok.values():
+            unquantized = ok.get(r.engine_name)
+            if r.quant != "none" and unquantized is not None:
+                r.row["decode_vs_unquantized"] = r.row["decode_tok_s"] / unquantized.row["decode_tok_s"]
             if base is not None:
                 r.row.update(vs_hf=base.name, decode_vs_hf=r.row["decode_tok_s"] / base.row["decode_tok_s"])
                 if base.row.get("prefill_ms") and r.row.get("prefill_ms"):
@@ -316,6 +367,12 @@ class LlmBench:
         for r in self.rows.values():
             if not r.ok:
                 continue
+            elapsed = time.perf_counter() - self.started
+            if self.opts.deadline_s is not None and elapsed > self.opts.deadline_s:
+                r.row.update(status="skipped", reason=f"not started: the run's --deadline-s {self.opts.deadline_s:g} "
+                             f"had passed ({elapsed:.0f} s)")
+                self.log(f"{r.name}: skipped ({r.row['reason']})")
+                continue
             try:
                 self.warm_up(r)
                 ready.append(r)
@@ -337,6 +394,7 @@ def run_llm_bench(opts: LlmBenchOptions, log: Log = _stderr) -> tuple[list[dict[
     bench = LlmBench(opts, log)
     rows = bench.run()
     context = {"ceilings": bench.ceilings.as_dict() if bench.ceilings else None, "parity": bench.parity,
+               "quality": bench.quality, "run_s": time.perf_counter() - bench.started,
                "model_config": {k: v for k, v in vars(bench.config).items() if k != "rope"},
                "rope": vars(bench.config.rope)}
     return rows, context

@@ -27,19 +27,43 @@ ENGINES = ("hf-eager", "hf-compiled", "kiln-eager", "kiln-compiled")
 HF_ENGINES = ("hf-eager", "hf-compiled")
 
 
+PREFILL_MODES = ("compiled", "eager")
+TUNING = ("full", "decode", "off")
+
+
+def kiln_inductor_options(device: torch.device, extra: dict[str, Any] | None, tuning: str) -> tuple[dict, dict]:
+    """(decode, prefill) inductor options of kiln-compiled: kiln's defaults, the user's `--inductor`
+    options over them, and `tuning` deciding where coordinate-descent tuning runs (`decode`: not in
+    prefill, whose matmuls are cuBLAS anyway; `off`: nowhere, which also keeps inductor from lowering
+    M=1 matmuls to reductions, so decode gets slower)."""
+    from kiln.llm.engine import default_inductor_options
+
+    options = {**default_inductor_options(device), **(extra or {})}
+    untuned = {**options, "coordinate_descent_tuning": False}
+    if tuning == "off":
+        return untuned, untuned
+    return options, (untuned if tuning == "decode" else options)
+
+
 class KilnEngine:
     def __init__(self, name: str, model, prompts: list[list[int]], new_tokens: int,
-                 inductor_options: dict[str, Any] | None = None):
-        from kiln.llm.engine import Engine, default_inductor_options
+                 inductor_options: dict[str, Any] | None = None, *, prefill: str = "compiled", tuning: str = "full"):
+        from kiln.llm.engine import Engine
 
         self.name = name
-        device = model.embed.weight.device
-        options = {**default_inductor_options(device), **(inductor_options or {})}
-        self.engine = Engine(model, compile=name == "kiln-compiled", inductor_options=options)
+        compiled = name == "kiln-compiled"
+        decode_options, prefill_options = kiln_inductor_options(model.embed.weight.device, inductor_options, tuning)
+        self.engine = Engine(model, compile=compiled, inductor_options=decode_options,
+                             compile_prefill=compiled and prefill == "compiled", prefill_inductor_options=prefill_options)
         self.prompts, self.new_tokens = prompts, new_tokens
-        self.note = None
-        if name == "kiln-compiled" and self.engine.device.type != "cuda":
-            self.note = "no CUDA device: compiled with inductor, decode not captured in a CUDA graph"
+        notes = []
+        if compiled and self.engine.device.type != "cuda":
+            notes.append("no CUDA device: compiled with inductor, decode not captured in a CUDA graph")
+        if compiled and prefill == "eager":
+            notes.append("prefill eager (--prefill eager)")
+        if compiled and tuning != "full":
+            notes.append(f"coordinate-descent tuning: {'decode only' if tuning == 'decode' else 'off'} (--tuning {tuning})")
+        self.note = "; ".join(notes) or None
 
     def _prepare(self):
         return self.engine.prepare(self.prompts, max_new_tokens=self.new_tokens)

@@ -12,17 +12,32 @@ from kiln.bench.results import pyplot, rich_table, write_result_files
 COLUMNS = [
     "engine", "quant", "status", "ttft_ms", "prefill_ms", "prefill_tok_s", "prefill_tflops", "prefill_peak_frac",
     "decode_tok_s", "token_ms_p50", "token_ms_p90", "achieved_gbs", "roofline_frac", "decode_vs_hf",
-    "prefill_vs_hf", "peak_mem_bytes", "weight_bytes", "warmup_s", "compile_s", "compiles", "greedy_match", "reason",
+    "prefill_vs_hf", "decode_vs_unquantized", "peak_mem_bytes", "weight_bytes", "quant_backend", "group_size",
+    "drift_kl", "drift_top1", "drift_max_abs", "drift_mean_abs", "drift_ok", "ppl", "ppl_ratio", "warmup_s", "compile_s",
+    "compiles", "greedy_match", "reason",
 ]
+
+
+def row_label(row: dict[str, Any]) -> str:
+    """engine, or engine[quant] for a quantized row."""
+    quant = row.get("quant") or "none"
+    return row["engine"] if quant == "none" else f"{row['engine']}[{quant}]"
+
 
 def _cell(key: str, value: Any) -> str:
     if value is None:
         return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if key == "drift_top1":
+        return f"{100 * value:.1f}%"
+    if key == "drift_kl":
+        return f"{value:.2e}"
     if key.endswith("_bytes"):
         return f"{value / 2**30:.2f} GiB"
     if key.endswith("_frac"):
         return f"{100 * value:.1f}%"
-    if key.endswith("_vs_hf"):
+    if key.endswith(("_vs_hf", "_vs_unquantized")):
         return f"{value:.2f}x"
     if key.endswith("_s") and not key.endswith("tok_s"):
         return f"{value:.1f}"
@@ -34,16 +49,26 @@ def _cell(key: str, value: Any) -> str:
 def render_table(rows: list[dict[str, Any]], title: str):
     """A rich Table of the main figures, with each row's reason or note listed under it."""
     from rich.console import Group
+    from rich.markup import escape
     from rich.text import Text
 
-    shown = ["engine", "status", "ttft_ms", "prefill_tok_s", "prefill_peak_frac", "decode_tok_s", "token_ms_p50",
+    quantized = any((row.get("quant") or "none") != "none" for row in rows)
+    shown = ["label", "status", "ttft_ms", "prefill_tok_s", "prefill_peak_frac", "decode_tok_s", "token_ms_p50",
              "roofline_frac", "decode_vs_hf", "prefill_vs_hf", "peak_mem_bytes", "warmup_s", "compiles"]
-    headers = {"ttft_ms": "TTFT ms", "prefill_tok_s": "prefill tok/s", "prefill_peak_frac": "of matmul peak",
-               "decode_tok_s": "decode tok/s", "token_ms_p50": "ms/token p50", "roofline_frac": "of roofline",
-               "decode_vs_hf": "decode vs HF", "prefill_vs_hf": "prefill vs HF", "peak_mem_bytes": "peak mem",
+    if quantized:
+        shown[shown.index("peak_mem_bytes"):shown.index("peak_mem_bytes")] = [
+            "decode_vs_unquantized", "weight_bytes", "drift_kl", "drift_top1"]
+    if any(row.get("ppl") for row in rows):
+        shown[shown.index("peak_mem_bytes"):shown.index("peak_mem_bytes")] = ["ppl", "ppl_ratio"]
+    headers = {"label": "engine", "ttft_ms": "TTFT ms", "prefill_tok_s": "prefill tok/s",
+               "prefill_peak_frac": "of matmul peak", "decode_tok_s": "decode tok/s", "token_ms_p50": "ms/token p50",
+               "roofline_frac": "of roofline", "decode_vs_hf": "decode vs HF", "prefill_vs_hf": "prefill vs HF",
+               "decode_vs_unquantized": "vs unquantized", "weight_bytes": "weights", "drift_kl": "drift KL",
+               "drift_top1": "top-1 agree", "ppl_ratio": "ppl ratio", "peak_mem_bytes": "peak mem",
                "warmup_s": "warm-up s"}
-    table = rich_table(rows, title, shown, headers, lambda key, row: _cell(key, row.get(key)))
-    notes = [f"{row['engine']}: {extra}" for row in rows
+    table = rich_table(rows, title, shown, headers,  # escape: rich would read "[int8]" as markup
+                       lambda key, row: escape(row_label(row)) if key == "label" else _cell(key, row.get(key)))
+    notes = [f"{row_label(row)}: {extra}" for row in rows
              for extra in (row.get("reason"), row.get("note"), row.get("prefill_error")) if extra]
     return Group(table, *(Text(n, style="dim") for n in notes))
 
@@ -53,16 +78,17 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> Path | None:
     plt = pyplot()
     if plt is None:
         return None
-    labels = [r["engine"] for r in rows]
+    labels = [row_label(r) for r in rows]
     y = list(range(len(rows)))
     fig, (ax_pre, ax_dec, ax_mem) = plt.subplots(1, 3, figsize=(14, max(2.5, 0.5 * len(rows) + 1.4)), sharey=True)
     ax_pre.barh(y, [r.get("prefill_tok_s") or 0 for r in rows], color="#3b7dd8")
     ax_pre.set_xlabel("prefill tokens/s")
     ax_dec.barh(y, [r.get("decode_tok_s") or 0 for r in rows], color="#2a9d5c")
-    roof = next((r.get("roofline_tok_s") for r in rows if r.get("roofline_tok_s")), None)
-    if roof:
-        ax_dec.axvline(roof, color="black", linestyle="--", linewidth=1)
-        ax_dec.text(roof, len(rows) - 0.5, " bandwidth roofline", fontsize=7, va="top")
+    roofs = [(i, r["roofline_tok_s"]) for i, r in enumerate(rows) if r.get("roofline_tok_s")]
+    for i, roof in roofs:  # each row's own: a quantized row reads fewer bytes per token
+        ax_dec.plot([roof, roof], [i - 0.4, i + 0.4], color="black", linestyle="--", linewidth=1)
+    if roofs:
+        ax_dec.text(roofs[-1][1], len(rows) - 0.5, " bandwidth roofline", fontsize=7, va="top")
     ax_dec.set_xlabel("decode tokens/s")
     mem = [(r.get("peak_mem_bytes") or 0) / 2**30 for r in rows]
     ax_mem.barh(y, mem, color="#d88a3b")
@@ -85,5 +111,7 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> Path | None:
 
 def write_llm_results(out_dir: str | Path, rows: list[dict[str, Any]], *, env: dict, config: dict, command: str,
                       title: str) -> dict[str, Path]:
+    always = ("engine", "quant", "status")  # other columns only where some row has a value
+    columns = [c for c in COLUMNS if c in always or any(r.get(c) is not None for r in rows)]
     return write_result_files(out_dir, rows, env=env, config=config, command=command, title=title,
-                              columns=COLUMNS, plot=plot)
+                              columns=columns, plot=plot)

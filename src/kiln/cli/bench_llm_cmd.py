@@ -7,7 +7,15 @@ import argparse
 import difflib
 import shlex
 
-from kiln.cli.llm_args import MODEL_HELP, at_least, resolve_device_flag, resolve_dtype_flag, split_list
+from kiln.cli.llm_args import (
+    MODEL_HELP,
+    add_quant_flags,
+    at_least,
+    resolve_device_flag,
+    resolve_dtype_flag,
+    resolve_quant_flags,
+    split_list,
+)
 from kiln.config.errors import ConfigError
 
 
@@ -18,6 +26,8 @@ def add_parser(bsub) -> None:
         description="Engines side by side in one process on one random prompt: TTFT, prefill ms and tok/s "
         "(TFLOP/s vs a matmul peak measured on the spot), decode tok/s and per-token p50/p90 (vs the "
         "bandwidth roofline of a device copy measured on the spot), warm-up/compile time, peak memory. "
+        "With --quant, each kiln engine runs once per quantization, with its weight bytes, roofline, memory, "
+        "logit drift against the unquantized model and (--ppl-file) perplexity. "
         "Writes results.json, results.md and results.png.",
     )
     p.add_argument("--model", help=MODEL_HELP)
@@ -35,13 +45,26 @@ def add_parser(bsub) -> None:
     p.add_argument("--inductor", action="append", metavar="KEY=VALUE",
                    help="inductor option for kiln-compiled, over kiln's defaults (coordinate_descent_tuning=true "
                    "on CUDA), e.g. max_autotune=true; repeatable")
+    add_quant_flags(p, many=True)
+    p.add_argument("--ppl-file", help="local text file (tokenized with the model's tokenizer.json) or file of token "
+                   "ids: perplexity of every kiln model on it")
+    p.add_argument("--ppl-context", type=int, default=1024, help="perplexity window in tokens (default 1024)")
+    p.add_argument("--ppl-tokens", type=int, default=16384,
+                   help="score at most this many tokens of --ppl-file (default 16384)")
+    p.add_argument("--prefill", default="compiled",
+                   help="kiln-compiled's prefill: compiled (default) or eager (skips a whole-model compile per row)")
+    p.add_argument("--tuning", default="full", help="where kiln-compiled runs coordinate-descent tuning: full "
+                   "(default), decode (not in prefill: shorter warm-up), off (also slows batch-1 decode)")
+    p.add_argument("--deadline-s", type=float, help="start no row's warm-up after this many seconds; later rows are "
+                   "skipped (a time-boxed run still writes every row it finished)")
     p.add_argument("--out", help="output directory (default: runs/<time>-bench-llm-<name>)")
     p.set_defaults(run=run)
 
 
 def plan(args: argparse.Namespace):
     from kiln.bench.llm_bench import PRESETS, LlmBenchOptions
-    from kiln.bench.llm_engines import ENGINES
+    from kiln.bench.llm_engines import ENGINES, PREFILL_MODES, TUNING
+    from kiln.bench.llm_quant import load_ppl_tokens
     from kiln.llm.config import resolve_model
     from kiln.llm.engine import check_lengths
 
@@ -67,15 +90,32 @@ def plan(args: argparse.Namespace):
     at_least("--warmup", args.warmup, 0)
     at_least("--repeats", args.repeats, 1)
     at_least("--prefill-repeats", args.prefill_repeats, 1)
+    at_least("--ppl-context", args.ppl_context, 2)
+    at_least("--ppl-tokens", args.ppl_tokens, 2)
+    if args.prefill not in PREFILL_MODES:
+        raise ConfigError("--prefill", f"unknown prefill mode {args.prefill!r}", PREFILL_MODES)
+    if args.tuning not in TUNING:
+        raise ConfigError("--tuning", f"unknown tuning {args.tuning!r}", TUNING)
+    if args.deadline_s is not None and args.deadline_s <= 0:
+        raise ConfigError("--deadline-s", f"must be > 0, got {args.deadline_s}")
     device = resolve_device_flag(args.device)
     dtype = resolve_dtype_flag(args.dtype, device)
-    config = resolve_model(model).config
+    source = resolve_model(model)
+    config = source.config
     check_lengths([sizes["prompt_len"]], sizes["new_tokens"], max_positions=config.max_positions, max_seq_len=None,
                   keys={"max_new_tokens": "--new-tokens", "prompt": "--prompt-len"})
+    kinds = split_list(args.quant) or ["none"]
+    quants = resolve_quant_flags(kinds, args, config, device, dtype)
+    if kinds != ["none"] and not any(e.startswith("kiln") for e in engines):
+        raise ConfigError("--quant", "quantization applies to kiln's engines (HF rows stay unquantized references); "
+                          "add kiln-eager or kiln-compiled to --engines")
+    load_ppl_tokens(args.ppl_file, source, config.vocab_size)  # a bad file fails here, before any model is built
     return LlmBenchOptions(model=model, engines=engines, dtype=dtype, device=str(device), warmup=args.warmup,
                            repeats=args.repeats, prefill_repeats=args.prefill_repeats, seed=args.seed,
                            preset=preset.name if preset else None, inductor_options=_inductor_options(args.inductor),
-                           **sizes)
+                           quants=quants, ppl_file=args.ppl_file, ppl_context=args.ppl_context,
+                           ppl_max_tokens=args.ppl_tokens, prefill=args.prefill, tuning=args.tuning,
+                           deadline_s=args.deadline_s, **sizes)
 
 
 def _inductor_options(assignments: list[str] | None) -> dict[str, object]:
@@ -98,13 +138,17 @@ def _inductor_options(assignments: list[str] | None) -> dict[str, object]:
 
 def _command(args: argparse.Namespace) -> str:
     parts = ["kiln", "bench", "llm"]
+    defaults = {"quant_backend": "torchao", "quant_lm_head": "on", "ppl_context": 1024, "ppl_tokens": 16384,
+                "prefill": "compiled", "tuning": "full"}
     for flag in ("model", "preset", "batch", "prompt_len", "new_tokens", "device", "dtype", "warmup", "repeats",
-                 "prefill_repeats", "seed", "out"):
+                 "prefill_repeats", "seed", "group_size", "quant_backend", "quant_lm_head", "ppl_file", "ppl_context",
+                 "ppl_tokens", "prefill", "tuning", "deadline_s", "out"):
         value = getattr(args, flag)
-        if value is not None:
+        if value is not None and value != defaults.get(flag):
             parts += [f"--{flag.replace('_', '-')}", str(value)]
-    if args.engines:
-        parts += ["--engines", ",".join(split_list(args.engines))]
+    for flag in ("engines", "quant"):
+        if getattr(args, flag):
+            parts += [f"--{flag}", ",".join(split_list(getattr(args, flag)))]
     for option in args.inductor or []:
         parts += ["--inductor", option]
     return shlex.join(parts)
@@ -128,8 +172,9 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else default_run_dir(f"bench-llm-{name}")
     device = torch.device(opts.device)
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    quant = f", quant {','.join(opts.quants)}" if list(opts.quants) != ["none"] else ""
     title = (f"kiln bench llm: {opts.model} ({opts.dtype}, batch {opts.batch}, prompt {opts.prompt_len}, "
-             f"{opts.new_tokens} new tokens, {where})")
+             f"{opts.new_tokens} new tokens{quant}, {where})")
     rows, context = run_llm_bench(opts)
     config = {"bench": dataclasses.asdict(opts), **context}
     written = write_llm_results(out, rows, env=collect_env(), config=config, command=_command(args), title=title)

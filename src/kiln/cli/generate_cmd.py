@@ -15,10 +15,12 @@ from pathlib import Path
 
 from kiln.cli.llm_args import (
     add_model_flags,
+    add_quant_flags,
     at_least,
     parse_ids,
     resolve_device_flag,
     resolve_dtype_flag,
+    resolve_quant_flags,
 )
 from kiln.config.errors import ConfigError
 
@@ -49,6 +51,7 @@ def add_parser(sub) -> None:
     p.add_argument("--compile", choices=("auto", "on", "off"), default="auto",
                    help="compile prefill/decode and capture decode in a CUDA graph (auto: on for CUDA)")
     p.add_argument("--max-seq-len", type=int, help="KV-cache slots (default: padded prompt + new tokens)")
+    add_quant_flags(p, many=False)
     p.add_argument("--json", help="also write prompts, tokens, text and timings to this JSON file")
     p.set_defaults(run=run)
 
@@ -64,6 +67,7 @@ class Request:
     stop_tokens: list[int]
     sampling: object
     compile: bool
+    quant: object
 
 
 def _prompts(args: argparse.Namespace, tokenizer_dir: Path | None) -> tuple[list[list[int]], list[str] | None, object]:
@@ -125,7 +129,13 @@ def plan(args: argparse.Namespace) -> Request:
     if len(set(stops)) > MAX_STOP_TOKENS:
         raise ConfigError("--stop-tokens", f"at most {MAX_STOP_TOKENS} stop tokens, got {len(set(stops))}")
     compile_on = args.compile == "on" or (args.compile == "auto" and device.type == "cuda")
-    return Request(source, device, dtype, prompts, texts, tokenizer, stops, sampling, compile_on)
+    quant = resolve_quant_flags([args.quant], args, config, device, dtype)[args.quant]
+    if quant.kind == "nf4":
+        from kiln.llm.quant import bitsandbytes_missing
+
+        if missing := bitsandbytes_missing():
+            raise ConfigError("--quant", f"nf4 needs bitsandbytes: {missing}")
+    return Request(source, device, dtype, prompts, texts, tokenizer, stops, sampling, compile_on, quant)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -133,11 +143,17 @@ def run(args: argparse.Namespace) -> int:
 
     from kiln.bench.timing import StepClock
     from kiln.llm.engine import Engine
-    from kiln.llm.weights import TORCH_DTYPES, build_decoder, has_weights
+    from kiln.llm.quant import quantize_decoder
+    from kiln.llm.weights import TORCH_DTYPES, build_decoder, decode_weight_bytes, has_weights
 
     model = build_decoder(req.source, device=req.device, dtype=TORCH_DTYPES[req.dtype], seed=args.seed or 0)
     if not has_weights(req.source.directory):
         print(f"kiln: {args.model} has no weights: random weights, the output is noise", file=sys.stderr)
+    if req.quant.kind != "none":
+        before = decode_weight_bytes(model)
+        model = quantize_decoder(model, req.quant)  # the unquantized copy is freed with the last reference
+        print(f"kiln: quantized {req.quant.describe()}: decode reads {decode_weight_bytes(model) / 2**30:.2f} GiB of "
+              f"weights per token ({before / 2**30:.2f} GiB unquantized)", file=sys.stderr)
     engine = Engine(model, compile=req.compile)
     clock = StepClock(req.device)
     out = engine.generate(req.prompts, max_new_tokens=args.max_new_tokens, sampling=req.sampling,
@@ -152,13 +168,14 @@ def run(args: argparse.Namespace) -> int:
     decode_s = marks[-1] - marks[0]
     rate = f", decode {len(req.prompts) * out.steps / decode_s:.1f} tok/s" if out.steps and decode_s > 0 else ""
     compiled = f" (first call: includes compiling, {sum(engine.compiled.values()):.1f} s)" if engine.compiled else ""
-    print(f"kiln: {new} tokens, TTFT {marks[0] * 1e3:.1f} ms{rate}{compiled} ({req.device}, {req.dtype})",
+    quant = f", {req.quant.describe()}" if req.quant.kind != "none" else ""
+    print(f"kiln: {new} tokens, TTFT {marks[0] * 1e3:.1f} ms{rate}{compiled} ({req.device}, {req.dtype}{quant})",
           file=sys.stderr)
     if args.json:
         payload = {"model": args.model, "device": str(req.device), "dtype": req.dtype, "compile": req.compile,
                    "sampling": dataclasses.asdict(req.sampling), "stop_tokens": req.stop_tokens, "prompts": req.texts,
                    "prompt_tokens": req.prompts, "tokens": out.tokens, "text": texts, "finish": out.finish,
                    "ttft_ms": marks[0] * 1e3, "decode_s": decode_s, "steps": out.steps,
-                   "compiled": engine.compiled}
+                   "compiled": engine.compiled, "quant": dataclasses.asdict(req.quant)}
         Path(args.json).write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
     return 0

@@ -65,3 +65,41 @@ def parse_ids(text: str, flag: str) -> list[int]:
     if not ids:
         raise ConfigError(flag, "no token ids given")
     return ids
+
+
+QUANT_HELP = ("weight-only quantization: none, int8 (per-channel), int4 (groups of --group-size, CUDA + bf16 "
+              "through torchao), nf4 (bitsandbytes)")
+
+
+def add_quant_flags(p: argparse.ArgumentParser, *, many: bool) -> None:
+    """--quant (one kind, or a comma list with `many`), --group-size, --quant-backend, --quant-lm-head."""
+    if many:
+        p.add_argument("--quant", action="append", help=f"comma-separated, one kiln row each; {QUANT_HELP} "
+                       "(default none)")
+    else:
+        p.add_argument("--quant", default="none", help=f"{QUANT_HELP} (default none)")
+    p.add_argument("--group-size", type=int, help="input features per scale: int4 32/64/128/256 (default 128), int8 "
+                   "per-channel unless given, nf4 block size (default 64); must divide the model's dims")
+    p.add_argument("--quant-backend", default="torchao", help="int8/int4 through torchao (default; pip install "
+                   "'kiln[quant]'), torch (kiln's layers on torch's ops: tinygemm for int4), inductor (int4 dequantized "
+                   "inside inductor's fused decode kernels), or auto (torchao where it can, else torch); a --quant entry "
+                   "KIND@BACKEND overrides it for that entry")
+    p.add_argument("--quant-lm-head", choices=("on", "off"), default="on",
+                   help="quantize the output head too (default on)")
+
+
+def resolve_quant_flags(entries: list[str], args: argparse.Namespace, config, device, dtype: str) -> dict:
+    """entry (`KIND` or `KIND@BACKEND`) -> checked QuantSpec; ConfigError naming the flag otherwise."""
+    from kiln.llm.quant import QuantSpec, check_quant, parse_quant
+    from kiln.llm.weights import TORCH_DTYPES
+
+    defaults = QuantSpec(group_size=args.group_size, backend=args.quant_backend, lm_head=args.quant_lm_head == "on")
+    if len(set(entries)) != len(entries):
+        raise ConfigError("--quant", f"a quantization is listed twice: {','.join(entries)}")
+    specs = {e: check_quant(parse_quant(e, defaults), config, device, TORCH_DTYPES[dtype]) for e in entries}
+    seen: dict[tuple, str] = {}
+    for entry, spec in specs.items():
+        twin = seen.setdefault((spec.kind, spec.library), entry)
+        if twin != entry:
+            raise ConfigError("--quant", f"{twin!r} and {entry!r} are the same quantization")
+    return specs

@@ -134,10 +134,13 @@ def check_lengths(prompt_lens: Sequence[int], max_new_tokens: int, *, max_positi
 
 class Engine:
     """Generate with a Decoder. `compile`: inductor for prefill and decode; `cuda_graphs` (default:
-    on when compiling on CUDA): replay the decode step as one CUDA graph."""
+    on when compiling on CUDA): replay the decode step as one CUDA graph. `compile_prefill` (default:
+    `compile`) False leaves prefill eager, saving a whole-model compile per prompt bucket;
+    `prefill_inductor_options` (default: `inductor_options`) lets prefill skip decode's tuning."""
 
     def __init__(self, model: Decoder, *, compile: bool = False, cuda_graphs: bool | None = None,
-                 inductor_options: dict[str, Any] | None = None, stop_check_interval: int = 8):
+                 inductor_options: dict[str, Any] | None = None, stop_check_interval: int = 8,
+                 compile_prefill: bool | None = None, prefill_inductor_options: dict[str, Any] | None = None):
         self.model = model.eval()
         self.config = model.config
         self.device = model.embed.weight.device
@@ -150,12 +153,13 @@ class Engine:
             raise ConfigError("stop_check_interval", f"must be >= 1, got {stop_check_interval}")
         self.stop_check_interval = stop_check_interval
         self.inductor_options = default_inductor_options(self.device) if inductor_options is None else inductor_options
-        if compile:
-            kwargs = {"fullgraph": True, "dynamic": False, "options": self.inductor_options or None}
-            self._prefill = torch.compile(prefill_step, **kwargs)
-            self._decode = torch.compile(decode_step, **kwargs)
-        else:
-            self._prefill, self._decode = prefill_step, decode_step
+        self.compile_prefill = compile if compile_prefill is None else compile_prefill
+        prefill_options = self.inductor_options if prefill_inductor_options is None else prefill_inductor_options
+        kwargs = {"fullgraph": True, "dynamic": False}
+        self._prefill = torch.compile(prefill_step, **kwargs, options=prefill_options or None) \
+            if self.compile_prefill else prefill_step
+        self._decode = torch.compile(decode_step, **kwargs, options=self.inductor_options or None) \
+            if compile else decode_step
         self.slots: Slots | None = None
         self._graphs: dict[bool, torch.cuda.CUDAGraph] = {}
         self.compiled: dict[str, float] = {}
@@ -226,7 +230,7 @@ class Engine:
             self.compiled[name] = time_calls(lambda: fn(*args), calls=1, device=self.device)
 
     def _call(self, name: str, fn, *args) -> None:
-        if self.compile and name not in self.compiled:
+        if fn not in (prefill_step, decode_step) and name not in self.compiled:
             self._first_call(name, fn, *args)
         else:
             fn(*args)

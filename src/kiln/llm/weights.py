@@ -155,17 +155,44 @@ def load_safetensors_dir(model: Decoder, directory: Path, key: str = "--model") 
     return load_hf_tensors(model, lambda name: where_is[name].get_tensor(name), where_is, where=str(directory), key=key)
 
 
+def tensor_nbytes(t: Tensor) -> int:
+    """Bytes a tensor holds: a quantized tensor subclass (torchao) counts its inner tensors
+    (packed data, scales, zero points), a bitsandbytes 4-bit weight its data plus its quant state."""
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    if is_traceable_wrapper_subclass(t):
+        names, _ = t.__tensor_flatten__()
+        return sum(tensor_nbytes(getattr(t, n)) for n in names if getattr(t, n) is not None)
+    total = t.numel() * t.element_size()
+    state = getattr(t, "quant_state", None)
+    while state is not None:  # bitsandbytes QuantState, possibly nested (double quantization)
+        total += sum(v.numel() * v.element_size() for v in vars(state).values() if isinstance(v, Tensor))
+        state = getattr(state, "state2", None)
+    return total
+
+
+def _weight_tensors(model: nn.Module) -> dict[int, tuple[str, Tensor]]:
+    """Every distinct weight tensor (parameters, and buffers of quantized layers), by identity; the
+    rotary frequencies are not weights."""
+    found: dict[int, tuple[str, Tensor]] = {}
+    for name, t in (*model.named_parameters(), *model.named_buffers()):
+        if not name.endswith("inv_freq"):
+            found.setdefault(id(t), (name, t))
+    return found
+
+
 def count_bytes(model: nn.Module) -> int:
-    """Bytes of the model's parameters (a tied weight counted once)."""
-    return sum(p.numel() * p.element_size() for p in model.parameters())
+    """Bytes of the model's weights (a tied weight counted once; quantized tensors at their real size)."""
+    return sum(tensor_nbytes(t) for _, t in _weight_tensors(model).values())
 
 
 def decode_weight_bytes(model: Decoder) -> int:
-    """Weight bytes one decode step reads: every matrix and norm once, and of an untied input
-    embedding only the rows it looks up (ignored) -- the batch-1 decode bandwidth ceiling."""
+    """Weight bytes one decode step reads: every matrix and norm once, and of an input embedding
+    that is not also the output head only the rows it looks up (ignored) -- the batch-1 decode
+    bandwidth ceiling. With a quantized head the embedding is such a separate table."""
     total = count_bytes(model)
-    if not model.config.tie_embeddings:
-        total -= model.embed.weight.numel() * model.embed.weight.element_size()
+    if model.lm_head is not None and getattr(model.lm_head, "weight", None) is not model.embed.weight:
+        total -= tensor_nbytes(model.embed.weight)
     return total
 
 
