@@ -41,6 +41,9 @@ def main(out: str) -> None:
     if rank == 0:
         with open(out, "w") as f:
             json.dump(report, f)
+    # DTensor's collectives are asynchronous until used: let every rank finish before tearing down
+    # the group (an unfinished gloo work at destruction aborts the process).
+    dist.barrier()
     dist.destroy_process_group()
 
 
