@@ -478,3 +478,10 @@ def test_moderately_nested_values_round_trip(tmp_path):
     cfg = override("model.kwargs.x=" + "[" * 20 + "1" + "]" * 20, "model.kwargs.y={a = {b = {c = [1, {d = 2}]}}}")
     save_config(cfg, tmp_path / "c.toml")
     assert dataclasses.asdict(load_config(tmp_path / "c.toml")) == dataclasses.asdict(cfg)
+
+
+def test_a_config_file_given_as_an_override_points_to_config():
+    with pytest.raises(ConfigError, match="--config FILE"):
+        load_config(None, ["configs/vit_b16.toml"])
+    with pytest.raises(ConfigError, match="KEY=VALUE"):
+        load_config(None, ["training.steps"])

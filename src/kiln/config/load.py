@@ -179,6 +179,8 @@ def apply_override(cfg: Config, assignment: str) -> None:
     Keys inside dict fields (`model.kwargs.hidden_size=512`, `compile.options.x=1`) set one entry.
     """
     if "=" not in assignment:
+        if assignment.endswith(".toml"):
+            raise ConfigError(assignment, "looks like a config file: pass it as --config FILE (overrides are KEY=VALUE)")
         raise ConfigError(assignment, "override must look like KEY=VALUE (e.g. training.steps=50)")
     key, _, raw = assignment.partition("=")
     key = key.strip()
