@@ -72,7 +72,7 @@ def _setup_logging() -> None:
 
         @stream.setter
         def stream(self, value) -> None:
-            pass
+            """logging.StreamHandler assigns a stream at construction; the property above ignores it."""
 
     rank = os.environ.get("RANK")
     prefix = f"kiln[rank {rank}]" if rank is not None and os.environ.get("WORLD_SIZE", "1") != "1" else "kiln"

@@ -78,9 +78,12 @@ def gqa_attention_formulas() -> dict:
 
     try:
         flop_counter.sdpa_flop_count((1, 2, 1, 1), (1, 1, 1, 1), (1, 1, 1, 1))
+    except AssertionError:  # this torch asserts equal head counts: supply kiln's formulas
+        counts_gqa = False
+    else:
+        counts_gqa = True
+    if counts_gqa:
         return {}
-    except AssertionError:
-        pass
     aten = torch.ops.aten
 
     def forward(query, key, value, *args, out_shape=None, **kwargs) -> int:

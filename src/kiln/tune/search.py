@@ -41,14 +41,16 @@ class Progress(Protocol):
 
 
 class _Quiet:
+    """The progress reporter when nobody watches (tests, library use): every event is dropped."""
+
     def planned(self, count: int) -> None:
-        pass
+        return None
 
     def started(self, stage: str, label: str) -> None:
-        pass
+        return None
 
     def finished(self, stage: str, label: str, row: dict[str, Any] | None, best: str | None) -> None:
-        pass
+        return None
 
 
 @dataclass
