@@ -55,7 +55,7 @@ def _driver_version() -> str | None:
     """NVIDIA driver version via NVML (kiln[gpu]) if present, else nvidia-smi, else None."""
     pynvml = import_nvml()
     if pynvml is not None:
-        try:
+        with contextlib.suppress(Exception):  # no driver / no NVIDIA GPU: fall through to nvidia-smi
             pynvml.nvmlInit()
             try:
                 version = pynvml.nvmlSystemGetDriverVersion()
@@ -63,8 +63,6 @@ def _driver_version() -> str | None:
                 pynvml.nvmlShutdown()
             # Older nvidia-ml-py releases return bytes.
             return version.decode() if isinstance(version, bytes) else str(version)
-        except Exception:
-            pass  # no driver / no NVIDIA GPU: fall through to nvidia-smi
     smi = shutil.which("nvidia-smi")
     if smi is None:
         return None

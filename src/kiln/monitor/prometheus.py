@@ -129,7 +129,7 @@ class PrometheusSink(MetricsSink):
                 self.wfile.write(body)
 
             def log_message(self, *args: Any) -> None:  # scrapes every few seconds: keep the console quiet
-                pass
+                return None
 
         check_bindable(host, port)
         family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
