@@ -13,14 +13,9 @@
 # Everything lands in $OUT/monitor/ (results.json + results.md per part, reports, logs).
 # DRY=1 runs the same steps on the CPU with a tiny model and a stub NVML reader (minutes, no GPU).
 set -uo pipefail
-OUT=${OUT:-/tmp/kiln-out}
+source benchmarks/gpu_env.sh  # wheels, PYTHONPATH, $OUT
 R=$OUT/monitor
 mkdir -p "$R"
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
-  export PYTHONPATH=/tmp/site
-fi
-export PYTHONPATH=$PWD/src:${PYTHONPATH:-} PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 CFG=configs/seed_production.toml
 EXTRA=()
 FAKE=()

@@ -29,14 +29,9 @@ set -uo pipefail
 OUT=${OUT:-/tmp/kiln-out}
 STEPS=${STEPS:-60}
 read -r -a EXTRA_ARGS <<< "${EXTRA:-}"
+source benchmarks/gpu_env.sh  # wheels, PYTHONPATH, $OUT
+cp "$OUT/r/nvidia-smi.csv" "$OUT/nvidia-smi.csv"
 R=$OUT/scale_1gpu
-mkdir -p "$OUT"
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
-  export PYTHONPATH=/tmp/site
-fi
-export PYTHONPATH=$PWD/src:${PYTHONPATH:-} PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/nvidia-smi.csv" 2>/dev/null
 echo "=== kiln bench scale, one GPU ($(date +%T))"
 timeout 330 python3 -m kiln bench scale --config configs/vit_b16.toml --nprocs 1,2,4,8 --strategies ddp,fsdp \
   --variant ddp-bucket100=ddp,distributed.ddp_bucket_cap_mb=100 \

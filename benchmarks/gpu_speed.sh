@@ -14,14 +14,9 @@
 # Writes $OUT/speed/<part>/results.{json,md,png} + logs, packed into $OUT/speed.tgz.
 # DRY=1: the same calls on the CPU with tiny models (minutes, no GPU).
 set -uo pipefail
-OUT=${OUT:-/tmp/kiln-out}
+source benchmarks/gpu_env.sh  # wheels, PYTHONPATH, $OUT
 R=$OUT/speed
 mkdir -p "$R"
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
-  export PYTHONPATH=/tmp/site
-fi
-export PYTHONPATH=$PWD/src:${PYTHONPATH:-} PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 PARTS=${PARTS:-mlp train vit}
 TIMEOUT=${TIMEOUT:-240}
 STEPS=${STEPS:-40}
