@@ -134,3 +134,11 @@ def test_calibration_inverts_the_prediction(strategy):
     measured = predict_step(tr, true_t1, 4, topo(), overlap_cost=0.3).step_s
     assert measured > true_t1
     assert calibrate_t1(tr, measured, 4, topo(), overlap_cost=0.3) == pytest.approx(true_t1, rel=1e-6)
+
+
+def test_calibration_refuses_a_step_shorter_than_the_communication_alone():
+    tr = ddp(*[4 * 10**8] * 3)
+    comm_only = predict_step(tr, 0.0, 4, topo(), overlap_cost=0.3).step_s
+    assert comm_only > 0
+    assert calibrate_t1(tr, comm_only * 0.5, 4, topo(), overlap_cost=0.3) is None
+    assert calibrate_t1(tr, comm_only, 4, topo(), overlap_cost=0.3) == pytest.approx(0.0, abs=1e-9)

@@ -99,7 +99,10 @@ def test_predict_rebuilds_predictions_from_saved_points(scale_run, tmp_path):
     out, results, _ = scale_run
     code = main(["bench", "predict", "--points", str(out / "results.json"), "--comm", str(out / "comm" / "results.json"),
                  "--strategies", "ddp", "--calibrate-at", "2", "--device-type", "cpu", "--predict-worlds", "8",
-                 "--gpus-per-node", "2", "--out", str(tmp_path / "p"), *TINY])
+                 "--gpus-per-node", "2", "--out", str(tmp_path / "p"),
+                 # The measured gloo bandwidth swings with the machine's load; a given fast link keeps the
+                 # model's communication well under the measured 2-rank step, so calibration can reproduce it.
+                 "--bus-bw", "1000", "--intra-latency-us", "0.01", *TINY])
     assert code == 0
     rows = [r for r in json.loads((tmp_path / "p" / "results.json").read_text())["results"] if r["kind"] == "prediction"]
     two = next(r for r in rows if r["world"] == 2)

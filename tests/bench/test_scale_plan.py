@@ -145,3 +145,8 @@ def test_strong_scaling_predictions_and_calibration():
     (cal,) = prediction_rows(rows, traffic, [4], topo, cost=(0.2, "given"), mode="strong", thresholds={},
                              calibrate_at=4)
     assert cal["step_ms"] == pytest.approx(12.0) and cal["error_points"] == pytest.approx(0.0, abs=1e-6)
+    slow = Topology(8, {op: LinkCost(1e-6, 1e9, "given") for op in OPS}, 10e9, 5e-6)  # 0.1 GB all-reduce: > 12 ms
+    (fallback,) = prediction_rows(rows, traffic, [4], slow, cost=(0.2, "given"), mode="strong", thresholds={},
+                                  calibrate_at=4)
+    assert fallback["t1_source"].startswith("measured at 1 rank (not calibrated on the 4-rank point")
+    assert "exceeds its measured 12 ms step" in fallback["t1_source"]

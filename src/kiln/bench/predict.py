@@ -194,13 +194,17 @@ def predict_step(traffic: StepTraffic, t1: float, world: int, topo: Topology, *,
 
 
 def calibrate_t1(traffic: StepTraffic, step_s: float, world: int, topo: Topology, *, overlap_cost: float,
-                 phases: Phases = Phases()) -> float:
+                 phases: Phases = Phases()) -> float | None:
     """The 1-rank step T1 for which the model reproduces a measured `step_s` at `world` (fixed point:
-    the overlap windows scale with T1). Used when a strategy's 1-rank step was not measured."""
+    the overlap windows scale with T1). Used when a strategy's 1-rank step was not measured. None when
+    no T1 >= 0 can: the model's communication alone already takes longer than the measured step."""
+    floor = predict_step(traffic, 0.0, world, topo, overlap_cost=overlap_cost, phases=phases).step_s
+    if floor > step_s:
+        return None
     t1 = step_s
     for _ in range(50):
         predicted = predict_step(traffic, t1, world, topo, overlap_cost=overlap_cost, phases=phases).step_s
-        t1 = max(1e-9, t1 + (step_s - predicted))
+        t1 = max(0.0, t1 + (step_s - predicted))
         if abs(step_s - predicted) < 1e-9:
             break
     return t1

@@ -110,18 +110,24 @@ def overlap_cost(comm_rows: list[dict], given: float | None) -> tuple[float, str
 def _t1(rows: list[dict], variant: str, base: dict | None, calibrate_at: int | None, traffic: StepTraffic,
         topo: Topology, cost: float, phases: Phases, mode: str) -> tuple[float | None, str]:
     """The variant's 1-rank step (s) at the baseline's batch, and where it came from."""
+    why_not = ""
     if calibrate_at is not None:
         at = next(iter(_ok(rows, kind="point", variant=variant, world=calibrate_at, role="point")), None)
         if at is not None:
             t1 = calibrate_t1(traffic, at["step_ms"] / 1e3, calibrate_at, topo, overlap_cost=cost, phases=phases)
-            # Strong scaling ran that point at batch B/N: back to the full batch, as predictions expect.
-            return t1 * (calibrate_at if mode == "strong" else 1), f"calibrated on the {calibrate_at}-rank point"
+            if t1 is not None:
+                # Strong scaling ran that point at batch B/N: back to the full batch, as predictions expect.
+                return t1 * (calibrate_at if mode == "strong" else 1), f"calibrated on the {calibrate_at}-rank point"
+            floor = predict_step(traffic, 0.0, calibrate_at, topo, overlap_cost=cost, phases=phases).step_s
+            why_not = (f" (not calibrated on the {calibrate_at}-rank point: the model's communication alone, "
+                       f"{floor * 1e3:.3g} ms, exceeds its measured {at['step_ms']:.3g} ms step; the bandwidth "
+                       "used is too pessimistic)")
     one = next(iter(_ok(rows, kind="point", variant=variant, world=1, role="point")), None)
     if one is not None:
-        return one["step_ms"] / 1e3, "measured at 1 rank"
+        return one["step_ms"] / 1e3, "measured at 1 rank" + why_not
     tried = any(r.get("kind") == "point" and r.get("variant") == variant and r.get("world") == 1 for r in rows)
     if base is not None and not tried:
-        return base["step_ms"] / 1e3, "baseline step (the wrapper's own cost unknown: taken as 0)"
+        return base["step_ms"] / 1e3, "baseline step (the wrapper's own cost unknown: taken as 0)" + why_not
     return None, ""
 
 
