@@ -31,6 +31,14 @@ def test_bad_input_exits_2_with_one_line_before_any_work(tmp_path, bad_input, ar
     assert not out.exists()
 
 
+def test_an_earlier_run_in_out_is_refused_and_kept(tmp_path, bad_input):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "results.md").write_text("earlier")
+    bad_input(["bench", "compile", "--model", "mlp", "--out", str(out)], ["--out", "already holds results", "results.md"])
+    assert [p.name for p in out.iterdir()] == ["results.md"] and (out / "results.md").read_text() == "earlier"
+
+
 def test_bench_without_a_subcommand_exits_2(capsys):
     assert main(["bench"]) == 2
 

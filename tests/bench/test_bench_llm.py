@@ -103,6 +103,9 @@ def test_hf_rows_are_skipped_without_transformers(tiny, tmp_path, monkeypatch):
     (["--prefill", "lazy"], ["--prefill", "eager"]),
     (["--tuning", "max"], ["--tuning", "decode"]),
     (["--deadline-s", "0"], ["--deadline-s", "> 0"]),
+    (["--profile-decode", "6"], ["--profile-decode", "at most 5"]),
+    (["--profile-decode", "-1"], ["--profile-decode", ">= 0"]),
+    (["--profile-decode", "2", "--engines", "hf-eager"], ["--profile-decode", "kiln's engines"]),
 ])
 def test_bad_input_exits_2_with_one_line_before_any_work(tiny, tmp_path, capsys, args, needles):
     out = tmp_path / "out"
@@ -114,6 +117,42 @@ def test_bad_input_exits_2_with_one_line_before_any_work(tiny, tmp_path, capsys,
     for needle in needles:
         assert needle in err
     assert not out.exists()
+
+
+def test_an_earlier_run_in_out_is_refused_and_kept(tiny, tmp_path, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "results.json").write_text('{"earlier": true}')
+    code = main(["bench", "llm", "--model", str(tiny), "--prompt-len", "8", "--new-tokens", "3", "--device", "cpu",
+                 "--out", str(out)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "--out" in err and "already holds results" in err and len(err.splitlines()) == 1
+    assert (out / "results.json").read_text() == '{"earlier": true}'
+
+
+def test_decode_profile_of_each_kiln_row(tiny, tmp_path):
+    out = tmp_path / "bench"
+    code = main(["bench", "llm", "--model", str(tiny), "--engines", "hf-eager,kiln-eager,kiln-compiled",
+                 "--prompt-len", "8", "--new-tokens", "8", "--repeats", "1", "--prefill-repeats", "1", "--warmup", "0",
+                 "--device", "cpu", "--profile-decode", "4", "--out", str(out)])
+    assert code == 0
+    payload = json.loads((out / "results.json").read_text())
+    rows = {r["engine"]: r for r in payload["results"]}
+    assert "profile" not in rows["hf-eager"]  # transformers' rows are not profiled
+    for name in ("kiln-eager", "kiln-compiled"):
+        row = rows[name]
+        folder = out / "decode_profile" / name
+        summary = json.loads((folder / "summary.json").read_text())
+        assert row["profile"] == str(folder / "summary.md") and (folder / "trace.pt.trace.json.gz").stat().st_size > 0
+        assert summary["steps"] == 4 and summary["wall_ms_per_step"] > 0 and row["profile_ms_per_step"] > 0
+        # Bytes per step: the weights once plus every cache slot (k and v, all layers) the step attends over.
+        assert summary["bytes_per_step"] == row["weight_bytes"] + row["kv_cache_bytes"]
+        assert summary["gpu"]["status"] == "n/a" and row["profile_idle_frac"] is None
+        ops = {op["name"]: op for op in summary["cpu"]["top"]}
+        assert any(n in ops for n in ("aten::mm", "aten::addmm", "aten::linear"))  # the projections, every step
+        assert row["profile_verdict"].startswith("no GPU timeline on this device; the host op taking most time is")
+        assert "What bounds it" in (folder / "summary.md").read_text()
+    assert f"--profile-decode 4 --out {out}" in payload["command"]
 
 
 @pytest.fixture(scope="module")

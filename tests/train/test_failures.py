@@ -251,6 +251,26 @@ def test_a_killed_dataloader_worker(tmp_path):
     assert "failed in step" in msg[0] or "failed after step" in msg[0]
 
 
+def test_a_dead_worker_that_interrupts_a_checkpoint_save_is_not_blamed_on_the_save(tmp_path):
+    # The worker's death arrives by SIGCHLD wherever the main thread is; when that is a checkpoint
+    # save, the save is where the news surfaced, not what failed (seen under CI load).
+    from kiln.checkpoint.storage import CheckpointSaveError
+    from kiln.failure.classify import diagnose
+    from kiln.train.failure import where_it_failed
+
+    try:
+        try:
+            raise RuntimeError("DataLoader worker (pid 4242) is killed by signal: Killed. ")
+        except RuntimeError as worker:
+            raise CheckpointSaveError(8, tmp_path / "step_00000008", worker) from worker
+    except CheckpointSaveError as exc:
+        err = exc
+    assert diagnose(err).kind == "worker_killed"
+    assert where_it_failed(err, 8, 8, asynchronous=True) == "after step 8 (it interrupted saving checkpoint step 8)"
+    disk = CheckpointSaveError(8, tmp_path / "step_00000008", OSError(errno.ENOSPC, "No space left on device"))
+    assert where_it_failed(disk, 8, 8).startswith("saving checkpoint step 8 (")
+
+
 @pytest.mark.parametrize("verbose", [False, True])
 def test_cuda_out_of_memory_in_the_step(tmp_path, monkeypatch, capsys, verbose):
     monkeypatch.setenv("KILN_FAULT", "cuda-oom@6")

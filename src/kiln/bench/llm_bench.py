@@ -99,6 +99,10 @@ class LlmBenchOptions:
     """Where kiln-compiled uses coordinate-descent tuning: `full`, `decode` (prefill untuned) or `off`."""
     deadline_s: float | None = None
     """No row starts its warm-up after this many seconds of the run (it is `skipped` instead)."""
+    profile_decode: int = 0
+    """Decode steps of each kiln row to profile after timing (kiln.llm.decode_profile); 0: none."""
+    profile_dir: str | None = None
+    """Where the decode profiles go (one folder per row); set by the CLI from --out."""
 
 
 def _stderr(message: str) -> None:
@@ -285,6 +289,34 @@ class LlmBench:
                         r.fail(exc)
             self.log(f"generate round {i + 1}/{self.opts.repeats} done")
 
+    def profile_rows(self, ready: list[_Row]) -> None:
+        """After timing: a profiled decode window per kiln row, in its own folder under profile_dir."""
+        import re
+        from pathlib import Path
+
+        from kiln.llm.weights import decode_weight_bytes
+
+        for r in ready:
+            if not (r.ok and r.engine_name.startswith("kiln")):
+                continue
+            folder = Path(self.opts.profile_dir) / re.sub(r"[^A-Za-z0-9_.-]+", "_", r.name).strip("_")
+            weights = r.row.get("weight_bytes") or decode_weight_bytes(self.variants[r.quant].model)
+            title = f"Decode profile: {r.name}, {self.opts.model} ({self.opts.dtype}, batch {self.opts.batch})"
+            try:
+                s = r.engine.profile_decode(self.opts.profile_decode, folder, weight_bytes=weights, title=title,
+                                            copy_bytes_per_s=self.ceilings.copy_bytes_per_s if self.ceilings else None)
+            except Exception as exc:
+                r.row["profile_error"] = failure(exc)[1]
+                self.log(f"{r.name}: decode profile failed ({r.row['profile_error']})")
+                continue
+            gpu = s["gpu"]
+            r.row.update(profile=str(folder / "summary.md"), profile_verdict=s["verdict"],
+                         profile_ms_per_step=s["wall_ms_per_step"],
+                         profile_kernels_per_step=gpu.get("kernels_per_step"),
+                         profile_idle_frac=gpu["idle"]["idle_frac"] if gpu.get("status") == "ok" else None,
+                         profile_busy_bandwidth_frac=gpu.get("busy_bandwidth_frac"))
+            self.log(f"{r.name}: decode profile: {s['verdict']} ({folder / 'summary.md'})")
+
     # -- figures --------------------------------------------------------------------------------
     def prefill_flops(self) -> int | None:
         from kiln.monitor.flops import count_step_flops
@@ -386,6 +418,8 @@ class LlmBench:
         if ready:
             self.time_prefill(ready)
             self.time_generate(ready)
+            if self.opts.profile_decode:
+                self.profile_rows(ready)
         return self.finish_rows(flops)
 
 

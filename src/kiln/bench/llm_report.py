@@ -14,7 +14,8 @@ COLUMNS = [
     "decode_tok_s", "token_ms_p50", "token_ms_p90", "achieved_gbs", "roofline_frac", "decode_vs_hf",
     "prefill_vs_hf", "decode_vs_unquantized", "peak_mem_bytes", "weight_bytes", "quant_backend", "group_size",
     "drift_kl", "drift_top1", "drift_max_abs", "drift_mean_abs", "drift_ok", "ppl", "ppl_ratio", "warmup_s", "compile_s",
-    "compiles", "greedy_match", "reason",
+    "compiles", "greedy_match", "profile_ms_per_step", "profile_kernels_per_step", "profile_idle_frac",
+    "profile_busy_bandwidth_frac", "profile", "reason",
 ]
 
 
@@ -69,7 +70,8 @@ def render_table(rows: list[dict[str, Any]], title: str):
     table = rich_table(rows, title, shown, headers,  # escape: rich would read "[int8]" as markup
                        lambda key, row: escape(row_label(row)) if key == "label" else _cell(key, row.get(key)))
     notes = [f"{row_label(row)}: {extra}" for row in rows
-             for extra in (row.get("reason"), row.get("note"), row.get("prefill_error")) if extra]
+             for extra in (row.get("reason"), row.get("note"), row.get("prefill_error"), row.get("profile_error"),
+                           row.get("profile_verdict") and f"decode profile: {row['profile_verdict']}") if extra]
     return Group(table, *(Text(n, style="dim") for n in notes))
 
 

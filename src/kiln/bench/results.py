@@ -14,6 +14,20 @@ from typing import Any
 
 STATUSES = ("ok", "oom", "error", "accuracy_fail", "skipped")
 
+HELD = ("results.json", "results.md", "best.toml", "points", "comm", "decode_profile")
+"""What a results directory holds once a command has written to it."""
+
+
+def refuse_held_results(out: Path, flag: str = "--out") -> None:
+    """ConfigError (exit 2, before any work) when `out` already holds results: a new run never
+    overwrites an earlier one's files."""
+    from kiln.config.errors import ConfigError
+
+    if out.exists() and not out.is_dir():
+        raise ConfigError(flag, f"{out} exists and is not a directory")
+    held = [n for n in HELD if (out / n).exists()]
+    if held:
+        raise ConfigError(flag, f"{out} already holds results ({', '.join(held)}); choose a new directory")
 
 def format_cell(value: Any) -> str:
     """A table cell: — for missing, yes/no, 4 significant digits."""

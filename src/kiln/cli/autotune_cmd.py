@@ -7,6 +7,7 @@ import argparse
 import shlex
 import sys
 
+from kiln.bench.results import refuse_held_results
 from kiln.cli.main import add_verbose_flag
 
 
@@ -166,6 +167,7 @@ def run(args: argparse.Namespace) -> int:
     except Exception:  # a factory that cannot build on meta: build it for real, once
         has_blocks = bool(build_model(cfg.model).blocks)
     out = Path(args.out) if args.out else default_run_dir(f"autotune-{cfg.model.name}")
+    refuse_held_results(out)
     out.mkdir(parents=True, exist_ok=True)
     args.output_dir = out  # a failure's error.log lands with the results
     device = resolve_device(cfg.training.device)

@@ -8,6 +8,7 @@ import argparse
 import shlex
 import sys
 
+from kiln.bench.results import refuse_held_results
 from kiln.cli.main import add_verbose_flag
 
 AXES = ("modes", "precisions", "backends", "scopes", "losses", "cudagraphs", "regional", "baselines")
@@ -170,6 +171,7 @@ def run_compile(args: argparse.Namespace) -> int:
     cfg = opts.cfg
     name = preset.name if preset else cfg.model.name
     out = Path(args.out) if args.out else default_run_dir(f"bench-compile-{name}")
+    refuse_held_results(out)
     out.mkdir(parents=True, exist_ok=True)
     args.output_dir = out  # a failure's error.log lands with the results
     device = resolve_device(cfg.training.device)

@@ -57,6 +57,9 @@ def add_parser(bsub) -> None:
                    "(default), decode (not in prefill: shorter warm-up), off (also slows batch-1 decode)")
     p.add_argument("--deadline-s", type=float, help="start no row's warm-up after this many seconds; later rows are "
                    "skipped (a time-boxed run still writes every row it finished)")
+    p.add_argument("--profile-decode", type=int, default=0, metavar="N",
+                   help="after timing, profile N decode steps of each kiln row (torch.profiler): kernels, GPU gaps, "
+                   "bandwidth while busy and what bounds decode, in DIR/decode_profile/ (default 0: off)")
     p.add_argument("--out", help="output directory (default: runs/<time>-bench-llm-<name>)")
     p.set_defaults(run=run)
 
@@ -96,6 +99,17 @@ def plan(args: argparse.Namespace):
         raise ConfigError("--prefill", f"unknown prefill mode {args.prefill!r}", PREFILL_MODES)
     if args.tuning not in TUNING:
         raise ConfigError("--tuning", f"unknown tuning {args.tuning!r}", TUNING)
+    at_least("--profile-decode", args.profile_decode, 0)
+    if args.profile_decode:
+        from kiln.llm.decode_profile import window_fits
+
+        fits = window_fits(sizes["new_tokens"])
+        if args.profile_decode > fits:
+            raise ConfigError("--profile-decode", f"{args.profile_decode} steps do not fit in a request of "
+                              f"{sizes['new_tokens']} new tokens (at most {fits}: the window follows the graph's "
+                              "warm-up steps within one request); raise --new-tokens or profile fewer steps")
+        if not any(e.startswith("kiln") for e in engines):
+            raise ConfigError("--profile-decode", "profiles kiln's engines; add kiln-eager or kiln-compiled to --engines")
     if args.deadline_s is not None and args.deadline_s <= 0:
         raise ConfigError("--deadline-s", f"must be > 0, got {args.deadline_s}")
     device = resolve_device_flag(args.device)
@@ -115,7 +129,7 @@ def plan(args: argparse.Namespace):
                            preset=preset.name if preset else None, inductor_options=_inductor_options(args.inductor),
                            quants=quants, ppl_file=args.ppl_file, ppl_context=args.ppl_context,
                            ppl_max_tokens=args.ppl_tokens, prefill=args.prefill, tuning=args.tuning,
-                           deadline_s=args.deadline_s, **sizes)
+                           deadline_s=args.deadline_s, profile_decode=args.profile_decode, **sizes)
 
 
 def _inductor_options(assignments: list[str] | None) -> dict[str, object]:
@@ -139,10 +153,10 @@ def _inductor_options(assignments: list[str] | None) -> dict[str, object]:
 def _command(args: argparse.Namespace) -> str:
     parts = ["kiln", "bench", "llm"]
     defaults = {"quant_backend": "torchao", "quant_lm_head": "on", "ppl_context": 1024, "ppl_tokens": 16384,
-                "prefill": "compiled", "tuning": "full"}
+                "prefill": "compiled", "tuning": "full", "profile_decode": 0}
     for flag in ("model", "preset", "batch", "prompt_len", "new_tokens", "device", "dtype", "warmup", "repeats",
                  "prefill_repeats", "seed", "group_size", "quant_backend", "quant_lm_head", "ppl_file", "ppl_context",
-                 "ppl_tokens", "prefill", "tuning", "deadline_s", "out"):
+                 "ppl_tokens", "prefill", "tuning", "deadline_s", "profile_decode", "out"):
         value = getattr(args, flag)
         if value is not None and value != defaults.get(flag):
             parts += [f"--{flag.replace('_', '-')}", str(value)]
@@ -164,12 +178,15 @@ def run(args: argparse.Namespace) -> int:
 
     from kiln.bench.llm_bench import run_llm_bench
     from kiln.bench.llm_report import render_table, write_llm_results
+    from kiln.bench.results import refuse_held_results
     from kiln.cli.bench_cmd import show_results
     from kiln.monitor.env import collect_env
     from kiln.train.runtime import default_run_dir
 
     name = opts.preset or Path(opts.model).name
     out = Path(args.out) if args.out else default_run_dir(f"bench-llm-{name}")
+    refuse_held_results(out)
+    opts.profile_dir = str(out / "decode_profile") if opts.profile_decode else None
     device = torch.device(opts.device)
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     quant = f", quant {','.join(opts.quants)}" if list(opts.quants) != ["none"] else ""

@@ -10,6 +10,8 @@ import argparse
 import shlex
 import sys
 
+from kiln.bench.results import refuse_held_results
+
 GB = 1e9
 
 
@@ -175,16 +177,6 @@ def _topology_flags(args):
     return flags, Phases(args.backward_share, args.rest_share), parse_nprocs(args.predict_worlds)
 
 
-def _fresh_out(out) -> None:
-    from kiln.config.errors import ConfigError
-
-    if out.exists() and not out.is_dir():
-        raise ConfigError("--out", f"{out} exists and is not a directory")
-    held = [n for n in ("results.json", "points", "comm") if (out / n).exists()]
-    if held:
-        raise ConfigError("--out", f"{out} already holds results ({', '.join(held)}); choose a new directory")
-
-
 def _command(name: str) -> str:
     argv = sys.argv[1:] if sys.argv and sys.argv[0].endswith(("kiln", "__main__.py")) else []
     return shlex.join(["kiln", *argv]) if argv else f"kiln bench {name} (called from Python)"
@@ -242,7 +234,7 @@ def run_scale(args: argparse.Namespace) -> int:
     if topo.gpus_per_node is None:
         topo.gpus_per_node = 8 if device_type == "cuda" else max(1, slots)
     out = Path(args.out) if args.out else default_run_dir(f"bench-scale-{cfg.model.name}")
-    _fresh_out(out)
+    refuse_held_results(out)
     points = plan_points(cfg, variants, nprocs, mode=args.mode, device_type=device_type, slots=slots,
                          fsdp_ok=fsdp_available())
     _check_points(points, args.config, overrides, args.steps)
@@ -311,7 +303,7 @@ def run_comm(args: argparse.Namespace) -> int:
         unit = "GPUs" if device_type == "cuda" else "CPU cores"
         raise ConfigError("--nprocs", f"{world} ranks but {slots} {unit} here")
     out = Path(args.out) if args.out else default_run_dir(f"bench-comm-{cfg.model.name}")
-    _fresh_out(out)
+    refuse_held_results(out)
     if world < 2:
         from kiln.bench.scale_report import write_scale_results
         from kiln.monitor.env import collect_env
@@ -346,7 +338,7 @@ def run_predict(args: argparse.Namespace) -> int:
 
     thresholds = parse_thresholds(args.thresholds)
     out = Path(args.out)
-    _fresh_out(out)
+    refuse_held_results(out)
     rows, written, title = run_offline_prediction(
         points=Path(args.points), comm=Path(args.comm) if args.comm else None, traffic=traffic, mode=args.mode,
         thresholds=thresholds, topo=topo, phases=phases, predict_worlds=predict_worlds, calibrate_at=args.calibrate_at,

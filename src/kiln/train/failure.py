@@ -41,11 +41,16 @@ def kept(run_dir: Path, removed: list[Path]) -> tuple[str, bool]:
     return text, newest is not None
 
 
-def where_it_failed(exc: BaseException, step: int, steps_done: int, start: int = 1) -> str:
+def where_it_failed(exc: BaseException, step: int, steps_done: int, start: int = 1, *,
+                    asynchronous: bool = False) -> str:
     """"saving checkpoint step 10 (path)", "in step 7" (the step began, did not finish), "after
-    step 6" (logging, eval or saving after it), "before step 1" (building, compiling, resuming)."""
+    step 6" (logging, eval or saving after it), "before step 1" (building, compiling, resuming).
+    `asynchronous`: the error is news from elsewhere (a DataLoader worker's death arrives by signal
+    wherever the main thread is), so a checkpoint save it interrupted is not where it failed."""
     for e in causes(exc):
         if isinstance(e, CheckpointSaveError):
+            if asynchronous:
+                return f"after step {steps_done} (it interrupted saving checkpoint step {e.step})"
             return f"saving checkpoint step {e.step} ({e.path})"
     if step > steps_done:
         return f"in step {step}"
@@ -59,8 +64,9 @@ def training_report(trainer, exc: BaseException, *, final: bool = True) -> Failu
     rank = dist.rank if dist.world_size > 1 or dist.launched else None
     run_dir = Path(trainer.run_dir)
     step, done, start = trainer._step, trainer._steps_done, trainer._start
-    report = FailureReport(diagnose(exc, cfg=trainer.cfg, run_dir=run_dir),
-                           where=where_it_failed(exc, step, done, start), rank=rank, step=max(step, done), exc=exc,
+    diagnosis = diagnose(exc, cfg=trainer.cfg, run_dir=run_dir)
+    report = FailureReport(diagnosis, where=where_it_failed(exc, step, done, start,
+                                                            asynchronous=diagnosis.kind == "worker_killed"), rank=rank, step=max(step, done), exc=exc,
                            log_dir=run_dir if run_dir.is_dir() else None, log_name=error_log_name(rank))
     report.time = trainer.failed_at or report.time
     if not final:
