@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 
@@ -91,7 +92,7 @@ def test_fsdp_without_repeated_blocks_wraps_root_and_warns(tmp_path):
         (["--nproc-per-node", "0"], "--nproc-per-node"),
         (["--nproc-per-node", "2", "--nnodes", "2"], "--rdzv-endpoint"),
         (["--nproc-per-node", "2", "--nnodes", "2", "--rdzv-endpoint", "127.0.0.1:29555"], "--node-rank"),
-        (["--nproc-per-node", "2", "--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", "127.0.0.1:9",
+        (["--nproc-per-node", "2", "--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", "127.0.0.1:{closed}",
           "--rdzv-wait", "1"], "unreachable"),
         (["--nproc-per-node", "2", "--nnodes", "2", "--node-rank", "0", "--rdzv-endpoint", "192.0.2.7:29500"],
          "not this machine"),
@@ -100,7 +101,10 @@ def test_fsdp_without_repeated_blocks_wraps_root_and_warns(tmp_path):
     ],
 )
 def test_launch_errors_exit_2(tmp_path, capsys, args, needle):
-    code = main(["train", "--run-dir", str(tmp_path / "run"), *args, *BASE])
+    with socket.socket() as held:  # a port the OS gave out and nothing listens on: unreachable for sure
+        held.bind(("127.0.0.1", 0))
+        args = [a.format(closed=held.getsockname()[1]) for a in args]
+        code = main(["train", "--run-dir", str(tmp_path / "run"), *args, *BASE])
     err = capsys.readouterr().err
     assert code == 2
     assert needle in err

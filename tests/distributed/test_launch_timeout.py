@@ -3,10 +3,14 @@ says so), nothing is left running, and the caller gets 124."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import subprocess
+import time
 from pathlib import Path
 
+import kiln.distributed.launch as launch_module
 from kiln.distributed.launch import LaunchSpec, launch_kiln
 
 
@@ -23,8 +27,27 @@ def _running_with(marker: str) -> list[int]:
     return pids
 
 
-def test_a_point_past_its_timeout_is_stopped(tmp_path):
+def test_a_point_past_its_timeout_is_stopped(tmp_path, monkeypatch):
     run_dir = tmp_path / "endless"
+    metrics = run_dir / "metrics.jsonl"
+
+    class TimesOutOnceTraining(subprocess.Popen):
+        """The launcher's wait with a timeout expires once the rank is training (its first metrics
+        record), not after a wall-clock time that a loaded machine may spend still starting up."""
+
+        expired = False
+
+        def wait(self, timeout=None):
+            if timeout is None or TimesOutOnceTraining.expired:
+                return super().wait(timeout)
+            deadline = time.monotonic() + 300
+            while time.monotonic() < deadline and not (metrics.exists() and metrics.read_text().strip()):
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    return super().wait(0.2)  # the launcher ended on its own: the test fails below
+            TimesOutOnceTraining.expired = True
+            raise subprocess.TimeoutExpired(self.args, timeout)
+
+    monkeypatch.setattr(launch_module.subprocess, "Popen", TimesOutOnceTraining)
     args = ["train", "--run-dir", str(run_dir), "training.device=cpu", "training.steps=10000000",
             "training.log_interval=50", "metrics.console=false", "metrics.tensorboard=false"]
     code = launch_kiln(LaunchSpec(nproc_per_node=1), args, timeout_s=30, log_path=tmp_path / "launch.log",

@@ -144,13 +144,14 @@ def test_missing_resume_path_is_bad_input(tmp_path, capsys):
 
 def test_a_rank_that_stops_participating_times_out_then_the_group_resumes(tmp_path):
     run_dir = tmp_path / "run"
-    started = time.monotonic()
+    # 15 s: every collective of the resumed attempt (rendezvous, broadcast, checkpoint load) must
+    # also fit in it on a loaded machine. Far below the default, which would outlast the test's own
+    # timeout: finishing at all shows the setting was applied.
     proc = _kiln("train", "--nproc-per-node", "2", "--max-restarts", "1", "--run-dir", str(run_dir), *BASE,
-                 "distributed.strategy=ddp", "distributed.timeout_s=5",
+                 "distributed.strategy=ddp", "distributed.timeout_s=15",
                  env={"KILN_FAULT": "hang@5", "KILN_FAULT_RANK": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "timed out" in proc.stderr.lower() or "timeout" in proc.stderr.lower()  # the first attempt's end
-    assert time.monotonic() - started < 240
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["resumed_from"].endswith("step_00000004")
 

@@ -38,7 +38,9 @@ def test_bad_input_exits_2_with_one_line_before_any_work(tmp_path, bad_input, ar
 
 def test_autotune_picks_a_compiled_recipe_faster_than_the_default(tmp_path, capsys):
     out = tmp_path / "tune"
-    code = main(["autotune", "--budget", "6", "--steps", "15", "--modes", "default", "--scopes", "model,step",
+    # A budget far above what this small space takes (~1-2 min): the search ends when the space is
+    # exhausted, so wall time on a loaded machine cannot decide which stages run.
+    code = main(["autotune", "--budget", "20", "--steps", "15", "--modes", "default", "--scopes", "model,step",
                  "--no-regional", "--out", str(out), *TINY])
     captured = capsys.readouterr()
     assert code == 0, captured.err[-3000:]
@@ -49,11 +51,11 @@ def test_autotune_picks_a_compiled_recipe_faster_than_the_default(tmp_path, caps
     # The config's own recipe as the confirm stage measured it again, next to the winner.
     default = next(r for r in rows if r["role"] == "default" and r["stage"] == "confirm")
     # The default is eager (compile off); the winner is compiled, passed the accuracy check and
-    # measured faster in this run: against the same eager fp32 runner, and in plain medians.
+    # measured faster in this run, interleaved against the same eager fp32 runner (plain medians of
+    # two rows taken at different moments are not compared: load on the machine moves them apart).
     assert default["mode"] == "eager" and winner["mode"] == "default"
     assert winner["status"] == "ok" and winner["accuracy"] == "pass"
     assert winner["speedup_vs_default"] > 1.02
-    assert winner["step_ms"] < default["step_ms"]
     assert payload["config"]["autotune"]["decided_on"] == "confirm"
     # best.toml is a full config kiln train loads, differing from the default in the winning keys.
     best = load_config(out / "best.toml")

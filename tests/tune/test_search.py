@@ -4,6 +4,7 @@ the budget, the winner rule. (The real measuring is exercised in test_autotune_c
 from __future__ import annotations
 
 import dataclasses
+import signal
 import time
 import types
 from pathlib import Path
@@ -143,6 +144,38 @@ def test_hard_stop_interrupts_a_row_past_the_budget():
     started = time.monotonic()
     with pytest.raises(BudgetExceeded), budget.hard_stop(grace_s=0.05):
         time.sleep(30)  # interrupted by the budget's alarm, not waited out
+    assert time.monotonic() - started < 10
+
+
+class OuterAlarm(Exception):
+    pass
+
+
+@pytest.fixture
+def outer_alarm():
+    """An alarm set by someone else (a test runner's timeout): its handler and its timer."""
+    def ring(signum, frame):
+        raise OuterAlarm
+
+    previous = signal.signal(signal.SIGALRM, ring)
+    yield
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    signal.signal(signal.SIGALRM, previous)
+
+
+def test_hard_stop_sets_an_outer_alarm_again_afterwards(outer_alarm):
+    signal.setitimer(signal.ITIMER_REAL, 60)
+    with pytest.raises(BudgetExceeded), Budget(0.05).hard_stop(grace_s=0.05):
+        time.sleep(30)
+    left, _ = signal.getitimer(signal.ITIMER_REAL)
+    assert 0 < left <= 60  # still armed, with what was left of it
+
+
+def test_an_outer_alarm_due_first_still_fires(outer_alarm):
+    signal.setitimer(signal.ITIMER_REAL, 0.1)
+    started = time.monotonic()
+    with pytest.raises(OuterAlarm), Budget(600).hard_stop(grace_s=0):
+        time.sleep(30)
     assert time.monotonic() - started < 10
 
 

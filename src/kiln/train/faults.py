@@ -84,4 +84,9 @@ def _kill_a_loader_worker() -> None:
     if not workers:
         raise RuntimeError("KILN_FAULT=kill-worker: this process has no DataLoader worker to kill "
                            "(synthetic data, or data.num_workers=0)")
-    os.kill(workers[0].pid, signal.SIGKILL)
+    pid = workers[0].pid
+    os.kill(pid, signal.SIGKILL)
+    # Wait until it is dead without reaping it (WNOWAIT): torch's SIGCHLD handler then finds it
+    # and raises here, after this step, instead of whenever the signal happens to be handled.
+    if hasattr(os, "waitid"):
+        os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)

@@ -106,10 +106,20 @@ class Budget:
         def stop(signum, frame):
             raise BudgetExceeded(f"the time budget ({self.seconds / 60:.1f} min) ran out during this row")
 
+        # An alarm someone else set (a test runner's timeout, a job wrapper) fires first if it is
+        # due first, and is set again afterwards with what is left of it.
+        outer_due, _ = signal.getitimer(signal.ITIMER_REAL)
+        armed_at = time.monotonic()
         previous = signal.signal(signal.SIGALRM, stop)
-        signal.setitimer(signal.ITIMER_REAL, remaining)
+        if previous is None:  # a handler not installed from Python: restore the default action
+            previous = signal.SIG_DFL
+        signal.setitimer(signal.ITIMER_REAL, min(remaining, outer_due) if outer_due > 0 else remaining)
+        if 0 < outer_due <= remaining:
+            signal.signal(signal.SIGALRM, previous)
         try:
             yield
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
             signal.signal(signal.SIGALRM, previous)
+            if outer_due > 0:
+                signal.setitimer(signal.ITIMER_REAL, max(1e-3, outer_due - (time.monotonic() - armed_at)))
