@@ -36,6 +36,7 @@ import torch
 from kiln.bench.ceilings import Ceilings, measure_ceilings
 from kiln.bench.compile_bench import failure
 from kiln.bench.llm_engines import ENGINES, HF_ENGINES, HfEngine, KilnEngine
+from kiln.bench.llm_profile import profile_rows
 from kiln.bench.llm_quant import build_variants, load_ppl_tokens, mark_drift, measure_quality
 from kiln.bench.timing import StepClock, Timing, measure_interleaved, time_calls
 from kiln.compile import compile_counters
@@ -289,34 +290,6 @@ class LlmBench:
                         r.fail(exc)
             self.log(f"generate round {i + 1}/{self.opts.repeats} done")
 
-    def profile_rows(self, ready: list[_Row]) -> None:
-        """After timing: a profiled decode window per kiln row, in its own folder under profile_dir."""
-        import re
-        from pathlib import Path
-
-        from kiln.llm.weights import decode_weight_bytes
-
-        for r in ready:
-            if not (r.ok and r.engine_name.startswith("kiln")):
-                continue
-            folder = Path(self.opts.profile_dir) / re.sub(r"[^A-Za-z0-9_.-]+", "_", r.name).strip("_")
-            weights = r.row.get("weight_bytes") or decode_weight_bytes(self.variants[r.quant].model)
-            title = f"Decode profile: {r.name}, {self.opts.model} ({self.opts.dtype}, batch {self.opts.batch})"
-            try:
-                s = r.engine.profile_decode(self.opts.profile_decode, folder, weight_bytes=weights, title=title,
-                                            copy_bytes_per_s=self.ceilings.copy_bytes_per_s if self.ceilings else None)
-            except Exception as exc:
-                r.row["profile_error"] = failure(exc)[1]
-                self.log(f"{r.name}: decode profile failed ({r.row['profile_error']})")
-                continue
-            gpu = s["gpu"]
-            r.row.update(profile=str(folder / "summary.md"), profile_verdict=s["verdict"],
-                         profile_ms_per_step=s["wall_ms_per_step"],
-                         profile_kernels_per_step=gpu.get("kernels_per_step"),
-                         profile_idle_frac=gpu["idle"]["idle_frac"] if gpu.get("status") == "ok" else None,
-                         profile_busy_bandwidth_frac=gpu.get("busy_bandwidth_frac"))
-            self.log(f"{r.name}: decode profile: {s['verdict']} ({folder / 'summary.md'})")
-
     # -- figures --------------------------------------------------------------------------------
     def prefill_flops(self) -> int | None:
         from kiln.monitor.flops import count_step_flops
@@ -419,7 +392,7 @@ class LlmBench:
             self.time_prefill(ready)
             self.time_generate(ready)
             if self.opts.profile_decode:
-                self.profile_rows(ready)
+                profile_rows(self, ready)
         return self.finish_rows(flops)
 
 
