@@ -177,6 +177,7 @@ def test_an_outer_alarm_due_first_still_fires(outer_alarm):
     with pytest.raises(OuterAlarm), Budget(600).hard_stop(grace_s=0):
         time.sleep(30)
     assert time.monotonic() - started < 10
+    assert signal.getitimer(signal.ITIMER_REAL)[0] == 0  # fired once, not set again
 
 
 def test_budget_estimates_scale_with_what_was_seen():

@@ -29,6 +29,7 @@ def refuse_held_results(out: Path, flag: str = "--out") -> None:
     if held:
         raise ConfigError(flag, f"{out} already holds results ({', '.join(held)}); choose a new directory")
 
+
 def format_cell(value: Any) -> str:
     """A table cell: — for missing, yes/no, 4 significant digits."""
     if value is None:

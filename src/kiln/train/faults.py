@@ -87,6 +87,6 @@ def _kill_a_loader_worker() -> None:
     pid = workers[0].pid
     os.kill(pid, signal.SIGKILL)
     # Wait until it is dead without reaping it (WNOWAIT): torch's SIGCHLD handler then finds it
-    # and raises here, after this step, instead of whenever the signal happens to be handled.
+    # and raises here, in the step that injected the fault, not whenever the signal is handled.
     if hasattr(os, "waitid"):
         os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)

@@ -121,5 +121,6 @@ class Budget:
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
             signal.signal(signal.SIGALRM, previous)
-            if outer_due > 0:
-                signal.setitimer(signal.ITIMER_REAL, max(1e-3, outer_due - (time.monotonic() - armed_at)))
+            outer_left = outer_due - (time.monotonic() - armed_at)
+            if outer_due > 0 and outer_left > 0:  # (an outer alarm that already fired is not set again)
+                signal.setitimer(signal.ITIMER_REAL, outer_left)
