@@ -7,6 +7,7 @@ rank that failed first, and makes summary.json say so.
 
 from __future__ import annotations
 
+import json
 import shlex
 from pathlib import Path
 from typing import Any
@@ -144,7 +145,8 @@ def group_report(run_dir: Path, first, failures: list, launcher: list[str], *, o
         where = ""
     else:
         diagnosis = first.diagnosis()
-        where = f"on rank {first.rank}" + (f" {first.where or _where_of_peers(failures)}".rstrip())
+        near = first.where or _where_of_peers(failures) or _where_of_metrics(run_dir)
+        where = f"on rank {first.rank}" + f" {near}".rstrip()
     report = FailureReport(diagnosis, where=where, log_dir=run_dir if run_dir.is_dir() else None)
     # Rank 0 removed the partial directory of a save that failed; a killed rank's is removed here.
     report.removed = [p for f in failures for p in f.removed()]
@@ -164,3 +166,20 @@ def group_report(run_dir: Path, first, failures: list, launcher: list[str], *, o
 def _where_of_peers(failures: list) -> str:
     steps = [f.step for f in failures if f.step is not None]
     return f"near step {max(steps)}" if steps else ""
+
+
+def _where_of_metrics(run_dir: Path) -> str:
+    """"after step N" from the run's newest metrics record: where a rank that died without a word
+    (SIGKILL) stopped, when no peer published a report either (the agent may stop them first)."""
+    try:
+        lines = (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return ""
+    for line in reversed(lines):
+        try:
+            step = json.loads(line).get("step")
+        except ValueError:  # a record cut short by the kill
+            continue
+        if isinstance(step, int):
+            return f"after step {step} (the last logged)"
+    return ""
