@@ -8,8 +8,14 @@ host: the part of a step that a GPU cannot hide once it exceeds the GPU's own ti
 built the way `kiln train` builds it (kiln.train.assemble.build_train_step, compiled, fused AdamW),
 all in one process and timed interleaved (kiln.bench.timing.measure_interleaved), so machine load
 hits all alike. `fsdp-before` is kiln's FSDP2 layout before the scaling work: one unit per block,
-every block resharded after forward (now the last unit stays gathered and blocks are grouped into
-units of >= 32 MiB). Writes DIR/results.json and results.md.
+every block resharded after forward, the optimizer update through DTensor dispatch (now the last
+unit stays gathered, blocks are grouped into units of >= 32 MiB and the update runs on the local
+shards, kiln.distributed.local_optim); `fsdp-dtensor-update` is today's layout with only the
+update put back on the DTensor path. A second table times the update's parts alone on the
+`fsdp-unit3` model's gradients, interleaved: gradient clipping through torch's `clip_grad_norm_`
+(DTensor dispatch) and kiln's local-shard clipping, and fused AdamW through torch's DTensor path and
+kiln's ShardLocalAdamW (each optimizer its own instance over the same parameters). Writes
+DIR/results.json and results.md.
 """
 
 from __future__ import annotations
@@ -29,6 +35,8 @@ from kiln.bench.results import write_results
 from kiln.bench.timing import measure_interleaved
 from kiln.config import load_config
 from kiln.data import build_data
+from kiln.distributed.local_optim import ShardLocalAdamW
+from kiln.distributed.sharded_norm import clip_grad_norm
 from kiln.models import build_model
 from kiln.monitor.env import collect_env
 from kiln.precision import apply_precision, resolve_precision
@@ -40,7 +48,8 @@ BASE = ["model.name=vit", "model.kwargs.img_size=32", "model.kwargs.patch_size=8
 VARIANTS = {
     "none": ("none", []),
     "ddp": ("ddp", []),
-    "fsdp-before": ("fsdp", ["distributed.fsdp_unit_blocks=1"]),
+    "fsdp-before": ("fsdp", ["distributed.fsdp_unit_blocks=1", "distributed.fsdp_local_update=false"]),
+    "fsdp-dtensor-update": ("fsdp", ["distributed.fsdp_unit_blocks=3", "distributed.fsdp_local_update=false"]),
     "fsdp-unit1": ("fsdp", ["distributed.fsdp_unit_blocks=1"]),
     "fsdp-unit3": ("fsdp", ["distributed.fsdp_unit_blocks=3"]),
     "fsdp-unit12": ("fsdp", ["distributed.fsdp_unit_blocks=12"]),
@@ -76,7 +85,29 @@ def _build(name: str):
         apply_mod.apply_fsdp = saved
     started = time.perf_counter()
     step([batch])
-    return (lambda: step([batch])), time.perf_counter() - started
+    return (lambda: step([batch])), time.perf_counter() - started, step
+
+
+def _update_parts(step, repeats: int, calls: int) -> list[dict]:
+    """The update's parts alone, on gradients left in place (values drift; the work does not)."""
+    params = step.params
+    for p in params:
+        p.grad = torch.full_like(p, 1e-3)
+    groups = lambda: [{"params": params}]  # noqa: E731
+    parts = {
+        "clip: torch clip_grad_norm_ (DTensor)": lambda: torch.nn.utils.clip_grad_norm_(params, 1.0, foreach=True),
+        "clip: kiln local shards": lambda: clip_grad_norm(params, 1.0),
+        "adamw fused: torch (DTensor)": torch.optim.AdamW(groups(), lr=1e-6, fused=True).step,
+        "adamw fused: kiln ShardLocalAdamW": ShardLocalAdamW(groups(), lr=1e-6, fused=True).step,
+    }
+    times = measure_interleaved(parts, warmup=3, repeats=repeats, calls_per_sample=calls, device="cpu")
+    rows = []
+    for name, t in times.items():
+        ms = t.as_dict(per=calls)
+        rows.append({"status": "ok", "part": name, "ms": ms["median_ms"], "ms_p10": ms["p10_ms"], "ms_p90": ms["p90_ms"],
+                     "parameters": len(params)})
+        print(f"{name:36s} {ms['median_ms']:7.3f} ms")
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -89,9 +120,9 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29517")
     dist.init_process_group("gloo", rank=0, world_size=1)
-    fns, first = {}, {}
+    fns, first, steps = {}, {}, {}
     for name in VARIANTS:
-        fns[name], first[name] = _build(name)
+        fns[name], first[name], steps[name] = _build(name)
         print(f"built {name} (first step {first[name]:.1f} s)", flush=True)
     times = measure_interleaved(fns, warmup=5, repeats=args.repeats, calls_per_sample=args.calls, device="cpu")
     base = times["none"].median_s
@@ -103,12 +134,17 @@ def main(argv: list[str] | None = None) -> int:
                      "step_ms_p90": ms["p90_ms"], "vs_none": t.median_s / base,
                      "host_overhead_ms": (t.median_s - base) / args.calls * 1e3, "first_step_s": first[name]})
         print(f"{name:22s} {ms['median_ms']:7.2f} ms  x{t.median_s / base:.2f}")
+    parts = _update_parts(steps["fsdp-unit3"], args.repeats, args.calls)
     dist.destroy_process_group()
+    step_cols = ["variant", "strategy", "overrides", "step_ms", "step_ms_p10", "step_ms_p90", "vs_none",
+                 "host_overhead_ms", "first_step_s", "status"]
     write_results(args.out, env=collect_env(), config={"base": BASE, "variants": VARIANTS, "repeats": args.repeats,
                                                         "calls_per_sample": args.calls},
-                  results=rows, command="python " + shlex.join(sys.argv), title="Host cost of the wrappers (CPU, one gloo rank, tiny 12-block ViT, compiled)",
-                  columns=["variant", "strategy", "overrides", "step_ms", "step_ms_p10", "step_ms_p90", "vs_none",
-                           "host_overhead_ms", "first_step_s", "status"])
+                  results=rows + parts, command="python " + shlex.join(sys.argv),
+                  title="Host cost of the wrappers (CPU, one gloo rank, tiny 12-block ViT, compiled)", columns=step_cols,
+                  sections=[("Training step per variant (interleaved)", rows, step_cols),
+                            ("The update's parts alone, FSDP2 fsdp-unit3 gradients (interleaved)", parts,
+                             ["part", "ms", "ms_p10", "ms_p90", "parameters", "status"])])
     return 0
 
 

@@ -175,6 +175,8 @@ class DistributedConfig:
     """FSDP2: units whose all-gather each unit issues explicitly before its own forward (0 = FSDP2's implicit prefetch, which overlaps only while the CPU runs ahead of the device)."""
     fsdp_cpu_offload: bool = False
     """FSDP2: keep sharded parameters, gradients and optimizer state in CPU memory."""
+    fsdp_local_update: bool = True
+    """FSDP2: run the (elementwise) optimizer update on each rank's local shards as plain tensors instead of op by op through DTensor dispatch: the same arithmetic with far less host work per step (kiln.distributed.local_optim). `false`: torch's DTensor path."""
     compile_strategy: str = "auto"
     """How compile combines with the strategy: `auto` (whole model for DDP with graph splitting at buckets, per-block for FSDP2), `whole`, `per_block`."""
     bind_numa: bool = False

@@ -50,7 +50,9 @@ def build_train_step(
     # torch.compile (scope step), recorded into kiln's CUDA graph, or called eagerly.
     compiled_update = cfg.compile.enabled and cfg.compile.scope == "step"
     purpose = "compiled" if compiled_update else "captured" if captured else "eager"
-    optimizer = build_optimizer(model, cfg.optim, device, param_dtype=policy.param_dtype, purpose=purpose)
+    shard_local = strategy == "fsdp" and cfg.distributed.fsdp_local_update
+    optimizer = build_optimizer(model, cfg.optim, device, param_dtype=policy.param_dtype, purpose=purpose,
+                                shard_local=shard_local)
     scheduler = build_scheduler(optimizer, cfg.optim, cfg.training.steps)
     scaler = make_grad_scaler(policy, device)
     step = TrainStep(

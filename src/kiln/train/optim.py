@@ -7,6 +7,7 @@ import math
 import torch
 
 from kiln.config.schema import OptimConfig
+from kiln.distributed.local_optim import ShardLocalAdamW, ShardLocalSGD
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
@@ -40,6 +41,7 @@ def build_optimizer(
     lr_as_tensor: bool = False,
     param_dtype: torch.dtype = torch.float32,
     purpose: str = "eager",
+    shard_local: bool = False,
 ) -> torch.optim.Optimizer:
     """The implementation follows what runs the update (`purpose`):
 
@@ -51,7 +53,9 @@ def build_optimizer(
       (step counts and LR on the device), fused where it would be in eager.
 
     `lr_as_tensor` keeps the LR in a tensor, so a compiled update does not recompile when the
-    schedule changes it and a captured one reads it from the device."""
+    schedule changes it and a captured one reads it from the device. `shard_local` (FSDP2, eager
+    update): the same optimizer whose step runs on the local shards (kiln.distributed.local_optim)."""
+    shard_local = shard_local and purpose == "eager"
     groups = param_groups(model, cfg.weight_decay)
     lr_as_tensor = lr_as_tensor or purpose != "eager"
     lr: float | torch.Tensor = torch.tensor(cfg.lr, device=device) if lr_as_tensor else cfg.lr
@@ -61,13 +65,15 @@ def build_optimizer(
         extra: dict = {"fused": True} if fused else {"foreach": capturable or not lr_as_tensor}
         if capturable:
             extra["capturable"] = True
-        return torch.optim.AdamW(groups, lr=lr, betas=tuple(cfg.betas), eps=cfg.eps, **extra)
+        adamw = ShardLocalAdamW if shard_local else torch.optim.AdamW
+        return adamw(groups, lr=lr, betas=tuple(cfg.betas), eps=cfg.eps, **extra)
     if cfg.name == "sgd":
         # SGD has no capturable flag; a tensor LR stays on the device only in the fused kernel
         # (foreach turns it into a host scalar) or when compiled.
         on_graph = purpose == "captured" and device.type == "cuda"
         extra = {"fused": True} if on_graph else {"foreach": purpose == "compiled" or not lr_as_tensor}
-        return torch.optim.SGD(groups, lr=lr, momentum=cfg.momentum, **extra)
+        sgd = ShardLocalSGD if shard_local else torch.optim.SGD
+        return sgd(groups, lr=lr, momentum=cfg.momentum, **extra)
     raise ValueError(f"unknown optimizer {cfg.name!r}")
 
 
