@@ -3,12 +3,11 @@ and clipping against torch's clip_grad_norm_ on the same gradients, reported as 
 
 from __future__ import annotations
 
-import json
-import os
 import sys
 
 import torch
 import torch.distributed as dist
+from gloo_ranks import finish
 
 
 def main(out: str) -> None:
@@ -39,19 +38,8 @@ def main(out: str) -> None:
                    for pa, pb in zip(a.parameters(), b.parameters()))
     report = {"norm": float(mine_norm), "torch_norm": float(torch_norm), "clip_returned": float(clipped_norm),
               "max_grad_diff": max_diff, "plain": type(mine_norm).__name__}
-    if rank == 0:
-        with open(out, "w") as f:
-            json.dump(report, f)
-    # DTensor's collectives are asynchronous until used: let every rank finish before tearing down
-    # the group (an unfinished gloo work at destruction aborts the process).
-    dist.barrier()
-    dist.destroy_process_group()
+    finish(report, out)
 
 
 if __name__ == "__main__":
     main(sys.argv[1])
-    # Leave without interpreter finalization, as kiln's own ranks do (kiln/__main__.py): gloo with
-    # DTensor occasionally aborted in C++ static destructors at exit after the report was written.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)

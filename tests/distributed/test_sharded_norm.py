@@ -3,28 +3,14 @@ torch's DTensor path, on two gloo ranks; other layouts go to torch unchanged."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
 from kiln.distributed.sharded_norm import clip_grad_norm, total_norm
 
-HERE = Path(__file__).parent
 
-
-def test_sharded_norm_and_clipping_match_torch_on_two_ranks(tmp_path):
-    out = tmp_path / "report.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-           str(HERE / "sharded_norm_worker.py"), str(out)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(HERE), *sys.path])}
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    r = json.loads(out.read_text())
+def test_sharded_norm_and_clipping_match_torch_on_two_ranks(run_ranks, tmp_path):
+    r = run_ranks("sharded_norm_worker.py", tmp_path / "report.json")
     assert r["plain"] == "Tensor"  # a reduced plain tensor, not a DTensor
     assert r["norm"] == pytest.approx(r["torch_norm"], rel=1e-5)
     assert r["clip_returned"] == pytest.approx(r["torch_norm"], rel=1e-5) and r["norm"] > 0.5  # it did clip

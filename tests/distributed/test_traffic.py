@@ -4,13 +4,10 @@ against real wrappers on two gloo ranks; and the byte counts of both strategies.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from traffic_worker import OVERRIDES  # tests/distributed is on sys.path (conftest.py)
 
 from kiln.config import load_config
 from kiln.distributed.fsdp import UNIT_TARGET_BYTES, fsdp_units
@@ -19,19 +16,11 @@ from kiln.models import build_model
 
 HERE = Path(__file__).parent
 VIT_B16 = HERE.parents[1] / "configs" / "vit_b16.toml"
-sys.path.insert(0, str(HERE))
-from traffic_worker import OVERRIDES  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def wrappers(tmp_path_factory):
-    out = tmp_path_factory.mktemp("traffic") / "report.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-           str(HERE / "traffic_worker.py"), str(out)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(HERE), *sys.path])}
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(out.read_text())
+def wrappers(run_ranks, tmp_path_factory):
+    return run_ranks("traffic_worker.py", tmp_path_factory.mktemp("traffic") / "report.json")
 
 
 def test_ddp_buckets_match_ddps_own(wrappers):

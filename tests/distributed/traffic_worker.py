@@ -3,11 +3,11 @@
 
 from __future__ import annotations
 
-import json
 import sys
 
 import torch
 import torch.distributed as dist
+from gloo_ranks import finish
 
 from kiln.config import load_config
 from kiln.distributed.apply import apply_parallel
@@ -57,10 +57,7 @@ def main(out: str) -> None:
                       "reshard": group.post_forward_mesh_info is not None,
                       "prefetches": len(module._get_fsdp_state()._states_to_forward_prefetch)})
     report["fsdp_units"] = units
-    if dist.get_rank() == 0:
-        with open(out, "w") as f:
-            json.dump(report, f)
-    dist.destroy_process_group()
+    finish(report, out)
 
 
 if __name__ == "__main__":
