@@ -17,7 +17,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from kiln.checkpoint import CheckpointSaveError
-from kiln.checkpoint.manager import MARKER, latest_complete
+from kiln.checkpoint.layout import MARKER, latest_complete
 from kiln.config.errors import ConfigError
 
 from .ckpt_helpers import assert_bitwise_equal, checkpointer, make_run, seed_all, snapshot

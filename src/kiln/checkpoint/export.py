@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from kiln.checkpoint.dcp_io import APP_KEY, dcp_load, read_metadata
-from kiln.checkpoint.manager import checkpoint_problem, latest_complete, read_marker
+from kiln.checkpoint.layout import checkpoint_problem, latest_complete, read_marker
 from kiln.config.errors import ConfigError
 
 MODEL_PREFIX = f"{APP_KEY}.model."

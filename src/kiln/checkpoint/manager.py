@@ -1,7 +1,4 @@
-"""Where checkpoints live, when they count as complete, which one a run resumes from.
-
-    run_dir/checkpoints/step_00000100/        complete: renamed AND holds kiln_complete.json
-    run_dir/checkpoints/step_00000200.tmp/    being written (or a crash cut it short): never used
+"""Saving, retention, resume and loading of a run's checkpoints (layout: kiln.checkpoint.layout).
 
 A save writes into `step_N.tmp/` with DCP, then rank 0 writes the completion marker and renames
 the directory. Rename is atomic on POSIX filesystems, so a reader sees either no `step_N/` or a
@@ -20,7 +17,6 @@ import datetime
 import json
 import logging
 import os
-import re
 import shutil
 import threading
 import time
@@ -32,17 +28,21 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
+from kiln.checkpoint.compat import check_model_keys, prune_template
 from kiln.checkpoint.dcp_io import (
     APP_KEY,
-    check_files,
     dcp_load,
-    flat_keys,
-    is_dropped,
-    preview,
-    prune_to,
     quiet_single_process,
     read_metadata,
     tensor_shapes,
+)
+from kiln.checkpoint.layout import (
+    FORMAT_VERSION,
+    MARKER,
+    checkpoint_problem,
+    complete_checkpoints,
+    latest_complete,
+    read_marker,
 )
 from kiln.checkpoint.state import AppState
 from kiln.checkpoint.storage import CheckpointSaveError, discard_partial, remove_partial
@@ -50,65 +50,6 @@ from kiln.config.errors import ConfigError
 from kiln.config.schema import CheckpointConfig
 
 log = logging.getLogger("kiln.checkpoint")
-
-MARKER = "kiln_complete.json"
-FORMAT_VERSION = 1
-_STEP_DIR = re.compile(r"^step_(\d{8,})$")
-
-
-def read_marker(path: Path) -> dict[str, Any] | None:
-    try:
-        marker = json.loads((path / MARKER).read_text())
-    except (OSError, ValueError):
-        return None
-    return marker if isinstance(marker, dict) else None
-
-
-def checkpoint_problem(path: Path) -> str | None:
-    """Why `path` is not a complete kiln checkpoint, or None when it is."""
-    if not path.is_dir():
-        return "not a directory"
-    if path.name.endswith(".tmp"):
-        return "its save did not finish (.tmp)"
-    marker = read_marker(path)
-    if marker is None:
-        return f"no valid completion marker ({MARKER})"
-    match = _STEP_DIR.match(path.name)
-    if match and marker.get("step") != int(match.group(1)):
-        return f"marker says step {marker.get('step')}, directory says {int(match.group(1))}"
-    try:
-        metadata = read_metadata(path)
-    except Exception as exc:  # unreadable, truncated or refused metadata: not usable
-        return f"unreadable DCP metadata ({type(exc).__name__}: {exc})"
-    return check_files(path, metadata)
-
-
-def latest_complete(root: Path, *, ignore: Path | None = None) -> Path | None:
-    """Newest complete checkpoint under `root` (a `checkpoints/` dir); warns naming each newer
-    incomplete or corrupt one it skips, and every leftover `.tmp` (other than `ignore`)."""
-    if not root.is_dir():
-        return None
-    for tmp in sorted(root.glob("step_*.tmp")):
-        if ignore is None or tmp != ignore:
-            log.warning("skipping incomplete checkpoint %s: its save did not finish", tmp)
-    candidates = sorted(
-        ((int(m.group(1)), p) for p in root.iterdir() if (m := _STEP_DIR.match(p.name))), reverse=True
-    )
-    for _, path in candidates:
-        problem = checkpoint_problem(path)
-        if problem is None:
-            return path
-        log.warning("skipping checkpoint %s: %s", path, problem)
-    return None
-
-
-def complete_checkpoints(root: Path) -> list[Path]:
-    """Complete checkpoints (renamed and marked), oldest first. Only the marker is checked: this
-    decides retention, where reading every checkpoint's metadata would be wasted work."""
-    if not root.is_dir():
-        return []
-    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := _STEP_DIR.match(p.name))]
-    return [p for _, p in sorted(found) if read_marker(p) is not None]
 
 
 @dataclasses.dataclass
@@ -350,7 +291,7 @@ class Checkpointer:
             raise ConfigError("checkpoint.resume", f"{path}: not a complete kiln checkpoint: {problem}")
         metadata = read_metadata(path)
         current = {k: tuple(v.shape) for k, v in model.state_dict().items() if isinstance(v, torch.Tensor)}
-        _check_model(path, tensor_shapes(metadata, f"{APP_KEY}.model."), current, set(metadata.state_dict_metadata))
+        check_model_keys(path, tensor_shapes(metadata, f"{APP_KEY}.model."), current, set(metadata.state_dict_metadata))
 
     def load(self, path: Path, app_state: AppState) -> LoadReport:
         """Restore `app_state` from the complete checkpoint `path`.
@@ -367,9 +308,9 @@ class Checkpointer:
         saved_world = int(marker.get("world_size", self.world_size))
         present = set(metadata.state_dict_metadata)
 
-        _check_model(path, tensor_shapes(metadata, f"{APP_KEY}.model."), app_state.model_shapes(), present)
+        check_model_keys(path, tensor_shapes(metadata, f"{APP_KEY}.model."), app_state.model_shapes(), present)
         template = app_state.load_template(saved_world)
-        template = _prune_template(path, template, present)
+        template = prune_template(path, template, present)
         dcp_load({APP_KEY: template}, path, process_group=self.group)
         app_state.load_state_dict(template)
         if self.digest and marker.get("config_digest") not in (None, self.digest):
@@ -379,55 +320,6 @@ class Checkpointer:
         self.last_saved_step = None
         return LoadReport(path=path, step=int(marker.get("step", app_state.progress.get("step", 0))),
                           saved_world_size=saved_world, notes=list(app_state.notes))
-
-
-def _check_model(path: Path, saved: dict[str, tuple[int, ...]], current: dict[str, tuple[int, ...]],
-                 present: set[str]) -> None:
-    prefix = f"{APP_KEY}.model."
-    saved_keys = set(saved) | {k[len(prefix):] for k in present if k.startswith(prefix)}
-    missing = set(current) - saved_keys
-    unexpected = saved_keys - set(current)
-    shapes = [f"{k} {list(saved[k])} in checkpoint vs {list(current[k])} in model"
-              for k in sorted(set(saved) & set(current)) if saved[k] != current[k]]
-    if not (missing or unexpected or shapes):
-        return
-    parts = []
-    if missing:
-        parts.append(f"missing {preview(missing)}")
-    if unexpected:
-        parts.append(f"unexpected {preview(unexpected)}")
-    if shapes:
-        parts.append(f"shape {'; '.join(shapes[:3])}" + (f" (+{len(shapes) - 3} more)" if len(shapes) > 3 else ""))
-    raise ConfigError("checkpoint.resume", f"{path}: checkpoint does not match the model: {', '.join(parts)}")
-
-
-def _prune_template(path: Path, template: dict[str, Any], present: set[str]) -> dict[str, Any]:
-    """Keep the entries the checkpoint has. The model was checked exactly; optimizer state of a
-    parameter the checkpoint has state for must match key by key (else: another optimizer);
-    parameters without any saved state (never got a gradient) and everything else (progress,
-    rank-local state of ranks that did not exist, hyper-parameters a newer torch added) keep their
-    current values."""
-    state_prefix = f"{APP_KEY}.optim.state."
-    saved_params = {k[len(state_prefix):] for k in present if k.startswith(state_prefix)}
-    wrong = []
-    for fqn, param_state in template.get("optim", {}).get("state", {}).items():
-        if not any(s.startswith(f"{fqn}.") for s in saved_params):
-            continue
-        for key in flat_keys(param_state, f"{state_prefix}{fqn}"):
-            if key not in present:
-                wrong.append(key[len(f"{APP_KEY}.optim."):])
-    if wrong:
-        raise ConfigError("checkpoint.resume", f"{path}: checkpoint does not match the optimizer: missing "
-                          f"{preview(wrong)} (saved with another optimizer?)")
-    pruned = {}
-    for section, value in template.items():
-        if section == "model":
-            pruned[section] = value
-            continue
-        kept = prune_to(value, present, f"{APP_KEY}.{section}")
-        if not is_dropped(kept):
-            pruned[section] = kept
-    return pruned
 
 
 def _write_json_durably(path: Path, data: dict[str, Any]) -> None:

@@ -102,7 +102,7 @@ def remove_partial(root: Path) -> list[Path]:
 def newest_intact(root: Path) -> Path | None:
     """Newest complete checkpoint under `root`, fully checked, without logging what it skips (the
     failure message names what was kept; warnings about skipped ones would only add noise)."""
-    from kiln.checkpoint.manager import checkpoint_problem, complete_checkpoints
+    from kiln.checkpoint.layout import checkpoint_problem, complete_checkpoints
 
     for path in reversed(complete_checkpoints(root)):
         if checkpoint_problem(path) is None:

@@ -12,7 +12,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from kiln.checkpoint.manager import read_marker
+from kiln.checkpoint.layout import read_marker
 from kiln.checkpoint.storage import CheckpointSaveError, newest_intact, remove_partial
 from kiln.failure.classify import Diagnosis, causes, diagnose, reason, short_error
 from kiln.failure.report import FailureReport, error_log_name

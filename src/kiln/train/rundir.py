@@ -172,7 +172,7 @@ def no_checkpoint_decision(path: Path) -> str:
 
 def checkpoint_step(path: Path) -> int:
     """The step a complete checkpoint was saved at (from its completion marker)."""
-    from kiln.checkpoint.manager import read_marker
+    from kiln.checkpoint.layout import read_marker
 
     return int((read_marker(Path(path)) or {}).get("step", -1))
 
