@@ -76,9 +76,9 @@ def test_plain_torchrun_ranks_say_it_themselves(tmp_path):
     """Without kiln's launcher each rank speaks for itself: the failing rank gives the whole
     message, the rank that only lost its peer one line; torchrun's root cause shows kiln's report."""
     run_dir = tmp_path / "run"
-    # --monitor-interval 5: torchrun stops the rank still reporting once another has exited; rank 1
-    # frees rank 0 (leaving the group) just before it prints, so give it the time a loaded machine needs.
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "--monitor-interval=5",
+    # torchrun stops the ranks still running once one has exited (its default monitor interval): rank
+    # 1 prints its whole message before it leaves the group and so frees rank 0 (kiln train's order).
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
            "-m", "kiln",
            "train", "--run-dir", str(run_dir), *BASE]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600,

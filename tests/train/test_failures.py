@@ -296,6 +296,22 @@ def test_host_out_of_memory(tmp_path, monkeypatch, capsys):
                           needles=["failed in step 6: out of host memory (MemoryError", "data.batch_size"])
 
 
+def test_the_message_is_out_before_the_process_group_is_left(tmp_path, monkeypatch, capsys):
+    """Leaving the group frees the peers blocked in a collective, and torchrun stops a rank once a
+    peer has exited: kiln train prints and publishes its report first, then leaves."""
+    import kiln.failure
+    import kiln.train.trainer
+
+    events = []
+    emit = kiln.failure.emit
+    monkeypatch.setattr(kiln.failure, "emit", lambda *a, **k: (events.append("message"), emit(*a, **k)))
+    monkeypatch.setattr(kiln.train.trainer, "destroy_process_group", lambda: events.append("leave group"))
+    monkeypatch.setenv("KILN_FAULT", "host-oom@6")
+    assert main(["train", "--run-dir", str(tmp_path / "run"), *BASE]) == 1
+    assert "failed in step 6" in capsys.readouterr().err
+    assert events == ["message", "leave group"]
+
+
 def test_the_printed_resume_command_continues_the_run(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("KILN_FAULT", "host-oom@6")
     run_dir = tmp_path / "run"

@@ -116,6 +116,8 @@ def _report_failure(exc: Exception, args: argparse.Namespace) -> int:
             exc, output_dir=getattr(args, "output_dir", None))
         emit(report, verbose=getattr(args, "verbose", False), mode=console_mode(report))
         publish(report)  # for a launcher: this rank's report, complete
+        if isinstance(exc, RunFailed) and exc.after_report is not None:
+            exc.after_report()
     return EXIT_FAILED
 
 

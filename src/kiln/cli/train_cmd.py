@@ -87,15 +87,20 @@ def run(args: argparse.Namespace) -> int:
             publish(training_report(trainer, exc, final=False))
 
     # Builds model and data: bad paths/names also exit 2 here.
-    trainer = Trainer(cfg, args.run_dir, on_failure=publish_early)
+    trainer = Trainer(cfg, args.run_dir, on_failure=publish_early, keep_group_on_failure=True)
     try:
         summary = trainer.fit()
-    except ConfigError:
-        raise
     except Exception as exc:  # cleaned up, summary written: say what, where, what was kept
+        if isinstance(exc, ConfigError):
+            trainer.leave_group()
+            raise
         with quiet_child_signals():
             report = training_report(trainer, exc)
-        raise RunFailed(report) from exc
+        # The process group is left once the message is out (see Trainer's keep_group_on_failure).
+        raise RunFailed(report, after_report=trainer.leave_group) from exc
+    except BaseException:
+        trainer.leave_group()
+        raise
     if not trainer.dist.is_main:
         return 0
     if summary.get("already_complete"):

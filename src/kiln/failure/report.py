@@ -21,7 +21,7 @@ import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -114,9 +114,10 @@ def error_log_name(rank: int | None) -> str:
 class RunFailed(Exception):
     """A command failed while running; `report` says what, where, what was kept, what to do."""
 
-    def __init__(self, report: FailureReport) -> None:
+    def __init__(self, report: FailureReport, *, after_report: Callable[[], None] | None = None) -> None:
         super().__init__(report.headline())
         self.report = report
+        self.after_report = after_report  # cleanup that waits until the report is out (kiln train: the group)
 
 
 def generic_report(exc: BaseException, *, output_dir: str | os.PathLike[str] | None = None,

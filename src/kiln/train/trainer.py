@@ -74,13 +74,18 @@ log = logging.getLogger("kiln.train")
 class Trainer:
     def __init__(self, cfg: Config, run_dir: str | Path | None = None,
                  step_hook: Callable[[int], None] | None = None, *,
-                 on_failure: Callable[[BaseException], None] | None = None) -> None:
+                 on_failure: Callable[[BaseException], None] | None = None,
+                 keep_group_on_failure: bool = False) -> None:
         """`step_hook(step)` runs after every optimizer step (kiln profile's profiler window).
         `on_failure(exc)` is called as soon as `fit` catches an error, before cleaning up (the CLI
-        publishes the rank's report there: a launcher may stop this process during cleanup)."""
+        publishes the rank's report there: a launcher may stop this process during cleanup).
+        `keep_group_on_failure`: a failed `fit` leaves the process group open until `leave_group()`,
+        so the CLI prints this rank's message first (leaving frees the peers blocked in a
+        collective; torchrun may then stop this rank mid-message)."""
         self.cfg = cfg
         self.step_hook = step_hook
         self.on_failure = on_failure
+        self.keep_group_on_failure = keep_group_on_failure
         self.dist = DistEnv.from_env()
         multi = self.dist.world_size > 1
         self.device = device_for(self.dist, cfg.training.device) if multi else resolve_device(cfg.training.device)
@@ -247,13 +252,21 @@ class Trainer:
                     first = exc
         # Never the run's failure: a lock file that cannot be removed stays behind harmlessly, and a
         # group broken by a dead peer may refuse a clean shutdown.
-        for label, action in [("releasing the run dir", lock.close), ("leaving the process group", destroy_process_group)]:
-            try:
-                action()
-            except Exception as exc:
-                self.cleanup_errors.append((label, exc))
+        try:
+            lock.close()
+        except Exception as exc:
+            self.cleanup_errors.append(("releasing the run dir", exc))
+        if not (failing and self.keep_group_on_failure):
+            self.leave_group()
         if first is not None:
             raise first
+
+    def leave_group(self) -> None:
+        """Leave the process group if one is open; an error doing so is kept in `cleanup_errors`."""
+        try:
+            destroy_process_group()
+        except Exception as exc:
+            self.cleanup_errors.append(("leaving the process group", exc))
 
     def _train(self, sinks) -> dict[str, Any]:
         cfg, device = self.cfg, self.device
