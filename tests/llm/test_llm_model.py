@@ -27,7 +27,9 @@ def test_logits_equal_transformers(checkpoints, family):
         last = kiln(tokens, last_only=True)
     assert got.shape == ref.shape
     torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-5)
-    torch.testing.assert_close(last, got[:, -1:], rtol=0, atol=0)
+    # The same arithmetic on one row instead of all: a GEMM of another height may block its sums
+    # differently (bitwise equal on Intel CPUs, within an ulp on AMD EPYC).
+    torch.testing.assert_close(last, got[:, -1:], rtol=1e-5, atol=1e-6)
 
 
 def test_sliding_window_is_applied(checkpoints):
