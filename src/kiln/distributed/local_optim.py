@@ -135,6 +135,13 @@ class _ShardLocalStep:
                 setattr(shadow, name, None)
 
 
+def update_paths(optimizer: torch.optim.Optimizer) -> dict[str, int] | None:
+    """Steps run on the local shards and through DTensor, for a run's summary (None: not sharded)."""
+    if not isinstance(optimizer, _ShardLocalStep):
+        return None
+    return {"local_shards": optimizer.local_steps, "dtensor": optimizer.dtensor_steps}
+
+
 class ShardLocalAdamW(_ShardLocalStep, torch.optim.AdamW):
     """torch.optim.AdamW whose step runs on FSDP2's local shards (see the module docstring)."""
 

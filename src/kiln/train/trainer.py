@@ -33,6 +33,7 @@ from kiln.distributed.env import (
     device_for,
     init_process_group,
 )
+from kiln.distributed.local_optim import update_paths
 from kiln.distributed.strategy import resolve_strategy
 from kiln.distributed.sync_timing import SyncTimer
 from kiln.failure.classify import short_error
@@ -379,6 +380,7 @@ class Trainer:
             "world_size": self.dist.world_size,
             "strategy": self.strategy,
             "strategy_reason": self.strategy_reason,
+            "optimizer_update_steps": update_paths(step_fn.optimizer),
             "global_batch": self.train_data.samples_per_batch * accum * self.dist.world_size,
             "device": str(device),
             "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
