@@ -3,10 +3,15 @@
 Each entry was the fastest recipe that passed `kiln bench compile`'s accuracy check on a GPU, with
 the results it came from committed under `benchmarks/results/`. It applies when the user asks for
 speed and leaves the how to kiln: `compile.enabled=true` with every other compile key at its
-default, one process, a CUDA device, and `compile.defaults=measured` (the default;
-`compile.defaults=torch` keeps torch.compile's own defaults). Any compile key the user sets, a
-family without evidence, a CPU or several processes leave the config as it is. The keys applied
-are logged and saved in the run's config.toml, so a rerun resolves to the same run.
+default, one process that no DDP/FSDP wrapper wraps, a CUDA device, and
+`compile.defaults=measured` (the default; `compile.defaults=torch` keeps torch.compile's own
+defaults). Any compile key the user sets, a family without evidence, a CPU or several processes
+leave the config as it is. So does a one-rank torchrun job with `distributed.strategy` ddp or fsdp
+(how `kiln bench scale` measures a wrapper's own cost): the recipe's whole-step capture cannot
+hold a wrapper's hooks and falls back, and regional compile without capture is slower than
+torch's default there (benchmarks/results/h100/scale_1gpu: one-rank DDP 44.1 ms and FSDP2 64.0 ms
+ran that way, against 22.8 ms for the captured step). The keys applied are logged and saved in the
+run's config.toml, so a rerun resolves to the same run.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 from kiln.config.schema import CompileConfig, Config
+from kiln.distributed.strategy import wraps_one_rank
 
 
 @dataclass(frozen=True)
@@ -53,14 +59,18 @@ def _user_chose_how(c: CompileConfig) -> bool:
     return any(getattr(c, f.name) != getattr(_UNTOUCHED, f.name) for f in fields(c) if f.name not in skip)
 
 
-def apply_measured_defaults(cfg: Config, device_type: str, world_size: int) -> str | None:
-    """Set the family's measured recipe on `cfg.compile` where it applies; returns a log line."""
+def apply_measured_defaults(cfg: Config, device_type: str, world_size: int, *, launched: bool = False) -> str | None:
+    """Set the family's measured recipe on `cfg.compile` where it applies; returns a log line
+    (also when a wrapper keeps it from applying). `launched`: the process runs under torchrun."""
     c = cfg.compile
     if not c.enabled or c.defaults != "measured" or _user_chose_how(c):
         return None
     recipe = MEASURED.get(family(cfg.model.name))
     if recipe is None or device_type != "cuda" or world_size > 1:
         return None
+    if wraps_one_rank(cfg, world_size, launched):
+        return (f"compile: kiln's measured recipe for {family(cfg.model.name)} is for an unwrapped step; with "
+                f"distributed.strategy={cfg.distributed.strategy} torch.compile's defaults apply")
     for key, value in recipe.keys.items():
         setattr(c, key, value)
     shown = " ".join(f"compile.{k}={str(v).lower()}" for k, v in recipe.keys.items())

@@ -34,6 +34,22 @@ def test_anything_else_leaves_the_config_alone(overrides, device, world):
     assert repr(cfg.compile) == before
 
 
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_a_one_rank_wrapper_keeps_torchs_defaults(strategy):
+    """A one-rank torchrun job that names ddp/fsdp wraps the model: capture would fall back and
+    leave regional compile alone, slower there than torch's default (scale_1gpu)."""
+    cfg = _cfg(f"distributed.strategy={strategy}")
+    before = repr(cfg.compile)
+    note = apply_measured_defaults(cfg, "cuda", 1, launched=True)
+    assert repr(cfg.compile) == before
+    assert f"distributed.strategy={strategy}" in note and "defaults apply" in note
+    # Without a launcher one process runs unwrapped (strategy none): the recipe applies.
+    unwrapped = _cfg(f"distributed.strategy={strategy}")
+    assert apply_measured_defaults(unwrapped, "cuda", 1) and unwrapped.compile.cudagraphs
+    auto = _cfg()  # `auto` on one rank under torchrun is unwrapped too
+    assert apply_measured_defaults(auto, "cuda", 1, launched=True) and auto.compile.cudagraphs
+
+
 def test_compile_off_is_left_alone():
     cfg = load_config(None, [])
     assert apply_measured_defaults(cfg, "cuda", 1) is None and not cfg.compile.cudagraphs

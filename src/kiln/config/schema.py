@@ -222,7 +222,7 @@ class MetricsConfig:
     gpu_health_period_s: float = 1.0
     """Seconds between NVML samples (the sampler thread's period)."""
     sync_timing: bool = False
-    """Time each rank's wait in gradient collectives (DDP: CUDA events or host clocks around the last bucket's all-reduce, read at log steps) and at the log-step gather; naming a straggler under DDP needs it. Off by default: it replaces DDP's built-in all-reduce hook with a Python one, and one-rank DDP on an H100 ran 1.9x slower than no wrapper with it on (cause not isolated; see benchmarks/results/h100/scale_1gpu)."""
+    """Time each rank's wait in gradient collectives (DDP: CUDA events or host clocks around the last bucket's all-reduce, read at log steps) and at the log-step gather; naming a straggler under DDP needs it. Off by default: it replaces DDP's built-in C++ all-reduce hook with a Python one, whose cost at scale is not measured yet."""
     straggler_margin: float = 0.2
     """A rank is slow in an interval when its own time per step (step time minus time blocked in collectives) exceeds the median of the other ranks by more than this fraction."""
     straggler_intervals: int = 3

@@ -25,6 +25,12 @@ def device_memory_bytes(device: torch.device) -> int | None:
     return None
 
 
+def wraps_one_rank(cfg: Config, world_size: int, launched: bool) -> bool:
+    """A one-rank job that still applies a DDP/FSDP wrapper: launched by torchrun (kiln's launcher
+    or plain) with `distributed.strategy` ddp or fsdp named."""
+    return world_size == 1 and launched and cfg.distributed.strategy in ("ddp", "fsdp")
+
+
 def resolve_strategy(cfg: Config, world_size: int, num_params: int, param_bytes: int,
                      device: torch.device, *, launched: bool = False) -> tuple[str, str]:
     """(strategy, reason). One process is `none`, except a 1-rank torchrun job that names `ddp` or
@@ -32,9 +38,9 @@ def resolve_strategy(cfg: Config, world_size: int, num_params: int, param_bytes:
     at one rank (the reference its N-rank points are compared with)."""
     chosen = cfg.distributed.strategy
     if world_size == 1:
+        if wraps_one_rank(cfg, world_size, launched):
+            return chosen, f"distributed.strategy={chosen} on one rank (the wrapper's own cost, no peers)"
         if chosen in ("ddp", "fsdp"):
-            if launched:
-                return chosen, f"distributed.strategy={chosen} on one rank (the wrapper's own cost, no peers)"
             return "none", f"distributed.strategy={chosen} with one process: nothing to parallelise"
         return "none", "one process"
     if chosen == "none":

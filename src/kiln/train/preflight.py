@@ -24,7 +24,7 @@ def preflight(cfg: Config, run_dir: Path, world_size: int = 1) -> None:
 
     device = cfg.training.device
     device_type = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else torch.device(device).type
-    apply_measured_defaults(cfg, device_type, world_size)
+    apply_measured_defaults(cfg, device_type, world_size, launched=True)  # as the ranks will see it
     check_run_dir(run_dir, cfg, cfg.checkpoint.resume)
     from kiln.models import build_model
 

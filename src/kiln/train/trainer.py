@@ -97,7 +97,8 @@ class Trainer:
             self.cpu_plan = configure_cpu(cfg.cpu, local_rank=self.dist.local_rank,
                                           local_world=self.dist.local_world_size)
         self.policy = resolve_precision(cfg.precision.policy, self.device)
-        note = apply_measured_defaults(cfg, self.device.type, self.dist.world_size)  # before the run-dir check
+        note = apply_measured_defaults(cfg, self.device.type, self.dist.world_size,  # before the run-dir check
+                                       launched=self.dist.launched)
         if note and self.dist.is_main:
             log.info(note)
         self.run_dir = Path(run_dir) if run_dir is not None else default_run_dir(cfg.model.name)
