@@ -11,7 +11,8 @@ from kiln.config.errors import ConfigError
 
 
 def check_model_keys(path: Path, saved: dict[str, tuple[int, ...]], current: dict[str, tuple[int, ...]],
-                 present: set[str]) -> None:
+                     present: set[str]) -> None:
+    """The model's keys and shapes against the checkpoint's (`saved` shapes, `present` entries)."""
     prefix = f"{APP_KEY}.model."
     saved_keys = set(saved) | {k[len(prefix):] for k in present if k.startswith(prefix)}
     missing = set(current) - saved_keys
