@@ -93,12 +93,11 @@ def _update_parts(step, repeats: int, calls: int) -> list[dict]:
     params = step.params
     for p in params:
         p.grad = torch.full_like(p, 1e-3)
-    groups = lambda: [{"params": params}]  # noqa: E731
     parts = {
         "clip: torch clip_grad_norm_ (DTensor)": lambda: torch.nn.utils.clip_grad_norm_(params, 1.0, foreach=True),
         "clip: kiln local shards": lambda: clip_grad_norm(params, 1.0),
-        "adamw fused: torch (DTensor)": torch.optim.AdamW(groups(), lr=1e-6, fused=True).step,
-        "adamw fused: kiln ShardLocalAdamW": ShardLocalAdamW(groups(), lr=1e-6, fused=True).step,
+        "adamw fused: torch (DTensor)": torch.optim.AdamW(params, lr=1e-6, fused=True).step,
+        "adamw fused: kiln ShardLocalAdamW": ShardLocalAdamW(params, lr=1e-6, fused=True).step,
     }
     times = measure_interleaved(parts, warmup=3, repeats=repeats, calls_per_sample=calls, device="cpu")
     rows = []

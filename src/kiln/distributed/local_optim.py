@@ -97,8 +97,7 @@ class _ShardLocalStep:
     # -- the step ---------------------------------------------------------------------------------
     @torch.no_grad()
     def step(self, closure=None):
-        if closure is None and (self._current() or self._link()) and self._grads_reduced():
-            self._local_step()
+        if closure is None and (self._current() or self._link()) and self._local_step():
             self.local_steps += 1
             return None
         self._shadow = None
@@ -107,32 +106,32 @@ class _ShardLocalStep:
         self._ready.update(id(p) for p in self._params() if p.grad is not None)
         return result
 
-    def _grads_reduced(self) -> bool:
-        """Every gradient has state and is laid out like its parameter (a reduced shard of it)."""
-        for p, _, _ in self._pairs:
-            grad = p.grad
-            if grad is not None and (id(p) not in self._ready or getattr(grad, "placements", None) != p.placements):
-                return False
-        return True
-
-    def _local_step(self) -> None:
-        shadow = self._shadow
-        for group, local_group in zip(self.param_groups, shadow.param_groups):
-            for key, value in group.items():  # the LR scheduler writes the main groups
-                if key != "params":
-                    local_group[key] = value
+    def _local_step(self) -> bool:
+        """The update on the local views; False (nothing done) when a gradient has no state yet or
+        is not laid out like its parameter (not a reduced shard of it)."""
+        ok = True
         for p, view, _ in self._pairs:
             grad = p.grad
+            if grad is not None and (id(p) not in self._ready or getattr(grad, "placements", None) != p.placements):
+                ok = False
+                break
             view.grad = None if grad is None else grad._local_tensor
-        for name in _FORWARDED:
-            setattr(shadow, name, getattr(self, name, None))
+        shadow = self._shadow
         try:
-            inspect.unwrap(type(shadow).step)(shadow)
+            if ok:
+                for group, local_group in zip(self.param_groups, shadow.param_groups):
+                    for key, value in group.items():  # the LR scheduler writes the main groups
+                        if key != "params":
+                            local_group[key] = value
+                for name in _FORWARDED:
+                    setattr(shadow, name, getattr(self, name, None))
+                inspect.unwrap(type(shadow).step)(shadow)
         finally:
             for _, view, _ in self._pairs:  # FSDP2 frees its gradient at zero_grad: hold no reference
                 view.grad = None
             for name in _FORWARDED:
                 setattr(shadow, name, None)
+        return ok
 
 
 def update_paths(optimizer: torch.optim.Optimizer) -> dict[str, int] | None:

@@ -29,8 +29,8 @@ def _sharded_locals(grads: list[Tensor]) -> tuple[list[Tensor], object] | None:
     if not grads or not all(isinstance(g, DTensor) for g in grads):
         return None
     mesh = grads[0].device_mesh
-    if mesh.ndim != 1 or not all((g.device_mesh is mesh or g.device_mesh == mesh) and all(isinstance(p, Shard) for p in g.placements)
-                                 for g in grads):
+    same_mesh = all(g.device_mesh is mesh or g.device_mesh == mesh for g in grads)  # `is`: the usual case, cheap
+    if mesh.ndim != 1 or not same_mesh or not all(isinstance(p, Shard) for g in grads for p in g.placements):
         return None  # replicated or multi-dim layouts (HSDP, TP): leave them to torch
     return [g.to_local() for g in grads], mesh.get_group()
 
