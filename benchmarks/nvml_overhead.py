@@ -5,7 +5,9 @@ device) and times it with kiln.bench.timing in interleaved rounds, with the samp
 default 1 Hz, and at 20 Hz (20x the default work, to see the per-read cost above the noise).
 Each sample lasts about `--sample-s` seconds so that every sample of an "on" side holds NVML
 reads; the side order rotates every round. The goal for 1 Hz is "below noise": its ratio to
-"off" within the round-to-round spread of "off" itself.
+"off" within the round-to-round spread of "off" itself. Each round's "on"/"off" ratio pairs samples
+taken seconds apart, so their median is reported beside the ratio of the pooled medians; the
+direct cost (one read's time x reads per second) is the floor a sampler thread cannot go under.
 
     python benchmarks/nvml_overhead.py --config configs/seed_production.toml compile.enabled=false --out DIR
 
@@ -59,7 +61,7 @@ def reader_for(device: torch.device, fake: bool):
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default=None)
-    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--samples", type=int, default=2, help="timed samples per side per round")
     ap.add_argument("--sample-s", type=float, default=1.5, help="seconds per timed sample (sets steps per sample)")
     ap.add_argument("--fake-nvml", action="store_true")
@@ -123,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
             "ratio_vs_off": statistics.median(per_side[side]) / off,
             "round_ratio_min": min(ratios), "round_ratio_max": max(ratios),
             "off_round_spread": noise, "round_ms": rounds[side], "nvml_reads": sum(reads[side]),
+            "round_ratio_median": statistics.median(ratios),
+            "direct_cost_pct": 100 * read_us * 1e-6 / sides[side] if sides[side] else 0.0,
             "read_us": read_us if sides[side] else None, "steps_per_sample": calls,
             "reader": "fake" if args.fake_nvml else "nvml",
         })
@@ -130,11 +134,14 @@ def main(argv: list[str] | None = None) -> int:
     write_results(args.out, env=collect_env(), config=config_to_dict(cfg), results=rows, command=command,
                   title=f"NVML sampler overhead: {cfg.model.name}, batch {cfg.data.batch_size}, "
                         f"{cfg.precision.policy}, compile {'on' if cfg.compile.enabled else 'off'}",
-                  columns=["side", "step_ms", "ratio_vs_off", "round_ratio_min", "round_ratio_max",
+                  columns=["side", "step_ms", "ratio_vs_off", "round_ratio_median", "round_ratio_min", "round_ratio_max",
+                           "direct_cost_pct",
                            "off_round_spread", "nvml_reads", "read_us", "steps_per_sample", "reader"])
     for row in rows:
         print(f"{row['side']:>6}: {row['step_ms']:.3f} ms/step, ratio vs off {row['ratio_vs_off']:.4f} "
-              f"(rounds {row['round_ratio_min']:.4f}-{row['round_ratio_max']:.4f}), {row['nvml_reads']} NVML reads")
+              f"(paired rounds: median {row['round_ratio_median']:.4f}, "
+              f"{row['round_ratio_min']:.4f}-{row['round_ratio_max']:.4f}), {row['nvml_reads']} NVML reads, "
+              f"direct cost {row['direct_cost_pct']:.4f}% of wall time")
     print(f"round-to-round spread of 'off': {100 * noise:.2f}%; one NVML read: {read_us:.1f} us")
     return 0
 
