@@ -49,15 +49,17 @@ for name in ("torch", "torchao", "bitsandbytes"):
     except Exception as exc:
         print(f"{name}: not available ({type(exc).__name__}: {exc})")
 EOF
-COMMON=(--batch 1 --prompt-len 1024 --new-tokens 256 --prefill eager --deadline-s 300)
+# QUANT / ENGINES / DEADLINE narrow a call (e.g. QUANT=none,int4,int4@inductor ENGINES=kiln-compiled).
+COMMON=(--batch 1 --prompt-len 1024 --new-tokens 256 --prefill eager --deadline-s "${DEADLINE:-300}")
 case "$MODE" in
   h100)
     step bench_quant_llama3b python3 -m kiln bench llm --model llama-3.2-3b "${COMMON[@]}" \
-      --engines kiln-compiled,hf-compiled --quant none,int4,int8,int4@inductor,nf4 --out "$R/bench_quant_llama3b"
+      --engines "${ENGINES:-kiln-compiled,hf-compiled}" --quant "${QUANT:-none,int4,int8,int4@inductor,nf4}" \
+      --out "$R/bench_quant_llama3b"
     ;;
   h200-8b)
     step bench_quant_llama8b python3 -m kiln bench llm --model llama-3.1-8b "${COMMON[@]}" \
-      --engines kiln-compiled --quant none,int4,int4@inductor,int8 --out "$R/bench_quant_llama8b"
+      --engines "${ENGINES:-kiln-compiled}" --quant "${QUANT:-none,int4,int4@inductor,int8}" --out "$R/bench_quant_llama8b"
     ;;
   dry)
     # Both modes' flags on a tiny Llama config on CPU: int4 through torchao needs CUDA, so the dry

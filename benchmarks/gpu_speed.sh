@@ -9,6 +9,8 @@
 #             whole-step capture: no crash, no breaks/recompiles, the capture status
 #   vit       ViT-B/16 b64 bf16 (seed001-vit): eager, default/reduce-overhead regional, capture,
 #             plain loops; FLOPs per step against the matmul peak measured in the same process
+#   vitbest   ViT-B/16 bf16-mixed and bf16-true, whole-model default / reduce-overhead with whole-step
+#             capture beside the plain loops of both modes (autotune's winner, 2026-11-24)
 #   vitmax    ViT-B/16 max-autotune-no-cudagraphs (regional) and bf16-true rows
 #   regional  cold compile time, whole-model vs regional, of a 24-block model (seed MLP) and ViT-L depth 24
 # Writes $OUT/speed/<part>/results.{json,md,png} + logs, packed into $OUT/speed.tgz.
@@ -61,6 +63,11 @@ for part in $PARTS; do
     vit)
       bench vit_bf16 --preset seed001-vit --precisions bf16-mixed --losses task --modes default,reduce-overhead \
         --backends inductor --scopes model --regional on --cudagraphs off,on --baseline plain --warm-start "${VIT[@]}"
+      ;;
+    vitbest)
+      bench vit_best --preset seed001-vit --precisions bf16-mixed,bf16-true --losses task --modes default,reduce-overhead \
+        --backends inductor --scopes model --regional off --cudagraphs on --baseline plain --warmup 3 --accuracy-steps 3 \
+        "${VIT[@]}"
       ;;
     vitmax)
       bench vit_max --preset seed001-vit --precisions bf16-mixed,bf16-true --losses task \
