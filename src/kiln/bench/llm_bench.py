@@ -98,6 +98,8 @@ class LlmBenchOptions:
     """kiln-compiled's prefill: `compiled` (per padded length) or `eager` (no prefill compile)."""
     tuning: str = "full"
     """Where kiln-compiled uses coordinate-descent tuning: `full`, `decode` (prefill untuned) or `off`."""
+    decode_attention: str = "matmul"
+    """kiln engines' decode-step attention: `matmul` or `flash` (kiln.llm.decode_attention)."""
     deadline_s: float | None = None
     """No row starts its warm-up after this many seconds of the run (it is `skipped` instead)."""
     profile_decode: int = 0
@@ -225,7 +227,8 @@ class LlmBench:
         if r.engine_name in HF_ENGINES:
             return HfEngine(r.engine_name, self.hf_model, self.prompts, self.opts.new_tokens)
         return KilnEngine(r.engine_name, self.variants[r.quant].model, self.prompts, self.opts.new_tokens,
-                          self.opts.inductor_options, prefill=self.opts.prefill, tuning=self.opts.tuning)
+                          self.opts.inductor_options, prefill=self.opts.prefill, tuning=self.opts.tuning,
+                          decode_attention=self.opts.decode_attention)
 
     def warm_up(self, r: _Row) -> None:
         before_counters, before_bytes = compile_counters(), _allocated(self.device)

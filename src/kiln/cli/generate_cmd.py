@@ -14,9 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kiln.cli.llm_args import (
+    add_decode_attention_flag,
     add_model_flags,
     add_quant_flags,
     at_least,
+    check_decode_attention,
     parse_ids,
     resolve_device_flag,
     resolve_dtype_flag,
@@ -52,6 +54,7 @@ def add_parser(sub) -> None:
                    help="compile prefill/decode and capture decode in a CUDA graph (auto: on for CUDA)")
     p.add_argument("--max-seq-len", type=int, help="KV-cache slots (default: padded prompt + new tokens)")
     add_quant_flags(p, many=False)
+    add_decode_attention_flag(p)
     p.add_argument("--json", help="also write prompts, tokens, text and timings to this JSON file")
     p.set_defaults(run=run)
 
@@ -112,6 +115,7 @@ def plan(args: argparse.Namespace) -> Request:
     dtype = resolve_dtype_flag(args.dtype, device)
     source = resolve_model(args.model)
     config = source.config
+    check_decode_attention(args.decode_attention, device, dtype, config.head_dim)
     tokenizer_dir = source.directory if find_tokenizer(source.directory) else None
     prompts, texts, tokenizer = _prompts(args, tokenizer_dir)
     check_lengths([len(p) for p in prompts], args.max_new_tokens, max_positions=config.max_positions,
@@ -154,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
         model = quantize_decoder(model, req.quant)  # the unquantized copy is freed with the last reference
         print(f"kiln: quantized {req.quant.describe()}: decode reads {decode_weight_bytes(model) / 2**30:.2f} GiB of "
               f"weights per token ({before / 2**30:.2f} GiB unquantized)", file=sys.stderr)
-    engine = Engine(model, compile=req.compile)
+    engine = Engine(model, compile=req.compile, decode_attention=args.decode_attention)
     clock = StepClock(req.device)
     out = engine.generate(req.prompts, max_new_tokens=args.max_new_tokens, sampling=req.sampling,
                           stop_tokens=req.stop_tokens, seed=args.seed, max_seq_len=args.max_seq_len, clock=clock)

@@ -20,6 +20,22 @@ def add_model_flags(p: argparse.ArgumentParser, *, model_required: bool = True) 
     p.add_argument("--dtype", default="auto", help="auto (bf16 on CUDA, fp32 on CPU), bf16, fp16, fp32")
 
 
+def add_decode_attention_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--decode-attention", default="matmul",
+                   help="decode-step attention: matmul (default; two broadcast matmuls inductor fuses) or flash "
+                   "(CUDA, fp16/bf16: FlashAttention-2's varlen kernel over the static cache)")
+
+
+def check_decode_attention(choice: str, device, dtype: str, head_dim: int) -> None:
+    """ConfigError('--decode-attention', ...) for an unknown kernel or `flash` where it cannot run."""
+    import torch
+
+    from kiln.llm.decode_attention import check
+
+    torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
+    check(choice, device, torch_dtype, head_dim, key="--decode-attention")
+
+
 def at_least(flag: str, value: int | float | None, minimum: int | float) -> None:
     if value is not None and value < minimum:
         raise ConfigError(flag, f"must be >= {minimum}, got {value}")

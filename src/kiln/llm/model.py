@@ -7,9 +7,11 @@ Choices made for fast decoding (see kiln.llm.engine for the loop around it):
 - q/k/v are one matmul (`wqkv`) and the MLP's gate/up another (`w_gate_up`): at batch 1 each
   matmul reads its weights once, and fewer, larger matrix-vector products waste less bandwidth.
   Every projection is a plain `nn.Linear`, so weight-only quantization can swap them later.
-- The KV cache is static ([B, Hkv, S, D] per layer, allocated once); a decode step writes its
+- The KV cache is static ([B, S, Hkv, D] per layer, allocated once); a decode step writes its
   slot in place (`index_copy_` at a device tensor) and attends over all S slots under a mask
   computed from that tensor, so shapes never change and nothing recompiles per position.
+  With `decode_kernel="flash"` (CUDA) the step's attention is FlashAttention's variable-length
+  kernel told where each row's keys start and how many it uses (kiln.llm.decode_attention).
 - Prefill attends within the prompt with SDPA (flash kernels when there is no padding); a
   decode step computes attention as two broadcast matmuls with M = 1 per query head, which
   inductor turns into tuned reductions (`coordinate_descent_tuning`) instead of a kernel that
@@ -28,6 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from kiln.llm.config import DecoderConfig
+from kiln.llm.decode_attention import flash_decode, varlen_rows
 from kiln.llm.rope import Rotary, apply_rotary
 
 
@@ -44,11 +47,12 @@ class RMSNorm(nn.Module):
 
 
 class KVCache:
-    """Static key/value cache: one [B, Hkv, S, D] tensor each for keys and values per layer."""
+    """Static key/value cache: one [B, S, Hkv, D] tensor each for keys and values per layer (slots
+    before heads: a row's keys are one contiguous run, as FlashAttention's varlen layout wants)."""
 
     def __init__(self, config: DecoderConfig, batch: int, capacity: int, *, dtype: torch.dtype,
                  device: torch.device | str):
-        shape = (batch, config.n_kv_heads, capacity, config.head_dim)
+        shape = (batch, capacity, config.n_kv_heads, config.head_dim)
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.n_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.n_layers)]
         self.batch, self.capacity = batch, capacity
@@ -71,25 +75,28 @@ class Attention(nn.Module):
         self.scale = 1.0 / math.sqrt(config.head_dim)
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None,
-                kv: tuple[Tensor, Tensor] | None, decode_slot: Tensor | None) -> Tensor:
+                kv: tuple[Tensor, Tensor] | None, decode_slot: Tensor | None,
+                flash_rows: tuple[Tensor, Tensor, Tensor] | None = None) -> Tensor:
         B, T, _ = x.shape
         H, Hkv, D = self.n_heads, self.n_kv_heads, self.head_dim
         q, k, v = self.wqkv(x).split([H * D, Hkv * D, Hkv * D], dim=-1)
         q, k, v = q.view(B, T, H, D), k.view(B, T, Hkv, D), v.view(B, T, Hkv, D)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, heads, T, D]
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)  # [B, T, heads, D]
         if decode_slot is not None:
             cache_k, cache_v = kv
-            cache_k.index_copy_(2, decode_slot, k)
-            cache_v.index_copy_(2, decode_slot, v)
-            y = self._decode_attention(q, cache_k, cache_v, mask)
+            cache_k.index_copy_(1, decode_slot, k)
+            cache_v.index_copy_(1, decode_slot, v)
+            if flash_rows is not None and self.window is None:
+                y = flash_decode(q, cache_k, cache_v, flash_rows, self.scale).transpose(1, 2)
+            else:
+                y = self._decode_attention(q.transpose(1, 2), cache_k.transpose(1, 2), cache_v.transpose(1, 2), mask)
         else:
             if kv is not None:  # a fresh prompt fills slots 0..T-1
-                kv[0][:, :, :T] = k
-                kv[1][:, :, :T] = v
-            y = self._prompt_attention(q, k, v, mask)
+                kv[0][:, :T] = k
+                kv[1][:, :T] = v
+            y = self._prompt_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask)
         return self.wo(y.transpose(1, 2).reshape(B, T, H * D))
 
     def _prompt_attention(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
@@ -133,8 +140,9 @@ class Block(nn.Module):
         self.ffn = FeedForward(config)
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None,
-                kv: tuple[Tensor, Tensor] | None, decode_slot: Tensor | None) -> Tensor:
-        x = x + self.attn(self.attn_norm(x), cos, sin, mask, kv, decode_slot)
+                kv: tuple[Tensor, Tensor] | None, decode_slot: Tensor | None,
+                flash_rows: tuple[Tensor, Tensor, Tensor] | None = None) -> Tensor:
+        x = x + self.attn(self.attn_norm(x), cos, sin, mask, kv, decode_slot, flash_rows)
         return x + self.ffn(self.ffn_norm(x))
 
 
@@ -151,14 +159,15 @@ class Decoder(nn.Module):
         self.rotary = Rotary(config.rope, config.head_dim)
 
     def forward(self, tokens: Tensor, *, cache: KVCache | None = None, pad: Tensor | None = None,
-                decode_slot: Tensor | None = None, last_only: bool = False) -> Tensor:
+                decode_slot: Tensor | None = None, last_only: bool = False, decode_kernel: str = "matmul") -> Tensor:
         """Logits [B, T or 1, vocab] for `tokens` [B, T].
 
         Without `decode_slot`: a fresh sequence in slots 0..T-1 (written to `cache` if given),
         causal attention within it. With `decode_slot` (a one-element long tensor): one decode
         step, T == 1, writing that slot and attending over the whole cache up to it.
         `pad` [B]: left-padding slots per row (masked out; positions count from the first real
-        token). `last_only`: logits of the last position only (all prefill needs).
+        token). `last_only`: logits of the last position only (all prefill needs). `decode_kernel`:
+        a decode step's attention, `matmul` (any device) or `flash` (kiln.llm.decode_attention).
         """
         B, T = tokens.shape
         slots = decode_slot if decode_slot is not None else torch.arange(T, device=tokens.device)
@@ -168,9 +177,11 @@ class Decoder(nn.Module):
         x = self.embed(tokens)
         cos, sin = self.rotary(positions, x.dtype)
         masks = self._masks(T, slots, pad, cache, decode=decode_slot is not None)
+        flash_rows = varlen_rows(B, cache.capacity, decode_slot, pad) \
+            if decode_slot is not None and decode_kernel == "flash" else None
         for i, layer in enumerate(self.layers):
             kv = (cache.k[i], cache.v[i]) if cache is not None else None
-            x = layer(x, cos, sin, masks[layer.attn.window], kv, decode_slot)
+            x = layer(x, cos, sin, masks[layer.attn.window], kv, decode_slot, flash_rows)
         if last_only:
             x = x[:, -1:]
         return self.lm_head(self.norm(x))

@@ -1,0 +1,91 @@
+"""Decode-step attention kernels: `matmul` (the default) and `flash`, and when `flash` can run.
+
+A batch-1 decode step attends one query per head over the static cache. Written as two broadcast
+matmuls (`matmul`, kiln.llm.model), inductor turns it into 5-7 small kernels per layer; profiled
+on an H100 (Llama-3.2-3B shape, 1280 cache slots) they took ~21 us per layer in bf16 and ~39 us
+next to int4 weights, 15-40 % of the whole step, for ~5 MB of keys and values.
+
+`flash` calls FlashAttention-2's variable-length forward (torch's `_flash_attention_forward`, the
+kernel behind SDPA's flash backend) on the cache as it is: row b's keys start at slot `pad[b]`
+(`cu_seqlens_k[b] = b * S + pad[b]`) and it uses `pos + 1 - pad[b]` of them (`seqused_k`), so
+neither a mask nor a copy of the cache is needed and shapes stay static for CUDA graphs. With
+one query per row and grouped key/value heads the kernel folds the query heads of a group into
+one tile and splits the keys across thread blocks (split-KV), which fills the GPU at batch 1.
+Measured on an H100 (benchmarks/results/h100/llm/decode_attention) it is no faster yet: the
+split-KV kernel and its combine step take ~6.5 us each per layer, so `matmul` stays the default.
+
+`flash` needs CUDA, fp16/bf16, a head dim that is a multiple of 8 up to 256, no sliding window
+on the layer (Mistral's windowed layers keep `matmul`), and a torch whose op takes `seqused_k`.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from kiln.config.errors import ConfigError
+
+KERNELS = ("matmul", "flash")
+
+
+def flash_unavailable(device: torch.device, dtype: torch.dtype, head_dim: int) -> str | None:
+    """Why `flash` cannot run here, or None when it can."""
+    if device.type != "cuda":
+        return f"needs a CUDA device (the model is on {device})"
+    if dtype not in (torch.float16, torch.bfloat16):
+        return f"needs fp16 or bf16 (the model is {str(dtype).replace('torch.', '')})"
+    if head_dim % 8 or head_dim > 256:
+        return f"needs a head dim that is a multiple of 8 up to 256 (this model's is {head_dim})"
+    op = getattr(torch.ops.aten, "_flash_attention_forward", None)
+    if op is None or "seqused_k" not in str(op.default._schema):
+        return f"torch {torch.__version__} has no flash forward with seqused_k"
+    major, _ = torch.cuda.get_device_capability(device)
+    if major < 8:
+        return "FlashAttention-2 needs compute capability 8.0 or newer"
+    return None
+
+
+def check(choice: str, device: torch.device, dtype: torch.dtype, head_dim: int, *,
+          key: str = "decode_attention") -> str:
+    """`choice` when it can run here; an unknown kernel, or `flash` where it cannot run, is a
+    ConfigError naming `key`."""
+    if choice not in KERNELS:
+        raise ConfigError(key, f"unknown decode attention kernel {choice!r}", KERNELS)
+    reason = flash_unavailable(device, dtype, head_dim) if choice == "flash" else None
+    if reason is not None:
+        raise ConfigError(key, f"flash {reason}", KERNELS)
+    return choice
+
+
+def varlen_rows(batch: int, capacity: int, slot: Tensor, pad: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+    """Where each row's keys are for the varlen kernel, computed once per decode step: (cu_q,
+    cu_k, used_k), int32. Row b starts at slot pad[b] of its [capacity] run and uses
+    slot + 1 - pad[b] keys."""
+    rows = torch.arange(batch + 1, device=slot.device, dtype=torch.int32)
+    start = rows * capacity
+    used = (slot + 1).to(torch.int32).expand(batch)
+    if pad is not None:
+        pad32 = pad.to(torch.int32)
+        start = start + torch.cat([pad32, pad32.new_zeros(1)])
+        used = used - pad32
+    return rows, start, used.contiguous()
+
+
+def flash_decode(q: Tensor, cache_k: Tensor, cache_v: Tensor, rows: tuple[Tensor, Tensor, Tensor],
+                 scale: float) -> Tensor:
+    """One decode step's attention. q [B, 1, H, D]; cache_k/v [B, S, Hkv, D] with this step's
+    key/value already written; `rows` from `varlen_rows`. Returns [B, 1, H, D]."""
+    B, _, H, D = q.shape
+    S, Hkv = cache_k.shape[1], cache_k.shape[2]
+    cu_q, cu_k, used = rows
+    out = varlen_forward(q.reshape(B, H, D), cache_k.view(B * S, Hkv, D), cache_v.view(B * S, Hkv, D), cu_q, cu_k,
+                         used, S, scale)
+    return out.view(B, 1, H, D)
+
+
+def varlen_forward(q: Tensor, k: Tensor, v: Tensor, cu_q: Tensor, cu_k: Tensor, used_k: Tensor, max_k: int,
+                   scale: float) -> Tensor:
+    """FlashAttention-2's varlen forward, one query per row: q [B, H, D]; k, v [total, Hkv, D]; row b
+    attends to keys cu_k[b] .. cu_k[b] + used_k[b] - 1. Returns [B, H, D]."""
+    return torch.ops.aten._flash_attention_forward(q, k, v, cu_q, cu_k, 1, max_k, 0.0, False, False, scale=scale,
+                                                   seqused_k=used_k)[0]
