@@ -82,6 +82,34 @@ def test_stages_find_capture_plus_regional_and_confirm_it():
                                         "compile.cudagraphs": (False, True)}
 
 
+def test_confirm_decides_on_the_finalists_own_medians():
+    """Seen on an H100 (seed MLP): in the confirm stage the launch-bound eager fp32 reference read
+    8.6 ms beside one finalist and 10.7 ms beside the other, so the ratios ranked the slower one
+    (1.56 ms, 6.83x) above the faster (1.47 ms, 5.83x). The finalists' own medians decide."""
+    speeds = {"fp32 eager": 1.0, "fp32 default/model": 1.2, "fp32 reduce-overhead/model": 2.5,
+              "fp32 default/model +capture": 5.8, "fp32 default/model +regional +capture": 6.0,
+              "fp32 default/model +regional": 0.8, "fp32 eager +capture": 3.0}
+    confirm = {"fp32 default/model +capture": (1.47, 5.83), "fp32 default/model +regional +capture": (1.56, 6.83)}
+    session = FakeSession(speeds)
+    original = session.measure
+
+    def measure(recipe, retime=False):
+        row = original(recipe, retime)
+        if retime and sp.describe(recipe) in confirm:
+            row["step_ms"], row["speedup_vs_eager_fp32"] = confirm[sp.describe(recipe)]
+        return row
+
+    session.measure = measure
+    opts = TuneOptions(cfg=BASE, space=sp.Space(["fp32"], ["default", "reduce-overhead"]), budget_s=600)
+    result = Search(opts, has_blocks=True, session_factory=session).run()
+    assert result.decided_on == "confirm"
+    assert sp.describe(result.winner) == "fp32 default/model +capture"
+    rows = {(r["stage"], r["candidate"]): r for r in result_rows(result)}
+    winner = rows[("confirm", "fp32 default/model +capture")]
+    assert winner["role"] == "winner"
+    assert winner["speedup_vs_default"] == pytest.approx(rows[("confirm", "fp32 eager")]["step_ms"] / 1.47)
+
+
 def test_clearly_slower_precision_and_mode_are_dropped():
     # bf16 is clearly slower in both kinds of mode (without CUDA graphs, and with them).
     speeds = {"fp32 eager": 1.0, "bf16-mixed eager": 1.1, "fp32 default/model": 1.2, "fp32 reduce-overhead/model": 3.0,

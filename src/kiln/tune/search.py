@@ -10,7 +10,7 @@ Stages (each row measured by kiln's bench machinery, kiln.bench.session):
 4. scope: the best so far with the loss or the whole optimizer step compiled;
 5. autotune modes: max-autotune(-no-cudagraphs) on the best, if its estimated compile fits;
 6. confirm: the config's own recipe and the two best, measured again (warm compile) with twice
-   the samples; the winner is decided on these rows.
+   the samples; the winner is decided on these rows, by their own medians (kiln.tune.space.speed).
 Every candidate first has its cost estimated (kiln.tune.budget); what does not fit, or cannot
 run here (capture on a CPU), is listed as not tried with the reason.
 """
@@ -76,6 +76,11 @@ class Trial:
     def score(self) -> float | None:
         return sp.score(self.row)
 
+    @property
+    def speed(self) -> float | None:
+        """What the winner rule ranks by (kiln.tune.space.speed)."""
+        return sp.speed(self.row, self.stage)
+
 
 @dataclass
 class TuneResult:
@@ -96,7 +101,7 @@ class TuneResult:
     def speedup_vs_default(self) -> float | None:
         if self.winner_trial is None or self.default_trial is None:
             return None
-        a, b = self.winner_trial.score, self.default_trial.score
+        a, b = self.winner_trial.speed, self.default_trial.speed
         return a / b if a and b else None
 
 
@@ -134,11 +139,16 @@ class Search:
 
     def best(self, stage: str | None = None, where: Callable[[Trial], bool] = lambda t: True) -> Trial | None:
         """The fastest row (among `stage`'s), of an allowed precision or the config's own recipe:
-        eager fp32 is every row's reference, not a candidate, unless fp32 is allowed."""
+        eager fp32 is every row's reference, not a candidate, unless fp32 is allowed. Confirm rows
+        rank by their own medians, the others by their ratio to eager fp32 (kiln.tune.space.speed)."""
         allowed = set(self.space.precisions)
-        scored = [t for t in self.trials if t.score is not None and (stage is None or t.stage == stage) and where(t)
+
+        def rank(t: Trial) -> float | None:  # confirm rows by their own medians, others by score
+            return t.speed if stage == "confirm" else t.score
+
+        scored = [t for t in self.trials if rank(t) is not None and (stage is None or t.stage == stage) and where(t)
                   and (t.recipe.precision in allowed or t.recipe == self.default)]
-        return max(scored, key=lambda t: (t.score, -(t.row.get("compile_s") or 0.0)), default=None)
+        return max(scored, key=lambda t: (rank(t), -(t.row.get("compile_s") or 0.0)), default=None)
 
     def _on_gpu(self) -> bool:
         return self.session.device.type == "cuda"
@@ -343,8 +353,8 @@ class Search:
         best = self.best(stage)
         winner = default.recipe if default is not None else self.default
         winner_trial = default
-        if best is not None and (default is None or default.score is None
-                                 or best.score >= default.score * (1 + sp.MIN_GAIN)):
+        if best is not None and (default is None or default.speed is None
+                                 or best.speed >= default.speed * (1 + sp.MIN_GAIN)):
             winner, winner_trial = best.recipe, best
         elif best is not None and best.recipe != self.default:
             self.notes.append(f"no recipe measured {sp.MIN_GAIN:.0%} faster than the config's own; keeping it")

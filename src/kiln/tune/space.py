@@ -68,6 +68,18 @@ def score(row: dict[str, Any] | None) -> float | None:
     return row.get("speedup_vs_eager_fp32") or row.get("speedup")
 
 
+def speed(row: dict[str, Any] | None, stage: str | None) -> float | None:
+    """How a row ranks (higher is faster): in the confirm stage, steps per second of the row's own
+    median (the finalists are timed one after another within a minute, and a launch-bound eager
+    fp32 reference can scatter by 20 % between them, more than the finalists differ); in the
+    search stages, rows minutes apart, `score` (the ratio to eager fp32 taken inside the row)."""
+    if score(row) is None:
+        return None
+    if stage == "confirm":
+        return 1e3 / row["step_ms"] if row.get("step_ms") else None
+    return score(row)
+
+
 def clearly_slower(value: float | None, best: float | None, margin: float = PRUNE_MARGIN) -> bool:
     return value is None or (best is not None and value < best * (1 - margin))
 
