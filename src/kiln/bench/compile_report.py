@@ -104,7 +104,8 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str, labels: list[str] |
     ax_speed.set_yticks(y)
     ax_speed.set_yticklabels(labels, fontsize=8)
     ax_speed.invert_yaxis()
-    ax_speed.legend(fontsize=8, loc="lower right")
+    # Above the bars, never over them (the last row's bars reach the lower right).
+    ax_speed.legend(fontsize=8, loc="lower left", bbox_to_anchor=(0.0, 1.0), ncol=2, borderaxespad=0.3, frameon=False)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
