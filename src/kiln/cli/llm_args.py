@@ -28,12 +28,10 @@ def add_decode_attention_flag(p: argparse.ArgumentParser) -> None:
 
 def check_decode_attention(choice: str, device, dtype: str, head_dim: int) -> None:
     """ConfigError('--decode-attention', ...) for an unknown kernel or `flash` where it cannot run."""
-    import torch
-
     from kiln.llm.decode_attention import check
+    from kiln.llm.weights import TORCH_DTYPES
 
-    torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
-    check(choice, device, torch_dtype, head_dim, key="--decode-attention")
+    check(choice, device, TORCH_DTYPES[dtype], head_dim, key="--decode-attention")
 
 
 def at_least(flag: str, value: int | float | None, minimum: int | float) -> None:
