@@ -1,14 +1,14 @@
-"""GPU check of the flash decode path (kiln.llm.decode_attention) against the matmul path.
+"""GPU check of the flash and triton decode paths (kiln.llm.decode_attention) against the matmul path.
 
 On the Llama-3.2-3B attention shape (24 query heads, 8 key/value heads, head dim 128) with a few
-layers and random weights, bf16: a left-padded batch is prefilled into two caches, then each
-decode step runs once per kernel on the same token; the logits of the two must agree to bf16
-rounding: each is compared with an fp32 copy of the model (relative L2 error, top-1 agreement per
-step) and flash passes when its error is at most 1.5x the matmul path's (results.json is written
-then). Then a compiled, CUDA-graphed engine with each kernel generates greedily from the same
-batch (two decode compiles with tuning: minutes). Writes results.json under --out.
+layers and random weights, bf16: a left-padded batch is prefilled into one cache per kernel, then
+each decode step runs once per kernel on the same token; the logits must agree to bf16 rounding:
+each is compared with an fp32 copy of the model (relative L2 error, top-1 agreement per step) and
+a kernel passes when its error is at most 1.5x the matmul path's (results.json is written then).
+Then a compiled, CUDA-graphed engine with each of `--compiled` generates greedily from the same
+batch (one decode compile with tuning each: a minute or more). Writes results.json under --out.
 
-    python benchmarks/decode_attention_check.py --out DIR [--layers 4] [--steps 24]
+    python benchmarks/decode_attention_check.py --out DIR [--layers 4] [--steps 24] [--compiled matmul,triton]
 """
 
 from __future__ import annotations
@@ -31,13 +31,15 @@ def small_3b(layers: int) -> DecoderConfig:
     return dataclasses.replace(resolve_model("llama-3.2-3b").config, n_layers=layers, vocab_size=4096)
 
 
+KERNELS = ("matmul", "flash", "triton")
+
+
 def step_agreement(model: Decoder, prompts: torch.Tensor, pad: torch.Tensor, steps: int) -> list[dict]:
     """Per decode step: the bf16 logits of each kernel against an fp32 copy of the model (matmul
-    path), so flash is judged by the rounding the matmul path itself shows."""
+    path), so flash and triton are judged by the rounding the matmul path itself shows."""
     B, T = prompts.shape
     reference = copy.deepcopy(model).float()
-    runs = {"matmul": (model, "matmul", torch.bfloat16), "flash": (model, "flash", torch.bfloat16),
-            "fp32": (reference, "matmul", torch.float32)}
+    runs = {**{k: (model, k, torch.bfloat16) for k in KERNELS}, "fp32": (reference, "matmul", torch.float32)}
     caches = {name: KVCache(model.config, B, T + steps, dtype=dtype, device="cuda") for name, (_, _, dtype) in runs.items()}
     rows = []
     with torch.inference_mode():
@@ -50,10 +52,11 @@ def step_agreement(model: Decoder, prompts: torch.Tensor, pad: torch.Tensor, ste
                       for name, (m, k, _) in runs.items()}
             ref = logits["fp32"]
             row = {"step": t}
-            for name in ("matmul", "flash"):
+            for name in KERNELS:
                 row[f"{name}_rel_l2"] = float((logits[name] - ref).norm() / ref.norm())
                 row[f"{name}_top1_agree"] = float((logits[name].argmax(-1) == ref.argmax(-1)).float().mean())
-            row["flash_vs_matmul_max_abs"] = float((logits["flash"] - logits["matmul"]).abs().max())
+                if name != "matmul":
+                    row[f"{name}_vs_matmul_max_abs"] = float((logits[name] - logits["matmul"]).abs().max())
             rows.append(row)
             token = ref.argmax(-1, keepdim=True)
     return rows
@@ -64,7 +67,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--steps", type=int, default=24)
+    ap.add_argument("--compiled", default="matmul,triton", help="kernels to generate with compiled (first = reference)")
     args = ap.parse_args(argv)
+    compiled = args.compiled.split(",") if args.compiled else []
+    if any(k not in KERNELS for k in compiled):
+        print(f"decode_attention_check: --compiled: unknown kernel in {args.compiled!r} (valid: {', '.join(KERNELS)})",
+              file=sys.stderr)
+        return 2
     if not torch.cuda.is_available():
         print("decode_attention_check: needs a CUDA device", file=sys.stderr)
         return 2
@@ -79,12 +88,12 @@ def main(argv: list[str] | None = None) -> int:
     prompts = torch.randint(0, config.vocab_size, (len(lengths), T), device="cuda")
     pad = torch.tensor([T - n for n in lengths], device="cuda")
     steps = step_agreement(model, prompts, pad, args.steps)
-    worst = {name: max(r[f"{name}_rel_l2"] for r in steps) for name in ("matmul", "flash")}
+    worst = {name: max(r[f"{name}_rel_l2"] for r in steps) for name in KERNELS}
     result = {"config": {"layers": args.layers, "heads": config.n_heads, "kv_heads": config.n_kv_heads,
                          "head_dim": config.head_dim, "lengths": lengths, "steps": args.steps},
               "torch": torch.__version__, "gpu": torch.cuda.get_device_name(),
               "eager_steps": steps, "worst_rel_l2_vs_fp32": worst,
-              "passed": worst["flash"] <= 1.5 * worst["matmul"] + 1e-3}
+              "passed": {k: worst[k] <= 1.5 * worst["matmul"] + 1e-3 for k in KERNELS if k != "matmul"}}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
@@ -92,17 +101,20 @@ def main(argv: list[str] | None = None) -> int:
         (out / "results.json").write_text(json.dumps(result, indent=2) + "\n")
 
     write()  # the eager comparison is kept even if the compiled part below is cut off
-    print(f"decode logits vs fp32, worst relative L2 over {args.steps} steps x {len(lengths)} padded rows: flash "
-          f"{worst['flash']:.2e}, matmul {worst['matmul']:.2e} ({'pass' if result['passed'] else 'FAIL'})", flush=True)
-    generated = {}
-    for kernel in ("matmul", "flash"):
+    verdicts = ", ".join(f"{k} {worst[k]:.2e} ({'pass' if ok else 'FAIL'})" for k, ok in result["passed"].items())
+    print(f"decode logits vs fp32, worst relative L2 over {args.steps} steps x {len(lengths)} padded rows: "
+          f"matmul {worst['matmul']:.2e}, {verdicts}", flush=True)
+    generated, result["compiled_greedy_rows_identical"] = {}, {}
+    batch = [prompts[i, T - n:].tolist() for i, n in enumerate(lengths)]
+    for kernel in compiled:
         engine = Engine(model, compile=True, decode_attention=kernel)
-        batch = [prompts[i, T - n:].tolist() for i, n in enumerate(lengths)]
         generated[kernel] = engine.generate(batch, max_new_tokens=args.steps).tokens
-    result["compiled_greedy_rows_identical"] = [a == b for a, b in zip(generated["matmul"], generated["flash"])]
-    write()
-    print(f"compiled greedy rows identical (flash vs matmul): {result['compiled_greedy_rows_identical']}")
-    return 0 if result["passed"] else 1
+        if kernel != compiled[0]:
+            same = [a == b for a, b in zip(generated[compiled[0]], generated[kernel])]
+            result["compiled_greedy_rows_identical"][f"{kernel}_vs_{compiled[0]}"] = same
+            write()
+            print(f"compiled greedy rows identical ({kernel} vs {compiled[0]}): {same}", flush=True)
+    return 0 if all(result["passed"].values()) else 1
 
 
 if __name__ == "__main__":

@@ -49,8 +49,10 @@ for name in ("torch", "torchao", "bitsandbytes"):
     except Exception as exc:
         print(f"{name}: not available ({type(exc).__name__}: {exc})")
 EOF
-# QUANT / ENGINES / DEADLINE narrow a call (e.g. QUANT=none,int4,int4@inductor ENGINES=kiln-compiled).
-COMMON=(--batch 1 --prompt-len 1024 --new-tokens 256 --prefill eager --deadline-s "${DEADLINE:-300}")
+# QUANT / ENGINES / DEADLINE narrow a call (e.g. QUANT=none,int4,int4@inductor ENGINES=kiln-compiled);
+# ATTN picks the decode attention kernel (matmul, flash, triton; default matmul).
+COMMON=(--batch 1 --prompt-len 1024 --new-tokens 256 --prefill eager --deadline-s "${DEADLINE:-300}"
+        --decode-attention "${ATTN:-matmul}")
 case "$MODE" in
   h100)
     step bench_quant_llama3b python3 -m kiln bench llm --model llama-3.2-3b "${COMMON[@]}" \

@@ -22,12 +22,13 @@ def add_model_flags(p: argparse.ArgumentParser, *, model_required: bool = True) 
 
 def add_decode_attention_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--decode-attention", default="matmul",
-                   help="decode-step attention: matmul (default; two broadcast matmuls inductor fuses) or flash "
-                   "(CUDA, fp16/bf16: FlashAttention-2's varlen kernel over the static cache)")
+                   help="decode-step attention: matmul (default; two broadcast matmuls inductor fuses), flash "
+                   "(CUDA, fp16/bf16: FlashAttention-2's varlen kernel over the static cache) or triton (CUDA, "
+                   "fp16/bf16: kiln's split-KV Triton kernel)")
 
 
 def check_decode_attention(choice: str, device, dtype: str, head_dim: int) -> None:
-    """ConfigError('--decode-attention', ...) for an unknown kernel or `flash` where it cannot run."""
+    """ConfigError('--decode-attention', ...) for an unknown kernel, or `flash`/`triton` where it cannot run."""
     from kiln.llm.decode_attention import check
     from kiln.llm.weights import TORCH_DTYPES
 

@@ -1,4 +1,4 @@
-"""Decode-step attention kernels: `matmul` (the default) and `flash`, and when `flash` can run.
+"""Decode-step attention kernels: `matmul` (the default), `flash` and `triton`, and where each can run.
 
 A batch-1 decode step attends one query per head over the static cache. Written as two broadcast
 matmuls (`matmul`, kiln.llm.model), inductor turns it into 5-7 small kernels per layer; profiled
@@ -11,11 +11,16 @@ kernel behind SDPA's flash backend) on the cache as it is: row b's keys start at
 neither a mask nor a copy of the cache is needed and shapes stay static for CUDA graphs. With
 one query per row and grouped key/value heads the kernel folds the query heads of a group into
 one tile and splits the keys across thread blocks (split-KV), which fills the GPU at batch 1.
-Measured on an H100 (benchmarks/results/h100/llm/decode_attention) it is no faster yet: the
-split-KV kernel and its combine step take ~6.5 us each per layer, so `matmul` stays the default.
+Measured on an H100 (benchmarks/results/h100/llm/decode_attention) it is no faster: the
+split-KV kernel and its combine step take ~6.5 us each per layer.
 
-`flash` needs CUDA, fp16/bf16, a head dim that is a multiple of 8 up to 256, no sliding window
-on the layer (Mistral's windowed layers keep `matmul`), and a torch whose op takes `seqused_k`.
+`triton` is kiln's own split-KV kernel (kiln.llm.triton_decode): the same idea with the chunk
+count sized to fill the GPU, sliding windows handled in the kernel, and the combine left to
+inductor, which fuses it with its neighbours.
+
+`flash` and `triton` need CUDA and fp16/bf16; `flash` also a head dim that is a multiple of 8 up
+to 256, no sliding window on the layer (Mistral's windowed layers keep `matmul`), and a torch
+whose op takes `seqused_k`; `triton` needs Triton (it ships with CUDA builds of torch).
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from torch import Tensor
 
 from kiln.config.errors import ConfigError
 
-KERNELS = ("matmul", "flash")
+KERNELS = ("matmul", "flash", "triton")
 
 
 def flash_unavailable(device: torch.device, dtype: torch.dtype, head_dim: int) -> str | None:
@@ -45,16 +50,61 @@ def flash_unavailable(device: torch.device, dtype: torch.dtype, head_dim: int) -
     return None
 
 
+def triton_unavailable(device: torch.device, dtype: torch.dtype, head_dim: int) -> str | None:
+    """Why `triton` cannot run here, or None when it can."""
+    if device.type != "cuda":
+        return f"needs a CUDA device (the model is on {device})"
+    if dtype not in (torch.float16, torch.bfloat16):
+        return f"needs fp16 or bf16 (the model is {str(dtype).replace('torch.', '')})"
+    if head_dim > 256:
+        return f"needs a head dim up to 256 (this model's is {head_dim})"
+    try:
+        import kiln.llm.triton_decode  # noqa: F401  (registers the kernel's op)
+    except ImportError as exc:
+        return f"needs Triton, which does not import here ({exc})"
+    major, _ = torch.cuda.get_device_capability(device)
+    if major < 8:
+        return "needs compute capability 8.0 or newer"
+    return None
+
+
+UNAVAILABLE = {"flash": flash_unavailable, "triton": triton_unavailable}
+
+
 def check(choice: str, device: torch.device, dtype: torch.dtype, head_dim: int, *,
           key: str = "decode_attention") -> str:
     """`choice` when it can run here; an unknown kernel, or `flash` where it cannot run, is a
     ConfigError naming `key`."""
     if choice not in KERNELS:
         raise ConfigError(key, f"unknown decode attention kernel {choice!r}", KERNELS)
-    reason = flash_unavailable(device, dtype, head_dim) if choice == "flash" else None
+    reason = UNAVAILABLE[choice](device, dtype, head_dim) if choice in UNAVAILABLE else None
     if reason is not None:
-        raise ConfigError(key, f"flash {reason}", KERNELS)
+        raise ConfigError(key, f"{choice} {reason}", KERNELS)
     return choice
+
+
+def step_rows(kernel: str, batch: int, capacity: int, slot: Tensor, pad: Tensor | None) -> tuple[Tensor, ...] | None:
+    """What `kernel` needs to know of each row, computed once per decode step (None for `matmul`):
+    `flash`: `varlen_rows`; `triton`: (first real slot [B], the step's slot [1])."""
+    if kernel == "flash":
+        return varlen_rows(batch, capacity, slot, pad)
+    if kernel == "triton":
+        return (pad if pad is not None else slot.new_zeros(batch)), slot
+    return None
+
+
+def attend(kernel: str, q: Tensor, cache_k: Tensor, cache_v: Tensor, rows: tuple[Tensor, ...], scale: float,
+           window: int | None) -> Tensor | None:
+    """A decode step's attention by `kernel` (q [B, 1, H, D] -> [B, 1, H, D]), or None where that
+    kernel does not serve this layer (`flash` on a windowed layer): the caller falls back to
+    `matmul`."""
+    if kernel == "flash" and window is None:
+        return flash_decode(q, cache_k, cache_v, rows, scale)
+    if kernel == "triton":
+        from kiln.llm.triton_decode import triton_decode
+
+        return triton_decode(q, cache_k, cache_v, rows[0], rows[1], scale, window)
+    return None
 
 
 def varlen_rows(batch: int, capacity: int, slot: Tensor, pad: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:

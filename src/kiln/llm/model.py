@@ -10,8 +10,8 @@ Choices made for fast decoding (see kiln.llm.engine for the loop around it):
 - The KV cache is static ([B, S, Hkv, D] per layer, allocated once); a decode step writes its
   slot in place (`index_copy_` at a device tensor) and attends over all S slots under a mask
   computed from that tensor, so shapes never change and nothing recompiles per position.
-  With `decode_kernel="flash"` (CUDA) the step's attention is FlashAttention's variable-length
-  kernel told where each row's keys start and how many it uses (kiln.llm.decode_attention).
+  With `decode_kernel="flash"` or `"triton"` (CUDA) the step's attention is a split-KV kernel
+  told where each row's keys start and where the step is (kiln.llm.decode_attention).
 - Prefill attends within the prompt with SDPA (flash kernels when there is no padding); a
   decode step computes attention as two broadcast matmuls with M = 1 per query head, which
   inductor turns into tuned reductions (`coordinate_descent_tuning`) instead of a kernel that
@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from kiln.llm.config import DecoderConfig
-from kiln.llm.decode_attention import flash_decode, varlen_rows
+from kiln.llm.decode_attention import attend, step_rows
 from kiln.llm.rope import Rotary, apply_rotary
 
 
@@ -76,7 +76,7 @@ class Attention(nn.Module):
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None,
                 kv: tuple[Tensor, Tensor] | None, decode_slot: Tensor | None,
-                flash_rows: tuple[Tensor, Tensor, Tensor] | None = None) -> Tensor:
+                decode: tuple[str, tuple[Tensor, ...] | None] = ("matmul", None)) -> Tensor:
         B, T, _ = x.shape
         H, Hkv, D = self.n_heads, self.n_kv_heads, self.head_dim
         q, k, v = self.wqkv(x).split([H * D, Hkv * D, Hkv * D], dim=-1)
@@ -88,8 +88,10 @@ class Attention(nn.Module):
             cache_k, cache_v = kv
             cache_k.index_copy_(1, decode_slot, k)
             cache_v.index_copy_(1, decode_slot, v)
-            if flash_rows is not None and self.window is None:
-                y = flash_decode(q, cache_k, cache_v, flash_rows, self.scale).transpose(1, 2)
+            kernel, rows = decode
+            y = attend(kernel, q, cache_k, cache_v, rows, self.scale, self.window) if rows is not None else None
+            if y is not None:
+                y = y.transpose(1, 2)
             else:
                 y = self._decode_attention(q.transpose(1, 2), cache_k.transpose(1, 2), cache_v.transpose(1, 2), mask)
         else:
@@ -141,8 +143,8 @@ class Block(nn.Module):
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None,
                 kv: tuple[Tensor, Tensor] | None, decode_slot: Tensor | None,
-                flash_rows: tuple[Tensor, Tensor, Tensor] | None = None) -> Tensor:
-        x = x + self.attn(self.attn_norm(x), cos, sin, mask, kv, decode_slot, flash_rows)
+                decode: tuple[str, tuple[Tensor, ...] | None] = ("matmul", None)) -> Tensor:
+        x = x + self.attn(self.attn_norm(x), cos, sin, mask, kv, decode_slot, decode)
         return x + self.ffn(self.ffn_norm(x))
 
 
@@ -167,7 +169,7 @@ class Decoder(nn.Module):
         step, T == 1, writing that slot and attending over the whole cache up to it.
         `pad` [B]: left-padding slots per row (masked out; positions count from the first real
         token). `last_only`: logits of the last position only (all prefill needs). `decode_kernel`:
-        a decode step's attention, `matmul` (any device) or `flash` (kiln.llm.decode_attention).
+        a decode step's attention, `matmul` (any device), `flash` or `triton` (kiln.llm.decode_attention).
         """
         B, T = tokens.shape
         slots = decode_slot if decode_slot is not None else torch.arange(T, device=tokens.device)
@@ -177,11 +179,10 @@ class Decoder(nn.Module):
         x = self.embed(tokens)
         cos, sin = self.rotary(positions, x.dtype)
         masks = self._masks(T, slots, pad, cache, decode=decode_slot is not None)
-        flash_rows = varlen_rows(B, cache.capacity, decode_slot, pad) \
-            if decode_slot is not None and decode_kernel == "flash" else None
+        rows = step_rows(decode_kernel, B, cache.capacity, decode_slot, pad) if decode_slot is not None else None
         for i, layer in enumerate(self.layers):
             kv = (cache.k[i], cache.v[i]) if cache is not None else None
-            x = layer(x, cos, sin, masks[layer.attn.window], kv, decode_slot, flash_rows)
+            x = layer(x, cos, sin, masks[layer.attn.window], kv, decode_slot, (decode_kernel, rows))
         if last_only:
             x = x[:, -1:]
         return self.lm_head(self.norm(x))

@@ -1,0 +1,131 @@
+"""kiln's Triton decode attention (kiln.llm.triton_decode) on CPU through Triton's interpreter, fp32:
+the kernel's chunking, its row bounds (left padding, the step's slot, sliding windows) and the
+combine, against the matmul path and a direct softmax. The GPU check of the compiled kernel is
+benchmarks/decode_attention_check.py.
+
+Triton picks its interpreter from TRITON_INTERPRET when it is first imported, which torch._dynamo
+does early; so the kernel tests run in a subprocess started with it set (`test_under_interpreter`)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from kiln.config.errors import ConfigError
+from kiln.llm import Engine, build_decoder, resolve_model
+from kiln.llm import decode_attention as da
+from kiln.llm.model import KVCache
+
+from .conftest import transformers  # noqa: F401  (skips without transformers, as the checkpoints do)
+
+td = pytest.importorskip("kiln.llm.triton_decode", reason="Triton is not installed (pip install 'kiln[test]')")
+
+
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+interpreted = pytest.mark.skipif(not INTERPRETED, reason="runs in test_under_interpreter's subprocess")
+
+
+@pytest.mark.skipif(INTERPRETED, reason="this is that subprocess")
+def test_under_interpreter():
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__,
+                          "-k", "not test_under_interpreter"], env=env, capture_output=True, text=True, timeout=600)
+    summary = run.stdout.strip().splitlines()[-1] if run.stdout.strip() else ""
+    assert run.returncode == 0 and "skipped" not in summary, run.stdout[-4000:] + run.stderr[-2000:]
+
+
+def direct(q, k, v, start, pos, scale, window):
+    """Softmax attention of one query per head over slots max(start[b], pos + 1 - window) .. pos."""
+    B, H, D = q.shape
+    group = H // k.shape[2]
+    out = torch.empty(B, H, D)
+    for b in range(B):
+        lo = int(start[b]) if not window else max(int(start[b]), int(pos) + 1 - window)
+        keys = k[b, lo:int(pos) + 1].repeat_interleave(group, dim=1)  # [n, H, D]
+        values = v[b, lo:int(pos) + 1].repeat_interleave(group, dim=1)
+        probs = torch.softmax(torch.einsum("hd,nhd->hn", q[b], keys) * scale, dim=-1)
+        out[b] = torch.einsum("hn,nhd->hd", probs, values)
+    return out
+
+
+@interpreted
+@pytest.mark.parametrize("heads,kv_heads,dim,capacity,window", [
+    (6, 2, 16, 200, 0),    # grouped heads, several chunks, a last chunk past the step
+    (4, 1, 24, 70, 0),     # one key/value head, head dim not a power of two
+    (8, 8, 32, 130, 50),   # no grouping, a window shorter than the row
+])
+def test_kernel_matches_direct_softmax(heads, kv_heads, dim, capacity, window):
+    gen = torch.Generator().manual_seed(heads * capacity)
+    q = torch.randn(3, heads, dim, generator=gen)
+    k = torch.randn(3, capacity, kv_heads, dim, generator=gen)
+    v = torch.randn(3, capacity, kv_heads, dim, generator=gen)
+    start, pos = torch.tensor([0, 17, capacity // 2]), torch.tensor([capacity - 9])
+    out, lse = td.decode_attention_chunks(q, k, v, start, pos, 0.25, window)
+    per_chunk, chunks = td.chunking(3, kv_heads, capacity)
+    assert out.shape == (3, heads, chunks, dim) and lse.shape == (3, heads, chunks)
+    last = int(pos) // per_chunk
+    assert torch.isinf(lse[:, :, last + 1:]).all() and (out[:, :, last + 1:] == 0).all()  # chunks past the step
+    assert torch.isinf(lse[2, :, : capacity // 2 // per_chunk]).all()  # chunks before row 2's first real slot
+    torch.testing.assert_close(td.combine(out, lse), direct(q, k, v, start, pos, 0.25, window), rtol=1e-5, atol=1e-5)
+
+
+def test_chunking_fills_the_gpu_in_whole_blocks():
+    assert td.chunking(1, 8, 1280) == (64, 20)  # 20 chunks x 8 heads: 160 programs of one block each
+    assert td.chunking(1, 8, 8192) == (256, 32)
+    assert td.chunking(64, 8, 1280) == (1280, 1)  # a big batch fills the GPU by itself
+    per_chunk, chunks = td.chunking(2, 4, 100)
+    assert per_chunk % td.BLOCK_S == 0 and per_chunk * chunks >= 100 > per_chunk * (chunks - 1)
+
+
+@interpreted
+@pytest.mark.parametrize("family", ["llama3-tied", "qwen3", "mistral"])
+def test_triton_decode_equals_matmul_decode(checkpoints, family):
+    """Left-padded rows, grouped heads (qwen3: one key/value head) and Mistral's sliding window,
+    which the kernel applies itself: each step's logits agree with the matmul path."""
+    model = build_decoder(resolve_model(str(checkpoints[family])), device="cpu", dtype=torch.float32)
+    tokens = torch.randint(0, 96, (3, 16), generator=torch.Generator().manual_seed(5))
+    pad = torch.tensor([0, 3, 6])
+    caches = {kernel: KVCache(model.config, 3, 20, dtype=torch.float32, device="cpu") for kernel in ("matmul", "triton")}
+    with torch.no_grad():
+        for cache in caches.values():
+            model(tokens[:, :8], cache=cache, pad=pad)
+        for t in range(8, 16):
+            logits = {kernel: model(tokens[:, t:t + 1], cache=cache, pad=pad, decode_slot=torch.tensor([t]),
+                                    decode_kernel=kernel) for kernel, cache in caches.items()}
+            torch.testing.assert_close(logits["triton"], logits["matmul"], rtol=1e-5, atol=1e-5)
+
+
+def test_triton_choice_is_checked(checkpoints, monkeypatch):
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    with pytest.raises(ConfigError, match=r"--decode-attention: triton needs a CUDA device.*valid: matmul, flash, triton"):
+        da.check("triton", cpu, torch.bfloat16, 64, key="--decode-attention")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    assert "fp16 or bf16" in da.triton_unavailable(cuda, torch.float32, 128)
+    assert "up to 256" in da.triton_unavailable(cuda, torch.bfloat16, 512)
+    assert da.triton_unavailable(cuda, torch.bfloat16, 128) is None
+    model = build_decoder(resolve_model(str(checkpoints["llama3-tied"])), device="cpu", dtype=torch.float32)
+    with pytest.raises(ConfigError, match="decode_attention: triton needs a CUDA device"):
+        Engine(model, decode_attention="triton")
+
+
+@interpreted
+def test_decode_step_with_triton_traces_as_one_graph(checkpoints):
+    """dynamo takes the kernel as one opaque op (its fake gives the shapes): a decode step with it
+    compiles with fullgraph=True, as the engine compiles it, and gives the eager logits."""
+    model = build_decoder(resolve_model(str(checkpoints["qwen3"])), device="cpu", dtype=torch.float32)
+    tokens = torch.randint(0, 96, (2, 10), generator=torch.Generator().manual_seed(6))
+    pad = torch.tensor([0, 4])
+    cache = KVCache(model.config, 2, 12, dtype=torch.float32, device="cpu")
+
+    def step(token, slot):
+        return model(token, cache=cache, pad=pad, decode_slot=slot, decode_kernel="triton")
+
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    with torch.no_grad():
+        model(tokens[:, :9], cache=cache, pad=pad)
+        eager = step(tokens[:, 9:], torch.tensor([9]))
+        torch.testing.assert_close(compiled(tokens[:, 9:], torch.tensor([9])), eager, rtol=1e-5, atol=1e-5)
