@@ -2,6 +2,7 @@
 # Decode attention kernels (kiln.llm.decode_attention) on one GPU, in one call (~9 min on an H100):
 #   bash benchmarks/gpu_decode_attn.sh                      # KERNELS="triton matmul" (default)
 #   KERNELS="flash matmul" bash benchmarks/gpu_decode_attn.sh
+#   ENGINES=kiln-compiled,hf-compiled QUANT=none,int4 ...   # the rows of each bench (default: kiln-compiled)
 # 1. benchmarks/decode_attention_check.py: matmul, flash and triton on the 3B attention shape (4
 #    layers), a left-padded batch of 3, eager steps against an fp32 copy (the compiled engines are
 #    left to step 2, whose rows count greedy tokens against the eager model).
@@ -20,7 +21,7 @@ read -r -a kernels <<< "${KERNELS:-triton matmul}"
 left() { echo $(( ${1} - ($(date +%s) - start) )); }  # left BUDGET_S: seconds of it not yet spent
 pack() { tar czf "$OUT/decode_attn.tgz" -C "$R" .; }
 COMMON=(--model llama-3.2-3b --prompt-len 1024 --new-tokens 256 --prefill eager --repeats 3
-        --engines kiln-compiled --quant "${QUANT:-none,int4}")
+        --engines "${ENGINES:-kiln-compiled}" --quant "${QUANT:-none,int4}")
 step check timeout 120 python3 benchmarks/decode_attention_check.py --compiled "" --out "$R/decode_attention_check"
 pack
 step "bench_${kernels[0]}" timeout 320 python3 -m kiln bench llm "${COMMON[@]}" --decode-attention "${kernels[0]}" \

@@ -1,20 +1,22 @@
 """kiln's own decode-step attention kernel (`--decode-attention triton`), written in Triton.
 
 One decode step attends one query per head over the static cache [B, S, Hkv, D]. The keys are
-split into `splits` chunks of consecutive slots; program (b * Hkv + kv head, chunk) loads the G
-query heads of its key/value head as one [BLOCK_G, D] tile (G padded to 16 for the tensor cores),
-reads its chunk of keys and values once for all G heads, and keeps a running softmax (max, sum,
-weighted values) over it. It writes the chunk's normalised output and log-sum-exp; the chunks are
-then combined in plain torch (`combine`), which inductor fuses into one small kernel. Chunks past
-the step's position, or before a row's first real slot, exit at once and combine with weight 0.
+split into chunks of consecutive slots; program (b * Hkv + kv head, chunk) loads the G query
+heads of its key/value head as one [BLOCK_G, D] tile (G padded to 16 for the tensor cores), reads
+its chunk of keys and values once for all G heads, and keeps a running softmax (max, sum, weighted
+values) over it. It writes the chunk's normalised output and log-sum-exp and counts itself in
+(an atomic per row and head); the last chunk to arrive combines all of them, so one launch does
+the whole step. Chunks past the step's position, or before a row's first real slot, load
+nothing and combine with weight 0.
 
 Why: at batch 1 the matmul formulation becomes 5-7 inductor kernels per layer (the softmax over
 ~1k slots runs on one thread block per head), and FlashAttention's split-KV kernel plus its combine
-took ~12 us per layer on an H100 (kiln.llm.decode_attention). Here the chunk count is chosen so
-that B * Hkv * splits programs fill the GPU, and the valid range of each row (`start`, `pos`, a
-sliding window) is read from device tensors, so shapes never change and the step stays one CUDA
-graph. The kernel is registered as the custom op `kiln::decode_attention_chunks`, which
-torch.compile calls as an opaque kernel.
+took ~12 us per layer on an H100 (kiln.llm.decode_attention); the first version of this kernel,
+with the combine left to inductor, took 5 us plus 1.7-3.2 us for the combine. Here the chunk
+count is chosen so that B * Hkv * chunks programs fill the GPU, and the valid range of each row
+(`start`, `pos`, a sliding window) is read from device tensors, so shapes never change and the
+step stays one CUDA graph. The kernel is registered as the custom op `kiln::decode_attention`, which torch.compile
+calls as an opaque kernel.
 
 Tests run it on CPU through Triton's interpreter (TRITON_INTERPRET=1, fp32); the GPU check is
 benchmarks/decode_attention_check.py.
@@ -29,10 +31,11 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-BLOCK_S = 64
+BLOCK_S = 32
 """Key slots per inner iteration (and the granularity of a chunk)."""
-TARGET_PROGRAMS = 256
-"""Programs to aim for per step (~2 per SM on an H100's 132): chunks = this / (B * Hkv)."""
+TARGET_PROGRAMS = 512
+"""Programs to aim for per step (~4 per SM on an H100's 132, so that loads overlap): chunks = this
+/ (B * Hkv)."""
 
 
 def chunking(batch: int, kv_heads: int, capacity: int) -> tuple[int, int]:
@@ -44,12 +47,12 @@ def chunking(batch: int, kv_heads: int, capacity: int) -> tuple[int, int]:
     return per_chunk, -(-capacity // per_chunk)
 
 
-def _chunk_attention(Q, K, V, Start, Pos, Out, Lse,
+def _chunk_attention(Q, K, V, Start, Pos, Part, Lse, Arrived, Y,
                      stride_qb, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-                     stride_ob, stride_oh, stride_oc, stride_lb, stride_lh,
+                     stride_pb, stride_ph, stride_pc, stride_lb, stride_lh, stride_yb, stride_yh,
                      scale, window, kv_heads,
                      G: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-                     CHUNK: tl.constexpr, BLOCK: tl.constexpr):
+                     CHUNK: tl.constexpr, CHUNKS: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK: tl.constexpr):
     row_head = tl.program_id(0)
     chunk = tl.program_id(1)
     b = row_head // kv_heads
@@ -64,18 +67,18 @@ def _chunk_attention(Q, K, V, Start, Pos, Out, Lse,
     g = tl.arange(0, BLOCK_G)
     d = tl.arange(0, BLOCK_D)
     heads = kv * G + g
-    g_ok = g < G
-    d_ok = d < D
-    q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + d[None, :], mask=g_ok[:, None] & d_ok[None, :],
-                other=0.0)
+    gd_ok = (g < G)[:, None] & (d < D)[None, :]
+    q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + d[None, :], mask=gd_ok, other=0.0)
     m = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
     total = tl.zeros([BLOCK_G], dtype=tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
-    for i in range(0, CHUNK // BLOCK):  # a static trip count; blocks outside [lo, hi) load nothing
+    for i in range(0, CHUNK // BLOCK):  # a static trip count; slots outside [lo, hi) load nothing
         s = chunk * CHUNK + i * BLOCK + tl.arange(0, BLOCK)
         s_ok = (s >= lo) & (s < hi)
-        kv_ok = s_ok[:, None] & d_ok[None, :]
+        kv_ok = s_ok[:, None] & (d < D)[None, :]
+        # Keys and values are loaded back to back, so both reads are in flight together.
         k = tl.load(K + b * stride_kb + s[:, None] * stride_ks + kv * stride_kh + d[None, :], mask=kv_ok, other=0.0)
+        v = tl.load(V + b * stride_vb + s[:, None] * stride_vs + kv * stride_vh + d[None, :], mask=kv_ok, other=0.0)
         scores = tl.dot(q, tl.trans(k)) * scale  # [BLOCK_G, BLOCK] in fp32
         scores = tl.where(s_ok[None, :], scores, float("-inf"))
         m_new = tl.maximum(m, tl.max(scores, 1))
@@ -83,18 +86,38 @@ def _chunk_attention(Q, K, V, Start, Pos, Out, Lse,
         alpha = tl.exp(m - m_ref)
         p = tl.exp(scores - m_ref[:, None])
         total = total * alpha + tl.sum(p, 1)
-        v = tl.load(V + b * stride_vb + s[:, None] * stride_vs + kv * stride_vh + d[None, :], mask=kv_ok, other=0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m = m_new
     has = total > 0
-    out = tl.where(has[:, None], acc / tl.where(has, total, 1.0)[:, None], 0.0)
+    part = tl.where(has[:, None], acc / tl.where(has, total, 1.0)[:, None], 0.0)
     lse = tl.where(has, m + tl.log(tl.where(has, total, 1.0)), float("-inf"))
-    tl.store(Out + b * stride_ob + heads[:, None] * stride_oh + chunk * stride_oc + d[None, :], out,
-             mask=g_ok[:, None] & d_ok[None, :])
-    tl.store(Lse + b * stride_lb + heads * stride_lh + chunk, lse, mask=g_ok)
+    part_at = Part + b * stride_pb + heads[:, None] * stride_ph + d[None, :]
+    lse_at = Lse + b * stride_lb + heads * stride_lh
+    tl.store(part_at + chunk * stride_pc, part, mask=gd_ok)
+    tl.store(lse_at + chunk, lse, mask=g < G)
+
+    # The last chunk of this (row, key/value head) to finish combines all of them, each weighted
+    # by its share of the softmax mass (empty chunks weigh 0), so no second kernel is launched.
+    # acq_rel: the other chunks' stores above are visible once their arrival is counted.
+    arrived = tl.atomic_add(Arrived + row_head, 1, sem="acq_rel")
+    if arrived == CHUNKS - 1:
+        c = tl.arange(0, BLOCK_C)
+        lses = tl.load(lse_at[:, None] + c[None, :], mask=(g < G)[:, None] & (c < CHUNKS)[None, :],
+                       other=float("-inf"))
+        top = tl.max(lses, 1)  # finite: the chunk holding the step's own slot is never empty
+        top = tl.where(top == float("-inf"), 0.0, top)  # padded head rows
+        weight_sum = tl.sum(tl.exp(lses - top[:, None]), 1)
+        y = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
+        for ci in range(0, CHUNKS):
+            w = tl.exp(tl.load(lse_at + ci, mask=g < G, other=float("-inf")) - top)
+            y += w[:, None] * tl.load(part_at + ci * stride_pc, mask=gd_ok, other=0.0)
+        y = y / tl.where(weight_sum > 0, weight_sum, 1.0)[:, None]
+        tl.store(Y + b * stride_yb + heads[:, None] * stride_yh + d[None, :], y.to(Y.dtype.element_ty), mask=gd_ok)
+        tl.atomic_xchg(Arrived + row_head, 0)  # every chunk has arrived: reset for the next call
 
 
 _KERNELS: dict[bool, object] = {}
+_ARRIVED: dict[tuple[torch.device, int], Tensor] = {}
 
 
 def _kernel():
@@ -106,49 +129,51 @@ def _kernel():
     return _KERNELS[interpret]
 
 
-@torch.library.custom_op("kiln::decode_attention_chunks", mutates_args=())
-def decode_attention_chunks(q: Tensor, cache_k: Tensor, cache_v: Tensor, start: Tensor, pos: Tensor, scale: float,
-                            window: int) -> tuple[Tensor, Tensor]:
-    """Per-chunk attention of one decode step. q [B, H, D]; cache_k/v [B, S, Hkv, D] (last dim
-    contiguous) with this step's key/value written; start [B]: each row's first real slot; pos
-    [1]: the step's slot; window: attend to the last `window` slots only (0: all). Returns the
-    normalised output [B, H, chunks, D] and the log-sum-exp [B, H, chunks], both fp32."""
+def _arrival_counters(device: torch.device, n: int) -> Tensor:
+    """Zeroed int32 counters, one per (row, key/value head), kept for the process: each call leaves
+    them at zero again, and a CUDA graph that captured a call keeps pointing at the same ones.
+    Calls on one stream use them one after another; concurrent calls on two streams must not share
+    a device."""
+    key = (device, n)
+    if key not in _ARRIVED:
+        _ARRIVED[key] = torch.zeros(n, dtype=torch.int32, device=device)
+    return _ARRIVED[key]
+
+
+@torch.library.custom_op("kiln::decode_attention", mutates_args=())
+def decode_attention(q: Tensor, cache_k: Tensor, cache_v: Tensor, start: Tensor, pos: Tensor, scale: float,
+                     window: int) -> Tensor:
+    """Attention of one decode step. q [B, H, D]; cache_k/v [B, S, Hkv, D] with this step's
+    key/value written; start [B]: each row's first real slot; pos [1]: the step's slot; window:
+    attend to the last `window` slots only (0: all). Returns [B, H, D] in q's dtype."""
     q, cache_k, cache_v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, cache_k, cache_v))
     B, H, D = q.shape
     S, Hkv = cache_k.shape[1], cache_k.shape[2]
     per_chunk, chunks = chunking(B, Hkv, S)
-    out = torch.empty(B, H, chunks, D, dtype=torch.float32, device=q.device)
+    part = torch.empty(B, H, chunks, D, dtype=torch.float32, device=q.device)
     lse = torch.empty(B, H, chunks, dtype=torch.float32, device=q.device)
+    y = torch.empty_like(q)
     group = H // Hkv
     _kernel()[(B * Hkv, chunks)](
-        q, cache_k, cache_v, start, pos, out, lse,
+        q, cache_k, cache_v, start, pos, part, lse, _arrival_counters(q.device, B * Hkv), y,
         q.stride(0), q.stride(1), cache_k.stride(0), cache_k.stride(1), cache_k.stride(2),
         cache_v.stride(0), cache_v.stride(1), cache_v.stride(2),
-        out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1),
+        part.stride(0), part.stride(1), part.stride(2), lse.stride(0), lse.stride(1), y.stride(0), y.stride(1),
         scale, window, Hkv,
         G=group, BLOCK_G=max(16, triton.next_power_of_2(group)), D=D, BLOCK_D=triton.next_power_of_2(D),
-        CHUNK=per_chunk, BLOCK=BLOCK_S, num_warps=4, num_stages=2)
-    return out, lse
+        CHUNK=per_chunk, CHUNKS=chunks, BLOCK_C=triton.next_power_of_2(chunks), BLOCK=BLOCK_S,
+        num_warps=4, num_stages=2)
+    return y
 
 
-@decode_attention_chunks.register_fake
+@decode_attention.register_fake
 def _(q, cache_k, cache_v, start, pos, scale, window):
-    B, H, D = q.shape
-    _, chunks = chunking(B, cache_k.shape[2], cache_k.shape[1])
-    return q.new_empty(B, H, chunks, D, dtype=torch.float32), q.new_empty(B, H, chunks, dtype=torch.float32)
-
-
-def combine(out: Tensor, lse: Tensor) -> Tensor:
-    """Chunks -> attention output [B, H, D] (fp32): each chunk weighted by its share of the
-    softmax mass; empty chunks (lse -inf) weigh 0."""
-    weight = torch.exp(lse - lse.amax(dim=-1, keepdim=True))  # [B, H, chunks]
-    return (out * weight.unsqueeze(-1)).sum(dim=-2) / weight.sum(dim=-1, keepdim=True)
+    return torch.empty_like(q)
 
 
 def triton_decode(q: Tensor, cache_k: Tensor, cache_v: Tensor, start: Tensor, pos: Tensor, scale: float,
                   window: int | None) -> Tensor:
     """One decode step's attention: q [B, 1, H, D] -> [B, 1, H, D] in q's dtype."""
     B, _, H, D = q.shape
-    out, lse = torch.ops.kiln.decode_attention_chunks(q.reshape(B, H, D), cache_k, cache_v, start, pos, scale,
-                                                      window or 0)
-    return combine(out, lse).to(q.dtype).view(B, 1, H, D)
+    return torch.ops.kiln.decode_attention(q.reshape(B, H, D), cache_k, cache_v, start, pos, scale,
+                                           window or 0).view(B, 1, H, D)
