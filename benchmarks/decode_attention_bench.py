@@ -1,0 +1,128 @@
+"""Microbenchmark of one decode step's attention on a GPU: the matmul path (compiled as the engine
+compiles it), FlashAttention's varlen kernel and kiln's Triton kernel over a sweep of its launch
+settings (slots per block, programs aimed at, warps), on one layer of a model's shape.
+
+Each variant is captured as `--layers` back-to-back calls in one CUDA graph (as in a decode step:
+no launch gaps from the host) and replayed `--repeats` times; a variant's figure is the median us
+per call and the GB/s of the keys and values it reads. Rounds interleave the variants. Writes
+results.json and results.md under --out.
+
+    python benchmarks/decode_attention_bench.py --out DIR [--model llama-3.2-3b] [--slots 1280]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+from kiln.llm.config import resolve_model
+from kiln.llm.decode_attention import flash_decode, varlen_rows
+from kiln.llm.engine import default_inductor_options
+from kiln.llm.model import Attention
+
+
+def graphed(fn, calls: int) -> torch.cuda.CUDAGraph:
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    return graph
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--model", default="llama-3.2-3b")
+    ap.add_argument("--slots", type=int, default=1280, help="cache capacity; the step attends over all of it")
+    ap.add_argument("--layers", type=int, default=28, help="calls per graph replay")
+    ap.add_argument("--repeats", type=int, default=30)
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("decode_attention_bench: needs a CUDA device", file=sys.stderr)
+        return 2
+    import kiln.llm.triton_decode as td
+
+    config = resolve_model(args.model).config
+    B, S, H, Hkv, D = 1, args.slots, config.n_heads, config.n_kv_heads, config.head_dim
+    dev, dtype = torch.device("cuda"), torch.bfloat16
+    gen = torch.Generator(device=dev).manual_seed(0)
+    q = torch.randn(B, 1, H, D, device=dev, dtype=dtype, generator=gen)
+    k = torch.randn(B, S, Hkv, D, device=dev, dtype=dtype, generator=gen)
+    v = torch.randn(B, S, Hkv, D, device=dev, dtype=dtype, generator=gen)
+    pos, pad = torch.tensor([S - 1], device=dev), torch.zeros(B, dtype=torch.long, device=dev)
+    mask = torch.ones(B, S, dtype=torch.bool, device=dev)
+    scale = D ** -0.5
+    attn = Attention(config, None).to(dev, dtype)
+
+    matmul = torch.compile(lambda: attn._decode_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask),
+                           fullgraph=True, options=default_inductor_options(dev))
+    rows = varlen_rows(B, S, pos, pad)
+    variants = {"matmul (compiled)": matmul, "flash": lambda: flash_decode(q, k, v, rows, scale)}
+    reference = matmul().transpose(1, 2).float()
+    settings = {}
+    for block, target, warps in itertools.product((16, 32, 64), (128, 256, 512, 1024), (2, 4)):
+        name = f"triton block {block} target {target} warps {warps}"
+        settings[name] = (block, target, warps)
+
+        def run(block=block, target=target, warps=warps):
+            td.BLOCK_S, td.TARGET_PROGRAMS, td.NUM_WARPS = block, target, warps
+            return td.triton_decode(q, k, v, pad, pos, scale, None)
+
+        variants[name] = run
+    graphs, errors = {}, {}
+    for name, fn in variants.items():
+        out = fn().float()
+        errors[name] = float((out - reference).abs().max())
+        graphs[name] = graphed(fn, args.layers)
+    times = {name: [] for name in graphs}
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for r in range(args.repeats):
+        order = list(graphs) if r % 2 == 0 else list(reversed(graphs))
+        for name in order:
+            start.record()
+            graphs[name].replay()
+            end.record()
+            end.synchronize()
+            times[name].append(start.elapsed_time(end) * 1000 / args.layers)
+    kv_bytes = 2 * B * S * Hkv * D * k.element_size()
+    results = []
+    for name, samples in times.items():
+        us = statistics.median(samples)
+        row = {"variant": name, "us_per_call": us, "kv_gb_per_s": kv_bytes / us / 1e3,
+               "max_abs_vs_matmul": errors[name]}
+        if name in settings:
+            block, target, warps = settings[name]
+            td.BLOCK_S, td.TARGET_PROGRAMS = block, target
+            row.update(block=block, target=target, warps=warps, chunks=td.chunking(B, Hkv, S)[1])
+        results.append(row)
+    results.sort(key=lambda r: r["us_per_call"])
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {"model": args.model, "batch": B, "slots": S, "heads": H, "kv_heads": Hkv, "head_dim": D,
+            "calls_per_replay": args.layers, "repeats": args.repeats, "torch": torch.__version__,
+            "gpu": torch.cuda.get_device_name(), "kv_bytes_per_call": kv_bytes}
+    (out / "results.json").write_text(json.dumps({"config": meta, "results": results}, indent=2) + "\n")
+    lines = [f"# Decode attention, one layer: {args.model} shape, batch {B}, {S} slots, bf16, {meta['gpu']}", "",
+             "| variant | us/call | K+V GB/s | max abs vs matmul |", "|---|---|---|---|"]
+    lines += [f"| {r['variant']} | {r['us_per_call']:.2f} | {r['kv_gb_per_s']:.0f} | {r['max_abs_vs_matmul']:.3g} |"
+              for r in results]
+    lines += ["", f"Command: `python {' '.join(sys.argv)}`; torch {torch.__version__}."]
+    (out / "results.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
