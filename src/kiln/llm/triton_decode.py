@@ -6,8 +6,8 @@ heads of its key/value head as one [BLOCK_G, D] tile (G padded to 16 for the ten
 its chunk of keys and values once for all G heads, and keeps a running softmax (max, sum, weighted
 values) over it. It writes the chunk's normalised output and log-sum-exp and counts itself in
 (an atomic per row and head); the last chunk to arrive combines all of them, so one launch does
-the whole step. Chunks past the step's position, or before a row's first real slot, load
-nothing and combine with weight 0.
+the whole step. Slots past the step's position, or before a row's first real slot, are masked
+out of the softmax; chunks with none left combine with weight 0.
 
 Why: at batch 1 the matmul formulation becomes 5-7 inductor kernels per layer (the softmax over
 ~1k slots runs on one thread block per head), and FlashAttention's split-KV kernel plus its combine
@@ -31,12 +31,15 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-BLOCK_S = 32
+# Launch settings, from benchmarks/decode_attention_bench.py on an H100 (3B shape, 1280 slots;
+# 24 settings swept 2026-11-24): 64-slot blocks and 2 warps were fastest (7.8 us per layer with
+# 256-1024 programs aimed at, 8.4-11.7 us with 16/32-slot blocks or 4 warps).
+BLOCK_S = 64
 """Key slots per inner iteration (and the granularity of a chunk)."""
-TARGET_PROGRAMS = 512
-"""Programs to aim for per step (~4 per SM on an H100's 132, so that loads overlap): chunks = this
-/ (B * Hkv)."""
-NUM_WARPS = 4
+TARGET_PROGRAMS = 256
+"""Programs to aim for per step (~2 per SM on an H100's 132): chunks = this / (B * Hkv), at most
+one per block of slots."""
+NUM_WARPS = 2
 
 
 def chunking(batch: int, kv_heads: int, capacity: int) -> tuple[int, int]:
@@ -48,7 +51,7 @@ def chunking(batch: int, kv_heads: int, capacity: int) -> tuple[int, int]:
     return per_chunk, -(-capacity // per_chunk)
 
 
-def _chunk_attention(Q, K, V, Start, Pos, Part, Lse, Arrived, Y,
+def _chunk_attention(Q, K, V, Start, Pos, Part, Lse, Arrived, Y, slots,
                      stride_qb, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
                      stride_pb, stride_ph, stride_pc, stride_lb, stride_lh, stride_yb, stride_yh,
                      scale, window, kv_heads,
@@ -76,8 +79,10 @@ def _chunk_attention(Q, K, V, Start, Pos, Part, Lse, Arrived, Y,
     for i in range(0, CHUNK // BLOCK):  # a static trip count; slots outside [lo, hi) load nothing
         s = chunk * CHUNK + i * BLOCK + tl.arange(0, BLOCK)
         s_ok = (s >= lo) & (s < hi)
-        kv_ok = s_ok[:, None] & (d < D)[None, :]
-        # Keys and values are loaded back to back, so both reads are in flight together.
+        # Keys and values are loaded back to back and masked by the cache's size only, so both
+        # reads start before the step's position arrives (slots outside [lo, hi) are read, then
+        # masked out of the softmax: at batch 1 the cache is ~2 % of a step's bytes).
+        kv_ok = (s < slots)[:, None] & (d < D)[None, :]
         k = tl.load(K + b * stride_kb + s[:, None] * stride_ks + kv * stride_kh + d[None, :], mask=kv_ok, other=0.0)
         v = tl.load(V + b * stride_vb + s[:, None] * stride_vs + kv * stride_vh + d[None, :], mask=kv_ok, other=0.0)
         scores = tl.dot(q, tl.trans(k)) * scale  # [BLOCK_G, BLOCK] in fp32
@@ -156,7 +161,7 @@ def decode_attention(q: Tensor, cache_k: Tensor, cache_v: Tensor, start: Tensor,
     y = torch.empty_like(q)
     group = H // Hkv
     _kernel()[(B * Hkv, chunks)](
-        q, cache_k, cache_v, start, pos, part, lse, _arrival_counters(q.device, B * Hkv), y,
+        q, cache_k, cache_v, start, pos, part, lse, _arrival_counters(q.device, B * Hkv), y, S,
         q.stride(0), q.stride(1), cache_k.stride(0), cache_k.stride(1), cache_k.stride(2),
         cache_v.stride(0), cache_v.stride(1), cache_v.stride(2),
         part.stride(0), part.stride(1), part.stride(2), lse.stride(0), lse.stride(1), y.stride(0), y.stride(1),
