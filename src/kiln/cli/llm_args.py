@@ -97,7 +97,7 @@ def add_quant_flags(p: argparse.ArgumentParser, *, many: bool) -> None:
                    "per-channel unless given, nf4 block size (default 64); must divide the model's dims")
     p.add_argument("--quant-backend", default="torchao", help="int8/int4 through torchao (default; pip install "
                    "'kiln[quant]'), torch (kiln's layers on torch's ops: tinygemm for int4), inductor (int4 dequantized "
-                   "inside inductor's fused decode kernels), or auto (torchao where it can, else torch); a --quant entry "
+                   "inside inductor's fused decode kernels), triton (int4 read by kiln's Triton kernel; CUDA), or auto (torchao where it can, else torch); a --quant entry "
                    "KIND@BACKEND overrides it for that entry")
     p.add_argument("--quant-lm-head", choices=("on", "off"), default="on",
                    help="quantize the output head too (default on)")

@@ -18,6 +18,8 @@ Backends (`QuantSpec.backend`):
   torch's tinygemm op on CUDA (bf16) and its CPU int4 kernel on CPU.
 - `inductor`: kiln's int4 layer written as plain tensor math, so inductor fuses unpacking and
   dequantization into the decode step's matrix-vector kernels (int8: as `torch`); any device.
+- `triton`: the same int4 layout read by kiln's own Triton kernel (kiln.llm.triton_int4) for
+  decode steps; CUDA, fp16/bf16 (int8: as `torch`).
 - `auto`: torchao where it is installed and supports the kind on this device, else `torch`.
 - nf4 always goes through bitsandbytes (`Linear4bit`, as transformers' `load_in_4bit` does).
 Everything a spec cannot do on this device/dtype/model is a ConfigError naming the flag
@@ -47,7 +49,9 @@ from kiln.llm.quant_torch import (
 )
 
 QUANT_KINDS = ("none", "int8", "int4", "nf4")
-BACKENDS = ("torchao", "torch", "inductor", "auto")
+BACKENDS = ("torchao", "torch", "inductor", "triton", "auto")
+OWN_INT4 = ("inductor", "triton")
+"""Backends whose int4 layer is kiln's plain-byte layout (int8 on them is the `torch` layer)."""
 NF4_BLOCK_SIZES = (64, 128, 256, 512, 1024, 2048, 4096)
 DEFAULT_GROUP = {"int8": None, "int4": 128, "nf4": 64}
 """Group size per kind when none is given: int8 per output channel, int4 128 (gpt-fast's and
@@ -64,7 +68,7 @@ class QuantSpec:
     group_size: int | None = None
     """Input features per scale (int8: None = per output channel; int4: 32/64/128/256; nf4: block size)."""
     backend: str = "torchao"
-    """torchao, torch, inductor or auto for int8/int4 (nf4 is always bitsandbytes)."""
+    """torchao, torch, inductor, triton or auto for int8/int4 (nf4 is always bitsandbytes)."""
     lm_head: bool = True
     """Quantize the output head too (the largest single matrix of small Llamas)."""
 
@@ -137,6 +141,14 @@ def target_shapes(config: DecoderConfig, lm_head: bool) -> dict[str, tuple[int, 
 
 def _int4_device_problem(device: torch.device, dtype: torch.dtype, backend: str) -> tuple[str, str] | None:
     """(flag, reason) when int4 cannot run on this device/dtype with this backend."""
+    if backend == "triton":
+        if device.type != "cuda" or dtype not in (torch.float16, torch.bfloat16):
+            return "--quant", f"int4@triton runs kiln's Triton kernel: CUDA with fp16/bf16, not {device} {str(dtype)[6:]}"
+        try:
+            import kiln.llm.triton_int4  # noqa: F401  (registers the kernel's op)
+        except ImportError as exc:
+            return "--quant", f"int4@triton needs Triton, which does not import here ({exc})"
+        return None
     if device.type == "cuda" and backend != "inductor":
         major, minor = torch.cuda.get_device_capability(device)
         if major < 8:
@@ -189,7 +201,7 @@ def check_quant(spec: QuantSpec, config: DecoderConfig, device: torch.device | s
     if spec.kind == "none":
         return replace(spec, group_size=None)
     backend = resolve_backend(spec.kind, spec.backend, device, dtype)
-    spec = replace(spec, backend="torch" if spec.kind == "int8" and backend == "inductor" else backend)  # same layer
+    spec = replace(spec, backend="torch" if spec.kind == "int8" and backend in OWN_INT4 else backend)  # same layer
     if spec.library == "torchao":
         reason = torchao_missing()
         if reason:
@@ -220,8 +232,8 @@ def check_quant(spec: QuantSpec, config: DecoderConfig, device: torch.device | s
             raise ConfigError(key["group_size"], f"{group} does not divide the {k} input features of {name} "
                               "(groups run along the input dimension)", fits or None)
     if spec.kind == "int4":
-        if spec.backend == "inductor" and (bad := [n for n, (_, k) in shapes.items() if k % (2 * group)]):
-            raise ConfigError(key["group_size"], f"the inductor int4 layout packs the two halves of the input features "
+        if spec.backend in OWN_INT4 and (bad := [n for n, (_, k) in shapes.items() if k % (2 * group)]):
+            raise ConfigError(key["group_size"], f"the {spec.backend} int4 layout packs the two halves of the input features "
                               f"into one byte: {bad[0]}'s {shapes[bad[0]][1]} inputs must be a multiple of 2 x {group}")
         if spec.backend == "torch" and device.type == "cuda":
             odd = [(n, s) for n, s in shapes.items() if s[0] % 8 or int4_inner_k_tiles(s[1]) is None]
@@ -295,7 +307,13 @@ def _bitsandbytes(model: nn.Module, spec: QuantSpec) -> None:
 
 
 def _torch(model: nn.Module, spec: QuantSpec) -> None:
-    int4 = Int4FusedLinear if spec.backend == "inductor" else Int4WeightOnlyLinear
+    int4 = Int4WeightOnlyLinear
+    if spec.backend == "inductor":
+        int4 = Int4FusedLinear
+    elif spec.backend == "triton":
+        from kiln.llm.triton_int4 import Int4TritonLinear
+
+        int4 = Int4TritonLinear
     for parent, name, linear in list(_targets(model, spec.lm_head)):
         if spec.kind == "int8":
             layer = Int8WeightOnlyLinear.from_linear(linear, spec.group)
@@ -310,7 +328,7 @@ def quantize_decoder(model: nn.Module, spec: QuantSpec) -> nn.Module:
     if spec.kind == "none":
         return model
     quantized = shallow_copy(model)
-    {"torchao": _torchao, "torch": _torch, "inductor": _torch, "bitsandbytes": _bitsandbytes}[spec.library](
+    {"torchao": _torchao, "torch": _torch, "inductor": _torch, "triton": _torch, "bitsandbytes": _bitsandbytes}[spec.library](
         quantized, spec)
     quantized.quant = spec
     return quantized.eval()

@@ -1,0 +1,32 @@
+#!/bin/bash
+# kiln's Triton int4 matmul (int4@triton) against tinygemm (torchao's int4), on one GPU in one call
+# (~7 min on an H100):
+#   bash benchmarks/gpu_int4.sh
+# 1. benchmarks/int4_matvec_bench.py: one-token matmuls per projection of the 3B shape (~1-2 min,
+#    the Triton kernel autotunes per shape on its first call).
+# 2. kiln bench llm, Llama-3.2-3B shape (bf16, batch 1, prompt 1024, 256 new tokens),
+#    kiln-compiled with --decode-attention triton at quant none, int4 (torchao) and int4@triton,
+#    with a profile of 32 decode steps per row.
+# Writes $OUT/r/<name>/... and logs; packs $OUT/int4.tgz after each part.
+set -uo pipefail
+source benchmarks/gpu_env.sh
+start=$(date +%s)
+source benchmarks/gpu_step.sh
+export TORCHAO_FORCE_SKIP_LOADING_SO_FILES=1
+pack() { tar czf "$OUT/int4.tgz" -C "$R" .; }
+step int4_matvec timeout 180 python3 benchmarks/int4_matvec_bench.py --out "$R/int4_matvec"
+pack
+step bench_int4 timeout $(( 575 - ($(date +%s) - start) )) python3 -m kiln bench llm --model llama-3.2-3b \
+  --prompt-len 1024 --new-tokens 256 --prefill eager --repeats 3 --engines kiln-compiled --decode-attention triton \
+  --quant none,int4,int4@triton --profile-decode 32 --deadline-s 280 --out "$R/bench_int4"
+python3 - "$R" <<'PY'
+import json, pathlib, sys
+for path in sorted(pathlib.Path(sys.argv[1]).glob("bench_*/results.json")):
+    for r in json.loads(path.read_text())["results"]:
+        fig = lambda k, f: format(r[k], f) if r.get(k) is not None else "-"
+        print(f"{path.parent.name:12} {r['engine']}[{r['quant']}] {r['status']:8} decode {fig('decode_tok_s', '7.1f')} "
+              f"tok/s  roofline {fig('roofline_frac', '.3f')}  x{fig('decode_vs_unquantized', '.2f')} vs bf16  "
+              f"KL {fig('drift_kl', '.3g')}  warm-up {fig('warmup_s', '.0f')} s  {r.get('reason') or ''}")
+PY
+echo "=== done in $(( $(date +%s) - start )) s"
+pack

@@ -1,0 +1,112 @@
+"""Microbenchmark of one-token int4 matmuls on a GPU, per projection of a model's shape: torch's
+tinygemm kernel (kiln's `torch` int4 layer; torchao's int4 layout runs the same op) against kiln's
+Triton kernel (`int4@triton`, autotuned on its first call), with bf16 `linear` (cuBLAS) beside.
+
+Each variant is captured as `--calls` back-to-back calls in one CUDA graph and replayed
+`--repeats` times, rounds interleaved; figures are the median us per call and the GB/s of the
+bytes the layer holds (packed weights + scales). Each layer's output is checked against its
+dequantized weight. Writes results.json and results.md under --out.
+
+    python benchmarks/int4_matvec_bench.py --out DIR [--model llama-3.2-3b] [--group-size 128]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from kiln.llm.config import resolve_model
+from kiln.llm.quant import target_shapes
+from kiln.llm.quant_torch import Int4WeightOnlyLinear
+
+
+def graphed(fn, calls: int) -> torch.cuda.CUDAGraph:
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    return graph
+
+
+def layer_bytes(layer: nn.Module) -> int:
+    return sum(t.numel() * t.element_size() for t in (*layer.parameters(), *layer.buffers()))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--model", default="llama-3.2-3b")
+    ap.add_argument("--group-size", type=int, default=128)
+    ap.add_argument("--calls", type=int, default=20)
+    ap.add_argument("--repeats", type=int, default=30)
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("int4_matvec_bench: needs a CUDA device", file=sys.stderr)
+        return 2
+    from kiln.llm.triton_int4 import Int4TritonLinear
+
+    torch.manual_seed(0)
+    dev = torch.device("cuda")
+    config = resolve_model(args.model).config
+    graphs, meta, rows = {}, {}, []
+    for name, (out_f, in_f) in target_shapes(config, lm_head=True).items():
+        linear = nn.Linear(in_f, out_f, bias=False, device=dev, dtype=torch.bfloat16)
+        x = torch.randn(1, 1, in_f, device=dev, dtype=torch.bfloat16)
+        layers = {"bf16 linear": linear, "int4 tinygemm": Int4WeightOnlyLinear.from_linear(linear, args.group_size),
+                  "int4 triton": Int4TritonLinear.from_linear(linear, args.group_size)}
+        exact = nn.functional.linear(x.float(), layers["int4 triton"].dequantize(torch.float32))
+        for variant, layer in layers.items():
+            with torch.no_grad():
+                y = layer(x)  # the Triton layer tunes itself here
+                err = None if variant == "bf16 linear" else float((y.float() - exact).abs().max() / exact.abs().max())
+                graphs[(name, variant)] = graphed(lambda layer=layer, x=x: layer(x), args.calls)
+            meta[(name, variant)] = {"shape": [out_f, in_f], "bytes": layer_bytes(layer), "rel_err": err}
+    times = {key: [] for key in graphs}
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for r in range(args.repeats):
+        for key in (list(graphs) if r % 2 == 0 else list(reversed(graphs))):
+            start.record()
+            graphs[key].replay()
+            end.record()
+            end.synchronize()
+            times[key].append(start.elapsed_time(end) * 1000 / args.calls)
+    for (name, variant), samples in times.items():
+        m = meta[(name, variant)]
+        us = statistics.median(samples)
+        rows.append({"projection": name, "variant": variant, **m, "us_per_call": us, "gb_per_s": m["bytes"] / us / 1e3})
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    env = {"model": args.model, "group_size": args.group_size, "torch": torch.__version__,
+           "gpu": torch.cuda.get_device_name(), "calls_per_replay": args.calls, "repeats": args.repeats}
+    (out / "results.json").write_text(json.dumps({"config": env, "results": rows}, indent=2) + "\n")
+    lines = [f"# One-token int4 matmuls: {args.model} shapes, group {args.group_size}, {env['gpu']}", "",
+             "| projection | out x in | variant | us/call | GB/s of its bytes | max rel err vs dequantized |",
+             "|---|---|---|---|---|---|"]
+    for r in rows:
+        err = "-" if r["rel_err"] is None else f"{r['rel_err']:.2g}"
+        lines.append(f"| {r['projection']} | {r['shape'][0]}x{r['shape'][1]} | {r['variant']} | {r['us_per_call']:.2f} "
+                     f"| {r['gb_per_s']:.0f} | {err} |")
+    total = {v: sum(r["us_per_call"] * (1 if r["projection"] == "lm_head" else config.n_layers)
+                    for r in rows if r["variant"] == v) for v in ("bf16 linear", "int4 tinygemm", "int4 triton")}
+    lines += ["", "Per decode step (projections x layers, lm_head once): " +
+              ", ".join(f"{v} {t / 1000:.3f} ms" for v, t in total.items()),
+              "", f"Command: `python {' '.join(sys.argv)}`; torch {torch.__version__}."]
+    (out / "results.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
