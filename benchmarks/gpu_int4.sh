@@ -14,7 +14,8 @@ start=$(date +%s)
 source benchmarks/gpu_step.sh
 export TORCHAO_FORCE_SKIP_LOADING_SO_FILES=1
 pack() { tar czf "$OUT/int4.tgz" -C "$R" .; }
-step int4_matvec timeout 180 python3 benchmarks/int4_matvec_bench.py --out "$R/int4_matvec"
+# CUDA_LAUNCH_BLOCKING: the first run died of an illegal address somewhere in the replays; name the kernel.
+step int4_matvec env CUDA_LAUNCH_BLOCKING=1 timeout 180 python3 benchmarks/int4_matvec_bench.py --out "$R/int4_matvec"
 pack
 step bench_int4 timeout $(( 575 - ($(date +%s) - start) )) python3 -m kiln bench llm --model llama-3.2-3b \
   --prompt-len 1024 --new-tokens 256 --prefill eager --repeats 3 --engines kiln-compiled --decode-attention triton \
