@@ -60,13 +60,14 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(0)
     dev = torch.device("cuda")
     config = resolve_model(args.model).config
-    graphs, meta, rows = {}, {}, []
+    graphs, meta, rows, alive = {}, {}, [], []  # a graph does not keep its inputs alive: `alive` does
     for name, (out_f, in_f) in target_shapes(config, lm_head=True).items():
         linear = nn.Linear(in_f, out_f, bias=False, device=dev, dtype=torch.bfloat16)
         x = torch.randn(1, 1, in_f, device=dev, dtype=torch.bfloat16)
         layers = {"bf16 linear": linear, "int4 tinygemm": Int4WeightOnlyLinear.from_linear(linear, args.group_size),
                   "int4 triton": Int4TritonLinear.from_linear(linear, args.group_size)}
         exact = nn.functional.linear(x.float(), layers["int4 triton"].dequantize(torch.float32))
+        alive.append((x, layers))
         for variant, layer in layers.items():
             with torch.no_grad():
                 y = layer(x)  # the Triton layer tunes itself here

@@ -5,10 +5,11 @@ of the input features in the low nibbles and the second half in the high ones, a
 `group_size` inputs a scale and an offset (w = q * scale + offset), [out, in/group].
 
 A decode step multiplies one token (or a few rows) by each weight, so the work is reading the
-packed bytes once. Program (block of BLOCK_N outputs, row m) walks the input features R groups
-at a time: it loads a [BLOCK_N, R * group] tile of bytes, unpacks both nibbles, multiplies by the
-two matching slices of x and sums per group, then applies the group's scale and offset as
-scale * sum(q * x) + offset * sum(x), so dequantized weights never exist. Launch settings
+packed bytes once. Program (block of BLOCK_N outputs, row m) walks the input features a group
+at a time (R groups' loads issued together): it loads a [BLOCK_N, group] tile of bytes, unpacks
+both nibbles, dequantizes them in registers with the group's scale and offset (one per output
+row) and accumulates their products with the two matching slices of x elementwise; one
+reduction across lanes at the end gives the outputs. Launch settings
 (BLOCK_N, R, warps, stages) are autotuned per matrix shape on the first call (the engine's
 warm-up steps, before its CUDA graph is captured).
 
@@ -41,37 +42,36 @@ def _int4_matvec(X, W, Scale, Offset, Y, N, stride_xm, stride_wn, stride_sn, str
     m = tl.program_id(1)
     n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < N
-    BK: tl.constexpr = R * GROUP
+    kk = tl.arange(0, GROUP)
     HALF_GROUPS: tl.constexpr = HALF // GROUP
-    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, HALF, BK):
-        kk = k0 + tl.arange(0, BK)
-        w = tl.load(W + n[:, None] * stride_wn + kk[None, :], mask=n_ok[:, None], other=0)
-        x_lo = tl.load(X + m * stride_xm + kk).to(tl.float32)
-        x_hi = tl.load(X + m * stride_xm + HALF + kk).to(tl.float32)
-        lo = (w & 15).to(tl.float32)
-        hi = (w >> 4).to(tl.float32)
-        dot_lo = tl.sum(tl.reshape(lo * x_lo[None, :], [BLOCK_N, R, GROUP]), 2)  # [BLOCK_N, R] per group
-        dot_hi = tl.sum(tl.reshape(hi * x_hi[None, :], [BLOCK_N, R, GROUP]), 2)
-        sum_lo = tl.sum(tl.reshape(x_lo, [R, GROUP]), 1)  # [R]
-        sum_hi = tl.sum(tl.reshape(x_hi, [R, GROUP]), 1)
-        g = k0 // GROUP + tl.arange(0, R)
-        at = n[:, None] * stride_sn + g[None, :]
-        s_lo = tl.load(Scale + at, mask=n_ok[:, None], other=0.0).to(tl.float32)
-        o_lo = tl.load(Offset + at, mask=n_ok[:, None], other=0.0).to(tl.float32)
-        s_hi = tl.load(Scale + at + HALF_GROUPS, mask=n_ok[:, None], other=0.0).to(tl.float32)
-        o_hi = tl.load(Offset + at + HALF_GROUPS, mask=n_ok[:, None], other=0.0).to(tl.float32)
-        acc += tl.sum(s_lo * dot_lo + o_lo * sum_lo[None, :] + s_hi * dot_hi + o_hi * sum_hi[None, :], 1)
-    tl.store(Y + m * stride_ym + n, acc.to(Y.dtype.element_ty), mask=n_ok)
+    w_rows = W + n[:, None] * stride_wn + kk[None, :]
+    s_rows = n * stride_sn
+    x_row = X + m * stride_xm + kk
+    # Elementwise products accumulate in a [BLOCK_N, GROUP] tile, reduced across lanes once at the
+    # end; each group's scale and offset are one value per row, broadcast along the group.
+    acc = tl.zeros([BLOCK_N, GROUP], dtype=tl.float32)
+    for g0 in range(0, HALF_GROUPS, R):
+        for j in tl.static_range(R):  # R groups' loads issued back to back
+            g = g0 + j
+            w = tl.load(w_rows + g * GROUP, mask=n_ok[:, None], other=0)
+            x_lo = tl.load(x_row + g * GROUP).to(tl.float32)
+            x_hi = tl.load(x_row + HALF + g * GROUP).to(tl.float32)
+            s_lo = tl.load(Scale + s_rows + g, mask=n_ok, other=0.0).to(tl.float32)
+            o_lo = tl.load(Offset + s_rows + g, mask=n_ok, other=0.0).to(tl.float32)
+            s_hi = tl.load(Scale + s_rows + HALF_GROUPS + g, mask=n_ok, other=0.0).to(tl.float32)
+            o_hi = tl.load(Offset + s_rows + HALF_GROUPS + g, mask=n_ok, other=0.0).to(tl.float32)
+            lo = (w & 15).to(tl.float32)
+            hi = (w >> 4).to(tl.float32)
+            acc += (lo * s_lo[:, None] + o_lo[:, None]) * x_lo[None, :]
+            acc += (hi * s_hi[:, None] + o_hi[:, None]) * x_hi[None, :]
+    tl.store(Y + m * stride_ym + n, tl.sum(acc, 1).to(Y.dtype.element_ty), mask=n_ok)
 
 
 def _configs() -> list[triton.Config]:
-    # Few rows with many groups per iteration put a program's whole share of bytes in flight at
-    # once (no serial loop); many rows with one group per iteration lean on pipelining instead.
-    # The first H100 run (2026-11-24) had only the second kind: 12.4 us per call on average
-    # against tinygemm's 9.9.
-    settings = ((2, 8, 4, 1), (2, 16, 4, 1), (4, 4, 4, 1), (4, 8, 4, 1), (4, 16, 8, 1), (8, 4, 4, 1),
-                (8, 4, 8, 2), (8, 8, 8, 1), (16, 2, 4, 3), (16, 4, 8, 2), (32, 1, 4, 4), (2, 32, 8, 1))
+    # The first H100 runs (2026-11-24) reduced across lanes per group (tl.reshape + sum every
+    # iteration): 12 us per call on average against tinygemm's 9.9, whatever the tile.
+    settings = ((16, 1, 4, 4), (32, 1, 4, 4), (32, 2, 4, 3), (64, 1, 8, 3), (64, 2, 8, 2), (16, 2, 4, 3),
+                (8, 4, 4, 2), (32, 4, 8, 2), (128, 1, 8, 2), (16, 4, 4, 2))
     return [triton.Config({"BLOCK_N": bn, "R": r}, num_warps=w, num_stages=s) for bn, r, w, s in settings]
 
 
