@@ -73,7 +73,7 @@ def test_check_choices():
     assert da.check("matmul", cpu, torch.float32, 64) == "matmul"
     with pytest.raises(ConfigError, match="decode_attention: flash needs a CUDA device"):
         da.check("flash", cpu, torch.bfloat16, 64)
-    with pytest.raises(ConfigError, match=r"--decode-attention: unknown .*'flahs'.*valid: matmul, flash"):
+    with pytest.raises(ConfigError, match=r"--decode-attention: unknown .*'flahs'.*valid: auto, matmul, flash, triton"):
         da.check("flahs", cpu, torch.float32, 64, key="--decode-attention")
 
 

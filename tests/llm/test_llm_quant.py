@@ -214,7 +214,7 @@ def test_int4_on_cuda_needs_bf16(monkeypatch):
     assert flag == "--quant" and "8.0" in reason
 
 
-@pytest.mark.parametrize(("entry", "needle"), [("nf4@torch", "no backend"), ("int4@triton", "unknown backend")])
+@pytest.mark.parametrize(("entry", "needle"), [("nf4@torch", "no backend"), ("int4@tirton", "unknown backend")])
 def test_quant_entries(entry, needle):
     assert parse_quant("int4@inductor", QuantSpec(backend="torchao")).backend == "inductor"
     assert parse_quant("int8", QuantSpec(backend="torch")).backend == "torch"

@@ -100,12 +100,16 @@ def test_triton_decode_equals_matmul_decode(checkpoints, family):
 
 def test_triton_choice_is_checked(checkpoints, monkeypatch):
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    with pytest.raises(ConfigError, match=r"--decode-attention: triton needs a CUDA device.*valid: matmul, flash, triton"):
+    with pytest.raises(ConfigError, match=r"--decode-attention: triton needs a CUDA device.*valid: auto, matmul, flash, triton"):
         da.check("triton", cpu, torch.bfloat16, 64, key="--decode-attention")
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     assert "fp16 or bf16" in da.triton_unavailable(cuda, torch.float32, 128)
     assert "up to 256" in da.triton_unavailable(cuda, torch.bfloat16, 512)
     assert da.triton_unavailable(cuda, torch.bfloat16, 128) is None
+    # auto: triton where it runs (a bf16 model on a GPU), matmul where it does not.
+    assert da.check("auto", cuda, torch.bfloat16, 128) == "triton"
+    assert da.check("auto", cuda, torch.float32, 128) == "matmul"
+    assert da.check("auto", cpu, torch.bfloat16, 128) == "matmul"
     model = build_decoder(resolve_model(str(checkpoints["llama3-tied"])), device="cpu", dtype=torch.float32)
     with pytest.raises(ConfigError, match="decode_attention: triton needs a CUDA device"):
         Engine(model, decode_attention="triton")

@@ -98,8 +98,8 @@ class LlmBenchOptions:
     """kiln-compiled's prefill: `compiled` (per padded length) or `eager` (no prefill compile)."""
     tuning: str = "full"
     """Where kiln-compiled uses coordinate-descent tuning: `full`, `decode` (prefill untuned) or `off`."""
-    decode_attention: str = "matmul"
-    """kiln engines' decode-step attention: `matmul` or `flash` (kiln.llm.decode_attention)."""
+    decode_attention: str = "auto"
+    """kiln engines' decode-step attention: `auto`, `matmul`, `flash` or `triton` (kiln.llm.decode_attention)."""
     deadline_s: float | None = None
     """No row starts its warm-up after this many seconds of the run (it is `skipped` instead)."""
     profile_decode: int = 0

@@ -21,10 +21,10 @@ def add_model_flags(p: argparse.ArgumentParser, *, model_required: bool = True) 
 
 
 def add_decode_attention_flag(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--decode-attention", default="matmul",
-                   help="decode-step attention: matmul (default; two broadcast matmuls inductor fuses), flash "
-                   "(CUDA, fp16/bf16: FlashAttention-2's varlen kernel over the static cache) or triton (CUDA, "
-                   "fp16/bf16: kiln's split-KV Triton kernel)")
+    p.add_argument("--decode-attention", default="auto",
+                   help="decode-step attention: auto (default: triton where it runs, else matmul), matmul (two "
+                   "broadcast matmuls inductor fuses), flash (CUDA, fp16/bf16: FlashAttention-2's varlen kernel over "
+                   "the static cache) or triton (CUDA, fp16/bf16: kiln's split-KV Triton kernel)")
 
 
 def check_decode_attention(choice: str, device, dtype: str, head_dim: int) -> None:

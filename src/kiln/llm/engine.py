@@ -138,13 +138,13 @@ class Engine:
     on when compiling on CUDA): replay the decode step as one CUDA graph. `compile_prefill` (default:
     `compile`) False leaves prefill eager, saving a whole-model compile per prompt bucket;
     `prefill_inductor_options` (default: `inductor_options`) lets prefill skip decode's tuning.
-    `decode_attention`: the decode step's attention kernel, `matmul` or `flash` (CUDA; kiln.llm.
-    decode_attention)."""
+    `decode_attention`: the decode step's attention kernel, `auto` (`triton` on CUDA where it runs,
+    else `matmul`), `matmul`, `flash` or `triton` (kiln.llm.decode_attention)."""
 
     def __init__(self, model: Decoder, *, compile: bool = False, cuda_graphs: bool | None = None,
                  inductor_options: dict[str, Any] | None = None, stop_check_interval: int = 8,
                  compile_prefill: bool | None = None, prefill_inductor_options: dict[str, Any] | None = None,
-                 decode_attention: str = "matmul"):
+                 decode_attention: str = "auto"):
         self.model = model.eval()
         self.config = model.config
         self.device = model.embed.weight.device
