@@ -21,24 +21,11 @@ from pathlib import Path
 
 import torch
 
+from kiln.bench.timing import cuda_graph_of
 from kiln.llm.config import resolve_model
 from kiln.llm.decode_attention import flash_decode, varlen_rows
 from kiln.llm.engine import default_inductor_options
 from kiln.llm.model import Attention
-
-
-def graphed(fn, calls: int) -> torch.cuda.CUDAGraph:
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    return graph
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -88,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         out = fn().float()
         out = fn().float()  # a second call too: the first of a compiled variant also tunes it
         errors[name] = float((out - reference).abs().max())
-        graphs[name] = graphed(fn, args.layers)
+        graphs[name] = cuda_graph_of(fn, args.layers)
     times = {name: [] for name in graphs}
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     for r in range(args.repeats):

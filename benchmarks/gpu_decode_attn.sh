@@ -35,14 +35,6 @@ for kernel in "${kernels[@]:1}"; do
     pack
   fi
 done
-python3 - "$R" <<'PY'
-import json, pathlib, sys
-for path in sorted(pathlib.Path(sys.argv[1]).glob("bench_*/results.json")):
-    for r in json.loads(path.read_text())["results"]:
-        fig = lambda k, f: format(r[k], f) if r.get(k) is not None else "-"
-        print(f"{path.parent.name:13} {r['engine']}[{r['quant']}] {r['status']:8} decode {fig('decode_tok_s', '7.1f')} "
-              f"tok/s  roofline {fig('roofline_frac', '.3f')}  x{fig('decode_vs_unquantized', '.2f')} vs bf16  "
-              f"attention {r.get('decode_attention', '-')}")
-PY
+python3 benchmarks/llm_rows.py "$R"
 echo "=== done in $(( $(date +%s) - start )) s"
 pack

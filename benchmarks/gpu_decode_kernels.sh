@@ -27,14 +27,6 @@ pack
 step bench_wide_tuning timeout $(( 570 - ($(date +%s) - start) )) python3 -m kiln bench llm "${C[@]}" --quant none \
   --inductor coordinate_descent_check_all_directions=true --inductor coordinate_descent_search_radius=2 \
   --deadline-s 60 --out "$R/bench_wide_tuning"
-python3 - "$R" <<'PY'
-import json, pathlib, sys
-for path in sorted(pathlib.Path(sys.argv[1]).glob("bench_*/results.json")):
-    for r in json.loads(path.read_text())["results"]:
-        fig = lambda k, f: format(r[k], f) if r.get(k) is not None else "-"
-        print(f"{path.parent.name:18} {r['engine']}[{r['quant']}] {r['status']:8} decode {fig('decode_tok_s', '7.1f')} "
-              f"tok/s  roofline {fig('roofline_frac', '.3f')}  x{fig('decode_vs_unquantized', '.2f')} vs bf16  "
-              f"warm-up {fig('warmup_s', '.0f')} s")
-PY
+python3 benchmarks/llm_rows.py "$R"
 echo "=== done in $(( $(date +%s) - start )) s"
 pack

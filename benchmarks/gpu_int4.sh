@@ -20,14 +20,6 @@ pack
 step bench_int4 timeout $(( 575 - ($(date +%s) - start) )) python3 -m kiln bench llm --model llama-3.2-3b \
   --prompt-len 1024 --new-tokens 256 --prefill eager --repeats 3 --engines kiln-compiled --decode-attention triton \
   --quant none,int4,int4@triton --profile-decode 32 --deadline-s 280 --out "$R/bench_int4"
-python3 - "$R" <<'PY'
-import json, pathlib, sys
-for path in sorted(pathlib.Path(sys.argv[1]).glob("bench_*/results.json")):
-    for r in json.loads(path.read_text())["results"]:
-        fig = lambda k, f: format(r[k], f) if r.get(k) is not None else "-"
-        print(f"{path.parent.name:12} {r['engine']}[{r['quant']}] {r['status']:8} decode {fig('decode_tok_s', '7.1f')} "
-              f"tok/s  roofline {fig('roofline_frac', '.3f')}  x{fig('decode_vs_unquantized', '.2f')} vs bf16  "
-              f"KL {fig('drift_kl', '.3g')}  warm-up {fig('warmup_s', '.0f')} s  {r.get('reason') or ''}")
-PY
+python3 benchmarks/llm_rows.py "$R"
 echo "=== done in $(( $(date +%s) - start )) s"
 pack

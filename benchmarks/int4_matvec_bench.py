@@ -21,23 +21,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from kiln.bench.timing import cuda_graph_of
 from kiln.llm.config import resolve_model
 from kiln.llm.quant import target_shapes
 from kiln.llm.quant_torch import Int4WeightOnlyLinear
-
-
-def graphed(fn, calls: int) -> torch.cuda.CUDAGraph:
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    return graph
 
 
 def layer_bytes(layer: nn.Module) -> int:
@@ -72,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
             with torch.no_grad():
                 y = layer(x)  # the Triton layer tunes itself here
                 err = None if variant == "bf16 linear" else float((y.float() - exact).abs().max() / exact.abs().max())
-                graphs[(name, variant)] = graphed(lambda layer=layer, x=x: layer(x), args.calls)
+                graphs[(name, variant)] = cuda_graph_of(lambda layer=layer, x=x: layer(x), args.calls)
             meta[(name, variant)] = {"shape": [out_f, in_f], "bytes": layer_bytes(layer), "rel_err": err}
             if variant == "int4 triton":  # the setting the autotuner chose for this shape
                 from kiln.llm import triton_int4

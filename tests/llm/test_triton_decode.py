@@ -8,10 +8,6 @@ does early; so the kernel tests run in a subprocess started with it set (`test_u
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
@@ -21,21 +17,14 @@ from kiln.llm import decode_attention as da
 from kiln.llm.model import KVCache
 
 from .conftest import transformers  # noqa: F401  (skips without transformers, as the checkpoints do)
+from .triton_interpreter import interpreted, not_in_subprocess, rerun_interpreted
 
 td = pytest.importorskip("kiln.llm.triton_decode", reason="Triton is not installed (pip install 'kiln[test]')")
 
 
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-interpreted = pytest.mark.skipif(not INTERPRETED, reason="runs in test_under_interpreter's subprocess")
-
-
-@pytest.mark.skipif(INTERPRETED, reason="this is that subprocess")
+@not_in_subprocess
 def test_under_interpreter():
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__,
-                          "-k", "not test_under_interpreter"], env=env, capture_output=True, text=True, timeout=600)
-    summary = run.stdout.strip().splitlines()[-1] if run.stdout.strip() else ""
-    assert run.returncode == 0 and "skipped" not in summary, run.stdout[-4000:] + run.stderr[-2000:]
+    rerun_interpreted(__file__)
 
 
 def direct(q, k, v, start, pos, scale, window):

@@ -5,10 +5,6 @@ interpreter when first imported, so the kernel tests run in a subprocess (`test_
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 from torch import nn
@@ -16,19 +12,14 @@ from torch import nn
 from kiln.config.errors import ConfigError
 from kiln.llm.quant import QuantSpec, check_quant, quantize_decoder
 
+from .triton_interpreter import interpreted, not_in_subprocess, rerun_interpreted
+
 ti = pytest.importorskip("kiln.llm.triton_int4", reason="Triton is not installed (pip install 'kiln[test]')")
 
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-interpreted = pytest.mark.skipif(not INTERPRETED, reason="runs in test_under_interpreter's subprocess")
 
-
-@pytest.mark.skipif(INTERPRETED, reason="this is that subprocess")
+@not_in_subprocess
 def test_under_interpreter():
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__,
-                          "-k", "not test_under_interpreter"], env=env, capture_output=True, text=True, timeout=600)
-    summary = run.stdout.strip().splitlines()[-1] if run.stdout.strip() else ""
-    assert run.returncode == 0 and "skipped" not in summary, run.stdout[-4000:] + run.stderr[-2000:]
+    rerun_interpreted(__file__)
 
 
 @interpreted

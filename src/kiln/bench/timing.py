@@ -49,6 +49,23 @@ class Timing:
         }
 
 
+def cuda_graph_of(fn: Callable[[], object], calls: int, *, warmup: int = 3) -> torch.cuda.CUDAGraph:
+    """`calls` back-to-back calls of `fn` captured as one CUDA graph, after `warmup` calls on a side
+    stream (lazy initialisation must not happen during capture). The graph does not keep `fn`'s
+    tensors alive: the caller must, or replays read freed memory."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    return graph
+
+
 def time_calls(fn: Callable[[], object], *, calls: int, device: torch.device | str | None) -> float:
     """Seconds for `calls` back-to-back calls, synchronized before and after."""
     synchronize(device)
