@@ -1,4 +1,5 @@
-"""Decode-step attention kernels: `matmul` (the default), `flash` and `triton`, and where each can run.
+"""Decode-step attention kernels (`auto`, the default, is `triton` where it runs, else `matmul`;
+`flash`), and where each can run.
 
 A batch-1 decode step attends one query per head over the static cache. Written as two broadcast
 matmuls (`matmul`, kiln.llm.model), inductor turns it into 5-7 small kernels per layer; profiled
@@ -15,8 +16,8 @@ Measured on an H100 (benchmarks/results/h100/llm/decode_attention) it is no fast
 split-KV kernel and its combine step take ~6.5 us each per layer.
 
 `triton` is kiln's own split-KV kernel (kiln.llm.triton_decode): the same idea with the chunk
-count sized to fill the GPU, sliding windows handled in the kernel, and the combine left to
-inductor, which fuses it with its neighbours.
+count sized to fill the GPU, sliding windows handled in the kernel, and the chunks combined in
+the same launch by the last one to finish.
 
 `flash` and `triton` need CUDA and fp16/bf16; `flash` also a head dim that is a multiple of 8 up
 to 256, no sliding window on the layer (Mistral's windowed layers keep `matmul`), and a torch
