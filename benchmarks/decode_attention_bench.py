@@ -56,7 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     matmul = torch.compile(lambda: attn._decode_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask),
                            fullgraph=True, options=default_inductor_options(dev))
     rows = varlen_rows(B, S, pos, pad)
-    variants = {"matmul (compiled)": matmul, "flash": lambda: flash_decode(q, k, v, rows, scale)}
+    # Every variant returns [B, 1, H, D]: the matmul path gives [B, H, 1, D] (a view transposes it).
+    variants = {"matmul (compiled)": lambda: matmul().transpose(1, 2), "flash": lambda: flash_decode(q, k, v, rows, scale)}
     with torch.no_grad():  # the reference: the matmul path in eager, in fp32
         reference = Attention._decode_attention(attn, q.float().transpose(1, 2), k.float().transpose(1, 2),
                                                 v.float().transpose(1, 2), mask).transpose(1, 2)
