@@ -110,6 +110,17 @@ def test_confirm_decides_on_the_finalists_own_medians():
     assert winner["speedup_vs_default"] == pytest.approx(rows[("confirm", "fp32 eager")]["step_ms"] / 1.47)
 
 
+def test_rows_of_two_stages_compare_by_their_ratios_to_eager():
+    """A confirm row ranks by its own median (steps/s), a search row by its ratio to eager fp32: the
+    two are different units, so a row is compared with one of another stage by the ratios."""
+    fast = {"status": "ok", "step_ms": 2.0, "speedup_vs_eager_fp32": 5.0}
+    slow = {"status": "ok", "step_ms": 4.0, "speedup_vs_eager_fp32": 3.0}
+    assert sp.relative(fast, "confirm", slow, "confirm") == pytest.approx(2.0)  # own medians
+    assert sp.relative(fast, "modes", slow, "confirm") == pytest.approx(5.0 / 3.0)  # ratios
+    assert sp.relative(fast, "confirm", slow, "baseline") == pytest.approx(5.0 / 3.0)
+    assert sp.relative(fast, "confirm", {"status": "error"}, "confirm") is None
+
+
 def test_clearly_slower_precision_and_mode_are_dropped():
     # bf16 is clearly slower in both kinds of mode (without CUDA graphs, and with them).
     speeds = {"fp32 eager": 1.0, "bf16-mixed eager": 1.1, "fp32 default/model": 1.2, "fp32 reduce-overhead/model": 3.0,

@@ -36,7 +36,7 @@ def result_rows(result: TuneResult) -> list[dict[str, Any]]:
             role = "winner"
         elif trial.recipe == result.default and (trial is result.default_trial or trial.stage == "baseline"):
             role = "default"
-        ratio = trial.speed / default.speed if trial.speed and default is not None and default.speed else None
+        ratio = trial.faster_than(default) if default is not None else None
         rows.append({**trial.row, **sp.recipe_fields(trial.recipe), "stage": trial.stage,
                      "candidate": sp.describe(trial.recipe), "role": role, "speedup_vs_default": ratio,
                      "wall_s": trial.wall_s})

@@ -76,10 +76,9 @@ class Trial:
     def score(self) -> float | None:
         return sp.score(self.row)
 
-    @property
-    def speed(self) -> float | None:
-        """What the winner rule ranks by (kiln.tune.space.speed)."""
-        return sp.speed(self.row, self.stage)
+    def faster_than(self, other: Trial) -> float | None:
+        """How many times faster this row is than `other` (kiln.tune.space.relative)."""
+        return sp.relative(self.row, self.stage, other.row, other.stage)
 
 
 @dataclass
@@ -101,8 +100,7 @@ class TuneResult:
     def speedup_vs_default(self) -> float | None:
         if self.winner_trial is None or self.default_trial is None:
             return None
-        a, b = self.winner_trial.speed, self.default_trial.speed
-        return a / b if a and b else None
+        return self.winner_trial.faster_than(self.default_trial)
 
 
 class Search:
@@ -142,13 +140,9 @@ class Search:
         eager fp32 is every row's reference, not a candidate, unless fp32 is allowed. Confirm rows
         rank by their own medians, the others by their ratio to eager fp32 (kiln.tune.space.speed)."""
         allowed = set(self.space.precisions)
-
-        def rank(t: Trial) -> float | None:  # confirm rows by their own medians, others by score
-            return t.speed if stage == "confirm" else t.score
-
-        scored = [t for t in self.trials if rank(t) is not None and (stage is None or t.stage == stage) and where(t)
-                  and (t.recipe.precision in allowed or t.recipe == self.default)]
-        return max(scored, key=lambda t: (rank(t), -(t.row.get("compile_s") or 0.0)), default=None)
+        scored = [t for t in self.trials if sp.speed(t.row, stage) is not None and (stage is None or t.stage == stage)
+                  and where(t) and (t.recipe.precision in allowed or t.recipe == self.default)]
+        return max(scored, key=lambda t: (sp.speed(t.row, stage), -(t.row.get("compile_s") or 0.0)), default=None)
 
     def _on_gpu(self) -> bool:
         return self.session.device.type == "cuda"
@@ -353,8 +347,8 @@ class Search:
         best = self.best(stage)
         winner = default.recipe if default is not None else self.default
         winner_trial = default
-        if best is not None and (default is None or default.speed is None
-                                 or best.speed >= default.speed * (1 + sp.MIN_GAIN)):
+        gain = best.faster_than(default) if best is not None and default is not None else None
+        if best is not None and (gain is None or gain >= 1 + sp.MIN_GAIN):
             winner, winner_trial = best.recipe, best
         elif best is not None and best.recipe != self.default:
             self.notes.append(f"no recipe measured {sp.MIN_GAIN:.0%} faster than the config's own; keeping it")

@@ -69,15 +69,25 @@ def score(row: dict[str, Any] | None) -> float | None:
 
 
 def speed(row: dict[str, Any] | None, stage: str | None) -> float | None:
-    """How a row ranks (higher is faster): in the confirm stage, steps per second of the row's own
-    median (the finalists are timed one after another within a minute, and a launch-bound eager
-    fp32 reference can scatter by 20 % between them, more than the finalists differ); in the
-    search stages, rows minutes apart, `score` (the ratio to eager fp32 taken inside the row)."""
+    """How a row ranks among rows of `stage` (higher is faster): in the confirm stage, steps per
+    second of the row's own median (the finalists are timed one after another within a minute, and
+    a launch-bound eager fp32 reference can scatter by 20 % between them, more than the finalists
+    differ); in the search stages, rows minutes apart, `score` (the ratio to eager fp32 taken
+    inside the row). The two are different units: compare rows of two stages with `relative`."""
     if score(row) is None:
         return None
     if stage == "confirm":
         return 1e3 / row["step_ms"] if row.get("step_ms") else None
     return score(row)
+
+
+def relative(row: dict[str, Any] | None, stage: str | None, other: dict[str, Any] | None,
+             other_stage: str | None) -> float | None:
+    """How many times faster `row` is than `other`: by their own medians when both are confirm rows,
+    else by their ratios to eager fp32 (the one measure rows of different stages share)."""
+    both_confirm = stage == other_stage == "confirm"
+    a, b = speed(row, stage if both_confirm else None), speed(other, other_stage if both_confirm else None)
+    return a / b if a and b else None
 
 
 def clearly_slower(value: float | None, best: float | None, margin: float = PRUNE_MARGIN) -> bool:
