@@ -59,3 +59,20 @@ def write_tokenizer(directory: Path, vocab_size: int = 96) -> Path:
     tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
     tok.save(str(directory / "tokenizer.json"))
     return directory / "tokenizer.json"
+
+
+def assert_decode_matches_matmul(model, kernel: str, tokens: torch.Tensor, pad: torch.Tensor, *, prompt: int = 8,
+                                 capacity: int = 20) -> None:
+    """Prefill `tokens[:, :prompt]` (left-padded by `pad`) into one cache per kernel, then decode the
+    rest one step at a time: each step's logits with `kernel` equal the matmul path's."""
+    from kiln.llm.model import KVCache
+
+    batch = tokens.shape[0]
+    caches = {k: KVCache(model.config, batch, capacity, dtype=torch.float32, device="cpu") for k in ("matmul", kernel)}
+    with torch.no_grad():
+        for cache in caches.values():
+            model(tokens[:, :prompt], cache=cache, pad=pad)
+        for t in range(prompt, tokens.shape[1]):
+            logits = {k: model(tokens[:, t:t + 1], cache=cache, pad=pad, decode_slot=torch.tensor([t]),
+                               decode_kernel=k) for k, cache in caches.items()}
+            torch.testing.assert_close(logits[kernel], logits["matmul"], rtol=1e-5, atol=1e-5)

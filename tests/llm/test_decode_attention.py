@@ -11,9 +11,8 @@ import torch
 from kiln.config.errors import ConfigError
 from kiln.llm import Engine, build_decoder, resolve_model
 from kiln.llm import decode_attention as da
-from kiln.llm.model import KVCache
 
-from .conftest import transformers  # noqa: F401  (skips without transformers, as the checkpoints do)
+from .conftest import assert_decode_matches_matmul, transformers  # noqa: F401  (transformers: skips without it)
 
 
 def reference_varlen(q, k, v, cu_q, cu_k, used_k, max_k, scale):
@@ -40,15 +39,7 @@ def test_flash_decode_equals_matmul_decode(checkpoints, monkeypatch, family):
     monkeypatch.setattr(da, "varlen_forward", reference_varlen)
     model = build_decoder(resolve_model(str(checkpoints[family])), device="cpu", dtype=torch.float32)
     tokens = torch.randint(0, 96, (3, 14), generator=torch.Generator().manual_seed(4))
-    pad = torch.tensor([0, 3, 6])
-    caches = {kernel: KVCache(model.config, 3, 20, dtype=torch.float32, device="cpu") for kernel in ("matmul", "flash")}
-    with torch.no_grad():
-        for cache in caches.values():
-            model(tokens[:, :8], cache=cache, pad=pad)
-        for t in range(8, 14):
-            logits = {kernel: model(tokens[:, t:t + 1], cache=cache, pad=pad, decode_slot=torch.tensor([t]),
-                                    decode_kernel=kernel) for kernel, cache in caches.items()}
-            torch.testing.assert_close(logits["flash"], logits["matmul"], rtol=1e-5, atol=1e-5)
+    assert_decode_matches_matmul(model, "flash", tokens, torch.tensor([0, 3, 6]))
 
 
 def test_flash_decode_without_padding(monkeypatch):

@@ -16,7 +16,7 @@ from kiln.llm import Engine, build_decoder, resolve_model
 from kiln.llm import decode_attention as da
 from kiln.llm.model import KVCache
 
-from .conftest import transformers  # noqa: F401  (skips without transformers, as the checkpoints do)
+from .conftest import assert_decode_matches_matmul, transformers  # noqa: F401  (transformers: skips without it)
 from .triton_interpreter import interpreted, not_in_subprocess, rerun_interpreted
 
 td = pytest.importorskip("kiln.llm.triton_decode", reason="Triton is not installed (pip install 'kiln[test]')")
@@ -76,15 +76,7 @@ def test_triton_decode_equals_matmul_decode(checkpoints, family):
     which the kernel applies itself: each step's logits agree with the matmul path."""
     model = build_decoder(resolve_model(str(checkpoints[family])), device="cpu", dtype=torch.float32)
     tokens = torch.randint(0, 96, (3, 16), generator=torch.Generator().manual_seed(5))
-    pad = torch.tensor([0, 3, 6])
-    caches = {kernel: KVCache(model.config, 3, 20, dtype=torch.float32, device="cpu") for kernel in ("matmul", "triton")}
-    with torch.no_grad():
-        for cache in caches.values():
-            model(tokens[:, :8], cache=cache, pad=pad)
-        for t in range(8, 16):
-            logits = {kernel: model(tokens[:, t:t + 1], cache=cache, pad=pad, decode_slot=torch.tensor([t]),
-                                    decode_kernel=kernel) for kernel, cache in caches.items()}
-            torch.testing.assert_close(logits["triton"], logits["matmul"], rtol=1e-5, atol=1e-5)
+    assert_decode_matches_matmul(model, "triton", tokens, torch.tensor([0, 3, 6]))
 
 
 def test_triton_choice_is_checked(checkpoints, monkeypatch):

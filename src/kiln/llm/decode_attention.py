@@ -34,7 +34,8 @@ from kiln.config.errors import ConfigError
 KERNELS = ("auto", "matmul", "flash", "triton")
 """`auto` (the default): `triton` where it can run, else `matmul`. On the 3B shape on an H100 the
 Triton kernel took 7.6 us per layer against 18-32 us for the compiled matmul path and 11.7 us for
-flash (benchmarks/results/h100/llm/decode_kernels), and decode ran 5-13 % faster with it."""
+flash (benchmarks/results/h100/llm/decode_kernels); int4 decode ran 10-13 % faster with it, bf16
+decode within the spread of inductor's tuning between compiles."""
 
 
 def flash_unavailable(device: torch.device, dtype: torch.dtype, head_dim: int) -> str | None:
