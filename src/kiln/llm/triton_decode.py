@@ -12,11 +12,13 @@ out of the softmax; chunks with none left combine with weight 0.
 Why: at batch 1 the matmul formulation becomes 5-7 inductor kernels per layer (the softmax over
 ~1k slots runs on one thread block per head), and FlashAttention's split-KV kernel plus its combine
 took ~12 us per layer on an H100 (kiln.llm.decode_attention); the first version of this kernel,
-with the combine left to inductor, took 5 us plus 1.7-3.2 us for the combine. Here the chunk
-count is chosen so that B * Hkv * chunks programs fill the GPU, and the valid range of each row
-(`start`, `pos`, a sliding window) is read from device tensors, so shapes never change and the
-step stays one CUDA graph. The kernel is registered as the custom op `kiln::decode_attention`, which torch.compile
-calls as an opaque kernel.
+with the combine left to inductor, took 5 us plus 1.7-3.2 us for the combine; this one took
+7.6 us alone and 8.5 us inside the 3B decode step (so in the model the in-kernel combine has not
+paid off yet; benchmarks/results/h100/README.md). The chunk count is chosen so that
+B * Hkv * chunks programs fill the GPU, and the valid range of each row (`start`, `pos`, a sliding
+window) is read from device tensors, so shapes never change and the step stays one CUDA graph.
+The kernel is registered as the custom op `kiln::decode_attention`, which torch.compile calls as
+an opaque kernel.
 
 Tests run it on CPU through Triton's interpreter (TRITON_INTERPRET=1, fp32); the GPU check is
 benchmarks/decode_attention_check.py.
