@@ -62,17 +62,19 @@ def write_tokenizer(directory: Path, vocab_size: int = 96) -> Path:
 
 
 def assert_decode_matches_matmul(model, kernel: str, tokens: torch.Tensor, pad: torch.Tensor, *, prompt: int = 8,
-                                 capacity: int = 20) -> None:
-    """Prefill `tokens[:, :prompt]` (left-padded by `pad`) into one cache per kernel, then decode the
-    rest one step at a time: each step's logits with `kernel` equal the matmul path's."""
+                                 capacity: int = 20, matvec: str = "inductor", tol: float = 1e-5) -> None:
+    """Prefill `tokens[:, :prompt]` (left-padded by `pad`) into one cache per side, then decode the
+    rest one step at a time: each step's logits with attention `kernel` and projections `matvec`
+    equal those of the matmul attention with plain projections."""
     from kiln.llm.model import KVCache
 
     batch = tokens.shape[0]
-    caches = {k: KVCache(model.config, batch, capacity, dtype=torch.float32, device="cpu") for k in ("matmul", kernel)}
+    sides = {"reference": ("matmul", "inductor"), "candidate": (kernel, matvec)}
+    caches = {k: KVCache(model.config, batch, capacity, dtype=torch.float32, device="cpu") for k in sides}
     with torch.no_grad():
         for cache in caches.values():
             model(tokens[:, :prompt], cache=cache, pad=pad)
         for t in range(prompt, tokens.shape[1]):
             logits = {k: model(tokens[:, t:t + 1], cache=cache, pad=pad, decode_slot=torch.tensor([t]),
-                               decode_kernel=k) for k, cache in caches.items()}
-            torch.testing.assert_close(logits[kernel], logits["matmul"], rtol=1e-5, atol=1e-5)
+                               decode_kernel=sides[k][0], decode_matvec=sides[k][1]) for k, cache in caches.items()}
+            torch.testing.assert_close(logits["candidate"], logits["reference"], rtol=tol, atol=tol)

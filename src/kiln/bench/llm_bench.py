@@ -100,6 +100,8 @@ class LlmBenchOptions:
     """Where kiln-compiled uses coordinate-descent tuning: `full`, `decode` (prefill untuned) or `off`."""
     decode_attention: str = "auto"
     """kiln engines' decode-step attention: `auto`, `matmul`, `flash` or `triton` (kiln.llm.decode_attention)."""
+    decode_matvec: str = "inductor"
+    """kiln engines' decode-step projections: `inductor` or `triton` (kiln.llm.decode_matvec)."""
     deadline_s: float | None = None
     """No row starts its warm-up after this many seconds of the run (it is `skipped` instead)."""
     profile_decode: int = 0
@@ -228,7 +230,7 @@ class LlmBench:
             return HfEngine(r.engine_name, self.hf_model, self.prompts, self.opts.new_tokens)
         return KilnEngine(r.engine_name, self.variants[r.quant].model, self.prompts, self.opts.new_tokens,
                           self.opts.inductor_options, prefill=self.opts.prefill, tuning=self.opts.tuning,
-                          decode_attention=self.opts.decode_attention)
+                          decode_attention=self.opts.decode_attention, decode_matvec=self.opts.decode_matvec)
 
     def warm_up(self, r: _Row) -> None:
         before_counters, before_bytes = compile_counters(), _allocated(self.device)

@@ -48,7 +48,7 @@ def kiln_inductor_options(device: torch.device, extra: dict[str, Any] | None, tu
 class KilnEngine:
     def __init__(self, name: str, model, prompts: list[list[int]], new_tokens: int,
                  inductor_options: dict[str, Any] | None = None, *, prefill: str = "compiled", tuning: str = "full",
-                 decode_attention: str = "auto"):
+                 decode_attention: str = "auto", decode_matvec: str = "inductor"):
         from kiln.llm.engine import Engine
 
         self.name = name
@@ -56,7 +56,7 @@ class KilnEngine:
         decode_options, prefill_options = kiln_inductor_options(model.embed.weight.device, inductor_options, tuning)
         self.engine = Engine(model, compile=compiled, inductor_options=decode_options,
                              compile_prefill=compiled and prefill == "compiled", prefill_inductor_options=prefill_options,
-                             decode_attention=decode_attention)
+                             decode_attention=decode_attention, decode_matvec=decode_matvec)
         self.prompts, self.new_tokens = prompts, new_tokens
         notes = []
         if compiled and self.engine.device.type != "cuda":
@@ -86,7 +86,7 @@ class KilnEngine:
 
     def compile_stats(self) -> dict[str, Any]:
         return {"compiles": len(self.engine.compiled) if self.engine.compile else 0,
-                "decode_attention": self.engine.decode_kernel,
+                "decode_attention": self.engine.decode_kernel, "decode_matvec": self.engine.decode_matvec,
                 "compiled_variants": dict(self.engine.compiled), "kv_cache_bytes": self.engine.cache_bytes}
 
 

@@ -10,9 +10,11 @@ import shlex
 from kiln.cli.llm_args import (
     MODEL_HELP,
     add_decode_attention_flag,
+    add_decode_matvec_flag,
     add_quant_flags,
     at_least,
     check_decode_attention,
+    check_decode_matvec,
     resolve_device_flag,
     resolve_dtype_flag,
     resolve_quant_flags,
@@ -58,6 +60,7 @@ def add_parser(bsub) -> None:
     p.add_argument("--tuning", default="full", help="where kiln-compiled runs coordinate-descent tuning: full "
                    "(default), decode (not in prefill: shorter warm-up), off (also slows batch-1 decode)")
     add_decode_attention_flag(p)
+    add_decode_matvec_flag(p)
     p.add_argument("--deadline-s", type=float, help="start no row's warm-up after this many seconds; later rows are "
                    "skipped (a time-boxed run still writes every row it finished)")
     p.add_argument("--profile-decode", type=int, default=0, metavar="N",
@@ -120,6 +123,7 @@ def plan(args: argparse.Namespace):
     source = resolve_model(model)
     config = source.config
     check_decode_attention(args.decode_attention, device, dtype, config.head_dim)
+    check_decode_matvec(args.decode_matvec, device, dtype)
     check_lengths([sizes["prompt_len"]], sizes["new_tokens"], max_positions=config.max_positions, max_seq_len=None,
                   keys={"max_new_tokens": "--new-tokens", "prompt": "--prompt-len"})
     kinds = split_list(args.quant) or ["none"]
@@ -133,7 +137,7 @@ def plan(args: argparse.Namespace):
                            preset=preset.name if preset else None, inductor_options=_inductor_options(args.inductor),
                            quants=quants, ppl_file=args.ppl_file, ppl_context=args.ppl_context,
                            ppl_max_tokens=args.ppl_tokens, prefill=args.prefill, tuning=args.tuning,
-                           decode_attention=args.decode_attention,
+                           decode_attention=args.decode_attention, decode_matvec=args.decode_matvec,
                            deadline_s=args.deadline_s, profile_decode=args.profile_decode, **sizes)
 
 
@@ -158,10 +162,11 @@ def _inductor_options(assignments: list[str] | None) -> dict[str, object]:
 def _command(args: argparse.Namespace) -> str:
     parts = ["kiln", "bench", "llm"]
     defaults = {"quant_backend": "torchao", "quant_lm_head": "on", "ppl_context": 1024, "ppl_tokens": 16384,
-                "prefill": "compiled", "tuning": "full", "profile_decode": 0, "decode_attention": "auto"}
+                "prefill": "compiled", "tuning": "full", "profile_decode": 0, "decode_attention": "auto",
+                "decode_matvec": "inductor"}
     for flag in ("model", "preset", "batch", "prompt_len", "new_tokens", "device", "dtype", "warmup", "repeats",
                  "prefill_repeats", "seed", "group_size", "quant_backend", "quant_lm_head", "ppl_file", "ppl_context",
-                 "ppl_tokens", "prefill", "tuning", "decode_attention", "deadline_s", "profile_decode", "out"):
+                 "ppl_tokens", "prefill", "tuning", "decode_attention", "decode_matvec", "deadline_s", "profile_decode", "out"):
         value = getattr(args, flag)
         if value is not None and value != defaults.get(flag):
             parts += [f"--{flag.replace('_', '-')}", str(value)]

@@ -15,10 +15,12 @@ from pathlib import Path
 
 from kiln.cli.llm_args import (
     add_decode_attention_flag,
+    add_decode_matvec_flag,
     add_model_flags,
     add_quant_flags,
     at_least,
     check_decode_attention,
+    check_decode_matvec,
     parse_ids,
     resolve_device_flag,
     resolve_dtype_flag,
@@ -55,6 +57,7 @@ def add_parser(sub) -> None:
     p.add_argument("--max-seq-len", type=int, help="KV-cache slots (default: padded prompt + new tokens)")
     add_quant_flags(p, many=False)
     add_decode_attention_flag(p)
+    add_decode_matvec_flag(p)
     p.add_argument("--json", help="also write prompts, tokens, text and timings to this JSON file")
     p.set_defaults(run=run)
 
@@ -116,6 +119,7 @@ def plan(args: argparse.Namespace) -> Request:
     source = resolve_model(args.model)
     config = source.config
     check_decode_attention(args.decode_attention, device, dtype, config.head_dim)
+    check_decode_matvec(args.decode_matvec, device, dtype)
     tokenizer_dir = source.directory if find_tokenizer(source.directory) else None
     prompts, texts, tokenizer = _prompts(args, tokenizer_dir)
     check_lengths([len(p) for p in prompts], args.max_new_tokens, max_positions=config.max_positions,
@@ -158,7 +162,8 @@ def run(args: argparse.Namespace) -> int:
         model = quantize_decoder(model, req.quant)  # the unquantized copy is freed with the last reference
         print(f"kiln: quantized {req.quant.describe()}: decode reads {decode_weight_bytes(model) / 2**30:.2f} GiB of "
               f"weights per token ({before / 2**30:.2f} GiB unquantized)", file=sys.stderr)
-    engine = Engine(model, compile=req.compile, decode_attention=args.decode_attention)
+    engine = Engine(model, compile=req.compile, decode_attention=args.decode_attention,
+                    decode_matvec=args.decode_matvec)
     clock = StepClock(req.device)
     out = engine.generate(req.prompts, max_new_tokens=args.max_new_tokens, sampling=req.sampling,
                           stop_tokens=req.stop_tokens, seed=args.seed, max_seq_len=args.max_seq_len, clock=clock)

@@ -27,6 +27,20 @@ def add_decode_attention_flag(p: argparse.ArgumentParser) -> None:
                    "the static cache) or triton (CUDA, fp16/bf16: kiln's split-KV Triton kernel)")
 
 
+def add_decode_matvec_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--decode-matvec", default="inductor",
+                   help="decode-step projections: inductor (default: torch.compile's fused reductions) or triton (CUDA, fp16/bf16: kiln's matrix-vector kernel with the "
+                   "norms and residual adds fused in)")
+
+
+def check_decode_matvec(choice: str, device, dtype: str) -> None:
+    """ConfigError('--decode-matvec', ...) for an unknown choice, or `triton` where it cannot run."""
+    from kiln.llm.decode_matvec import check
+    from kiln.llm.weights import TORCH_DTYPES
+
+    check(choice, device, TORCH_DTYPES[dtype], key="--decode-matvec")
+
+
 def check_decode_attention(choice: str, device, dtype: str, head_dim: int) -> None:
     """ConfigError('--decode-attention', ...) for an unknown kernel, or `flash`/`triton` where it cannot run."""
     from kiln.llm.decode_attention import check

@@ -28,6 +28,7 @@ from torch import Tensor
 from kiln.bench.timing import StepClock, time_calls
 from kiln.config.errors import ConfigError
 from kiln.llm.decode_attention import check as check_decode_attention
+from kiln.llm.decode_matvec import check as check_decode_matvec
 from kiln.llm.model import Decoder, KVCache
 from kiln.llm.sampling import Sampling, check_sampling, sample
 
@@ -84,9 +85,9 @@ def prefill_step(model: Decoder, s: Slots, length: int, padded: bool, greedy: bo
     s.done.copy_(_is_stop(first, s.stop))
 
 
-def decode_step(model: Decoder, s: Slots, greedy: bool, kernel: str = "matmul") -> None:
+def decode_step(model: Decoder, s: Slots, greedy: bool, kernel: str = "matmul", matvec: str = "inductor") -> None:
     token = s.tokens.index_select(1, s.pos)  # [B, 1]
-    logits = model(token, cache=s.cache, pad=s.pad, decode_slot=s.pos, decode_kernel=kernel)
+    logits = model(token, cache=s.cache, pad=s.pad, decode_slot=s.pos, decode_kernel=kernel, decode_matvec=matvec)
     nxt = sample(logits[:, -1].float(), greedy, s.temperature, s.top_k, s.top_p)
     s.tokens.index_copy_(1, s.pos + 1, nxt.view(-1, 1))
     s.done.logical_or_(_is_stop(nxt, s.stop))
@@ -139,12 +140,13 @@ class Engine:
     `compile`) False leaves prefill eager, saving a whole-model compile per prompt bucket;
     `prefill_inductor_options` (default: `inductor_options`) lets prefill skip decode's tuning.
     `decode_attention`: the decode step's attention kernel, `auto` (`triton` on CUDA where it runs,
-    else `matmul`), `matmul`, `flash` or `triton` (kiln.llm.decode_attention)."""
+    else `matmul`), `matmul`, `flash` or `triton` (kiln.llm.decode_attention). `decode_matvec`: the
+    decode step's projections, `inductor` or `triton` (kiln.llm.decode_matvec)."""
 
     def __init__(self, model: Decoder, *, compile: bool = False, cuda_graphs: bool | None = None,
                  inductor_options: dict[str, Any] | None = None, stop_check_interval: int = 8,
                  compile_prefill: bool | None = None, prefill_inductor_options: dict[str, Any] | None = None,
-                 decode_attention: str = "auto"):
+                 decode_attention: str = "auto", decode_matvec: str = "inductor"):
         self.model = model.eval()
         self.config = model.config
         self.device = model.embed.weight.device
@@ -157,6 +159,7 @@ class Engine:
             raise ConfigError("stop_check_interval", f"must be >= 1, got {stop_check_interval}")
         self.stop_check_interval = stop_check_interval
         self.decode_kernel = check_decode_attention(decode_attention, self.device, self.dtype, self.config.head_dim)
+        self.decode_matvec = check_decode_matvec(decode_matvec, self.device, self.dtype)
         self.inductor_options = default_inductor_options(self.device) if inductor_options is None else inductor_options
         self.compile_prefill = compile if compile_prefill is None else compile_prefill
         prefill_options = self.inductor_options if prefill_inductor_options is None else prefill_inductor_options
@@ -267,19 +270,19 @@ class Engine:
             graph.replay()
             return
         if not self.cuda_graphs:
-            self._call(name, self._decode, self.model, s, greedy, self.decode_kernel)
+            self._call(name, self._decode, self.model, s, greedy, self.decode_kernel, self.decode_matvec)
             return
         # Warm up on a side stream (compiles on the first call), then capture; capturing runs
         # nothing, so this step itself is the warm-up step's real work.
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
-            self._call(name, self._decode, self.model, s, greedy, self.decode_kernel)
+            self._call(name, self._decode, self.model, s, greedy, self.decode_kernel, self.decode_matvec)
         torch.cuda.current_stream(self.device).wait_stream(stream)
         if warmups_left <= 1:
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
-                self._decode(self.model, s, greedy, self.decode_kernel)
+                self._decode(self.model, s, greedy, self.decode_kernel, self.decode_matvec)
             self._graphs[greedy] = graph
 
     @torch.inference_mode()

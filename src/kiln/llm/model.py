@@ -31,6 +31,7 @@ from torch import Tensor, nn
 
 from kiln.llm.config import DecoderConfig
 from kiln.llm.decode_attention import attend, step_rows
+from kiln.llm.decode_matvec import fused_linear
 from kiln.llm.rope import Rotary, apply_rotary
 
 
@@ -77,9 +78,15 @@ class Attention(nn.Module):
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None,
                 kv: tuple[Tensor, Tensor] | None, decode_slot: Tensor | None,
                 decode: tuple[str, tuple[Tensor, ...] | None] = ("matmul", None)) -> Tensor:
-        B, T, _ = x.shape
+        return self.wo(self.core(self.wqkv(x), cos, sin, mask, kv, decode_slot, decode))
+
+    def core(self, qkv: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None,
+             kv: tuple[Tensor, Tensor] | None, decode_slot: Tensor | None,
+             decode: tuple[str, tuple[Tensor, ...] | None] = ("matmul", None)) -> Tensor:
+        """Attention from the projected q/k/v [B, T, (H + 2 Hkv) D] to [B, T, H D], before `wo`."""
+        B, T, _ = qkv.shape
         H, Hkv, D = self.n_heads, self.n_kv_heads, self.head_dim
-        q, k, v = self.wqkv(x).split([H * D, Hkv * D, Hkv * D], dim=-1)
+        q, k, v = qkv.split([H * D, Hkv * D, Hkv * D], dim=-1)
         q, k, v = q.view(B, T, H, D), k.view(B, T, Hkv, D), v.view(B, T, Hkv, D)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
@@ -99,7 +106,7 @@ class Attention(nn.Module):
                 kv[0][:, :T] = k
                 kv[1][:, :T] = v
             y = self._prompt_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask)
-        return self.wo(y.transpose(1, 2).reshape(B, T, H * D))
+        return y.transpose(1, 2).reshape(B, T, H * D)
 
     def _prompt_attention(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
         if mask is None:  # plain causal: SDPA picks flash attention, which handles GQA itself
@@ -143,7 +150,13 @@ class Block(nn.Module):
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None,
                 kv: tuple[Tensor, Tensor] | None, decode_slot: Tensor | None,
-                decode: tuple[str, tuple[Tensor, ...] | None] = ("matmul", None)) -> Tensor:
+                decode: tuple[str, tuple[Tensor, ...] | None] = ("matmul", None), fused: bool = False) -> Tensor:
+        if fused:  # a decode step through kiln's matrix-vector kernel, norms and residual adds fused in
+            attn, ffn = self.attn, self.ffn
+            y = attn.core(fused_linear(attn.wqkv, x, norm=self.attn_norm), cos, sin, mask, kv, decode_slot, decode)
+            x = fused_linear(attn.wo, y, residual=x)
+            return fused_linear(ffn.w_down, fused_linear(ffn.w_gate_up, x, norm=self.ffn_norm), silu_mul=True,
+                                residual=x)
         x = x + self.attn(self.attn_norm(x), cos, sin, mask, kv, decode_slot, decode)
         return x + self.ffn(self.ffn_norm(x))
 
@@ -161,7 +174,8 @@ class Decoder(nn.Module):
         self.rotary = Rotary(config.rope, config.head_dim)
 
     def forward(self, tokens: Tensor, *, cache: KVCache | None = None, pad: Tensor | None = None,
-                decode_slot: Tensor | None = None, last_only: bool = False, decode_kernel: str = "matmul") -> Tensor:
+                decode_slot: Tensor | None = None, last_only: bool = False, decode_kernel: str = "matmul",
+                decode_matvec: str = "inductor") -> Tensor:
         """Logits [B, T or 1, vocab] for `tokens` [B, T].
 
         Without `decode_slot`: a fresh sequence in slots 0..T-1 (written to `cache` if given),
@@ -170,6 +184,8 @@ class Decoder(nn.Module):
         `pad` [B]: left-padding slots per row (masked out; positions count from the first real
         token). `last_only`: logits of the last position only (all prefill needs). `decode_kernel`:
         a decode step's attention, `matmul` (any device), `flash` or `triton` (kiln.llm.decode_attention).
+        `decode_matvec`: a decode step's projections, `inductor` (plain modules) or `triton`
+        (kiln.llm.decode_matvec: kiln's kernel with the norms and residual adds fused in).
         """
         B, T = tokens.shape
         slots = decode_slot if decode_slot is not None else torch.arange(T, device=tokens.device)
@@ -180,12 +196,13 @@ class Decoder(nn.Module):
         cos, sin = self.rotary(positions, x.dtype)
         masks = self._masks(T, slots, pad, cache, decode=decode_slot is not None)
         rows = step_rows(decode_kernel, B, cache.capacity, decode_slot, pad) if decode_slot is not None else None
+        fused = decode_slot is not None and decode_matvec == "triton"
         for i, layer in enumerate(self.layers):
             kv = (cache.k[i], cache.v[i]) if cache is not None else None
-            x = layer(x, cos, sin, masks[layer.attn.window], kv, decode_slot, (decode_kernel, rows))
+            x = layer(x, cos, sin, masks[layer.attn.window], kv, decode_slot, (decode_kernel, rows), fused)
         if last_only:
             x = x[:, -1:]
-        return self.lm_head(self.norm(x))
+        return fused_linear(self.lm_head, x, norm=self.norm) if fused else self.lm_head(self.norm(x))
 
     def _masks(self, T: int, slots: Tensor, pad: Tensor | None, cache: KVCache | None, *,
                decode: bool) -> dict[int | None, Tensor | None]:
