@@ -62,9 +62,9 @@ def main(argv: list[str] | None = None) -> int:
                 graphs[(name, variant)] = cuda_graph_of(lambda layer=layer, x=x: layer(x), args.calls)
             meta[(name, variant)] = {"shape": [out_f, in_f], "bytes": layer_bytes(layer), "rel_err": err}
             if variant == "int4 triton":  # the setting the autotuner chose for this shape
-                from kiln.llm import triton_int4
+                from kiln.llm import triton_matvec
 
-                chosen = [str(c) for key, c in triton_int4._kernel().cache.items() if out_f in key]
+                chosen = [str(c) for key, c in triton_matvec._kernel().cache.items() if out_f in key]
                 meta[(name, variant)]["setting"] = chosen[-1] if chosen else None
             print(f"{name} {variant}: ready", flush=True)
     times = {key: [] for key in graphs}
