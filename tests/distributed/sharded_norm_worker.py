@@ -36,8 +36,20 @@ def main(out: str) -> None:
     torch.nn.utils.clip_grad_norm_(list(b.parameters()), 0.5, foreach=True)
     max_diff = max(float((pa.grad.full_tensor() - pb.grad.full_tensor()).abs().max())
                    for pa, pb in zip(a.parameters(), b.parameters()))
+    # Which gradients take the local path: sharded ones, as their own local tensors; a replicated
+    # one (alone or among sharded ones) sends the whole list to torch.
+    from torch.distributed.tensor import Replicate, distribute_tensor
+
+    from kiln.distributed.sharded_norm import _sharded_locals
+
+    with torch.no_grad():
+        local, _ = _sharded_locals(grads)
+        replicated = distribute_tensor(torch.ones(4), grads[0].device_mesh, [Replicate()])
+        paths = {"locals_are_to_local": all(x is g.to_local() for x, g in zip(local, grads)),
+                 "replicated_alone": _sharded_locals([replicated]) is None,
+                 "replicated_among_sharded": _sharded_locals([*grads, replicated]) is None}
     report = {"norm": float(mine_norm), "torch_norm": float(torch_norm), "clip_returned": float(clipped_norm),
-              "max_grad_diff": max_diff, "plain": type(mine_norm).__name__}
+              "max_grad_diff": max_diff, "plain": type(mine_norm).__name__, "paths": paths}
     finish(report, out)
 
 

@@ -15,6 +15,7 @@ def test_sharded_norm_and_clipping_match_torch_on_two_ranks(run_ranks, tmp_path)
     assert r["norm"] == pytest.approx(r["torch_norm"], rel=1e-5)
     assert r["clip_returned"] == pytest.approx(r["torch_norm"], rel=1e-5) and r["norm"] > 0.5  # it did clip
     assert r["max_grad_diff"] < 1e-6
+    assert r["paths"] == {"locals_are_to_local": True, "replicated_alone": True, "replicated_among_sharded": True}
 
 
 def test_plain_gradients_go_to_torch():

@@ -1,6 +1,7 @@
 """The collectives kiln.distributed.traffic predicts are the ones the wrappers really issue: DDP's
-buckets after its rebuild, FSDP2's units (grouped blocks, the last one kept gathered), checked
-against real wrappers on two gloo ranks; and the byte counts of both strategies."""
+buckets after its rebuild, FSDP2's units (grouped blocks, balanced; the last one kept gathered,
+small models kept gathered whole), checked against real wrappers on two gloo ranks; and the byte
+counts of both strategies."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 from traffic_worker import OVERRIDES  # tests/distributed is on sys.path (conftest.py)
 
 from kiln.config import load_config
-from kiln.distributed.fsdp import UNIT_TARGET_BYTES, fsdp_units
+from kiln.distributed.fsdp import KEEP_GATHERED_BYTES, UNIT_TARGET_BYTES, fsdp_units, reshards_after_forward
 from kiln.distributed.traffic import step_traffic
 from kiln.models import build_model
 
@@ -30,7 +31,7 @@ def test_ddp_buckets_match_ddps_own(wrappers):
 
 
 def test_fsdp_units_match_fully_shard(wrappers):
-    cfg = load_config(None, [*OVERRIDES, "distributed.fsdp_unit_blocks=2"])
+    cfg = load_config(None, [*OVERRIDES, "distributed.fsdp_unit_blocks=2", "distributed.fsdp_reshard_after_forward=true"])
     t = step_traffic(cfg, "fsdp")
     gathers = [c for c in t.collectives if c.op == "all_gather" and c.phase == "forward" and c.label != "root"]
     assert [c.nbytes // 4 for c in gathers] == [u["params"] for u in wrappers["fsdp_units"]]  # fp32 policy: 4 B
@@ -40,6 +41,33 @@ def test_fsdp_units_match_fully_shard(wrappers):
     regathers = [c.label for c in t.collectives if c.op == "all_gather" and c.phase == "backward"]
     assert regathers == ["unit 2/3", "unit 1/3"]
     assert wrappers["state_dict_keys_kept"]
+
+
+def test_small_models_stay_gathered_by_default(wrappers):
+    # `auto` (the default) on a model that gathers far less than KEEP_GATHERED_BYTES: no unit is
+    # resharded after forward, on the real wrappers and in the predicted traffic alike.
+    assert [u["reshard"] for u in wrappers["fsdp_units_auto"]] == [False, False, False]
+    t = step_traffic(load_config(None, [*OVERRIDES, "distributed.fsdp_unit_blocks=2"]), "fsdp")
+    assert not [c for c in t.collectives if c.op == "all_gather" and c.phase == "backward"]
+
+
+def test_reshard_rule_follows_the_gathered_size():
+    auto = load_config(None, []).distributed
+    assert auto.fsdp_reshard_after_forward == "auto"
+    assert not reshards_after_forward(auto, KEEP_GATHERED_BYTES)
+    assert reshards_after_forward(auto, KEEP_GATHERED_BYTES + 1)
+    for value, expected in (("true", True), ("false", False)):
+        cfg = load_config(None, [f"distributed.fsdp_reshard_after_forward={value}"]).distributed
+        assert reshards_after_forward(cfg, 0) is expected and reshards_after_forward(cfg, 2**40) is expected
+    # A ViT-B/16 (172 MB in bf16) stays gathered; a 0.74 B-parameter ViT (1.5 GB) is resharded, all
+    # units but the last gathering again in backward.
+    assert not [c for c in step_traffic(load_config(VIT_B16, []), "fsdp").collectives
+                if c.op == "all_gather" and c.phase == "backward"]
+    big = step_traffic(load_config(VIT_B16, ["model.kwargs.embed_dim=1600", "model.kwargs.depth=24",
+                                             "model.kwargs.num_heads=16"]), "fsdp")
+    units = [c.label for c in big.collectives if c.op == "reduce_scatter" and c.label != "root"]
+    regathers = [c.label for c in big.collectives if c.op == "all_gather" and c.phase == "backward"]
+    assert len(units) > 2 and sorted(regathers) == sorted(units[1:])  # units[0] is the last unit (backward order)
 
 
 def test_byte_counts_follow_dtypes_and_hooks():
@@ -61,7 +89,7 @@ def test_byte_counts_follow_dtypes_and_hooks():
     assert sum(c.share for c in fsdp.collectives if c.op == "reduce_scatter") == pytest.approx(1.0)
 
 
-def test_auto_units_reach_the_target_size():
+def test_auto_units_reach_the_target_size_and_are_balanced():
     import torch
 
     cfg = load_config(VIT_B16, [])
@@ -69,8 +97,17 @@ def test_auto_units_reach_the_target_size():
         built = build_model(cfg.model)
     units = fsdp_units(built.module, built.blocks, cfg.distributed, param_bytes=2)
     block_bytes = 2 * sum(p.numel() for p in built.blocks[0].parameters())
-    per_unit = len(units[0])
-    assert per_unit * block_bytes >= UNIT_TARGET_BYTES > (per_unit - 1) * block_bytes
-    assert sum(len(u) if isinstance(u, list) else 1 for u in units) == len(built.blocks)
+    fewest = -(-UNIT_TARGET_BYTES // block_bytes)  # blocks that reach the target
+    # As many units as hold >= `fewest` blocks each, the 12 blocks spread evenly: ViT-B/16 in bf16
+    # (14.2 MB a block, 5 reach 64 MiB) gets 6 + 6, not 5 + 5 + 2.
+    assert [len(u) for u in units] == [6, 6] and fewest == 5
+    assert all(len(u) * block_bytes >= UNIT_TARGET_BYTES for u in units)
+    assert [b for u in units for b in u] == list(built.blocks)  # consecutive, in order, each once
     one = load_config(VIT_B16, ["distributed.fsdp_unit_blocks=1"]).distributed
     assert fsdp_units(built.module, built.blocks, one) == list(built.blocks)
+    # A configured count is taken as is, the remainder in the last unit.
+    five = load_config(VIT_B16, ["distributed.fsdp_unit_blocks=5"]).distributed
+    assert [len(u) for u in fsdp_units(built.module, built.blocks, five)] == [5, 5, 2]
+    # Seven blocks of which five reach the target: one unit of all seven. No blocks: no units.
+    assert [len(u) for u in fsdp_units(built.module, built.blocks[:7], cfg.distributed, param_bytes=2)] == [7]
+    assert fsdp_units(built.module, [], cfg.distributed, param_bytes=2) == []

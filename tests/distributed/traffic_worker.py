@@ -1,5 +1,6 @@
 """The rank side of test_traffic: real DDP and FSDP2 wrappers on gloo, reporting what they built
-(DDP's rebuilt buckets, FSDP2's units and resharding, compiled-block state_dict keys) as JSON."""
+(DDP's rebuilt buckets, FSDP2's units and resharding, explicit and `auto`, compiled-block
+state_dict keys) as JSON."""
 
 from __future__ import annotations
 
@@ -37,13 +38,25 @@ def main(out: str) -> None:
     report["ddp_buckets"] = [b.buffer().numel() * b.buffer().element_size()
                              for b in ddp.reducer._get_zeros_like_grad_buckets()]
 
-    cfg = load_config(None, [*OVERRIDES, "distributed.strategy=fsdp", "distributed.fsdp_unit_blocks=2",
-                             "distributed.fsdp_forward_prefetch=1", "compile.enabled=true", "compile.backend=eager"])
+    fsdp = [*OVERRIDES, "distributed.strategy=fsdp", "distributed.fsdp_unit_blocks=2"]
+    cfg = load_config(None, [*fsdp, "distributed.fsdp_reshard_after_forward=true", "distributed.fsdp_forward_prefetch=1",
+                             "compile.enabled=true", "compile.backend=eager"])
     built = _model(cfg)
     keys = sorted(built.module.state_dict())
     sharded, _ = apply_parallel(built.module, built.blocks, cfg, policy, device, "fsdp")
     sharded(x).sum().backward()
     report["state_dict_keys_kept"] = sorted(sharded.state_dict()) == keys
+    report["fsdp_units"] = _units(sharded)
+    # The default reshard rule (`auto`) on this small model: nothing resharded after forward.
+    cfg = load_config(None, fsdp)
+    built = _model(cfg)
+    sharded, _ = apply_parallel(built.module, built.blocks, cfg, policy, device, "fsdp")
+    sharded(x).sum().backward()
+    report["fsdp_units_auto"] = _units(sharded)
+    finish(report, out)
+
+
+def _units(sharded) -> list[dict]:
     units, seen = [], set()
     for module in sharded.modules():
         state = getattr(module, "_get_fsdp_state", None)
@@ -56,8 +69,7 @@ def main(out: str) -> None:
         units.append({"params": sum(p._sharded_param_data.numel() for p in group.fsdp_params) * dist.get_world_size(),
                       "reshard": group.post_forward_mesh_info is not None,
                       "prefetches": len(module._get_fsdp_state()._states_to_forward_prefetch)})
-    report["fsdp_units"] = units
-    finish(report, out)
+    return units
 
 
 if __name__ == "__main__":

@@ -70,9 +70,16 @@ def apply_parallel(
         if module_compile and not per_block:
             sharded.compile(**compile_kwargs(cfg.compile))
 
+        # set_requires_gradient_sync walks every submodule (model.modules()) on each call; without
+        # accumulation it would set True on every step, so it is called only when the value changes
+        # (kiln is its only caller; FSDP2 starts with gradient sync on).
+        synced = [True]
+
         @contextlib.contextmanager
         def fsdp_sync(is_last: bool):
-            set_gradient_sync(sharded, is_last)
+            if is_last != synced[0]:
+                set_gradient_sync(sharded, is_last)
+                synced[0] = is_last
             yield
 
         return sharded, fsdp_sync

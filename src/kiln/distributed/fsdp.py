@@ -1,7 +1,8 @@
 """FSDP2 (`fully_shard`): mixed precision, which modules become units, resharding, CPU offload.
 
-Each repeated block becomes its own unit (its parameters are gathered just before it runs and
-freed after), then the root takes what is left (embeddings, head). This is torchtitan's layout.
+Consecutive repeated blocks become units (a unit's parameters are gathered just before it runs
+and, for models too large to keep gathered, freed after), then the root takes what is left
+(embeddings, head). This is torchtitan's layout with blocks grouped (see UNIT_TARGET_BYTES).
 """
 
 from __future__ import annotations
@@ -28,21 +29,57 @@ def fsdp_available() -> bool:
 
 
 # `fsdp_unit_blocks=0` groups blocks until a unit gathers this much. Each FSDP2 unit costs host
-# work every step (hooks, stream events, per-parameter views): on a 12-block ViT, 13 units -> 5 cut
-# the host time of a step by a sixth and 2 units by a third (benchmarks/results/cpu/
-# fsdp_host_overhead); and each collective pays a latency that grows with the ring, which is what
-# kiln.bench.predict charges at scale. The price is coarser overlap and one more unit gathered at a
-# time: 32 MiB keeps that small next to DDP's 25 MiB buckets.
-UNIT_TARGET_BYTES = 32 * 2**20
+# work every step, on every rank (hooks, stream events, one reduce per unit), and a step that waits
+# for its host waits for all of it: on one H100 (ViT-B/16 bf16 compiled, nothing resharded after
+# forward) 4 units of 3 blocks -> 2 of 6 took 1.8 to 5.7 ms off a ~58 ms step (two interleaved
+# tables of benchmarks/results/h100/fsdp_host_overhead: fsdp-zero2 vs fsdp-unit6-auto). Larger
+# units cost overlap instead: the first all-gather and the last reduce-scatter run beside no
+# compute; kiln.bench.predict puts that at +0.4 to +0.7 ms for 2 units of 6 ViT-B blocks instead of
+# 4 of 3 (8 to 64 GPUs, 200 GB/s in a node, 45 GB/s per GPU across), less than one unit's host
+# work. Blocks of >= 64 MiB (most LLMs in bf16) stay one per unit. Units are balanced (6+6, not
+# 5+5+2), so every unit gathers at least this much.
+UNIT_TARGET_BYTES = 64 * 2**20
+
+# `fsdp_reshard_after_forward=auto` keeps the units gathered from forward to backward when the
+# whole model gathers at most this much (about 0.5 B parameters in bf16): the memory resharding
+# would save is ~1 % of an 80 GB GPU, while resharding costs, at every world size, one all-gather
+# more per unit and step (+33 % of FSDP2's bytes with fp32 reduce-scatters, +50 % with bf16) and
+# the host work of re-gathering in backward (one H100, ViT-B/16: 6.6 to 7.8 ms per step with 4
+# units, 3.5 to 6.3 with 2; fsdp-unit3 vs fsdp-zero2 and fsdp-unit6 vs fsdp-unit6-auto in
+# benchmarks/results/h100/fsdp_host_overhead). Larger models are resharded (ZeRO-3), all units
+# but the last.
+KEEP_GATHERED_BYTES = 2**30
 
 
 def unit_blocks(blocks: list[torch.nn.Module], cfg: DistributedConfig, param_bytes: int) -> int:
     """Blocks per FSDP unit: the configured count, or (0) the fewest whose gathered parameters
-    reach UNIT_TARGET_BYTES, judged by the largest block."""
+    reach UNIT_TARGET_BYTES, judged by the largest block (fsdp_units then balances the units)."""
     if cfg.fsdp_unit_blocks > 0 or not blocks:
         return max(1, cfg.fsdp_unit_blocks)
     largest = max(sum(p.numel() for p in b.parameters()) for b in blocks) * param_bytes
     return max(1, min(len(blocks), -(-UNIT_TARGET_BYTES // max(1, largest))))
+
+
+def _balanced(blocks: list[torch.nn.Module], k: int) -> list[list[torch.nn.Module]]:
+    """As many groups of >= k consecutive blocks as fit, the blocks spread evenly over them."""
+    if not blocks:
+        return []
+    n = max(1, len(blocks) // k)
+    size, extra = divmod(len(blocks), n)
+    groups, start = [], 0
+    for i in range(n):
+        end = start + size + (1 if i < extra else 0)
+        groups.append(list(blocks[start:end]))
+        start = end
+    return groups
+
+
+def reshards_after_forward(cfg: DistributedConfig, gathered_bytes: int) -> bool:
+    """Whether FSDP units free their gathered parameters after forward; `gathered_bytes`: all the
+    model's parameters as gathered (param dtype)."""
+    if cfg.fsdp_reshard_after_forward == "auto":
+        return gathered_bytes > KEEP_GATHERED_BYTES
+    return cfg.fsdp_reshard_after_forward == "true"
 
 
 def fsdp_units(model: torch.nn.Module, blocks: list[torch.nn.Module], cfg: DistributedConfig,
@@ -52,7 +89,10 @@ def fsdp_units(model: torch.nn.Module, blocks: list[torch.nn.Module], cfg: Distr
     rule = cfg.fsdp_wrap
     if rule == "auto":
         k = unit_blocks(blocks, cfg, param_bytes)
-        groups = [list(blocks[i:i + k]) for i in range(0, len(blocks), k)]
+        if cfg.fsdp_unit_blocks > 0:  # as configured: k per unit, the rest in the last
+            groups = [list(blocks[i:i + k]) for i in range(0, len(blocks), k)]
+        else:
+            groups = _balanced(blocks, k)
         return [g[0] if len(g) == 1 else g for g in groups]
     if rule == "size":
         units = []
@@ -100,19 +140,21 @@ def apply_fsdp(
 
         kwargs["offload_policy"] = CPUOffloadPolicy()
     mp = kwargs["mp_policy"]
-    units = fsdp_units(model, blocks, cfg, torch.finfo(mp.param_dtype or policy.param_dtype).bits // 8)
+    param_bytes = torch.finfo(mp.param_dtype or policy.param_dtype).bits // 8
+    units = fsdp_units(model, blocks, cfg, param_bytes)
     if not units:
         log.warning("FSDP: the model has no repeated blocks (distributed.fsdp_wrap=%s); sharding the root as one "
                     "unit, so all parameters are gathered at once", cfg.fsdp_wrap)
+    resharded = reshards_after_forward(cfg, sum(p.numel() for p in model.parameters()) * param_bytes)
     sharded = []
     for i, unit in enumerate(units):
         # The last unit runs first in backward: resharding it after forward would only add an
         # all-gather right away (torchtitan keeps its last layers gathered for the same reason).
-        reshard = cfg.fsdp_reshard_after_forward and i < len(units) - 1
+        reshard = resharded and i < len(units) - 1
         sharded.append(fully_shard(unit, reshard_after_forward=reshard, **kwargs))
     # The root's own parameters (embeddings, head) stay gathered after forward: they are used
     # again first in backward, so resharding them would only add an all-gather.
-    fully_shard(model, reshard_after_forward=not units and cfg.fsdp_reshard_after_forward, **kwargs)
+    fully_shard(model, reshard_after_forward=not units and resharded, **kwargs)
     _set_forward_prefetch(sharded, cfg.fsdp_forward_prefetch)
     return model
 

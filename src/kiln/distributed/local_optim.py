@@ -110,12 +110,18 @@ class _ShardLocalStep:
         """The update on the local views; False (nothing done) when a gradient has no state yet or
         is not laid out like its parameter (not a reduced shard of it)."""
         ok = True
+        ready = self._ready
         for p, view, _ in self._pairs:
             grad = p.grad
-            if grad is not None and (id(p) not in self._ready or getattr(grad, "placements", None) != p.placements):
+            if grad is None:
+                continue  # its view's grad is None already (cleared after every step)
+            # FSDP2 builds each reduced gradient with its parameter's own DTensorSpec object, so
+            # the identity test settles the usual case without comparing placements (host time).
+            spec = getattr(grad, "_spec", None)
+            if id(p) not in ready or (spec is not p._spec and getattr(spec, "placements", None) != p.placements):
                 ok = False
                 break
-            view.grad = None if grad is None else grad._local_tensor
+            view.grad = grad._local_tensor
         shadow = self._shadow
         try:
             if ok:

@@ -10,8 +10,8 @@ wrappers use, so `kiln bench comm` measures bandwidth at the sizes the run reall
   (the parameter dtype), or 2 per element under a bf16/fp16 hook.
 - FSDP2: per unit (kiln.distributed.fsdp.fsdp_units) one all-gather of the parameters in the
   compute dtype before forward, another before backward unless the unit stays gathered (the root
-  and the last unit, or `fsdp_reshard_after_forward=false`), and one reduce-scatter of the
-  gradients in `fsdp_reduce_dtype`.
+  and the last unit, or every unit when `fsdp_reshard_after_forward` resolves to false), and one
+  reduce-scatter of the gradients in `fsdp_reduce_dtype`.
 
 Sizes follow nccl-tests' convention: all-reduce counts the buffer, all-gather its output and
 reduce-scatter its input, i.e. the full unsharded bytes in all three cases (FSDP2's per-rank padding
@@ -89,7 +89,7 @@ def ddp_traffic(model: torch.nn.Module, cfg: Config, grad_bytes: int) -> StepTra
 
 
 def fsdp_traffic(model: torch.nn.Module, blocks: list[torch.nn.Module], cfg: Config, param_bytes: int) -> StepTraffic:
-    from kiln.distributed.fsdp import fsdp_units
+    from kiln.distributed.fsdp import fsdp_units, reshards_after_forward
 
     d = cfg.distributed
     reduce_bytes = _DTYPE_BYTES[d.fsdp_reduce_dtype]
@@ -114,9 +114,10 @@ def fsdp_traffic(model: torch.nn.Module, blocks: list[torch.nn.Module], cfg: Con
     for i, numel in enumerate(sizes):
         label = f"unit {i + 1}/{len(sizes)}"
         fwd.append(Collective("all_gather", numel * param_bytes, "forward", numel / total, label))
+    reshards = reshards_after_forward(d, sum(p.numel() for p in model.parameters()) * param_bytes)
     for i in reversed(range(len(sizes))):
         label = f"unit {i + 1}/{len(sizes)}"
-        resharded = d.fsdp_reshard_after_forward and i < len(sizes) - 1
+        resharded = reshards and i < len(sizes) - 1
         if resharded:
             bwd.append(Collective("all_gather", sizes[i] * param_bytes, "backward", sizes[i] / total, label))
         bwd.append(Collective("reduce_scatter", sizes[i] * reduce_bytes, "backward", sizes[i] / total, label))
