@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from kiln.bench.timing import cuda_graph_of
+from kiln.bench.timing import cuda_graph_of, replay_rounds
 from kiln.llm.config import resolve_model
 from kiln.llm.decode_attention import flash_decode, varlen_rows
 from kiln.llm.engine import default_inductor_options
@@ -77,16 +77,8 @@ def main(argv: list[str] | None = None) -> int:
         out = fn().float()  # a second call too: the first of a compiled variant also tunes it
         errors[name] = float((out - reference).abs().max())
         graphs[name] = cuda_graph_of(fn, args.layers)
-    times = {name: [] for name in graphs}
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    for r in range(args.repeats):
-        order = list(graphs) if r % 2 == 0 else list(reversed(graphs))
-        for name in order:
-            start.record()
-            graphs[name].replay()
-            end.record()
-            end.synchronize()
-            times[name].append(start.elapsed_time(end) * 1000 / args.layers)
+    times = {name: [ms * 1000 / args.layers for ms in samples]
+             for name, samples in replay_rounds(graphs, args.repeats).items()}
     kv_bytes = 2 * B * S * Hkv * D * k.element_size()
     results = []
     for name, samples in times.items():

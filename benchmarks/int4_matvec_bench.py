@@ -19,9 +19,10 @@ import sys
 from pathlib import Path
 
 import torch
+from matvec_bench import per_step_line  # benchmarks/ is this script's own directory
 from torch import nn
 
-from kiln.bench.timing import cuda_graph_of
+from kiln.bench.timing import cuda_graph_of, replay_rounds
 from kiln.llm.config import resolve_model
 from kiln.llm.quant import target_shapes
 from kiln.llm.quant_torch import Int4WeightOnlyLinear
@@ -67,15 +68,7 @@ def main(argv: list[str] | None = None) -> int:
                 chosen = [str(c) for key, c in triton_matvec._kernel().cache.items() if out_f in key]
                 meta[(name, variant)]["setting"] = chosen[-1] if chosen else None
             print(f"{name} {variant}: ready", flush=True)
-    times = {key: [] for key in graphs}
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    for r in range(args.repeats):
-        for key in (list(graphs) if r % 2 == 0 else list(reversed(graphs))):
-            start.record()
-            graphs[key].replay()
-            end.record()
-            end.synchronize()
-            times[key].append(start.elapsed_time(end) * 1000 / args.calls)
+    times = {key: [ms * 1000 / args.calls for ms in samples] for key, samples in replay_rounds(graphs, args.repeats).items()}
     for (name, variant), samples in times.items():
         m = meta[(name, variant)]
         us = statistics.median(samples)
@@ -92,10 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         err = "-" if r["rel_err"] is None else f"{r['rel_err']:.2g}"
         lines.append(f"| {r['projection']} | {r['shape'][0]}x{r['shape'][1]} | {r['variant']} | {r['us_per_call']:.2f} "
                      f"| {r['gb_per_s']:.0f} | {err} |")
-    total = {v: sum(r["us_per_call"] * (1 if r["projection"] == "lm_head" else config.n_layers)
-                    for r in rows if r["variant"] == v) for v in ("bf16 linear", "int4 tinygemm", "int4 triton")}
-    lines += ["", "Per decode step (projections x layers, lm_head once): " +
-              ", ".join(f"{v} {t / 1000:.3f} ms" for v, t in total.items()),
+    lines += ["", per_step_line(rows, config.n_layers, ("bf16 linear", "int4 tinygemm", "int4 triton")),
               "", f"Command: `python {' '.join(sys.argv)}`; torch {torch.__version__}."]
     (out / "results.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

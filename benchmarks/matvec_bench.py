@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kiln.bench.timing import cuda_graph_of
+from kiln.bench.timing import cuda_graph_of, replay_rounds
 from kiln.llm.config import resolve_model
 from kiln.llm.decode_matvec import fused_linear
 from kiln.llm.model import RMSNorm
@@ -52,6 +52,14 @@ def eager(kind: str, x, w, norm_w, res, eps: float):
         x = F.silu(gate) * up
     y = F.linear(x, w)
     return y if res is None else res + y
+
+
+def per_step_line(rows: list[dict], n_layers: int, variants) -> str:
+    """The results line adding up each variant's per-call microseconds over one decode step."""
+    total = {v: sum(r["us_per_call"] * (1 if r["projection"] == "lm_head" else n_layers)
+                    for r in rows if r["variant"] == v) for v in variants}
+    return "Per decode step (projections x layers, lm_head once): " + \
+        ", ".join(f"{v} {t / 1000:.3f} ms" for v, t in total.items())
 
 
 def rmsnorm(x, w, eps):
@@ -103,15 +111,7 @@ def chain(config, dev, dt, compiled_layer, repeats: int) -> list[dict]:
         graphs[name] = cuda_graph_of(lambda layer=layer: run(layer), 1)
         print(f"chain {name}: ready", flush=True)
     triton_matvec.PDL = True
-    times = {k: [] for k in graphs}
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    for r in range(repeats):
-        for key in (list(graphs) if r % 2 == 0 else list(reversed(graphs))):
-            start.record()
-            graphs[key].replay()
-            end.record()
-            end.synchronize()
-            times[key].append(start.elapsed_time(end))
+    times = replay_rounds(graphs, repeats)
     total = sum(o * i * 2 for o, i in shapes) * config.n_layers
     ref = outs["inductor"].float()
     return [{"variant": k, "ms_per_chain": statistics.median(v), "gb_per_s": total / statistics.median(v) / 1e6,
@@ -199,15 +199,8 @@ def main(argv: list[str] | None = None) -> int:
                                    dynamic=False)
     chained = chain(config, dev, dt, compiled_layer, args.repeats)
     tuned = {str(key): str(cfg) for key, cfg in getattr(triton_matvec._kernel(), "cache", {}).items()}
-    times = {key: [] for key in graphs}
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    for r in range(args.repeats):
-        for key in (list(graphs) if r % 2 == 0 else list(reversed(graphs))):
-            start.record()
-            graphs[key].replay()
-            end.record()
-            end.synchronize()
-            times[key].append(start.elapsed_time(end) * 1000 / meta[key]["calls_per_replay"])
+    times = {key: [ms * 1000 / meta[key]["calls_per_replay"] for ms in samples]
+             for key, samples in replay_rounds(graphs, args.repeats).items()}
     rows = []
     for (name, variant), samples in times.items():
         m = meta[(name, variant)]
@@ -228,16 +221,12 @@ def main(argv: list[str] | None = None) -> int:
         fused = "+".join(p for p in (r["prologue"] if r["prologue"] != "none" else "", "residual" if r["residual"] else "") if p)
         lines.append(f"| {r['projection']} | {r['shape'][0]}x{r['shape'][1]} | {fused or '-'} | {r['variant']} "
                      f"| {r['us_per_call']:.2f} | {r['gb_per_s']:.0f} | {err} |")
-    total = {v: sum(r["us_per_call"] * (1 if r["projection"] == "lm_head" else config.n_layers)
-                    for r in rows if r["variant"] == v) for v in variants}
-    lines += ["", "Per decode step (projections x layers, lm_head once): " +
-              ", ".join(f"{v} {t / 1000:.3f} ms" for v, t in total.items()),
+    lines += ["", per_step_line(rows, config.n_layers, variants),
               "", f"All {config.n_layers} layers' four projections chained in one CUDA graph (h -> h, attention left out):",
               "", "| variant | ms per chain | GB/s of weights | max rel diff vs inductor |", "|---|---|---|---|"]
     lines += [f"| {c['variant']} | {c['ms_per_chain']:.3f} | {c['gb_per_s']:.0f} | {c['max_rel_diff_vs_inductor']:.2g} |"
               for c in chained]
-    lines += [
-              "Autotuner's choice per (N, K, rows, prologue, residual): " +
+    lines += ["", "Autotuner's choice per (N, K, rows, prologue, residual): " +
               "; ".join(f"{k}: {v}" for k, v in tuned.items()),
               "", f"Command: `python {' '.join(sys.argv)}`; torch {torch.__version__}."]
     (out / "results.md").write_text("\n".join(lines) + "\n")

@@ -66,6 +66,21 @@ def cuda_graph_of(fn: Callable[[], object], calls: int, *, warmup: int = 3) -> t
     return graph
 
 
+def replay_rounds(graphs: dict, repeats: int) -> dict:
+    """Milliseconds of each CUDA graph's replay in each of `repeats` rounds, the graphs interleaved
+    (the order reversed every other round, so neither side always runs first): {key: [ms, ...]}."""
+    times = {key: [] for key in graphs}
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for r in range(repeats):
+        for key in (list(graphs) if r % 2 == 0 else list(reversed(graphs))):
+            start.record()
+            graphs[key].replay()
+            end.record()
+            end.synchronize()
+            times[key].append(start.elapsed_time(end))
+    return times
+
+
 def time_calls(fn: Callable[[], object], *, calls: int, device: torch.device | str | None) -> float:
     """Seconds for `calls` back-to-back calls, synchronized before and after."""
     synchronize(device)
