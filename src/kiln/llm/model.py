@@ -16,6 +16,8 @@ Choices made for fast decoding (see kiln.llm.engine for the loop around it):
   decode step computes attention as two broadcast matmuls with M = 1 per query head, which
   inductor turns into tuned reductions (`coordinate_descent_tuning`) instead of a kernel that
   parallelises over heads only.
+- With `decode_matvec="triton"` a decode step's projections run through kiln's matrix-vector
+  kernel with each RMSNorm and residual add fused in (kiln.llm.decode_matvec).
 - Prefill computes logits for the last position only (`last_only`).
 Left padding: a batch of prompts of different lengths is padded on the left; `pad[b]` slots of
 row b are masked out as keys and its positions start after them, as HF does with attention_mask.
