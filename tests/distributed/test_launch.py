@@ -55,6 +55,10 @@ def test_two_ranks_match_one_process(tmp_path, strategy, accum):
     assert summary["global_batch"] == 16
     if strategy == "fsdp":  # 12 steps of 2 micro-batches: the first creates the state through DTensor
         assert summary["optimizer_update_steps"] == {"local_shards": 11, "dtensor": 1}
+        # The layout chosen (the config says 0 and auto): all 3 tiny blocks in one unit, kept gathered.
+        assert summary["fsdp_layout"] == {"unit_blocks": [3], "reshard_after_forward": False}
+    else:
+        assert summary["fsdp_layout"] is None
     # Same samples per step (rank r takes every 2nd sample of the shared order): same trajectory.
     assert _losses(run_dir) == pytest.approx(_losses(single), rel=2e-4, abs=1e-5)
     assert summary["final_loss"] < summary["first_loss"]

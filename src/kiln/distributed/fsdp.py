@@ -155,6 +155,9 @@ def apply_fsdp(
     # The root's own parameters (embeddings, head) stay gathered after forward: they are used
     # again first in backward, so resharding them would only add an all-gather.
     fully_shard(model, reshard_after_forward=not units and resharded, **kwargs)
+    # What was chosen, for the run's summary.json (the config's 0 / auto say only how to choose).
+    model.kiln_fsdp_layout = {"unit_blocks": [len(u) if isinstance(u, list) else 1 for u in units],
+                              "reshard_after_forward": resharded}
     _set_forward_prefetch(sharded, cfg.fsdp_forward_prefetch)
     return model
 

@@ -382,6 +382,7 @@ class Trainer:
             "strategy": self.strategy,
             "strategy_reason": self.strategy_reason,
             "optimizer_update_steps": update_paths(step_fn.optimizer),
+            "fsdp_layout": getattr(self.model, "kiln_fsdp_layout", None),
             "global_batch": self.train_data.samples_per_batch * accum * self.dist.world_size,
             "device": str(device),
             "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
