@@ -58,7 +58,7 @@ def test_kernel_matches_direct_softmax(heads, kv_heads, dim, capacity, window):
     for _ in range(2):  # the second call finds the arrival counters back at zero
         got = td.decode_attention(q, k, v, start, pos, 0.25, window)
         torch.testing.assert_close(got, direct(q, k, v, start, pos, 0.25, window), rtol=1e-5, atol=1e-5)
-        assert not td._arrival_counters(q.device, 3 * kv_heads).any()
+        assert not td.arrival_counters(q.device, 3 * kv_heads).any()
 
 
 def test_chunking_fills_the_gpu_in_whole_blocks():

@@ -70,7 +70,9 @@ def test_kernel_matches_the_eager_math(dtype, rows, out_f, in_f, part, bias, set
                                    None if residual is None else residual.reshape(rows, -1), setting)
     torch.testing.assert_close(forced.view_as(expected), expected, rtol=tol, atol=tol)
     # Every split arrived and the last one reset its counter: the next call starts from zero.
-    assert all(int(c.abs().sum()) == 0 for c in tm._ARRIVED.values())
+    from kiln.llm import triton_decode  # the counters kiln's Triton kernels share
+
+    assert all(int(c.abs().sum()) == 0 for c in triton_decode._ARRIVED.values())
 
 
 @interpreted

@@ -137,11 +137,11 @@ def _kernel():
     return _KERNELS[interpret]
 
 
-def _arrival_counters(device: torch.device, n: int) -> Tensor:
-    """Zeroed int32 counters, one per (row, key/value head), kept for the process: each call leaves
-    them at zero again, and a CUDA graph that captured a call keeps pointing at the same ones.
-    Calls on one stream use them one after another; concurrent calls on two streams must not share
-    a device."""
+def arrival_counters(device: torch.device, n: int) -> Tensor:
+    """`n` zeroed int32 counters for kernels whose last program to arrive finishes the work (this
+    one and kiln.llm.triton_matvec), kept for the process: every call leaves them at zero again,
+    and a CUDA graph that captured a call keeps pointing at the same ones. Calls on one stream use
+    them one after another; concurrent calls on two streams must not share a device."""
     key = (device, n)
     if key not in _ARRIVED:
         _ARRIVED[key] = torch.zeros(n, dtype=torch.int32, device=device)
@@ -163,7 +163,7 @@ def decode_attention(q: Tensor, cache_k: Tensor, cache_v: Tensor, start: Tensor,
     y = torch.empty_like(q)
     group = H // Hkv
     _kernel()[(B * Hkv, chunks)](
-        q, cache_k, cache_v, start, pos, part, lse, _arrival_counters(q.device, B * Hkv), y, S,
+        q, cache_k, cache_v, start, pos, part, lse, arrival_counters(q.device, B * Hkv), y, S,
         q.stride(0), q.stride(1), cache_k.stride(0), cache_k.stride(1), cache_k.stride(2),
         cache_v.stride(0), cache_v.stride(1), cache_v.stride(2),
         part.stride(0), part.stride(1), part.stride(2), lse.stride(0), lse.stride(1), y.stride(0), y.stride(1),

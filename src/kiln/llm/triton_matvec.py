@@ -1,4 +1,4 @@
-"""kiln's decode-step matrix-vector kernel (`--matvec triton`), written in Triton, with the
+"""kiln's decode-step matrix-vector kernel (`--decode-matvec triton`), written in Triton, with the
 RMSNorm before a projection and the residual add after it fused in.
 
 A batch-1 decode step is a chain of matrix-vector products y = W x (W [N, K] row-major, x one
@@ -45,9 +45,10 @@ import triton.language as tl
 from torch import Tensor
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from kiln.llm.triton_decode import arrival_counters
+
 MAX_ROWS = 8
 """Rows (batch x tokens) up to which the kernel runs; longer inputs (prefill) use `linear`."""
-PROLOGUES = {"none": 0, "rmsnorm": 1, "silu_mul": 2}
 
 
 @triton.jit
@@ -125,7 +126,7 @@ def _matvec(X, W, Scale, Offset, Y, NormW, Bias, Res, Part, Arrived, M, N, eps,
         ee = tl.arange(0, GROUP)
         x_rows3 = X + mm[:, None, None] * stride_xm
         acc = tl.zeros([BLOCK_M, BLOCK_N, NG, GROUP], dtype=tl.float32)
-        for i in range(0, PER_SPLIT // BLOCK_K):
+        for i in range(0, TILES):
             j0 = k_lo + i * BLOCK_K
             j = j0 + gg[:, None] * GROUP + ee[None, :]  # [NG, GROUP] byte columns
             j_ok = j < KW
@@ -223,7 +224,6 @@ def _kernel():
     return _KERNELS[interpret]
 
 
-_ARRIVED: dict[tuple[torch.device, int], Tensor] = {}
 PDL = os.environ.get("KILN_PDL", "1") != "0"
 """Launch the dense kernel with programmatic dependent launch where the GPU has it (Hopper and
 newer): each call's programs are scheduled while the previous kernel's last ones finish, and read
@@ -233,15 +233,6 @@ turns it off, for comparisons."""
 
 def pdl_enabled(device: torch.device) -> bool:
     return PDL and device.type == "cuda" and not interpreting() and torch.cuda.get_device_capability(device)[0] >= 9
-
-
-def _arrival_counters(device: torch.device, n: int) -> Tensor:
-    """Zeroed int32 counters, one per output block, kept for the process: each call leaves them at
-    zero again, so a captured CUDA graph can keep pointing at them (calls on one stream only)."""
-    key = (device, n)
-    if key not in _ARRIVED:
-        _ARRIVED[key] = torch.zeros(n, dtype=torch.int32, device=device)
-    return _ARRIVED[key]
 
 
 MAX_SPLIT = 4
@@ -261,7 +252,7 @@ def launch(x: Tensor, weight: Tensor, scale: Tensor | None, offset: Tensor | Non
     part = torch.empty(MAX_SPLIT * M * N, dtype=torch.float32, device=x.device)
     res = residual.contiguous() if residual is not None else None
     args = (x, weight, scale if quant else weight, offset if quant else weight, y, norm_weight, bias, res, part,
-            _arrival_counters(x.device, N), M, N, eps, x.stride(0), weight.stride(0), scale.stride(0) if quant else 0,
+            arrival_counters(x.device, N), M, N, eps, x.stride(0), weight.stride(0), scale.stride(0) if quant else 0,
             y.stride(0), res.stride(0) if res is not None else 0)
     pdl = pdl_enabled(x.device) and not quant
     flags = {"K": K, "KW": KW, "QUANT": int(quant), "GROUP": group_size if quant else 1, "PROLOGUE": prologue,
