@@ -5,8 +5,8 @@
 # 1. benchmarks/int4_matvec_bench.py: one-token matmuls per projection of the 3B shape (~1-2 min,
 #    the Triton kernel autotunes per shape on its first call).
 # 2. kiln bench llm, Llama-3.2-3B shape (bf16, batch 1, prompt 1024, 256 new tokens),
-#    kiln-compiled with --decode-attention triton at quant none, int4 (torchao) and int4@triton,
-#    with a profile of 32 decode steps per row.
+#    kiln-compiled with --decode-attention triton and --decode-matvec ${MATVEC:-triton} at quant
+#    ${QUANT:-none,int4@triton,int4} (int4: torchao's), with a profile of 32 decode steps per row.
 # Writes $OUT/r/<name>/... and logs; packs $OUT/int4.tgz after each part.
 set -uo pipefail
 source benchmarks/gpu_env.sh
@@ -19,7 +19,8 @@ step int4_matvec env CUDA_LAUNCH_BLOCKING=1 timeout 180 python3 benchmarks/int4_
 pack
 step bench_int4 timeout $(( 575 - ($(date +%s) - start) )) python3 -m kiln bench llm --model llama-3.2-3b \
   --prompt-len 1024 --new-tokens 256 --prefill eager --repeats 3 --engines kiln-compiled --decode-attention triton \
-  --quant none,int4,int4@triton --profile-decode 32 --deadline-s 280 --out "$R/bench_int4"
+  --decode-matvec "${MATVEC:-triton}" --quant "${QUANT:-none,int4@triton,int4}" --profile-decode 32 --deadline-s 330 \
+  --out "$R/bench_int4"
 python3 benchmarks/llm_rows.py "$R"
 echo "=== done in $(( $(date +%s) - start )) s"
 pack

@@ -5,17 +5,22 @@ projection and the residual add after it when the model's decode step asks for t
 The layout is `Int4FusedLinear`'s (kiln.llm.quant_torch): uint8 [out, in/2] with the first half
 of the input features in the low nibbles and the second half in the high ones, and per group of
 `group_size` inputs a scale and an offset (w = q * scale + offset), [out, in/group]. A program
-reads a [BLOCK_N rows, groups, group] tile of bytes per iteration, unpacks both nibbles and
-dequantizes them in registers (each group's scale and offset broadcast along it), and accumulates
-their products with the matching slices of x; small-output projections split their inputs over
-several programs (see kiln.llm.triton_matvec).
+reads a [BLOCK_N rows, groups, group / 4] tile of the bytes as int32 words per iteration, turns
+each nibble into a float with a logical op and an add (no conversion instruction), multiplies it
+with its x value, and applies each group's scale per word and its offset once per group (see
+`_int4_tile` in kiln.llm.triton_matvec); small-output projections split their inputs over
+several programs.
 
 Why: torch's tinygemm kernel (torchao's int4 layout) pads the token to a 16-row tile and read its
 int4 weights at ~1.3 TB/s on an H100 in the 3B decode profile (113 calls of ~10 us per step, two
-thirds of the step). Measured so far it is slower still: 3B decode at 386 tok/s through this
-kernel against 555-570 for tinygemm (benchmarks/results/h100/llm/decode_matvec); unpacking and
-the per-element prologue make it compute-bound at a quarter of bf16's bytes. torchao stays the
-default int4 backend.
+thirds of the step). Measured so far this kernel is slower still (benchmarks/results/h100/llm/
+decode_matvec): one-token matmuls of the 3B shapes take 1.60 ms per step against tinygemm's 1.27
+(the first versions, which converted every nibble with a conversion instruction and kept 4-D
+tiles that Triton routed through shared memory, took 1.87-2.19 ms), and fused into the model the
+prologues cost more still: each x value is rebuilt by every thread that needs it, 16 times per
+program with 64-row tiles (3B decode at 382 tok/s against 543-594 with tinygemm). torchao stays
+the default int4 backend.
+
 Longer inputs (prefill) dequantize the weight and call `linear`.
 
 Tests run it on CPU through Triton's interpreter (TRITON_INTERPRET=1) with a fixed setting.

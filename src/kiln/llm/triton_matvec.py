@@ -1,12 +1,13 @@
-"""kiln's decode-step matrix-vector kernel (`--decode-matvec triton`), written in Triton, with the
-RMSNorm before a projection and the residual add after it fused in.
+"""kiln's decode-step matrix-vector kernel (`--decode-matvec triton`, the default where it runs),
+written in Triton, with the RMSNorm before a projection and the residual add after it fused in.
 
 A batch-1 decode step is a chain of matrix-vector products y = W x (W [N, K] row-major, x one
-token) with small elementwise work between them. Program (block of BLOCK_N outputs, K split)
-reads a [BLOCK_N, BLOCK_K] tile of W per iteration and accumulates its products with the matching
-slice of x elementwise in an fp32 [rows, BLOCK_N, BLOCK_K] tile, reduced across lanes once at
-the end. x is tiny and re-read from L2 by every program; W is read once. Optional parts, fixed at
-compile time:
+token) with small elementwise work between them. Program (row of x, block of BLOCK_N outputs, K
+split) reads a [BLOCK_N, BLOCK_K] tile of W per iteration (the next one is loaded before this one
+is used) and accumulates its products with the matching slice of x elementwise in an fp32 tile
+of the same shape and layout, reduced once at the end. The rows of x are programs of their own,
+next to each other, so at batch > 1 a block's weight tiles are shared through L2. x is tiny and
+re-read from L2 by every program; W is read once. Optional parts, fixed at compile time:
 
 - prologue `rmsnorm`: x is the residual stream h and the kernel multiplies by
   norm_w * h / rms(h) (each program computes its row's rms first), as kiln's RMSNorm does: in
@@ -16,8 +17,8 @@ compile time:
 
 With SPLIT > 1 the K range is split among SPLIT programs per output block (more programs and
 more bytes in flight for the narrow projections): each writes its fp32 partial sums, and the last
-to arrive (an atomic counter per output block, reset by it) adds them in a fixed order, so the
-result does not depend on arrival order, and applies the epilogue, all in one launch.
+to arrive (an atomic counter per row and output block, reset by it) adds them in a fixed order, so
+the result does not depend on arrival order, and applies the epilogue, all in one launch.
 
 On Hopper the kernel is launched with programmatic dependent launch (`PDL`): its programs may be
 scheduled while the previous kernel's last ones finish; each reads its first weight tile (which no
@@ -25,12 +26,14 @@ kernel writes), then waits (`gdc_wait`) before reading anything an earlier kerne
 
 Why: inductor fuses the norm and the SwiGLU into its own matrix-vector reductions, but read the
 weights at 2.0-2.7 TB/s in the 3B decode profile on an H100, and the residual adds and norms
-between projections cost ~2 more launches per layer (284 kernels per step against 228 here).
-Measured on an H100 (benchmarks/results/h100/llm/decode_matvec): per projection on par with
-inductor; all layers' projections chained 7 % faster with PDL (2.23 against 2.41 ms); the whole
-3B decode step 0.7 % faster (336.6 against 334.2 tok/s), since the attention between projections
-keeps most kernel boundaries serial. Launch settings are autotuned per shape on the first call
-(the engine's warm-up, before its CUDA graph is captured).
+between projections cost ~2 more launches per layer. The first version of this kernel kept a
+[rows, BLOCK_N, BLOCK_K] accumulator, for which Triton gave the weight tile another layout than
+its load's: every tile went through shared memory (seen in its sm_90 PTX). With the 2-D tile, on
+an H100 (benchmarks/results/h100/llm/decode_matvec): all layers' projections chained 2.156 ms with
+PDL against 2.244 for inductor's, and with kiln.llm.triton_decode's fused attention the 3B decode
+step reached 373.6 tok/s, 82 % of the copy-bandwidth roofline (inductor's projections: 319.7 in
+the same call). Launch settings are autotuned per shape on the first call (the engine's warm-up,
+before its CUDA graph is captured).
 
 Tests run it on CPU through Triton's interpreter (TRITON_INTERPRET=1) with a fixed setting.
 """
@@ -53,12 +56,12 @@ MAX_ROWS = 8
 
 @triton.jit
 def _x_tile(x_at, NormW, k, ok, rstd, K: tl.constexpr, PROLOGUE: tl.constexpr):
-    """x at the input features k (x_at: its pointers, rows first), in fp32, the prologue applied
-    with eager's roundings: RMSNorm (`rstd` broadcast to x's shape) or SwiGLU (x_at + K: the up half)."""
+    """x at the input features k (x_at: their pointers, k's shape), in fp32, the prologue applied
+    with eager's roundings: RMSNorm (`rstd`: the row's) or SwiGLU (x_at + K: the up half)."""
     dtype = x_at.dtype.element_ty
     x = tl.load(x_at, mask=ok, other=0.0).to(tl.float32)
     if PROLOGUE == 1:
-        nw = tl.expand_dims(tl.load(NormW + k, mask=k < K, other=0.0).to(tl.float32), 0)
+        nw = tl.load(NormW + k, mask=k < K, other=0.0).to(tl.float32)
         x = (x * rstd).to(dtype).to(tl.float32)
         x = (x * nw).to(dtype).to(tl.float32)
     if PROLOGUE == 2:
@@ -75,123 +78,164 @@ def _w_tile(w_rows, k, n_ok, K: tl.constexpr, EVEN: tl.constexpr):
     return tl.load(w_rows + k[None, :], mask=n_ok[:, None] & (k < K)[None, :], other=0.0)
 
 
+@triton.jit
+def _q_tile(q_rows, c, n_ok, KWW: tl.constexpr, EVEN: tl.constexpr):
+    """int4 words c [NG, EW] of the rows q_rows [BLOCK_N, 1, 1]."""
+    if EVEN:
+        return tl.load(q_rows + c[None, :, :])
+    return tl.load(q_rows + c[None, :, :], mask=n_ok[:, None, None] & (c < KWW)[None, :, :], other=0)
+
+
+@triton.jit
+def _int4_tile(acc, offs, w, c, grp, n, n_ok, x_row, NormW, rstd, Scale, Offset, stride_sn,
+               K: tl.constexpr, KW: tl.constexpr, GROUP: tl.constexpr, PROLOGUE: tl.constexpr):
+    """Adds one tile's products to acc [BLOCK_N, NG, EW] (scaled, per word) and offs [BLOCK_N, NG]
+    (offset x the group's sum of x). w: int32 words [BLOCK_N, NG, EW]; word c holds bytes
+    4c..4c+3, byte 4c+t inputs 4c+t (low nibble, bits 8t..8t+3) and 4c+t+KW (high).
+
+    No per-element conversion instruction (those run at a quarter of the FMA rate): a nibble at
+    bits s..s+3 with s <= 16 is or-ed into the mantissa of 2^23 and the float minus 2^23 is
+    q * 2^s exactly; the nibbles above bit 19 are shifted down by 12 first (one shift per word).
+    The 2^-s goes into x (exact), so each input costs a logical op, an add and an FMA. Per group
+    sum_e (q_e * scale + offset) x_e = scale * sum_e q_e x_e + offset * sum_e x_e: the scale
+    is applied once per word and half, the offset once per group."""
+    c_ok = c < KW // 4
+    g_ok = n_ok[:, None] & (grp < KW // GROUP)[None, :]
+    upper = w >> 12
+    for h in tl.static_range(2):  # low nibbles: inputs < KW, high nibbles: inputs >= KW
+        part = tl.zeros(acc.shape, dtype=tl.float32)
+        xs = tl.zeros([acc.shape[1], acc.shape[2]], dtype=tl.float32)
+        for t in tl.static_range(4):
+            k = 4 * c + t + h * KW  # [NG, EW] input features of this nibble
+            x = _x_tile(x_row + k, NormW, k, c_ok, rstd, K, PROLOGUE)
+            xs += x
+            if 8 * t + 4 * h <= 16:
+                bits = w & (15 << (8 * t + 4 * h))
+                x = x * (1.0 / (1 << (8 * t + 4 * h)))
+            else:
+                bits = upper & (15 << (8 * t + 4 * h - 12))
+                x = x * (1.0 / (1 << (8 * t + 4 * h - 12)))
+            q = (bits | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
+            part += q * x[None, :, :]
+        s_at = n[:, None] * stride_sn + grp[None, :] + h * (KW // GROUP)
+        scale = tl.load(Scale + s_at, mask=g_ok, other=0.0).to(tl.float32)
+        offset = tl.load(Offset + s_at, mask=g_ok, other=0.0).to(tl.float32)
+        acc += part * scale[:, :, None]
+        offs += offset * tl.sum(xs, 1)[None, :]
+    return acc, offs
+
+
 def _matvec(X, W, Scale, Offset, Y, NormW, Bias, Res, Part, Arrived, M, N, eps,
             stride_xm, stride_wn, stride_sn, stride_ym, stride_rm,
             K: tl.constexpr, KW: tl.constexpr, QUANT: tl.constexpr, GROUP: tl.constexpr,
             PROLOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, PDL: tl.constexpr,
-            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
+            BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
             EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PER_SPLIT: tl.constexpr):
-    pid_n = tl.program_id(0)
+    # Program (row, block of outputs) along axis 0, rows fastest: the programs of one block's rows
+    # run together and share its weight tiles through L2. Axis 1: the split of K.
+    pid = tl.program_id(0)
     pid_k = tl.program_id(1)
-    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    row = pid % M
+    n = (pid // M) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < N
-    mm = tl.arange(0, BLOCK_M)
-    m_ok = mm < M
     kk = tl.arange(0, BLOCK_K)
     dtype = X.dtype.element_ty
-    x_rows = X + mm[:, None] * stride_xm
+    x_row = X + row * stride_xm
     k_lo = pid_k * PER_SPLIT
     TILES: tl.constexpr = PER_SPLIT // BLOCK_K
-    w_rows = W + n[:, None] * stride_wn
     if PDL:  # programmatic dependent launch: the next kernel may be scheduled as these programs end
         gdc_launch_dependents()
-    if QUANT == 0:  # the first weight tile: no earlier kernel writes weights, so it is read before the wait
+    # The first weight tile: no earlier kernel writes weights, so it is read before the wait.
+    if QUANT == 0:  # W [N, K] in the model dtype
+        w_rows = W + n[:, None] * stride_wn
         w = _w_tile(w_rows, k_lo + kk, n_ok, K, EVEN_N and EVEN_K)
+    else:  # int4: [BLOCK_N, NG groups, EW words] of W as int32 [N, KW / 4]
+        NG: tl.constexpr = BLOCK_K // GROUP
+        EW: tl.constexpr = GROUP // 4
+        gg = tl.arange(0, NG)
+        cc = gg[:, None] * EW + tl.arange(0, EW)[None, :]  # [NG, EW] word offsets in a tile
+        q_rows = W + n[:, None, None] * stride_wn
+        w = _q_tile(q_rows, k_lo // 4 + cc, n_ok, KW // 4, EVEN_N and EVEN_K)
     if PDL:
         gdc_wait()  # everything below may read what the previous kernel wrote (x, the residual, counters)
     rstd = 0.0
-    if PROLOGUE == 1:  # each row's 1 / rms over all K (the norm needs the whole row, every split too)
-        squares = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.float32)
+    if PROLOGUE == 1:  # the row's 1 / rms over all K (the norm needs the whole row, every split too)
+        squares = tl.zeros([BLOCK_K], dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
-            h = tl.load(x_rows + (k0 + kk)[None, :], mask=m_ok[:, None] & ((k0 + kk) < K)[None, :],
-                        other=0.0).to(tl.float32)
+            h = tl.load(x_row + k0 + kk, mask=(k0 + kk) < K, other=0.0).to(tl.float32)
             squares += h * h
-        rstd = tl.rsqrt(tl.sum(squares, 1) / K + eps)
-    if QUANT == 0:  # W [N, K] in the model dtype; each iteration loads the next tile before using this one
-        acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], dtype=tl.float32)
+        rstd = tl.rsqrt(tl.sum(squares, 0) / K + eps)
+    # Each iteration loads the next tile before using this one; the tiles' products are added up
+    # elementwise in the tile's own layout and reduced once at the end.
+    if QUANT == 0:
+        acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
         for i in range(0, TILES):  # a static trip count; k >= K loads nothing
             k = k_lo + i * BLOCK_K + kk
             nxt = i + 1 - (i + 1) // TILES  # the last iteration reloads its own tile (an L2 hit)
             w_next = _w_tile(w_rows, k_lo + nxt * BLOCK_K + kk, n_ok, K, EVEN_N and EVEN_K)
-            x = _x_tile(x_rows + k[None, :], NormW, k, m_ok[:, None] & (k < K)[None, :],
-                        tl.expand_dims(rstd, 1) if PROLOGUE == 1 else rstd, K, PROLOGUE)
-            acc += w.to(tl.float32)[None, :, :] * x[:, None, :]
+            x = _x_tile(x_row + k, NormW, k, k < K, rstd, K, PROLOGUE)
+            acc += w.to(tl.float32) * x[None, :]
             w = w_next
-        y = tl.sum(acc, 2)  # [BLOCK_M, BLOCK_N]
-    else:  # kiln's int4 layout: W uint8 [N, K/2], byte j holds input j (low nibble) and j + K/2
-        # (high); per GROUP inputs one scale and offset, [N, K / GROUP]. A tile is [BLOCK_N, NG
-        # groups, GROUP bytes], so each group's scale is one value per row, broadcast along it.
-        NG: tl.constexpr = BLOCK_K // GROUP
-        gg = tl.arange(0, NG)
-        ee = tl.arange(0, GROUP)
-        x_rows3 = X + mm[:, None, None] * stride_xm
-        acc = tl.zeros([BLOCK_M, BLOCK_N, NG, GROUP], dtype=tl.float32)
+        y = tl.sum(acc, 1)  # [BLOCK_N]
+    else:  # kiln's int4 layout, read as int32 words: see `_int4_tile`
+        acc = tl.zeros([BLOCK_N, NG, EW], dtype=tl.float32)
+        offs = tl.zeros([BLOCK_N, NG], dtype=tl.float32)
         for i in range(0, TILES):
-            j0 = k_lo + i * BLOCK_K
-            j = j0 + gg[:, None] * GROUP + ee[None, :]  # [NG, GROUP] byte columns
-            j_ok = j < KW
-            g_ok = (j0 // GROUP + gg) < KW // GROUP
-            b = tl.load(W + n[:, None, None] * stride_wn + j[None, :, :], mask=n_ok[:, None, None] & j_ok[None, :, :],
-                        other=0)
-            for half in tl.static_range(2):
-                k = j + half * KW  # [NG, GROUP] input features
-                x = _x_tile(x_rows3 + k[None, :, :], NormW, k, m_ok[:, None, None] & j_ok[None, :, :],
-                            tl.expand_dims(tl.expand_dims(rstd, 1), 2) if PROLOGUE == 1 else rstd, K, PROLOGUE)
-                grp = j0 // GROUP + gg + half * (KW // GROUP)
-                s_at = n[:, None] * stride_sn + grp[None, :]
-                s_ok = n_ok[:, None] & g_ok[None, :]
-                scale = tl.load(Scale + s_at, mask=s_ok, other=0.0).to(tl.float32)
-                offset = tl.load(Offset + s_at, mask=s_ok, other=0.0).to(tl.float32)
-                q = ((b >> (4 * half)) & 15).to(tl.float32)
-                w = q * scale[:, :, None] + offset[:, :, None]
-                acc += w[None, :, :, :] * x[:, None, :, :]
-        y = tl.sum(tl.sum(acc, 3), 2)
-    ok = m_ok[:, None] & n_ok[None, :]
+            j0 = k_lo + i * BLOCK_K  # the tile's first byte column
+            nxt = i + 1 - (i + 1) // TILES
+            w_next = _q_tile(q_rows, (k_lo + nxt * BLOCK_K) // 4 + cc, n_ok, KW // 4, EVEN_N and EVEN_K)
+            acc, offs = _int4_tile(acc, offs, w, j0 // 4 + cc, j0 // GROUP + gg, n, n_ok, x_row, NormW, rstd,
+                                   Scale, Offset, stride_sn, K, KW, GROUP, PROLOGUE)
+            w = w_next
+        y = tl.sum(tl.sum(acc, 2), 1) + tl.sum(offs, 1)
+    ok = n_ok
     if SPLIT > 1:
-        # Partial sums out; the last program of this output block to arrive adds them in split
+        # Partial sums out; the last program of this (row, block) to arrive adds them in split
         # order. acq_rel: the other programs' partials are visible once their arrival is counted.
-        part_at = Part + mm[:, None] * N + n[None, :]
+        part_at = Part + row * N + n
         tl.store(part_at + pid_k * M * N, y, mask=ok)
-        arrived = tl.atomic_add(Arrived + pid_n, 1, sem="acq_rel")
+        arrived = tl.atomic_add(Arrived + pid, 1, sem="acq_rel")
         last = arrived == SPLIT - 1
         ok = ok & last
-        y = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        y = tl.zeros([BLOCK_N], dtype=tl.float32)
         for s in tl.static_range(SPLIT):
             y += tl.load(part_at + s * M * N, mask=ok, other=0.0)
         if last:
-            tl.atomic_xchg(Arrived + pid_n, 0)  # every split has arrived: reset for the next call
+            tl.atomic_xchg(Arrived + pid, 0)  # every split has arrived: reset for the next call
     if HAS_BIAS:
-        y += tl.load(Bias + n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+        y += tl.load(Bias + n, mask=n_ok, other=0.0).to(tl.float32)
     y = y.to(dtype)
     if HAS_RES:
-        res = tl.load(Res + mm[:, None] * stride_rm + n[None, :], mask=ok, other=0.0)
+        res = tl.load(Res + row * stride_rm + n, mask=ok, other=0.0)
         y = (res.to(tl.float32) + y.to(tl.float32)).to(dtype)
-    tl.store(Y + mm[:, None] * stride_ym + n[None, :], y, mask=ok)
+    tl.store(Y + row * stride_ym + n, y, mask=ok)
 
 
-def _settings() -> list[tuple[int, int, int, int, int]]:
-    """(BLOCK_N, BLOCK_K, SPLIT, warps, stages) tried by the autotuner. The first H100 sweep
-    (2026-11-24, 48 settings per 3B projection: BLOCK_N 4-32, BLOCK_K 256/512, SPLIT 1-4, 4/8
-    warps) put 512-wide tiles, 4 warps and at most 2 splits first on every shape, within ~10 % of
-    each other; the autotuner's own timing noise is about that, so fewer choices is steadier."""
-    return [(bn, bk, split, 4, 2) for bn in (4, 8, 16) for bk in (256, 512) for split in (1, 2)]
+DENSE_SETTINGS = [(bn, bk, split) for bn in (4, 8, 16) for bk in (256, 512) for split in (1, 2)]
+"""(BLOCK_N, BLOCK_K, SPLIT) the autotuner tries for dense weights. The first H100 sweep
+(2026-11-24, 48 settings per 3B projection: BLOCK_N 4-32, BLOCK_K 256/512, SPLIT 1-4, 4/8 warps)
+put 512-wide tiles, 4 warps and at most 2 splits first on every shape, within ~10 % of each
+other; the autotuner's own timing noise is about that, so fewer choices is steadier."""
+INT4_SETTINGS = [(bn, bk, split) for bn in (32, 64) for bk in (128, 256) for split in (1, 2, 4)]
+"""The same for int4 weights, BLOCK_K in bytes of a row (two inputs each): tall, narrow tiles, so
+that each thread holds several rows of the same inputs and reuses each x value for all of them
+(with one row per thread, as 512-byte tiles get, every weight costs a load of its x value from
+shared memory: Triton's layout for [16, 4, 32]-word tiles on sm_90, read in its PTX), and up to 4
+splits, as such tiles leave the narrow projections (3072 outputs) only 48-96 blocks."""
 
 
 def _configs() -> list[triton.Config]:
-    return [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk, "SPLIT": split}, num_warps=w, num_stages=s)
-            for bn, bk, split, w, s in _settings()]
+    return [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk, "SPLIT": split}, num_warps=4, num_stages=2)
+            for bn, bk, split in sorted(set(DENSE_SETTINGS) | set(INT4_SETTINGS))]
 
 
 def _prune(configs, named_args, **kwargs):
-    """Drop settings whose fp32 tile would spill (more than 128 values per thread) and splits that
-    would leave a program less than one tile of K."""
+    """The settings of the weight's kind (see DENSE_SETTINGS, INT4_SETTINGS), less those whose
+    splits would leave a program less than one tile or whose tile is narrower than a group."""
     args = {**named_args, **kwargs}
-    kept = []
-    for c in configs:
-        bn, bk, split = c.kwargs["BLOCK_N"], c.kwargs["BLOCK_K"], c.kwargs["SPLIT"]
-        tile = args["BLOCK_M"] * bn * bk // (32 * c.num_warps)
-        if tile <= 128 and args["KW"] >= split * bk and bk >= args["GROUP"]:
-            kept.append(c)
+    mine = set(INT4_SETTINGS if args["QUANT"] == 1 else DENSE_SETTINGS)
+    kept = [c for c in configs if (c.kwargs["BLOCK_N"], c.kwargs["BLOCK_K"], c.kwargs["SPLIT"]) in mine
+            and args["KW"] >= c.kwargs["SPLIT"] * c.kwargs["BLOCK_K"] >= c.kwargs["SPLIT"] * args["GROUP"]]
     return kept or [triton.Config({"BLOCK_N": 4, "BLOCK_K": max(128, args["GROUP"]), "SPLIT": 1}, num_warps=4,
                                   num_stages=2)]
 
@@ -219,16 +263,17 @@ def _kernel():
                                     "EVEN_K": lambda a: a["KW"] == _per_split(a) * a["SPLIT"],
                                     "PER_SPLIT": _per_split})(triton.jit(_matvec))
         _KERNELS[interpret] = jitted if interpret else triton.autotune(
-            configs=_configs(), key=["N", "K", "QUANT", "GROUP", "BLOCK_M", "PROLOGUE", "HAS_RES"],
+            configs=_configs(), key=["N", "K", "QUANT", "GROUP", "M", "PROLOGUE", "HAS_RES"],
             prune_configs_by={"early_config_prune": _prune})(jitted)
     return _KERNELS[interpret]
 
 
 PDL = os.environ.get("KILN_PDL", "1") != "0"
-"""Launch the dense kernel with programmatic dependent launch where the GPU has it (Hopper and
-newer): each call's programs are scheduled while the previous kernel's last ones finish, and read
-their first weight tile before waiting for it (`gdc_wait`). KILN_PDL=0 (or setting this False)
-turns it off, for comparisons."""
+"""Launch kiln's decode kernels (this one, kiln.llm.triton_decode's fused attention) with
+programmatic dependent launch where the GPU has it (Hopper and newer): each call's programs are
+scheduled while the previous kernel's last ones finish; they read only weights before waiting
+for it (`gdc_wait`) and write nothing before. KILN_PDL=0 (or setting this False) turns it off,
+for comparisons."""
 
 
 def pdl_enabled(device: torch.device) -> bool:
@@ -251,23 +296,24 @@ def launch(x: Tensor, weight: Tensor, scale: Tensor | None, offset: Tensor | Non
     y = torch.empty(M, N, dtype=x.dtype, device=x.device)
     part = torch.empty(MAX_SPLIT * M * N, dtype=torch.float32, device=x.device)
     res = residual.contiguous() if residual is not None else None
+    if quant:  # the packed bytes as int32 words (see `_int4_tile`)
+        weight = weight.contiguous().view(torch.int32)
     args = (x, weight, scale if quant else weight, offset if quant else weight, y, norm_weight, bias, res, part,
-            arrival_counters(x.device, N), M, N, eps, x.stride(0), weight.stride(0), scale.stride(0) if quant else 0,
+            arrival_counters(x.device, M * N), M, N, eps, x.stride(0), weight.stride(0), scale.stride(0) if quant else 0,
             y.stride(0), res.stride(0) if res is not None else 0)
-    pdl = pdl_enabled(x.device) and not quant
+    pdl = pdl_enabled(x.device)
     flags = {"K": K, "KW": KW, "QUANT": int(quant), "GROUP": group_size if quant else 1, "PROLOGUE": prologue,
-             "HAS_BIAS": bias is not None, "HAS_RES": res is not None, "BLOCK_M": max(1, triton.next_power_of_2(M)),
-             "PDL": pdl}
+             "HAS_BIAS": bias is not None, "HAS_RES": res is not None, "PDL": pdl}
     if pdl:
         flags["launch_pdl"] = True
     if setting is not None or interpreting():
         bn, bk, split, warps, stages = (*(setting or INTERPRETED_SETTING), 4, 2)[:5]
         kernel = _kernel()
         kernel = getattr(kernel, "fn", kernel) if hasattr(kernel, "configs") else kernel  # past the autotuner
-        kernel[(triton.cdiv(N, bn), split)](*args, BLOCK_N=bn, BLOCK_K=max(bk, flags["GROUP"]), SPLIT=split,
+        kernel[(M * triton.cdiv(N, bn), split)](*args, BLOCK_N=bn, BLOCK_K=max(bk, flags["GROUP"]), SPLIT=split,
                                             num_warps=warps, num_stages=stages, **flags)
     else:
-        _kernel()[lambda meta: (triton.cdiv(N, meta["BLOCK_N"]), meta["SPLIT"])](*args, **flags)
+        _kernel()[lambda meta: (M * triton.cdiv(N, meta["BLOCK_N"]), meta["SPLIT"])](*args, **flags)
     return y
 
 
