@@ -83,6 +83,19 @@ def test_sampling_limits_and_seeds(model):
     assert engine.generate(PROMPTS, max_new_tokens=10, sampling=hot, seed=124).tokens != a
 
 
+@pytest.mark.parametrize("vocab", [100, 4096, 128256, 5000])  # below the chunked size, exact, 128k, ragged
+def test_chunked_argmax_is_argmax_ties_to_the_lowest_index(vocab):
+    from kiln.llm.sampling import argmax
+
+    logits = torch.randn(3, vocab, generator=torch.Generator().manual_seed(vocab))
+    logits[1, vocab // 3] = logits[1, vocab - 1] = 50.0  # a tie across chunks: the first wins
+    logits[2] = 0.0  # all equal: index 0
+    assert torch.equal(argmax(logits), logits.argmax(dim=-1))
+    assert argmax(logits)[1] == vocab // 3 and argmax(logits)[2] == 0
+    compiled = torch.compile(argmax, backend="aot_eager", fullgraph=True)
+    assert torch.equal(compiled(logits), logits.argmax(dim=-1))
+
+
 def test_top_k_samples_only_among_the_k_most_likely():
     from kiln.llm.sampling import sample
 

@@ -113,3 +113,29 @@ def test_decode_step_with_triton_traces_as_one_graph(checkpoints):
         model(tokens[:, :9], cache=cache, pad=pad)
         eager = step(tokens[:, 9:], torch.tensor([9]))
         torch.testing.assert_close(compiled(tokens[:, 9:], torch.tensor([9])), eager, rtol=1e-5, atol=1e-5)
+
+
+@interpreted
+def test_fused_rope_attention_compiles_in_place_and_matches(checkpoints):
+    """With `triton` a decode step's RoPE, cache write and attention are one op mutating the cache:
+    compiled by inductor it is called on the caches themselves (no copy of them per step), and the
+    logits and the caches it leaves equal the matmul path's step after step."""
+    from torch._inductor.utils import run_and_get_code
+
+    model = build_decoder(resolve_model(str(checkpoints["llama3-tied"])), device="cpu", dtype=torch.float32)
+    tokens = torch.randint(0, 96, (1, 10), generator=torch.Generator().manual_seed(7))
+    caches = {side: KVCache(model.config, 1, 16, dtype=torch.float32, device="cpu") for side in ("matmul", "triton")}
+    compiled = torch.compile(lambda tok, slot: model(tok, cache=caches["triton"], decode_slot=slot,
+                                                     decode_kernel="triton"), fullgraph=True)
+    with torch.no_grad():
+        for cache in caches.values():
+            model(tokens[:, :6], cache=cache)
+        for t in range(6, 10):
+            expected = model(tokens[:, t:t + 1], cache=caches["matmul"], decode_slot=torch.tensor([t]))
+            got, code = run_and_get_code(compiled, tokens[:, t:t + 1], torch.tensor([t]))
+            torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+    for mine, theirs in zip(caches["triton"].k + caches["triton"].v, caches["matmul"].k + caches["matmul"].v):
+        torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-5)
+    source = "\n".join(code)
+    assert source.count("torch.ops.kiln.decode_attention_rope.default(") == model.config.n_layers
+    assert "clone" not in source and ".copy_(" not in source

@@ -166,4 +166,6 @@ def test_decode_matvec_is_checked(checkpoints):
     model = build_decoder(resolve_model(str(checkpoints["llama3-tied"])), device="cpu", dtype=torch.float32)
     with pytest.raises(ConfigError, match="decode_matvec: triton needs a CUDA device"):
         Engine(model, decode_matvec="triton")
-    assert Engine(model).decode_matvec == "inductor"
+    assert Engine(model).decode_matvec == "inductor"  # `auto` where triton cannot run
+    assert dm.check("auto", cpu, torch.bfloat16) == "inductor"
+    assert dm.check("auto", cuda, torch.float32) == "inductor"

@@ -100,8 +100,9 @@ class LlmBenchOptions:
     """Where kiln-compiled uses coordinate-descent tuning: `full`, `decode` (prefill untuned) or `off`."""
     decode_attention: str = "auto"
     """kiln engines' decode-step attention: `auto`, `matmul`, `flash` or `triton` (kiln.llm.decode_attention)."""
-    decode_matvec: str = "inductor"
-    """kiln engines' decode-step projections: `inductor` or `triton` (kiln.llm.decode_matvec)."""
+    decode_matvec: str = "auto"
+    """kiln engines' decode-step projections: `auto` (`triton` where it runs), `inductor` or `triton`
+    (kiln.llm.decode_matvec)."""
     deadline_s: float | None = None
     """No row starts its warm-up after this many seconds of the run (it is `skipped` instead)."""
     profile_decode: int = 0

@@ -48,7 +48,7 @@ def kiln_inductor_options(device: torch.device, extra: dict[str, Any] | None, tu
 class KilnEngine:
     def __init__(self, name: str, model, prompts: list[list[int]], new_tokens: int,
                  inductor_options: dict[str, Any] | None = None, *, prefill: str = "compiled", tuning: str = "full",
-                 decode_attention: str = "auto", decode_matvec: str = "inductor"):
+                 decode_attention: str = "auto", decode_matvec: str = "auto"):
         from kiln.llm.engine import Engine
 
         self.name = name

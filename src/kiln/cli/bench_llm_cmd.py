@@ -163,7 +163,7 @@ def _command(args: argparse.Namespace) -> str:
     parts = ["kiln", "bench", "llm"]
     defaults = {"quant_backend": "torchao", "quant_lm_head": "on", "ppl_context": 1024, "ppl_tokens": 16384,
                 "prefill": "compiled", "tuning": "full", "profile_decode": 0, "decode_attention": "auto",
-                "decode_matvec": "inductor"}
+                "decode_matvec": "auto"}
     for flag in ("model", "preset", "batch", "prompt_len", "new_tokens", "device", "dtype", "warmup", "repeats",
                  "prefill_repeats", "seed", "group_size", "quant_backend", "quant_lm_head", "ppl_file", "ppl_context",
                  "ppl_tokens", "prefill", "tuning", "decode_attention", "decode_matvec", "deadline_s", "profile_decode", "out"):

@@ -28,9 +28,9 @@ def add_decode_attention_flag(p: argparse.ArgumentParser) -> None:
 
 
 def add_decode_matvec_flag(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--decode-matvec", default="inductor",
-                   help="decode-step projections: inductor (default: torch.compile's fused reductions) or triton (CUDA, fp16/bf16: kiln's matrix-vector kernel with the "
-                   "norms and residual adds fused in)")
+    p.add_argument("--decode-matvec", default="auto",
+                   help="decode-step projections: auto (default: triton where it runs, else inductor), inductor (torch.compile's fused reductions) "
+                   "or triton (CUDA, fp16/bf16: kiln's matrix-vector kernel with the norms and residual adds fused in)")
 
 
 def check_decode_matvec(choice: str, device, dtype: str) -> None:

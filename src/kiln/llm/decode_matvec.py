@@ -7,9 +7,11 @@ norm + lm_head), each one launch of kiln's kernel (`fused_linear`). Projections 
 not read (torchao's int4 and int8 layouts, bitsandbytes) keep their own matmul with the norm,
 SwiGLU and residual add computed around it, which is what `inductor` does for every projection.
 
-`inductor` is the default: on the 3B shape on an H100 (benchmarks/results/h100/llm/decode_matvec)
-`triton` cut the step from 284 kernels to 228 and decoded at 324 tok/s, inside the 309-326 tok/s
-that `inductor` read across earlier calls, so the change of default is not earned yet.
+`auto`, the default, is `triton` where it runs (CUDA, fp16/bf16), else `inductor`. On the 3B shape
+on an H100 (benchmarks/results/h100/llm/decode_matvec, 2026-11-25), with kiln.llm.triton_decode's
+fused attention: `triton` decoded 373.6 tok/s (82 % of the roofline, 151 kernels per step) and
+`inductor` 319.7 tok/s (206 kernels) in two processes of one device call; `triton` read 341-353
+tok/s in two more calls that day and `inductor` 309-334 in every call before.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from torch import Tensor, nn
 
 from kiln.config.errors import ConfigError
 
-CHOICES = ("inductor", "triton")
+CHOICES = ("auto", "inductor", "triton")
+"""`auto` (the default): `triton` where it runs (CUDA, fp16/bf16), else `inductor`."""
 
 
 def triton_unavailable(device: torch.device, dtype: torch.dtype) -> str | None:
@@ -37,10 +40,12 @@ def triton_unavailable(device: torch.device, dtype: torch.dtype) -> str | None:
 
 
 def check(choice: str, device: torch.device, dtype: torch.dtype, *, key: str = "decode_matvec") -> str:
-    """`choice`, checked: an unknown choice, or `triton` where it cannot run, is a ConfigError
-    naming `key`."""
+    """The kernel `choice` runs as here (`auto` resolved); an unknown choice, or `triton` where it
+    cannot run, is a ConfigError naming `key`."""
     if choice not in CHOICES:
         raise ConfigError(key, f"unknown decode matrix-vector kernel {choice!r}", CHOICES)
+    if choice == "auto":
+        return "triton" if triton_unavailable(device, dtype) is None else "inductor"
     if choice == "triton" and (reason := triton_unavailable(device, dtype)) is not None:
         raise ConfigError(key, f"triton {reason}", CHOICES)
     return choice

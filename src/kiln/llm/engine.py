@@ -141,12 +141,13 @@ class Engine:
     `prefill_inductor_options` (default: `inductor_options`) lets prefill skip decode's tuning.
     `decode_attention`: the decode step's attention kernel, `auto` (`triton` on CUDA where it runs,
     else `matmul`), `matmul`, `flash` or `triton` (kiln.llm.decode_attention). `decode_matvec`: the
-    decode step's projections, `inductor` or `triton` (kiln.llm.decode_matvec)."""
+    decode step's projections, `auto` (`triton` where it runs, else `inductor`), `inductor` or
+    `triton` (kiln.llm.decode_matvec)."""
 
     def __init__(self, model: Decoder, *, compile: bool = False, cuda_graphs: bool | None = None,
                  inductor_options: dict[str, Any] | None = None, stop_check_interval: int = 8,
                  compile_prefill: bool | None = None, prefill_inductor_options: dict[str, Any] | None = None,
-                 decode_attention: str = "auto", decode_matvec: str = "inductor"):
+                 decode_attention: str = "auto", decode_matvec: str = "auto"):
         self.model = model.eval()
         self.config = model.config
         self.device = model.embed.weight.device

@@ -11,7 +11,8 @@ Choices made for fast decoding (see kiln.llm.engine for the loop around it):
   slot in place (`index_copy_` at a device tensor) and attends over all S slots under a mask
   computed from that tensor, so shapes never change and nothing recompiles per position.
   With `decode_kernel="flash"` or `"triton"` (CUDA) the step's attention is a split-KV kernel
-  told where each row's keys start and where the step is (kiln.llm.decode_attention).
+  told where each row's keys start and where the step is (kiln.llm.decode_attention); `triton`
+  also applies RoPE and writes the cache slot itself (kiln.llm.triton_decode).
 - Prefill attends within the prompt with SDPA (flash kernels when there is no padding); a
   decode step computes attention as two broadcast matmuls with M = 1 per query head, which
   inductor turns into tuned reductions (`coordinate_descent_tuning`) instead of a kernel that
@@ -88,6 +89,13 @@ class Attention(nn.Module):
         """Attention from the projected q/k/v [B, T, (H + 2 Hkv) D] to [B, T, H D], before `wo`."""
         B, T, _ = qkv.shape
         H, Hkv, D = self.n_heads, self.n_kv_heads, self.head_dim
+        kernel, rows = decode
+        if decode_slot is not None and kernel == "triton" and rows is not None and self.q_norm is None:
+            # RoPE, the cache write and the attention in one kernel (kiln.llm.triton_decode)
+            from kiln.llm.triton_decode import triton_decode_rope
+
+            y = triton_decode_rope(qkv, cos, sin, kv[0], kv[1], rows[0], rows[1], self.scale, self.window, H)
+            return y.reshape(B, T, H * D)
         q, k, v = qkv.split([H * D, Hkv * D, Hkv * D], dim=-1)
         q, k, v = q.view(B, T, H, D), k.view(B, T, Hkv, D), v.view(B, T, Hkv, D)
         if self.q_norm is not None:
@@ -97,7 +105,6 @@ class Attention(nn.Module):
             cache_k, cache_v = kv
             cache_k.index_copy_(1, decode_slot, k)
             cache_v.index_copy_(1, decode_slot, v)
-            kernel, rows = decode
             y = attend(kernel, q, cache_k, cache_v, rows, self.scale, self.window) if rows is not None else None
             if y is not None:
                 y = y.transpose(1, 2)

@@ -20,6 +20,17 @@ window) is read from device tensors, so shapes never change and the step stays o
 The kernel is registered as the custom op `kiln::decode_attention`, which torch.compile calls as
 an opaque kernel.
 
+`kiln::decode_attention_rope` (what the model's decode step calls for layers without q/k norms)
+takes the q/k/v projection's output instead: every program rotates its query heads and its
+head's new key (RoPE), the program whose chunk holds the step's slot writes the new key and value
+into the cache, and the slot's scores use them directly; it is launched with programmatic
+dependent launch (kiln.llm.triton_matvec.PDL), so with `--decode-matvec triton` every kernel of
+a layer is scheduled while the one before it ends. This replaced three inductor kernels per
+layer (RoPE of q, RoPE of k with its cache write, the value's cache write: ~4 us of ~11 per
+layer) and their launch gaps: the 3B step went from 228 kernels to 151, and to 373.6 tok/s
+(benchmarks/results/h100/llm/decode_matvec). The op declares the caches it writes; inductor calls
+it on them in place (tests/llm/test_triton_decode.py checks that no copy is made).
+
 Tests run it on CPU through Triton's interpreter (TRITON_INTERPRET=1, fp32); the GPU check is
 benchmarks/decode_attention_check.py.
 """
@@ -32,6 +43,7 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 # Launch settings, from benchmarks/decode_attention_bench.py on an H100 (3B shape, 1280 slots;
 # 24 settings swept 2026-11-24): 64-slot blocks and 2 warps were fastest (7.8 us per layer with
@@ -53,16 +65,29 @@ def chunking(batch: int, kv_heads: int, capacity: int) -> tuple[int, int]:
     return per_chunk, -(-capacity // per_chunk)
 
 
-def _chunk_attention(Q, K, V, Start, Pos, Part, Lse, Arrived, Y, slots,
+@triton.jit
+def _rotate(at, d, cos, sin, mask, HALF: tl.constexpr):
+    """RoPE (HF's rotate_half) of the head vectors at `at` (pointers to their start, any leading
+    shape) over features d, in fp32: x * cos + rotate_half(x) * sin."""
+    x = tl.load(at + d, mask=mask, other=0.0).to(tl.float32)
+    partner = tl.load(at + tl.where(d < HALF, d + HALF, d - HALF), mask=mask, other=0.0).to(tl.float32)
+    return x * cos + tl.where(d < HALF, -partner, partner) * sin
+
+
+def _chunk_attention(Q, K, V, Start, Pos, Part, Lse, Arrived, Y, Cos, Sin, slots,
                      stride_qb, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-                     stride_pb, stride_ph, stride_pc, stride_lb, stride_lh, stride_yb, stride_yh,
+                     stride_pb, stride_ph, stride_pc, stride_lb, stride_lh, stride_yb, stride_yh, stride_cb,
                      scale, window, kv_heads,
                      G: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-                     CHUNK: tl.constexpr, CHUNKS: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK: tl.constexpr):
+                     CHUNK: tl.constexpr, CHUNKS: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK: tl.constexpr,
+                     ROPE: tl.constexpr, PDL: tl.constexpr):
     row_head = tl.program_id(0)
     chunk = tl.program_id(1)
     b = row_head // kv_heads
     kv = row_head % kv_heads
+    if PDL:  # programmatic dependent launch: the next kernel may be scheduled as these programs end;
+        gdc_launch_dependents()  # everything here reads what earlier kernels wrote, so wait first
+        gdc_wait()
     end = tl.load(Pos) + 1  # one past the step's own slot
     first = tl.load(Start + b)
     if window > 0:
@@ -74,7 +99,21 @@ def _chunk_attention(Q, K, V, Start, Pos, Part, Lse, Arrived, Y, slots,
     d = tl.arange(0, BLOCK_D)
     heads = kv * G + g
     gd_ok = (g < G)[:, None] & (d < D)[None, :]
-    q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + d[None, :], mask=gd_ok, other=0.0)
+    if ROPE:  # Q is the projection's output [B, (H + 2 Hkv) D]: rotate q and this head's new key here
+        cos = tl.load(Cos + b * stride_cb + d, mask=d < D, other=0.0).to(tl.float32)
+        sin = tl.load(Sin + b * stride_cb + d, mask=d < D, other=0.0).to(tl.float32)
+        row = Q + b * stride_qb
+        q = _rotate(row + heads[:, None] * stride_qh, d[None, :], cos[None, :], sin[None, :], gd_ok,
+                    D // 2).to(Q.dtype.element_ty)
+        k_new = _rotate(row + (kv_heads * G + kv) * stride_qh, d, cos, sin, d < D, D // 2).to(K.dtype.element_ty)
+        v_new = tl.load(row + (kv_heads * G + kv_heads + kv) * stride_qh + d, mask=d < D, other=0.0)
+        step = end - 1
+        if (step >= chunk * CHUNK) & (step < chunk * CHUNK + CHUNK):  # the chunk holding the step's slot writes it
+            tl.store(K + b * stride_kb + step * stride_ks + kv * stride_kh + d, k_new, mask=d < D)
+            tl.store(V + b * stride_vb + step * stride_vs + kv * stride_vh + d, v_new.to(V.dtype.element_ty),
+                     mask=d < D)
+    else:
+        q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + d[None, :], mask=gd_ok, other=0.0)
     m = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
     total = tl.zeros([BLOCK_G], dtype=tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
@@ -87,6 +126,10 @@ def _chunk_attention(Q, K, V, Start, Pos, Part, Lse, Arrived, Y, slots,
         kv_ok = (s < slots)[:, None] & (d < D)[None, :]
         k = tl.load(K + b * stride_kb + s[:, None] * stride_ks + kv * stride_kh + d[None, :], mask=kv_ok, other=0.0)
         v = tl.load(V + b * stride_vb + s[:, None] * stride_vs + kv * stride_vh + d[None, :], mask=kv_ok, other=0.0)
+        if ROPE:  # the step's own slot: the new key and value (its write above may not be visible yet)
+            here = (s == end - 1)[:, None]
+            k = tl.where(here, k_new[None, :], k)
+            v = tl.where(here, v_new[None, :].to(v.dtype), v)
         scores = tl.dot(q, tl.trans(k)) * scale  # [BLOCK_G, BLOCK] in fp32
         scores = tl.where(s_ok[None, :], scores, float("-inf"))
         m_new = tl.maximum(m, tl.max(scores, 1))
@@ -148,35 +191,73 @@ def arrival_counters(device: torch.device, n: int) -> Tensor:
     return _ARRIVED[key]
 
 
+def _launch(q: Tensor | None, qkv_rows: Tensor | None, cos: Tensor | None, sin: Tensor | None, cache_k: Tensor,
+            cache_v: Tensor, start: Tensor, pos: Tensor, scale: float, window: int, heads: int = 0) -> Tensor:
+    """Runs the kernel on q [B, H, D], or on the projection's output `qkv_rows` [B, (heads + 2 Hkv) D]
+    with cos/sin [B, D] to rotate it and write the cache (q None)."""
+    cache_k, cache_v = (t if t.stride(-1) == 1 else t.contiguous() for t in (cache_k, cache_v))
+    S, Hkv, D = cache_k.shape[1], cache_k.shape[2], cache_k.shape[3]
+    B, H = (qkv_rows.shape[0], heads) if q is None else q.shape[:2]
+    ref = qkv_rows if q is None else q
+    per_chunk, chunks = chunking(B, Hkv, S)
+    part = torch.empty(B, H, chunks, D, dtype=torch.float32, device=ref.device)
+    lse = torch.empty(B, H, chunks, dtype=torch.float32, device=ref.device)
+    y = torch.empty(B, H, D, dtype=ref.dtype, device=ref.device)
+    group = H // Hkv
+    rope = qkv_rows is not None
+    src, stride_b, stride_h = (qkv_rows, qkv_rows.stride(0), D) if rope else (q, q.stride(0), q.stride(1))
+    extra = {}
+    if rope:
+        from kiln.llm.triton_matvec import pdl_enabled
+
+        extra = {"PDL": pdl_enabled(ref.device)}
+        if extra["PDL"]:
+            extra["launch_pdl"] = True
+    _kernel()[(B * Hkv, chunks)](
+        src, cache_k, cache_v, start, pos, part, lse, arrival_counters(ref.device, B * Hkv), y,
+        cos if rope else src, sin if rope else src, S,
+        stride_b, stride_h, cache_k.stride(0), cache_k.stride(1), cache_k.stride(2),
+        cache_v.stride(0), cache_v.stride(1), cache_v.stride(2),
+        part.stride(0), part.stride(1), part.stride(2), lse.stride(0), lse.stride(1), y.stride(0), y.stride(1),
+        cos.stride(0) if rope else 0, scale, window, Hkv,
+        G=group, BLOCK_G=max(16, triton.next_power_of_2(group)), D=D, BLOCK_D=triton.next_power_of_2(D),
+        CHUNK=per_chunk, CHUNKS=chunks, BLOCK_C=triton.next_power_of_2(chunks), BLOCK=BLOCK_S, ROPE=rope,
+        num_warps=NUM_WARPS, num_stages=2, **{"PDL": False, **extra})
+    return y
+
+
 @torch.library.custom_op("kiln::decode_attention", mutates_args=())
 def decode_attention(q: Tensor, cache_k: Tensor, cache_v: Tensor, start: Tensor, pos: Tensor, scale: float,
                      window: int) -> Tensor:
     """Attention of one decode step. q [B, H, D]; cache_k/v [B, S, Hkv, D] with this step's
     key/value written; start [B]: each row's first real slot; pos [1]: the step's slot; window:
     attend to the last `window` slots only (0: all). Returns [B, H, D] in q's dtype."""
-    q, cache_k, cache_v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, cache_k, cache_v))
-    B, H, D = q.shape
-    S, Hkv = cache_k.shape[1], cache_k.shape[2]
-    per_chunk, chunks = chunking(B, Hkv, S)
-    part = torch.empty(B, H, chunks, D, dtype=torch.float32, device=q.device)
-    lse = torch.empty(B, H, chunks, dtype=torch.float32, device=q.device)
-    y = torch.empty_like(q)
-    group = H // Hkv
-    _kernel()[(B * Hkv, chunks)](
-        q, cache_k, cache_v, start, pos, part, lse, arrival_counters(q.device, B * Hkv), y, S,
-        q.stride(0), q.stride(1), cache_k.stride(0), cache_k.stride(1), cache_k.stride(2),
-        cache_v.stride(0), cache_v.stride(1), cache_v.stride(2),
-        part.stride(0), part.stride(1), part.stride(2), lse.stride(0), lse.stride(1), y.stride(0), y.stride(1),
-        scale, window, Hkv,
-        G=group, BLOCK_G=max(16, triton.next_power_of_2(group)), D=D, BLOCK_D=triton.next_power_of_2(D),
-        CHUNK=per_chunk, CHUNKS=chunks, BLOCK_C=triton.next_power_of_2(chunks), BLOCK=BLOCK_S,
-        num_warps=NUM_WARPS, num_stages=2)
-    return y
+    q = q if q.stride(-1) == 1 else q.contiguous()
+    return _launch(q, None, None, None, cache_k, cache_v, start, pos, scale, window)
 
 
 @decode_attention.register_fake
 def _(q, cache_k, cache_v, start, pos, scale, window):
     return torch.empty_like(q)
+
+
+@torch.library.custom_op("kiln::decode_attention_rope", mutates_args=("cache_k", "cache_v"))
+def decode_attention_rope(qkv: Tensor, cos: Tensor, sin: Tensor, cache_k: Tensor, cache_v: Tensor, start: Tensor,
+                          pos: Tensor, scale: float, window: int, heads: int) -> Tensor:
+    """`decode_attention` from the q/k/v projection's output qkv [B, (heads + 2 Hkv) D] (one token
+    per row): rotates q and the new key by cos/sin [B, D] (RoPE, rotate_half), writes the new key
+    and value into slot `pos` of cache_k/v and attends, in one launch; with programmatic dependent
+    launch on Hopper, so it and the projection after it start as the kernel before them ends.
+    Returns [B, heads, D] in qkv's dtype."""
+    if cache_k.stride(-1) != 1 or cache_v.stride(-1) != 1:
+        raise ValueError("decode_attention_rope writes the caches in place: their last dim must be contiguous")
+    qkv = qkv if qkv.stride(-1) == 1 else qkv.contiguous()
+    return _launch(None, qkv, cos.contiguous(), sin.contiguous(), cache_k, cache_v, start, pos, scale, window, heads)
+
+
+@decode_attention_rope.register_fake
+def _(qkv, cos, sin, cache_k, cache_v, start, pos, scale, window, heads):
+    return qkv.new_empty(qkv.shape[0], heads, cache_k.shape[-1])
 
 
 def triton_decode(q: Tensor, cache_k: Tensor, cache_v: Tensor, start: Tensor, pos: Tensor, scale: float,
@@ -185,3 +266,12 @@ def triton_decode(q: Tensor, cache_k: Tensor, cache_v: Tensor, start: Tensor, po
     B, _, H, D = q.shape
     return torch.ops.kiln.decode_attention(q.reshape(B, H, D), cache_k, cache_v, start, pos, scale,
                                            window or 0).view(B, 1, H, D)
+
+
+def triton_decode_rope(qkv: Tensor, cos: Tensor, sin: Tensor, cache_k: Tensor, cache_v: Tensor, start: Tensor,
+                       pos: Tensor, scale: float, window: int | None, heads: int) -> Tensor:
+    """One decode step's RoPE, cache write and attention: qkv [B, 1, (H + 2 Hkv) D], cos/sin
+    [B, 1, 1, D] -> [B, 1, H, D] in qkv's dtype."""
+    B, D = qkv.shape[0], cache_k.shape[-1]
+    return torch.ops.kiln.decode_attention_rope(qkv.reshape(B, -1), cos.reshape(B, D), sin.reshape(B, D), cache_k,
+                                                cache_v, start, pos, scale, window or 0, heads).view(B, 1, heads, D)
