@@ -18,6 +18,15 @@ units of 6, reshard `auto`, which keeps both models gathered) today's. `fsdp-bef
 before the scaling work (one unit per block, every block resharded, the optimizer update through
 DTensor dispatch; `fsdp-dtensor-update` puts only that update back), `none-per-block` compiles the
 12 blocks one by one without a wrapper (FSDP2's compile layout: what 12 compiled regions cost).
+The FSDP2 variants fill the gathered parameters with kiln's one-rank fused copy
+(kiln.distributed.fsdp_one_rank); the `-torch-copy` ones with torch's copy per parameter. `--variants`
+times a subset (`none` always, as the base).
+
+The `ddp` row is not the DDP step `kiln train` runs: built in this process after `none`, the
+wrapped model's forward reuses the graph dynamo compiled for `none` (dynamo starts inside
+DDP.forward, and DDPOptimizer splits a graph at buckets only when it compiles one), so it times
+DDP's hooks around one unsplit graph. `kiln bench scale` (one torchrun job per point) measures DDP
+as trained.
 
 A second table times each step's phases per variant (interleaved; backward is the step less the
 timed phases), a third FSDP2's own hooks (torch's functions wrapped with timers, exclusive time)
@@ -59,6 +68,7 @@ BASE = ["model.name=vit", "model.kwargs.img_size=32", "model.kwargs.patch_size=8
         "model.kwargs.depth=12", "model.kwargs.num_heads=2", "model.kwargs.num_classes=10", "data.batch_size=2",
         "training.device=cpu", "compile.enabled=true", "optim.fused=true"]
 RESHARD, KEEP = "distributed.fsdp_reshard_after_forward=true", "distributed.fsdp_reshard_after_forward=false"
+TORCH_COPY = "distributed.fsdp_one_rank_fused_copy=false"
 VARIANTS = {
     "none": ("none", []),
     "none-per-block": ("none", ["compile.regional=true"]),
@@ -67,13 +77,16 @@ VARIANTS = {
     "fsdp-dtensor-update": ("fsdp", ["distributed.fsdp_unit_blocks=3", RESHARD, "distributed.fsdp_local_update=false"]),
     "fsdp-unit1": ("fsdp", ["distributed.fsdp_unit_blocks=1", RESHARD]),
     "fsdp-unit3": ("fsdp", ["distributed.fsdp_unit_blocks=3", RESHARD]),
+    "fsdp-unit3-torch-copy": ("fsdp", ["distributed.fsdp_unit_blocks=3", RESHARD, TORCH_COPY]),
     "fsdp-whole": ("fsdp", ["distributed.fsdp_unit_blocks=3", RESHARD, "distributed.compile_strategy=whole"]),
     "fsdp-zero2": ("fsdp", ["distributed.fsdp_unit_blocks=3", KEEP]),
     "fsdp-unit6": ("fsdp", ["distributed.fsdp_unit_blocks=6", RESHARD]),
     "fsdp-unit6-auto": ("fsdp", ["distributed.fsdp_unit_blocks=6"]),
+    "fsdp-unit6-auto-torch-copy": ("fsdp", ["distributed.fsdp_unit_blocks=6", TORCH_COPY]),
     "fsdp-unit12": ("fsdp", ["distributed.fsdp_unit_blocks=12"]),
 }
-HOOKED = ("fsdp-unit3", "fsdp-unit6-auto")  # the previous and today's default layouts on ViT-B/16
+# The previous and today's default layouts on ViT-B/16, today's with torch's one-rank copy.
+HOOKED = ("fsdp-unit3", "fsdp-unit6-auto", "fsdp-unit6-auto-torch-copy")
 PHASES = ("forward", "backward", "clip", "optimizer", "zero_grad", "lr_schedule")
 
 
@@ -161,6 +174,8 @@ def _fsdp_hooks(steps: dict, calls: int, device: torch.device) -> list[dict]:
     from torch.distributed.fsdp._fully_shard import _fsdp_param_group as group_mod
     from torch.distributed.fsdp._fully_shard import _fsdp_state as state_mod
 
+    from kiln.distributed.fsdp_one_rank import fsdp_param_groups
+
     spent, count, stack = collections.Counter(), collections.Counter(), []
 
     def wrap(owner, attr: str) -> None:
@@ -191,6 +206,10 @@ def _fsdp_hooks(steps: dict, calls: int, device: torch.device) -> list[dict]:
                  "_root_post_backward_final_callback"):
         wrap(state_mod.FSDPState, attr)
     wrap(group_mod, "foreach_reduce")
+    for step in steps.values():  # kiln's one-rank fused copy: each group's own wait_for_unshard
+        for group in fsdp_param_groups(step.model):
+            if "wait_for_unshard" in vars(group):
+                wrap(group, "wait_for_unshard")
     rows = []
     try:
         for name, step in steps.items():
@@ -248,7 +267,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--calls", type=int, default=4, help="steps per timed sample")
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     ap.add_argument("--config", default=None, help="a kiln config in place of the tiny ViT (e.g. configs/vit_b16.toml)")
+    ap.add_argument("--variants", default=",".join(VARIANTS),
+                    help="comma-separated variants to time (`none`, the base, always); default all")
     args = ap.parse_args(argv)
+    chosen = ["none", *(v for v in dict.fromkeys(args.variants.split(",")) if v and v != "none")]
+    unknown = [v for v in chosen if v not in VARIANTS]
+    if unknown:
+        ap.error(f"unknown variants {unknown}; choose from {list(VARIANTS)}")
     device = torch.device(args.device)
     if device.type == "cpu":
         torch.set_num_threads(1)
@@ -259,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("MASTER_PORT", "29517")
     dist.init_process_group("gloo" if device.type == "cpu" else "nccl", rank=0, world_size=1)
     fns, first, steps = {}, {}, {}
-    for name in VARIANTS:
+    for name in chosen:
         fns[name], first[name], steps[name] = _build(name, args.config, device)
         print(f"built {name} (first step {first[name]:.1f} s)", flush=True)
     times = measure_interleaved(fns, warmup=5, repeats=args.repeats, calls_per_sample=args.calls, device=device)
@@ -273,14 +298,15 @@ def main(argv: list[str] | None = None) -> int:
                      "host_overhead_ms": (t.median_s - base) / args.calls * 1e3, "first_step_s": first[name]})
         print(f"{name:22s} {ms['median_ms']:7.2f} ms  x{t.median_s / base:.2f}")
     phases = _phases(steps, args.repeats, args.calls, device)
-    hooks = _fsdp_hooks({name: steps[name] for name in HOOKED}, args.calls, device)
-    parts = _update_parts(steps["fsdp-unit3"], args.repeats, args.calls, device)
+    hooks = _fsdp_hooks({name: steps[name] for name in HOOKED if name in steps}, args.calls, device)
+    parts = _update_parts(steps["fsdp-unit3"], args.repeats, args.calls, device) if "fsdp-unit3" in steps else []
     dist.destroy_process_group()
     step_cols = ["variant", "strategy", "overrides", "step_ms", "step_ms_p10", "step_ms_p90", "vs_none",
                  "host_overhead_ms", "first_step_s", "status"]
     case = "CPU, one gloo rank, tiny 12-block ViT" if args.config is None else f"{device.type}, one rank, {args.config}"
     write_results(args.out, env=collect_env(), config={"base": BASE if args.config is None else args.config,
-                                                        "device": args.device, "variants": VARIANTS,
+                                                        "device": args.device,
+                                                        "variants": {name: VARIANTS[name] for name in chosen},
                                                         "repeats": args.repeats, "calls_per_sample": args.calls},
                   results=rows + phases + hooks + parts, command="python " + shlex.join(sys.argv),
                   title=f"Host cost of the wrappers ({case}, compiled)", columns=step_cols,

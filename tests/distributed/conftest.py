@@ -1,5 +1,5 @@
-"""Fixtures of the distributed tests: `run_ranks(worker, out)` runs a worker script of this folder on
-two gloo ranks and returns its JSON report (see gloo_ranks.py, which the workers import too)."""
+"""Fixtures of the distributed tests: `run_ranks(worker, out[, nproc])` runs a worker script of this
+folder on gloo ranks (two unless told) and returns its JSON report (see gloo_ranks.py, which the workers import too)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Two gloo ranks for a test: `run_ranks` launches a worker script through torchrun and returns
+"""Gloo ranks for a test (two unless told): `run_ranks` launches a worker script through torchrun and returns
 the JSON report rank 0 wrote; a worker ends with `finish(report, out)`."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import torch.distributed as dist
 HERE = Path(__file__).parent
 
 
-def run_ranks(worker: str, out: Path) -> dict:
-    """Run `tests/distributed/<worker> OUT` on two gloo ranks (torchrun --standalone); its report."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+def run_ranks(worker: str, out: Path, nproc: int = 2) -> dict:
+    """Run `tests/distributed/<worker> OUT` on `nproc` gloo ranks (torchrun --standalone); its report."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
            str(HERE / worker), str(out)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(HERE), *sys.path])}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)

@@ -177,6 +177,8 @@ class DistributedConfig:
     """FSDP2: keep sharded parameters, gradients and optimizer state in CPU memory."""
     fsdp_local_update: bool = True
     """FSDP2: run the (elementwise) optimizer update on each rank's local shards as plain tensors instead of op by op through DTensor dispatch: the same arithmetic with far less host work per step (kiln.distributed.local_optim). `false`: torch's DTensor path."""
+    fsdp_one_rank_fused_copy: bool = True
+    """FSDP2 with one rank: fill each unit's gathered parameters (cast to the param dtype) with one fused copy instead of torch's cast and copy per parameter (kiln.distributed.fsdp_one_rank): the same values with far less host work per step. No effect with more ranks, with CPU offload, or on a torch whose code differs (kiln then logs why, once). `false`: torch's own copy."""
     compile_strategy: str = "auto"
     """How compile combines with the strategy: `auto` (whole model for DDP with graph splitting at buckets, per-block for FSDP2), `whole`, `per_block`."""
     bind_numa: bool = False

@@ -13,6 +13,7 @@ import torch
 
 from kiln.config.errors import ConfigError
 from kiln.config.schema import DistributedConfig
+from kiln.distributed.fsdp_one_rank import install_one_rank_unshard
 from kiln.precision import PrecisionPolicy
 
 log = logging.getLogger("kiln.distributed")
@@ -155,10 +156,12 @@ def apply_fsdp(
     # The root's own parameters (embeddings, head) stay gathered after forward: they are used
     # again first in backward, so resharding them would only add an all-gather.
     fully_shard(model, reshard_after_forward=not units and resharded, **kwargs)
+    _set_forward_prefetch(sharded, cfg.fsdp_forward_prefetch)
+    # One rank: the units' parameters filled by one fused copy each (kiln.distributed.fsdp_one_rank).
+    fused = cfg.fsdp_one_rank_fused_copy and install_one_rank_unshard(model) > 0
     # What was chosen, for the run's summary.json (the config's 0 / auto say only how to choose).
     model.kiln_fsdp_layout = {"unit_blocks": [len(u) if isinstance(u, list) else 1 for u in units],
-                              "reshard_after_forward": resharded}
-    _set_forward_prefetch(sharded, cfg.fsdp_forward_prefetch)
+                              "reshard_after_forward": resharded, "one_rank_fused_copy": fused}
     return model
 
 
