@@ -90,13 +90,14 @@ def check(choice: str, device: torch.device, dtype: torch.dtype, head_dim: int, 
     return choice
 
 
-def step_rows(kernel: str, batch: int, capacity: int, slot: Tensor, pad: Tensor | None) -> tuple[Tensor, ...] | None:
+def step_rows(kernel: str, batch: int, capacity: int, slot: Tensor, pad: Tensor | None) -> tuple[Tensor | None, ...] | None:
     """What `kernel` needs to know of each row, computed once per decode step (None for `matmul`):
-    `flash`: `varlen_rows`; `triton`: (first real slot [B], the step's slot [1])."""
+    `flash`: `varlen_rows`; `triton`: (first real slot [B] or None where no row is padded, the
+    step's slot [1])."""
     if kernel == "flash":
         return varlen_rows(batch, capacity, slot, pad)
     if kernel == "triton":
-        return (pad if pad is not None else slot.new_zeros(batch)), slot
+        return pad, slot
     return None
 
 

@@ -10,8 +10,8 @@ SwiGLU and residual add computed around it, which is what `inductor` does for ev
 `auto`, the default, is `triton` where it runs (CUDA, fp16/bf16), else `inductor`. On the 3B shape
 on an H100 (benchmarks/results/h100/llm/decode_matvec, 2026-11-25), with kiln.llm.triton_decode's
 fused attention: `triton` decoded 373.6 tok/s (82 % of the roofline, 151 kernels per step) and
-`inductor` 319.7 tok/s (206 kernels) in two processes of one device call; `triton` read 341-353
-tok/s in two more calls that day and `inductor` 309-334 in every call before.
+`inductor` 319.7 tok/s (206 kernels) in two processes of one device call; `triton` read 341-376
+tok/s in five more calls that day and `inductor` 309-334 in every call before.
 """
 
 from __future__ import annotations

@@ -94,7 +94,7 @@ class Attention(nn.Module):
             # RoPE, the cache write and the attention in one kernel (kiln.llm.triton_decode)
             from kiln.llm.triton_decode import triton_decode_rope
 
-            y = triton_decode_rope(qkv, cos, sin, kv[0], kv[1], rows[0], rows[1], self.scale, self.window, H)
+            y = triton_decode_rope(qkv, rows[2], kv[0], kv[1], rows[0], rows[1], self.scale, self.window, H)
             return y.reshape(B, T, H * D)
         q, k, v = qkv.split([H * D, Hkv * D, Hkv * D], dim=-1)
         q, k, v = q.view(B, T, H, D), k.view(B, T, Hkv, D), v.view(B, T, Hkv, D)
@@ -205,6 +205,8 @@ class Decoder(nn.Module):
         cos, sin = self.rotary(positions, x.dtype)
         masks = self._masks(T, slots, pad, cache, decode=decode_slot is not None)
         rows = step_rows(decode_kernel, B, cache.capacity, decode_slot, pad) if decode_slot is not None else None
+        if rows is not None and decode_kernel == "triton":  # its fused RoPE computes the angles itself
+            rows = (*rows, self.rotary.inv_freq)
         fused = decode_slot is not None and decode_matvec == "triton"
         for i, layer in enumerate(self.layers):
             kv = (cache.k[i], cache.v[i]) if cache is not None else None

@@ -21,14 +21,14 @@ The kernel is registered as the custom op `kiln::decode_attention`, which torch.
 an opaque kernel.
 
 `kiln::decode_attention_rope` (what the model's decode step calls for layers without q/k norms)
-takes the q/k/v projection's output instead: every program rotates its query heads and its
-head's new key (RoPE), the program whose chunk holds the step's slot writes the new key and value
-into the cache, and the slot's scores use them directly; it is launched with programmatic
-dependent launch (kiln.llm.triton_matvec.PDL), so with `--decode-matvec triton` every kernel of
-a layer is scheduled while the one before it ends. This replaced three inductor kernels per
-layer (RoPE of q, RoPE of k with its cache write, the value's cache write: ~4 us of ~11 per
-layer) and their launch gaps: the 3B step went from 228 kernels to 151, and to 373.6 tok/s
-(benchmarks/results/h100/llm/decode_matvec). The op declares the caches it writes; inductor calls
+takes the q/k/v projection's output instead: every program computes the RoPE angles of its row's
+position, rotates its query heads and its head's new key, the program whose chunk holds the step's
+slot writes the new key and value into the cache, and the slot's scores use them directly; it is
+launched with programmatic dependent launch (kiln.llm.triton_matvec.PDL), so with
+`--decode-matvec triton` every kernel of a layer is scheduled while the one before it ends. This
+replaced three inductor kernels per layer (RoPE of q, RoPE of k with its cache write, the value's
+cache write: ~4 us of ~11 per layer) and their launch gaps: the 3B step went from 228 kernels to
+145, and to 376.0 tok/s, 84 % of the roofline (benchmarks/results/h100/llm/decode_matvec). The op declares the caches it writes; inductor calls
 it on them in place (tests/llm/test_triton_decode.py checks that no copy is made).
 
 Tests run it on CPU through Triton's interpreter (TRITON_INTERPRET=1, fp32); the GPU check is
@@ -74,13 +74,13 @@ def _rotate(at, d, cos, sin, mask, HALF: tl.constexpr):
     return x * cos + tl.where(d < HALF, -partner, partner) * sin
 
 
-def _chunk_attention(Q, K, V, Start, Pos, Part, Lse, Arrived, Y, Cos, Sin, slots,
+def _chunk_attention(Q, K, V, Start, Pos, Part, Lse, Arrived, Y, InvFreq, slots,
                      stride_qb, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-                     stride_pb, stride_ph, stride_pc, stride_lb, stride_lh, stride_yb, stride_yh, stride_cb,
+                     stride_pb, stride_ph, stride_pc, stride_lb, stride_lh, stride_yb, stride_yh,
                      scale, window, kv_heads,
                      G: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
                      CHUNK: tl.constexpr, CHUNKS: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK: tl.constexpr,
-                     ROPE: tl.constexpr, PDL: tl.constexpr):
+                     HAS_START: tl.constexpr, ROPE: tl.constexpr, PDL: tl.constexpr):
     row_head = tl.program_id(0)
     chunk = tl.program_id(1)
     b = row_head // kv_heads
@@ -89,7 +89,10 @@ def _chunk_attention(Q, K, V, Start, Pos, Part, Lse, Arrived, Y, Cos, Sin, slots
         gdc_launch_dependents()  # everything here reads what earlier kernels wrote, so wait first
         gdc_wait()
     end = tl.load(Pos) + 1  # one past the step's own slot
-    first = tl.load(Start + b)
+    start = end * 0  # the row's first real slot (its left padding), in the slot's integer type
+    if HAS_START:
+        start = tl.load(Start + b).to(end.dtype)
+    first = start
     if window > 0:
         first = tl.maximum(first, end - window)
     lo = tl.maximum(chunk * CHUNK, first)
@@ -100,8 +103,11 @@ def _chunk_attention(Q, K, V, Start, Pos, Part, Lse, Arrived, Y, Cos, Sin, slots
     heads = kv * G + g
     gd_ok = (g < G)[:, None] & (d < D)[None, :]
     if ROPE:  # Q is the projection's output [B, (H + 2 Hkv) D]: rotate q and this head's new key here
-        cos = tl.load(Cos + b * stride_cb + d, mask=d < D, other=0.0).to(tl.float32)
-        sin = tl.load(Sin + b * stride_cb + d, mask=d < D, other=0.0).to(tl.float32)
+        # The angles as kiln.llm.rope.Rotary computes them: position (after the row's padding)
+        # times the frequency in fp32, cos and sin rounded to the model dtype.
+        angle = tl.maximum(end - 1 - start, 0).to(tl.float32) * tl.load(InvFreq + d % (D // 2), mask=d < D, other=0.0)
+        cos = tl.cos(angle).to(Q.dtype.element_ty).to(tl.float32)
+        sin = tl.sin(angle).to(Q.dtype.element_ty).to(tl.float32)
         row = Q + b * stride_qb
         q = _rotate(row + heads[:, None] * stride_qh, d[None, :], cos[None, :], sin[None, :], gd_ok,
                     D // 2).to(Q.dtype.element_ty)
@@ -191,10 +197,11 @@ def arrival_counters(device: torch.device, n: int) -> Tensor:
     return _ARRIVED[key]
 
 
-def _launch(q: Tensor | None, qkv_rows: Tensor | None, cos: Tensor | None, sin: Tensor | None, cache_k: Tensor,
-            cache_v: Tensor, start: Tensor, pos: Tensor, scale: float, window: int, heads: int = 0) -> Tensor:
+def _launch(q: Tensor | None, qkv_rows: Tensor | None, inv_freq: Tensor | None, cache_k: Tensor, cache_v: Tensor,
+            start: Tensor | None, pos: Tensor, scale: float, window: int, heads: int = 0) -> Tensor:
     """Runs the kernel on q [B, H, D], or on the projection's output `qkv_rows` [B, (heads + 2 Hkv) D]
-    with cos/sin [B, D] to rotate it and write the cache (q None)."""
+    with the RoPE frequencies `inv_freq` [D / 2] (fp32) to rotate it and write the cache (q None).
+    `start` None: no row is padded."""
     cache_k, cache_v = (t if t.stride(-1) == 1 else t.contiguous() for t in (cache_k, cache_v))
     S, Hkv, D = cache_k.shape[1], cache_k.shape[2], cache_k.shape[3]
     B, H = (qkv_rows.shape[0], heads) if q is None else q.shape[:2]
@@ -214,26 +221,27 @@ def _launch(q: Tensor | None, qkv_rows: Tensor | None, cos: Tensor | None, sin: 
         if extra["PDL"]:
             extra["launch_pdl"] = True
     _kernel()[(B * Hkv, chunks)](
-        src, cache_k, cache_v, start, pos, part, lse, arrival_counters(ref.device, B * Hkv), y,
-        cos if rope else src, sin if rope else src, S,
+        src, cache_k, cache_v, pos if start is None else start, pos, part, lse, arrival_counters(ref.device, B * Hkv), y,
+        inv_freq if rope else src, S,
         stride_b, stride_h, cache_k.stride(0), cache_k.stride(1), cache_k.stride(2),
         cache_v.stride(0), cache_v.stride(1), cache_v.stride(2),
         part.stride(0), part.stride(1), part.stride(2), lse.stride(0), lse.stride(1), y.stride(0), y.stride(1),
-        cos.stride(0) if rope else 0, scale, window, Hkv,
+        scale, window, Hkv,
         G=group, BLOCK_G=max(16, triton.next_power_of_2(group)), D=D, BLOCK_D=triton.next_power_of_2(D),
-        CHUNK=per_chunk, CHUNKS=chunks, BLOCK_C=triton.next_power_of_2(chunks), BLOCK=BLOCK_S, ROPE=rope,
+        CHUNK=per_chunk, CHUNKS=chunks, BLOCK_C=triton.next_power_of_2(chunks), BLOCK=BLOCK_S, HAS_START=start is not None,
+        ROPE=rope,
         num_warps=NUM_WARPS, num_stages=2, **{"PDL": False, **extra})
     return y
 
 
 @torch.library.custom_op("kiln::decode_attention", mutates_args=())
-def decode_attention(q: Tensor, cache_k: Tensor, cache_v: Tensor, start: Tensor, pos: Tensor, scale: float,
+def decode_attention(q: Tensor, cache_k: Tensor, cache_v: Tensor, start: Tensor | None, pos: Tensor, scale: float,
                      window: int) -> Tensor:
     """Attention of one decode step. q [B, H, D]; cache_k/v [B, S, Hkv, D] with this step's
-    key/value written; start [B]: each row's first real slot; pos [1]: the step's slot; window:
+    key/value written; start [B]: each row's first real slot (None: 0); pos [1]: the step's slot; window:
     attend to the last `window` slots only (0: all). Returns [B, H, D] in q's dtype."""
     q = q if q.stride(-1) == 1 else q.contiguous()
-    return _launch(q, None, None, None, cache_k, cache_v, start, pos, scale, window)
+    return _launch(q, None, None, cache_k, cache_v, start, pos, scale, window)
 
 
 @decode_attention.register_fake
@@ -242,25 +250,26 @@ def _(q, cache_k, cache_v, start, pos, scale, window):
 
 
 @torch.library.custom_op("kiln::decode_attention_rope", mutates_args=("cache_k", "cache_v"))
-def decode_attention_rope(qkv: Tensor, cos: Tensor, sin: Tensor, cache_k: Tensor, cache_v: Tensor, start: Tensor,
+def decode_attention_rope(qkv: Tensor, inv_freq: Tensor, cache_k: Tensor, cache_v: Tensor, pad: Tensor | None,
                           pos: Tensor, scale: float, window: int, heads: int) -> Tensor:
     """`decode_attention` from the q/k/v projection's output qkv [B, (heads + 2 Hkv) D] (one token
-    per row): rotates q and the new key by cos/sin [B, D] (RoPE, rotate_half), writes the new key
-    and value into slot `pos` of cache_k/v and attends, in one launch; with programmatic dependent
-    launch on Hopper, so it and the projection after it start as the kernel before them ends.
-    Returns [B, heads, D] in qkv's dtype."""
+    per row): rotates q and the new key (RoPE, rotate_half, at position pos - pad[b] with the
+    frequencies inv_freq [D / 2], fp32, angles computed in the kernel), writes the new key and value
+    into slot `pos` of cache_k/v and attends, in one launch; with programmatic dependent launch on
+    Hopper, so it and the projection after it start as the kernel before them ends. `pad` [B]:
+    each row's left padding (None: none). Returns [B, heads, D] in qkv's dtype."""
     if cache_k.stride(-1) != 1 or cache_v.stride(-1) != 1:
         raise ValueError("decode_attention_rope writes the caches in place: their last dim must be contiguous")
     qkv = qkv if qkv.stride(-1) == 1 else qkv.contiguous()
-    return _launch(None, qkv, cos.contiguous(), sin.contiguous(), cache_k, cache_v, start, pos, scale, window, heads)
+    return _launch(None, qkv, inv_freq, cache_k, cache_v, pad, pos, scale, window, heads)
 
 
 @decode_attention_rope.register_fake
-def _(qkv, cos, sin, cache_k, cache_v, start, pos, scale, window, heads):
+def _(qkv, inv_freq, cache_k, cache_v, pad, pos, scale, window, heads):
     return qkv.new_empty(qkv.shape[0], heads, cache_k.shape[-1])
 
 
-def triton_decode(q: Tensor, cache_k: Tensor, cache_v: Tensor, start: Tensor, pos: Tensor, scale: float,
+def triton_decode(q: Tensor, cache_k: Tensor, cache_v: Tensor, start: Tensor | None, pos: Tensor, scale: float,
                   window: int | None) -> Tensor:
     """One decode step's attention: q [B, 1, H, D] -> [B, 1, H, D] in q's dtype."""
     B, _, H, D = q.shape
@@ -268,10 +277,12 @@ def triton_decode(q: Tensor, cache_k: Tensor, cache_v: Tensor, start: Tensor, po
                                            window or 0).view(B, 1, H, D)
 
 
-def triton_decode_rope(qkv: Tensor, cos: Tensor, sin: Tensor, cache_k: Tensor, cache_v: Tensor, start: Tensor,
+def triton_decode_rope(qkv: Tensor, inv_freq: Tensor, cache_k: Tensor, cache_v: Tensor, pad: Tensor | None,
                        pos: Tensor, scale: float, window: int | None, heads: int) -> Tensor:
-    """One decode step's RoPE, cache write and attention: qkv [B, 1, (H + 2 Hkv) D], cos/sin
-    [B, 1, 1, D] -> [B, 1, H, D] in qkv's dtype."""
+    """One decode step's RoPE, cache write and attention: qkv [B, 1, (H + 2 Hkv) D] -> [B, 1, H, D]
+    in qkv's dtype. The angles are computed in the kernel (from inv_freq, pos and pad), not passed:
+    as inputs, inductor gave every layer its own copy of cos and sin, one more kernel per layer
+    between the projection and the attention (seen in the 3B trace, 2026-11-25)."""
     B, D = qkv.shape[0], cache_k.shape[-1]
-    return torch.ops.kiln.decode_attention_rope(qkv.reshape(B, -1), cos.reshape(B, D), sin.reshape(B, D), cache_k,
-                                                cache_v, start, pos, scale, window or 0, heads).view(B, 1, heads, D)
+    return torch.ops.kiln.decode_attention_rope(qkv.reshape(B, -1), inv_freq, cache_k, cache_v, pad, pos, scale,
+                                                window or 0, heads).view(B, 1, heads, D)

@@ -31,8 +31,8 @@ between projections cost ~2 more launches per layer. The first version of this k
 its load's: every tile went through shared memory (seen in its sm_90 PTX). With the 2-D tile, on
 an H100 (benchmarks/results/h100/llm/decode_matvec): all layers' projections chained 2.156 ms with
 PDL against 2.244 for inductor's, and with kiln.llm.triton_decode's fused attention the 3B decode
-step reached 373.6 tok/s, 82 % of the copy-bandwidth roofline (inductor's projections: 319.7 in
-the same call). Launch settings are autotuned per shape on the first call (the engine's warm-up,
+step reached 368.6-376.0 tok/s, 82-84 % of the copy-bandwidth roofline, in three of four calls
+(inductor's projections: 319.7 in the same call as the 373.6 reading). Launch settings are autotuned per shape on the first call (the engine's warm-up,
 before its CUDA graph is captured).
 
 Tests run it on CPU through Triton's interpreter (TRITON_INTERPRET=1) with a fixed setting.
