@@ -7,8 +7,8 @@ With one rank there is nothing to all-gather, and torch's `FSDPParamGroup.wait_f
 `init_all_gather_outputs`, `alloc_storage`, and `tensor.copy_(all_gather_input)` (a second kernel)
 inside its own `_unsafe_preserve_version_counter`. With more ranks the same unit costs one fused
 copy-out. On one H100 (ViT-B/16 bf16 compiled, 2 units of 6 blocks + root, 152 parameters) that
-loop was the largest FSDP2 host cost: wait_for_unshard 8.8 ms per step with timers on, about 300
-kernel launches (benchmarks/results/h100/fsdp_host_overhead, fsdp-unit6-auto), on a step the GPU
+loop was the largest FSDP2 host cost: wait_for_unshard 8.8 ms per step with timers on, a cast and
+a copy per parameter (benchmarks/results/h100/fsdp_host_overhead, fsdp-unit6-auto), on a step the GPU
 runs in ~20 ms, so a one-GPU FSDP2 step waits for its host.
 
 `install_one_rank_unshard(model)` gives each param group of a one-rank FSDP2 model its own

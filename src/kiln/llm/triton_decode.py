@@ -213,13 +213,9 @@ def _launch(q: Tensor | None, qkv_rows: Tensor | None, inv_freq: Tensor | None, 
     group = H // Hkv
     rope = qkv_rows is not None
     src, stride_b, stride_h = (qkv_rows, qkv_rows.stride(0), D) if rope else (q, q.stride(0), q.stride(1))
-    extra = {}
-    if rope:
-        from kiln.llm.triton_matvec import pdl_enabled
+    from kiln.llm.triton_matvec import pdl_enabled
 
-        extra = {"PDL": pdl_enabled(ref.device)}
-        if extra["PDL"]:
-            extra["launch_pdl"] = True
+    pdl = rope and pdl_enabled(ref.device)  # the fused op only: its predecessor is kiln's PDL-aware matvec
     _kernel()[(B * Hkv, chunks)](
         src, cache_k, cache_v, pos if start is None else start, pos, part, lse, arrival_counters(ref.device, B * Hkv), y,
         inv_freq if rope else src, S,
@@ -229,8 +225,7 @@ def _launch(q: Tensor | None, qkv_rows: Tensor | None, inv_freq: Tensor | None, 
         scale, window, Hkv,
         G=group, BLOCK_G=max(16, triton.next_power_of_2(group)), D=D, BLOCK_D=triton.next_power_of_2(D),
         CHUNK=per_chunk, CHUNKS=chunks, BLOCK_C=triton.next_power_of_2(chunks), BLOCK=BLOCK_S, HAS_START=start is not None,
-        ROPE=rope,
-        num_warps=NUM_WARPS, num_stages=2, **{"PDL": False, **extra})
+        ROPE=rope, PDL=pdl, num_warps=NUM_WARPS, num_stages=2, **({"launch_pdl": True} if pdl else {}))
     return y
 
 
