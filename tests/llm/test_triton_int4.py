@@ -1,12 +1,16 @@
-"""kiln's Triton int4 matmul (kiln.llm.triton_int4) on CPU through Triton's interpreter: the kernel
-against the layer's own dequantized weight, several rows, a bias, shapes whose output count is
-not a multiple of the block, and `int4@triton` through quantize_decoder. Triton picks its
-interpreter when first imported, so the kernel tests run in a subprocess (`test_under_interpreter`)."""
+"""kiln's int4 layout and Triton kernel (kiln.llm.triton_int4) on CPU through Triton's interpreter:
+the packing, the kernel against the layer's own dequantized weight (rows, bias, partial blocks,
+uneven splits, bf16's exponent-add path), each fused part (RMSNorm, SwiGLU, the folded norm's
+scalar, the SwiGLU epilogue, a residual), and `int4@triton` through quantize_decoder: norms folded,
+gate/up interleaved, the same outputs as its dequantized reference, the original model untouched.
+Triton picks its interpreter when first imported, so the kernel tests run in a subprocess
+(`test_under_interpreter`)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from kiln.config.errors import ConfigError
@@ -22,28 +26,87 @@ def test_under_interpreter():
     rerun_interpreted(__file__)
 
 
+def test_packing_round_trips():
+    q = torch.randint(0, 16, (6, 64), generator=torch.Generator().manual_seed(0), dtype=torch.int32)
+    words = ti.pack_words(q)
+    assert words.shape == (8, 6) and words.dtype == torch.int32
+    assert torch.equal(ti.unpack_words(words), q)
+    assert int(words[0, 0]) & 15 == int(q[0, 0]) and (int(words[0, 0]) >> 28) & 15 == int(q[0, 7])
+    rows = torch.arange(8).view(8, 1).float()
+    assert ti.interleave_halves(rows).flatten().tolist() == [0, 4, 1, 5, 2, 6, 3, 7]
+    assert torch.equal(ti.split_halves(ti.interleave_halves(rows)), rows)
+
+
+def test_layer_dequantizes_to_the_rounded_weight():
+    linear = nn.Linear(64, 12)
+    norm_weight = torch.rand(64) + 0.5
+    layer = ti.Int4TritonLinear.from_linear(linear, 32, norm_weight=norm_weight, interleave=True)
+    target = linear.weight.detach() * norm_weight
+    err = (layer.dequantize(torch.float32) - target).abs()
+    step = (target.view(12, 2, 32).amax(-1) - target.view(12, 2, 32).amin(-1)) / 15  # one step per group
+    assert (err.view(12, 2, 32) <= step[..., None] / 2 + 1e-6).all()
+    assert torch.equal(layer.dequantize(stored_order=True), ti.interleave_halves(layer.dequantize()))
+    x = torch.randn(20, 64)  # more rows than the kernel takes: the dequantized matmul, original order
+    torch.testing.assert_close(layer(x), F.linear(x, layer.dequantize(torch.float32), linear.bias))
+
+
+def eager_reference(layer, x, prologue, swiglu, residual, norm_weight, eps=1e-5):
+    """The kernel's result in plain fp32 ops, from the layer's dequantized weight (stored order)."""
+    x = x.float()
+    if prologue in ("rmsnorm", "rms"):
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+        x = x if prologue == "rms" else x * norm_weight
+    if prologue == "silu_mul":
+        gate, up = x.chunk(2, dim=-1)
+        x = F.silu(gate) * up
+    bias = None if layer.bias is None else layer.bias.float()
+    y = F.linear(x, layer.dequantize(torch.float32, stored_order=True), bias)
+    if swiglu:
+        gate, up = y.view(y.shape[0], -1, 2).unbind(-1)
+        return F.silu(gate) * up
+    return y if residual is None else y + residual.float()
+
+
 @interpreted
-@pytest.mark.parametrize("out_features,in_features,group,rows,bias", [
-    (40, 256, 32, 1, False),   # 40 outputs: the last block is partial; 4 groups per half
-    (16, 512, 128, 3, True),   # a few rows, one group per half, a bias
+@pytest.mark.parametrize("out_f,in_f,group,rows,bias,prologue,swiglu,residual,setting", [
+    (40, 256, 32, 1, False, "none", False, False, [32, 1]),     # a partial block of outputs
+    (16, 512, 128, 3, True, "none", False, False, [16, 3]),     # 4 groups in 3 uneven splits, rows, a bias
+    (24, 256, 64, 2, False, "rmsnorm", False, True, [8, 2]),    # unfolded norm per x, then a residual
+    (24, 128, 32, 2, True, "silu_mul", False, False, [16, 4]),  # SwiGLU of the input halves first
+    (48, 256, 32, 1, False, "rms", True, False, [16, 2]),       # folded norm's scalar; SwiGLU epilogue
+    (20, 256, 32, 2, False, "rms", True, False, [8, 8]),        # 10 SwiGLU outputs, 8 splits
 ])
-def test_kernel_matches_dequantized_weight(out_features, in_features, group, rows, bias):
-    torch.manual_seed(out_features)
-    linear = nn.Linear(in_features, out_features, bias=bias)
-    layer = ti.Int4TritonLinear.from_linear(linear, group)
-    x = torch.randn(rows, 1, in_features)
-    expected = nn.functional.linear(x, layer.dequantize(torch.float32), linear.bias)
-    torch.testing.assert_close(layer(x), expected, rtol=1e-4, atol=1e-4)
-    # The kernel is not a no-op around the fallback: it differs from a wrong scale's result.
-    assert (layer(x) - nn.functional.linear(x, 1.01 * layer.dequantize(torch.float32), linear.bias)).abs().max() > 1e-3
+def test_kernel_matches_the_dequantized_math(out_f, in_f, group, rows, bias, prologue, swiglu, residual, setting):
+    torch.manual_seed(out_f + in_f)
+    linear = nn.Linear(in_f, out_f, bias=bias)
+    layer = ti.Int4TritonLinear.from_linear(linear, group, interleave=swiglu)
+    x = torch.randn(rows, 2 * in_f if prologue == "silu_mul" else in_f)
+    norm_weight = torch.rand(in_f) + 0.5 if prologue == "rmsnorm" else None
+    res = torch.randn(rows, out_f) if residual else None
+    y = torch.ops.kiln.int4_matvec(x, layer.weight, layer.scale, layer.offset, group, layer.bias, norm_weight, 1e-5,
+                                   prologue, swiglu, res, setting)
+    expected = eager_reference(layer, x, prologue, swiglu, res, norm_weight)
+    assert y.shape == expected.shape
+    torch.testing.assert_close(y, expected, rtol=1e-4, atol=1e-4)
+    # The comparison can fail: the same layer with 1 % larger scales gives another result.
+    larger = ti.Int4TritonLinear(layer.weight, 1.01 * layer.scale, layer.offset, layer.bias, group_size=group,
+                                 interleaved=swiglu)
+    assert (y - eager_reference(larger, x, prologue, swiglu, res, norm_weight)).abs().max() > 1e-3
 
 
 @interpreted
-def test_long_inputs_take_the_dequantized_matmul():
-    linear = nn.Linear(128, 24, bias=False)
-    layer = ti.Int4TritonLinear.from_linear(linear, 32)
-    x = torch.randn(2, ti.MAX_ROWS, 128)  # 16 rows: prefill's path
-    torch.testing.assert_close(layer(x), nn.functional.linear(x, layer.dequantize(torch.float32)), rtol=1e-5, atol=1e-5)
+@pytest.mark.parametrize("prologue", ["none", "rms"])
+def test_bf16_inputs_take_the_exponent_add_path(prologue):
+    """bf16 x without a per-value prologue is scaled by an integer add on its bits (zeros included)."""
+    torch.manual_seed(1)
+    layer = ti.Int4TritonLinear.from_linear(nn.Linear(256, 32, bias=False), 64).to(torch.bfloat16)
+    x = torch.randn(2, 256).to(torch.bfloat16)
+    x[0, :40] = 0.0  # zeros: their products with any nibble must vanish
+    x[1, 3] = -0.0
+    y = torch.ops.kiln.int4_matvec(x, layer.weight, layer.scale, layer.offset, 64, None, None, 1e-5, prologue, False,
+                                   None, [16, 2])
+    expected = eager_reference(layer, x, prologue, False, None, None)
+    torch.testing.assert_close(y.float(), expected, rtol=2e-2, atol=2e-2 * float(expected.abs().max()))
 
 
 @interpreted
@@ -55,14 +118,24 @@ def test_int4_triton_decoder_matches_its_dequantized_reference():
     from .test_llm_quant import QUANT_CONFIG
 
     model = random_decoder(config_from_dict(QUANT_CONFIG), device="cpu", dtype=torch.float32, seed=0)
+    for norm in (model.norm, model.layers[0].attn_norm, model.layers[1].ffn_norm):
+        norm.weight.data.uniform_(0.5, 1.5)  # real norms are not all ones: folding must carry them
+    before = {k: v.clone() for k, v in model.state_dict().items()}
     spec = QuantSpec(kind="int4", group_size=64, backend="triton")
     quantized = quantize_decoder(model, spec)
-    assert isinstance(quantized.layers[0].attn.wqkv, ti.Int4TritonLinear)
-    assert isinstance(quantized.lm_head, ti.Int4TritonLinear)
+    block = quantized.layers[0]
+    assert isinstance(block.attn.wqkv, ti.Int4TritonLinear) and isinstance(quantized.lm_head, ti.Int4TritonLinear)
+    assert block.attn.wqkv.folded_norm and block.ffn.w_gate_up.interleaved and not block.attn.wo.folded_norm
+    assert block.attn_norm.folded and quantized.norm.folded and torch.equal(quantized.norm.weight, torch.ones(128))
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # the original is untouched
+    assert not model.norm.folded and not model.layers[0].attn_norm.folded
     reference = dequantized_reference(model, quantized, spec)
-    tokens = torch.randint(0, 256, (1, 1), generator=torch.Generator().manual_seed(2))
-    with torch.no_grad():  # one token: every projection runs the kernel
-        torch.testing.assert_close(quantized(tokens), reference(tokens), rtol=1e-4, atol=1e-4)
+    tokens = torch.randint(0, 256, (1, 6), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        torch.testing.assert_close(quantized(tokens[:, :1]), reference(tokens[:, :1]), rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(quantized(tokens), reference(tokens), rtol=1e-4, atol=1e-4)  # prefill's path
+        # Folding is the same model: the unquantized weights times the norms give the original's logits.
+        assert (quantized(tokens) - model(tokens)).abs().max() < 0.5 * float(model(tokens).abs().max())
 
 
 def test_int4_triton_is_checked():
@@ -73,7 +146,9 @@ def test_int4_triton_is_checked():
     config = config_from_dict(QUANT_CONFIG)
     with pytest.raises(ConfigError, match=r"--quant: int4@triton runs kiln's Triton kernel: CUDA"):
         check_quant(QuantSpec(kind="int4", backend="triton"), config, "cpu", torch.float32)
-    with pytest.raises(ConfigError, match=r"--group-size: the triton int4 layout packs the two halves"):
-        check_quant(QuantSpec(kind="int4", backend="triton", group_size=128), config, "cuda", torch.bfloat16)
+    with pytest.raises(ConfigError, match=r"--group-size: 256 does not divide the 128 input features"):
+        check_quant(QuantSpec(kind="int4", backend="triton", group_size=256), config, "cuda", torch.bfloat16)
+    assert check_quant(QuantSpec(kind="int4", backend="triton", group_size=128), config, "cuda",
+                       torch.bfloat16).backend == "triton"  # K % group is all this layout needs
     spec = check_quant(QuantSpec(kind="int8", backend="triton"), config, "cpu", torch.float32)
     assert spec.backend == "torch"  # int8 on kiln's own layouts is the torch layer

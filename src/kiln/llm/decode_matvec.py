@@ -81,10 +81,42 @@ def fused_linear(layer: nn.Module, x: Tensor, *, norm: nn.Module | None = None, 
     out = layer.out_features
     rows = x.reshape(-1, x.shape[-1])
     res = residual.reshape(-1, out) if residual is not None else None
-    norm_weight, eps = (norm.weight, norm.eps) if norm is not None else (None, 0.0)
     if reads == "matvec":
+        norm_weight, eps = (norm.weight, norm.eps) if norm is not None else (None, 0.0)
         y = torch.ops.kiln.matvec(rows, layer.weight, layer.bias, norm_weight, eps, silu_mul, res)
     else:
-        y = torch.ops.kiln.int4_matvec(rows, layer.weight, layer.scale, layer.offset, layer.group_size, layer.bias,
-                                       norm_weight, eps, silu_mul, res)
+        y = _int4(layer, rows, norm, "silu_mul" if silu_mul else "none", False, res)
+        if layer.interleaved:
+            y = _split_halves(y)
     return y.view(*x.shape[:-1], out)
+
+
+def fused_mlp(ffn: nn.Module, x: Tensor, norm: nn.Module, residual: Tensor) -> Tensor:
+    """residual + w_down(silu(gate) * up) of `norm(x)`, gate and up from `ffn.w_gate_up`: two kernel
+    launches; with int4@triton's interleaved gate/up rows the first writes the SwiGLU itself."""
+    gate_up, down = ffn.w_gate_up, ffn.w_down
+    if _kernel_reads(gate_up, x) == "int4" and gate_up.interleaved:
+        rows = x.reshape(-1, x.shape[-1])
+        act = _int4(gate_up, rows, norm, "none", True, None).view(*x.shape[:-1], gate_up.out_features // 2)
+        return fused_linear(down, act, residual=residual)
+    return fused_linear(down, fused_linear(gate_up, x, norm=norm), silu_mul=True, residual=residual)
+
+
+def _int4(layer: nn.Module, rows: Tensor, norm: nn.Module | None, prologue: str, swiglu: bool,
+          residual: Tensor | None) -> Tensor:
+    """kiln::int4_matvec on an `Int4TritonLinear`; a norm whose weight the layer folded in is one
+    scalar per row (the `rms` prologue)."""
+    if norm is not None:
+        if layer.folded_norm != getattr(norm, "folded", False):
+            raise ValueError("int4@triton: a layer with a folded norm weight needs its norm folded too (and back)")
+        prologue = "rms" if layer.folded_norm else "rmsnorm"
+    norm_weight = norm.weight if norm is not None and not layer.folded_norm else None
+    eps = norm.eps if norm is not None else 0.0
+    return torch.ops.kiln.int4_matvec(rows, layer.weight, layer.scale, layer.offset, layer.group_size, layer.bias,
+                                      norm_weight, eps, prologue, swiglu, residual)
+
+
+def _split_halves(y: Tensor) -> Tensor:
+    from kiln.llm.triton_int4 import split_halves
+
+    return split_halves(y, dim=1)

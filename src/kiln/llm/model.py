@@ -34,11 +34,15 @@ from torch import Tensor, nn
 
 from kiln.llm.config import DecoderConfig
 from kiln.llm.decode_attention import attend, step_rows
-from kiln.llm.decode_matvec import fused_linear
+from kiln.llm.decode_matvec import fused_linear, fused_mlp
 from kiln.llm.rope import Rotary, apply_rotary
 
 
 class RMSNorm(nn.Module):
+    folded = False
+    """True once the weight was folded into the projections that read this norm's output (then all
+    ones here; see kiln.llm.quant, int4@triton)."""
+
     def __init__(self, dim: int, eps: float):
         super().__init__()
         self.eps = eps
@@ -164,8 +168,7 @@ class Block(nn.Module):
             attn, ffn = self.attn, self.ffn
             y = attn.core(fused_linear(attn.wqkv, x, norm=self.attn_norm), cos, sin, mask, kv, decode_slot, decode)
             x = fused_linear(attn.wo, y, residual=x)
-            return fused_linear(ffn.w_down, fused_linear(ffn.w_gate_up, x, norm=self.ffn_norm), silu_mul=True,
-                                residual=x)
+            return fused_mlp(ffn, x, self.ffn_norm, x)
         x = x + self.attn(self.attn_norm(x), cos, sin, mask, kv, decode_slot, decode)
         return x + self.ffn(self.ffn_norm(x))
 

@@ -18,8 +18,11 @@ Backends (`QuantSpec.backend`):
   torch's tinygemm op on CUDA (bf16) and its CPU int4 kernel on CPU.
 - `inductor`: kiln's int4 layer written as plain tensor math, so inductor fuses unpacking and
   dequantization into the decode step's matrix-vector kernels (int8: as `torch`); any device.
-- `triton`: the same int4 layout read by kiln's own Triton kernel (kiln.llm.triton_int4) for
-  decode steps; CUDA, fp16/bf16 (int8: as `torch`).
+- `triton`: kiln's own int4 layout and Triton kernel (kiln.llm.triton_int4) for decode steps;
+  CUDA, fp16/bf16 (int8: as `torch`). Each RMSNorm's weight is folded into the projections that
+  read it (W diag(norm_w), quantized as one; the norm keeps weight 1 and `folded`): the same
+  model in exact arithmetic, and the kernel's norm becomes one scalar per row. The MLP's gate and
+  up rows are stored interleaved, so the kernel can write the SwiGLU itself.
 - `auto`: torchao where it is installed and supports the kind on this device, else `torch`.
 - nf4 always goes through bitsandbytes (`Linear4bit`, as transformers' `load_in_4bit` does).
 Everything a spec cannot do on this device/dtype/model is a ConfigError naming the flag
@@ -35,7 +38,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from kiln.config.errors import ConfigError
 from kiln.llm.config import DecoderConfig
@@ -232,7 +235,7 @@ def check_quant(spec: QuantSpec, config: DecoderConfig, device: torch.device | s
             raise ConfigError(key["group_size"], f"{group} does not divide the {k} input features of {name} "
                               "(groups run along the input dimension)", fits or None)
     if spec.kind == "int4":
-        if spec.backend in OWN_INT4 and (bad := [n for n, (_, k) in shapes.items() if k % (2 * group)]):
+        if spec.backend == "inductor" and (bad := [n for n, (_, k) in shapes.items() if k % (2 * group)]):
             raise ConfigError(key["group_size"], f"the {spec.backend} int4 layout packs the two halves of the input features "
                               f"into one byte: {bad[0]}'s {shapes[bad[0]][1]} inputs must be a multiple of 2 x {group}")
         if spec.backend == "torch" and device.type == "cuda":
@@ -306,14 +309,35 @@ def _bitsandbytes(model: nn.Module, spec: QuantSpec) -> None:
         setattr(parent, name, layer)
 
 
-def _torch(model: nn.Module, spec: QuantSpec) -> None:
-    int4 = Int4WeightOnlyLinear
-    if spec.backend == "inductor":
-        int4 = Int4FusedLinear
-    elif spec.backend == "triton":
-        from kiln.llm.triton_int4 import Int4TritonLinear
+def _fold(norm: nn.Module) -> Tensor:
+    """Marks `norm` folded (weight 1 from now on); returns the weight it had."""
+    weight = norm.weight
+    norm.weight = nn.Parameter(torch.ones_like(weight), requires_grad=False)
+    norm.folded = True
+    return weight
 
-        int4 = Int4TritonLinear
+
+def _triton_int4(model: nn.Module, spec: QuantSpec) -> None:
+    """int4@triton: every norm folded into the projections after it, gate/up rows interleaved."""
+    from kiln.llm.triton_int4 import Int4TritonLinear
+
+    group = spec.group
+    for block in model.layers:
+        attn, ffn = block.attn, block.ffn
+        attn.wqkv = Int4TritonLinear.from_linear(attn.wqkv, group, norm_weight=_fold(block.attn_norm))
+        attn.wo = Int4TritonLinear.from_linear(attn.wo, group)
+        ffn.w_gate_up = Int4TritonLinear.from_linear(ffn.w_gate_up, group, norm_weight=_fold(block.ffn_norm),
+                                                     interleave=True)
+        ffn.w_down = Int4TritonLinear.from_linear(ffn.w_down, group)
+    if spec.lm_head:
+        model.lm_head = Int4TritonLinear.from_linear(model.lm_head, group, norm_weight=_fold(model.norm))
+
+
+def _torch(model: nn.Module, spec: QuantSpec) -> None:
+    if spec.kind == "int4" and spec.backend == "triton":
+        _triton_int4(model, spec)
+        return
+    int4 = Int4FusedLinear if spec.backend == "inductor" else Int4WeightOnlyLinear
     for parent, name, linear in list(_targets(model, spec.lm_head)):
         if spec.kind == "int8":
             layer = Int8WeightOnlyLinear.from_linear(linear, spec.group)
@@ -372,4 +396,8 @@ def dequantized_reference(base: nn.Module, quantized: nn.Module, spec: QuantSpec
                                     requires_grad=False)
         plain.bias = original.bias
         setattr(parent, name, plain)
+    for name, module in quantized.named_modules():  # norms folded into the weights above (int4@triton)
+        if getattr(module, "folded", False):
+            folded = reference.get_submodule(name)
+            folded.weight, folded.folded = module.weight, True
     return reference.eval()

@@ -1,65 +1,352 @@
-"""int4 decode matmuls in Triton (`--quant int4@triton`): kiln's int4 layout read by kiln's own
-decode matrix-vector kernel (kiln.llm.triton_matvec, which also fuses the RMSNorm before a
-projection and the residual add after it when the model's decode step asks for them).
+"""int4 decode matmuls in Triton (`--quant int4@triton`): kiln's own int4 layout and kernel, with the
+RMSNorm before a projection, the residual add after it and the MLP's SwiGLU fused in.
 
-The layout is `Int4FusedLinear`'s (kiln.llm.quant_torch): uint8 [out, in/2] with the first half
-of the input features in the low nibbles and the second half in the high ones, and per group of
-`group_size` inputs a scale and an offset (w = q * scale + offset), [out, in/group]. A program
-reads a [BLOCK_N rows, groups, group / 4] tile of the bytes as int32 words per iteration, turns
-each nibble into a float with a logical op and an add (no conversion instruction), multiplies it
-with its x value, and applies each group's scale per word and its offset once per group (see
-`_int4_tile` in kiln.llm.triton_matvec); small-output projections split their inputs over
-several programs.
+Layout (`Int4TritonLinear`): 4-bit asymmetric groups of `group_size` inputs along K (w = q *
+scale + offset, q in [0, 15]), packed eight to an int32 word *down K*: word [r, n] holds the
+inputs 8r..8r+7 of output n (input 8r+j in bits 4j..4j+3), stored [K/8, N] with N contiguous;
+scales and offsets [K/group, N]. A program (row of x, block of BLOCK_N outputs, split of K) reads
+one group per iteration: a [group/8, BLOCK_N] tile of words, each thread several columns of the
+same rows, so the eight x values of a word row are loaded and prepared once per thread for all
+its columns (with the output rows down a word, as the first version had them, every thread
+rebuilt its own x values for each of its words).
 
-Why: torch's tinygemm kernel (torchao's int4 layout) pads the token to a 16-row tile and read its
-int4 weights at ~1.3 TB/s on an H100 in the 3B decode profile (113 calls of ~10 us per step, two
-thirds of the step). Measured so far this kernel is slower still (benchmarks/results/h100/llm/
-decode_matvec): one-token matmuls of the 3B shapes take 1.60 ms per step against tinygemm's 1.27
-(the first versions, which converted every nibble with a conversion instruction and kept 4-D
-tiles that Triton routed through shared memory, took 1.87-2.19 ms), and fused into the model the
-prologues cost more still: each x value is rebuilt by every thread that needs it, 16 times per
-program with 64-row tiles (3B decode at 382 tok/s against 543-594 with tinygemm). torchao stays
-the default int4 backend.
+A nibble becomes a float without a conversion instruction and without the usual magic-number
+subtraction: masked in place (bits s..s+3, s <= 16, the three top nibbles shifted down by 12
+first, one shift per word) its bits read as an fp32 denormal equal to q * 2^(s-149) exactly, and
+the FMA multiplies it by x * 2^(100-s) (a power of two, exact), so each input costs one logical
+op and one FMA, and every product carries the same factor 2^-49, removed once per output. Per
+group sum_k (q_k scale + offset) x_k = scale sum_k q_k x_k + offset sum_k x_k: the scale is
+applied once per word, the offset once per group and output. In Triton's sm_90 code the loop
+over a group is about 2.3 instructions per input (the first layout's took 6.3: two logical ops,
+a subtraction and shared-memory round trips per nibble).
 
-Longer inputs (prefill) dequantize the weight and call `linear`.
-
-Tests run it on CPU through Triton's interpreter (TRITON_INTERPRET=1) with a fixed setting.
+Fused parts (fixed at compile time):
+- prologue `rms`: the model's RMSNorm weight was folded into this weight when it was quantized
+  (`fold_norm`, see kiln.llm.quant), so the norm is one scalar per row, 1/rms(h), applied to
+  the output: y = rstd * (W diag(norm_w)) h. `rmsnorm` (an unfolded weight) and `silu_mul`
+  prologues are computed per x value, as in kiln.llm.triton_matvec;
+- epilogue `swiglu`: the layer's rows are gate and up interleaved (gate j, up j, ...), and the
+  kernel writes silu(gate) * up, half as many outputs, rounded as eager rounds each step; so the
+  down projection's input is ready and its kernel has no prologue;
+- + bias, + a residual.
+Splits of K and their ordered reduction, programmatic dependent launch and the autotuned
+settings work as in kiln.llm.triton_matvec. Longer inputs (prefill) dequantize the weight and
+call `linear`. Tests run it on CPU through Triton's interpreter (TRITON_INTERPRET=1).
 """
 
 from __future__ import annotations
 
 import torch
-from torch import Tensor
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+from torch import Tensor, nn
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from kiln.llm.quant_torch import Int4FusedLinear
-from kiln.llm.triton_matvec import MAX_ROWS, launch
+from kiln.llm.quant_torch import _int4_groups
+from kiln.llm.triton_decode import arrival_counters
+from kiln.llm.triton_matvec import MAX_ROWS, _x_tile, interpreting, pdl_enabled
+
+PROLOGUES = {"none": 0, "rmsnorm": 1, "silu_mul": 2, "rms": 3}
+"""Prologue codes: 1 and 2 as kiln.llm.triton_matvec's; 3 the folded norm (a scalar per row)."""
+FACTOR_LOG2 = 49
+"""Every product q * x in the loop carries 2^-FACTOR_LOG2 (see the module docstring)."""
+
+
+@triton.jit
+def _nibble(w, upper, J: tl.constexpr):
+    """Nibble J of the words w in place, read as fp32: q * 2^(s-149), s its bit position (<= 16)."""
+    S: tl.constexpr = 4 * J - 12 * (J // 5)
+    if J < 5:
+        return (w & (15 << S)).to(tl.float32, bitcast=True)
+    return (upper & (15 << S)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _scaled_x(x_at, NormW, k, ok, rstd, K: tl.constexpr, PROLOGUE: tl.constexpr, J: tl.constexpr):
+    """x at the inputs k of nibble J, times 2^E, E = 100 - s (s as in `_nibble`), in fp32. A plain
+    bf16 x (no prologue, or a folded norm) is scaled by adding E to its exponent as it is widened
+    (one integer op: a bf16's bits are the top half of its fp32): exact for normal values; a zero
+    or subnormal x becomes at most 2^(E-126), whose product with a nibble (< 2^-129) rounds to
+    zero. Otherwise `_x_tile`'s value times 2^E."""
+    E: tl.constexpr = 100 - 4 * J + 12 * (J // 5)
+    if (PROLOGUE == 0 or PROLOGUE == 3) and x_at.dtype.element_ty == tl.bfloat16:
+        bits = tl.load(x_at, mask=ok, other=0.0).to(tl.float32).to(tl.int32, bitcast=True)
+        return (bits + (E << 23)).to(tl.float32, bitcast=True)
+    return _x_tile(x_at, NormW, k, ok, rstd, K, PROLOGUE) * (2.0 ** E)
+
+
+@triton.jit
+def _words(at, n_ok, g_ok, EVEN: tl.constexpr):
+    if EVEN:
+        return tl.load(at)
+    return tl.load(at, mask=n_ok & g_ok, other=0)
+
+
+def _int4_matvec(X, Q, Scale, Offset, Y, NormW, Bias, Res, Part, Arrived, M, N, eps,
+                 stride_xm, stride_ym, stride_rm,
+                 K: tl.constexpr, GROUP: tl.constexpr, PROLOGUE: tl.constexpr, SWIGLU: tl.constexpr,
+                 HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, PDL: tl.constexpr,
+                 BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, PER_SPLIT: tl.constexpr, EVEN: tl.constexpr,
+                 K_CHUNK: tl.constexpr):
+    pid = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    row = pid % M  # rows fastest: the programs of one block's rows share its tiles through L2
+    R: tl.constexpr = GROUP // 8  # word rows per group
+    GROUPS: tl.constexpr = K // GROUP
+    n = (pid // M) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = n < N
+    r = tl.arange(0, R)
+    dtype = X.dtype.element_ty
+    x_row = X + row * stride_xm
+    q_tile = Q + r[:, None] * N + n[None, :]  # group g's words at + g * R * N
+    g0 = pid_k * PER_SPLIT
+    if PDL:
+        gdc_launch_dependents()
+    w = _words(q_tile + g0 * R * N, n_ok[None, :], g0 < GROUPS, EVEN)  # weights: no earlier kernel writes them
+    if PDL:
+        gdc_wait()
+    rstd = 0.0
+    if PROLOGUE == 1 or PROLOGUE == 3:  # 1 / rms of the whole row (every split needs it)
+        squares = tl.zeros([K_CHUNK], dtype=tl.float32)
+        kk = tl.arange(0, K_CHUNK)
+        for k0 in tl.static_range(0, K, K_CHUNK):
+            h = tl.load(x_row + k0 + kk, mask=(k0 + kk) < K, other=0.0).to(tl.float32)
+            squares += h * h
+        rstd = tl.rsqrt(tl.sum(squares, 0) / K + eps)
+    acc = tl.zeros([R, BLOCK_N], dtype=tl.float32)
+    for i in range(0, PER_SPLIT):
+        g = g0 + i
+        nxt = g + 1 - (i + 1) // PER_SPLIT  # the last iteration reloads its own group (an L2 hit)
+        w_next = _words(q_tile + nxt * R * N, n_ok[None, :], nxt < GROUPS, EVEN)
+        g_ok = g < GROUPS
+        # [R, BLOCK_N] pointers, equal down a column: the tile's own layout, no shared-memory copy
+        s_at = tl.broadcast_to(Scale + g * N + n[None, :], [R, BLOCK_N])
+        o_at = tl.broadcast_to(Offset + g * N + n[None, :], [R, BLOCK_N])
+        if EVEN:
+            scale = tl.load(s_at).to(tl.float32)
+            offset = tl.load(o_at).to(tl.float32)
+        else:
+            scale = tl.load(s_at, mask=(n_ok[None, :] & g_ok) | (r[:, None] < 0), other=0.0).to(tl.float32)
+            offset = tl.load(o_at, mask=(n_ok[None, :] & g_ok) | (r[:, None] < 0), other=0.0).to(tl.float32)
+        k = g * GROUP + 8 * r  # [R]: the first input of each word row
+        k_ok = g_ok & (k < K)
+        upper = w >> 12  # the top three nibbles down to bits 8..19
+        part = tl.zeros([R, BLOCK_N], dtype=tl.float32)
+        xs = tl.zeros([R], dtype=tl.float32)  # sum of the row's x values, times 2^-49
+        for j in tl.static_range(8):
+            # nibble j sits at bit s = 4j of w (j < 5) or 4j - 12 of upper: q 2^(s-149) x 2^(100-s) = q x 2^-49
+            xj = _scaled_x(x_row + k + j, NormW, k + j, k_ok, rstd, K, PROLOGUE, j)
+            xs += xj * (2.0 ** (4 * j - 12 * (j // 5) - 149))
+            part += _nibble(w, upper, j) * xj[:, None]
+        acc = tl.fma(part, scale, acc)  # two FMAs per word
+        acc = tl.fma(offset, xs[:, None], acc)
+        w = w_next
+    y = tl.sum(acc, 0) * (2.0 ** 49)  # [BLOCK_N]
+    ok = n_ok
+    if SPLIT > 1:  # partial sums out; the last program to arrive adds them in split order
+        part_at = Part + row * N + n
+        tl.store(part_at + pid_k * M * N, y, mask=n_ok)
+        arrived = tl.atomic_add(Arrived + pid, 1, sem="acq_rel")
+        last = arrived == SPLIT - 1
+        ok = n_ok & last
+        y = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for s in tl.static_range(SPLIT):
+            y += tl.load(part_at + s * M * N, mask=ok, other=0.0)
+        if last:
+            tl.atomic_xchg(Arrived + pid, 0)  # every split has arrived: reset for the next call
+    if PROLOGUE == 3:
+        y = y * rstd
+    if HAS_BIAS:
+        y += tl.load(Bias + n, mask=n_ok, other=0.0).to(tl.float32)
+    y = y.to(dtype)
+    if SWIGLU:  # rows are gate, up, gate, up, ...: write silu(gate) * up
+        gate, up = tl.split(tl.reshape(y, [BLOCK_N // 2, 2]))
+        gate = gate.to(tl.float32)
+        act = (gate * tl.sigmoid(gate)).to(dtype).to(tl.float32)
+        act = (act * up.to(tl.float32)).to(dtype)
+        m = (pid // M) * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+        m_ok = m < N // 2
+        if SPLIT > 1:
+            m_ok = m_ok & last
+        tl.store(Y + row * stride_ym + m, act, mask=m_ok)
+    else:
+        if HAS_RES:
+            res = tl.load(Res + row * stride_rm + n, mask=ok, other=0.0)
+            y = (res.to(tl.float32) + y.to(tl.float32)).to(dtype)
+        tl.store(Y + row * stride_ym + n, y, mask=ok)
+
+
+SETTINGS = [(bn, split) for bn in (128, 256) for split in (1, 2, 4, 8)] + [(64, 4), (64, 8)]
+"""(BLOCK_N, SPLIT) the autotuner tries: 3B projections have 24-64 groups and 3072-128256 outputs,
+so the narrow ones need splits of K to give every SM work. 256-wide blocks give each thread 4
+rows x 8 columns of words (one x value per word), 164 registers (3 programs per SM); 128-wide
+4 x 4 (96 registers)."""
+MAX_SPLIT = max(split for _, split in SETTINGS)
+INTERPRETED_SETTING = (32, 1)
+"""(BLOCK_N, SPLIT) under Triton's interpreter (no GPU to tune on); tests pass others."""
+_KERNELS: dict[bool, object] = {}
+
+
+def _per_split(args) -> int:
+    return -(-(args["K"] // args["GROUP"]) // args["SPLIT"])
+
+
+def _prune(configs, named_args, **kwargs):
+    """Settings with at least one group per split and at most as many outputs as there are."""
+    args = {**named_args, **kwargs}
+    groups = args["K"] // args["GROUP"]
+    kept = [c for c in configs if c.kwargs["SPLIT"] <= groups and c.kwargs["BLOCK_N"] <= max(64, args["N"])]
+    return kept or configs[:1]
+
+
+def _kernel():
+    interpret = interpreting()
+    if interpret not in _KERNELS:
+        jitted = triton.heuristics({
+            "PER_SPLIT": _per_split,
+            "EVEN": lambda a: a["N"] % a["BLOCK_N"] == 0 and _per_split(a) * a["SPLIT"] == a["K"] // a["GROUP"],
+            "K_CHUNK": lambda a: min(1024, triton.next_power_of_2(a["K"])),
+        })(triton.jit(_int4_matvec))
+        _KERNELS[interpret] = jitted if interpret else triton.autotune(
+            configs=[triton.Config({"BLOCK_N": bn, "SPLIT": s}, num_warps=4, num_stages=1) for bn, s in SETTINGS],
+            key=["N", "K", "GROUP", "M", "PROLOGUE", "SWIGLU", "HAS_RES"],
+            prune_configs_by={"early_config_prune": _prune})(jitted)
+    return _KERNELS[interpret]
+
+
+def launch(x: Tensor, packed: Tensor, scale: Tensor, offset: Tensor, group_size: int, bias: Tensor | None,
+           norm_weight: Tensor | None, eps: float, prologue: str, swiglu: bool, residual: Tensor | None,
+           setting: list[int] | None) -> Tensor:
+    x = x.contiguous()
+    M = x.shape[0]
+    KW, N = packed.shape
+    K = 8 * KW
+    if swiglu and residual is not None:
+        raise ValueError("int4_matvec: the swiglu epilogue takes no residual")
+    y = torch.empty(M, N // 2 if swiglu else N, dtype=x.dtype, device=x.device)
+    part = torch.empty(MAX_SPLIT * M * N, dtype=torch.float32, device=x.device)
+    res = residual.contiguous() if residual is not None else None
+    args = (x, packed, scale, offset, y, norm_weight, bias, res, part, arrival_counters(x.device, M * N), M, N, eps,
+            x.stride(0), y.stride(0), res.stride(0) if res is not None else 0)
+    pdl = pdl_enabled(x.device)
+    flags = {"K": K, "GROUP": group_size, "PROLOGUE": PROLOGUES[prologue], "SWIGLU": swiglu,
+             "HAS_BIAS": bias is not None, "HAS_RES": res is not None, "PDL": pdl}
+    if pdl:
+        flags["launch_pdl"] = True
+    if setting is not None or interpreting():
+        bn, split = (setting or INTERPRETED_SETTING)[:2]
+        kernel = _kernel()
+        kernel = getattr(kernel, "fn", kernel) if hasattr(kernel, "configs") else kernel  # past the autotuner
+        kernel[(M * triton.cdiv(N, bn), split)](*args, BLOCK_N=bn, SPLIT=split, num_warps=4, num_stages=1, **flags)
+    else:
+        _kernel()[lambda meta: (M * triton.cdiv(N, meta["BLOCK_N"]), meta["SPLIT"])](*args, **flags)
+    return y
 
 
 @torch.library.custom_op("kiln::int4_matvec", mutates_args=())
 def int4_matvec(x: Tensor, packed: Tensor, scale: Tensor, offset: Tensor, group_size: int, bias: Tensor | None = None,
-                norm_weight: Tensor | None = None, eps: float = 0.0, silu_mul: bool = False,
+                norm_weight: Tensor | None = None, eps: float = 0.0, prologue: str = "none", swiglu: bool = False,
                 residual: Tensor | None = None, setting: list[int] | None = None) -> Tensor:
-    """x [M, K] (M <= MAX_ROWS) times the int4 weight (`Int4FusedLinear`'s buffers) -> [M, out] in
-    x's dtype, with kiln::matvec's fused parts (norm, SwiGLU, bias, residual)."""
-    return launch(x, packed, scale, offset, group_size, bias, norm_weight, eps, silu_mul, residual, setting)
+    """x [M, K] (M <= MAX_ROWS; [M, 2K] with the `silu_mul` prologue) times the int4 weight
+    (`Int4TritonLinear`'s buffers) -> [M, N] in x's dtype ([M, N/2] with `swiglu`). `prologue`:
+    none, rmsnorm (`norm_weight`, `eps`), silu_mul, or rms (a folded norm: `eps` only); `bias`
+    and `residual` [M, N] are added after. `setting` (BLOCK_N, SPLIT) skips the autotuner."""
+    return launch(x, packed, scale, offset, group_size, bias, norm_weight, eps, prologue, swiglu, residual, setting)
 
 
 @int4_matvec.register_fake
-def _(x, packed, scale, offset, group_size, bias=None, norm_weight=None, eps=0.0, silu_mul=False, residual=None,
-      setting=None):
-    return x.new_empty(x.shape[0], packed.shape[0])
+def _(x, packed, scale, offset, group_size, bias=None, norm_weight=None, eps=0.0, prologue="none", swiglu=False,
+      residual=None, setting=None):
+    return x.new_empty(x.shape[0], packed.shape[1] // 2 if swiglu else packed.shape[1])
 
 
-class Int4TritonLinear(Int4FusedLinear):
-    """`Int4FusedLinear`'s layout; up to MAX_ROWS rows go through kiln's Triton kernel."""
+def pack_words(q: Tensor) -> Tensor:
+    """q [N, K] in [0, 15] -> int32 words [K/8, N], input 8r+j of output n in bits 4j..4j+3 of [r, n]."""
+    out_f, in_f = q.shape
+    shifts = torch.arange(0, 32, 4, device=q.device, dtype=torch.int64)
+    words = (q.to(torch.int64).view(out_f, in_f // 8, 8) << shifts).sum(-1)
+    words = torch.where(words >= 2**31, words - 2**32, words)  # the same 32 bits as a signed int
+    return words.to(torch.int32).t().contiguous()
+
+
+def unpack_words(words: Tensor) -> Tensor:
+    """`pack_words` undone: [N, K] int32 values in [0, 15]."""
+    shifts = torch.arange(0, 32, 4, device=words.device, dtype=torch.int32)
+    q = (words.t()[..., None] >> shifts) & 15  # [N, K/8, 8]
+    return q.reshape(words.shape[1], -1)
+
+
+def interleave_halves(t: Tensor) -> Tensor:
+    """Rows [gate; up] -> gate 0, up 0, gate 1, up 1, ... (dim 0)."""
+    gate, up = t.chunk(2, dim=0)
+    return torch.stack([gate, up], dim=1).reshape(t.shape)
+
+
+def split_halves(t: Tensor, dim: int = 0) -> Tensor:
+    """`interleave_halves` undone along `dim`."""
+    t = t.movedim(dim, 0)
+    return t.view(t.shape[0] // 2, 2, *t.shape[1:]).transpose(0, 1).reshape(t.shape).movedim(0, dim)
+
+
+class Int4TritonLinear(nn.Module):
+    """kiln's int4 layout (module docstring); up to MAX_ROWS rows go through the kernel.
+
+    `folded_norm`: the weight stands for W diag(norm_w) (an RMSNorm's weight folded in: the
+    model's norm must then apply no weight of its own). `interleaved`: gate and up rows
+    interleaved, so the kernel can write the SwiGLU (`swiglu=True`); the layer's own forward
+    returns the outputs in the original order either way."""
+
+    def __init__(self, packed: Tensor, scale: Tensor, offset: Tensor, bias: Tensor | None, *, group_size: int,
+                 interleaved: bool = False, folded_norm: bool = False):
+        super().__init__()
+        self.in_features, self.out_features = 8 * packed.shape[0], packed.shape[1]
+        self.group_size, self.interleaved, self.folded_norm = group_size, interleaved, folded_norm
+        self.register_buffer("weight", packed)  # int32 [in/8, out]
+        self.register_buffer("scale", scale)  # [in/group, out]: w = q * scale + offset
+        self.register_buffer("offset", offset)
+        self.bias = bias  # in the stored (interleaved) order
+
+    @classmethod
+    @torch.no_grad()
+    def from_linear(cls, linear: nn.Linear, group_size: int, *, norm_weight: Tensor | None = None,
+                    interleave: bool = False) -> Int4TritonLinear:
+        """Quantizes `linear`'s weight (times `norm_weight` per input when given, folding an RMSNorm
+        in); `interleave`: the rows are [gate; up] of a SwiGLU, stored interleaved."""
+        w = linear.weight.detach()
+        dtype = w.dtype
+        w = w.float() if norm_weight is None else w.float() * norm_weight.detach().float()[None, :]
+        bias = linear.bias
+        if interleave:
+            w = interleave_halves(w)
+            bias = None if bias is None else nn.Parameter(interleave_halves(bias.detach()), requires_grad=False)
+        q, scale, zero = _int4_groups(w, group_size)
+        offset = zero - 8 * scale  # (q - 8) * scale + zero == q * scale + offset
+        return cls(pack_words(q), scale.t().contiguous().to(dtype), offset.t().contiguous().to(dtype), bias,
+                   group_size=group_size, interleaved=interleave, folded_norm=norm_weight is not None)
+
+    def dequantize(self, dtype: torch.dtype | None = None, *, stored_order: bool = False) -> Tensor:
+        """The weight [out, in] the layer computes with (the folded norm included), in `dtype`."""
+        dtype = dtype or self.scale.dtype
+        q = unpack_words(self.weight).to(dtype).view(self.out_features, -1, self.group_size)
+        w = q * self.scale.t().to(dtype)[..., None] + self.offset.t().to(dtype)[..., None]
+        w = w.view(self.out_features, self.in_features)
+        return w if stored_order or not self.interleaved else split_halves(w)
+
+    def _bias(self) -> Tensor | None:
+        return self.bias if self.bias is None or not self.interleaved else split_halves(self.bias)
 
     def forward(self, x: Tensor) -> Tensor:
         rows = x.numel() // self.in_features
-        if rows > MAX_ROWS:
-            return super().forward(x)
+        if rows > MAX_ROWS or not (x.is_cuda or interpreting()):
+            return F.linear(x, self.dequantize(x.dtype), self._bias())
         y = torch.ops.kiln.int4_matvec(x.reshape(rows, self.in_features), self.weight, self.scale, self.offset,
                                        self.group_size, self.bias)
+        if self.interleaved:
+            y = split_halves(y, dim=1)
         return y.view(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
-        return super().extra_repr().replace("int4 fused", "int4 triton")
+        extra = (", gate/up interleaved" if self.interleaved else "") + (", norm folded" if self.folded_norm else "")
+        return (f"in_features={self.in_features}, out_features={self.out_features}, int4 triton "
+                f"group_size={self.group_size}{extra}")

@@ -78,57 +78,9 @@ def _w_tile(w_rows, k, n_ok, K: tl.constexpr, EVEN: tl.constexpr):
     return tl.load(w_rows + k[None, :], mask=n_ok[:, None] & (k < K)[None, :], other=0.0)
 
 
-@triton.jit
-def _q_tile(q_rows, c, n_ok, KWW: tl.constexpr, EVEN: tl.constexpr):
-    """int4 words c [NG, EW] of the rows q_rows [BLOCK_N, 1, 1]."""
-    if EVEN:
-        return tl.load(q_rows + c[None, :, :])
-    return tl.load(q_rows + c[None, :, :], mask=n_ok[:, None, None] & (c < KWW)[None, :, :], other=0)
-
-
-@triton.jit
-def _int4_tile(acc, offs, w, c, grp, n, n_ok, x_row, NormW, rstd, Scale, Offset, stride_sn,
-               K: tl.constexpr, KW: tl.constexpr, GROUP: tl.constexpr, PROLOGUE: tl.constexpr):
-    """Adds one tile's products to acc [BLOCK_N, NG, EW] (scaled, per word) and offs [BLOCK_N, NG]
-    (offset x the group's sum of x). w: int32 words [BLOCK_N, NG, EW]; word c holds bytes
-    4c..4c+3, byte 4c+t inputs 4c+t (low nibble, bits 8t..8t+3) and 4c+t+KW (high).
-
-    No per-element conversion instruction (those run at a quarter of the FMA rate): a nibble at
-    bits s..s+3 with s <= 16 is or-ed into the mantissa of 2^23 and the float minus 2^23 is
-    q * 2^s exactly; the nibbles above bit 19 are shifted down by 12 first (one shift per word).
-    The 2^-s goes into x (exact), so each input costs a logical op, an add and an FMA. Per group
-    sum_e (q_e * scale + offset) x_e = scale * sum_e q_e x_e + offset * sum_e x_e: the scale
-    is applied once per word and half, the offset once per group."""
-    c_ok = c < KW // 4
-    g_ok = n_ok[:, None] & (grp < KW // GROUP)[None, :]
-    upper = w >> 12
-    for h in tl.static_range(2):  # low nibbles: inputs < KW, high nibbles: inputs >= KW
-        part = tl.zeros(acc.shape, dtype=tl.float32)
-        xs = tl.zeros([acc.shape[1], acc.shape[2]], dtype=tl.float32)
-        for t in tl.static_range(4):
-            k = 4 * c + t + h * KW  # [NG, EW] input features of this nibble
-            x = _x_tile(x_row + k, NormW, k, c_ok, rstd, K, PROLOGUE)
-            xs += x
-            if 8 * t + 4 * h <= 16:
-                bits = w & (15 << (8 * t + 4 * h))
-                x = x * (1.0 / (1 << (8 * t + 4 * h)))
-            else:
-                bits = upper & (15 << (8 * t + 4 * h - 12))
-                x = x * (1.0 / (1 << (8 * t + 4 * h - 12)))
-            q = (bits | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
-            part += q * x[None, :, :]
-        s_at = n[:, None] * stride_sn + grp[None, :] + h * (KW // GROUP)
-        scale = tl.load(Scale + s_at, mask=g_ok, other=0.0).to(tl.float32)
-        offset = tl.load(Offset + s_at, mask=g_ok, other=0.0).to(tl.float32)
-        acc += part * scale[:, :, None]
-        offs += offset * tl.sum(xs, 1)[None, :]
-    return acc, offs
-
-
-def _matvec(X, W, Scale, Offset, Y, NormW, Bias, Res, Part, Arrived, M, N, eps,
-            stride_xm, stride_wn, stride_sn, stride_ym, stride_rm,
-            K: tl.constexpr, KW: tl.constexpr, QUANT: tl.constexpr, GROUP: tl.constexpr,
-            PROLOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, PDL: tl.constexpr,
+def _matvec(X, W, Y, NormW, Bias, Res, Part, Arrived, M, N, eps,
+            stride_xm, stride_wn, stride_ym, stride_rm,
+            K: tl.constexpr, PROLOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, PDL: tl.constexpr,
             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
             EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PER_SPLIT: tl.constexpr):
     # Program (row, block of outputs) along axis 0, rows fastest: the programs of one block's rows
@@ -146,16 +98,8 @@ def _matvec(X, W, Scale, Offset, Y, NormW, Bias, Res, Part, Arrived, M, N, eps,
     if PDL:  # programmatic dependent launch: the next kernel may be scheduled as these programs end
         gdc_launch_dependents()
     # The first weight tile: no earlier kernel writes weights, so it is read before the wait.
-    if QUANT == 0:  # W [N, K] in the model dtype
-        w_rows = W + n[:, None] * stride_wn
-        w = _w_tile(w_rows, k_lo + kk, n_ok, K, EVEN_N and EVEN_K)
-    else:  # int4: [BLOCK_N, NG groups, EW words] of W as int32 [N, KW / 4]
-        NG: tl.constexpr = BLOCK_K // GROUP
-        EW: tl.constexpr = GROUP // 4
-        gg = tl.arange(0, NG)
-        cc = gg[:, None] * EW + tl.arange(0, EW)[None, :]  # [NG, EW] word offsets in a tile
-        q_rows = W + n[:, None, None] * stride_wn
-        w = _q_tile(q_rows, k_lo // 4 + cc, n_ok, KW // 4, EVEN_N and EVEN_K)
+    w_rows = W + n[:, None] * stride_wn
+    w = _w_tile(w_rows, k_lo + kk, n_ok, K, EVEN_N and EVEN_K)
     if PDL:
         gdc_wait()  # everything below may read what the previous kernel wrote (x, the residual, counters)
     rstd = 0.0
@@ -167,27 +111,15 @@ def _matvec(X, W, Scale, Offset, Y, NormW, Bias, Res, Part, Arrived, M, N, eps,
         rstd = tl.rsqrt(tl.sum(squares, 0) / K + eps)
     # Each iteration loads the next tile before using this one; the tiles' products are added up
     # elementwise in the tile's own layout and reduced once at the end.
-    if QUANT == 0:
-        acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-        for i in range(0, TILES):  # a static trip count; k >= K loads nothing
-            k = k_lo + i * BLOCK_K + kk
-            nxt = i + 1 - (i + 1) // TILES  # the last iteration reloads its own tile (an L2 hit)
-            w_next = _w_tile(w_rows, k_lo + nxt * BLOCK_K + kk, n_ok, K, EVEN_N and EVEN_K)
-            x = _x_tile(x_row + k, NormW, k, k < K, rstd, K, PROLOGUE)
-            acc += w.to(tl.float32) * x[None, :]
-            w = w_next
-        y = tl.sum(acc, 1)  # [BLOCK_N]
-    else:  # kiln's int4 layout, read as int32 words: see `_int4_tile`
-        acc = tl.zeros([BLOCK_N, NG, EW], dtype=tl.float32)
-        offs = tl.zeros([BLOCK_N, NG], dtype=tl.float32)
-        for i in range(0, TILES):
-            j0 = k_lo + i * BLOCK_K  # the tile's first byte column
-            nxt = i + 1 - (i + 1) // TILES
-            w_next = _q_tile(q_rows, (k_lo + nxt * BLOCK_K) // 4 + cc, n_ok, KW // 4, EVEN_N and EVEN_K)
-            acc, offs = _int4_tile(acc, offs, w, j0 // 4 + cc, j0 // GROUP + gg, n, n_ok, x_row, NormW, rstd,
-                                   Scale, Offset, stride_sn, K, KW, GROUP, PROLOGUE)
-            w = w_next
-        y = tl.sum(tl.sum(acc, 2), 1) + tl.sum(offs, 1)
+    acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    for i in range(0, TILES):  # a static trip count; k >= K loads nothing
+        k = k_lo + i * BLOCK_K + kk
+        nxt = i + 1 - (i + 1) // TILES  # the last iteration reloads its own tile (an L2 hit)
+        w_next = _w_tile(w_rows, k_lo + nxt * BLOCK_K + kk, n_ok, K, EVEN_N and EVEN_K)
+        x = _x_tile(x_row + k, NormW, k, k < K, rstd, K, PROLOGUE)
+        acc += w.to(tl.float32) * x[None, :]
+        w = w_next
+    y = tl.sum(acc, 1)  # [BLOCK_N]
     ok = n_ok
     if SPLIT > 1:
         # Partial sums out; the last program of this (row, block) to arrive adds them in split
@@ -216,33 +148,21 @@ DENSE_SETTINGS = [(bn, bk, split) for bn in (4, 8, 16) for bk in (256, 512) for 
 (2026-11-24, 48 settings per 3B projection: BLOCK_N 4-32, BLOCK_K 256/512, SPLIT 1-4, 4/8 warps)
 put 512-wide tiles, 4 warps and at most 2 splits first on every shape, within ~10 % of each
 other; the autotuner's own timing noise is about that, so fewer choices is steadier."""
-INT4_SETTINGS = [(bn, bk, split) for bn in (32, 64) for bk in (128, 256) for split in (1, 2, 4)]
-"""The same for int4 weights, BLOCK_K in bytes of a row (two inputs each): tall, narrow tiles, so
-that each thread holds several rows of the same inputs and reuses each x value for all of them
-(with one row per thread, as 512-byte tiles get, every weight costs a load of its x value from
-shared memory: Triton's layout for [16, 4, 32]-word tiles on sm_90, read in its PTX), and up to 4
-splits, as such tiles leave the narrow projections (3072 outputs) only 48-96 blocks."""
-
-
 def _configs() -> list[triton.Config]:
     return [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk, "SPLIT": split}, num_warps=4, num_stages=2)
-            for bn, bk, split in sorted(set(DENSE_SETTINGS) | set(INT4_SETTINGS))]
+            for bn, bk, split in DENSE_SETTINGS]
 
 
 def _prune(configs, named_args, **kwargs):
-    """The settings of the weight's kind (see DENSE_SETTINGS, INT4_SETTINGS), less those whose
-    splits would leave a program less than one tile or whose tile is narrower than a group."""
+    """Settings whose splits leave every program at least one tile."""
     args = {**named_args, **kwargs}
-    mine = set(INT4_SETTINGS if args["QUANT"] == 1 else DENSE_SETTINGS)
-    kept = [c for c in configs if (c.kwargs["BLOCK_N"], c.kwargs["BLOCK_K"], c.kwargs["SPLIT"]) in mine
-            and args["KW"] >= c.kwargs["SPLIT"] * c.kwargs["BLOCK_K"] >= c.kwargs["SPLIT"] * args["GROUP"]]
-    return kept or [triton.Config({"BLOCK_N": 4, "BLOCK_K": max(128, args["GROUP"]), "SPLIT": 1}, num_warps=4,
-                                  num_stages=2)]
+    kept = [c for c in configs if args["K"] >= c.kwargs["SPLIT"] * c.kwargs["BLOCK_K"]]
+    return kept or [triton.Config({"BLOCK_N": 4, "BLOCK_K": 128, "SPLIT": 1}, num_warps=4, num_stages=2)]
 
 
 def _per_split(args) -> int:
     """Columns of W per split, a whole number of BLOCK_K tiles."""
-    tiles = -(-args["KW"] // args["BLOCK_K"])
+    tiles = -(-args["K"] // args["BLOCK_K"])
     return -(-tiles // args["SPLIT"]) * args["BLOCK_K"]
 
 
@@ -260,10 +180,10 @@ def _kernel():
     interpret = interpreting()
     if interpret not in _KERNELS:
         jitted = triton.heuristics({"EVEN_N": lambda a: a["N"] % a["BLOCK_N"] == 0,
-                                    "EVEN_K": lambda a: a["KW"] == _per_split(a) * a["SPLIT"],
+                                    "EVEN_K": lambda a: a["K"] == _per_split(a) * a["SPLIT"],
                                     "PER_SPLIT": _per_split})(triton.jit(_matvec))
         _KERNELS[interpret] = jitted if interpret else triton.autotune(
-            configs=_configs(), key=["N", "K", "QUANT", "GROUP", "M", "PROLOGUE", "HAS_RES"],
+            configs=_configs(), key=["N", "K", "M", "PROLOGUE", "HAS_RES"],
             prune_configs_by={"early_config_prune": _prune})(jitted)
     return _KERNELS[interpret]
 
@@ -283,35 +203,27 @@ def pdl_enabled(device: torch.device) -> bool:
 MAX_SPLIT = 4
 
 
-def launch(x: Tensor, weight: Tensor, scale: Tensor | None, offset: Tensor | None, group_size: int,
-           bias: Tensor | None, norm_weight: Tensor | None, eps: float, silu_mul: bool, residual: Tensor | None,
-           setting: list[int] | None) -> Tensor:
-    """Runs the kernel; `scale` given: `weight` is kiln's packed int4 layout (see `_matvec`)."""
+def launch(x: Tensor, weight: Tensor, bias: Tensor | None, norm_weight: Tensor | None, eps: float, silu_mul: bool,
+           residual: Tensor | None, setting: list[int] | None) -> Tensor:
     x = x.contiguous()
     M = x.shape[0]
-    N, KW = weight.shape
-    quant = scale is not None
-    K = 2 * KW if quant else KW
+    N, K = weight.shape
     prologue = 1 if norm_weight is not None else 2 if silu_mul else 0
     y = torch.empty(M, N, dtype=x.dtype, device=x.device)
     part = torch.empty(MAX_SPLIT * M * N, dtype=torch.float32, device=x.device)
     res = residual.contiguous() if residual is not None else None
-    if quant:  # the packed bytes as int32 words (see `_int4_tile`)
-        weight = weight.contiguous().view(torch.int32)
-    args = (x, weight, scale if quant else weight, offset if quant else weight, y, norm_weight, bias, res, part,
-            arrival_counters(x.device, M * N), M, N, eps, x.stride(0), weight.stride(0), scale.stride(0) if quant else 0,
-            y.stride(0), res.stride(0) if res is not None else 0)
+    args = (x, weight, y, norm_weight, bias, res, part, arrival_counters(x.device, M * N), M, N, eps, x.stride(0),
+            weight.stride(0), y.stride(0), res.stride(0) if res is not None else 0)
     pdl = pdl_enabled(x.device)
-    flags = {"K": K, "KW": KW, "QUANT": int(quant), "GROUP": group_size if quant else 1, "PROLOGUE": prologue,
-             "HAS_BIAS": bias is not None, "HAS_RES": res is not None, "PDL": pdl}
+    flags = {"K": K, "PROLOGUE": prologue, "HAS_BIAS": bias is not None, "HAS_RES": res is not None, "PDL": pdl}
     if pdl:
         flags["launch_pdl"] = True
     if setting is not None or interpreting():
         bn, bk, split, warps, stages = (*(setting or INTERPRETED_SETTING), 4, 2)[:5]
         kernel = _kernel()
         kernel = getattr(kernel, "fn", kernel) if hasattr(kernel, "configs") else kernel  # past the autotuner
-        kernel[(M * triton.cdiv(N, bn), split)](*args, BLOCK_N=bn, BLOCK_K=max(bk, flags["GROUP"]), SPLIT=split,
-                                            num_warps=warps, num_stages=stages, **flags)
+        kernel[(M * triton.cdiv(N, bn), split)](*args, BLOCK_N=bn, BLOCK_K=bk, SPLIT=split, num_warps=warps,
+                                                num_stages=stages, **flags)
     else:
         _kernel()[lambda meta: (M * triton.cdiv(N, meta["BLOCK_N"]), meta["SPLIT"])](*args, **flags)
     return y
@@ -324,7 +236,7 @@ def matvec(x: Tensor, weight: Tensor, bias: Tensor | None, norm_weight: Tensor |
     dtype. `norm_weight`: RMSNorm x first (with `eps`); `silu_mul`: x = silu(first half) * second
     half; `bias` [N] and `residual` [M, N] are added after. `setting` (BLOCK_N, BLOCK_K, SPLIT,
     warps, stages) skips the autotuner (tests, benchmarks)."""
-    return launch(x, weight, None, None, 0, bias, norm_weight, eps, silu_mul, residual, setting)
+    return launch(x, weight, bias, norm_weight, eps, silu_mul, residual, setting)
 
 
 @matvec.register_fake
