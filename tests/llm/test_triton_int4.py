@@ -1,6 +1,6 @@
 """kiln's int4 layout and Triton kernel (kiln.llm.triton_int4) on CPU through Triton's interpreter:
 the packing, the kernel against the layer's own dequantized weight (rows, bias, partial blocks,
-uneven splits, bf16's exponent-add path), each fused part (RMSNorm, SwiGLU, the folded norm's
+uneven splits, 1-3 groups in flight, bf16's exponent-add path), each fused part (RMSNorm, SwiGLU, the folded norm's
 scalar, the SwiGLU epilogue, a residual), and `int4@triton` through quantize_decoder: norms folded,
 gate/up interleaved, the same outputs as its dequantized reference, the original model untouched.
 Triton picks its interpreter when first imported, so the kernel tests run in a subprocess
@@ -69,9 +69,9 @@ def eager_reference(layer, x, prologue, swiglu, residual, norm_weight, eps=1e-5)
 
 @interpreted
 @pytest.mark.parametrize("out_f,in_f,group,rows,bias,prologue,swiglu,residual,setting", [
-    (40, 256, 32, 1, False, "none", False, False, [32, 1]),     # a partial block of outputs
+    (40, 256, 32, 1, False, "none", False, False, [32, 1, 3]),  # a partial block; 3 of 8 groups in flight
     (16, 512, 128, 3, True, "none", False, False, [16, 3]),     # 4 groups in 3 uneven splits, rows, a bias
-    (24, 256, 64, 2, False, "rmsnorm", False, True, [8, 2]),    # unfolded norm per x, then a residual
+    (24, 256, 64, 2, False, "rmsnorm", False, True, [8, 2, 1]),  # unfolded norm per x, a residual; depth 1
     (24, 128, 32, 2, True, "silu_mul", False, False, [16, 4]),  # SwiGLU of the input halves first
     (48, 256, 32, 1, False, "rms", True, False, [16, 2]),       # folded norm's scalar; SwiGLU epilogue
     (20, 256, 32, 2, False, "rms", True, False, [8, 8]),        # 10 SwiGLU outputs, 8 splits

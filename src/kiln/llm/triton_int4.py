@@ -87,8 +87,8 @@ def _int4_matvec(X, Q, Scale, Offset, Y, NormW, Bias, Res, Part, Arrived, M, N, 
                  stride_xm, stride_ym, stride_rm,
                  K: tl.constexpr, GROUP: tl.constexpr, PROLOGUE: tl.constexpr, SWIGLU: tl.constexpr,
                  HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, PDL: tl.constexpr,
-                 BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, PER_SPLIT: tl.constexpr, EVEN: tl.constexpr,
-                 K_CHUNK: tl.constexpr):
+                 BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, DEPTH: tl.constexpr, PER_SPLIT: tl.constexpr,
+                 EVEN: tl.constexpr, K_CHUNK: tl.constexpr):
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
     row = pid % M  # rows fastest: the programs of one block's rows share its tiles through L2
@@ -103,7 +103,18 @@ def _int4_matvec(X, Q, Scale, Offset, Y, NormW, Bias, Res, Part, Arrived, M, N, 
     g0 = pid_k * PER_SPLIT
     if PDL:
         gdc_launch_dependents()
-    w = _words(q_tile + g0 * R * N, n_ok[None, :], g0 < GROUPS, EVEN)  # weights: no earlier kernel writes them
+    # DEPTH groups of weights in flight (no earlier kernel writes weights: read before the wait);
+    # past the split's last group a program reloads that one (an L2 hit) instead of masking.
+    last_g = g0 + PER_SPLIT - 1
+    w = _words(q_tile + g0 * R * N, n_ok[None, :], g0 < GROUPS, EVEN)
+    w1 = w
+    w2 = w
+    if DEPTH >= 2:
+        g1 = tl.minimum(g0 + 1, last_g)
+        w1 = _words(q_tile + g1 * R * N, n_ok[None, :], g1 < GROUPS, EVEN)
+    if DEPTH >= 3:
+        g2 = tl.minimum(g0 + 2, last_g)
+        w2 = _words(q_tile + g2 * R * N, n_ok[None, :], g2 < GROUPS, EVEN)
     if PDL:
         gdc_wait()
     rstd = 0.0
@@ -117,7 +128,7 @@ def _int4_matvec(X, Q, Scale, Offset, Y, NormW, Bias, Res, Part, Arrived, M, N, 
     acc = tl.zeros([R, BLOCK_N], dtype=tl.float32)
     for i in range(0, PER_SPLIT):
         g = g0 + i
-        nxt = g + 1 - (i + 1) // PER_SPLIT  # the last iteration reloads its own group (an L2 hit)
+        nxt = tl.minimum(g + DEPTH, last_g)
         w_next = _words(q_tile + nxt * R * N, n_ok[None, :], nxt < GROUPS, EVEN)
         g_ok = g < GROUPS
         # [R, BLOCK_N] pointers, equal down a column: the tile's own layout, no shared-memory copy
@@ -141,7 +152,15 @@ def _int4_matvec(X, Q, Scale, Offset, Y, NormW, Bias, Res, Part, Arrived, M, N, 
             part += _nibble(w, upper, j) * xj[:, None]
         acc = tl.fma(part, scale, acc)  # two FMAs per word
         acc = tl.fma(offset, xs[:, None], acc)
-        w = w_next
+        if DEPTH == 1:
+            w = w_next
+        elif DEPTH == 2:
+            w = w1
+            w1 = w_next
+        else:
+            w = w1
+            w1 = w2
+            w2 = w_next
     y = tl.sum(acc, 0) * (2.0 ** 49)  # [BLOCK_N]
     ok = n_ok
     if SPLIT > 1:  # partial sums out; the last program to arrive adds them in split order
@@ -177,14 +196,17 @@ def _int4_matvec(X, Q, Scale, Offset, Y, NormW, Bias, Res, Part, Arrived, M, N, 
         tl.store(Y + row * stride_ym + n, y, mask=ok)
 
 
-SETTINGS = [(bn, split) for bn in (128, 256) for split in (1, 2, 4, 8)] + [(64, 4), (64, 8)]
-"""(BLOCK_N, SPLIT) the autotuner tries: 3B projections have 24-64 groups and 3072-128256 outputs,
-so the narrow ones need splits of K to give every SM work. 256-wide blocks give each thread 4
-rows x 8 columns of words (one x value per word), 164 registers (3 programs per SM); 128-wide
-4 x 4 (96 registers)."""
-MAX_SPLIT = max(split for _, split in SETTINGS)
-INTERPRETED_SETTING = (32, 1)
-"""(BLOCK_N, SPLIT) under Triton's interpreter (no GPU to tune on); tests pass others."""
+SETTINGS = ([(64, split, 3) for split in (4, 8, 16)] + [(128, split, depth) for split in (2, 4, 8, 16) for depth in (2, 3)]
+            + [(256, split, depth) for split in (1, 2, 4) for depth in (1, 2)])
+"""(BLOCK_N, SPLIT, DEPTH) the autotuner tries. 3B projections have 24-64 groups and 3072-128256
+outputs, so the narrow ones need splits of K to give every SM work, and a program's groups are a
+chain of memory round trips unless several are in flight (DEPTH): in the first H100 profile
+(one group ahead) w_down took 17.4 us per call for 12.6 MB and wqkv 9.7 us for 8.4 MB, against
+81 us (2.4 TB/s) for the 197 MB lm_head. 256-wide blocks give each thread 4 rows x 8 columns of
+words (one x value per word; 164 registers at DEPTH 1), 128-wide 4 x 4 (96), 64-wide 1 x 8."""
+MAX_SPLIT = max(split for _, split, _ in SETTINGS)
+INTERPRETED_SETTING = (32, 1, 2)
+"""(BLOCK_N, SPLIT, DEPTH) under Triton's interpreter (no GPU to tune on); tests pass others."""
 _KERNELS: dict[bool, object] = {}
 
 
@@ -193,10 +215,12 @@ def _per_split(args) -> int:
 
 
 def _prune(configs, named_args, **kwargs):
-    """Settings with at least one group per split and at most as many outputs as there are."""
+    """Settings with at least one group per split, no more groups in flight than a split has, and
+    blocks no wider than the outputs."""
     args = {**named_args, **kwargs}
     groups = args["K"] // args["GROUP"]
-    kept = [c for c in configs if c.kwargs["SPLIT"] <= groups and c.kwargs["BLOCK_N"] <= max(64, args["N"])]
+    kept = [c for c in configs if c.kwargs["SPLIT"] <= groups and c.kwargs["DEPTH"] <= -(-groups // c.kwargs["SPLIT"])
+            and c.kwargs["BLOCK_N"] <= max(64, args["N"])]
     return kept or configs[:1]
 
 
@@ -209,7 +233,8 @@ def _kernel():
             "K_CHUNK": lambda a: min(1024, triton.next_power_of_2(a["K"])),
         })(triton.jit(_int4_matvec))
         _KERNELS[interpret] = jitted if interpret else triton.autotune(
-            configs=[triton.Config({"BLOCK_N": bn, "SPLIT": s}, num_warps=4, num_stages=1) for bn, s in SETTINGS],
+            configs=[triton.Config({"BLOCK_N": bn, "SPLIT": s, "DEPTH": d}, num_warps=4, num_stages=1)
+                     for bn, s, d in SETTINGS],
             key=["N", "K", "GROUP", "M", "PROLOGUE", "SWIGLU", "HAS_RES"],
             prune_configs_by={"early_config_prune": _prune})(jitted)
     return _KERNELS[interpret]
@@ -235,10 +260,11 @@ def launch(x: Tensor, packed: Tensor, scale: Tensor, offset: Tensor, group_size:
     if pdl:
         flags["launch_pdl"] = True
     if setting is not None or interpreting():
-        bn, split = (setting or INTERPRETED_SETTING)[:2]
+        bn, split, depth = (*(setting or INTERPRETED_SETTING), 2)[:3]
         kernel = _kernel()
         kernel = getattr(kernel, "fn", kernel) if hasattr(kernel, "configs") else kernel  # past the autotuner
-        kernel[(M * triton.cdiv(N, bn), split)](*args, BLOCK_N=bn, SPLIT=split, num_warps=4, num_stages=1, **flags)
+        kernel[(M * triton.cdiv(N, bn), split)](*args, BLOCK_N=bn, SPLIT=split, DEPTH=depth, num_warps=4, num_stages=1,
+                                                **flags)
     else:
         _kernel()[lambda meta: (M * triton.cdiv(N, meta["BLOCK_N"]), meta["SPLIT"])](*args, **flags)
     return y
@@ -251,7 +277,7 @@ def int4_matvec(x: Tensor, packed: Tensor, scale: Tensor, offset: Tensor, group_
     """x [M, K] (M <= MAX_ROWS; [M, 2K] with the `silu_mul` prologue) times the int4 weight
     (`Int4TritonLinear`'s buffers) -> [M, N] in x's dtype ([M, N/2] with `swiglu`). `prologue`:
     none, rmsnorm (`norm_weight`, `eps`), silu_mul, or rms (a folded norm: `eps` only); `bias`
-    and `residual` [M, N] are added after. `setting` (BLOCK_N, SPLIT) skips the autotuner."""
+    and `residual` [M, N] are added after. `setting` (BLOCK_N, SPLIT[, DEPTH]) skips the autotuner."""
     return launch(x, packed, scale, offset, group_size, bias, norm_weight, eps, prologue, swiglu, residual, setting)
 
 
