@@ -85,8 +85,19 @@ def _chunk_attention(Q, K, V, Start, Pos, Part, Lse, Arrived, Y, InvFreq, slots,
     chunk = tl.program_id(1)
     b = row_head // kv_heads
     kv = row_head % kv_heads
+    g = tl.arange(0, BLOCK_G)
+    d = tl.arange(0, BLOCK_D)
+    ITERS: tl.constexpr = CHUNK // BLOCK
+    # The chunk's first block of keys and values, masked by the cache's size only: slots before the
+    # step's were written by this layer's kernel in earlier steps and the step's own is replaced
+    # below, so they are read before waiting for the previous kernel (one memory round trip less
+    # after it; slots outside the row's valid range are masked out of the softmax).
+    s = chunk * CHUNK + tl.arange(0, BLOCK)
+    kv_ok = (s < slots)[:, None] & (d < D)[None, :]
+    k = tl.load(K + b * stride_kb + s[:, None] * stride_ks + kv * stride_kh + d[None, :], mask=kv_ok, other=0.0)
+    v = tl.load(V + b * stride_vb + s[:, None] * stride_vs + kv * stride_vh + d[None, :], mask=kv_ok, other=0.0)
     if PDL:  # programmatic dependent launch: the next kernel may be scheduled as these programs end;
-        gdc_launch_dependents()  # everything here reads what earlier kernels wrote, so wait first
+        gdc_launch_dependents()  # everything below reads what earlier kernels wrote, so wait first
         gdc_wait()
     end = tl.load(Pos) + 1  # one past the step's own slot
     start = end * 0  # the row's first real slot (its left padding), in the slot's integer type
@@ -97,9 +108,6 @@ def _chunk_attention(Q, K, V, Start, Pos, Part, Lse, Arrived, Y, InvFreq, slots,
         first = tl.maximum(first, end - window)
     lo = tl.maximum(chunk * CHUNK, first)
     hi = tl.minimum(chunk * CHUNK + CHUNK, end)
-
-    g = tl.arange(0, BLOCK_G)
-    d = tl.arange(0, BLOCK_D)
     heads = kv * G + g
     gd_ok = (g < G)[:, None] & (d < D)[None, :]
     if ROPE:  # Q is the projection's output [B, (H + 2 Hkv) D]: rotate q and this head's new key here
@@ -123,15 +131,17 @@ def _chunk_attention(Q, K, V, Start, Pos, Part, Lse, Arrived, Y, InvFreq, slots,
     m = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
     total = tl.zeros([BLOCK_G], dtype=tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
-    for i in range(0, CHUNK // BLOCK):  # a static trip count; slots outside [lo, hi) load nothing
-        s = chunk * CHUNK + i * BLOCK + tl.arange(0, BLOCK)
+    for i in range(0, ITERS):  # a static trip count
         s_ok = (s >= lo) & (s < hi)
-        # Keys and values are loaded back to back and masked by the cache's size only, so both
-        # reads start before the step's position arrives (slots outside [lo, hi) are read, then
-        # masked out of the softmax: at batch 1 the cache is ~2 % of a step's bytes).
-        kv_ok = (s < slots)[:, None] & (d < D)[None, :]
-        k = tl.load(K + b * stride_kb + s[:, None] * stride_ks + kv * stride_kh + d[None, :], mask=kv_ok, other=0.0)
-        v = tl.load(V + b * stride_vb + s[:, None] * stride_vs + kv * stride_vh + d[None, :], mask=kv_ok, other=0.0)
+        # The next block's keys and values are loaded before this one is used, masked by the cache's
+        # size only, so the reads do not wait for the step's position (at batch 1 the cache is ~2 %
+        # of a step's bytes; slots outside [lo, hi) are masked out of the softmax).
+        s_next = s + BLOCK
+        next_ok = (s_next < slots)[:, None] & (d < D)[None, :] & (i + 1 < ITERS)
+        k_next = tl.load(K + b * stride_kb + s_next[:, None] * stride_ks + kv * stride_kh + d[None, :], mask=next_ok,
+                         other=0.0)
+        v_next = tl.load(V + b * stride_vb + s_next[:, None] * stride_vs + kv * stride_vh + d[None, :], mask=next_ok,
+                         other=0.0)
         if ROPE:  # the step's own slot: the new key and value (its write above may not be visible yet)
             here = (s == end - 1)[:, None]
             k = tl.where(here, k_new[None, :], k)
@@ -145,6 +155,7 @@ def _chunk_attention(Q, K, V, Start, Pos, Part, Lse, Arrived, Y, InvFreq, slots,
         total = total * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m = m_new
+        s, k, v = s_next, k_next, v_next
     has = total > 0
     part = tl.where(has[:, None], acc / tl.where(has, total, 1.0)[:, None], 0.0)
     lse = tl.where(has, m + tl.log(tl.where(has, total, 1.0)), float("-inf"))

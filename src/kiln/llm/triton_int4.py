@@ -63,17 +63,59 @@ def _nibble(w, upper, J: tl.constexpr):
 
 
 @triton.jit
-def _scaled_x(x_at, NormW, k, ok, rstd, K: tl.constexpr, PROLOGUE: tl.constexpr, J: tl.constexpr):
-    """x at the inputs k of nibble J, times 2^E, E = 100 - s (s as in `_nibble`), in fp32. A plain
-    bf16 x (no prologue, or a folded norm) is scaled by adding E to its exponent as it is widened
-    (one integer op: a bf16's bits are the top half of its fp32): exact for normal values; a zero
-    or subnormal x becomes at most 2^(E-126), whose product with a nibble (< 2^-129) rounds to
-    zero. Otherwise `_x_tile`'s value times 2^E."""
+def _exp_add(raw, J: tl.constexpr):
+    """bf16 values `raw` times 2^E in fp32, E = 100 - s (s as in `_nibble`), by adding E to the
+    exponent as they are widened (a bf16's bits are the top half of its fp32): exact for normal
+    values; a zero or subnormal becomes at most 2^(E-126), whose product with a nibble (< 2^-129
+    with s <= 16) rounds to zero."""
     E: tl.constexpr = 100 - 4 * J + 12 * (J // 5)
-    if (PROLOGUE == 0 or PROLOGUE == 3) and x_at.dtype.element_ty == tl.bfloat16:
-        bits = tl.load(x_at, mask=ok, other=0.0).to(tl.float32).to(tl.int32, bitcast=True)
-        return (bits + (E << 23)).to(tl.float32, bitcast=True)
+    return (raw.to(tl.float32).to(tl.int32, bitcast=True) + (E << 23)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _scaled_x(x_at, NormW, k, ok, rstd, K: tl.constexpr, PROLOGUE: tl.constexpr, J: tl.constexpr):
+    """`_x_tile`'s x (the prologue applied) at the inputs k of nibble J, times 2^(100 - s)."""
+    E: tl.constexpr = 100 - 4 * J + 12 * (J // 5)
     return _x_tile(x_at, NormW, k, ok, rstd, K, PROLOGUE) * (2.0 ** E)
+
+
+@triton.jit
+def _x_raw8(at, ok):
+    """The eight x values of each word row (`at`: pointers to their first), as stored."""
+    return (tl.load(at, mask=ok, other=0.0), tl.load(at + 1, mask=ok, other=0.0), tl.load(at + 2, mask=ok, other=0.0),
+            tl.load(at + 3, mask=ok, other=0.0), tl.load(at + 4, mask=ok, other=0.0), tl.load(at + 5, mask=ok, other=0.0),
+            tl.load(at + 6, mask=ok, other=0.0), tl.load(at + 7, mask=ok, other=0.0))
+
+
+@triton.jit
+def _pick(J: tl.constexpr, x0, x1, x2, x3, x4, x5, x6, x7):
+    if J == 0:
+        return x0
+    elif J == 1:
+        return x1
+    elif J == 2:
+        return x2
+    elif J == 3:
+        return x3
+    elif J == 4:
+        return x4
+    elif J == 5:
+        return x5
+    elif J == 6:
+        return x6
+    else:
+        return x7
+
+
+@triton.jit
+def _rstd(x_row, eps, K: tl.constexpr, K_CHUNK: tl.constexpr):
+    """1 / rms of the row's K values (every split needs the whole row's)."""
+    squares = tl.zeros([K_CHUNK], dtype=tl.float32)
+    kk = tl.arange(0, K_CHUNK)
+    for k0 in tl.static_range(0, K, K_CHUNK):
+        h = tl.load(x_row + k0 + kk, mask=(k0 + kk) < K, other=0.0).to(tl.float32)
+        squares += h * h
+    return tl.rsqrt(tl.sum(squares, 0) / K + eps)
 
 
 @triton.jit
@@ -117,14 +159,15 @@ def _int4_matvec(X, Q, Scale, Offset, Y, NormW, Bias, Res, Part, Arrived, M, N, 
         w2 = _words(q_tile + g2 * R * N, n_ok[None, :], g2 < GROUPS, EVEN)
     if PDL:
         gdc_wait()
+    # FAST: plain bf16 x (no prologue per value): its values are loaded one group ahead too, and a
+    # folded norm's 1/rms is computed after the loop (only the output needs it).
+    FAST: tl.constexpr = (PROLOGUE == 0 or PROLOGUE == 3) and X.dtype.element_ty == tl.bfloat16
     rstd = 0.0
-    if PROLOGUE == 1 or PROLOGUE == 3:  # 1 / rms of the whole row (every split needs it)
-        squares = tl.zeros([K_CHUNK], dtype=tl.float32)
-        kk = tl.arange(0, K_CHUNK)
-        for k0 in tl.static_range(0, K, K_CHUNK):
-            h = tl.load(x_row + k0 + kk, mask=(k0 + kk) < K, other=0.0).to(tl.float32)
-            squares += h * h
-        rstd = tl.rsqrt(tl.sum(squares, 0) / K + eps)
+    if PROLOGUE == 1:
+        rstd = _rstd(x_row, eps, K, K_CHUNK)
+    if FAST:
+        k = g0 * GROUP + 8 * r
+        x0, x1, x2, x3, x4, x5, x6, x7 = _x_raw8(x_row + k, (k < K) & (g0 < GROUPS))
     acc = tl.zeros([R, BLOCK_N], dtype=tl.float32)
     for i in range(0, PER_SPLIT):
         g = g0 + i
@@ -145,11 +188,19 @@ def _int4_matvec(X, Q, Scale, Offset, Y, NormW, Bias, Res, Part, Arrived, M, N, 
         upper = w >> 12  # the top three nibbles down to bits 8..19
         part = tl.zeros([R, BLOCK_N], dtype=tl.float32)
         xs = tl.zeros([R], dtype=tl.float32)  # sum of the row's x values, times 2^-49
+        if FAST:  # the next group's x values, in flight while this group is computed
+            kn = tl.minimum(g + 1, last_g) * GROUP + 8 * r
+            n0, n1, n2, n3, n4, n5, n6, n7 = _x_raw8(x_row + kn, (kn < K) & (g + 1 < GROUPS))
         for j in tl.static_range(8):
             # nibble j sits at bit s = 4j of w (j < 5) or 4j - 12 of upper: q 2^(s-149) x 2^(100-s) = q x 2^-49
-            xj = _scaled_x(x_row + k + j, NormW, k + j, k_ok, rstd, K, PROLOGUE, j)
+            if FAST:
+                xj = _exp_add(_pick(j, x0, x1, x2, x3, x4, x5, x6, x7), j)
+            else:
+                xj = _scaled_x(x_row + k + j, NormW, k + j, k_ok, rstd, K, PROLOGUE, j)
             xs += xj * (2.0 ** (4 * j - 12 * (j // 5) - 149))
             part += _nibble(w, upper, j) * xj[:, None]
+        if FAST:
+            x0, x1, x2, x3, x4, x5, x6, x7 = n0, n1, n2, n3, n4, n5, n6, n7
         acc = tl.fma(part, scale, acc)  # two FMAs per word
         acc = tl.fma(offset, xs[:, None], acc)
         if DEPTH == 1:
@@ -162,6 +213,8 @@ def _int4_matvec(X, Q, Scale, Offset, Y, NormW, Bias, Res, Part, Arrived, M, N, 
             w1 = w2
             w2 = w_next
     y = tl.sum(acc, 0) * (2.0 ** 49)  # [BLOCK_N]
+    if PROLOGUE == 3:
+        rstd = _rstd(x_row, eps, K, K_CHUNK)
     ok = n_ok
     if SPLIT > 1:  # partial sums out; the last program to arrive adds them in split order
         part_at = Part + row * N + n
