@@ -162,12 +162,18 @@ def _int4_matvec(X, Q, Scale, Offset, Y, NormW, Bias, Res, Part, Arrived, M, N, 
     # FAST: plain bf16 x (no prologue per value): its values are loaded one group ahead too, and a
     # folded norm's 1/rms is computed after the loop (only the output needs it).
     FAST: tl.constexpr = (PROLOGUE == 0 or PROLOGUE == 3) and X.dtype.element_ty == tl.bfloat16
-    rstd = 0.0
-    if PROLOGUE == 1:
-        rstd = _rstd(x_row, eps, K, K_CHUNK)
+    # Everything else a program reads from earlier kernels is requested at once, before the first
+    # group is used: its x values, the residual and bias of its outputs, the row for 1/rms.
     if FAST:
         k = g0 * GROUP + 8 * r
         x0, x1, x2, x3, x4, x5, x6, x7 = _x_raw8(x_row + k, (k < K) & (g0 < GROUPS))
+    if HAS_RES:
+        res = tl.load(Res + row * stride_rm + n, mask=n_ok, other=0.0)
+    if HAS_BIAS:
+        bias = tl.load(Bias + n, mask=n_ok, other=0.0).to(tl.float32)
+    rstd = 0.0
+    if PROLOGUE == 1 or PROLOGUE == 3:
+        rstd = _rstd(x_row, eps, K, K_CHUNK)
     acc = tl.zeros([R, BLOCK_N], dtype=tl.float32)
     for i in range(0, PER_SPLIT):
         g = g0 + i
@@ -213,8 +219,6 @@ def _int4_matvec(X, Q, Scale, Offset, Y, NormW, Bias, Res, Part, Arrived, M, N, 
             w1 = w2
             w2 = w_next
     y = tl.sum(acc, 0) * (2.0 ** 49)  # [BLOCK_N]
-    if PROLOGUE == 3:
-        rstd = _rstd(x_row, eps, K, K_CHUNK)
     ok = n_ok
     if SPLIT > 1:  # partial sums out; the last program to arrive adds them in split order
         part_at = Part + row * N + n
@@ -230,7 +234,7 @@ def _int4_matvec(X, Q, Scale, Offset, Y, NormW, Bias, Res, Part, Arrived, M, N, 
     if PROLOGUE == 3:
         y = y * rstd
     if HAS_BIAS:
-        y += tl.load(Bias + n, mask=n_ok, other=0.0).to(tl.float32)
+        y += bias
     y = y.to(dtype)
     if SWIGLU:  # rows are gate, up, gate, up, ...: write silu(gate) * up
         gate, up = tl.split(tl.reshape(y, [BLOCK_N // 2, 2]))
@@ -244,13 +248,12 @@ def _int4_matvec(X, Q, Scale, Offset, Y, NormW, Bias, Res, Part, Arrived, M, N, 
         tl.store(Y + row * stride_ym + m, act, mask=m_ok)
     else:
         if HAS_RES:
-            res = tl.load(Res + row * stride_rm + n, mask=ok, other=0.0)
             y = (res.to(tl.float32) + y.to(tl.float32)).to(dtype)
         tl.store(Y + row * stride_ym + n, y, mask=ok)
 
 
 SETTINGS = ([(64, split, 3) for split in (4, 8, 16)] + [(128, split, depth) for split in (2, 4, 8, 16) for depth in (2, 3)]
-            + [(256, split, depth) for split in (1, 2, 4) for depth in (1, 2)])
+            + [(256, split, depth) for split in (1, 2, 3, 4) for depth in (1, 2)])
 """(BLOCK_N, SPLIT, DEPTH) the autotuner tries. 3B projections have 24-64 groups and 3072-128256
 outputs, so the narrow ones need splits of K to give every SM work, and a program's groups are a
 chain of memory round trips unless several are in flight (DEPTH): in the first H100 profile
