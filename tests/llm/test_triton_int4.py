@@ -74,7 +74,7 @@ def eager_reference(layer, x, prologue, swiglu, residual, norm_weight, eps=1e-5)
     (24, 256, 64, 2, False, "rmsnorm", False, True, [8, 2, 1]),  # unfolded norm per x, a residual; depth 1
     (24, 128, 32, 2, True, "silu_mul", False, False, [16, 4]),  # SwiGLU of the input halves first
     (48, 256, 32, 1, False, "rms", True, False, [16, 2]),       # folded norm's scalar; SwiGLU epilogue
-    (20, 256, 32, 2, False, "rms", True, False, [8, 8]),        # 10 SwiGLU outputs, 8 splits
+    (20, 256, 32, 2, False, "rms", True, False, [8, 8, 2, 8]),  # 10 SwiGLU outputs, 8 splits, 8 warps
 ])
 def test_kernel_matches_the_dequantized_math(out_f, in_f, group, rows, bias, prologue, swiglu, residual, setting):
     torch.manual_seed(out_f + in_f)

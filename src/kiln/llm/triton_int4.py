@@ -252,15 +252,18 @@ def _int4_matvec(X, Q, Scale, Offset, Y, NormW, Bias, Res, Part, Arrived, M, N, 
         tl.store(Y + row * stride_ym + n, y, mask=ok)
 
 
-SETTINGS = ([(64, split, 3) for split in (4, 8, 16)] + [(128, split, depth) for split in (2, 4, 8, 16) for depth in (2, 3)]
-            + [(256, split, depth) for split in (1, 2, 3, 4) for depth in (1, 2)])
-"""(BLOCK_N, SPLIT, DEPTH) the autotuner tries. 3B projections have 24-64 groups and 3072-128256
+SETTINGS = ([(64, split, 3, 4) for split in (4, 8, 16)]
+            + [(128, split, depth, 4) for split in (2, 4, 8, 16) for depth in (2, 3)]
+            + [(256, split, depth, 4) for split in (1, 2, 3, 4) for depth in (1, 2)]
+            + [(256, split, 2, 8) for split in (1, 2, 4)])
+"""(BLOCK_N, SPLIT, DEPTH, warps) the autotuner tries. 3B projections have 24-64 groups and 3072-128256
 outputs, so the narrow ones need splits of K to give every SM work, and a program's groups are a
 chain of memory round trips unless several are in flight (DEPTH): in the first H100 profile
 (one group ahead) w_down took 17.4 us per call for 12.6 MB and wqkv 9.7 us for 8.4 MB, against
 81 us (2.4 TB/s) for the 197 MB lm_head. 256-wide blocks give each thread 4 rows x 8 columns of
-words (one x value per word; 164 registers at DEPTH 1), 128-wide 4 x 4 (96), 64-wide 1 x 8."""
-MAX_SPLIT = max(split for _, split, _ in SETTINGS)
+words (one x value per word; 164 registers at DEPTH 1) with 4 warps, 2 x 8 with 8 warps (128
+registers at DEPTH 2), 128-wide 4 x 4 (96), 64-wide 1 x 8."""
+MAX_SPLIT = max(setting[1] for setting in SETTINGS)
 INTERPRETED_SETTING = (32, 1, 2)
 """(BLOCK_N, SPLIT, DEPTH) under Triton's interpreter (no GPU to tune on); tests pass others."""
 _KERNELS: dict[bool, object] = {}
@@ -289,8 +292,8 @@ def _kernel():
             "K_CHUNK": lambda a: min(1024, triton.next_power_of_2(a["K"])),
         })(triton.jit(_int4_matvec))
         _KERNELS[interpret] = jitted if interpret else triton.autotune(
-            configs=[triton.Config({"BLOCK_N": bn, "SPLIT": s, "DEPTH": d}, num_warps=4, num_stages=1)
-                     for bn, s, d in SETTINGS],
+            configs=[triton.Config({"BLOCK_N": bn, "SPLIT": s, "DEPTH": d}, num_warps=w, num_stages=1)
+                     for bn, s, d, w in SETTINGS],
             key=["N", "K", "GROUP", "M", "PROLOGUE", "SWIGLU", "HAS_RES"],
             prune_configs_by={"early_config_prune": _prune})(jitted)
     return _KERNELS[interpret]
@@ -316,11 +319,12 @@ def launch(x: Tensor, packed: Tensor, scale: Tensor, offset: Tensor, group_size:
     if pdl:
         flags["launch_pdl"] = True
     if setting is not None or interpreting():
-        bn, split, depth = (*(setting or INTERPRETED_SETTING), 2)[:3]
+        given = list(setting or INTERPRETED_SETTING)
+        bn, split, depth, warps = given + [2, 4][len(given) - 2:]  # DEPTH 2 and 4 warps unless given
         kernel = _kernel()
         kernel = getattr(kernel, "fn", kernel) if hasattr(kernel, "configs") else kernel  # past the autotuner
-        kernel[(M * triton.cdiv(N, bn), split)](*args, BLOCK_N=bn, SPLIT=split, DEPTH=depth, num_warps=4, num_stages=1,
-                                                **flags)
+        kernel[(M * triton.cdiv(N, bn), split)](*args, BLOCK_N=bn, SPLIT=split, DEPTH=depth, num_warps=warps,
+                                                num_stages=1, **flags)
     else:
         _kernel()[lambda meta: (M * triton.cdiv(N, meta["BLOCK_N"]), meta["SPLIT"])](*args, **flags)
     return y
@@ -333,7 +337,8 @@ def int4_matvec(x: Tensor, packed: Tensor, scale: Tensor, offset: Tensor, group_
     """x [M, K] (M <= MAX_ROWS; [M, 2K] with the `silu_mul` prologue) times the int4 weight
     (`Int4TritonLinear`'s buffers) -> [M, N] in x's dtype ([M, N/2] with `swiglu`). `prologue`:
     none, rmsnorm (`norm_weight`, `eps`), silu_mul, or rms (a folded norm: `eps` only); `bias`
-    and `residual` [M, N] are added after. `setting` (BLOCK_N, SPLIT[, DEPTH]) skips the autotuner."""
+    and `residual` [M, N] are added after. `setting` (BLOCK_N, SPLIT[, DEPTH[, warps]]) skips the
+    autotuner."""
     return launch(x, packed, scale, offset, group_size, bias, norm_weight, eps, prologue, swiglu, residual, setting)
 
 
