@@ -16,13 +16,14 @@ first, one shift per word) its bits read as an fp32 denormal equal to q * 2^(s-1
 the FMA multiplies it by x * 2^(100-s) (a power of two, exact), so each input costs one logical
 op and one FMA, and every product carries the same factor 2^-49, removed once per output. Per
 group sum_k (q_k scale + offset) x_k = scale sum_k q_k x_k + offset sum_k x_k: the scale is
-applied once per word, the offset once per group and output. In Triton's sm_90 code the loop
-over a group is about 2.3 instructions per input (the first layout's took 6.3: two logical ops,
-a subtraction and shared-memory round trips per nibble).
+applied once per word, the offset once per group and output. In Triton's sm_90 code (compiled
+here for sm_90 and counted) the loop over a group is 3.4-3.6 SASS instructions per input, no
+shared memory (the first layout's took 6.3: two logical ops, a subtraction and shared-memory
+round trips per nibble).
 
 Fused parts (fixed at compile time):
 - prologue `rms`: the model's RMSNorm weight was folded into this weight when it was quantized
-  (`fold_norm`, see kiln.llm.quant), so the norm is one scalar per row, 1/rms(h), applied to
+  (kiln.llm.quant, int4@triton), so the norm is one scalar per row, 1/rms(h), applied to
   the output: y = rstd * (W diag(norm_w)) h. `rmsnorm` (an unfolded weight) and `silu_mul`
   prologues are computed per x value, as in kiln.llm.triton_matvec;
 - epilogue `swiglu`: the layer's rows are gate and up interleaved (gate j, up j, ...), and the
@@ -30,8 +31,17 @@ Fused parts (fixed at compile time):
   down projection's input is ready and its kernel has no prologue;
 - + bias, + a residual.
 Splits of K and their ordered reduction, programmatic dependent launch and the autotuned
-settings work as in kiln.llm.triton_matvec. Longer inputs (prefill) dequantize the weight and
+settings work as in kiln.llm.triton_matvec; besides, up to DEPTH groups of weights and the next
+group's x values are in flight per program. Longer inputs (prefill) dequantize the weight and
 call `linear`. Tests run it on CPU through Triton's interpreter (TRITON_INTERPRET=1).
+
+Measured on an H100 (benchmarks/results/h100/llm/decode_matvec, folders 11-15, Llama-3.2-3B
+shape, g128): 3B decode 650.5 tok/s at best (kiln bf16 380.7, torchao's tinygemm 607.6, same
+process: 1.71x and 1.07x), 618-635 in the two calls after; the one-token matmuls of a step take
+1.31-1.46 ms standalone (tinygemm 1.20-1.24), the lm_head 82-89 us (2.4-2.5 TB/s, tinygemm 106).
+In the model a projection of 5-13 MB still takes 8-11 us: its programs each chain a few groups,
+a split reduction and the wait for the previous kernel, so the small ones are bound by latency,
+not bytes. The first layout decoded 382 tok/s.
 """
 
 from __future__ import annotations
@@ -162,18 +172,12 @@ def _int4_matvec(X, Q, Scale, Offset, Y, NormW, Bias, Res, Part, Arrived, M, N, 
     # FAST: plain bf16 x (no prologue per value): its values are loaded one group ahead too, and a
     # folded norm's 1/rms is computed after the loop (only the output needs it).
     FAST: tl.constexpr = (PROLOGUE == 0 or PROLOGUE == 3) and X.dtype.element_ty == tl.bfloat16
-    # Everything else a program reads from earlier kernels is requested at once, before the first
-    # group is used: its x values, the residual and bias of its outputs, the row for 1/rms.
+    rstd = 0.0
+    if PROLOGUE == 1:
+        rstd = _rstd(x_row, eps, K, K_CHUNK)
     if FAST:
         k = g0 * GROUP + 8 * r
         x0, x1, x2, x3, x4, x5, x6, x7 = _x_raw8(x_row + k, (k < K) & (g0 < GROUPS))
-    if HAS_RES:
-        res = tl.load(Res + row * stride_rm + n, mask=n_ok, other=0.0)
-    if HAS_BIAS:
-        bias = tl.load(Bias + n, mask=n_ok, other=0.0).to(tl.float32)
-    rstd = 0.0
-    if PROLOGUE == 1 or PROLOGUE == 3:
-        rstd = _rstd(x_row, eps, K, K_CHUNK)
     acc = tl.zeros([R, BLOCK_N], dtype=tl.float32)
     for i in range(0, PER_SPLIT):
         g = g0 + i
@@ -219,6 +223,8 @@ def _int4_matvec(X, Q, Scale, Offset, Y, NormW, Bias, Res, Part, Arrived, M, N, 
             w1 = w2
             w2 = w_next
     y = tl.sum(acc, 0) * (2.0 ** 49)  # [BLOCK_N]
+    if PROLOGUE == 3:
+        rstd = _rstd(x_row, eps, K, K_CHUNK)
     ok = n_ok
     if SPLIT > 1:  # partial sums out; the last program to arrive adds them in split order
         part_at = Part + row * N + n
@@ -234,7 +240,7 @@ def _int4_matvec(X, Q, Scale, Offset, Y, NormW, Bias, Res, Part, Arrived, M, N, 
     if PROLOGUE == 3:
         y = y * rstd
     if HAS_BIAS:
-        y += bias
+        y += tl.load(Bias + n, mask=n_ok, other=0.0).to(tl.float32)
     y = y.to(dtype)
     if SWIGLU:  # rows are gate, up, gate, up, ...: write silu(gate) * up
         gate, up = tl.split(tl.reshape(y, [BLOCK_N // 2, 2]))
@@ -248,24 +254,26 @@ def _int4_matvec(X, Q, Scale, Offset, Y, NormW, Bias, Res, Part, Arrived, M, N, 
         tl.store(Y + row * stride_ym + m, act, mask=m_ok)
     else:
         if HAS_RES:
+            res = tl.load(Res + row * stride_rm + n, mask=ok, other=0.0)
             y = (res.to(tl.float32) + y.to(tl.float32)).to(dtype)
         tl.store(Y + row * stride_ym + n, y, mask=ok)
 
 
 SETTINGS = ([(64, split, 3, 4) for split in (4, 8, 16)]
             + [(128, split, depth, 4) for split in (2, 4, 8, 16) for depth in (2, 3)]
-            + [(256, split, depth, 4) for split in (1, 2, 3, 4) for depth in (1, 2)]
-            + [(256, split, 2, 8) for split in (1, 2, 4)])
+            + [(256, split, depth, 4) for split in (1, 2, 4) for depth in (1, 2)])
 """(BLOCK_N, SPLIT, DEPTH, warps) the autotuner tries. 3B projections have 24-64 groups and 3072-128256
 outputs, so the narrow ones need splits of K to give every SM work, and a program's groups are a
 chain of memory round trips unless several are in flight (DEPTH): in the first H100 profile
 (one group ahead) w_down took 17.4 us per call for 12.6 MB and wqkv 9.7 us for 8.4 MB, against
 81 us (2.4 TB/s) for the 197 MB lm_head. 256-wide blocks give each thread 4 rows x 8 columns of
-words (one x value per word; 164 registers at DEPTH 1) with 4 warps, 2 x 8 with 8 warps (128
-registers at DEPTH 2), 128-wide 4 x 4 (96), 64-wide 1 x 8."""
+words (one x value per word; 164 registers at DEPTH 1), 128-wide 4 x 4 (96), 64-wide 1 x 8.
+Tried on an H100 and dropped (benchmarks/results/h100/llm/decode_matvec 14, 15): 3-way splits and
+8 warps for 256-wide blocks, and requesting the residual and the row for 1/rms before the first
+group: no kernel got faster in the model, warm-up took 121 s instead of 72."""
 MAX_SPLIT = max(setting[1] for setting in SETTINGS)
 INTERPRETED_SETTING = (32, 1, 2)
-"""(BLOCK_N, SPLIT, DEPTH) under Triton's interpreter (no GPU to tune on); tests pass others."""
+"""(BLOCK_N, SPLIT, DEPTH) under Triton's interpreter (4 warps; no GPU to tune on); tests pass others."""
 _KERNELS: dict[bool, object] = {}
 
 
