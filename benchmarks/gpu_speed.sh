@@ -11,6 +11,7 @@
 #             plain loops; FLOPs per step against the matmul peak measured in the same process
 #   vitbest   ViT-B/16 bf16-mixed and bf16-true, whole-model default / reduce-overhead with whole-step
 #             capture beside the plain loops of both modes (autotune's winner, 2026-11-24)
+#   vitcdt    vitbest's default-mode rows with inductor's coordinate-descent tuning (both precisions)
 #   vitmax    ViT-B/16 max-autotune-no-cudagraphs (regional) and bf16-true rows
 #   regional  cold compile time, whole-model vs regional, of a 24-block model (seed MLP) and ViT-L depth 24
 # Writes $OUT/speed/<part>/results.{json,md,png} + logs, packed into $OUT/speed.tgz.
@@ -68,6 +69,11 @@ for part in $PARTS; do
       bench vit_best --preset seed001-vit --precisions bf16-mixed,bf16-true --losses task --modes default,reduce-overhead \
         --backends inductor --scopes model --regional off --cudagraphs on --baseline plain --warmup 3 --accuracy-steps 3 \
         "${VIT[@]}"
+      ;;
+    vitcdt)
+      bench vit_cdt --preset seed001-vit --precisions bf16-mixed,bf16-true --losses task --modes default \
+        --backends inductor --scopes model --regional off --cudagraphs on --baseline plain --warmup 3 --accuracy-steps 3 \
+        compile.options.coordinate_descent_tuning=true "${VIT[@]}"
       ;;
     vitmax)
       bench vit_max --preset seed001-vit --precisions bf16-mixed,bf16-true --losses task \
