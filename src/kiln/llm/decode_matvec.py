@@ -3,7 +3,9 @@ fused reductions) or `triton` (kiln.llm.triton_matvec), and where each can run.
 
 With `triton` a decode step's layer is four kernel calls around the attention: RMSNorm + wqkv,
 wo + the residual add, RMSNorm + w_gate_up, SwiGLU + w_down + the residual add (and the final
-norm + lm_head), each one launch of kiln's kernel (`fused_linear`). Projections the kernel does
+norm + lm_head), each one launch of kiln's kernel (`fused_linear`, `fused_mlp`). With int4@triton
+weights (kiln.llm.triton_int4) the norms' weights are folded into the projections and the
+SwiGLU is the gate/up kernel's epilogue. Projections the kernel does
 not read (torchao's int4 and int8 layouts, bitsandbytes) keep their own matmul with the norm,
 SwiGLU and residual add computed around it, which is what `inductor` does for every projection.
 

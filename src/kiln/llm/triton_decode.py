@@ -28,8 +28,12 @@ launched with programmatic dependent launch (kiln.llm.triton_matvec.PDL), so wit
 `--decode-matvec triton` every kernel of a layer is scheduled while the one before it ends. This
 replaced three inductor kernels per layer (RoPE of q, RoPE of k with its cache write, the value's
 cache write: ~4 us of ~11 per layer) and their launch gaps: the 3B step went from 228 kernels to
-145, and to 376.0 tok/s, 84 % of the roofline (benchmarks/results/h100/llm/decode_matvec). The op declares the caches it writes; inductor calls
-it on them in place (tests/llm/test_triton_decode.py checks that no copy is made).
+145, and to 376.0 tok/s, 84 % of the roofline (benchmarks/results/h100/llm/decode_matvec). The op
+declares the caches it writes; inductor calls it on them in place (tests/llm/test_triton_decode.py
+checks that no copy is made). Under PDL each program reads its first block of keys and values
+before it waits (only this kernel writes a layer's cache, and the step's own slot is taken from
+the projection instead), so the wait is followed by the query's read alone: from the projection's
+end to the attention's, a 3B layer took 9.2-9.5 us instead of 11.3-11.6 (decode_matvec 11-15).
 
 Tests run it on CPU through Triton's interpreter (TRITON_INTERPRET=1, fp32); the GPU check is
 benchmarks/decode_attention_check.py.

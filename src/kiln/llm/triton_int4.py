@@ -35,10 +35,10 @@ settings work as in kiln.llm.triton_matvec; besides, up to DEPTH groups of weigh
 group's x values are in flight per program. Longer inputs (prefill) dequantize the weight and
 call `linear`. Tests run it on CPU through Triton's interpreter (TRITON_INTERPRET=1).
 
-Measured on an H100 (benchmarks/results/h100/llm/decode_matvec, folders 11-15, Llama-3.2-3B
+Measured on an H100 (benchmarks/results/h100/llm/decode_matvec, folders 11-16, Llama-3.2-3B
 shape, g128): 3B decode 650.5 tok/s at best (kiln bf16 380.7, torchao's tinygemm 607.6, same
-process: 1.71x and 1.07x), 618-635 in the two calls after; the one-token matmuls of a step take
-1.31-1.46 ms standalone (tinygemm 1.20-1.24), the lm_head 82-89 us (2.4-2.5 TB/s, tinygemm 106).
+process: 1.71x and 1.07x), this code again 643.1 (379.7, 608.0); the one-token matmuls of a step take
+1.31-1.46 ms standalone (tinygemm 1.19-1.24), the lm_head 82-89 us (2.4-2.5 TB/s, tinygemm 106).
 In the model a projection of 5-13 MB still takes 8-11 us: its programs each chain a few groups,
 a split reduction and the wait for the previous kernel, so the small ones are bound by latency,
 not bytes. The first layout decoded 382 tok/s.
