@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("int4_matvec_bench: needs a CUDA device", file=sys.stderr)
         return 2
-    from kiln.llm.triton_int4 import Int4TritonLinear
+    from kiln.llm.int4_layout import Int4TritonLinear
 
     torch.manual_seed(0)
     dev = torch.device("cuda")

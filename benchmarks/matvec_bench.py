@@ -164,8 +164,8 @@ def main(argv: list[str] | None = None) -> int:
                 x, w, norm=None if n is None else (n, eps), silu_mul=p == "silu_mul", residual=r),
         }
         if args.int4:  # tinygemm alone (torch's int4 op, torchao's kernel) and kiln's kernel on int4, fused
+            from kiln.llm.int4_layout import Int4TritonLinear
             from kiln.llm.quant_torch import Int4WeightOnlyLinear
-            from kiln.llm.triton_int4 import Int4TritonLinear
 
             layers = {w.data_ptr(): nn.Linear(in_f, out_f, bias=False, device=dev, dtype=dt) for w in ws}
             for w, lin in zip(ws, layers.values()):

@@ -1,5 +1,5 @@
-"""kiln's int4 layout and Triton kernel (kiln.llm.triton_int4) on CPU through Triton's interpreter:
-the packing, the kernel against the layer's own dequantized weight (rows, bias, partial blocks,
+"""kiln's int4 layout (kiln.llm.int4_layout) and Triton kernel (kiln.llm.triton_int4) on CPU through
+Triton's interpreter: the packing, the kernel against the layer's own dequantized weight (rows, bias, partial blocks,
 uneven splits, 1-3 groups in flight, bf16's exponent-add path), each fused part (RMSNorm, SwiGLU, the folded norm's
 scalar, the SwiGLU epilogue, a residual), and `int4@triton` through quantize_decoder: norms folded,
 gate/up interleaved, the same outputs as its dequantized reference, the original model untouched.
@@ -18,7 +18,8 @@ from kiln.llm.quant import QuantSpec, check_quant, quantize_decoder
 
 from .triton_interpreter import interpreted, not_in_subprocess, rerun_interpreted
 
-ti = pytest.importorskip("kiln.llm.triton_int4", reason="Triton is not installed (pip install 'kiln[test]')")
+pytest.importorskip("triton", reason="Triton is not installed (pip install 'kiln[test]')")
+ti = pytest.importorskip("kiln.llm.int4_layout")
 
 
 @not_in_subprocess

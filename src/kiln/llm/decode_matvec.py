@@ -55,7 +55,7 @@ def check(choice: str, device: torch.device, dtype: torch.dtype, *, key: str = "
 
 def _kernel_reads(layer: nn.Module, x: Tensor) -> str | None:
     """Which kiln op reads `layer`'s weight for input x, or None (a layout it does not read)."""
-    from kiln.llm.triton_int4 import Int4TritonLinear
+    from kiln.llm.int4_layout import Int4TritonLinear
     from kiln.llm.triton_matvec import MAX_ROWS, interpreting
 
     if x.numel() // x.shape[-1] > MAX_ROWS or not (x.is_cuda or interpreting()):
@@ -119,6 +119,6 @@ def _int4(layer: nn.Module, rows: Tensor, norm: nn.Module | None, prologue: str,
 
 
 def _split_halves(y: Tensor) -> Tensor:
-    from kiln.llm.triton_int4 import split_halves
+    from kiln.llm.int4_layout import split_halves
 
     return split_halves(y, dim=1)

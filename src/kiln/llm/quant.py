@@ -148,7 +148,7 @@ def _int4_device_problem(device: torch.device, dtype: torch.dtype, backend: str)
         if device.type != "cuda" or dtype not in (torch.float16, torch.bfloat16):
             return "--quant", f"int4@triton runs kiln's Triton kernel: CUDA with fp16/bf16, not {device} {str(dtype)[6:]}"
         try:
-            import kiln.llm.triton_int4  # noqa: F401  (registers the kernel's op)
+            import kiln.llm.int4_layout  # noqa: F401  (its layer and the kernel's op)
         except ImportError as exc:
             return "--quant", f"int4@triton needs Triton, which does not import here ({exc})"
         return None
@@ -319,7 +319,7 @@ def _fold(norm: nn.Module) -> Tensor:
 
 def _triton_int4(model: nn.Module, spec: QuantSpec) -> None:
     """int4@triton: every norm folded into the projections after it, gate/up rows interleaved."""
-    from kiln.llm.triton_int4 import Int4TritonLinear
+    from kiln.llm.int4_layout import Int4TritonLinear
 
     group = spec.group
     for block in model.layers:

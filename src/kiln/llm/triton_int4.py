@@ -1,5 +1,6 @@
-"""int4 decode matmuls in Triton (`--quant int4@triton`): kiln's own int4 layout and kernel, with the
-RMSNorm before a projection, the residual add after it and the MLP's SwiGLU fused in.
+"""int4 decode matmuls in Triton (`--quant int4@triton`): the kernel for kiln's own int4 layout, with
+the RMSNorm before a projection, the residual add after it and the MLP's SwiGLU fused in (the
+layer and its packing: kiln.llm.int4_layout).
 
 Layout (`Int4TritonLinear`): 4-bit asymmetric groups of `group_size` inputs along K (w = q *
 scale + offset, q in [0, 15]), packed eight to an int32 word *down K*: word [r, n] holds the
@@ -47,15 +48,13 @@ not bytes. The first layout decoded 382 tok/s.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 import triton
 import triton.language as tl
-from torch import Tensor, nn
+from torch import Tensor
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from kiln.llm.quant_torch import _int4_groups
 from kiln.llm.triton_decode import arrival_counters
-from kiln.llm.triton_matvec import MAX_ROWS, _x_tile, interpreting, pdl_enabled
+from kiln.llm.triton_matvec import _x_tile, interpreting, pdl_enabled
 
 PROLOGUES = {"none": 0, "rmsnorm": 1, "silu_mul": 2, "rms": 3}
 """Prologue codes: 1 and 2 as kiln.llm.triton_matvec's; 3 the folded norm (a scalar per row)."""
@@ -354,94 +353,3 @@ def int4_matvec(x: Tensor, packed: Tensor, scale: Tensor, offset: Tensor, group_
 def _(x, packed, scale, offset, group_size, bias=None, norm_weight=None, eps=0.0, prologue="none", swiglu=False,
       residual=None, setting=None):
     return x.new_empty(x.shape[0], packed.shape[1] // 2 if swiglu else packed.shape[1])
-
-
-def pack_words(q: Tensor) -> Tensor:
-    """q [N, K] in [0, 15] -> int32 words [K/8, N], input 8r+j of output n in bits 4j..4j+3 of [r, n]."""
-    out_f, in_f = q.shape
-    shifts = torch.arange(0, 32, 4, device=q.device, dtype=torch.int64)
-    words = (q.to(torch.int64).view(out_f, in_f // 8, 8) << shifts).sum(-1)
-    words = torch.where(words >= 2**31, words - 2**32, words)  # the same 32 bits as a signed int
-    return words.to(torch.int32).t().contiguous()
-
-
-def unpack_words(words: Tensor) -> Tensor:
-    """`pack_words` undone: [N, K] int32 values in [0, 15]."""
-    shifts = torch.arange(0, 32, 4, device=words.device, dtype=torch.int32)
-    q = (words.t()[..., None] >> shifts) & 15  # [N, K/8, 8]
-    return q.reshape(words.shape[1], -1)
-
-
-def interleave_halves(t: Tensor) -> Tensor:
-    """Rows [gate; up] -> gate 0, up 0, gate 1, up 1, ... (dim 0)."""
-    gate, up = t.chunk(2, dim=0)
-    return torch.stack([gate, up], dim=1).reshape(t.shape)
-
-
-def split_halves(t: Tensor, dim: int = 0) -> Tensor:
-    """`interleave_halves` undone along `dim`."""
-    t = t.movedim(dim, 0)
-    return t.view(t.shape[0] // 2, 2, *t.shape[1:]).transpose(0, 1).reshape(t.shape).movedim(0, dim)
-
-
-class Int4TritonLinear(nn.Module):
-    """kiln's int4 layout (module docstring); up to MAX_ROWS rows go through the kernel.
-
-    `folded_norm`: the weight stands for W diag(norm_w) (an RMSNorm's weight folded in: the
-    model's norm must then apply no weight of its own). `interleaved`: gate and up rows
-    interleaved, so the kernel can write the SwiGLU (`swiglu=True`); the layer's own forward
-    returns the outputs in the original order either way."""
-
-    def __init__(self, packed: Tensor, scale: Tensor, offset: Tensor, bias: Tensor | None, *, group_size: int,
-                 interleaved: bool = False, folded_norm: bool = False):
-        super().__init__()
-        self.in_features, self.out_features = 8 * packed.shape[0], packed.shape[1]
-        self.group_size, self.interleaved, self.folded_norm = group_size, interleaved, folded_norm
-        self.register_buffer("weight", packed)  # int32 [in/8, out]
-        self.register_buffer("scale", scale)  # [in/group, out]: w = q * scale + offset
-        self.register_buffer("offset", offset)
-        self.bias = bias  # in the stored (interleaved) order
-
-    @classmethod
-    @torch.no_grad()
-    def from_linear(cls, linear: nn.Linear, group_size: int, *, norm_weight: Tensor | None = None,
-                    interleave: bool = False) -> Int4TritonLinear:
-        """Quantizes `linear`'s weight (times `norm_weight` per input when given, folding an RMSNorm
-        in); `interleave`: the rows are [gate; up] of a SwiGLU, stored interleaved."""
-        w = linear.weight.detach()
-        dtype = w.dtype
-        w = w.float() if norm_weight is None else w.float() * norm_weight.detach().float()[None, :]
-        bias = linear.bias
-        if interleave:
-            w = interleave_halves(w)
-            bias = None if bias is None else nn.Parameter(interleave_halves(bias.detach()), requires_grad=False)
-        q, scale, zero = _int4_groups(w, group_size)
-        offset = zero - 8 * scale  # (q - 8) * scale + zero == q * scale + offset
-        return cls(pack_words(q), scale.t().contiguous().to(dtype), offset.t().contiguous().to(dtype), bias,
-                   group_size=group_size, interleaved=interleave, folded_norm=norm_weight is not None)
-
-    def dequantize(self, dtype: torch.dtype | None = None, *, stored_order: bool = False) -> Tensor:
-        """The weight [out, in] the layer computes with (the folded norm included), in `dtype`."""
-        dtype = dtype or self.scale.dtype
-        q = unpack_words(self.weight).to(dtype).view(self.out_features, -1, self.group_size)
-        w = q * self.scale.t().to(dtype)[..., None] + self.offset.t().to(dtype)[..., None]
-        w = w.view(self.out_features, self.in_features)
-        return w if stored_order or not self.interleaved else split_halves(w)
-
-    def _bias(self) -> Tensor | None:
-        return self.bias if self.bias is None or not self.interleaved else split_halves(self.bias)
-
-    def forward(self, x: Tensor) -> Tensor:
-        rows = x.numel() // self.in_features
-        if rows > MAX_ROWS or not (x.is_cuda or interpreting()):
-            return F.linear(x, self.dequantize(x.dtype), self._bias())
-        y = torch.ops.kiln.int4_matvec(x.reshape(rows, self.in_features), self.weight, self.scale, self.offset,
-                                       self.group_size, self.bias)
-        if self.interleaved:
-            y = split_halves(y, dim=1)
-        return y.view(*x.shape[:-1], self.out_features)
-
-    def extra_repr(self) -> str:
-        extra = (", gate/up interleaved" if self.interleaved else "") + (", norm folded" if self.folded_norm else "")
-        return (f"in_features={self.in_features}, out_features={self.out_features}, int4 triton "
-                f"group_size={self.group_size}{extra}")
