@@ -54,7 +54,7 @@ from torch import Tensor
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from kiln.llm.triton_decode import arrival_counters
-from kiln.llm.triton_matvec import _x_tile, interpreting, pdl_enabled
+from kiln.llm.triton_matvec import _split_sum, _x_tile, interpreting, pdl_enabled
 
 PROLOGUES = {"none": 0, "rmsnorm": 1, "silu_mul": 2, "rms": 3}
 """Prologue codes: 1 and 2 as kiln.llm.triton_matvec's; 3 the folded norm (a scalar per row)."""
@@ -224,18 +224,8 @@ def _int4_matvec(X, Q, Scale, Offset, Y, NormW, Bias, Res, Part, Arrived, M, N, 
     y = tl.sum(acc, 0) * (2.0 ** 49)  # [BLOCK_N]
     if PROLOGUE == 3:
         rstd = _rstd(x_row, eps, K, K_CHUNK)
-    ok = n_ok
-    if SPLIT > 1:  # partial sums out; the last program to arrive adds them in split order
-        part_at = Part + row * N + n
-        tl.store(part_at + pid_k * M * N, y, mask=n_ok)
-        arrived = tl.atomic_add(Arrived + pid, 1, sem="acq_rel")
-        last = arrived == SPLIT - 1
-        ok = n_ok & last
-        y = tl.zeros([BLOCK_N], dtype=tl.float32)
-        for s in tl.static_range(SPLIT):
-            y += tl.load(part_at + s * M * N, mask=ok, other=0.0)
-        if last:
-            tl.atomic_xchg(Arrived + pid, 0)  # every split has arrived: reset for the next call
+    y, last = _split_sum(y, Part, Arrived, pid, pid_k, row, n, n_ok, M, N, SPLIT)
+    ok = n_ok & last
     if PROLOGUE == 3:
         y = y * rstd
     if HAS_BIAS:
@@ -247,9 +237,7 @@ def _int4_matvec(X, Q, Scale, Offset, Y, NormW, Bias, Res, Part, Arrived, M, N, 
         act = (gate * tl.sigmoid(gate)).to(dtype).to(tl.float32)
         act = (act * up.to(tl.float32)).to(dtype)
         m = (pid // M) * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
-        m_ok = m < N // 2
-        if SPLIT > 1:
-            m_ok = m_ok & last
+        m_ok = (m < N // 2) & last
         tl.store(Y + row * stride_ym + m, act, mask=m_ok)
     else:
         if HAS_RES:

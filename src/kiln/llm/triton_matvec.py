@@ -78,6 +78,27 @@ def _w_tile(w_rows, k, n_ok, K: tl.constexpr, EVEN: tl.constexpr):
     return tl.load(w_rows + k[None, :], mask=n_ok[:, None] & (k < K)[None, :], other=0.0)
 
 
+@triton.jit
+def _split_sum(y, Part, Arrived, pid, pid_k, row, n, n_ok, M, N, SPLIT: tl.constexpr):
+    """The whole product from the SPLIT programs' partial sums y [BLOCK_N] of one (row, block of
+    outputs), and whether this program holds it (`last`; with one split, always). Each writes
+    its fp32 partials; the last of them to arrive (an atomic counter per (row, block), reset by
+    it) adds all of them in split order, so the result does not depend on arrival order. acq_rel:
+    the other programs' partials are visible once their arrival is counted."""
+    last = pid_k == 0
+    if SPLIT > 1:
+        part_at = Part + row * N + n
+        tl.store(part_at + pid_k * M * N, y, mask=n_ok)
+        arrived = tl.atomic_add(Arrived + pid, 1, sem="acq_rel")
+        last = arrived == SPLIT - 1
+        y = tl.zeros(y.shape, dtype=tl.float32)
+        for s in tl.static_range(SPLIT):
+            y += tl.load(part_at + s * M * N, mask=n_ok & last, other=0.0)
+        if last:
+            tl.atomic_xchg(Arrived + pid, 0)  # every split has arrived: reset for the next call
+    return y, last
+
+
 def _matvec(X, W, Y, NormW, Bias, Res, Part, Arrived, M, N, eps,
             stride_xm, stride_wn, stride_ym, stride_rm,
             K: tl.constexpr, PROLOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, PDL: tl.constexpr,
@@ -120,20 +141,8 @@ def _matvec(X, W, Y, NormW, Bias, Res, Part, Arrived, M, N, eps,
         acc += w.to(tl.float32) * x[None, :]
         w = w_next
     y = tl.sum(acc, 1)  # [BLOCK_N]
-    ok = n_ok
-    if SPLIT > 1:
-        # Partial sums out; the last program of this (row, block) to arrive adds them in split
-        # order. acq_rel: the other programs' partials are visible once their arrival is counted.
-        part_at = Part + row * N + n
-        tl.store(part_at + pid_k * M * N, y, mask=ok)
-        arrived = tl.atomic_add(Arrived + pid, 1, sem="acq_rel")
-        last = arrived == SPLIT - 1
-        ok = ok & last
-        y = tl.zeros([BLOCK_N], dtype=tl.float32)
-        for s in tl.static_range(SPLIT):
-            y += tl.load(part_at + s * M * N, mask=ok, other=0.0)
-        if last:
-            tl.atomic_xchg(Arrived + pid, 0)  # every split has arrived: reset for the next call
+    y, last = _split_sum(y, Part, Arrived, pid, pid_k, row, n, n_ok, M, N, SPLIT)
+    ok = n_ok & last
     if HAS_BIAS:
         y += tl.load(Bias + n, mask=n_ok, other=0.0).to(tl.float32)
     y = y.to(dtype)
