@@ -153,3 +153,31 @@ def test_int4_triton_is_checked():
                        torch.bfloat16).backend == "triton"  # K % group is all this layout needs
     spec = check_quant(QuantSpec(kind="int8", backend="triton"), config, "cpu", torch.float32)
     assert spec.backend == "torch"  # int8 on kiln's own layouts is the torch layer
+
+
+def test_autotuner_keeps_settings_that_fill_the_gpu(monkeypatch):
+    """`_prune` on the 3B shapes of a 132-SM GPU: splits for the narrow projections (three programs
+    per SM), none for the lm_head, and a layer too small to fill the GPU keeps every valid setting."""
+    from types import SimpleNamespace
+
+    import triton
+
+    from kiln.llm import triton_int4 as tk
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: SimpleNamespace(multi_processor_count=132))
+    configs = [triton.Config({"BLOCK_N": bn, "SPLIT": s, "DEPTH": d}, num_warps=w) for bn, s, d, w in tk.SETTINGS]
+
+    def kept(k, n, m=1):
+        return {(c.kwargs["BLOCK_N"], c.kwargs["SPLIT"], c.kwargs["DEPTH"])
+                for c in tk._prune(configs, {"K": k, "GROUP": 128, "N": n, "M": m})}
+
+    assert kept(3072, 5120) == {(64, 8, 3), (128, 16, 2)}  # wqkv: 640 programs each
+    assert kept(8192, 3072) == {(64, 16, 3)}  # w_down: 768 programs, 4 groups each
+    assert kept(3072, 128256) == {(256, 1, 1), (256, 1, 2)}  # the lm_head: 501 blocks, no splits
+    gate_up = kept(3072, 16384)
+    assert (128, 4, 3) in gate_up and all(128 * 16384 // bn * s >= 3 * 132 * 128 for bn, s, _ in gate_up)
+    assert (128, 2, 2) in kept(3072, 16384, m=4)  # rows are programs too
+    small = kept(1024, 256)  # 8 groups, 256 outputs: nothing gives 264 programs
+    assert small and all(s <= 8 and d <= -(-8 // s) for _, s, d in small)
+    assert (128, 2, 3) in small and (64, 8, 3) not in small  # one group per split cannot keep 3 in flight

@@ -6,10 +6,10 @@ Layout (`Int4TritonLinear`): 4-bit asymmetric groups of `group_size` inputs alon
 scale + offset, q in [0, 15]), packed eight to an int32 word *down K*: word [r, n] holds the
 inputs 8r..8r+7 of output n (input 8r+j in bits 4j..4j+3), stored [K/8, N] with N contiguous;
 scales and offsets [K/group, N]. A program (row of x, block of BLOCK_N outputs, split of K) reads
-one group per iteration: a [group/8, BLOCK_N] tile of words, each thread several columns of the
-same rows, so the eight x values of a word row are loaded and prepared once per thread for all
-its columns (with the output rows down a word, as the first version had them, every thread
-rebuilt its own x values for each of its words).
+one group per step: a tile of words laid out [group/8, BLOCK_N/32, 32] so that Triton gives each
+thread one word row and 8-32 columns of it (as [group/8, BLOCK_N] it gave each two or four rows):
+the eight x values of a word row are loaded and prepared once per thread for all its columns.
+The steps of a split (at most 8) are unrolled, so the groups in flight need no register moves.
 
 A nibble becomes a float without a conversion instruction and without the usual magic-number
 subtraction: masked in place (bits s..s+3, s <= 16, the three top nibbles shifted down by 12
@@ -18,9 +18,9 @@ the FMA multiplies it by x * 2^(100-s) (a power of two, exact), so each input co
 op and one FMA, and every product carries the same factor 2^-49, removed once per output. Per
 group sum_k (q_k scale + offset) x_k = scale sum_k q_k x_k + offset sum_k x_k: the scale is
 applied once per word, the offset once per group and output. In Triton's sm_90 code (compiled
-here for sm_90 and counted) the loop over a group is 3.4-3.6 SASS instructions per input, no
-shared memory (the first layout's took 6.3: two logical ops, a subtraction and shared-memory
-round trips per nibble).
+here for sm_90 and counted) a group costs a thread of a 128-wide block 400 instructions, 3.1 per
+input, no shared memory (with two rows per thread and a rolled loop it was 504, 3.9; the first
+layout's 6.3: two logical ops, a subtraction and shared-memory round trips per nibble).
 
 Fused parts (fixed at compile time):
 - prologue `rms`: the model's RMSNorm weight was folded into this weight when it was quantized
@@ -31,18 +31,24 @@ Fused parts (fixed at compile time):
   kernel writes silu(gate) * up, half as many outputs, rounded as eager rounds each step; so the
   down projection's input is ready and its kernel has no prologue;
 - + bias, + a residual.
-Splits of K and their ordered reduction, programmatic dependent launch and the autotuned
-settings work as in kiln.llm.triton_matvec; besides, up to DEPTH groups of weights and the next
-group's x values are in flight per program. Longer inputs (prefill) dequantize the weight and
-call `linear`. Tests run it on CPU through Triton's interpreter (TRITON_INTERPRET=1).
+Splits of K and their ordered reduction and the autotuned settings work as in
+kiln.llm.triton_matvec; besides, up to DEPTH groups of weights and the next group's x values are in
+flight per program. With programmatic dependent launch a program reads its first DEPTH groups
+before waiting for the previous kernel and lets the next kernel launch after that wait. Longer
+inputs (prefill) dequantize the weight and call `linear`. Tests run it on CPU through Triton's
+interpreter (TRITON_INTERPRET=1).
 
-Measured on an H100 (benchmarks/results/h100/llm/decode_matvec, folders 11-16, Llama-3.2-3B
-shape, g128): 3B decode 650.5 tok/s at best (kiln bf16 380.7, torchao's tinygemm 607.6, same
-process: 1.71x and 1.07x), this code again 643.1 (379.7, 608.0); the one-token matmuls of a step take
-1.31-1.46 ms standalone (tinygemm 1.19-1.24), the lm_head 82-89 us (2.4-2.5 TB/s, tinygemm 106).
-In the model a projection of 5-13 MB still takes 8-11 us: its programs each chain a few groups,
-a split reduction and the wait for the previous kernel, so the small ones are bound by latency,
-not bytes. The first layout decoded 382 tok/s.
+Measured on an H100 (benchmarks/results/h100/llm/decode_matvec, Llama-3.2-3B shape, g128, decode
+at batch 1): this code decoded 692.5 and 693.7 tok/s in two processes of one call (folder 23, the
+second taking the first's autotuned settings from Triton's cache), 1.84x and 1.81x kiln's bf16 of
+the same process (376.8, 382.3) and 1.13x torchao's tinygemm (611.3, 613.4); the code before its
+last pruning rule, 691.7 (1.82x, folder 22). The one-token matmuls of a step take 1.10 ms
+standalone (tinygemm 1.23). Per layer: wqkv 9.1-9.7 us, attention 8.9, wo 6.6,
+gate_up 13.3-14.1, w_down 8.8-10.3; the lm_head 75 us (2.6 TB/s). The layout before (two rows per
+thread, a rolled loop, every program letting the next kernel in at its start: folders 13-16)
+decoded 643-651 (1.69-1.71x). What is left is latency rather than bytes: the projections of
+5-27 MB take 7-14 us each, a chain per program of its groups' arithmetic (~3 SASS instructions
+per input), a split reduction and the wait for the previous kernel.
 """
 
 from __future__ import annotations
@@ -147,27 +153,39 @@ def _int4_matvec(X, Q, Scale, Offset, Y, NormW, Bias, Res, Part, Arrived, M, N, 
     GROUPS: tl.constexpr = K // GROUP
     n = (pid // M) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < N
+    # The tile is [R, B, C]: output n0 + b*C + c, word row r. Triton spreads C over 8 threads (4 words
+    # each) and R over the other 4 threads of a warp and the warps, so each thread holds one word row
+    # of B*4 outputs: the row's 8 x values are loaded and scaled once per thread for all of them.
+    C: tl.constexpr = min(32, BLOCK_N)
+    B: tl.constexpr = BLOCK_N // C
+    cols = (pid // M) * BLOCK_N + tl.arange(0, B)[None, :, None] * C + tl.arange(0, C)[None, None, :]  # [1, B, C]
+    col_ok = cols < N
     r = tl.arange(0, R)
+    r3 = r[:, None, None]
     dtype = X.dtype.element_ty
     x_row = X + row * stride_xm
-    q_tile = Q + r[:, None] * N + n[None, :]  # group g's words at + g * R * N
+    q_tile = Q + r3 * N + cols  # group g's words at + g * R * N
     g0 = pid_k * PER_SPLIT
-    if PDL:
-        gdc_launch_dependents()
     # DEPTH groups of weights in flight (no earlier kernel writes weights: read before the wait);
     # past the split's last group a program reloads that one (an L2 hit) instead of masking.
     last_g = g0 + PER_SPLIT - 1
-    w = _words(q_tile + g0 * R * N, n_ok[None, :], g0 < GROUPS, EVEN)
+    w = _words(q_tile + g0 * R * N, col_ok, g0 < GROUPS, EVEN)
     w1 = w
     w2 = w
     if DEPTH >= 2:
         g1 = tl.minimum(g0 + 1, last_g)
-        w1 = _words(q_tile + g1 * R * N, n_ok[None, :], g1 < GROUPS, EVEN)
+        w1 = _words(q_tile + g1 * R * N, col_ok, g1 < GROUPS, EVEN)
     if DEPTH >= 3:
         g2 = tl.minimum(g0 + 2, last_g)
-        w2 = _words(q_tile + g2 * R * N, n_ok[None, :], g2 < GROUPS, EVEN)
+        w2 = _words(q_tile + g2 * R * N, col_ok, g2 < GROUPS, EVEN)
     if PDL:
+        # The next kernel is let in only once this one's input is ready (the previous kernel has
+        # ended), not at once: launched at the start, each kernel let the next launch early too, and
+        # with int4's short kernels the weights of the projections two and three ahead were being
+        # requested while the fused attention read its keys and values (H100 profile, 2026-11-25:
+        # gate_up began 2.0-2.6 us after wo, attention took 11.9-12.3 us per layer instead of 9.3).
         gdc_wait()
+        gdc_launch_dependents()
     # FAST: plain bf16 x (no prologue per value): its values are loaded one group ahead too, and a
     # folded norm's 1/rms is computed after the loop (only the output needs it).
     FAST: tl.constexpr = (PROLOGUE == 0 or PROLOGUE == 3) and X.dtype.element_ty == tl.bfloat16
@@ -177,25 +195,25 @@ def _int4_matvec(X, Q, Scale, Offset, Y, NormW, Bias, Res, Part, Arrived, M, N, 
     if FAST:
         k = g0 * GROUP + 8 * r
         x0, x1, x2, x3, x4, x5, x6, x7 = _x_raw8(x_row + k, (k < K) & (g0 < GROUPS))
-    acc = tl.zeros([R, BLOCK_N], dtype=tl.float32)
-    for i in range(0, PER_SPLIT):
+    acc = tl.zeros([R, B, C], dtype=tl.float32)
+    for i in tl.range(0, PER_SPLIT, loop_unroll_factor=PER_SPLIT if PER_SPLIT <= 8 else DEPTH):
         g = g0 + i
         nxt = tl.minimum(g + DEPTH, last_g)
-        w_next = _words(q_tile + nxt * R * N, n_ok[None, :], nxt < GROUPS, EVEN)
+        w_next = _words(q_tile + nxt * R * N, col_ok, nxt < GROUPS, EVEN)
         g_ok = g < GROUPS
-        # [R, BLOCK_N] pointers, equal down a column: the tile's own layout, no shared-memory copy
-        s_at = tl.broadcast_to(Scale + g * N + n[None, :], [R, BLOCK_N])
-        o_at = tl.broadcast_to(Offset + g * N + n[None, :], [R, BLOCK_N])
+        # [R, B, C] pointers, equal down a column: the tile's own layout, no shared-memory copy
+        s_at = tl.broadcast_to(Scale + g * N + cols, [R, B, C])
+        o_at = tl.broadcast_to(Offset + g * N + cols, [R, B, C])
         if EVEN:
             scale = tl.load(s_at).to(tl.float32)
             offset = tl.load(o_at).to(tl.float32)
         else:
-            scale = tl.load(s_at, mask=(n_ok[None, :] & g_ok) | (r[:, None] < 0), other=0.0).to(tl.float32)
-            offset = tl.load(o_at, mask=(n_ok[None, :] & g_ok) | (r[:, None] < 0), other=0.0).to(tl.float32)
+            scale = tl.load(s_at, mask=(col_ok & g_ok) | (r3 < 0), other=0.0).to(tl.float32)
+            offset = tl.load(o_at, mask=(col_ok & g_ok) | (r3 < 0), other=0.0).to(tl.float32)
         k = g * GROUP + 8 * r  # [R]: the first input of each word row
         k_ok = g_ok & (k < K)
         upper = w >> 12  # the top three nibbles down to bits 8..19
-        part = tl.zeros([R, BLOCK_N], dtype=tl.float32)
+        part = tl.zeros([R, B, C], dtype=tl.float32)
         xs = tl.zeros([R], dtype=tl.float32)  # sum of the row's x values, times 2^-49
         if FAST:  # the next group's x values, in flight while this group is computed
             kn = tl.minimum(g + 1, last_g) * GROUP + 8 * r
@@ -207,11 +225,11 @@ def _int4_matvec(X, Q, Scale, Offset, Y, NormW, Bias, Res, Part, Arrived, M, N, 
             else:
                 xj = _scaled_x(x_row + k + j, NormW, k + j, k_ok, rstd, K, PROLOGUE, j)
             xs += xj * (2.0 ** (4 * j - 12 * (j // 5) - 149))
-            part += _nibble(w, upper, j) * xj[:, None]
+            part += _nibble(w, upper, j) * xj[:, None, None]
         if FAST:
             x0, x1, x2, x3, x4, x5, x6, x7 = n0, n1, n2, n3, n4, n5, n6, n7
         acc = tl.fma(part, scale, acc)  # two FMAs per word
-        acc = tl.fma(offset, xs[:, None], acc)
+        acc = tl.fma(offset, xs[:, None, None], acc)
         if DEPTH == 1:
             w = w_next
         elif DEPTH == 2:
@@ -221,7 +239,7 @@ def _int4_matvec(X, Q, Scale, Offset, Y, NormW, Bias, Res, Part, Arrived, M, N, 
             w = w1
             w1 = w2
             w2 = w_next
-    y = tl.sum(acc, 0) * (2.0 ** 49)  # [BLOCK_N]
+    y = tl.reshape(tl.sum(acc, 0), [BLOCK_N]) * (2.0 ** 49)  # [BLOCK_N]: n0 + b*C + c
     if PROLOGUE == 3:
         rstd = _rstd(x_row, eps, K, K_CHUNK)
     y, last = _split_sum(y, Part, Arrived, pid, pid_k, row, n, n_ok, M, N, SPLIT)
@@ -249,15 +267,15 @@ def _int4_matvec(X, Q, Scale, Offset, Y, NormW, Bias, Res, Part, Arrived, M, N, 
 SETTINGS = ([(64, split, 3, 4) for split in (4, 8, 16)]
             + [(128, split, depth, 4) for split in (2, 4, 8, 16) for depth in (2, 3)]
             + [(256, split, depth, 4) for split in (1, 2, 4) for depth in (1, 2)])
-"""(BLOCK_N, SPLIT, DEPTH, warps) the autotuner tries. 3B projections have 24-64 groups and 3072-128256
-outputs, so the narrow ones need splits of K to give every SM work, and a program's groups are a
-chain of memory round trips unless several are in flight (DEPTH): in the first H100 profile
-(one group ahead) w_down took 17.4 us per call for 12.6 MB and wqkv 9.7 us for 8.4 MB, against
-81 us (2.4 TB/s) for the 197 MB lm_head. 256-wide blocks give each thread 4 rows x 8 columns of
-words (one x value per word; 164 registers at DEPTH 1), 128-wide 4 x 4 (96), 64-wide 1 x 8.
-Tried on an H100 and dropped (benchmarks/results/h100/llm/decode_matvec 14, 15): 3-way splits and
-8 warps for 256-wide blocks, and requesting the residual and the row for 1/rms before the first
-group: no kernel got faster in the model, warm-up took 121 s instead of 72."""
+"""(BLOCK_N, SPLIT, DEPTH, warps) the autotuner may try (`_prune` keeps 1-7 per 3B shape). 3B
+projections have 24-64 groups and 3072-128256 outputs, so the narrow ones need splits of K to give
+every SM work, and a program's groups are a chain of memory round trips unless several are in
+flight (DEPTH): in the first H100 profile (one group ahead) w_down took 17.4 us per call for 12.6
+MB and wqkv 9.7 us for 8.4 MB, against 81 us (2.4 TB/s) for the 197 MB lm_head. Tried on an H100
+and dropped (benchmarks/results/h100/llm/decode_matvec 14, 15, 18): 3-way splits and 8 warps for
+256-wide blocks; requesting the residual and the row for 1/rms before the first group; and an L2
+prefetch of each program's remaining weights before its wait (cp.async.bulk.prefetch.L2): wo
+took 11.2 us instead of 8.0, the prefetches of the kernels ahead delaying the ones due now."""
 MAX_SPLIT = max(setting[1] for setting in SETTINGS)
 INTERPRETED_SETTING = (32, 1, 2)
 """(BLOCK_N, SPLIT, DEPTH) under Triton's interpreter (4 warps; no GPU to tune on); tests pass others."""
@@ -269,13 +287,45 @@ def _per_split(args) -> int:
 
 
 def _prune(configs, named_args, **kwargs):
-    """Settings with at least one group per split, no more groups in flight than a split has, and
-    blocks no wider than the outputs."""
+    """Settings with at least one group per split, no more groups in flight than a split has, blocks
+    no wider than the outputs, at least two programs per SM, and splits only where the blocks alone
+    leave SMs without two programs (not for the lm_head's thousand blocks); of these, those with
+    at least three programs per SM where any has. In the model each program's first groups arrive
+    while the previous kernel runs (programmatic dependent launch), so what is left after its wait
+    is a chain per program, shorter with more programs. 256-wide blocks (2-4x the
+    registers of 128-wide ones) only where there are enough of them to fill the GPU without splits
+    (the lm_head). The autotuner times a kernel alone, where a few long programs per SM can win; in
+    the model they lost (H100 profiles, 2026-11-25, benchmarks/results/h100/llm/decode_matvec 18-23,
+    us per layer): wqkv 12.6 with 4 splits of 128-wide blocks (160 programs), 9.1-9.5 with 8 (320),
+    7.7 with 16 (640; 64-wide blocks in 8 splits, also 640, 9.7); wo 12.5 with 96 programs, 6.5-7.0
+    with 192-384; w_down 9.2-10.3 with 384, 8.5-8.9 with 768; a 256-wide wqkv (call 18), 17.9."""
     args = {**named_args, **kwargs}
     groups = args["K"] // args["GROUP"]
-    kept = [c for c in configs if c.kwargs["SPLIT"] <= groups and c.kwargs["DEPTH"] <= -(-groups // c.kwargs["SPLIT"])
-            and c.kwargs["BLOCK_N"] <= max(64, args["N"])]
-    return kept or configs[:1]
+    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+
+    def programs(c) -> int:
+        return args["M"] * -(-args["N"] // c.kwargs["BLOCK_N"]) * c.kwargs["SPLIT"]
+
+    def valid(c) -> bool:
+        split, depth, block_n = c.kwargs["SPLIT"], c.kwargs["DEPTH"], c.kwargs["BLOCK_N"]
+        return split <= groups and depth <= -(-groups // split) and block_n <= max(64, args["N"])
+
+    def fits(c) -> bool:
+        blocks = -(-args["N"] // c.kwargs["BLOCK_N"])  # weight tiles; the rows of x share them
+        wide_ok = c.kwargs["BLOCK_N"] < 256 or blocks >= sms
+        return wide_ok and programs(c) >= 2 * sms and (c.kwargs["SPLIT"] == 1 or blocks < 2 * sms)
+
+    kept = [c for c in configs if valid(c) and fits(c)]
+    floor = min(3 * sms, max(map(programs, kept), default=0))
+    return [c for c in kept if programs(c) >= floor] or [c for c in configs if valid(c)] or configs[:1]
+
+
+def _cached() -> dict:
+    """`cache_results=True` where this Triton has it (3.3+): the settings chosen for a shape are kept
+    in Triton's cache directory, so later processes skip the autotuning part of their warm-up."""
+    import inspect
+
+    return {"cache_results": True} if "cache_results" in inspect.signature(triton.autotune).parameters else {}
 
 
 def _kernel():
@@ -290,7 +340,7 @@ def _kernel():
             configs=[triton.Config({"BLOCK_N": bn, "SPLIT": s, "DEPTH": d}, num_warps=w, num_stages=1)
                      for bn, s, d, w in SETTINGS],
             key=["N", "K", "GROUP", "M", "PROLOGUE", "SWIGLU", "HAS_RES"],
-            prune_configs_by={"early_config_prune": _prune})(jitted)
+            prune_configs_by={"early_config_prune": _prune}, **_cached())(jitted)
     return _KERNELS[interpret]
 
 
