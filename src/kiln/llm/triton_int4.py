@@ -42,11 +42,12 @@ Measured on an H100 (benchmarks/results/h100/llm/decode_matvec, Llama-3.2-3B sha
 at batch 1): this code decoded 692.5 and 693.7 tok/s in two processes of one call (folder 23, the
 second taking the first's autotuned settings from Triton's cache), 1.84x and 1.81x kiln's bf16 of
 the same process (376.8, 382.3) and 1.13x torchao's tinygemm (611.3, 613.4); the code before its
-last pruning rule, 691.7 (1.82x, folder 22). The one-token matmuls of a step take 1.10 ms
-standalone (tinygemm 1.23). Per layer: wqkv 9.1-9.7 us, attention 8.9, wo 6.6,
-gate_up 13.3-14.1, w_down 8.8-10.3; the lm_head 75 us (2.6 TB/s). The layout before (two rows per
-thread, a rolled loop, every program letting the next kernel in at its start: folders 13-16)
-decoded 643-651 (1.69-1.71x). What is left is latency rather than bytes: the projections of
+last pruning rule, 691.7 (1.82x, folder 22); 714.3 (1.93x a low bf16 reading, 370.8) with the
+int8 row beside (folder 24). The one-token matmuls of a step take 1.10 ms standalone
+(tinygemm 1.23). Per layer in calls 23-24: wqkv 7.0-9.7 us (by the autotuner's pick), attention
+8.8-9.3, wo 6.6-7.7, gate_up 13.3-14.1, w_down 8.8-8.9; the lm_head 75 us (2.6 TB/s). The
+layout before (two rows per thread, a rolled loop, every program letting the next kernel in at
+its start: folders 13-16) decoded 643-651 (1.69-1.71x). What is left is latency rather than bytes: the projections of
 5-27 MB take 7-14 us each, a chain per program of its groups' arithmetic (~3 SASS instructions
 per input), a split reduction and the wait for the previous kernel.
 """
