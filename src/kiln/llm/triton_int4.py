@@ -19,8 +19,8 @@ op and one FMA, and every product carries the same factor 2^-49, removed once pe
 group sum_k (q_k scale + offset) x_k = scale sum_k q_k x_k + offset sum_k x_k: the scale is
 applied once per word, the offset once per group and output. In Triton's sm_90 code (compiled
 here for sm_90 and counted) a group costs a thread of a 128-wide block 400 instructions, 3.1 per
-input, no shared memory (with two rows per thread and a rolled loop it was 504, 3.9; the first
-layout's 6.3: two logical ops, a subtraction and shared-memory round trips per nibble).
+input, none through shared memory (two rows per thread and a rolled loop: 504, 3.9; the first
+layout: 6.3, two logical ops, a subtraction and shared-memory round trips per nibble).
 
 Fused parts (fixed at compile time):
 - prologue `rms`: the model's RMSNorm weight was folded into this weight when it was quantized
