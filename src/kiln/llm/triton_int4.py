@@ -54,6 +54,8 @@ per input), a split reduction and the wait for the previous kernel.
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 import triton
 import triton.language as tl
@@ -324,8 +326,6 @@ def _prune(configs, named_args, **kwargs):
 def _cached() -> dict:
     """`cache_results=True` where this Triton has it (3.3+): the settings chosen for a shape are kept
     in Triton's cache directory, so later processes skip the autotuning part of their warm-up."""
-    import inspect
-
     return {"cache_results": True} if "cache_results" in inspect.signature(triton.autotune).parameters else {}
 
 
