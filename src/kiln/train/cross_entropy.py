@@ -68,8 +68,9 @@ def chunk_tokens(vocab_size: int) -> int:
 
 
 def _chunk_loss_and_grad(logits: Tensor, targets: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
-    """Summed loss of one chunk and d(summed loss)/d(logits), in fp32 then in the logits' dtype."""
-    logits32 = logits.float()
+    """Summed loss of one chunk (in fp32, or fp64 for fp64 logits) and d(summed loss)/d(logits) in
+    the logits' dtype."""
+    logits32 = logits.to(torch.promote_types(logits.dtype, torch.float32))
     lse = torch.logsumexp(logits32, dim=-1)
     picked = logits32.gather(1, targets[:, None]).squeeze(1)
     loss = torch.where(valid, lse - picked, 0.0).sum()
@@ -94,7 +95,7 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
         want_h, want_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         grad_h = torch.empty_like(h) if want_h else None
         grad_w = torch.zeros_like(weight) if want_w else None
-        total = torch.zeros((), dtype=torch.float32, device=h.device)
+        total = torch.zeros((), dtype=torch.promote_types(h.dtype, torch.float32), device=h.device)
         for start in range(0, h.shape[0], chunk):
             end = min(start + chunk, h.shape[0])
             hc = h[start:end]
