@@ -93,9 +93,9 @@ def test_seq_len_limit_follows_a_kwargs_override(tmp_path, bad_input):
 
 
 def test_hf_models_take_seq_len_past_their_default_length(tmp_path):
-    # hf:llama-tiny declares 256 positions; an explicit length up to it trains.
-    over = [*BASE, "model.name=hf:llama-tiny", "data.seq_len=200", "data.batch_size=2", "training.steps=1",
-            "model.kwargs.num_hidden_layers=1", "training.ce_kernel=auto"]
+    # With 512 positions hf:llama-tiny still declares 256 as its default length: not a ceiling.
+    over = [*BASE, "model.name=hf:llama-tiny", "data.seq_len=300", "data.batch_size=2", "training.steps=1",
+            "model.kwargs.num_hidden_layers=1", "model.kwargs.max_position_embeddings=512", "training.ce_kernel=auto"]
     summary = train(load_config(None, over), tmp_path / "run")
     assert summary["status"] == "completed" and summary["features"]["ce_kernel"] == "plain"
 
