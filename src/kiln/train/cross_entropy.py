@@ -7,7 +7,8 @@
   time; each chunk's logits give its loss *and* its gradients (softmax minus one-hot) at once, so
   no [tokens x vocab] tensor outlives its chunk and the logits are computed once (the same three
   matmuls as plain: logits, grad of the hidden states, grad of the weight). Exact: the same
-  arithmetic as plain, only the weight gradient is summed over chunks.
+  arithmetic as plain, except that the weight gradient is summed over chunks in the matmul dtype
+  (with bf16 matmuls it is rounded to bf16 once per chunk, plain rounds it once).
 - `liger`: Liger-Kernel's fused linear cross-entropy (the same idea in Triton kernels), when the
   `kernels` extra is installed.
 
