@@ -137,3 +137,18 @@ def test_compiles_per_block_and_with_the_fused_loss_without_graph_breaks(tmp_pat
     summary = train(load_config(None, over), tmp_path / "run")
     assert summary["status"] == "completed" and summary["features"]["ce_kernel"] == "chunked"
     assert summary["compile"]["graph_breaks"] == 0 and summary["compile"]["graphs"] >= 1
+
+
+def test_flops_counted_on_one_sequence_equal_the_whole_batch(tmp_path):
+    import torch
+
+    from kiln.config.schema import ModelConfig
+    from kiln.models import build_model
+    from kiln.monitor.flops import count_step_flops
+    from kiln.train.losses import build_forward_loss
+
+    summary = train(load_config(None, [*BASE, "training.steps=1"]), tmp_path / "run")
+    built = build_model(ModelConfig(name="llama:llama-tiny"))
+    tokens = torch.randint(512, (4, 32))
+    whole = count_step_flops(lambda: build_forward_loss(built.module, "causal_lm")(tokens, tokens).backward())
+    assert summary["flops_per_step"] == whole

@@ -135,7 +135,7 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
             if want_h:
                 grad_h[start:end] = grad @ weight
             if want_w:
-                grad_w.addmm_(grad.t(), hc)
+                torch.addmm(grad_w, grad.t(), hc, out=grad_w)  # addmm_ in effect; FLOP counters see addmm
         ctx.save_for_backward(grad_h, grad_w, count)
         return total / count
 
