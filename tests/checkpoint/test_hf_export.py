@@ -90,6 +90,14 @@ def test_llama_run_exports_a_directory_transformers_loads_with_equal_logits(tmp_
         expected = trained(TOKENS)
     torch.testing.assert_close(_hf_logits(out, TOKENS), expected, rtol=1e-5, atol=1e-5)
 
+    # ... and training starts from it again: llama:<dir> loads the same weights.
+    from kiln.config.schema import ModelConfig
+    from kiln.models import build_model
+
+    again = build_model(ModelConfig(name=f"llama:{out}")).module.state_dict()
+    for name, value in trained.state_dict().items():
+        assert torch.equal(again[name], value), name
+
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(out))
     assert tokenizer("w4 w5")["input_ids"] == [1, 7, 8]
     generation = json.loads((out / "generation_config.json").read_text())
