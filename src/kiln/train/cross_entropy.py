@@ -89,8 +89,12 @@ def _chunk_kernel(device: torch.device) -> Callable:
     """`_chunk_loss_and_grad`, compiled on CUDA into one fused kernel pass over a chunk's logits
     (eagerly it is several passes over fp32 copies, a sizeable share of an LLM step); eager
     elsewhere, or when compiling it fails (logged once). Inside a compiled region (compile.scope
-    `model+loss` or `step`) the plain function is traced and fused with the rest."""
-    if device.type != "cuda" or _compiled.get("failed") or torch.compiler.is_compiling():
+    `model+loss` or `step`) the plain function is traced and fused with the rest; under a
+    dispatch mode (FLOP counting, SAC), which torch.compile cannot run in, it runs eagerly."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    if (device.type != "cuda" or _compiled.get("failed") or torch.compiler.is_compiling()
+            or _get_current_dispatch_mode() is not None):
         return _chunk_loss_and_grad
     if "fn" not in _compiled:
         compiled = torch.compile(_chunk_loss_and_grad, dynamic=False, fullgraph=True)
