@@ -111,7 +111,7 @@ class Trainer:
                                          world_size=self.dist.world_size, config_digest=config_digest(cfg))
         self.resume_path, self.already_complete = self._resolve_run_dir()
         seed_everything(cfg.training.seed)  # same seed on every rank: identical initial weights
-        built = build_model(cfg.model)
+        built = build_model(cfg.model, device=self.device)
         self.built = built
         if self.resume_path is not None:  # a checkpoint of another model is bad input: exit 2, nothing written
             self.checkpointer.check_model(self.resume_path, built.module)
