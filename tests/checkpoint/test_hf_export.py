@@ -152,3 +152,13 @@ def test_bad_outputs_and_runs_exit_2(tmp_path, capsys):
         assert main(["export", *args]) == 2
         assert needle in capsys.readouterr().err
     assert (existing / "keep.txt").read_text() == "mine"
+
+
+def test_a_leftover_part_directory_is_refused_not_removed(tmp_path, capsys):
+    run_dir = _run(tmp_path, "run", "model.name=llama:llama-tiny", "data.synthetic_samples=16")
+    part = tmp_path / "hf.part"
+    part.mkdir()
+    (part / "mine.txt").write_text("keep")
+    assert main(["export", str(run_dir), "--out", str(tmp_path / "hf")]) == 2
+    assert "hf.part exists" in capsys.readouterr().err
+    assert (part / "mine.txt").read_text() == "keep" and not (tmp_path / "hf").exists()
