@@ -34,6 +34,7 @@ def _prepared_data(root: Path) -> Path:
         {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}))
     np.random.default_rng(0).integers(3, 96, size=2000, dtype=np.uint16).tofile(root / "train.bin")
     (root / "meta.json").write_text(json.dumps({"tokenizer": "tokenizer", "vocab_size": 96}))
+    (root / "tokenizer" / "notes.bin").write_bytes(b"not a tokenizer file")  # never copied
     return root / "train.bin"
 
 
@@ -77,8 +78,8 @@ def test_llama_run_exports_a_directory_transformers_loads_with_equal_logits(tmp_
     out = tmp_path / "hf"
     assert main(["export", str(run_dir), "--out", str(out)]) == 0
     files = {p.name for p in out.iterdir()}
-    assert {"config.json", "model.safetensors", "generation_config.json", "tokenizer.json",
-            "tokenizer_config.json", "special_tokens_map.json"} <= files
+    assert files == {"config.json", "model.safetensors", "generation_config.json", "tokenizer.json",
+                     "tokenizer_config.json", "special_tokens_map.json"}
     assert not (tmp_path / "hf.part").exists()
     exported = safetensors_torch.load_file(str(out / "model.safetensors"))
     assert ("lm_head.weight" in exported) is not tied

@@ -28,6 +28,10 @@ from kiln.config.errors import ConfigError
 MODEL_DIR = "model"
 """Under the run dir: the model's config.json and the tokenizer files of its data."""
 TOKENIZER_META = "meta.json"
+# The files of a Hugging Face tokenizer (fast and slow formats); only these are copied, so a
+# tokenizer directory that also holds data never drags it along.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                   "tokenizer.model", "vocab.json", "merges.txt", "vocab.txt", "chat_template.jinja")
 # A path ending like a single weights file is a mistake for a directory.
 FILE_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".pkl")
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
@@ -56,9 +60,9 @@ def save_model_files(run_dir: Path, hf_config: dict[str, Any], token_path: str |
     (target / "config.json").write_text(json.dumps(hf_config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     tokenizer = tokenizer_dir_of(token_path) if token_path else None
     if tokenizer is not None:
-        for f in sorted(tokenizer.iterdir()):
-            if f.is_file() and f.name != "config.json":
-                shutil.copyfile(f, target / f.name)
+        for name in TOKENIZER_FILES:
+            if (tokenizer / name).is_file():
+                shutil.copyfile(tokenizer / name, target / name)
     return target
 
 
@@ -123,7 +127,7 @@ def export_hf_dir(run_dir: Path, out: Path, *, checkpoint: Path | None = None) -
         seen.add(value.untyped_storage().data_ptr())
         tensors[key] = value
     config = _with_dtype(raw, tensors)
-    extra_files = [f.name for f in sorted(files.iterdir()) if f.is_file() and f.name != "config.json"]
+    extra_files = [name for name in TOKENIZER_FILES if (files / name).is_file()]
     part.mkdir(parents=True)
     try:
         save_file(tensors, str(part / "model.safetensors"), metadata={"format": "pt", "kiln_checkpoint": str(path)})
