@@ -105,6 +105,14 @@ def test_llama_run_exports_a_directory_transformers_loads_with_equal_logits(tmp_
     assert generation["bos_token_id"] == 1 and generation["eos_token_id"] == 2
 
 
+def test_tokenizer_found_from_the_file_or_the_prepared_directory(data):
+    from kiln.checkpoint.hf_export import tokenizer_dir_of
+
+    assert tokenizer_dir_of(data) == tokenizer_dir_of(data.parent) == data.parent / "tokenizer"
+    assert tokenizer_dir_of(data.parent / "tokenizer") is None  # no meta.json there
+    assert tokenizer_dir_of("") is None
+
+
 def test_kiln_generate_loads_the_export(tmp_path, data, capsys):
     run_dir = _run(tmp_path, "run", "model.name=llama:llama-tiny", data_path=data)
     out = tmp_path / "hf"

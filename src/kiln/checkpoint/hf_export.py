@@ -38,11 +38,13 @@ _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.floa
 
 
 def tokenizer_dir_of(token_path: str | Path) -> Path | None:
-    """The tokenizer directory a prepared token file names: `meta.json` beside it with a key
-    "tokenizer" (a directory relative to meta.json). None when there is none."""
+    """The tokenizer directory prepared token data names: `meta.json` beside the token file (or in
+    the prepared directory `data.path` names) with a key "tokenizer" (a directory relative to
+    meta.json). None when there is none."""
     if not token_path:
         return None
-    meta = Path(token_path).parent / TOKENIZER_META
+    path = Path(token_path)
+    meta = (path if path.is_dir() else path.parent) / TOKENIZER_META
     try:
         name = json.loads(meta.read_text(encoding="utf-8")).get("tokenizer")
     except (OSError, ValueError, AttributeError):
