@@ -110,8 +110,7 @@ def run(args: argparse.Namespace) -> int:
     if args.backend:
         resolve_backend(args.backend)  # ConfigError (exit 2) for an unknown name
     target = load_target(args.target, parse_kwargs(args.kwarg), args.inputs, args.inputs_from)
-    report = explain_target(target, backend=args.backend, train=args.train, vary=vary,
-                            fullgraph_check=args.fullgraph_check, device=device)
+    report = explain_target(target, backend=args.backend, train=args.train, vary=vary, device=device)
     emit(report, args.json, render_fullgraph if args.fullgraph_check else render_explain)
     if args.fullgraph_check and not report["fullgraph_ok"]:
         b = report["fullgraph_blocker"] or {}

@@ -39,9 +39,12 @@ def _summary_line(r: dict[str, Any]) -> Text:
         text.append(f", ops per graph {r['ops_per_graph']}")
     if r.get("backward_ops_per_graph"):
         text.append(f", backward ops per graph {r['backward_ops_per_graph']}")
-    verdict = "yes" if r["fullgraph_ok"] else "no"
-    text.append(f"\nfullgraph=True would {'work' if r['fullgraph_ok'] else 'fail'}: {verdict}",
-                style="green" if r["fullgraph_ok"] else "red")
+    if r["fullgraph_ok"]:
+        text.append("\nfullgraph=True: works (one graph)", style="green")
+    else:
+        b = r.get("fullgraph_blocker") or {}
+        where = f" at {_where(b.get('file'), b.get('line'))}" if b.get("file") else ""
+        text.append(f"\nfullgraph=True: fails (first blocker: {b.get('category', 'the run failed')}{where})", style="red")
     return text
 
 
@@ -116,7 +119,7 @@ def render_explain(r: dict[str, Any]) -> Group:
     parts: list[Any] = [Panel(_summary_line(r), title="kiln explain", expand=True)]
     if r["breaks"]:
         parts.append(_breaks_table(r["breaks"]))
-    elif r.get("fullgraph_blocker") and r["fullgraph_checked"]:
+    elif r.get("fullgraph_blocker"):
         parts.append(_breaks_table([r["fullgraph_blocker"]]))
     if r["recompiles"]:
         parts.append(_recompiles_table(r["recompiles"]))
