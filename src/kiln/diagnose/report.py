@@ -179,6 +179,15 @@ def render_doctor(r: dict[str, Any]) -> Group:
                     style="bold red")
         if first.get("where"):
             text.append(f"  at {_where(first['where']['file'], first['where']['line'])}: {first['where']['code']}\n")
+        if first.get("diagnosis"):
+            text.append(f"  why: {first['diagnosis']}\n", style="")
+            text.append("  fix: " + first["fix"].replace("\n", "\n       ") + "\n", style="")
+        crossref = first.get("crossref")
+        if crossref:
+            confirmed = "fails too: confirmed" if crossref["status"] != "ok" else "passes: not confirmed"
+            text.append(f"  {crossref['backend']} {confirmed} ({crossref['meaning']})\n", style="")
+        for line in first.get("torch_advice", []):
+            text.append(f"  torch: {line}\n", style="dim")
         bis = r.get("bisect")
         if bis:
             text.append(f"  bisector: {bis.get('summary') or bis.get('note')}\n")
