@@ -81,6 +81,8 @@ def test_guard_classifier_new_kinds():
     assert classify.classify_guard("len(L['self'].cache) == 1")[0] == classify.LIST_LENGTH
     assert classify.classify_guard("not L['self'].cache")[0] == classify.LIST_LENGTH
     assert classify.classify_guard("L['causal'] == True")[0] == classify.BOOL_FLAG
+    assert classify.classify_guard("___check_obj_id(L['causal'], 9461)", "if causal:")[0] == classify.BOOL_FLAG
+    assert classify.classify_guard("___check_obj_id(L['norm'], 9461)", "x = norm(x)")[0] == classify.OBJECT_IDENTITY
     assert classify.classify_guard("L['t'] == 0.5", "s = math.log(t)")[0] == classify.MATH_CONSTANT
     assert classify.classify_guard("L['t'] == 0.5", "s = t * 2")[0] == classify.PYTHON_SCALAR
     assert classify.classify_guard("___stack0 == 3")[0] == classify.CARRIED_VALUE

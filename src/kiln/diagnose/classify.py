@@ -296,8 +296,9 @@ def _specific_guard(guard: str, code: str, varargs: str | None) -> tuple[str, st
             "every call recompiles until the recompile limit, then runs eagerly. Return the values from forward "
             "and collect them outside the compiled model, or keep a preallocated tensor buffer "
             "(`self.register_buffer`) and write into it at an index tensor.")
-    m = re.search(r"^([\w.]+) (?:==|is) (True|False)$", guard)
-    if m:
+    m = re.search(r"^([\w.]+) (?:==|is) (True|False)$", guard) or re.search(r"___check_obj_id\(([\w.]+),", guard)
+    if m and (m.lastindex == 2 or re.search(rf"^\s*(el)?if (not )?{re.escape(m[1])}\s*:", code or "")):
+        # Older torch guards a bool by identity (True and False are singletons) on its `if` line.
         return BOOL_FLAG, (
             f"`{m[1]}` is a bool that switches forward between modes; each value is its own graph (one recompile "
             "per mode, expected). Compile one function per mode (e.g. a compiled model per value, or "

@@ -59,6 +59,8 @@ def _breaks_table(breaks: list[dict[str, Any]]) -> Table:
         where = Text(_where(b["file"], b["line"]) + "\n")
         where.append(b["code"] or "", style="cyan")
         category = b["category"] + ("\n(whole function ran eagerly)" if b.get("frame_skipped") else "")
+        if b.get("count", 1) > 1:
+            category += f"\n({b['count']} times per forward)"
         table.add_row(str(i), category, where, b["explanation"] or b["reason"], b["hint"])
     return table
 
