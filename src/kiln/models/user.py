@@ -89,7 +89,9 @@ def infer_from_example(
     spec = spec_from_example(x)
     if spec is None:
         return None, None
-    out = _output_tensor(module, inputs, where)
+    # Two rows tell the output's shape as well as the whole batch, at a fraction of the cost.
+    x = x[:2]
+    out = _output_tensor(module, (x,), where)
     if out is None or out.dim() < 2 or out.shape[0] != x.shape[0]:
         return spec, None
     if spec.kind in ("features", "images") and out.dim() == 2 and out.shape[1] >= 2 and out.is_floating_point():
