@@ -156,7 +156,9 @@ def run_doctor(
             first["crossref"] = {"backend": CROSSREF, "status": check["status"], "error": check["error"],
                                  "meaning": CROSSREF_MEANING}
         bisect_result = None
-        if first is not None and ladder[first_index].is_inductor and bisect:
+        if first is not None and first.get("op") and bisect:
+            notes.append(f"no bisection: the failure is explained by custom op {first['op']} (see why/fix)")
+        elif first is not None and ladder[first_index].is_inductor and bisect:
             stage = ladder[first_index]
 
             def still_good() -> bool:
