@@ -95,13 +95,9 @@ def test_repro_of_a_distributed_model_sets_up_its_process_group_and_reproduces(t
     proc = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "reproduced: accuracy failure" in proc.stdout and "process group" not in proc.stderr
-
-
-def test_repro_that_cannot_set_up_says_so_with_exit_2(tmp_path):
-    report = run_doctor(load_target(target("relu_net")), stages=["eager"], backends=[f"{PLANTED}:crash_backend"],
-                        out_dir=tmp_path)
-    script = report["repro"]
+    # A script that cannot even load the model says so, with its own exit status.
     text = open(script).read().replace("TARGET = ", "TARGET = 'no_such_module_for_kiln:build'  # ", 1)
     open(script, "w").write(text)
     proc = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert proc.returncode == 2 and "could not set up the repro" in proc.stdout, proc.stdout + proc.stderr
+
