@@ -160,3 +160,13 @@ def test_the_shipped_example_serves_explain_and_train_alike() -> None:
     report = explain_target(load_target(spec, {"width": 32}), vary=[])
     assert report["clean"] and report["inputs"] == ["float32[8, 64]"]
     assert torch.is_tensor(built.module(torch.randn(2, 64)))
+
+
+def test_doctor_repro_of_the_shipped_example_imports_its_sibling_module(tmp_path: Path) -> None:
+    from kiln.diagnose import load_target, run_doctor
+
+    drift = ROOT / "tests" / "diagnose" / "planted.py"
+    report = run_doctor(load_target(f"{ROOT / 'examples' / 'my_models.py'}:build", {"width": 16}), stages=["eager"],
+                        backends=[f"{drift}:drift_backend"], out_dir=tmp_path)
+    proc = subprocess.run([sys.executable, report["repro"]], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 1 and "reproduced" in proc.stdout, proc.stdout + proc.stderr

@@ -49,6 +49,7 @@ INPUTS = torch.load(Path(__file__).with_name($inputs_name), weights_only=True)
 def load_by_path(ref):
     where, _, name = ref.rpartition(":")
     if where.endswith(".py") or "/" in where:
+        sys.path.insert(0, str(Path(where).parent))  # as `python file.py` would: its sibling modules import
         spec = importlib.util.spec_from_file_location("repro_target", where)
         module = importlib.util.module_from_spec(spec)
         sys.modules["repro_target"] = module
