@@ -53,3 +53,13 @@ def test_custom_op_and_advice_readers():
     assert torch_advice(text) == ["This error most often comes from a incorrect fake (aka meta) kernel for a custom op.",
                                   "Use torch.library.opcheck to test your custom op."]
     assert custom_op("Error in op: torch.ops.aten.mm.default") is None  # torch's own ops are not the user's
+
+
+def test_explain_gives_the_same_fix_for_an_op_without_fake_implementation():
+    from kiln.diagnose import explain_target
+
+    report = explain_target(load_target(f"{OPS}:clamped"), vary=[])
+    run = report["runs"][0]
+    assert run["status"] == "error" and run["op"] == "kiln_corpus::soft_clamp"
+    assert run["line"] == statement_line(OPS, "return soft_clamp(self.fc(x), 3.0)")
+    assert '@torch.library.register_fake("kiln_corpus::soft_clamp")' in run["fix"]

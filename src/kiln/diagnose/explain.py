@@ -16,6 +16,7 @@ import torch
 
 from kiln.diagnose import classify
 from kiln.diagnose.capture import DynamoCapture, RawBreak, capture_dynamo
+from kiln.diagnose.crash import explain_crash
 from kiln.diagnose.expectations import compare_breaks
 from kiln.diagnose.frames import place_from_exception, source_line
 from kiln.diagnose.inputs import describe_inputs, to_device
@@ -239,6 +240,7 @@ def explain_target(
                 except Exception as exc:
                     place = place_from_exception(exc)
                     entry.update(status="error", error=first_line(exc), **(place.as_dict() if place else {}))
+                    entry.update(explain_crash(exc, backend) or {})  # a custom op at fault: why and the fix
                 if i == 0:
                     main_graphs = sum(1 for g in cap.graphs if g.kind == "dynamo")
                     main_backward = sum(1 for g in cap.graphs if g.kind == "aot_backward")

@@ -135,6 +135,10 @@ def render_explain(r: dict[str, Any]) -> Group:
     errors = [run for run in r.get("runs", []) if run["status"] != "ok"]
     for run in errors:
         parts.append(Text(f"run {run['label']} failed: {run['error']}", style="red"))
+    for op in dict.fromkeys(run["op"] for run in errors if run.get("op")):  # once per op, in order
+        run = next(run for run in errors if run.get("op") == op)
+        where = f" (called at {_where(run.get('file'), run.get('line'))})" if run.get("file") else ""
+        parts.append(Text(f"why: {run['diagnosis']}{where}\nfix: {run['fix']}"))
     for note in r.get("notes", []):
         parts.append(Text(f"note: {note}", style="dim"))
     return Group(*parts)
