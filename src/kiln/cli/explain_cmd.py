@@ -94,7 +94,8 @@ def add_parser(sub) -> None:
     p.add_argument("--backend", default=None,
                    help="backend behind the recorder (default eager; aot_eager with --train, to see backward graphs)")
     p.add_argument("--fullgraph-check", action="store_true",
-                   help="answer whether torch.compile(fullgraph=True) works, naming the first blocker")
+                   help="show only whether torch.compile(fullgraph=True) works, naming the first blocker, and exit 1 "
+                        "when it does not (the full report gives the same verdict)")
     p.set_defaults(run=run)
 
 
