@@ -48,11 +48,20 @@ def load_file(where: str, key: str) -> ModuleType:
         raise ConfigError(key, f"cannot load {path} as a Python module")
     module = importlib.util.module_from_spec(spec)
     sys.modules[mod_name] = module
+    # As `python path/file.py` does, the file's directory goes on sys.path so that it can import
+    # its sibling modules; it stays there (DataLoader workers unpickle classes from those modules).
+    folder = str(path.parent)
+    added = folder not in sys.path
+    if added:
+        sys.path.insert(0, folder)
     try:
         spec.loader.exec_module(module)
     except Exception as exc:
         del sys.modules[mod_name]
-        raise ConfigError(key, f"importing {path} failed: {type(exc).__name__}: {exc}") from exc
+        if added:
+            sys.path.remove(folder)
+        searched = f" (looked in {folder} and sys.path)" if isinstance(exc, ModuleNotFoundError) else ""
+        raise ConfigError(key, f"importing {path} failed: {type(exc).__name__}: {exc}{searched}") from exc
     return module
 
 

@@ -181,7 +181,7 @@ def test_eval_split_is_unshuffled_and_repeatable():
 
 
 def test_needs_a_spec():
-    with pytest.raises(ConfigError, match="data.source.*declares its input shape"):
+    with pytest.raises(ConfigError, match="data.source.*input shape.*example_inputs"):
         build_data(cfg(), None, device=CPU, seed=0)
     with pytest.raises(ConfigError, match="num_classes"):
         build_data(cfg(), spec("features", (8,)), device=CPU, seed=0)

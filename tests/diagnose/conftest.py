@@ -9,6 +9,8 @@ import pytest
 HERE = Path(__file__).resolve().parent
 PLANTED = HERE / "planted.py"
 EXAMPLES = HERE.parents[1] / "examples"
+CORPUS = HERE / "corpus"
+"""Realistic models with one problem each, found by their statements (no marker comments)."""
 
 
 def marker_line(tag: str, file: Path = PLANTED) -> int:

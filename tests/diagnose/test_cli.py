@@ -80,3 +80,18 @@ def test_registry_model_gets_inputs_from_its_spec(capsys):
     report = json.loads(capsys.readouterr().out)
     assert report["input_source"] == "input spec" and report["inputs"] == ["float32[4, 16]"]
     assert report["graph_break_count"] == 0
+
+
+@pytest.mark.parametrize("factory", ["printer", "item"])
+def test_explain_fullgraph_verdict_is_the_one_fullgraph_check_gives(factory, tmp_path, capsys):
+    out = tmp_path / "explain.json"
+    assert main(["explain", target(factory), "--no-vary", "--json", str(out)]) == 0
+    shown = capsys.readouterr().out
+    verdict = json.loads(out.read_text())["fullgraph_ok"]
+    assert "would fail: no" not in shown
+    assert ("fullgraph=True: works" if verdict else "fullgraph=True: fails") in shown
+    checked = main(["explain", target(factory), "--no-vary", "--fullgraph-check"])
+    assert checked == (0 if verdict else 1)
+    assert ("fullgraph: yes" if verdict else "fullgraph: no") in capsys.readouterr().out
+    if factory == "printer":  # a print in forward: torch cannot trace it under fullgraph=True either
+        assert verdict is False

@@ -82,3 +82,22 @@ def test_seed_all_reduce_model_passes_the_early_stages(tmp_path):
     (row,) = report["seed_expectations"]
     assert row["expected_failure"] == "inductor" and "not run" in row["note"]
     assert not torch.distributed.is_initialized()
+
+
+def test_repro_of_a_distributed_model_sets_up_its_process_group_and_reproduces(tmp_path):
+    from .conftest import EXAMPLES
+
+    report = run_doctor(load_target(f"{EXAMPLES / 'seed_all_reduce.py'}:build"), stages=["eager"],
+                        backends=[f"{PLANTED}:drift_backend"], out_dir=tmp_path)
+    assert any("gloo" in note for note in report["notes"])
+    script = report["repro"]
+    assert "NEEDS_PROCESS_GROUP = True" in open(script).read()
+    proc = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "reproduced: accuracy failure" in proc.stdout and "process group" not in proc.stderr
+    # A script that cannot even load the model says so, with its own exit status.
+    text = open(script).read().replace("TARGET = ", "TARGET = 'no_such_module_for_kiln:build'  # ", 1)
+    open(script, "w").write(text)
+    proc = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 2 and "could not set up the repro" in proc.stdout, proc.stdout + proc.stderr
+

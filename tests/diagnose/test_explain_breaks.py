@@ -31,7 +31,29 @@ def test_planted_break_is_named_with_place_and_category(factory, tag, category):
     assert f"# planted: {tag}" in brk["code"]
     assert brk["hint"] == classify.BREAK_HINTS[category] or brk["hint"].endswith(classify.BREAK_HINTS[category])
     assert brk["reason"] and brk["explanation"]  # torch's own words are kept
-    assert report["graph_break_count"] >= 1 and not report["fullgraph_ok"]
+    assert report["graph_break_count"] >= 1
+    # The verdict is torch's own fullgraph=True compile (recent torch captures `.item()` there).
+    assert report["fullgraph_ok"] == _fullgraph_compiles(factory)
+
+
+def _fullgraph_compiles(factory: str) -> bool:
+    import contextlib
+    import io
+
+    import torch
+
+    from kiln.diagnose.runtime import single_process_group
+
+    t = load_target(target(factory))
+    torch.compiler.reset()
+    with single_process_group(factory == "collective"), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            torch.compile(t.module, backend="eager", fullgraph=True)(*t.inputs)
+            return True
+        except Exception:
+            return False
+        finally:
+            torch.compiler.reset()
 
 
 def test_collective_runs_in_a_one_process_group():

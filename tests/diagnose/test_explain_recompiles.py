@@ -34,7 +34,7 @@ def test_clean_model_has_no_problems_and_the_provoked_recompile_is_expected():
     assert probe["verdict"] == "if your batch size changes: one recompile, then a dynamic graph (expected)"
     assert [r["category"] for r in probe["recompiles"]] == [classify.SHAPE_CHANGE]
     assert "size mismatch at index 0" in probe["recompiles"][0]["guard"]
-    assert [run["label"] for run in report["runs"]] == ["example", "batch=8", "batch=12"]
+    assert [run["label"] for run in report["runs"]] == ["example", "example again", "batch=8", "batch=12"]
 
 
 def test_a_value_that_recompiles_every_time_is_a_problem():
@@ -54,7 +54,7 @@ def test_input_sets_from_a_file_are_called_in_order(tmp_path):
     t = load_target(target("clean"), inputs_from=str(path))
     assert t.input_source == "--inputs-from" and len(t.input_sets) == 2
     report = explain_target(t)  # several input sets: no extra variation by default
-    assert [run["label"] for run in report["runs"]] == ["example", "input set 1"]
+    assert [run["label"] for run in report["runs"]] == ["example", "example again", "input set 1"]
     assert [r["category"] for r in report["recompiles"]] == [classify.SHAPE_CHANGE]
 
 

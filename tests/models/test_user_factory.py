@@ -102,7 +102,8 @@ def test_dict_spec_tokens_means_causal_lm(user_module: str) -> None:
 
 def test_example_tensor_gives_spec(user_module: str) -> None:
     built = build_model(ModelConfig(name=f"{user_module}:with_example", kwargs={"width": 3}))
-    assert built.input_spec == InputSpec("features", (3,))
+    # The [2, 3] output of the example batch makes it a 3-class classifier.
+    assert built.input_spec == InputSpec("features", (3,), num_classes=3) and built.task == "classification"
 
 
 def test_built_model_and_kiln_task(user_module: str) -> None:

@@ -94,7 +94,8 @@ def add_parser(sub) -> None:
     p.add_argument("--backend", default=None,
                    help="backend behind the recorder (default eager; aot_eager with --train, to see backward graphs)")
     p.add_argument("--fullgraph-check", action="store_true",
-                   help="answer whether torch.compile(fullgraph=True) works, naming the first blocker")
+                   help="show only whether torch.compile(fullgraph=True) works, naming the first blocker, and exit 1 "
+                        "when it does not (the full report gives the same verdict)")
     p.set_defaults(run=run)
 
 
@@ -110,8 +111,7 @@ def run(args: argparse.Namespace) -> int:
     if args.backend:
         resolve_backend(args.backend)  # ConfigError (exit 2) for an unknown name
     target = load_target(args.target, parse_kwargs(args.kwarg), args.inputs, args.inputs_from)
-    report = explain_target(target, backend=args.backend, train=args.train, vary=vary,
-                            fullgraph_check=args.fullgraph_check, device=device)
+    report = explain_target(target, backend=args.backend, train=args.train, vary=vary, device=device)
     emit(report, args.json, render_fullgraph if args.fullgraph_check else render_explain)
     if args.fullgraph_check and not report["fullgraph_ok"]:
         b = report["fullgraph_blocker"] or {}

@@ -46,6 +46,7 @@ from kiln.data.base import (
     derive_seed,
     resolve_seq_len,
 )
+from kiln.models.spec import CONTRACT_HINT
 
 POOL_BYTES = {"train": 512 * 2**20, "eval": 128 * 2**20}
 # Successor probabilities of the bigram table; cumulative form is what sampling needs.
@@ -84,8 +85,8 @@ class SyntheticSource(DataSource):
         if spec is None:
             raise ConfigError(
                 "data.source",
-                "synthetic data needs a model that declares its input shape (InputSpec); "
-                "use data.source=files/tokens/imagefolder or a module:function for this model",
+                "synthetic data needs the model's input shape, which this model does not give: "
+                f"{CONTRACT_HINT}; or use data.source=files/tokens/imagefolder/module:function",
             )
         check_spec(spec)
         self.kind = spec.kind
@@ -100,13 +101,17 @@ class SyntheticSource(DataSource):
 
         if spec.kind == "tokens":
             if not spec.vocab_size or spec.vocab_size < 2:
-                raise ConfigError("data.source", "synthetic tokens need a model that declares vocab_size >= 2")
+                raise ConfigError("data.source", "synthetic tokens need the model's vocabulary size: return "
+                                  "(model, token_ids) whose output is [batch, T, vocab], or declare vocab_size >= 2 "
+                                  '(model, {"kind": "tokens", "shape": [T], "vocab_size": V})')
             self.seq_len = resolve_seq_len(cfg.seq_len, spec)
             check_sample_shape("data.seq_len", (self.seq_len,), spec)
             sample_bytes = (self.seq_len + 1) * 8
         else:
             if not spec.num_classes or spec.num_classes < 2:
-                raise ConfigError("data.source", f"synthetic {spec.kind} need a model that declares num_classes >= 2")
+                raise ConfigError("data.source", f"synthetic {spec.kind} need the number of classes (>= 2): return "
+                                  "(model, example_inputs) whose output is [batch, classes], or declare num_classes "
+                                  f'(model, {{"kind": "{spec.kind}", "shape": {list(spec.shape)}, "num_classes": C}})')
             want = 1 if spec.kind == "features" else 3
             if len(spec.shape) != want or min(spec.shape) < 1:
                 raise ConfigError(

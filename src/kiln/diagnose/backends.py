@@ -12,11 +12,15 @@ from dataclasses import dataclass
 from kiln.config.errors import ConfigError
 
 DEFAULT_LADDER = ("eager", "aot_eager", "aot_eager_decomp_partition", "inductor")
+CROSSREF = "aot_eager_decomp_partition_crossref"
+"""Not in the ladder: run to confirm a custom op's fake implementation is at fault."""
 LAYERS = {
     "eager": "TorchDynamo graph capture (bytecode tracing, guards)",
     "aot_eager": "AOTAutograd (functionalization, joint forward/backward tracing)",
     "aot_eager_decomp_partition": "decompositions and the forward/backward partitioner",
     "inductor": "TorchInductor (lowering, fusion, generated kernels)",
+    CROSSREF: "fake-vs-real cross-check: every op also runs on fake tensors, and a mismatch in shape, dtype or "
+              "strides means the op's fake (meta) implementation disagrees with its kernel",
 }
 BACKEND_FORMS = ("a name from torch._dynamo.list_backends(exclude_tags=())", "package.module:function",
                  "path/to/file.py:function")

@@ -51,6 +51,10 @@ def bisect_inductor(check: Callable[[], bool]) -> dict[str, Any]:
 
 def _summary(r: dict[str, Any]) -> str:
     if not r["subsystem"]:
+        if r["backend"] != "inductor":
+            # The bisector's backend list includes stages the ladder does not run (e.g. the crossref one).
+            return (f"torch's bisector already saw the failure with its {r['backend']} backend, so it blamed no "
+                    "inductor subsystem")
         return f"the failure starts at backend {r['backend']}; no single subsystem could be blamed"
     text = f"{r['backend']} / {r['subsystem']}"
     if r["subsystem"] == "lowerings" and r["debug_info"]:

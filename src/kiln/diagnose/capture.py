@@ -17,15 +17,18 @@ switches); each is read with a fallback, so a torch that renames one loses that 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
+import os
 import re
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from kiln.diagnose.frames import Place, place_from_summaries, place_from_text, source_line
+from kiln.diagnose.frames import Place, is_user_file, place_from_summaries, place_from_text, source_line
 from kiln.diagnose.runtime import quiet_torch
 
 _SKIP_MARKERS = ("Skipping the function", "results in a skip", "skip tracing the frame", "frame skipped")
@@ -60,6 +63,8 @@ class RawRecompile:
     code_id: int = 0
     """id() of the code object that recompiled, and `ordinal`: this miss's index among its misses."""
     ordinal: int = 0
+    varargs: str | None = None
+    """Name of the recompiled function's `*args` parameter (a guard on its length: a varying argument count)."""
 
 
 def op_name(node: torch.fx.Node) -> str:
@@ -89,6 +94,7 @@ class DynamoCapture:
         self.breaks: list[RawBreak] = []
         self.recompiles: list[RawRecompile] = []
         self.log_messages: list[str] = []
+        self.marks: list[tuple[int, int]] = []
 
     def record_graph(self, gm: torch.fx.GraphModule, kind: str) -> None:
         nodes = [n for n in gm.graph.nodes if n.op in ("call_function", "call_method", "call_module")]
@@ -123,25 +129,29 @@ class DynamoCapture:
 
     # --- collection at the end of the capture ---------------------------------------------------
 
-    def _add_break(self, brk: RawBreak) -> None:
-        for seen in self.breaks:
-            same_place = seen.place and brk.place and (seen.place.file, seen.place.line) == (brk.place.file, brk.place.line)
-            if same_place or (seen.place is None and brk.place is None and seen.reason == brk.reason):
-                seen.count += 1
-                seen.frame_skipped = seen.frame_skipped or brk.frame_skipped
-                return
-        self.breaks.append(brk)
+    def mark(self) -> None:
+        """Call after each call of the compiled model: breaks are then counted per call (per forward)."""
+        from torch._dynamo import utils as dynamo_utils
+
+        self.marks.append((len(getattr(dynamo_utils, "graph_break_reasons", [])), len(self.log_messages)))
+
+    def _window(self, index: int, source: int) -> int:
+        """Which marked call produced the index-th record of a source (0: graph_break_reasons, 1: log)."""
+        return next((w for w, mark in enumerate(self.marks) if mark[source] > index), len(self.marks))
 
     def collect(self) -> None:
         from torch._dynamo import utils as dynamo_utils
 
-        for reason in list(getattr(dynamo_utils, "graph_break_reasons", [])):
+        found: list[tuple[int, RawBreak]] = []
+        for i, reason in enumerate(list(getattr(dynamo_utils, "graph_break_reasons", []))):
             text = str(getattr(reason, "reason", reason))
-            self._add_break(RawBreak(text, place_from_summaries(getattr(reason, "user_stack", None)), "dynamo"))
-        for message in self.log_messages:
+            place = place_from_summaries(getattr(reason, "user_stack", None))
+            found.append((self._window(i, 0), RawBreak(text, place, "dynamo")))
+        for j, message in enumerate(self.log_messages):
             parsed = _parse_break_log(message)
             if parsed:
-                self._add_break(parsed)
+                found.append((self._window(j, 1), parsed))
+        self.breaks = merge_breaks(found)
         failures = getattr(dynamo_utils, "guard_failures", {})
         for code, reasons in list(failures.items()):
             self.recompiles.extend(_group_recompiles(code, list(reasons)))
@@ -154,6 +164,37 @@ class DynamoCapture:
 
         failures = getattr(dynamo_utils, "guard_failures", {})
         return {id(code): len(_group_recompiles(code, list(reasons))) for code, reasons in list(failures.items())}
+
+
+def _headline(reason: str) -> str:
+    lines = [ln.strip() for ln in reason.splitlines() if ln.strip() and not ln.strip().startswith("Graph Break")]
+    return lines[0] if lines else reason.strip()
+
+
+def merge_breaks(found: list[tuple[int, RawBreak]]) -> list[RawBreak]:
+    """One break per user place, counted per forward.
+
+    Each compile (kiln's own probes and the fullgraph check included) records its breaks again, and
+    torch reports a break both in graph_break_reasons and in the log; so a break's count is its
+    most occurrences within one call, from one source (graph_break_reasons when it has the break).
+    A break with no user frame (its stack is all standard library or torch, e.g. inside
+    `logging`) that repeats the reason of a placed break is the same finding: it is folded in."""
+    groups: dict[tuple, list[tuple[int, RawBreak]]] = {}
+    for window, brk in found:
+        key = (brk.place.file, brk.place.line) if brk.place else ("", _headline(brk.reason))
+        groups.setdefault(key, []).append((window, brk))
+    merged = []
+    for entries in groups.values():
+        first = next((b for _, b in entries if b.source == "dynamo"), entries[0][1])
+        per_call: dict[tuple[str, int], int] = {}
+        for window, brk in entries:
+            per_call[(brk.source, window)] = per_call.get((brk.source, window), 0) + 1
+        source = "dynamo" if any(src == "dynamo" for src, _ in per_call) else entries[0][1].source
+        count = max(n for (src, _), n in per_call.items() if src == source)
+        skipped = any(b.frame_skipped for _, b in entries)
+        merged.append(RawBreak(first.reason, first.place, first.source, skipped, count))
+    placed = {_headline(b.reason) for b in merged if b.place is not None}
+    return [b for b in merged if b.place is not None or _headline(b.reason) not in placed]
 
 
 def _parse_break_log(message: str) -> RawBreak | None:
@@ -177,6 +218,45 @@ def _parse_break_log(message: str) -> RawBreak | None:
 _COMPILE_ID = re.compile(r"^\[?(\d+)/(\d+)\]?:?\s*")
 
 
+_GUARD_COMMENT = re.compile(r"\s#\s(?P<code>.*?)\s+#\s(?P<file>\S+):(?P<line>\d+) in (?P<func>\S+)(?:\s+\(.*\))?\s*$")
+
+
+def _resolve_file(shown: str, code: Any) -> str:
+    """torch shortens the path in a guard's comment (`...mp/proj/model.py`): find the real file."""
+    if code.co_filename.endswith(shown):
+        return code.co_filename
+    if os.path.isfile(shown):
+        return shown
+    for module in list(sys.modules.values()):
+        file = getattr(module, "__file__", None) or ""
+        if file.endswith(shown):
+            return file
+    return shown
+
+
+def guard_place(guard_line: str, stack: str, code: Any) -> Place:
+    """Where a failing guard comes from: the innermost user frame of torch's "User stack trace"; else
+    the source line torch writes as a comment after the guard (`guard  # code  # file:line in fn`);
+    else the first line of the function that recompiled."""
+    place = place_from_text(stack) if stack else None
+    if place is not None:
+        return place
+    m = _GUARD_COMMENT.search(guard_line)
+    if m:
+        file, line = _resolve_file(m["file"], code), int(m["line"])
+        if is_user_file(file):
+            return Place(file, line, source_line(file, line) or m["code"].strip(), m["func"])
+    file, line = code.co_filename, code.co_firstlineno
+    return Place(file, line, source_line(file, line), code.co_name)
+
+
+def varargs_name(code: Any) -> str | None:
+    """The name of a function's `*args` parameter, if it has one."""
+    if not code.co_flags & inspect.CO_VARARGS:
+        return None
+    return code.co_varnames[code.co_argcount + code.co_kwonlyargcount]
+
+
 def _group_recompiles(code: Any, reasons: list[str]) -> list[RawRecompile]:
     """guard_failures lists, per cache miss, one reason per cached entry, newest entry first; a miss
     starts where the entry index stops decreasing. Each miss is one recompile."""
@@ -194,13 +274,11 @@ def _group_recompiles(code: Any, reasons: list[str]) -> list[RawRecompile]:
     for ordinal, event in enumerate(events):
         body = event[0][1]
         guard_text, _, stack = body.partition("User stack trace:")
-        guard = guard_text.strip().splitlines()[0] if guard_text.strip() else body
-        guard = guard.split("  #")[0].strip()
-        place = place_from_text(stack) if stack else None
-        if place is None:
-            file, line = code.co_filename, code.co_firstlineno
-            place = Place(file, line, source_line(file, line), code.co_name)
-        out.append(RawRecompile(code.co_name, guard, body.strip(), place, len(event), id(code), ordinal))
+        first_line = guard_text.strip().splitlines()[0] if guard_text.strip() else body
+        guard = first_line.split("  #")[0].strip()
+        place = guard_place(first_line, stack, code)
+        out.append(RawRecompile(code.co_name, guard, body.strip(), place, len(event), id(code), ordinal,
+                                varargs_name(code)))
     return out
 
 

@@ -10,16 +10,22 @@ from __future__ import annotations
 
 import re
 
+from kiln.diagnose.equivalents import RANDOM_CALL, numpy_advice, random_advice
+
 DATA_DEPENDENT_BRANCH = "data-dependent branch"
 SCALAR_OUTPUT = "scalar output (.item())"
 PRINT_LOGGING = "print/logging"
 UNSUPPORTED_CALL = "unsupported builtin or library call"
 NUMPY = "numpy"
+PY_RANDOM = "python random"
+DISABLED = "torch.compiler.disable'd function"
+GENERATOR = "next() on a generator"
 COLLECTIVE = "collective or side effect"
 DYNAMIC_SHAPE = "dynamic shape"
 OTHER = "other"
 BREAK_CATEGORIES = (
-    DATA_DEPENDENT_BRANCH, SCALAR_OUTPUT, PRINT_LOGGING, UNSUPPORTED_CALL, NUMPY, COLLECTIVE, DYNAMIC_SHAPE, OTHER
+    DATA_DEPENDENT_BRANCH, SCALAR_OUTPUT, PRINT_LOGGING, UNSUPPORTED_CALL, NUMPY, PY_RANDOM, DISABLED, GENERATOR,
+    COLLECTIVE, DYNAMIC_SHAPE, OTHER,
 )
 
 BREAK_HINTS = {
@@ -46,6 +52,23 @@ BREAK_HINTS = {
     NUMPY: (
         "Use the torch equivalent in forward (torch traces much of NumPy through torch._numpy, but not this); or "
         "put the NumPy code in a helper decorated with `@torch.compiler.disable`."
+    ),
+    PY_RANDOM: (
+        "Python's `random` module runs outside the graph (its state is not a tensor): draw with torch instead, and "
+        "keep the decision in tensor code: `torch.where(torch.rand((), device=x.device) < p, a, b)`, or a per-sample "
+        "mask `torch.rand(x.shape[0], 1, device=x.device) < p`."
+    ),
+    DISABLED: (
+        "A function decorated with `@torch.compiler.disable` always runs outside the graph, with a graph break "
+        "before and after each call: that is what the decorator does, not a tracing failure (no custom op needed). "
+        "If the function only calls torch ops, remove the decorator; if one part cannot be traced, move the "
+        "decorator onto that part alone."
+    ),
+    GENERATOR: (
+        "torch cannot step a Python generator kept on the module, so forward breaks at `next()` on every call and "
+        "the value it yields is baked into the code after the break (a recompile per new value). Precompute the "
+        "values (e.g. a buffer `torch.tensor(values)` indexed by a step-counter tensor), or call `next()` outside "
+        "the model and pass the value in as a tensor argument."
     ),
     COLLECTIVE: (
         "Keep communication out of forward (DDP/FSDP hooks do it), use synchronous functional collectives "
@@ -91,6 +114,21 @@ _RULES: list[tuple[str, re.Pattern, re.Pattern | None]] = [
         re.compile(r"^\s*(if|elif|while|assert)\b"),
     ),
     (
+        DISABLED,
+        re.compile(r"compiler\.disable|_dynamo\.disable|disable\(\)`?d function|skipped due to .*disable", re.I),
+        None,
+    ),
+    (
+        GENERATOR,
+        re.compile(r"next\(\) on generator|tp_iternext|GeneratorObjectVariable|generator object", re.I),
+        re.compile(r"\bnext\("),
+    ),
+    (
+        PY_RANDOM,
+        re.compile(r"\bRandom\.\w+|\brandom\.(random|uniform|randint|choice|gauss|shuffle|sample)\b"),
+        RANDOM_CALL,
+    ),
+    (
         NUMPY,
         re.compile(r"numpy|torch\._numpy|ndarray", re.I),
         _NUMPY_CODE,
@@ -117,11 +155,31 @@ def classify_break(reason: str, code: str) -> str:
             # A numpy call that fails with a generic reason is still a numpy problem.
             if category in (UNSUPPORTED_CALL, OTHER) and _NUMPY_CODE.search(code or ""):
                 return NUMPY
+            if category in (UNSUPPORTED_CALL, OTHER) and RANDOM_CALL.search(code or ""):
+                return PY_RANDOM
             return category
     for category, _, on_code in _RULES:
         if on_code is not None and on_code.search(code or ""):
             return category
     return OTHER
+
+
+_DISABLED_NAME = re.compile(r"function `?<function ([\w.<>]+) at")
+
+
+def break_hint(category: str, reason: str, code: str) -> str:
+    """The fix for a break, made concrete for the user's line where kiln knows the replacement:
+    the torch call for a NumPy or `random` function, the name of a disabled helper."""
+    hint = BREAK_HINTS[category]
+    if category == NUMPY:
+        return numpy_advice(reason, code) + hint
+    if category == PY_RANDOM:
+        return random_advice(code) + hint
+    if category == DISABLED:
+        m = _DISABLED_NAME.search(reason or "")
+        if m:
+            return f"`{m[1]}` is decorated with `@torch.compiler.disable`. " + hint
+    return hint
 
 
 def headline(reason: str) -> str:
@@ -150,6 +208,11 @@ def explanation(reason: str) -> str:
 
 SHAPE_CHANGE = "shape change"
 PYTHON_SCALAR = "python scalar value"
+MATH_CONSTANT = "value fixed by math.*"
+BOOL_FLAG = "bool flag (mode switch)"
+LIST_LENGTH = "list attribute mutated in forward"
+ARG_COUNT = "number of *args"
+CARRIED_VALUE = "value carried across a graph break"
 DTYPE_CHANGE = "dtype change"
 REQUIRES_GRAD = "requires_grad change"
 GLOBAL_STATE = "global state (grad mode / autocast)"
@@ -199,8 +262,65 @@ _GUARD_RULES: list[tuple[str, re.Pattern, str]] = [
 ]
 
 
-def classify_guard(guard: str) -> tuple[str, str]:
-    """(category, fix) for a failing guard."""
+_NAMED = re.compile(r"[LG]\['([^']+)'\]")
+_STACK = re.compile(r"___stack\d+")
+
+
+def user_guard(guard: str) -> str:
+    """torch's guard with `L['x']` written as `x`, as the user wrote it."""
+    return _NAMED.sub(r"\1", guard or "")
+
+
+def _specific_guard(guard: str, code: str, varargs: str | None) -> tuple[str, str] | None:
+    """Guards whose fix depends on what the guarded value is, not only on the guard's form."""
+    if _STACK.search(guard):
+        hint = ("torch guards a value it carries from the code before a graph break into the code after it "
+                "(`___stackN` is its internal name: a value computed just before the break). It changed between calls, "
+                "so the code after the break recompiles each time; fix the graph break on this line (see the graph "
+                "breaks table) and this recompile goes with it.")
+        if re.search(r"\bnext\(", code or ""):
+            hint += " Here it is the value of `next()` on a generator: " + BREAK_HINTS[GENERATOR]
+        return CARRIED_VALUE, hint
+    m = re.search(r"len\((\w+)\)", guard)
+    if m and m[1] == (varargs or "args"):
+        return ARG_COUNT, (
+            f"forward takes `*{m[1]}` and was called with a different number of them: each count is a new graph "
+            "(and counts against torch._dynamo.config.recompile_limit). Stack the inputs into one tensor (one "
+            "argument with a batch or `views` dimension, which dynamic shapes handle), or pad to a fixed count; "
+            "if only a few counts occur, accept one graph per count.")
+    m = re.search(r"(?:len\((self(?:\.\w+)+)\)|^not (self(?:\.\w+)+)$)", guard)
+    if m:
+        attr = m[1] or m[2]
+        return LIST_LENGTH, (
+            f"`{attr}` is a Python list that forward changes (e.g. `.append`) and torch guards on its length, so "
+            "every call recompiles until the recompile limit, then runs eagerly. Return the values from forward "
+            "and collect them outside the compiled model, or keep a preallocated tensor buffer "
+            "(`self.register_buffer`) and write into it at an index tensor.")
+    m = re.search(r"^([\w.]+) (?:==|is) (True|False)$", guard) or re.search(r"___check_obj_id\(([\w.]+),", guard)
+    if m and (m.lastindex == 2 or re.search(rf"^\s*(el)?if (not )?{re.escape(m[1])}\s*:", code or "")):
+        # Older torch guards a bool by identity (True and False are singletons) on its `if` line.
+        return BOOL_FLAG, (
+            f"`{m[1]}` is a bool that switches forward between modes; each value is its own graph (one recompile "
+            "per mode, expected). Compile one function per mode (e.g. a compiled model per value, or "
+            "`functools.partial(model, flag=True)`), or, when the condition is data, use `torch.cond(pred, "
+            "true_fn, false_fn, operands)` to keep both branches in one graph.")
+    math_args = " ".join(re.findall(r"\bmath\.\w+\(([^)]*)\)", code or ""))
+    names = [n for n in re.findall(r"[A-Za-z_][\w.]*", guard) if n.split(".")[-1] in re.findall(r"\w+", math_args)]
+    if "==" in guard and names:
+        return MATH_CONSTANT, (
+            f"`{names[0]}` goes through a `math.*` call on this line, which needs a Python number, so torch bakes "
+            "its value into the graph as a constant and every new value recompiles; dynamic shapes cannot help. "
+            f"Use torch ops on a tensor instead: pass `{names[0]}` as a 0-d tensor and call `torch.exp` / "
+            "`torch.log` / `torch.sqrt` ... on it.")
+    return None
+
+
+def classify_guard(guard: str, code: str = "", varargs: str | None = None) -> tuple[str, str]:
+    """(category, fix) for a failing guard; `code` is the user's source line, `varargs` the name of
+    the recompiled function's `*args` parameter."""
+    specific = _specific_guard(user_guard(guard).strip(), code, varargs)
+    if specific:
+        return specific
     for category, pattern, hint in _GUARD_RULES:
         if pattern.search(guard or ""):
             return category, hint

@@ -19,10 +19,12 @@ from typing import Any
 import torch
 
 from kiln.diagnose.accuracy import FORWARD_TOL, TRAIN_TOL, compare, fp64_reference, named_results
-from kiln.diagnose.backends import Stage, build_ladder
+from kiln.diagnose.backends import CROSSREF, Stage, build_ladder
 from kiln.diagnose.bisect import bisect_inductor
+from kiln.diagnose.capture import capture_dynamo
+from kiln.diagnose.crash import CROSSREF_MEANING, FAKE_MISMATCH, explain_crash
 from kiln.diagnose.expectations import compare_failure
-from kiln.diagnose.frames import place_from_exception
+from kiln.diagnose.frames import Place, place_from_exception
 from kiln.diagnose.inputs import describe_inputs, to_device
 from kiln.diagnose.repro import write_repro
 from kiln.diagnose.runtime import call, eager_check, first_line, quiet_stdout, quiet_torch, single_process_group
@@ -59,6 +61,12 @@ def _check_stage(stage, base, inputs, train, eager, fp64, tol, printed) -> dict[
     except Exception as exc:
         place = place_from_exception(exc)
         entry.update(status="crash", error=first_line(exc), error_type=type(exc).__name__)
+        cause = explain_crash(exc, stage.label)
+        if cause:
+            entry.update(cause)
+            # Inductor fails inside its generated code (the traceback shows only `def forward`): the
+            # user's line is where the op is called. An op that does not trace keeps dynamo's place.
+            place = op_call_site(base, inputs, cause["op"], printed) or place
         if place:
             entry["where"] = place.as_dict()
         entry["seconds"] = round(time.perf_counter() - start, 3)
@@ -76,6 +84,22 @@ def _check_stage(stage, base, inputs, train, eager, fp64, tol, printed) -> dict[
         entry["failing"] = verdict["failing"]
         entry["error"] = f"drift beyond the harness rule (tol {tol:g}) in {', '.join(verdict['failing'][:3])}"
     return entry
+
+
+def op_call_site(base: torch.nn.Module, inputs, op: str, printed: list[str]) -> Place | None:
+    """The user's line that calls `op` (namespace::name), from the graph dynamo captures."""
+    wanted = op.replace("::", ".")
+    with capture_dynamo() as cap:
+        try:
+            with quiet_stdout(printed), torch.no_grad():
+                torch.compile(copy.deepcopy(base), backend=cap.backend("eager"))(*inputs)
+        except Exception:  # the op may not trace at all; then there is no graph to read
+            return None
+    for graph in cap.graphs:
+        for name, place in graph.op_places:
+            if place is not None and (name == wanted or name.startswith(wanted + ".")):
+                return place
+    return None
 
 
 def run_doctor(
@@ -126,8 +150,15 @@ def run_doctor(
         results = [_check_stage(s, base, inputs, train, eager, fp64, tol, printed) for s in ladder]
         first_index = next((i for i, r in enumerate(results) if r["status"] != "ok"), None)
         first = results[first_index] if first_index is not None else None
+        if first is not None and first.get("kind") == FAKE_MISMATCH and not first["backend"].endswith("_crossref"):
+            # Confirm with torch's fake-vs-real cross-check, which fails at the op instead of downstream.
+            check = _check_stage(Stage(CROSSREF, CROSSREF), base, inputs, train, eager, fp64, tol, printed)
+            first["crossref"] = {"backend": CROSSREF, "status": check["status"], "error": check["error"],
+                                 "meaning": CROSSREF_MEANING}
         bisect_result = None
-        if first is not None and ladder[first_index].is_inductor and bisect:
+        if first is not None and first.get("op") and bisect:
+            notes.append(f"no bisection: the failure is explained by custom op {first['op']} (see why/fix)")
+        elif first is not None and ladder[first_index].is_inductor and bisect:
             stage = ladder[first_index]
 
             def still_good() -> bool:
@@ -144,7 +175,7 @@ def run_doctor(
     if first is not None and repro:
         stage = ladder[first_index]
         path = write_repro(target.spec, target.kwargs, first, stage.backend, inputs, train, tol,
-                           out_dir if out_dir is not None else Path.cwd())
+                           out_dir if out_dir is not None else Path.cwd(), needs_process_group=made_pg)
         repro_path = str(path) if path else None
         if path is None:
             notes.append(f"no repro script: backend {stage.label!r} is a Python object without an import path")

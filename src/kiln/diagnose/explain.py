@@ -1,22 +1,25 @@
 """`kiln explain`: graphs, graph breaks (where, why, how to fix), recompiles, ops per graph.
 
 The target runs once eagerly (a model that fails without compile is not a compile problem), then
-compiled with a recording backend on the example inputs and on `--vary` variants. The default
-backend is `eager` (dynamo only: breaks and recompiles are dynamo's), `aot_eager` with --train so
-the backward graphs are seen as well.
+compiled with a recording backend on the example inputs (twice: a recompile on an identical call
+is the model's own), the user's further input sets and the `--vary` variants, and once with
+fullgraph=True for the fullgraph verdict. The default backend is `eager` (dynamo only: breaks and
+recompiles are dynamo's), `aot_eager` with --train so the backward graphs are seen as well.
 """
 
 from __future__ import annotations
 
 import contextlib
+import re
 from typing import Any
 
 import torch
 
 from kiln.diagnose import classify
 from kiln.diagnose.capture import DynamoCapture, RawBreak, capture_dynamo
+from kiln.diagnose.crash import explain_crash
 from kiln.diagnose.expectations import compare_breaks
-from kiln.diagnose.frames import place_from_exception
+from kiln.diagnose.frames import place_from_exception, source_line
 from kiln.diagnose.inputs import describe_inputs, to_device
 from kiln.diagnose.runtime import call, eager_check, first_line, quiet_stdout, single_process_group
 from kiln.diagnose.target import Target
@@ -34,7 +37,7 @@ def _break_dict(raw: RawBreak) -> dict[str, Any]:
     place = raw.place
     code = place.code if place else ""
     category = classify.classify_break(raw.reason, code)
-    hint = classify.BREAK_HINTS[category]
+    hint = classify.break_hint(category, raw.reason, code)
     if raw.frame_skipped:
         hint = ("torch gave up on the whole function after this break (a break inside a loop or a `with` block "
                 "cannot be resumed), so all of it runs eagerly. ") + hint
@@ -52,14 +55,31 @@ def _break_dict(raw: RawBreak) -> dict[str, Any]:
     }
 
 
+_RESUME = re.compile(r"torch_dynamo_resume_in_(\w+?)_at_(\d+)$")
+
+
+def _shown_guard(rc) -> str:
+    """The guard in the user's terms: `L['x']` as `x`, torch's `___stackN` as the value it stands for."""
+    guard = classify.user_guard(rc.guard)
+    m = _RESUME.match(rc.function)
+    where = f" at line {m[2]}" if m else ""
+    return re.sub(r"___stack\d+", f"(value carried across the graph break{where})", guard)
+
+
 def _recompile_dicts(recompiles: list, source: str = "your inputs") -> list[dict[str, Any]]:
     out = []
     for rc in recompiles:
-        category, hint = classify.classify_guard(rc.guard)
         place = rc.place
+        code = place.code if place else ""
+        resume = _RESUME.match(rc.function)
+        if resume and place:
+            # A guard in the code after a graph break: the line that broke says what the value is.
+            code = source_line(place.file, int(resume[2])) or code
+        category, hint = classify.classify_guard(rc.guard, code, rc.varargs)
         out.append({
             "reason": rc.reason,
-            "guard": rc.guard,
+            "guard": _shown_guard(rc),
+            "torch_guard": rc.guard,
             "category": category,
             "file": place.file if place else None,
             "line": place.line if place else None,
@@ -80,13 +100,16 @@ def _topic(kind: str) -> str:
     return _PROBE_TOPICS.get(kind, f"dimension {kind[3:]} of your inputs changes" if kind.startswith("dim") else kind)
 
 
-def _probe_results(probes: list[tuple[Variant, list]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def _probe_results(probes: list[tuple[Variant, list]], every_call: bool = False
+                   ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(probe reports, problems) from the `--vary` calls kiln made, grouped by kind.
 
     The first change of a kind is expected to recompile once (per compiled function) and, for
     sizes and numbers, to leave a dynamic graph behind (automatic dynamic shapes); a later change
     that recompiles again means every new value recompiles, a problem the user's run would meet
-    if that input changes. Those recompiles are returned as problems; the rest is the probe's."""
+    if that input changes. Those recompiles are returned as problems; the rest is the probe's.
+    With `every_call` (the same inputs already recompiled) the probes cannot tell anything: their
+    recompiles are the model's own, not the changed input's, and are not reported as problems."""
     by_kind: dict[str, list[tuple[Variant, list]]] = {}
     for variant, rcs in probes:
         by_kind.setdefault(variant.label.split("=", 1)[0], []).append((variant, rcs))
@@ -95,6 +118,11 @@ def _probe_results(probes: list[tuple[Variant, list]]) -> tuple[list[dict[str, A
         first = _recompile_dicts(calls[0][1], f"--vary {calls[0][0].label}")
         later = [d for variant, rcs in calls[1:] for d in _recompile_dicts(rcs, f"--vary {variant.label}")]
         topic = _topic(kind)
+        if every_call and (first or later):
+            verdict = f"if {topic}: not judged, the model recompiles on every call even with the same inputs"
+            reports.append({"vary": kind, "variants": [v.label for v, _ in calls], "expected": True,
+                            "verdict": verdict, "recompiles": first + later})
+            continue
         if later:
             verdict = f"if {topic}: every new value recompiles (see the recompiles table)"
             problems += later
@@ -169,7 +197,6 @@ def explain_target(
     backend: str | None = None,
     train: bool = False,
     vary: list[tuple[str, list[int] | None]] | None = None,
-    fullgraph_check: bool = False,
     device: str = "cpu",
 ) -> dict[str, Any]:
     """The explain report as a dict (JSON keys per DESIGN.md, plus details)."""
@@ -184,7 +211,9 @@ def explain_target(
     variants, vary_notes = make_variants(base, vary)
     if explicit_vary:
         notes += vary_notes
-    runs = [Variant("example", base)]
+    # The example twice: a recompile on the second, identical call is the model's own (state that
+    # forward changes), not something kiln's probes with changed inputs provoked.
+    runs = [Variant("example", base), Variant("example again", base)]
     runs += [Variant(f"input set {i}", to_device(s, device)) for i, s in enumerate(target.input_sets[1:], 1)]
 
     pg_needed = eager_check(module, base, train, printed)
@@ -212,12 +241,16 @@ def explain_target(
                 except Exception as exc:
                     place = place_from_exception(exc)
                     entry.update(status="error", error=first_line(exc), **(place.as_dict() if place else {}))
+                    entry.update(explain_crash(exc, backend) or {})  # a custom op at fault: why and the fix
                 if i == 0:
                     main_graphs = sum(1 for g in cap.graphs if g.kind == "dynamo")
                     main_backward = sum(1 for g in cap.graphs if g.kind == "aot_backward")
                 counts_after.append(cap.recompile_counts())
+                cap.mark()
                 run_log.append(entry)
-        blocker = _fullgraph_blocker(module, base, backend, train, printed) if fullgraph_check else None
+        # Always the real fullgraph=True compile, so the verdict is the one --fullgraph-check gives
+        # (the first break is not always the blocker: fullgraph traces `.item()` differently).
+        blocker = _fullgraph_blocker(module, base, backend, train, printed)
 
     breaks = [_break_dict(b) for b in cap.breaks]
     # Which call caused each recompile: the user's own inputs, or a --vary probe of kiln's.
@@ -227,11 +260,11 @@ def explain_target(
         per_run[i].append(rc)
     is_probe = [any(run is v for v in variants) for run in runs]
     own = [rc for i, rcs in enumerate(per_run) if not is_probe[i] for rc in rcs]
-    probe_reports, probe_problems = _probe_results([(runs[i], rcs) for i, rcs in enumerate(per_run) if is_probe[i]])
+    every_call = bool(per_run[1])
+    probe_reports, probe_problems = _probe_results([(runs[i], rcs) for i, rcs in enumerate(per_run) if is_probe[i]],
+                                                   every_call)
     recompiles = _recompile_dicts(own) + probe_problems
     dynamo_graphs = [g for g in cap.graphs if g.kind == "dynamo"]
-    if not fullgraph_check:
-        blocker = breaks[0] if breaks else None
     fullgraph_ok = blocker is None and run_log[0]["status"] == "ok"
     result: dict[str, Any] = {
         "target": target.spec,
@@ -252,7 +285,7 @@ def explain_target(
         "graphs_compiled_total": len(dynamo_graphs),
         "collectives": _collectives(cap),
         "fullgraph_ok": fullgraph_ok,
-        "fullgraph_checked": fullgraph_check,
+        "fullgraph_checked": True,
         "fullgraph_blocker": blocker,
         "frames_skipped": sum(1 for b in breaks if b["frame_skipped"]),
         "runs": run_log,

@@ -37,20 +37,29 @@ class Place:
 
 
 def is_user_file(filename: str) -> bool:
-    """False for torch, the standard library and kiln's own diagnosis code; libraries such as timm or
-    transformers count as user code, since the break is in their source and the fix starts there."""
+    """False for torch, inductor's generated code, the standard library and kiln's own diagnosis code;
+    libraries such as timm or transformers count as user code, since the break is in their source
+    and the fix starts there."""
     if not filename or filename.startswith("<"):
         return False
     try:
         path = str(Path(filename).resolve())
     except OSError:
         return True
-    if path.startswith((_TORCH_DIR + os.sep, _KILN_DIAGNOSE_DIR + os.sep)):
+    if path.startswith((_TORCH_DIR + os.sep, _KILN_DIAGNOSE_DIR + os.sep)) or _is_generated(path):
         return False
     # site-packages sits under the stdlib dir on most layouts: it is user code, not stdlib.
     if "site-packages" in path or "dist-packages" in path:
         return True
     return not path.startswith(tuple(d + os.sep for d in _STDLIB_DIRS))
+
+
+def _is_generated(path: str) -> bool:
+    """Code inductor wrote (its cache dir, `torchinductor_<user>` by default or TORCHINDUCTOR_CACHE_DIR)."""
+    cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if cache and path.startswith(str(Path(cache).resolve()) + os.sep):
+        return True
+    return any(part.startswith("torchinductor_") for part in Path(path).parts)
 
 
 def source_line(file: str, line: int) -> str:

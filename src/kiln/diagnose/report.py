@@ -39,9 +39,12 @@ def _summary_line(r: dict[str, Any]) -> Text:
         text.append(f", ops per graph {r['ops_per_graph']}")
     if r.get("backward_ops_per_graph"):
         text.append(f", backward ops per graph {r['backward_ops_per_graph']}")
-    verdict = "yes" if r["fullgraph_ok"] else "no"
-    text.append(f"\nfullgraph=True would {'work' if r['fullgraph_ok'] else 'fail'}: {verdict}",
-                style="green" if r["fullgraph_ok"] else "red")
+    if r["fullgraph_ok"]:
+        text.append("\nfullgraph=True: works (one graph)", style="green")
+    else:
+        b = r.get("fullgraph_blocker") or {}
+        where = f" at {_where(b.get('file'), b.get('line'))}" if b.get("file") else ""
+        text.append(f"\nfullgraph=True: fails (first blocker: {b.get('category', 'the run failed')}{where})", style="red")
     return text
 
 
@@ -56,6 +59,8 @@ def _breaks_table(breaks: list[dict[str, Any]]) -> Table:
         where = Text(_where(b["file"], b["line"]) + "\n")
         where.append(b["code"] or "", style="cyan")
         category = b["category"] + ("\n(whole function ran eagerly)" if b.get("frame_skipped") else "")
+        if b.get("count", 1) > 1:
+            category += f"\n({b['count']} times per forward)"
         table.add_row(str(i), category, where, b["explanation"] or b["reason"], b["hint"])
     return table
 
@@ -116,7 +121,7 @@ def render_explain(r: dict[str, Any]) -> Group:
     parts: list[Any] = [Panel(_summary_line(r), title="kiln explain", expand=True)]
     if r["breaks"]:
         parts.append(_breaks_table(r["breaks"]))
-    elif r.get("fullgraph_blocker") and r["fullgraph_checked"]:
+    elif r.get("fullgraph_blocker"):
         parts.append(_breaks_table([r["fullgraph_blocker"]]))
     if r["recompiles"]:
         parts.append(_recompiles_table(r["recompiles"]))
@@ -130,6 +135,10 @@ def render_explain(r: dict[str, Any]) -> Group:
     errors = [run for run in r.get("runs", []) if run["status"] != "ok"]
     for run in errors:
         parts.append(Text(f"run {run['label']} failed: {run['error']}", style="red"))
+    for op in dict.fromkeys(run["op"] for run in errors if run.get("op")):  # once per op, in order
+        run = next(run for run in errors if run.get("op") == op)
+        where = f" (called at {_where(run.get('file'), run.get('line'))})" if run.get("file") else ""
+        parts.append(Text(f"why: {run['diagnosis']}{where}\nfix: {run['fix']}"))
     for note in r.get("notes", []):
         parts.append(Text(f"note: {note}", style="dim"))
     return Group(*parts)
@@ -176,6 +185,15 @@ def render_doctor(r: dict[str, Any]) -> Group:
                     style="bold red")
         if first.get("where"):
             text.append(f"  at {_where(first['where']['file'], first['where']['line'])}: {first['where']['code']}\n")
+        if first.get("diagnosis"):
+            text.append(f"  why: {first['diagnosis']}\n", style="")
+            text.append("  fix: " + first["fix"].replace("\n", "\n       ") + "\n", style="")
+        crossref = first.get("crossref")
+        if crossref:
+            confirmed = "fails too: confirmed" if crossref["status"] != "ok" else "passes: not confirmed"
+            text.append(f"  {crossref['backend']} {confirmed} ({crossref['meaning']})\n", style="")
+        for line in first.get("torch_advice", []):
+            text.append(f"  torch: {line}\n", style="dim")
         bis = r.get("bisect")
         if bis:
             text.append(f"  bisector: {bis.get('summary') or bis.get('note')}\n")

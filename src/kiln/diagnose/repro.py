@@ -16,17 +16,19 @@ import torch
 _SCRIPT = Template('''"""Repro written by `kiln doctor`: $target under backend=$backend_text mode=$mode_text.
 
 Observed with torch $torch_version: $status - $error
-Run: python $script_name   (exit status 1 / an exception = reproduced)
+Run: python $script_name   (exit status 1: reproduced; 0: not reproduced; 2: the script could not set up)
 """
 
 import copy
 import importlib
 import importlib.util
 import sys
+import traceback
 from pathlib import Path
 
 import torch
 import torch._dynamo.config
+import torch.distributed
 import torch._inductor.config
 from torch.utils._pytree import tree_leaves
 
@@ -39,12 +41,15 @@ BACKEND = $backend_repr
 MODE = $mode_repr
 TRAIN = $train
 TOL = $tol
+# The model calls torch.distributed in forward: run it in a 1-process gloo group, as kiln doctor did.
+NEEDS_PROCESS_GROUP = $needs_pg
 INPUTS = torch.load(Path(__file__).with_name($inputs_name), weights_only=True)
 
 
 def load_by_path(ref):
     where, _, name = ref.rpartition(":")
     if where.endswith(".py") or "/" in where:
+        sys.path.insert(0, str(Path(where).parent))  # as `python file.py` would: its sibling modules import
         spec = importlib.util.spec_from_file_location("repro_target", where)
         module = importlib.util.module_from_spec(spec)
         sys.modules["repro_target"] = module
@@ -75,21 +80,43 @@ def upcast(x):
     return x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x
 
 
-def main():
-    from torch._dynamo.utils import same
-
+def references():
+    """(model, eager results, float64 results): what the compiled run is judged against."""
     torch.manual_seed(0)
     model = load_model().eval()
     eager = run(copy.deepcopy(model), INPUTS)
-    fp64 = run(copy.deepcopy(model).double(), tuple(upcast(x) for x in INPUTS))
-    backend = load_by_path(BACKEND) if ":" in BACKEND else BACKEND
+    try:
+        fp64 = run(copy.deepcopy(model).double(), tuple(upcast(x) for x in INPUTS))
+    except Exception:  # no float64 kernel for some op: judge against eager alone, as kiln doctor does
+        fp64 = {n: None for n in eager}
+    return model, eager, fp64
+
+
+def main():
+    from torch._dynamo.utils import same
+
+    if NEEDS_PROCESS_GROUP and not torch.distributed.is_initialized():
+        torch.distributed.init_process_group("gloo", store=torch.distributed.HashStore(), rank=0, world_size=1)
+    try:
+        model, eager, fp64 = references()
+        backend = load_by_path(BACKEND) if ":" in BACKEND else BACKEND
+    except Exception as exc:
+        print(f"could not set up the repro (not the compiler's failure): {type(exc).__name__}: {exc}")
+        return 2
+    # inductor draws random numbers as eager does (the dynamo benchmark harness's accuracy setting)
+    torch._inductor.config.fallback_random = True
     torch.manual_seed(0)
-    compiled = run(torch.compile(copy.deepcopy(model), backend=backend, mode=MODE), INPUTS)  # a crash shows here
+    try:
+        compiled = run(torch.compile(copy.deepcopy(model), backend=backend, mode=MODE), INPUTS)
+    except Exception:
+        traceback.print_exc()
+        print(f"reproduced: backend {BACKEND!r} crashed")
+        return 1
     bad = [n for n in eager if not same(eager[n], compiled[n], fp64_ref=fp64[n], tol=TOL, equal_nan=True)]
     if bad:
-        print("accuracy failure (harness rule, torch._dynamo.utils.same) in:", ", ".join(bad))
+        print("reproduced: accuracy failure (harness rule, torch._dynamo.utils.same) in:", ", ".join(bad))
         return 1
-    print("no failure: compiled results match eager")
+    print("not reproduced: compiled results match eager")
     return 0
 
 
@@ -138,6 +165,7 @@ def write_repro(
     train: bool,
     tol: float,
     out_dir: str | Path,
+    needs_process_group: bool = False,
 ) -> Path | None:
     """Write `kiln_repro_<stage>.py` (+ its inputs .pt) into out_dir; None when the backend is a Python
     object that a script cannot name (registered in-process only)."""
@@ -172,5 +200,6 @@ def write_repro(
         inputs_name=repr(inputs_file.name),
         config_lines=_config_lines(),
         load_body=_USER_LOAD if _is_user_factory(target_spec) else _KILN_LOAD,
+        needs_pg=repr(bool(needs_process_group)),
     ))
     return script

@@ -17,12 +17,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
 import torch.nn as nn
 
 from kiln.config.errors import ConfigError
 from kiln.diagnose.inputs import SPEC_FORMS, inputs_from_spec, load_input_sets, parse_input_specs
-from kiln.models.spec import BuiltModel, InputSpec, make_input_spec, spec_from_example
+from kiln.models.spec import CONTRACT_HINT, BuiltModel, InputSpec, make_input_spec, spec_from_example
+from kiln.models.user import as_example_inputs
 
 
 @dataclass
@@ -58,16 +58,6 @@ def retarget(exc: ConfigError) -> ConfigError:
     return ConfigError(key, message, exc.choices)
 
 
-def _is_example_inputs(value: Any) -> bool:
-    if isinstance(value, torch.Tensor):
-        return True
-    return (
-        isinstance(value, (tuple, list))
-        and any(isinstance(v, torch.Tensor) for v in value)
-        and all(isinstance(v, (torch.Tensor, int, float, bool)) for v in value)
-    )
-
-
 def _interpret(result: Any, spec: str) -> tuple[nn.Module, tuple[Any, ...] | None, InputSpec | None]:
     where = f"factory {spec!r}"
     if isinstance(result, BuiltModel):
@@ -76,8 +66,8 @@ def _interpret(result: Any, spec: str) -> tuple[nn.Module, tuple[Any, ...] | Non
         return result, None, None
     if isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], nn.Module):
         module, extra = result
-        if _is_example_inputs(extra):
-            inputs = (extra,) if isinstance(extra, torch.Tensor) else tuple(extra)
+        inputs = as_example_inputs(extra)
+        if inputs is not None:
             return module, inputs, spec_from_example(inputs[0])
         if isinstance(extra, (InputSpec, Mapping)):
             return module, None, make_input_spec(extra, where)
@@ -142,5 +132,6 @@ def load_target(
     elif input_spec is not None:
         sets, origin = [inputs_from_spec(input_spec)], "input spec"
     else:
-        raise ConfigError("--input", f"{spec!r} declares no input shape; give one with --input SPEC", SPEC_FORMS)
+        raise ConfigError("--input", f"{spec!r} gives no example inputs: pass --input SPEC per forward argument, "
+                          f"or {CONTRACT_HINT}", SPEC_FORMS)
     return Target(spec, module, sets, origin, kwargs, expectations, source)

@@ -18,6 +18,12 @@ from kiln.config.schema import CHOICES
 INPUT_KINDS = ("features", "images", "tokens")
 # Tasks a model may declare; "auto" is a config value only (it means "ask the model").
 TASKS = tuple(t for t in CHOICES["model.task"] if t != "auto")
+CONTRACT_HINT = (
+    "return (model, example_inputs) from the factory, e.g. `return model, torch.randn(8, 512)` for a model "
+    "taking [batch, 512] features (the classes are read from its [batch, C] output), or "
+    '(model, {"kind": "features", "shape": [512], "num_classes": 10})'
+)
+"""What to add when kiln cannot tell a user model's input; quoted by every error that needs it."""
 
 
 @dataclass
