@@ -24,7 +24,8 @@ def add_parser(sub) -> None:
     d.add_argument("--rdzv-endpoint", help="HOST:PORT of node rank 0, for several nodes")
     d.add_argument("--max-restarts", type=int, default=0, help="restart the group up to K times after a failure")
     d.add_argument("--rdzv-wait", type=float, default=30.0, help="seconds a non-zero node waits for the endpoint")
-    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, applied after --config")
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                   help="config overrides, anywhere on the command line; applied after --config, later ones win")
     p.set_defaults(run=run)
 
 

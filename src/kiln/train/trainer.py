@@ -51,7 +51,7 @@ from kiln.train.assemble import build_train_step
 from kiln.train.faults import inject, planned_fault
 from kiln.train.losses import build_eval_fn, build_forward_loss
 from kiln.train.meter import IntervalMeter
-from kiln.train.optim import current_lr
+from kiln.train.optim import lr_snapshot
 from kiln.train.rundir import (
     RunDirLock,
     already_complete_summary,
@@ -327,6 +327,7 @@ class Trainer:
                     pending.append(next(data_iter))
                 meter.add_data_wait(time.perf_counter() - t_data)
                 is_log = step == start or step % tcfg.log_interval == 0 or step == tcfg.steps
+                lr = lr_snapshot(step_fn.optimizer) if is_log else 0.0  # the LR this step uses
                 loss, grad_norm, flag = step_fn(pending, want_grad_norm=is_log)
                 pending = []
                 if not step_fn.observes_guard:  # a captured step records it inside its graph
@@ -338,7 +339,7 @@ class Trainer:
                 inject(fault, step)
                 self._steps_done = step
                 if is_log:
-                    record = meter.record(step, current_lr(step_fn.optimizer), grad_norm)
+                    record = meter.record(step, float(lr), grad_norm)
                     record.update(guard.check())  # NonFiniteError: exit 1 naming the step
                     if self.eval_data is not None and (step % tcfg.eval_interval == 0 or step == tcfg.steps):
                         self.eval_data.reset()  # every eval pass sees the same batches
