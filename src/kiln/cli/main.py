@@ -109,6 +109,13 @@ def _setup_logging() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from kiln.cli.streams import guarded_output
+
+    with guarded_output():  # a closed pipe or terminal stops the output, never the command
+        return _main(argv)
+
+
+def _main(argv: list[str] | None) -> int:
     _setup_logging()
     parser = build_parser()
     args = parse_args(parser, argv)

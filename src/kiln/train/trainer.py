@@ -367,7 +367,7 @@ class Trainer:
                 if cfg.checkpoint.save_final:
                     ck.save(tcfg.steps, app, final=True)
                     compile_cache.save()
-        if stopped_by is not None:
+        if stopped_by is not None and self.dist.is_main:  # every rank saved; one line says so
             log.warning("stopped by %s after step %d; checkpoint saved, resume with checkpoint.resume=auto",
                         stopped_by, app.progress["step"])
 
