@@ -90,7 +90,8 @@ def summary_line(summary: dict, run_dir) -> str:
     rate = summary.get("tokens_per_s") and f"{summary['tokens_per_s']:.0f} tokens/s" or (
         f"{summary.get('samples_per_s') or 0:.0f} samples/s"
     )
-    return (f"kiln: {summary['status']} {summary['steps']} steps, loss {summary['first_loss']:.4f} -> "
+    resumed = f" (resumed: {len(summary['segments'])} segments)" if summary.get("resumed") else ""
+    return (f"kiln: {summary['status']} {summary['steps']} steps{resumed}, loss {summary['first_loss']:.4f} -> "
             f"{summary['final_loss']:.4f}, {summary['step_ms_median']:.2f} ms/step, {rate}; run dir {run_dir}")
 
 

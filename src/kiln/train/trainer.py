@@ -67,6 +67,7 @@ from kiln.train.runtime import (
     seed_everything,
     synchronize,
 )
+from kiln.train.segments import RunHistory, read_history, whole_run
 from kiln.train.step import evaluate
 
 log = logging.getLogger("kiln.train")
@@ -133,7 +134,8 @@ class Trainer:
             check_bindable(cfg.metrics.prometheus_host, cfg.metrics.prometheus_port)
         # Where a failure happened, for its report: step `_step` began, `_steps_done` finished.
         self._step = self._steps_done = 0
-        self._start = 1
+        self._start = checkpoint_step(self.resume_path) + 1 if self.resume_path is not None else 1
+        self._history = RunHistory()  # the run's earlier segments (rank 0 reads them in `fit`)
         self.summary_error: Exception | None = None
         self.cleanup_errors: list[tuple[str, BaseException]] = []
         self.failed_at: float | None = None
@@ -191,6 +193,8 @@ class Trainer:
             save_config(cfg, self.run_dir / "config.toml")
             if self.resume_path is None:  # a fresh start (or a restart with no checkpoint yet)
                 (self.run_dir / "metrics.jsonl").unlink(missing_ok=True)
+            else:  # the earlier segments, from the summary.json this segment will replace
+                self._history = read_history(self.run_dir, checkpoint_step(self.resume_path))
             log.info("strategy: %s (%s)", self.strategy, self.strategy_reason)
         sinks = build_sinks(cfg.metrics, self.run_dir, cfg.training.steps, is_main=main)
         self._health = start_gpu_health(cfg.metrics.gpu_health, self.device, cfg.metrics.gpu_health_period_s)
@@ -246,6 +250,8 @@ class Trainer:
                     summary.update(status="failed", error=short_error(exc, 2000))
         if self.dist.is_main:
             try:
+                summary.update(whole_run(summary, self._history, self._start,
+                                          str(self.resume_path) if self.resume_path else None))
                 write_summary(self.run_dir / "summary.json", summary)
             except Exception as exc:
                 self.summary_error = exc
