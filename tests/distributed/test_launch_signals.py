@@ -62,3 +62,32 @@ def test_a_signal_stops_every_rank_with_a_checkpoint(tmp_path, signum, to_group)
     assert out.count(f"kiln: stopped {summary['steps']} steps") == 1, out
     assert f"stopped by {name}: every rank saved its part of checkpoint {checkpoint}" in out
     assert "the same command continues the run" in out
+
+
+def test_ranks_that_died_of_the_stop_signal_are_a_stop_not_a_failure(tmp_path):
+    from kiln.cli.train_cmd import _ended_by, stopped_line
+    from kiln.distributed.failures import RankFailure
+
+    assert _ended_by(RankFailure(rank=0, exitcode=-15, timestamp=0.0), "SIGTERM")  # killed before its handler
+    assert _ended_by(RankFailure(rank=1, exitcode=130, timestamp=0.0), "SIGINT")  # a second Ctrl-C: at once
+    assert not _ended_by(RankFailure(rank=0, exitcode=-9, timestamp=0.0), "SIGTERM")
+    own_error = RankFailure(rank=0, exitcode=1, timestamp=0.0, kiln={"kind": "disk-full"})
+    assert not _ended_by(own_error, "SIGTERM")
+    line = stopped_line("SIGTERM", None, tmp_path, "CMD", saved=False)
+    assert line == "kiln: stopped by SIGTERM before any checkpoint of this run was saved; the same command starts it again"
+
+
+def test_the_relay_passes_a_signal_on_once_and_a_later_repeat_again(monkeypatch):
+    from kiln.distributed import signals
+
+    passed = []
+    before = {sig: signal.getsignal(sig) for sig in signals.STOP_SIGNALS}
+    with signals.SignalRelay(forward=passed.append) as relay:
+        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGTERM)  # the same request delivered twice (scheduler + launcher)
+        assert passed == [signal.SIGTERM] and relay.first == "SIGTERM"
+        monkeypatch.setattr(signals, "REPEAT_WINDOW_S", 0.0)  # a repeat "later": the user insists
+        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGHUP)
+    assert passed == [signal.SIGTERM, signal.SIGTERM, signal.SIGHUP] and relay.received[-1] == "SIGHUP"
+    assert {sig: signal.getsignal(sig) for sig in signals.STOP_SIGNALS} == before  # handlers restored

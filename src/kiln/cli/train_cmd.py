@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 
 from kiln.cli.main import add_verbose_flag
 
@@ -62,12 +63,18 @@ def _launch(args: argparse.Namespace, cfg) -> int:
 
         env = launcher_env(cfg.cpu, spec.nproc_per_node)
     result = launch(spec, run_dir, passthrough, env)
+    resume = resume_command(run_dir, launcher_flags(spec))
     if result.code == 0:
         summary = _read_summary(run_dir)
         print(summary_line(summary, run_dir) if summary else f"kiln: completed; run dir {run_dir}")
         if result.stopped_by is not None:
-            print(stopped_line(result.stopped_by, summary, run_dir, resume_command(run_dir, launcher_flags(spec))))
+            print(stopped_line(result.stopped_by, summary, run_dir, resume))
         return 0
+    if result.stopped_by is not None and all(_ended_by(f, result.stopped_by) for f in result.failures):
+        # The ranks died of the signal itself: it came before they trained (nothing of this run to
+        # save yet) or a second one said "now". Not a failure: say what is kept.
+        print(stopped_line(result.stopped_by, None, run_dir, resume, saved=False))
+        return 128 + signal.Signals[result.stopped_by].value
     # The ranks said one line each at most; name the first failure, what was kept, what to do.
     raise RunFailed(group_report(run_dir, first_failure(result.failures), result.failures, launcher_flags(spec),
                                  owner=(spec.node_rank or 0) == 0))
@@ -95,17 +102,30 @@ def summary_line(summary: dict, run_dir) -> str:
             f"{summary['final_loss']:.4f}, {summary['step_ms_median']:.2f} ms/step, {rate}; run dir {run_dir}")
 
 
-def stopped_line(signal_name: str, summary: dict | None, run_dir, command: str) -> str:
-    """What a stop signal did to a multi-process run: where the checkpoint is, how to continue."""
+def _ended_by(failure, signal_name: str) -> bool:
+    """Whether a failed rank only ended because of the stop signal: killed by it, or exiting as kiln
+    does on a second one (KeyboardInterrupt: 130, SystemExit: 128 + the signal)."""
+    if failure.kiln.get("kind"):
+        return False  # the rank reported an error of its own
+    return failure.signal_name == signal_name or failure.exitcode == 128 + signal.Signals[signal_name].value
+
+
+def stopped_line(signal_name: str, summary: dict | None, run_dir, command: str, *, saved: bool = True) -> str:
+    """What a stop signal did to a multi-process run: which checkpoint is kept, how to continue.
+    `saved`: the ranks stopped as asked (each saved its part of a checkpoint at the step they agreed on)."""
     from kiln.checkpoint.storage import newest_intact
 
-    if summary is not None and summary.get("status") != "stopped":  # it came as the run ended
+    if saved and summary is not None and summary.get("status") != "stopped":  # it came as the run ended
         return f"kiln: {signal_name} arrived as the run ended; nothing to continue"
     newest = newest_intact(run_dir / "checkpoints")
+    if saved and newest is not None:
+        return (f"kiln: stopped by {signal_name}: every rank saved its part of checkpoint {newest}; "
+                f"the same command continues the run, as does: {command}")
     if newest is None:
-        return f"kiln: stopped by {signal_name} before a checkpoint was saved; run the same command to start again"
-    return (f"kiln: stopped by {signal_name}: every rank saved its part of checkpoint {newest}; "
-            f"the same command continues the run, as does: {command}")
+        return (f"kiln: stopped by {signal_name} before any checkpoint of this run was saved; the same command "
+                "starts it again")
+    return (f"kiln: stopped by {signal_name} before the ranks saved; the newest complete checkpoint is {newest}: "
+            f"the same command continues from there, as does: {command}")
 
 
 def run(args: argparse.Namespace) -> int:
