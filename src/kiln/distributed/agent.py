@@ -21,6 +21,7 @@ with two differences:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 
@@ -66,11 +67,14 @@ def main(argv: list[str] | None = None) -> int:
 
     # Until the agent exists, a stop signal is only remembered (the agent passes it on as the ranks start).
     relay = SignalRelay(forward=lambda signum: None)
-    # torchrun's launch_agent builds its agent from this module-level name: ours, in this process only.
-    launcher_api.LocalElasticAgent = stoppable_agent_class(relay)
+    # torchrun's launch_agent builds its agent from this module-level name: ours, in this process
+    # only. A torch that builds it otherwise keeps torchrun's own signal handling.
+    stoppable = hasattr(launcher_api, "LocalElasticAgent")
+    if stoppable:
+        launcher_api.LocalElasticAgent = stoppable_agent_class(relay)
     report = os.environ.get(REPORT_ENV)
     try:
-        with relay:
+        with relay if stoppable else contextlib.nullcontext():
             run(parse_args(sys.argv[1:] if argv is None else argv))
     except ChildFailedError as exc:
         if not report:
