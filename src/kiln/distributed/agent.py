@@ -22,6 +22,7 @@ with two differences:
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sys
 
@@ -72,6 +73,9 @@ def main(argv: list[str] | None = None) -> int:
     stoppable = hasattr(launcher_api, "LocalElasticAgent")
     if stoppable:
         launcher_api.LocalElasticAgent = stoppable_agent_class(relay)
+        # After a stop, ranks that die of the signal are expected: not torchrun's "failed (exitcode: -15)".
+        logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(
+            lambda record: relay.last is None)
     report = os.environ.get(REPORT_ENV)
     try:
         with relay if stoppable else contextlib.nullcontext():
