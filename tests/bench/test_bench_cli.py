@@ -99,3 +99,33 @@ def test_eager_in_modes_is_the_baseline_not_an_error(capsys):
     rows, _ = planned("--preset", "seed000-levels", "--modes", "eager,reduce-overhead", "--precisions", "fp32")
     assert rows == [("eager", "fp32"), ("reduce-overhead", "fp32")]
 
+
+
+@pytest.mark.parametrize("command", ["compile", "llm", "scale", "comm", "predict"])
+def test_every_bench_help_shows_defaults(command, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", command, "--help"])
+    assert exc.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())  # help wraps lines
+    assert "(default: " in text
+    assert "(default: None)" not in text and "(default: False)" not in text and "(default: True)" not in text
+    expected = {"compile": "interleaved with eager (default: 20)", "llm": "random weights (default: 0)",
+                "scale": "per collective size (default: 20)", "comm": "timed samples per size (default: 20)",
+                "predict": "efficiency bars (default: 2:85,4:80,8:75)"}[command]
+    assert expected in text
+    if command != "predict":
+        assert "--verbose" in text
+
+
+def test_help_shows_a_default_once():
+    import argparse
+
+    from kiln.cli.main import DefaultsFormatter
+
+    parser = argparse.ArgumentParser(formatter_class=DefaultsFormatter)
+    parser.add_argument("--a", type=int, default=3, help="stated (default 3)")
+    parser.add_argument("--b", type=int, default=4, help="not stated")
+    parser.add_argument("--c", action="store_true", help="a switch")
+    text = " ".join(parser.format_help().split())
+    assert "stated (default 3) --b" in text and "not stated (default: 4)" in text and "a switch" in text
+    assert "(default: False)" not in text

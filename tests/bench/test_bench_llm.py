@@ -83,6 +83,7 @@ def test_hf_rows_are_skipped_without_transformers(tiny, tmp_path, monkeypatch):
     (["--engines", "vllm"], ["--engines", "kiln-compiled"]),
     (["--preset", "seed003"], ["--preset", "seed002-llama3b"]),
     (["--new-tokens", "300"], ["--new-tokens", "positions"]),
+    (["--prompt-len", "300", "--new-tokens", "4"], ["--prompt-len", "no room", "256 positions"]),
     (["--batch", "0"], ["--batch", ">= 1"]),
     (["--dtype", "fp8"], ["--dtype", "bf16"]),
     (["--device", "gpu"], ["--device", "not a device"]),

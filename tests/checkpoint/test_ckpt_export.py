@@ -65,3 +65,34 @@ def test_export_bad_input_exits_2(tmp_path: Path, capsys, args: list[str], messa
     assert main(["export", *(a.format(**names) for a in args)]) == 2
     assert message.format(**names) in capsys.readouterr().err
     assert not (tmp_path / "o.safetensors").exists()
+
+
+def test_export_refuses_an_existing_file_unless_forced(tmp_path: Path, capsys) -> None:
+    run = make_run()
+    checkpointer(tmp_path).save(1, run.app)
+    out = tmp_path / "model.safetensors"
+    out.write_bytes(b"another run's export")
+    capsys.readouterr()
+    assert main(["export", str(tmp_path), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == (f"kiln: error: --out: {out} already exists (a file); choose another path, or pass --force "
+                           "to replace it")
+    assert out.read_bytes() == b"another run's export"  # untouched
+    assert main(["export", str(tmp_path), "--out", str(out), "--force"]) == 0
+    assert safetensors_torch.load_file(str(out)).keys() == run.model.state_dict().keys()
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077, 0o002])
+def test_export_files_follow_the_umask(tmp_path: Path, umask: int) -> None:
+    import os
+
+    run = make_run()
+    checkpointer(tmp_path).save(1, run.app)
+    out = tmp_path / "export" / "model.safetensors"
+    previous = os.umask(umask)
+    try:
+        assert main(["export", str(tmp_path), "--out", str(out)]) == 0
+    finally:
+        os.umask(previous)
+    for path in (out, out.parent / "model.kiln_export.json"):
+        assert path.stat().st_mode & 0o777 == 0o666 & ~umask, path

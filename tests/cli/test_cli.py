@@ -121,3 +121,29 @@ def test_bench_failure_is_one_short_message_with_a_log_in_the_output_dir(tmp_pat
     assert err.startswith("kiln: failed: out of host memory (MemoryError)"), err
     assert "Traceback" not in err and f"traceback in {out / 'error.log'}" in err
     assert "MemoryError" in (out / "error.log").read_text()
+
+
+def test_overrides_are_accepted_after_flags(tmp_path, tiny_overrides):
+    run_dir = tmp_path / "run"
+    # training.steps twice: the later one, after the flags, wins (command-line order).
+    code = main(["train", "training.steps=50", *tiny_overrides[:3], "--run-dir", str(run_dir), "cpu.threads=1",
+                 *tiny_overrides[3:], "training.steps=3"])
+    assert code == 0
+    config = (run_dir / "config.toml").read_text()
+    assert "steps = 3\n" in config and "threads = 1\n" in config
+    assert json.loads((run_dir / "summary.json").read_text())["steps"] == 3
+
+
+def test_an_unknown_flag_among_overrides_is_still_bad_input(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["train", "training.steps=3", "--run-dir", str(tmp_path / "run"), "--bogus", "cpu.threads=1"])
+    assert exc.value.code == 2
+    assert "--bogus" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
+def test_words_after_flags_for_a_command_without_overrides_are_bad_input(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["env", "--json", "extra=1"])
+    assert exc.value.code == 2
+    assert "extra=1" in capsys.readouterr().err

@@ -120,3 +120,29 @@ def test_quantized_generation_reports_its_bytes(tmp_path, capsys):
     payload = json.loads(report.read_text())
     assert payload["quant"]["kind"] == "int4" and payload["quant"]["backend"] == "inductor"
     assert len(payload["tokens"][0]) == 4
+
+
+def test_the_preset_names_of_kiln_train_work(capsys):
+    """`kiln train model.name=hf:llama-tiny` and `kiln generate --model llama-tiny` (or hf:llama-tiny)
+    name the same model: same shapes, same seeded random weights, same tokens."""
+    outputs = []
+    for name in ("llama-tiny", "hf:llama-tiny"):
+        code = main(["generate", "--model", name, "--tokens", "1,2,3", "--max-new-tokens", "4", "--ignore-eos",
+                     "--device", "cpu", "--seed", "1"])
+        captured = capsys.readouterr()
+        assert code == 0, captured.err
+        outputs.append(captured.out)
+    assert outputs[0] == outputs[1] and len(outputs[0].strip().split(",")) == 4
+
+
+def test_every_hf_preset_of_kiln_train_resolves_or_names_its_family():
+    from kiln.config.errors import ConfigError
+    from kiln.llm.config import resolve_model
+    from kiln.models.hf import PRESETS as TRAIN_PRESETS
+
+    for name in TRAIN_PRESETS:
+        if TRAIN_PRESETS[name]["model_type"] == "llama":
+            assert resolve_model(f"hf:{name}").config.vocab_size == TRAIN_PRESETS[name]["vocab_size"]
+        else:  # gpt2-tiny: a train-only family, refused by what it is, not as an unknown name
+            with pytest.raises(ConfigError, match=f"model_type '{TRAIN_PRESETS[name]['model_type']}'"):
+                resolve_model(f"hf:{name}")

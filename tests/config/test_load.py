@@ -139,9 +139,30 @@ def test_unknown_key_in_file_names_dotted_key_and_suggests(write_toml):
 
 
 def test_unknown_section_in_file_suggests(write_toml):
-    err = error_of(load_config, write_toml("[trainig]\nsteps = 5\n"))
+    path = write_toml("[trainig]\nsteps = 5\n")
+    err = error_of(load_config, path)
     assert err.key == "trainig"
-    assert err.choices == ("training",)
+    assert "did you mean 'training'?" in str(err) and "training" in err.choices and "optim" in err.choices
+    assert str(err).startswith(f"{path}: trainig: unknown section")
+
+
+def test_an_unknown_key_suggests_close_ones_and_lists_every_key_of_its_section():
+    from kiln.config.schema import TrainingConfig
+
+    err = error_of(load_config, None, ["training.step=50"])
+    every = sorted(f.name for f in dataclasses.fields(TrainingConfig))
+    assert str(err) == (f"training.step: unknown key in [training]; did you mean 'steps'? "
+                        f"(valid: {', '.join(every)})")
+    assert len(every) > 5  # not only the close match
+
+
+def test_errors_from_a_config_file_name_the_file(write_toml):
+    path = write_toml("[training]\nsteps = \"many\"\n")
+    assert str(error_of(load_config, path)).startswith(f"{path}: training.steps: expected an integer")
+    path = write_toml("[compile]\nmode = \"fast\"\n")  # caught by validation, after the file is merged
+    assert str(error_of(load_config, path)).startswith(f"{path}: compile.mode: unknown mode 'fast'")
+    # The same bad value from an override is the override's: no file named.
+    assert str(error_of(load_config, path, ["compile.mode=nope"])).startswith("compile.mode: unknown mode 'nope'")
 
 
 def test_unknown_key_without_close_match_lists_all(write_toml):

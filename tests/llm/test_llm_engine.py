@@ -65,7 +65,11 @@ def test_bad_requests_raise_config_errors_before_any_work(model, kwargs, key, ne
 def test_length_guard_names_the_callers_flags():
     with pytest.raises(ConfigError) as info:
         check_lengths([200], 100, max_positions=256, max_seq_len=None, keys={"max_new_tokens": "--new-tokens"})
-    assert info.value.key == "--new-tokens"
+    assert info.value.key == "--new-tokens" and "at most 56 new tokens fit" in str(info.value)
+    with pytest.raises(ConfigError) as info:  # the prompt alone fills the positions: the prompt's flag
+        check_lengths([256], 4, max_positions=256, max_seq_len=None,
+                      keys={"max_new_tokens": "--new-tokens", "prompt": "--prompt-len"})
+    assert info.value.key == "--prompt-len" and "at most 255 tokens" in str(info.value)
     with pytest.raises(ConfigError, match="outside the vocabulary"):
         Engine(empty_decoder(resolve_model("llama-3.2-1b").config, device="meta", dtype=torch.float32)).prepare(
             [[999_999]], max_new_tokens=1)

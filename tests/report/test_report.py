@@ -126,3 +126,21 @@ def test_profile_dir_report_has_the_profile_section(tmp_path):
     assert main(["report", str(out)]) == 0
     html = (out / "report.html").read_text()
     assert "<h2>Profile</h2>" in html and "GPU figures: n/a" in html and "memory category" in html
+
+
+def test_a_resumed_runs_report_names_its_segments_and_whole_wall_time(tmp_path):
+    run = tmp_path / "resumed"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "loss": 2.0 / s, "samples_per_s": 100.0,
+                                                           "step_ms": 10.0}) + "\n" for s in (1, 4, 8)))
+    segments = [{"first_step": 1, "last_step": 4, "wall_s": 12.5, "status": "stopped", "stopped_by": "SIGTERM"},
+                {"first_step": 5, "last_step": 8, "wall_s": 7.5, "status": "completed"}]
+    (run / "summary.json").write_text(json.dumps({"status": "completed", "steps": 8, "first_loss": 2.0,
+                                                  "final_loss": 0.25, "resumed": True, "segments": segments,
+                                                  "wall_s": 20.0, "wall_s_complete": True}))
+    assert main(["report", str(run)]) == 0
+    md = (run / "report.md").read_text()
+    assert "| wall time, s (all segments) | 20 |" in md
+    assert ("| resumed | 2 segments: steps 1-4 (stopped, SIGTERM, 12.5 s); steps 5-8 (completed, 7.5 s) |"
+            in md), md
+    assert "| loss (first → final) | 2.0000 → 0.2500 |" in md

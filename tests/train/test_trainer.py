@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import math
 import textwrap
 
 import pytest
@@ -39,9 +40,12 @@ def test_lr_schedule_is_logged(tmp_path, tiny_overrides):
     run_dir = tmp_path / "run"
     train(load_config(None, [*tiny_overrides, "optim.warmup_steps=10", "optim.lr=0.01"]), run_dir)
     lrs = {r["step"]: r["lr"] for r in _records(run_dir)}
-    assert lrs[5] == pytest.approx(0.01 * 6 / 10)  # scheduler already stepped past step 5
+    # Each record holds the LR its step used (step s uses the schedule's factor at s - 1), not the
+    # next step's: 5/10 of the peak at step 5 of a 10-step warm-up, the peak at step 10.
+    assert lrs[5] == pytest.approx(0.01 * 5 / 10)
     assert lrs[10] == pytest.approx(0.01, rel=1e-6)
-    assert lrs[30] == pytest.approx(0.001, rel=1e-6)  # cosine down to min_lr_ratio
+    # The last step's cosine: progress 19/20 (min_lr_ratio 0.1), not yet the floor.
+    assert lrs[30] == pytest.approx(0.01 * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 19 / 20))), rel=1e-6)
 
 
 def test_grad_accumulation_matches_larger_batch(tmp_path, tiny_overrides):

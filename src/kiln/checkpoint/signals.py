@@ -1,9 +1,12 @@
-"""SIGTERM / SIGINT as a request to stop at the next step boundary (save, then exit cleanly).
+"""SIGTERM / SIGINT / SIGHUP as a request to stop at the next step boundary (save, then exit cleanly).
 
 A signal can arrive in the middle of a step, a collective or a checkpoint write; acting there would
 leave state half-updated. The handler only records the request; the trainer polls
-`stop_requested()` between steps. A second signal of the same kind means "now": SIGINT raises
-KeyboardInterrupt, SIGTERM exits with 128 + 15 — the user or the scheduler insisted.
+`stop_requested()` between steps. SIGHUP (the terminal or SSH session closed) is a stop like
+SIGTERM. A second signal of the same kind means "now": SIGINT raises KeyboardInterrupt, SIGTERM
+and SIGHUP exit with 128 + the signal number — the user or the scheduler insisted. The same
+signal again within `REPEAT_WINDOW_S` is not a second one: a scheduler signals every process of a
+job and the launcher passes the signal on too (kiln.distributed.signals).
 
 Python runs signal handlers in the main thread only, and `signal.signal` may only be called from
 it (Python docs, "signal — Set handlers for asynchronous events"); elsewhere this is a no-op.
@@ -14,22 +17,26 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+import time
 from types import FrameType
 from typing import Any
 
 import torch
 
+from kiln.distributed.signals import STOP_SIGNALS, is_repeat
+
 log = logging.getLogger("kiln.checkpoint")
 
-DEFAULT_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+DEFAULT_SIGNALS = STOP_SIGNALS  # SIGINT, SIGTERM and (where it exists) SIGHUP
 
 
 class StopOnSignal:
-    """Context manager: while active, SIGTERM/SIGINT set a flag instead of killing the process."""
+    """Context manager: while active, SIGTERM/SIGINT/SIGHUP set a flag instead of ending the process."""
 
     def __init__(self, signals: tuple[int, ...] = DEFAULT_SIGNALS) -> None:
         self.signals = signals
         self.received: int | None = None
+        self._last: tuple[int, float] | None = None
         self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> StopOnSignal:
@@ -47,6 +54,10 @@ class StopOnSignal:
         self._previous.clear()
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
+        now = time.monotonic()
+        if is_repeat(signum, self._last, now):
+            return  # one request delivered twice
+        self._last = (signum, now)
         if self.received == signum:
             if signum == signal.SIGINT:
                 raise KeyboardInterrupt

@@ -9,7 +9,7 @@ import shlex
 import sys
 
 from kiln.bench.results import refuse_held_results
-from kiln.cli.main import add_verbose_flag
+from kiln.cli.main import DefaultsFormatter, add_verbose_flag
 
 AXES = ("modes", "precisions", "backends", "scopes", "losses", "cudagraphs", "regional", "baselines")
 
@@ -61,6 +61,8 @@ def add_parser(sub) -> None:
     p.set_defaults(run=run_compile)
     bench_llm_cmd.add_parser(bsub)
     bench_scale_cmd.add_parsers(bsub)
+    for parser in bsub.choices.values():  # every bench subcommand's --help shows its defaults
+        parser.formatter_class = DefaultsFormatter
 
 
 def _no_subcommand(args: argparse.Namespace) -> int:

@@ -20,6 +20,7 @@ from kiln.cli.llm_args import (
     resolve_quant_flags,
     split_list,
 )
+from kiln.cli.main import add_verbose_flag
 from kiln.config.errors import ConfigError
 
 
@@ -67,6 +68,7 @@ def add_parser(bsub) -> None:
                    help="after timing, profile N decode steps of each kiln row (torch.profiler): kernels, GPU gaps, "
                    "bandwidth while busy and what bounds decode, in DIR/decode_profile/ (default 0: off)")
     p.add_argument("--out", help="output directory (default: runs/<time>-bench-llm-<name>)")
+    add_verbose_flag(p)
     p.set_defaults(run=run)
 
 

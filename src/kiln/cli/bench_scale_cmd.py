@@ -11,6 +11,7 @@ import shlex
 import sys
 
 from kiln.bench.results import refuse_held_results
+from kiln.cli.main import add_verbose_flag
 
 GB = 1e9
 
@@ -62,6 +63,7 @@ def add_parsers(bsub) -> None:
     _topology(p)
     p.add_argument("--out", help="output directory (default: runs/<time>-bench-scale-<name>)")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, after --config")
+    add_verbose_flag(p)
     p.set_defaults(run=run_scale, mode="weak")
 
     c = bsub.add_parser(
@@ -78,6 +80,7 @@ def add_parsers(bsub) -> None:
     c.add_argument("--device", help="same as training.device=... (auto, cpu, cuda)")
     c.add_argument("--out", help="output directory (default: runs/<time>-bench-comm-<name>)")
     c.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, after --config")
+    add_verbose_flag(c)
     c.set_defaults(run=run_comm)
 
     d = bsub.add_parser(

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 from kiln.cli.main import add_verbose_flag
@@ -24,20 +27,61 @@ def add_parser(sub) -> None:
     p.add_argument("--checkpoint", type=Path, default=None,
                    help="a checkpoint directory (or its name under RUN_DIR/checkpoints); default: newest complete")
     p.add_argument("--out", type=Path, required=True,
-                   help="FILE.safetensors to write, or a new DIR for a Hugging Face model directory")
+                   help="FILE.safetensors to write, or a new DIR for a Hugging Face model directory (refused if it exists)")
+    p.add_argument("--force", action="store_true",
+                   help="replace --out if it already exists (only once the new export is complete)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     add_verbose_flag(p)
     p.set_defaults(run=run)
 
 
-def run(args: argparse.Namespace) -> int:
-    from kiln.checkpoint.export import export_safetensors
+def refuse_existing(out: Path, *, force: bool) -> None:
+    """ConfigError (exit 2) when `out` exists and `--force` was not given: another run's export
+    must not be replaced silently."""
+    from kiln.config.errors import ConfigError
+
+    if (out.exists() or out.is_symlink()) and not force:
+        kind = "directory" if out.is_dir() else "file"
+        raise ConfigError("--out", f"{out} already exists (a {kind}); choose another path, or pass --force to replace it")
+
+
+def respect_umask(out: Path) -> None:
+    """Give the exported files the mode any new file gets (0666 less the umask): safetensors
+    writes 0600, which hides an export from the group a run dir is shared with."""
+    umask = os.umask(0)
+    os.umask(umask)
+    files = [p for p in out.rglob("*") if p.is_file()] if out.is_dir() else [out]
+    for path in files:
+        os.chmod(path, 0o666 & ~umask)
+
+
+def _export_dir(run_dir: Path, out: Path, *, checkpoint: Path | None, replace: bool) -> dict:
+    """An HF directory at `out`; with `replace`, an existing `out` is swapped out only after the new
+    export is complete (written beside it), so a failed export leaves the old one in place."""
     from kiln.checkpoint.hf_export import export_hf_dir
 
-    args.output_dir = args.out.parent  # a failure's error.log goes next to the file it was writing
+    if not (replace and out.exists()):
+        return export_hf_dir(run_dir, out, checkpoint=checkpoint)
+    fresh = out.with_name(out.name + ".new")
+    summary = export_hf_dir(run_dir, fresh, checkpoint=checkpoint)
+    old = Path(tempfile.mkdtemp(prefix=out.name + ".old-", dir=out.parent))
+    os.replace(out, old / out.name)  # same filesystem: a rename, then the new one takes its place
+    os.replace(fresh, out)
+    shutil.rmtree(old)
+    return {**summary, "out": str(out)}
 
-    export = export_safetensors if args.out.suffix == ".safetensors" else export_hf_dir
-    summary = export(args.run_dir, args.out, checkpoint=args.checkpoint)
+
+def run(args: argparse.Namespace) -> int:
+    from kiln.checkpoint.export import export_safetensors
+
+    args.output_dir = args.out.parent  # a failure's error.log goes next to the file it was writing
+    refuse_existing(args.out, force=args.force)  # before any work: nothing already there is lost
+
+    if args.out.suffix == ".safetensors":
+        summary = export_safetensors(args.run_dir, args.out, checkpoint=args.checkpoint)
+    else:
+        summary = _export_dir(args.run_dir, args.out, checkpoint=args.checkpoint, replace=args.force)
+    respect_umask(args.out)
     if args.json:
         print(json.dumps(summary, indent=2))
     else:

@@ -10,8 +10,9 @@ import argparse
 from kiln.config.errors import ConfigError
 
 DTYPES = ("auto", "bf16", "fp16", "fp32")
-MODEL_HELP = ("llama-3.2-1b | llama-3.2-3b | llama-3.1-8b (shapes only, random weights), a config.json, or a "
-              "local HF model directory (config.json + *.safetensors [+ tokenizer.json])")
+MODEL_HELP = ("a preset: llama-tiny | llama-3.2-1b | llama-3.2-3b | llama-3.1-8b (shapes only, random weights), a "
+              "config.json, or a local HF model directory (config.json + *.safetensors [+ tokenizer.json]); the "
+              "names of `kiln train model.name=hf:NAME` work as they are (hf:llama-tiny, hf:path/to/dir)")
 
 
 def add_model_flags(p: argparse.ArgumentParser, *, model_required: bool = True) -> None:

@@ -52,10 +52,47 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class DefaultsFormatter(argparse.HelpFormatter):
+    """`--help` shows each option's default, as argparse.ArgumentDefaultsHelpFormatter does, but only
+    where there is one to show: not for switches (flags without a value), options that are unset
+    (None) or whose help already states it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if (not action.option_strings or action.nargs == 0 or default is None or default == argparse.SUPPRESS
+                or "default" in text.lower()):
+            return text
+        shown = ",".join(map(str, default)) if isinstance(default, (list, tuple)) else default
+        return f"{text} (default: {str(shown).replace('%', '%%')})"
+
+
 def add_verbose_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--verbose", action="store_true",
                         help="on a failure, also print the full traceback on stderr (it always goes to the log file the "
                              "message names: error.log in the run or output dir)")
+
+
+# The trailing positional lists (`nargs="*"`) of the commands that take KEY=VALUE overrides.
+TRAILING_WORDS = ("overrides", "words")
+
+
+def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """Parse `argv`, accepting KEY=VALUE overrides anywhere on the command line, as most CLIs do.
+
+    argparse gives a `nargs="*"` positional only its first run of words: in
+    `kiln train a=1 --run-dir R b=2`, `b=2` is left over. Left-over words that are not flags join
+    the command's overrides after those argparse took (command-line order, so a later value of a
+    key still wins); a left-over flag, or words for a command that takes none, stay an error.
+    """
+    args, extra = parser.parse_known_args(argv)
+    dest = next((d for d in TRAILING_WORDS if isinstance(getattr(args, d, None), list)), None)
+    unknown = [word for word in extra if dest is None or word.startswith("-")]
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    if dest is not None:
+        getattr(args, dest).extend(extra)
+    return args
 
 
 def _setup_logging() -> None:
@@ -87,9 +124,16 @@ def _setup_logging() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from kiln.cli.streams import guarded_output
+
+    with guarded_output():  # a closed pipe or terminal stops the output, never the command
+        return _main(argv)
+
+
+def _main(argv: list[str] | None) -> int:
     _setup_logging()
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv)
     if not getattr(args, "run", None):
         parser.print_help()
         return EXIT_BAD_INPUT

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 
 from kiln.cli.main import add_verbose_flag
 
@@ -24,7 +25,8 @@ def add_parser(sub) -> None:
     d.add_argument("--rdzv-endpoint", help="HOST:PORT of node rank 0, for several nodes")
     d.add_argument("--max-restarts", type=int, default=0, help="restart the group up to K times after a failure")
     d.add_argument("--rdzv-wait", type=float, default=30.0, help="seconds a non-zero node waits for the endpoint")
-    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, applied after --config")
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                   help="config overrides, anywhere on the command line; applied after --config, later ones win")
     p.set_defaults(run=run)
 
 
@@ -34,7 +36,7 @@ def _launch(args: argparse.Namespace, cfg) -> int:
     from kiln.distributed.failures import first_failure
     from kiln.distributed.launch import LaunchSpec, check_launch, launch, launcher_flags, uses_gpu
     from kiln.failure import RunFailed
-    from kiln.train.failure import group_report
+    from kiln.train.failure import group_report, resume_command
     from kiln.train.preflight import preflight
     from kiln.train.runtime import default_run_dir
 
@@ -60,13 +62,70 @@ def _launch(args: argparse.Namespace, cfg) -> int:
         from kiln.cpu.threads import launcher_env
 
         env = launcher_env(cfg.cpu, spec.nproc_per_node)
-    code, failures = launch(spec, run_dir, passthrough, env)
-    if code == 0:
-        print(f"kiln: completed; run dir {run_dir}")
+    result = launch(spec, run_dir, passthrough, env)
+    resume = resume_command(run_dir, launcher_flags(spec))
+    if result.code == 0:
+        summary = _read_summary(run_dir)
+        print(summary_line(summary, run_dir) if summary else f"kiln: completed; run dir {run_dir}")
+        if result.stopped_by is not None:
+            print(stopped_line(result.stopped_by, summary, run_dir, resume))
         return 0
+    if result.stopped_by is not None and all(_ended_by(f, result.stopped_by) for f in result.failures):
+        # The ranks died of the signal itself: it came before they trained (nothing of this run to
+        # save yet) or a second one said "now". Not a failure: say what is kept.
+        print(stopped_line(result.stopped_by, None, run_dir, resume, saved=False))
+        return 128 + signal.Signals[result.stopped_by].value
     # The ranks said one line each at most; name the first failure, what was kept, what to do.
-    raise RunFailed(group_report(run_dir, first_failure(failures), failures, launcher_flags(spec),
+    raise RunFailed(group_report(run_dir, first_failure(result.failures), result.failures, launcher_flags(spec),
                                  owner=(spec.node_rank or 0) == 0))
+
+
+def _read_summary(run_dir) -> dict | None:
+    """Rank 0's summary.json (None on another node, or if it is missing or unreadable)."""
+    import json
+
+    try:
+        return json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def summary_line(summary: dict, run_dir) -> str:
+    """The one line a finished (or stopped) run ends with: steps, loss, speed, run dir."""
+    if summary.get("first_loss") is None or summary.get("final_loss") is None:
+        return f"kiln: {summary.get('status', 'completed')} {summary.get('steps', 0)} steps; run dir {run_dir}"
+    rate = summary.get("tokens_per_s") and f"{summary['tokens_per_s']:.0f} tokens/s" or (
+        f"{summary.get('samples_per_s') or 0:.0f} samples/s"
+    )
+    resumed = f" (resumed: {len(summary['segments'])} segments)" if summary.get("resumed") else ""
+    return (f"kiln: {summary['status']} {summary['steps']} steps{resumed}, loss {summary['first_loss']:.4f} -> "
+            f"{summary['final_loss']:.4f}, {summary['step_ms_median']:.2f} ms/step, {rate}; run dir {run_dir}")
+
+
+def _ended_by(failure, signal_name: str) -> bool:
+    """Whether a failed rank only ended because of the stop signal: killed by it, or exiting as kiln
+    does on a second one (KeyboardInterrupt: 130, SystemExit: 128 + the signal)."""
+    if failure.kiln.get("kind"):
+        return False  # the rank reported an error of its own
+    return failure.signal_name == signal_name or failure.exitcode == 128 + signal.Signals[signal_name].value
+
+
+def stopped_line(signal_name: str, summary: dict | None, run_dir, command: str, *, saved: bool = True) -> str:
+    """What a stop signal did to a multi-process run: which checkpoint is kept, how to continue.
+    `saved`: the ranks stopped as asked (each saved its part of a checkpoint at the step they agreed on)."""
+    from kiln.checkpoint.storage import newest_intact
+
+    if saved and summary is not None and summary.get("status") != "stopped":  # it came as the run ended
+        return f"kiln: {signal_name} arrived as the run ended; nothing to continue"
+    newest = newest_intact(run_dir / "checkpoints")
+    if saved and newest is not None:
+        return (f"kiln: stopped by {signal_name}: every rank saved its part of checkpoint {newest}; "
+                f"the same command continues the run, as does: {command}")
+    if newest is None:
+        return (f"kiln: stopped by {signal_name} before any checkpoint of this run was saved; the same command "
+                "starts it again")
+    return (f"kiln: stopped by {signal_name} before the ranks saved; the newest complete checkpoint is {newest}: "
+            f"the same command continues from there, as does: {command}")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -77,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
     if args.nproc_per_node is not None or args.nnodes > 1:
         return _launch(args, cfg)
 
-    from kiln.distributed.failures import publish
+    from kiln.distributed.failures import publish, under_kiln_launcher
     from kiln.failure import RunFailed, quiet_child_signals
     from kiln.train.failure import training_report
     from kiln.train.trainer import Trainer
@@ -107,11 +166,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"kiln: {trainer.run_dir} already holds the completed run of this config ({summary['steps']} steps); "
               "nothing to do. Choose a new --run-dir to train again.")
         return 0
-    rate = summary.get("tokens_per_s") and f"{summary['tokens_per_s']:.0f} tokens/s" or (
-        f"{summary['samples_per_s']:.0f} samples/s"
-    )
-    print(
-        f"kiln: {summary['status']} {summary['steps']} steps, loss {summary['first_loss']:.4f} -> "
-        f"{summary['final_loss']:.4f}, {summary['step_ms_median']:.2f} ms/step, {rate}; run dir {trainer.run_dir}"
-    )
+    if not under_kiln_launcher():  # the kiln launcher prints this line once for the job
+        print(summary_line(summary, trainer.run_dir))
     return 0

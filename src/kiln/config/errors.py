@@ -12,12 +12,19 @@ class ConfigError(ValueError):
     valid values, so the message can say what would have been accepted.
     """
 
-    def __init__(self, key: str, message: str, choices: Iterable[str] | None = None):
+    def __init__(self, key: str, message: str, choices: Iterable[str] | None = None, *, source: str | None = None):
         self.key = key
+        self.message = message
         self.choices = tuple(choices) if choices is not None else None
-        text = f"{key}: {message}"
+        self.source = source
+        """The file the bad value came from (a --config file), named first in the message."""
+        text = f"{source}: {key}: {message}" if source else f"{key}: {message}"
         if self.choices:
             shown = ", ".join(self.choices[:40])
             more = f", ... ({len(self.choices) - 40} more)" if len(self.choices) > 40 else ""
             text += f" (valid: {shown}{more})"
         super().__init__(text)
+
+    def in_file(self, path: str) -> ConfigError:
+        """The same error, naming the file the value came from."""
+        return ConfigError(self.key, self.message, self.choices, source=path)

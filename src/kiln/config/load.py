@@ -35,9 +35,13 @@ def _is_section(tp: Any) -> bool:
     return isinstance(tp, type) and dataclasses.is_dataclass(tp)
 
 
-def _did_you_mean(name: str, options: list[str]) -> list[str]:
+def _unknown_key(key: str, name: str, options: list[str], where: str) -> ConfigError:
+    """`training.step: unknown key in [training]; did you mean 'steps'? (valid: <every key of
+    training>)`: the close matches as a suggestion, all the section's keys as the valid choices."""
     close = difflib.get_close_matches(name, options, n=3, cutoff=0.6)
-    return close or options
+    hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+    what = "unknown section" if where == "the top level" else f"unknown key in [{where}]"
+    return ConfigError(key, f"{what}{hint}", sorted(options))
 
 
 def _type_name(tp: Any) -> str:
@@ -157,20 +161,23 @@ def parse_literal(text: str) -> Any:
     return table["v"]
 
 
-def _merge_table(obj: Any, table: dict[str, Any], prefix: str) -> None:
+def _merge_table(obj: Any, table: dict[str, Any], prefix: str, seen: set[str] | None = None) -> None:
+    """Set `obj`'s fields from a TOML table; the dotted keys set are added to `seen`."""
     hints = _field_types(type(obj))
     names = [f.name for f in dataclasses.fields(obj)]
     for name, value in table.items():
         key = f"{prefix}{name}"
         if name not in hints:
-            raise ConfigError(key, "unknown key", _did_you_mean(name, names))
+            raise _unknown_key(key, name, names, prefix.rstrip(".") or "the top level")
         tp = hints[name]
         if _is_section(tp):
             if not isinstance(value, dict):
                 raise ConfigError(key, f"is a section; expected a table, got {value!r}")
-            _merge_table(getattr(obj, name), value, f"{key}.")
+            _merge_table(getattr(obj, name), value, f"{key}.", seen)
         else:
             setattr(obj, name, coerce(key, value, tp))
+            if seen is not None:
+                seen.add(key)
 
 
 def apply_override(cfg: Config, assignment: str) -> None:
@@ -194,7 +201,7 @@ def apply_override(cfg: Config, assignment: str) -> None:
         if part not in hints:
             names = [f.name for f in dataclasses.fields(obj)]
             where = f"{'.'.join(parts[:i])}" or "the top level"
-            raise ConfigError(key, f"unknown key ({part!r} is not a key of {where})", _did_you_mean(part, names))
+            raise _unknown_key(key, part, names, where)
         tp = hints[part]
         last = i == len(parts) - 1
         if _is_section(tp):
@@ -219,6 +226,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     from kiln.config.validate import validate
 
     cfg = Config()
+    from_file: set[str] = set()  # dotted keys the file set
     if path is not None:
         p = Path(path)
         if not p.is_file():
@@ -235,10 +243,20 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         # deeply nested arrays/tables, which tomllib does not bound.
         except (ValueError, RecursionError) as exc:
             raise ConfigError(str(path), f"not valid TOML: {exc}") from None
-        _merge_table(cfg, table, "")
+        try:
+            _merge_table(cfg, table, "", from_file)
+        except ConfigError as exc:
+            raise exc.in_file(str(path)) from None
+    overridden = set()
     for item in overrides:
         apply_override(cfg, item)
-    validate(cfg)
+        overridden.add(item.partition("=")[0].strip())
+    try:
+        validate(cfg)
+    except ConfigError as exc:  # a value the file set (and no override replaced): name the file
+        if exc.key in from_file and exc.key not in overridden:
+            raise exc.in_file(str(path)) from None
+        raise
     return cfg
 
 

@@ -25,6 +25,7 @@ import torch
 
 from kiln.config.errors import ConfigError
 from kiln.distributed.failures import REPORT_ENV, RankFailure, load_failures
+from kiln.distributed.signals import SignalRelay
 
 
 @dataclass(frozen=True)
@@ -174,16 +175,37 @@ def launch_kiln(spec: LaunchSpec, kiln_args: list[str], *, timeout_s: float | No
     return 0 if code == 0 else 1
 
 
+@dataclass(frozen=True)
+class LaunchResult:
+    code: int
+    """0, or 1 for any failure of the ranks."""
+    failures: list[RankFailure]
+    """On failure, the failed ranks as the agent reported them (empty if it reported none)."""
+    stopped_by: str | None = None
+    """The stop signal this launcher received and passed on (SIGINT, SIGTERM, SIGHUP), if any."""
+
+
 def launch(spec: LaunchSpec, run_dir: Path, train_args: list[str],
-           env: dict[str, str] | None = None) -> tuple[int, list[RankFailure]]:
-    """Run torchrun (with `env` added to the environment); returns its exit code (0, or 1 for any
-    failure of the ranks) and, on failure, the failed ranks as the agent reported them (empty if
-    it reported none)."""
+           env: dict[str, str] | None = None) -> LaunchResult:
+    """Run torchrun (with `env` added to the environment) until its ranks end.
+
+    A stop signal this process receives (Ctrl-C, a scheduler's SIGTERM, SIGHUP) is passed on to
+    torchrun's agent, which passes it to the ranks; they save a checkpoint and exit 0 and this call
+    returns as usual, naming the signal (kiln.distributed.signals). The agent runs in a session of
+    its own so that a terminal's Ctrl-C reaches it once, through here, not twice.
+    """
     with tempfile.TemporaryDirectory(prefix="kiln-launch-") as reports:
         env = {**os.environ, **(env or {}), REPORT_ENV: reports}
-        proc = subprocess.run(torchrun_command(spec, run_dir, train_args), check=False, env=env)
-        failures = load_failures(Path(reports)) if proc.returncode != 0 else []
-    return (0 if proc.returncode == 0 else 1), failures
+        proc = subprocess.Popen(torchrun_command(spec, run_dir, train_args), env=env, start_new_session=True)
+        relay = SignalRelay(forward=proc.send_signal)
+        try:
+            with relay:
+                code = proc.wait()
+        except BaseException:  # not a stop signal (the relay takes those): end torchrun and its ranks
+            _stop(proc)
+            raise
+        failures = load_failures(Path(reports)) if code != 0 else []
+    return LaunchResult(0 if code == 0 else 1, failures, relay.first)
 
 
 def launcher_flags(spec: LaunchSpec) -> list[str]:

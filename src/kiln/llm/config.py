@@ -207,13 +207,38 @@ class ModelSource:
         return config_from_dict(self.raw)
 
 
-def resolve_model(spec: str, key: str = "--model") -> ModelSource:
-    """A preset name, a `config.json` path or a local model directory (an `hf:` prefix is allowed)."""
-    name = spec[3:] if spec.startswith("hf:") else spec
+MODEL_PREFIXES = ("hf:", "llama:")
+"""Prefixes `kiln train model.name=...` uses for these models; accepted here too, so one name
+means one model across commands."""
+
+
+def preset_config(name: str) -> dict[str, Any] | None:
+    """The `config.json` fields of preset `name`, or None: the public Llama shapes of
+    kiln.llm.presets and the tiny test shapes `kiln train model.name=hf:NAME` knows
+    (kiln.models.hf.PRESETS, a superset), so every preset name train accepts means the same model here."""
     if name in PRESETS:
-        return ModelSource(spec, dict(PRESETS[name]), None)
+        return dict(PRESETS[name])
+    from kiln.models.hf import PRESETS as TRAIN_PRESETS  # imported late: it needs torch.nn
+
+    return dict(TRAIN_PRESETS[name]) if name in TRAIN_PRESETS else None
+
+
+def preset_names() -> list[str]:
+    from kiln.models.hf import PRESETS as TRAIN_PRESETS
+
+    return list(dict.fromkeys([*PRESETS, *TRAIN_PRESETS]))
+
+
+def resolve_model(spec: str, key: str = "--model") -> ModelSource:
+    """A preset name, a `config.json` path or a local model directory (an `hf:` or `llama:` prefix,
+    as in `kiln train model.name=hf:llama-tiny`, is allowed). A preset of a family kiln's decoder
+    does not run (gpt2-tiny) is refused by `config_from_dict`, naming its model_type."""
+    name = next((spec[len(p):] for p in MODEL_PREFIXES if spec.startswith(p)), spec)
+    preset = preset_config(name)
     path = Path(name).expanduser()
-    if path.is_dir():
+    if preset is not None:
+        source = ModelSource(spec, preset, None)
+    elif path.is_dir():
         cfg = path / "config.json"
         if not cfg.is_file():
             raise ConfigError(key, f"directory {path.resolve()} has no config.json")
@@ -221,9 +246,10 @@ def resolve_model(spec: str, key: str = "--model") -> ModelSource:
     elif path.is_file():
         source = ModelSource(spec, read_config_json(path, key), None)
     else:
-        close = difflib.get_close_matches(name, list(PRESETS), n=1)
+        presets = preset_names()
+        close = difflib.get_close_matches(name, presets, n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
         raise ConfigError(key, f"{spec!r} is not a preset and no file or directory {path.resolve()} exists{hint}",
-                          SPEC_FORMS)
+                          (*presets, "path/to/config.json", "path/to/model_dir"))
     config_from_dict(source.raw, key)  # refuse an unsupported model here, before anything is built
     return source

@@ -126,9 +126,13 @@ def check_lengths(prompt_lens: Sequence[int], max_new_tokens: int, *, max_positi
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ConfigError(key["max_new_tokens"], f"must be an integer >= 1, got {max_new_tokens!r}")
     longest = max(prompt_lens)
+    if longest >= max_positions:  # no room for a single new token: the prompt is at fault
+        raise ConfigError(key["prompt"], f"a prompt of {longest} tokens leaves no room to generate in the model's "
+                          f"{max_positions} positions (max_position_embeddings); at most {max_positions - 1} tokens")
     if longest + max_new_tokens > max_positions:
         raise ConfigError(key["max_new_tokens"], f"prompt ({longest} tokens) + {max_new_tokens} new tokens exceeds "
-                          f"the model's {max_positions} positions (max_position_embeddings)")
+                          f"the model's {max_positions} positions (max_position_embeddings); at most "
+                          f"{max_positions - longest} new tokens fit after this prompt")
     if max_seq_len is not None and longest + max_new_tokens > max_seq_len:
         raise ConfigError(key["max_seq_len"], f"prompt ({longest} tokens) + {max_new_tokens} new tokens does not fit "
                           f"in {max_seq_len} cache slots; raise it or generate fewer tokens")

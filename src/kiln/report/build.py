@@ -8,6 +8,7 @@ from typing import Any
 from kiln.report import plots
 from kiln.report.load import BenchData, RunData, load
 from kiln.report.render import Block, Heading, Image, Para, Table, write_report
+from kiln.train.segments import describe_segments
 
 MIB = 2**20
 
@@ -68,7 +69,10 @@ def run_blocks(data: RunData) -> tuple[str, list[Block]]:
         ["MFU", f"{100 * s['mfu']:.2f}%" if _num(s.get("mfu")) else None],
         ["peak memory", _mib(s.get("peak_mem_bytes"))],
         ["first step (compile, warm-up), s", s.get("first_step_s")],
-        ["wall time, s", s.get("wall_s")],
+        ["wall time, s" + (" (all segments)" if s.get("resumed") else ""),
+         f"{s['wall_s']} (segments without a summary.json not counted)" if s.get("wall_s_complete") is False
+         else s.get("wall_s")],
+        ["resumed", describe_segments(s)],
         ["stragglers named", s.get("stragglers_seen")],
         ["GPU utilisation (mean), %", health.get("util_pct")],
         ["GPU temperature (max), °C", health.get("temp_c")],

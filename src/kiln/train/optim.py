@@ -147,3 +147,11 @@ def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, total_st
 def current_lr(optimizer: torch.optim.Optimizer) -> float:
     lr = optimizer.param_groups[0]["lr"]
     return float(lr.item() if isinstance(lr, torch.Tensor) else lr)
+
+
+def lr_snapshot(optimizer: torch.optim.Optimizer) -> float | torch.Tensor:
+    """The LR the next optimizer step will use, taken before it (the step's scheduler update then
+    sets the following step's). An LR held in a device tensor is copied on its device, queued
+    before the step, so taking it costs no sync: `float()` it when the record is read anyway."""
+    lr = optimizer.param_groups[0]["lr"]
+    return lr.detach().clone() if isinstance(lr, torch.Tensor) else float(lr)

@@ -54,7 +54,7 @@ from kiln.train.faults import inject, planned_fault
 from kiln.train.features import describe_features, resolve_features
 from kiln.train.losses import build_eval_fn, build_forward_loss
 from kiln.train.meter import IntervalMeter
-from kiln.train.optim import current_lr
+from kiln.train.optim import lr_snapshot
 from kiln.train.rundir import (
     RunDirLock,
     already_complete_summary,
@@ -70,6 +70,7 @@ from kiln.train.runtime import (
     seed_everything,
     synchronize,
 )
+from kiln.train.segments import RunHistory, read_history, whole_run
 from kiln.train.step import evaluate
 
 log = logging.getLogger("kiln.train")
@@ -137,7 +138,8 @@ class Trainer:
             check_bindable(cfg.metrics.prometheus_host, cfg.metrics.prometheus_port)
         # Where a failure happened, for its report: step `_step` began, `_steps_done` finished.
         self._step = self._steps_done = 0
-        self._start = 1
+        self._start = checkpoint_step(self.resume_path) + 1 if self.resume_path is not None else 1
+        self._history = RunHistory()  # the run's earlier segments (rank 0 reads them in `fit`)
         self.summary_error: Exception | None = None
         self.cleanup_errors: list[tuple[str, BaseException]] = []
         self.failed_at: float | None = None
@@ -207,6 +209,8 @@ class Trainer:
                                  cfg.data.path if cfg.data.source == "tokens" else None)
             if self.resume_path is None:  # a fresh start (or a restart with no checkpoint yet)
                 (self.run_dir / "metrics.jsonl").unlink(missing_ok=True)
+            else:  # the earlier segments, from the summary.json this segment will replace
+                self._history = read_history(self.run_dir, checkpoint_step(self.resume_path))
             log.info("strategy: %s (%s)", self.strategy, self.strategy_reason)
             if self.built.task == "causal_lm":
                 log.info(describe_features(self.features))
@@ -265,6 +269,8 @@ class Trainer:
                     summary.update(status="failed", error=short_error(exc, 2000))
         if self.dist.is_main:
             try:
+                summary.update(whole_run(summary, self._history, self._start,
+                                          str(self.resume_path) if self.resume_path else None))
                 write_summary(self.run_dir / "summary.json", summary)
             except Exception as exc:
                 self.summary_error = exc
@@ -347,6 +353,7 @@ class Trainer:
                     pending.append(next(data_iter))
                 meter.add_data_wait(time.perf_counter() - t_data)
                 is_log = step == start or step % tcfg.log_interval == 0 or step == tcfg.steps
+                lr = lr_snapshot(step_fn.optimizer) if is_log else 0.0  # the LR this step uses
                 loss, grad_norm, flag = step_fn(pending, want_grad_norm=is_log)
                 pending = []
                 if not step_fn.observes_guard:  # a captured step records it inside its graph
@@ -358,7 +365,7 @@ class Trainer:
                 inject(fault, step)
                 self._steps_done = step
                 if is_log:
-                    record = meter.record(step, current_lr(step_fn.optimizer), grad_norm)
+                    record = meter.record(step, float(lr), grad_norm)
                     record.update(guard.check())  # NonFiniteError: exit 1 naming the step
                     if self.eval_data is not None and (step % tcfg.eval_interval == 0 or step == tcfg.steps):
                         self.eval_data.reset()  # every eval pass sees the same batches
@@ -386,7 +393,7 @@ class Trainer:
                 if cfg.checkpoint.save_final:
                     ck.save(tcfg.steps, app, final=True)
                     compile_cache.save()
-        if stopped_by is not None:
+        if stopped_by is not None and self.dist.is_main:  # every rank saved; one line says so
             log.warning("stopped by %s after step %d; checkpoint saved, resume with checkpoint.resume=auto",
                         stopped_by, app.progress["step"])
 
