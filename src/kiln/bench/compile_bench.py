@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from kiln.bench.accuracy import compare, eager_random
+from kiln.bench.ratios import annotate, ratio_text
 from kiln.bench.recipes import Recipe, cuda_graph_reason
 from kiln.bench.runner import FP64, BenchContext, Started, build_context, release, start_runner
 from kiln.bench.timing import Timing, measure_interleaved
@@ -39,6 +40,7 @@ FIGURES = (
     "eager_fp32_step_ms", "speedup", "speedup_vs_eager_fp32", "throughput", "peak_mem_bytes",
     "memory_compression", "graphs", "graph_breaks", "recompiles", "accuracy", "capture", "compile_warm_s",
     "warm_cold_ratio", "speedup_vs_plain", "speedup_vs_best_plain", "tflops", "matmul_peak_tflops", "peak_frac",
+    "eager_step_ms_p10", "eager_step_ms_p90", "step_spread", "eager_spread", "noisy", "flags",
 )
 
 
@@ -142,7 +144,8 @@ def timing_figures(ctx: BenchContext, row: dict, timings: dict[str, Timing], sid
     if ctx.tokens_per_step:
         row["tokens_per_s"] = ctx.tokens_per_step / step_s if step_s > 0 else None
     eager_s = timings["eager"].median_s
-    row["eager_step_ms"] = eager_s * 1e3
+    eager = timings["eager"].as_dict()
+    row.update(eager_step_ms=eager_s * 1e3, eager_step_ms_p10=eager["p10_ms"], eager_step_ms_p90=eager["p90_ms"])
     row["speedup"] = eager_s / step_s if step_s > 0 else None
     fp32 = timings.get("eager_fp32")
     if fp32 is not None:
@@ -151,6 +154,7 @@ def timing_figures(ctx: BenchContext, row: dict, timings: dict[str, Timing], sid
     elif row["precision"] == "fp32":
         row["eager_fp32_step_ms"] = row["eager_step_ms"]
         row["speedup_vs_eager_fp32"] = row["speedup"]
+    annotate(row)
 
 
 class MatrixRun:
@@ -191,8 +195,11 @@ class MatrixRun:
         figures = ""
         if row.get("step_ms") is not None:
             figures = f" {row['step_ms']:.3f} ms"
-            if row.get("speedup") is not None:
-                figures += f" ({row['speedup']:.2f}x eager)"
+            if row.get("speedup") is not None and not recipe.is_baseline:
+                figures += (f" vs eager {row['eager_step_ms']:.3f} ms timed beside it: "
+                            f"{ratio_text(row['speedup'], row.get('noisy'))}" + (" (noisy)" if row.get("noisy") else ""))
+            elif row.get("noisy"):
+                figures += f" (p10-p90 {row['step_ms_p10']:.3f}-{row['step_ms_p90']:.3f} ms: noisy)"
             if row.get("compile_s") is not None:
                 figures += f", compile {row['compile_s']:.1f} s"
         why = f": {row['reason']}" if row.get("reason") else ""
