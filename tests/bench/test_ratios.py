@@ -63,11 +63,21 @@ def test_two_rows_on_a_common_reference_print_the_times_their_ratio_divides():
     pair = ratios.on_common_reference(fp32, bf16)
     assert pair["before_ms"] == pytest.approx(509.0) and pair["after_ms"] == 335.0
     assert pair["ratio"] == pytest.approx(509.0 / 335.0)
-    assert pair["drift"] == pytest.approx((1490 - 509) / 509) and pair["noisy"] is True
+    # The fp32 row is the reference itself: the ratio is read inside the bf16 row, no drift applies.
+    assert pair["drift"] is None and pair["noisy"] is False
     text = ratios.gain_text(pair, "fp32", "bf16")
+    assert text == "1.52x (fp32 509 -> bf16 335 ms/step)"
     before, after = map(float, re.search(r"fp32 ([\d.e+]+) -> bf16 ([\d.e+]+) ms/step", text).groups())
-    assert f"{before / after:.1f}" in text  # the printed times give the printed ratio
-    assert "too noisy to rank" in text
+    assert f"{before / after:.2f}x" in text  # the printed times give the printed ratio
+
+
+def test_a_reference_that_moved_between_two_rows_makes_their_ratio_noisy():
+    pair = ratios.on_common_reference({"step_ms": 10.0, "eager_fp32_step_ms": 20.0},
+                                      {"step_ms": 5.0, "eager_fp32_step_ms": 30.0})
+    assert pair["before_ms"] == pytest.approx(15.0) and pair["ratio"] == pytest.approx(3.0)
+    assert pair["drift"] == pytest.approx(0.5) and pair["noisy"] is True
+    assert ratios.gain_text(pair) == ("~3.0x? (15 -> 5 ms/step, on the eager fp32 reference timed beside the "
+                                      "second, which moved 50%; too noisy to rank)")
 
 
 def test_a_steady_pair_reads_as_a_plain_ratio():

@@ -84,7 +84,9 @@ def on_common_reference(base: dict[str, Any], row: dict[str, Any], ref: str = "e
     runner (eager fp32), with the two times it equals: `row`'s own median and `base`'s median
     rescaled to the reference as it was timed beside `row` (base_ms * row_ref / base_ref). So
     `before_ms / after_ms == ratio` exactly, and `drift` says how much the reference moved between
-    the two measurements (above DRIFT_LIMIT the ratio is flagged `noisy`).
+    the two measurements (above DRIFT_LIMIT the ratio is flagged `noisy`). When `base` is the
+    reference run itself (its time is its reference), the ratio is read inside `row` alone and no
+    drift applies.
 
     Returns {ratio, before_ms, after_ms, reference_ms, drift, noisy}; ratio None when a time is missing."""
     base_ms, after_ms = base.get("step_ms"), row.get("step_ms")
@@ -94,7 +96,7 @@ def on_common_reference(base: dict[str, Any], row: dict[str, Any], ref: str = "e
     if not base_ms or not after_ms or not base_ref or not row_ref:
         return out
     before_ms = base_ms * row_ref / base_ref
-    moved = drift(base_ref, row_ref)
+    moved = None if base_ms == base_ref else drift(base_ref, row_ref)
     out.update(ratio=before_ms / after_ms, before_ms=before_ms, drift=moved,
                noisy=out["noisy"] or (moved is not None and moved > DRIFT_LIMIT))
     return out
