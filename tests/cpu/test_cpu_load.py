@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import pytest
+from tests.cpu.test_cpu_threads import _fake_sysfs
 
 from kiln.advise.static import check_cpu_threads
 from kiln.config import load_config
 from kiln.config.schema import CpuConfig
 from kiln.cpu.load import LoadReading, free_cores, oversubscribed, read_load, threads_under_load
 from kiln.cpu.threads import plan_cpu
-from tests.cpu.test_cpu_threads import _fake_sysfs
 
 BUSY_2_CORES = LoadReading(load1=7.9, runnable=9, own_runnable=1, cores=2)  # the machine
 
