@@ -113,3 +113,9 @@ def test_a_noisy_row_reads_as_uncertain_with_the_reason_under_it():
     flat = " ".join(_table_text(rows, 220).split())
     assert "~2.4x?" in flat and "2.40x" not in flat
     assert "too wide to rank" in flat
+
+
+def test_an_eager_baseline_reads_1x_even_when_noisy():
+    rows = [_row(mode="eager", ms=47.9, p10=8.0, p90=685.0, eager=47.9, ep10=8.0, ep90=685.0)]
+    flat = " ".join(_table_text(rows, 220).split())
+    assert "1.00x" in flat and "~1.0x?" not in flat and "too wide to rank" in flat

@@ -82,7 +82,7 @@ def render_table(rows: list[dict[str, Any]], title: str):
         if key in ("eager_step_ms", "eager_fp32_step_ms") and row.get(key) is not None:
             return f"{row[key]:.3f}"
         if key in ("speedup", "speedup_vs_eager_fp32") and row.get(key) is not None:
-            return ratio_text(row[key], bool(row.get("noisy")))
+            return ratio_text(row[key], bool(row.get("noisy")) and not _definitional(row, key))
         return cell_text(key, row.get(key))
 
     def notes(row: dict[str, Any]) -> list[str]:
@@ -91,12 +91,19 @@ def render_table(rows: list[dict[str, Any]], title: str):
     return rich_table(rows, title, shown, headers, cell, notes=notes)
 
 
+def _definitional(row: dict[str, Any], key: str) -> bool:
+    """An eager baseline's ratio to itself (1 by definition, whatever the noise)."""
+    baseline = row.get("mode") == "eager" and row.get("runner") == "kiln" and not row.get("cudagraphs")
+    return baseline and (key == "speedup" or row.get("precision") == "fp32")
+
+
 def _bar_text(row: dict[str, Any], key: str, ref: str) -> str:
     """A speed bar's label: the ratio and the two times it divides (`1.23x = 12.3/10 ms`)."""
     value = row.get(key)
     if value is None or row.get("step_ms") is None or row.get(ref) is None:
         return ""
-    return f" {ratio_text(value, bool(row.get('noisy')))} = {row[ref]:.3g}/{row['step_ms']:.3g} ms"
+    noisy = bool(row.get("noisy")) and not _definitional(row, key)
+    return f" {ratio_text(value, noisy)} = {row[ref]:.3g}/{row['step_ms']:.3g} ms"
 
 
 def plot(rows: list[dict[str, Any]], path: Path, title: str, labels: list[str] | None = None) -> Path | None:
@@ -155,7 +162,13 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str, labels: list[str] |
     ax_speed.set_yticklabels(labels, fontsize=8)
     ax_speed.invert_yaxis()
     # Above the bars, never over them (the last row's bars reach the lower right).
-    ax_speed.legend(fontsize=8, loc="lower left", bbox_to_anchor=(0.0, 1.0), ncol=2, borderaxespad=0.3, frameon=False)
+    from matplotlib.patches import Patch
+
+    handles = [Patch(facecolor="#3b7dd8", label=bars.get_label()), Patch(facecolor="#9bbbe8", label=bars32.get_label())]
+    if noisy:
+        handles.append(Patch(facecolor="white", edgecolor="#b00000", hatch="//", label="too noisy to rank"))
+    ax_speed.legend(handles=handles, fontsize=8, loc="lower left", bbox_to_anchor=(0.0, 1.0), ncol=len(handles),
+                    borderaxespad=0.3, frameon=False)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
