@@ -136,8 +136,9 @@ class Adaptive:
                 if "\n" not in text and cell_len(text) <= SHORT and header not in self.keep:
                     short.append(f"{header}: {text}")
                     continue
-                out.append(Padding(Text.assemble((f"{header}: ", "dim"), text.replace("\n", " / ")), (0, 0, 0, 2)))
+                line = Text.assemble((f"{header}: ", "dim"), text.replace("\n", " / "))
+                out.append(Padding(line, (0, 0, 0, 2), expand=False))
             if short:
-                out.append(Padding(Text("  ·  ".join(short)), (0, 0, 0, 2)))
-            out.extend(Padding(Text(note, style="dim"), (0, 0, 0, 2)) for note in notes)
+                out.append(Padding(Text("  ·  ".join(short)), (0, 0, 0, 2), expand=False))
+            out.extend(Padding(Text(note, style="dim"), (0, 0, 0, 2), expand=False) for note in notes)
         return out

@@ -352,3 +352,18 @@ def test_confirm_rows_far_from_their_search_rows_are_flagged_round_to_round():
     assert confirm and all(t.row["noisy"] and "round to round" in t.row["flags"] and "50% apart" in t.row["flags"]
                            for t in confirm)
     assert not result.winner.compiled  # noisy rows keep the config's own recipe
+
+
+@pytest.mark.parametrize("width", [90, 200])
+def test_the_table_shows_noisy_ratios_as_uncertain_with_their_flags(width):
+    import io
+
+    from rich.console import Console
+
+    from kiln.tune.output import render_table
+
+    result = _decide({"fp32 eager": 1.0, "fp32 default/model": 1.5}, noisy={"fp32 default/model"})
+    console = Console(width=width, file=io.StringIO(), record=True)
+    console.print(render_table(result, "kiln autotune: test"))
+    flat = " ".join(console.export_text().replace("│", " ").split())
+    assert "~1.5x?" in flat and "noisy step: planted" in flat and "1.50x" not in flat

@@ -177,7 +177,7 @@ def check_precision(cfg: Config, device: torch.device, *, session: BenchSession 
     status = "advice" if ratio > 1 + MIN_GAIN and not pair["noisy"] else "info"
     return Finding("precision", title, status, finding + ("; the first steps' losses match fp32 within bf16's "
                    "tolerance" if verdict else ""), fix if status == "advice" else
-                   _not_faster("bf16", pair) + " in eager steps here (kiln autotune measures it compiled)", gain,
+                   _not_faster("bf16 in eager steps", pair) + " (kiln autotune measures it compiled)", gain,
                    1 - 1 / ratio, measured)
 
 

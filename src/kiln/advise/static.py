@@ -104,7 +104,9 @@ def check_cpu_threads(cfg: Config, load: LoadReading | None | bool = True) -> Fi
                        "unset: kiln's auto rule, which reads the load when the run starts)", measured=measured)
     finding = f"{plan.threads} intra-op threads ({plan.source})"
     if load and load.busy_cores > 0:
-        return Finding("cpu_threads", title, "advice", f"the machine is busy: {load.describe()}; " + finding,
+        if "other processes" not in plan.source:  # else the source says it already
+            finding = f"the machine is busy: {load.describe()}; " + finding
+        return Finding("cpu_threads", title, "advice", finding,
                        "run when the machine is quiet (every step of this run shares its cores), or keep "
                        f"cpu.threads={plan.threads} to hold this count", measured=measured)
     if len(topo.nodes) > 1 and cfg.cpu.bind == "none":
