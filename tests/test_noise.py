@@ -89,3 +89,19 @@ def test_native_usdt_lines_leave_the_console_and_the_rest_stays(capfd, monkeypat
     assert "USDT" not in err and "a real error from native code" in err and "python line" in err
     assert out == "stdout line\n"
     assert kept.count == 1
+
+
+def test_keep_flushes_per_command(tmp_path, monkeypatch, capsys):
+    kept = NoiseLog()
+    monkeypatch.setattr(noise, "NOISE", kept)
+    kept.write("during command one")
+    assert noise.keep(tmp_path) == tmp_path / noise.LOG_NAME
+    kept.write("during command two, which has no output directory")
+    path = noise.keep(None)
+    try:
+        assert (tmp_path / noise.LOG_NAME).read_text() == "during command one\n"  # not appended to one's dir
+        assert path.read_text() == "during command two, which has no output directory\n"
+        assert f"kiln: 1 message(s) from dependencies kept in {path}" in capsys.readouterr().err
+    finally:
+        path.unlink()
+    assert noise.keep(None) is None  # nothing filtered: nothing said

@@ -6,7 +6,7 @@ C++ extensions (built for another torch or Python), and the profiler's native co
 `USDT:` probe lines. None of it is something a kiln user can act on, and it buries kiln's own
 output; all of it may still matter to someone debugging, so it is written, in full, to
 `dependencies.log` in the command's output directory (or, for a command without one, a file in
-the temp directory named once on stderr at exit).
+the temp directory named on stderr when the command ends).
 
 `is_noise` is the rule (pure, tested exactly); `install()` applies it to Python warnings and to
 log records; `filtered_fds()` applies it to lines native code writes to stdout/stderr directly.
@@ -14,7 +14,6 @@ log records; `filtered_fds()` applies it to lines native code writes to stdout/s
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import logging
 import os
@@ -88,11 +87,19 @@ class NoiseLog:
                 f.writelines(pending)
         return path
 
-    def flush_unattached(self) -> Path | None:
-        """At exit: buffered messages of a command with no output directory go to a temp file."""
+    def detach(self) -> None:
+        """Buffer again (the command that owned the directory is over)."""
         with self._lock:
+            self.path = None
+            self.count = 0
+
+    def flush_unattached(self) -> Path | None:
+        """Buffered messages of a command with no output directory go to a temp file."""
+        with self._lock:
+            if self.path is not None:
+                return None
             pending, self._pending = self._pending, []
-        if not pending or self.path is not None:
+        if not pending:
             return None
         fd, name = tempfile.mkstemp(prefix="kiln-", suffix="-" + LOG_NAME)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
@@ -142,14 +149,22 @@ def install() -> None:
     for name in _DEPENDENCY_LOGGERS:  # records of their own handlers (transformers installs one)
         for handler in logging.getLogger(name).handlers:
             handler.addFilter(record_filter)
-    atexit.register(_report_unattached)
 
 
-def _report_unattached() -> None:
+def keep(directory: str | os.PathLike[str] | None) -> Path | None:
+    """At the end of a command: what was filtered goes to `directory`/dependencies.log, or, for a
+    command without an output directory, to a temp file named on stderr. Returns the file."""
+    count = NOISE.count
+    if directory is not None and Path(directory).is_dir():
+        path = NOISE.attach(directory)
+        NOISE.detach()
+        return path if count else None
     path = NOISE.flush_unattached()
+    NOISE.detach()
     if path is not None:
         with contextlib.suppress(OSError, ValueError):
-            print(f"kiln: {NOISE.count} message(s) from dependencies kept in {path}", file=sys.stderr)
+            print(f"kiln: {count} message(s) from dependencies kept in {path}", file=sys.stderr)
+    return path
 
 
 @contextlib.contextmanager

@@ -83,3 +83,15 @@ def test_scale_chart_without_a_step_to_split_has_one_panel(tmp_path, figures):
              "efficiency": 1.0}]
     assert scale_report.plot(rows, tmp_path / "s.png", "t") is not None
     assert len(figures[-1].axes) == 1
+
+
+def test_llm_table_flags_a_fraction_above_its_ceiling():
+    import io
+
+    from rich.console import Console
+
+    rows = _llm_rows(False)
+    rows[1]["prefill_peak_frac"] = 1.28
+    console = Console(width=200, file=io.StringIO(), record=True)
+    console.print(llm_report.render_table(rows, "t"))
+    assert "kiln: 128% of the matmul peak: above the ceiling" in " ".join(console.export_text().split())

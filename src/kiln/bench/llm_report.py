@@ -6,6 +6,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from kiln.bench.ratios import ratio_flags
 from kiln.bench.results import pyplot, rich_table, write_result_files
 
 # Columns of results.md, in order (results.json rows carry more: variants, parity, bytes, ...).
@@ -71,7 +72,8 @@ def render_table(rows: list[dict[str, Any]], title: str):
                        lambda key, row: escape(row_label(row)) if key == "label" else _cell(key, row.get(key)))
     notes = [f"{row_label(row)}: {extra}" for row in rows
              for extra in (row.get("reason"), row.get("note"), row.get("prefill_error"), row.get("profile_error"),
-                           row.get("profile_verdict") and f"decode profile: {row['profile_verdict']}") if extra]
+                           row.get("profile_verdict") and f"decode profile: {row['profile_verdict']}",
+                           *ratio_flags(row)) if extra]
     return Group(table, *(Text(n, style="dim") for n in notes))
 
 

@@ -91,13 +91,9 @@ def _setup_logging() -> None:
 
 def _keep_noise(args: argparse.Namespace) -> None:
     """The filtered dependency messages go to the command's output directory, if it has one."""
-    from pathlib import Path
+    from kiln.noise import keep
 
-    from kiln.noise import NOISE
-
-    directory = getattr(args, "output_dir", None) or getattr(args, "run_dir", None)
-    if directory is not None and Path(directory).is_dir():
-        NOISE.attach(directory)
+    keep(getattr(args, "output_dir", None) or getattr(args, "run_dir", None))
 
 
 def main(argv: list[str] | None = None) -> int:
