@@ -44,12 +44,14 @@ def test_buffered_until_a_directory_then_appended_there(tmp_path):
     assert log.flush_unattached() is None
 
 
-def test_without_a_directory_the_messages_go_to_a_temp_file():
+def test_without_a_directory_the_messages_go_to_one_temp_file_replaced_each_time():
     log = NoiseLog()
     log.write("a dependency said something")
     path = log.flush_unattached()
+    log.write("and then something else")
+    assert log.flush_unattached() == path  # the same file: nothing piles up in the temp directory
     try:
-        assert path.name.endswith(noise.LOG_NAME) and path.read_text() == "a dependency said something\n"
+        assert path.name.endswith(noise.LOG_NAME) and path.read_text() == "and then something else\n"
     finally:
         path.unlink()
 
@@ -101,7 +103,7 @@ def test_keep_flushes_per_command(tmp_path, monkeypatch, capsys):
     try:
         assert (tmp_path / noise.LOG_NAME).read_text() == "during command one\n"  # not appended to one's dir
         assert path.read_text() == "during command two, which has no output directory\n"
-        assert f"kiln: 1 message(s) from dependencies kept in {path}" in capsys.readouterr().err
+        assert f"kiln: 1 message(s) from dependencies kept in {path} (replaced" in capsys.readouterr().err
     finally:
         path.unlink()
     assert noise.keep(None) is None  # nothing filtered: nothing said

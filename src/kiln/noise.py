@@ -6,7 +6,7 @@ C++ extensions (built for another torch or Python), and the profiler's native co
 `USDT:` probe lines. None of it is something a kiln user can act on, and it buries kiln's own
 output; all of it may still matter to someone debugging, so it is written, in full, to
 `dependencies.log` in the command's output directory (or, for a command without one, a file in
-the temp directory named on stderr when the command ends).
+the temp directory, named on stderr when the command ends and replaced by the next such command).
 
 `is_noise` is the rule (pure, tested exactly); `install()` applies it to Python warnings and to
 log records; `filtered_fds()` applies it to lines native code writes to stdout/stderr directly.
@@ -94,17 +94,23 @@ class NoiseLog:
             self.count = 0
 
     def flush_unattached(self) -> Path | None:
-        """Buffered messages of a command with no output directory go to a temp file."""
+        """Buffered messages of a command with no output directory go to one file per user in the
+        temp directory, replaced by each such command (nothing piles up there)."""
         with self._lock:
             if self.path is not None:
                 return None
             pending, self._pending = self._pending, []
         if not pending:
             return None
-        fd, name = tempfile.mkstemp(prefix="kiln-", suffix="-" + LOG_NAME)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.writelines(pending)
-        return Path(name)
+        uid = os.getuid() if hasattr(os, "getuid") else "user"
+        path = Path(tempfile.gettempdir()) / f"kiln-{uid}-{LOG_NAME}"
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0)  # a shared dir: no symlinks
+        try:
+            with os.fdopen(os.open(path, flags, 0o600), "w", encoding="utf-8") as f:
+                f.writelines(pending)
+        except OSError:
+            return None
+        return path
 
 
 NOISE = NoiseLog()
@@ -163,7 +169,8 @@ def keep(directory: str | os.PathLike[str] | None) -> Path | None:
     NOISE.detach()
     if path is not None:
         with contextlib.suppress(OSError, ValueError):
-            print(f"kiln: {count} message(s) from dependencies kept in {path}", file=sys.stderr)
+            print(f"kiln: {count} message(s) from dependencies kept in {path} (replaced by the next command)",
+                  file=sys.stderr)
     return path
 
 
