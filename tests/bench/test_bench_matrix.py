@@ -22,13 +22,20 @@ def _run(overrides, recipes, **kw):
     return {(r["precision"], r["loss"], r["mode"], r["backend"], r["scope"]): r for r in rows}
 
 
-def test_tiny_matrix_writes_json_md_png_with_every_row_ok_or_reasoned(tmp_path, tiny_mlp):
+def test_tiny_matrix_writes_json_md_png_with_every_row_ok_or_reasoned(tmp_path, tiny_mlp, capsys):
     out = tmp_path / "bench"
     overrides = [o for o in tiny_mlp if "dropout" not in o] + ["model.kwargs.dropout=0.1"]
     code = main(["bench", "compile", "--modes", "default,reduce-overhead", "--backends", "inductor,aot_eager",
                  "--backends", "cudagraphs", "--steps", "3", "--warmup", "1", "--warm-cache", "--out", str(out),
                  *overrides])
     assert code == 0
+    err = capsys.readouterr().err.splitlines()
+    # Piped: a line when each phase starts (compiling is minutes on a GPU), then the row when done.
+    compiling = err.index("kiln: [2/5] fp32 task inductor/default/model: compiling and warming up")
+    timing = err.index("kiln: [2/5] fp32 task inductor/default/model: timing 3 samples interleaved with eager")
+    done = next(i for i, line in enumerate(err) if line.startswith("[2/5] fp32 task inductor/default/model: ok"))
+    assert err.index("kiln: [1/5] fp32 task eager: building eager") < compiling < timing < done
+    assert "vs eager" in err[done] and "timed beside it" in err[done]
     payload = json.loads((out / "results.json").read_text())
     assert {"env", "config", "results", "command"} <= set(payload)
     assert payload["env"]["torch"] and payload["config"]["bench"]["steps"] == 3

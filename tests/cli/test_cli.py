@@ -111,13 +111,16 @@ def test_export_failure_is_one_short_message_with_a_log(tmp_path, monkeypatch, c
 
 
 def test_bench_failure_is_one_short_message_with_a_log_in_the_output_dir(tmp_path, monkeypatch, capsys):
-    def out_of_memory(opts):
+    def out_of_memory(opts, **progress):
         raise MemoryError()
 
     monkeypatch.setattr("kiln.bench.compile_bench.run_compile_bench", out_of_memory)
     out = tmp_path / "bench"
     assert main(["bench", "compile", "--model", "mlp", "--device", "cpu", "--out", str(out)]) == 1
     err = capsys.readouterr().err
+    # What it was doing (piped: one line per phase), then the failure.
+    doing, err = err.split("\n", 1)
+    assert doing == "kiln: building mlp (train) on cpu"
     assert err.startswith("kiln: failed: out of host memory (MemoryError)"), err
     assert "Traceback" not in err and f"traceback in {out / 'error.log'}" in err
     assert "MemoryError" in (out / "error.log").read_text()

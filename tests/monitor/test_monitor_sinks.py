@@ -168,3 +168,25 @@ def test_console_names_stragglers_and_throttling() -> None:
                           "gpu_throttle_frac": 0.5, "gpu_throttle_reasons": ["sw_thermal_slowdown"]})
     assert "stragglers=rank 1,rank 3" in line and "gpu_util_pct=97.5" in line
     assert "throttled: sw_thermal_slowdown" in line
+
+
+def test_waiting_is_one_line_when_piped_and_a_ticking_bar_on_a_terminal():
+    from kiln.config.schema import CompileConfig
+    from kiln.monitor.sinks import first_step_message
+
+    message = first_step_message(CompileConfig(enabled=True, mode="", scope="model", cudagraphs=True), 1, 30)
+    assert message == ("step 1/30: compiling the training step (torch.compile, mode default, scope model), then "
+                       "capturing it as one CUDA graph after the warm-up steps; the first record follows when it is done")
+    buffer = io.StringIO()
+    sink = ConsoleSink(total_steps=30, console=Console(file=buffer, force_terminal=False))
+    sink.waiting("step 1/30: compiling")
+    sink.log({"step": 1, "loss": 2.0})
+    assert buffer.getvalue().splitlines()[0] == "step 1/30: compiling"
+    assert buffer.getvalue().splitlines()[1].startswith("step 1/30")
+    live = ConsoleSink(total_steps=30, console=Console(file=io.StringIO(), force_terminal=True, width=100))
+    live.waiting("step 1/30: compiling")
+    stop, thread = live._ticking
+    assert thread.is_alive()
+    live.log({"step": 1, "loss": 2.0})  # the first record ends the ticking
+    assert live._ticking is None and stop.is_set() and not thread.is_alive()
+    live.close()

@@ -79,7 +79,8 @@ def test_bench_results_report_table_and_charts(tmp_path):
         {"model": "mlp", "precision": "fp32", "loss": "task", "mode": "eager", "status": "ok", "step_ms": 9.5,
          "speedup": 1.0, "peak_mem_bytes": 400 * 2**20},
         {"model": "mlp", "precision": "fp32", "loss": "task", "mode": "reduce-overhead", "status": "ok",
-         "step_ms": 3.1, "speedup": 3.06, "peak_mem_bytes": 380 * 2**20},
+         "step_ms": 3.1, "eager_step_ms": 9.486, "speedup": 3.06, "peak_mem_bytes": 380 * 2**20, "noisy": True,
+         "flags": "noisy step: p10-p90 too wide to rank"},
         {"model": "mlp", "precision": "fp32", "loss": "task", "mode": "max-autotune", "status": "oom",
          "reason": "CUDA out of memory", "step_ms": None, "speedup": None},
     ]
@@ -92,6 +93,8 @@ def test_bench_results_report_table_and_charts(tmp_path):
     assert any("speedup" in alt for alt in images) and any("step time" in alt for alt in images)
     md = (bench / "report.md").read_text()
     assert "| mode |" in md and "| oom |" in md
+    # Each speedup beside the eager time it divides, and the noise flag.
+    assert "| eager_step_ms |" in md and "9.486" in md and "noisy step: p10-p90 too wide to rank" in md
 
 
 def test_generic_results_follow_the_contract(tmp_path):

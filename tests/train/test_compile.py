@@ -68,11 +68,17 @@ def test_step_scope_has_no_graph_breaks_or_recompiles(tmp_path, tiny_overrides, 
     assert counters["graphs"] == 2
 
 
-def test_compile_aot_eager_backend(tmp_path, tiny_overrides):
+def test_compile_aot_eager_backend(tmp_path, tiny_overrides, capsys):
     torch._dynamo.reset()
-    summary = _run(tmp_path, "aot", [*tiny_overrides, "compile.enabled=true", "compile.backend=aot_eager"])
+    console_on = [o for o in tiny_overrides if o != "metrics.console=false"] + ["metrics.console=true"]
+    summary = _run(tmp_path, "aot", [*console_on, "compile.enabled=true", "compile.backend=aot_eager"])
     assert summary["status"] == "completed"
     assert summary["compile"]["graphs"] >= 1
+    # Piped, the console says the first step is compiling before its record arrives.
+    lines = capsys.readouterr().out.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("step 1/30 |") or line.startswith("step 1/30 "))
+    assert lines.index("step 1/30: compiling the training step (torch.compile, mode default, scope model); the "
+                       "first record follows when it is done") < first
 
 
 def test_recompiles_count_compilations_beyond_the_first():

@@ -291,3 +291,79 @@ def test_strategy_stage_picks_the_faster_strategy(tmp_path, monkeypatch):
     assert best.distributed.strategy == "fsdp" and not best.compile.cudagraphs and best.compile.enabled
     rows = [r for r in result_rows(result) if r.get("stage") == "strategy"]
     assert [r["strategy"] for r in rows] == ["ddp", "fsdp"] and rows[1]["role"] == "winner (strategy)"
+
+
+class NoisySession(FakeSession):
+    """FakeSession whose rows named in `noisy` carry the noise flag kiln.bench.ratios sets."""
+
+    def __init__(self, speeds, noisy=(), **kw):
+        super().__init__(speeds, **kw)
+        self.noisy = set(noisy)
+
+    def _row(self, recipe):
+        row = super()._row(recipe)
+        if sp.describe(recipe) in self.noisy:
+            row.update(noisy=True, flags="noisy step: planted")
+        return row
+
+
+def _decide(speeds, noisy=(), rank_noisy=False):
+    session = NoisySession(speeds, noisy, device="cpu")
+    opts = TuneOptions(cfg=BASE, space=sp.Space(["fp32"], ["default"], cudagraphs=False, regional=False,
+                                                scopes=["model"]), budget_s=600.0, rank_noisy=rank_noisy)
+    return Search(opts, has_blocks=False, session_factory=session).run()
+
+
+@pytest.mark.parametrize(("speed", "wins"), [(1.019, False), (1.0201, True)])
+def test_the_two_percent_rule_is_applied_to_the_figure_the_table_shows(speed, wins):
+    result = _decide({"fp32 eager": 1.0, "fp32 default/model": speed})
+    assert (result.winner.mode == "default") is wins
+    winner_row = next(r for r in result_rows(result) if r["role"] == "winner")
+    # The header's figure is the winner's row's `vs config`, exactly.
+    assert result.speedup_vs_default == winner_row["speedup_vs_default"]
+    if wins:
+        assert winner_row["speedup_vs_default"] == pytest.approx(speed)
+    else:
+        assert any("2% faster" in n and "1.019x" in n for n in result.notes)
+
+
+def test_a_noisy_row_does_not_win_unless_noisy_rows_may_rank():
+    speeds = {"fp32 eager": 1.0, "fp32 default/model": 1.5}
+    kept = _decide(speeds, noisy={"fp32 default/model"})
+    assert not kept.winner.compiled
+    assert any("too noisy to rank" in n and "--rank-noisy" in n for n in kept.notes)
+    ranked = _decide(speeds, noisy={"fp32 default/model"}, rank_noisy=True)
+    assert ranked.winner.mode == "default" and ranked.speedup_vs_default == pytest.approx(1.5)
+
+
+def test_confirm_rows_far_from_their_search_rows_are_flagged_round_to_round():
+    class Drifting(NoisySession):
+        def measure(self, recipe, retime=False):
+            row = super().measure(recipe, retime)
+            if retime and row.get("step_ms"):
+                row["step_ms"] *= 1.5  # the machine got busier between the rounds
+            return row
+
+    session = Drifting({"fp32 eager": 1.0, "fp32 default/model": 1.5}, device="cpu")
+    opts = TuneOptions(cfg=BASE, space=sp.Space(["fp32"], ["default"], cudagraphs=False, regional=False,
+                                                scopes=["model"]), budget_s=600.0)
+    result = Search(opts, has_blocks=False, session_factory=session).run()
+    confirm = [t for t in result.trials if t.stage == "confirm"]
+    assert confirm and all(t.row["noisy"] and "round to round" in t.row["flags"] and "50% apart" in t.row["flags"]
+                           for t in confirm)
+    assert not result.winner.compiled  # noisy rows keep the config's own recipe
+
+
+@pytest.mark.parametrize("width", [90, 200])
+def test_the_table_shows_noisy_ratios_as_uncertain_with_their_flags(width):
+    import io
+
+    from rich.console import Console
+
+    from kiln.tune.output import render_table
+
+    result = _decide({"fp32 eager": 1.0, "fp32 default/model": 1.5}, noisy={"fp32 default/model"})
+    console = Console(width=width, file=io.StringIO(), record=True)
+    console.print(render_table(result, "kiln autotune: test"))
+    flat = " ".join(console.export_text().replace("│", " ").split())
+    assert "~1.5x?" in flat and "noisy step: planted" in flat and "1.50x" not in flat

@@ -58,6 +58,8 @@ def gib(n: int) -> str:
 def render(findings: list[Finding], title: str):
     from rich.table import Table
 
+    from kiln.tables import Adaptive
+
     styles = {"ok": "green", "advice": "bold yellow", "info": "cyan", "n/a": "dim", "error": "red"}
     table = Table(title=title, title_justify="left", show_lines=True)
     for name in ("check", "status", "finding", "fix", "measured gain"):
@@ -65,4 +67,4 @@ def render(findings: list[Finding], title: str):
     for f in findings:
         style = styles.get(f.status, "")
         table.add_row(f.title, f"[{style}]{f.status}[/{style}]", f.finding, f.fix or "-", f.gain or "-")
-    return table
+    return Adaptive(table, readable=30)

@@ -41,6 +41,7 @@ def advise(cfg: Config, *, measure: bool = True, say: Callable[[str], None] | No
     from kiln.diagnose.inputs import inputs_from_spec, to_device
     from kiln.diagnose.target import Target
     from kiln.models import build_model
+    from kiln.noise import filtered_fds
     from kiln.precision import apply_precision, autocast, resolve_precision, tf32_enabled
     from kiln.train.runtime import resolve_device, seed_everything
     from kiln.tune.space import config_recipe
@@ -80,7 +81,8 @@ def advise(cfg: Config, *, measure: bool = True, say: Callable[[str], None] | No
         if measure:
             say("a short profiled training run of the config")
             try:
-                run = runs.short_profile(cfg)
+                with filtered_fds():  # the profiler's native `USDT:` lines go to dependencies.log
+                    run = runs.short_profile(cfg)
             except ConfigError:
                 raise
             except Exception as exc:

@@ -15,9 +15,11 @@ import torch
 
 from kiln.advise.findings import Finding
 from kiln.bench.compile_bench import CompileBenchOptions
+from kiln.bench.ratios import gain_text, on_common_reference
 from kiln.bench.recipes import Recipe
 from kiln.bench.session import BenchSession
 from kiln.config.schema import Config
+from kiln.tune.space import MIN_GAIN  # a change is advised on the rule autotune applies
 
 # The device waits for data more than this share of the step: the loader is the bottleneck.
 DATA_WAIT_LIMIT = 0.05
@@ -117,15 +119,16 @@ def check_launch_bound(cfg: Config, run: dict[str, Any] | None, recipe: Recipe, 
         return Finding("launch_bound", title, "advice", finding, fix, measured=measured,
                        details=[{"note": f"capture not measured: {why}"}])
     best, row = max(ok, key=lambda cr: cr[1]["speedup_vs_eager_fp32"])
-    ratio = row["speedup_vs_eager_fp32"] / base["speedup_vs_eager_fp32"]
-    measured.update(step_ms=base["step_ms"], captured_step_ms=row["step_ms"], speedup=ratio,
-                    captured_regional=best.regional)
-    gain = f"{ratio:.2f}x ({base['step_ms']:.3g} -> {row['step_ms']:.3g} ms/step, kiln bench compile rows)"
-    status = "advice" if ratio > 1.02 else "info"
+    pair = on_common_reference(base, row)
+    ratio = pair["ratio"]
+    measured.update(step_ms=pair["before_ms"], captured_step_ms=row["step_ms"], speedup=ratio,
+                    captured_regional=best.regional, noisy=pair["noisy"], reference_drift=pair["drift"])
+    gain = gain_text(pair, "uncaptured", "captured")
+    status = "advice" if ratio > 1 + MIN_GAIN and not pair["noisy"] else "info"
     if best.regional and "regional" not in fix:
         fix += " compile.regional=true"
     return Finding("launch_bound", title, status, finding, fix if status == "advice" else
-                   "capture measured no faster here: leave it off", gain, 1 - 1 / ratio, measured)
+                   _not_faster("capture", pair) + ": leave it off", gain, 1 - 1 / ratio, measured)
 
 
 def bf16_capable(device: torch.device) -> bool:
@@ -161,16 +164,25 @@ def check_precision(cfg: Config, device: torch.device, *, session: BenchSession 
     if mine_row.get("status") != "ok" or bf_row.get("status") != "ok":
         return Finding("precision", title, "advice", finding, fix,
                        details=[{"note": f"not measured: {mine_row.get('reason') or bf_row.get('reason')}"}])
-    ratio = bf_row["speedup_vs_eager_fp32"] / mine_row["speedup_vs_eager_fp32"]
-    measured = {"step_ms": mine_row["step_ms"], "bf16_step_ms": bf_row["step_ms"], "speedup": ratio,
-                "accuracy_vs_fp32": verdict.get("accuracy") if verdict else None, "what": "eager steps, interleaved"}
-    gain = f"{ratio:.2f}x eager ({mine_row['step_ms']:.3g} -> {bf_row['step_ms']:.3g} ms/step)"
+    pair = on_common_reference(mine_row, bf_row)
+    ratio = pair["ratio"]
+    measured = {"step_ms": pair["before_ms"], "bf16_step_ms": bf_row["step_ms"], "speedup": ratio,
+                "accuracy_vs_fp32": verdict.get("accuracy") if verdict else None, "what": "eager steps, interleaved",
+                "noisy": pair["noisy"], "reference_drift": pair["drift"]}
+    gain = gain_text(pair, policy, "bf16-mixed") + ", eager steps"
     if verdict and verdict.get("accuracy") == "fail":
         return Finding("precision", title, "info", finding + "; but the bf16 loss trajectory left fp32's beyond "
                        "bf16's tolerance", "keep fp32 unless a longer run shows the same loss", gain, 1 - 1 / ratio,
                        measured, [{"accuracy": verdict}])
-    status = "advice" if ratio > 1.02 else "info"
+    status = "advice" if ratio > 1 + MIN_GAIN and not pair["noisy"] else "info"
     return Finding("precision", title, status, finding + ("; the first steps' losses match fp32 within bf16's "
                    "tolerance" if verdict else ""), fix if status == "advice" else
-                   "bf16 measured no faster in eager steps here (kiln autotune measures it compiled)", gain,
+                   _not_faster("bf16 in eager steps", pair) + " (kiln autotune measures it compiled)", gain,
                    1 - 1 / ratio, measured)
+
+
+def _not_faster(what: str, pair: dict[str, Any]) -> str:
+    """Why a measured change is not advised: too noisy to tell, or under MIN_GAIN faster."""
+    if pair["noisy"]:
+        return f"{what} could not be ranked: the steps were too noisy (rerun on a quieter machine)"
+    return f"{what} measured less than {MIN_GAIN:.0%} faster"

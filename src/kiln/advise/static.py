@@ -10,6 +10,7 @@ import torch
 
 from kiln.advise.findings import Finding, gib
 from kiln.config.schema import Config
+from kiln.cpu.load import LoadReading
 
 
 def check_graph_breaks(report: dict[str, Any], cfg: Config) -> Finding:
@@ -79,22 +80,35 @@ def check_strategy(cfg: Config, num_params: int, param_bytes: int, device: torch
     return Finding("strategy", title, "advice" if fix else "ok", finding, fix, measured=measured)
 
 
-def check_cpu_threads(cfg: Config) -> Finding:
+def check_cpu_threads(cfg: Config, load: LoadReading | None | bool = True) -> Finding:
+    """Threads and pinning as kiln train would choose them, judged against the machine's load
+    (`load`: a reading; True reads it now; None ignores it)."""
+    from kiln.cpu.load import read_load
     from kiln.cpu.threads import plan_cpu
     from kiln.cpu.topology import process_affinity, read_topology
 
     title = "CPU threads and pinning"
+    if load is True:
+        load = read_load()
     topo = read_topology()
-    plan = plan_cpu(cfg.cpu, topo, process_affinity(), omp_env=os.environ.get("OMP_NUM_THREADS"))
-    auto = plan_cpu(type(cfg.cpu)(bind=cfg.cpu.bind), topo, process_affinity())
+    plan = plan_cpu(cfg.cpu, topo, process_affinity(), omp_env=os.environ.get("OMP_NUM_THREADS"), load=load or None)
+    auto = plan_cpu(type(cfg.cpu)(bind=cfg.cpu.bind), topo, process_affinity(), load=load or None)
     measured = {"threads": plan.threads, "source": plan.source, "auto_threads": auto.threads,
                 "physical_cores": topo.physical_cores, "numa_nodes": len(topo.nodes)}
+    if load:
+        measured.update(load1=load.load1, runnable=load.runnable, other_cores_busy=load.others)
     problems = plan.notes + plan.hints
     if problems:
         return Finding("cpu_threads", title, "advice", f"{plan.threads} intra-op threads ({plan.source}): "
-                       + "; ".join(problems), f"cpu.threads=0 with OMP_NUM_THREADS unset ({auto.threads} threads)",
-                       measured=measured)
+                       + "; ".join(problems), f"cpu.threads={auto.threads} (or cpu.threads=0 with OMP_NUM_THREADS "
+                       "unset: kiln's auto rule, which reads the load when the run starts)", measured=measured)
     finding = f"{plan.threads} intra-op threads ({plan.source})"
+    if load and load.busy_cores > 0:
+        if "other processes" not in plan.source:  # else the source says it already
+            finding = f"the machine is busy: {load.describe()}; " + finding
+        return Finding("cpu_threads", title, "advice", finding,
+                       "run when the machine is quiet (every step of this run shares its cores), or keep "
+                       f"cpu.threads={plan.threads} to hold this count", measured=measured)
     if len(topo.nodes) > 1 and cfg.cpu.bind == "none":
         return Finding("cpu_threads", title, "advice", finding + f"; {len(topo.nodes)} NUMA nodes, no pinning",
                        f"kiln train --nproc-per-node {len(topo.nodes)} cpu.bind=numa", measured=measured)

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from kiln.bench.accuracy import compare, eager_random
+from kiln.bench.ratios import annotate, ratio_text
 from kiln.bench.recipes import Recipe, cuda_graph_reason
 from kiln.bench.runner import FP64, BenchContext, Started, build_context, release, start_runner
 from kiln.bench.timing import Timing, measure_interleaved
@@ -39,6 +40,7 @@ FIGURES = (
     "eager_fp32_step_ms", "speedup", "speedup_vs_eager_fp32", "throughput", "peak_mem_bytes",
     "memory_compression", "graphs", "graph_breaks", "recompiles", "accuracy", "capture", "compile_warm_s",
     "warm_cold_ratio", "speedup_vs_plain", "speedup_vs_best_plain", "tflops", "matmul_peak_tflops", "peak_frac",
+    "eager_step_ms_p10", "eager_step_ms_p90", "step_spread", "eager_spread", "noisy", "flags",
 )
 
 
@@ -142,7 +144,8 @@ def timing_figures(ctx: BenchContext, row: dict, timings: dict[str, Timing], sid
     if ctx.tokens_per_step:
         row["tokens_per_s"] = ctx.tokens_per_step / step_s if step_s > 0 else None
     eager_s = timings["eager"].median_s
-    row["eager_step_ms"] = eager_s * 1e3
+    eager = timings["eager"].as_dict()
+    row.update(eager_step_ms=eager_s * 1e3, eager_step_ms_p10=eager["p10_ms"], eager_step_ms_p90=eager["p90_ms"])
     row["speedup"] = eager_s / step_s if step_s > 0 else None
     fp32 = timings.get("eager_fp32")
     if fp32 is not None:
@@ -151,11 +154,15 @@ def timing_figures(ctx: BenchContext, row: dict, timings: dict[str, Timing], sid
     elif row["precision"] == "fp32":
         row["eager_fp32_step_ms"] = row["eager_step_ms"]
         row["speedup_vs_eager_fp32"] = row["speedup"]
+    annotate(row)
 
 
 class MatrixRun:
-    def __init__(self, ctx: BenchContext, opts: CompileBenchOptions, log: Log):
+    def __init__(self, ctx: BenchContext, opts: CompileBenchOptions, log: Log, phase: Log | None = None):
+        """`log` gets one line per finished row; `phase` (kiln.activity) what is being done now."""
         self.ctx, self.opts, self.log = ctx, opts, log
+        self.phase = phase or (lambda message: None)
+        self._row_name = ""
         self.device = ctx.device
         self.values = max(1, opts.accuracy_steps) if ctx.train else 1
         if ctx.train and any(r.cudagraphs for r in opts.recipes):
@@ -170,6 +177,7 @@ class MatrixRun:
     def fp64_values(self, loss: str) -> Any:
         """The float64 eager run's values for this loss (computed once; None if it cannot run)."""
         if loss not in self._fp64:
+            self._phase(f"the float64 reference run (loss {loss}) for the accuracy checks")
             try:
                 started = start_runner(self.ctx, Recipe.eager("fp32", loss), warmup=0, values=self.values,
                                        policy=FP64)
@@ -182,7 +190,13 @@ class MatrixRun:
             release(self.device)
         return self._fp64[loss]
 
+    def _phase(self, what: str) -> None:
+        self.phase(f"{self._row_name}: {what}" if self._row_name else what)
+
     def interleave(self, sides: dict[str, Callable[[], object]]) -> dict[str, Timing]:
+        others = " and ".join(s.replace("_", " ") for s in sides if s not in ("compiled", "eager"))
+        self._phase(f"timing {self.opts.steps} samples interleaved"
+                    + (f" with eager{' and ' + others if others else ''}" if "compiled" in sides else ""))
         return measure_interleaved(sides, warmup=1, repeats=self.opts.steps, device=self.device)
 
     def _report(self, recipe: Recipe, row: dict) -> None:
@@ -191,12 +205,19 @@ class MatrixRun:
         figures = ""
         if row.get("step_ms") is not None:
             figures = f" {row['step_ms']:.3f} ms"
-            if row.get("speedup") is not None:
-                figures += f" ({row['speedup']:.2f}x eager)"
+            if row.get("speedup") is not None and not recipe.is_baseline:
+                figures += (f" vs eager {row['eager_step_ms']:.3f} ms timed beside it: "
+                            f"{ratio_text(row['speedup'], row.get('noisy'))}" + (" (noisy)" if row.get("noisy") else ""))
+            elif row.get("noisy"):
+                figures += f" (p10-p90 {row['step_ms_p10']:.3f}-{row['step_ms_p90']:.3f} ms: noisy)"
             if row.get("compile_s") is not None:
                 figures += f", compile {row['compile_s']:.1f} s"
         why = f": {row['reason']}" if row.get("reason") else ""
         self.log(f"[{self.done}/{total}] {recipe.label}: {row['status']}{figures}{why}")
+
+    def _starting(self, recipe: Recipe, what: str) -> None:
+        self._row_name = f"[{self.done + 1}/{len(self.opts.recipes)}] {recipe.label}"
+        self._phase(what)
 
     # -- rows --------------------------------------------------------------------------------
     # The measuring is done in helpers, so that when one raises, the runner it built is only
@@ -229,6 +250,7 @@ class MatrixRun:
         """Build, compile, warm up and time the recipe against its eager baselines; fills `row`
         and returns the values of its first steps for the accuracy check."""
         before = compile_counters()
+        self._phase(f"compiling{' (cold caches)' if self.opts.fresh_cache else ''} and warming up")
         started = start_runner(self.ctx, recipe, warmup=self.opts.warmup, values=self.values)
         sides: dict[str, Callable[[], object]] = {"eager": eager.runner, "compiled": started.runner}
         if ref32 is not None and recipe.precision != "fp32":
@@ -293,6 +315,7 @@ class MatrixRun:
                 elif self.ctx.train and self.opts.accuracy_steps == 0:
                     row["accuracy"] = "skipped"
                 else:
+                    self._phase("checking accuracy against eager and the fp64 reference")
                     if eager.uses_rng:
                         values = self._values_on_eager_rng(recipe)
                         release(self.device)
@@ -306,6 +329,7 @@ class MatrixRun:
                         row.update(status="accuracy_fail", reason=reason)
             if self.opts.warm_start and recipe.compiled:
                 release(self.device)
+                self._phase("compiling again from the saved cache artifacts (warm start)")
                 self._warm_compile(row, recipe)
         except Exception as exc:
             row["status"], row["reason"] = failure(exc)
@@ -323,6 +347,7 @@ class MatrixRun:
             ref32: Started | None = None
             for precision in precisions:
                 eager_recipe = Recipe.eager(precision, loss)
+                self._starting(eager_recipe, "building eager")
                 row, eager = self.eager_row(eager_recipe, ref32 if precision != "fp32" else None)
                 rows[eager_recipe] = row
                 self._report(eager_recipe, row)
@@ -331,6 +356,7 @@ class MatrixRun:
                         rows[recipe] = {**base_row(self.ctx, recipe), "status": "skipped",
                                         "reason": f"eager baseline at {precision} failed: {row['reason']}"}
                     else:
+                        self._starting(recipe, "building")
                         rows[recipe] = self.compiled_row(recipe, eager, ref32)
                     self._report(recipe, rows[recipe])
                 if precision == "fp32":
@@ -362,8 +388,10 @@ def compare_with_plain(rows: list[dict]) -> None:
             row["speedup_vs_best_plain"] = row["speedup"] / max(p["speedup"] for p in mine)
 
 
-def run_compile_bench(opts: CompileBenchOptions, log: Log | None = None) -> list[dict]:
-    """Run the planned rows; returns one row dict per recipe in plan order (all statuses)."""
+def run_compile_bench(opts: CompileBenchOptions, log: Log | None = None, phase: Log | None = None) -> list[dict]:
+    """Run the planned rows; returns one row dict per recipe in plan order (all statuses). `log`
+    gets a line per finished row, `phase` a line whenever the work moves on (building, compiling,
+    timing, checking accuracy), so that minutes of compiling show on the console."""
     cfg = opts.cfg
     device = resolve_device(cfg.training.device)
     log = log or _stderr
@@ -371,7 +399,7 @@ def run_compile_bench(opts: CompileBenchOptions, log: Log | None = None) -> list
     with tf32_enabled(cfg.precision.tf32), deterministic_mode(cfg.training.deterministic), cpu:
         ctx = build_context(cfg, device, train=opts.train, batches=max(2, opts.accuracy_steps))
         try:
-            return MatrixRun(ctx, opts, log).run()
+            return MatrixRun(ctx, opts, log, phase).run()
         finally:
             ctx.close()
             release(device)

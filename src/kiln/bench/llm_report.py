@@ -6,6 +6,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from kiln.bench.ratios import ratio_flags
 from kiln.bench.results import pyplot, rich_table, write_result_files
 
 # Columns of results.md, in order (results.json rows carry more: variants, parity, bytes, ...).
@@ -71,39 +72,72 @@ def render_table(rows: list[dict[str, Any]], title: str):
                        lambda key, row: escape(row_label(row)) if key == "label" else _cell(key, row.get(key)))
     notes = [f"{row_label(row)}: {extra}" for row in rows
              for extra in (row.get("reason"), row.get("note"), row.get("prefill_error"), row.get("profile_error"),
-                           row.get("profile_verdict") and f"decode profile: {row['profile_verdict']}") if extra]
+                           row.get("profile_verdict") and f"decode profile: {row['profile_verdict']}",
+                           *ratio_flags(row)) if extra]
     return Group(table, *(Text(n, style="dim") for n in notes))
 
 
+def _bars(ax, y: list[int], values: list[float], color: str, fmt) -> None:
+    """Horizontal bars with each value written at its end (`fmt(value)`), none for a missing one."""
+    ax.barh(y, [v or 0 for v in values], color=color)
+    top = max([v or 0 for v in values], default=0) or 1.0
+    for i, value in zip(y, values, strict=True):
+        if value:
+            ax.text(value, i, f" {fmt(value)}", va="center", fontsize=7)
+    ax.set_xlim(0, top * 1.3)  # room for the labels
+
+
 def plot(rows: list[dict[str, Any]], path: Path, title: str) -> Path | None:
-    """Prefill and decode tokens/s per engine, decode against the bandwidth roofline, and memory."""
+    """One panel per measured figure, each on its own axis with its values written on the bars:
+    prefill tokens/s, decode tokens/s, decode as a share of each row's bandwidth roofline (a
+    separate panel: tens of tokens/s against a roofline of thousands would vanish on one axis),
+    and peak memory. A figure no row has (memory on a CPU, a roofline without a bandwidth) has
+    no panel."""
     plt = pyplot()
     if plt is None:
         return None
     labels = [row_label(r) for r in rows]
     y = list(range(len(rows)))
-    fig, (ax_pre, ax_dec, ax_mem) = plt.subplots(1, 3, figsize=(14, max(2.5, 0.5 * len(rows) + 1.4)), sharey=True)
-    ax_pre.barh(y, [r.get("prefill_tok_s") or 0 for r in rows], color="#3b7dd8")
-    ax_pre.set_xlabel("prefill tokens/s")
-    ax_dec.barh(y, [r.get("decode_tok_s") or 0 for r in rows], color="#2a9d5c")
-    roofs = [(i, r["roofline_tok_s"]) for i, r in enumerate(rows) if r.get("roofline_tok_s")]
-    for i, roof in roofs:  # each row's own: a quantized row reads fewer bytes per token
-        ax_dec.plot([roof, roof], [i - 0.4, i + 0.4], color="black", linestyle="--", linewidth=1)
-    if roofs:
-        ax_dec.text(roofs[-1][1], len(rows) - 0.5, " bandwidth roofline", fontsize=7, va="top")
-    ax_dec.set_xlabel("decode tokens/s")
-    mem = [(r.get("peak_mem_bytes") or 0) / 2**30 for r in rows]
-    ax_mem.barh(y, mem, color="#d88a3b")
-    ax_mem.set_xlabel("peak memory, GiB")
-    if not any(mem):
-        ax_mem.set_xticks([])
-        ax_mem.text(0.5, 0.5, "not measured (CUDA only)", ha="center", va="center", transform=ax_mem.transAxes)
+    prefill = [r.get("prefill_tok_s") for r in rows]
+    decode = [r.get("decode_tok_s") for r in rows]
+    roof = [r["decode_tok_s"] / r["roofline_tok_s"] if r.get("decode_tok_s") and r.get("roofline_tok_s") else None
+            for r in rows]
+    mem = [(r["peak_mem_bytes"] / 2**30) if r.get("peak_mem_bytes") else None for r in rows]
+
+    def roof_text(i: int) -> str:
+        return f"{roof[i]:.1%} of {rows[i]['roofline_tok_s']:,.0f} tok/s"
+
+    panels = [
+        ("prefill tokens/s", prefill, "#3b7dd8", lambda v: f"{v:,.0f}"),
+        ("decode tokens/s", decode, "#2a9d5c", lambda v: f"{v:,.1f}" if v < 100 else f"{v:,.0f}"),
+        ("decode, share of the bandwidth roofline", roof, "#7a5bd0", None),
+        ("peak memory, GiB", mem, "#d88a3b", lambda v: f"{v:.2f}"),
+    ]
+    panels = [p for p in panels if any(v for v in p[1])]
+    if not panels:
+        panels = [("decode tokens/s", decode, "#2a9d5c", lambda v: f"{v:,.1f}")]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels) + 2.5, max(2.5, 0.5 * len(rows) + 1.4)),
+                             sharey=True, squeeze=False)
+    axes = list(axes[0])
+    for ax, (xlabel, values, color, fmt) in zip(axes, panels, strict=True):
+        if fmt is None:  # the roofline share: the fraction and the roofline it is a fraction of
+            ax.barh(y, [v or 0 for v in values], color=[("#b00000" if (v or 0) > 1 else color) for v in values])
+            for i, value in enumerate(values):
+                if value:  # above 1: faster than the bytes allow, a measurement problem (kiln.bench.ratios)
+                    ax.text(value, i, f" {roof_text(i)}" + (" (above the ceiling?)" if value > 1 else ""),
+                            va="center", fontsize=7)
+            ax.set_xlim(0, max(1.0, max(v or 0 for v in values)) * 1.3)
+            ax.axvline(1.0, color="black", linestyle="--", linewidth=0.8)
+            ax.xaxis.set_major_formatter(plt.FuncFormatter(lambda v, _: f"{v:.0%}"))
+        else:
+            _bars(ax, y, values, color, fmt)
+        ax.set_xlabel(xlabel)
     for i, row in enumerate(rows):
         if row["status"] != "ok":
-            ax_pre.text(0, i, f" {row['status']}", va="center", fontsize=8, color="#b00000")
-    ax_pre.set_yticks(y)
-    ax_pre.set_yticklabels(labels, fontsize=9)
-    ax_pre.invert_yaxis()
+            axes[0].text(0, i, f" {row['status']}", va="center", fontsize=8, color="#b00000")
+    axes[0].set_yticks(y)
+    axes[0].set_yticklabels(labels, fontsize=9)
+    axes[0].invert_yaxis()
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

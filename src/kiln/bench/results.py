@@ -121,8 +121,11 @@ def write_result_files(out_dir: str | Path, rows: list[dict[str, Any]], *, env: 
 def rich_table(rows: list[dict[str, Any]], title: str, shown: list[str], headers: dict[str, str], cell,
                notes=None):
     """A rich Table: one column per key in `shown` (titled from `headers`), `cell(key, row)` for the
-    text, the status coloured; `notes(row)` lines, if given, go dim under their row."""
+    text, the status coloured; `notes(row)` lines, if given, go dim under their row. Laid out one
+    block per row where the terminal is too narrow for the columns (kiln.tables.Adaptive)."""
     from rich.table import Table
+
+    from kiln.tables import Adaptive
 
     table = Table(title=title, title_justify="left")
     for key in shown:
@@ -131,4 +134,4 @@ def rich_table(rows: list[dict[str, Any]], title: str, shown: list[str], headers
         table.add_row(*(status_cell(row["status"]) if key == "status" else cell(key, row) for key in shown))
         for line in notes(row) if notes else ():
             table.add_row(f"  [dim]{line}[/dim]", *[""] * (len(shown) - 1))
-    return table
+    return Adaptive(table)

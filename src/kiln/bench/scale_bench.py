@@ -89,17 +89,24 @@ def comm_skipped(traffic: dict[str, StepTraffic], plan: ScalePlan, reason: str) 
 
 
 def run_scale_bench(opts: ScaleOptions, out: Path, *,
-                    on_rows: Callable[[list[dict[str, Any]]], None] | None = None) -> list[dict[str, Any]]:
+                    on_rows: Callable[[list[dict[str, Any]]], None] | None = None,
+                    phase: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
     """Run every planned point (skipped ones become rows with their reason), then the bandwidth
     step, then the predictions. `on_rows(rows)` is called after each point, so partial results are
-    on disk if a later point hangs or the job is killed."""
+    on disk if a later point hangs or the job is killed; `phase(message)` when the work moves on
+    (kiln.activity), so a run of minutes is not silent."""
     plan = opts.plan
+    phase = phase or (lambda message: None)
+    phase("measuring each variant's gradient traffic")
     traffic = variant_traffic(opts.config, opts.overrides, plan.variants)
     rows: list[dict[str, Any]] = []
+    runnable = [p for p in plan.points if not p.skip]
     for point in plan.points:
         if point.skip:
             rows.append(skipped_row(point))
         else:
+            phase(f"[{runnable.index(point) + 1}/{len(runnable)}] point {point.name}: launching its ranks, "
+                  f"{opts.steps} steps")
             rows.append(run_point(point, out / "points" / point.name, config=opts.config, overrides=opts.overrides,
                                   steps=opts.steps, timeout_s=opts.timeout_s, device_type=plan.device_type))
         if on_rows is not None:
@@ -114,6 +121,7 @@ def run_scale_bench(opts: ScaleOptions, out: Path, *,
                   else "no requested rank count of 2 or more: no peer to communicate with")
         comm_rows = comm_skipped(traffic, plan, reason)
     else:
+        phase(f"measuring collective bandwidth on {world} ranks")
         comm_rows = launch_comm(world, out / "comm", config=opts.config, overrides=opts.overrides,
                                 variants=plan.variants, repeats=opts.comm_repeats, timeout_s=opts.timeout_s,
                                 env=rank_env(plan.device_type))

@@ -76,7 +76,8 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> Path | None:
     ax.set_ylabel("efficiency (per-device throughput / the baseline's)")
     ax.set_ylim(0, 1.1)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=6, ncol=2 if len(colors) > 3 else 1)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=6, ncol=2 if len(colors) > 3 else 1)
     base = next((r for r in rows if r.get("kind") == "point" and r.get("role") == "baseline" and r["status"] == "ok"),
                 None)
     shown = [r for r in points if r.get("compute_ms") is not None]
@@ -105,8 +106,10 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> Path | None:
         bx.set_xticklabels(labels, fontsize=6, rotation=60, ha="right")
         bx.set_ylabel("step ms")
         bx.legend(fontsize=7)
-    else:
-        bx.set_axis_off()
+    else:  # no step to split: no empty half, the efficiency panel alone
+        bx.remove()
+        ax.set_subplotspec(ax.get_gridspec()[0, :])
+        fig.set_size_inches(7.5, 4.8)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -40,6 +40,10 @@ def add_parser(sub) -> None:
     p.add_argument("--steps", type=int, default=20, help="timed samples per candidate (the final comparison takes twice as many)")
     p.add_argument("--warmup", type=int, default=3, help="steps after the compiling one before timing")
     p.add_argument("--device", help="same as training.device=... (auto, cpu, cuda, cuda:N)")
+    p.add_argument("--rank-noisy", action="store_true",
+                   help="let rows flagged too noisy to rank (wide p10-p90, round-to-round drift) win anyway, e.g. "
+                        "on a shared machine that is never quiet; the flags stay in the table (default: keep the "
+                        "config's own recipe)")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, after --config")
     add_verbose_flag(p)
     p.set_defaults(run=run)
@@ -125,7 +129,8 @@ def plan(args: argparse.Namespace):
     if nproc is not None and gpu and nproc > torch.cuda.device_count():
         raise ConfigError("--nproc-per-node", f"{nproc} processes but {torch.cuda.device_count()} visible GPUs")
     space = Space(precisions=precisions, modes=modes, scopes=scopes, regional=args.regional, cudagraphs=args.capture)
-    opts = TuneOptions(cfg=cfg, space=space, budget_s=args.budget * 60, steps=args.steps, warmup=args.warmup)
+    opts = TuneOptions(cfg=cfg, space=space, budget_s=args.budget * 60, steps=args.steps, warmup=args.warmup,
+                       rank_noisy=args.rank_noisy)
     return opts, (nproc if nproc and nproc > 1 else None), notes
 
 

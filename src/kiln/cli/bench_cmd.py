@@ -165,6 +165,7 @@ def run_compile(args: argparse.Namespace) -> int:
 
     import torch
 
+    from kiln.activity import Activity
     from kiln.bench.compile_bench import run_compile_bench
     from kiln.bench.compile_report import render_table, write_compile_results
     from kiln.monitor.env import collect_env
@@ -180,7 +181,9 @@ def run_compile(args: argparse.Namespace) -> int:
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     run = "train" if opts.train else "infer"
     title = f"kiln bench compile: {cfg.model.name} ({run}, batch {cfg.data.batch_size}, {where})"
-    rows = run_compile_bench(opts)
+    with Activity() as activity:  # what is compiling or timing now, on stderr
+        activity.phase(f"building {cfg.model.name} ({run}) on {where}")
+        rows = run_compile_bench(opts, log=activity.log, phase=activity.phase)
     config = {
         "base": dataclasses.asdict(cfg),
         "bench": {"preset": preset.name if preset else None, "train": opts.train, "steps": opts.steps,

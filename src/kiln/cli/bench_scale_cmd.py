@@ -271,7 +271,10 @@ def _run_and_write(opts, out, name: str, cfg) -> int:
     def save(rows, png=False):
         return write_scale_results(out, rows, env=env, config=config, command=command, title=title, png=png)
 
-    rows = run_scale_bench(opts, out, on_rows=save)
+    from kiln.activity import Activity
+
+    with Activity() as activity:  # what runs now, on stderr: points take a while each
+        rows = run_scale_bench(opts, out, on_rows=save, phase=activity.phase)
     _print(rows, title, save(rows, png=True))
     return 0
 

@@ -121,6 +121,16 @@ def _setup_logging() -> None:
     # Rank 0 tells what it decided (strategy, compile); other ranks speak up only about problems.
     logger.setLevel(logging.INFO if rank in (None, "0") else logging.WARNING)
     logger.propagate = False
+    from kiln.noise import install
+
+    install()  # dependencies' deprecations and extension notices: to dependencies.log, not the console
+
+
+def _keep_noise(args: argparse.Namespace) -> None:
+    """The filtered dependency messages go to the command's output directory, if it has one."""
+    from kiln.noise import keep
+
+    keep(getattr(args, "output_dir", None) or getattr(args, "run_dir", None))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -147,6 +157,8 @@ def _main(argv: list[str] | None) -> int:
         return 130
     except Exception as exc:  # a failure while running: say what and where, keep what was written
         return _report_failure(exc, args)
+    finally:
+        _keep_noise(args)
 
 
 def _report_failure(exc: Exception, args: argparse.Namespace) -> int:

@@ -147,6 +147,7 @@ def run(args: argparse.Namespace) -> int:
 
     # Builds model and data: bad paths/names also exit 2 here.
     trainer = Trainer(cfg, args.run_dir, on_failure=publish_early, keep_group_on_failure=True)
+    args.output_dir = trainer.run_dir  # dependencies.log (kiln.noise) lands in the run dir
     try:
         summary = trainer.fit()
     except Exception as exc:  # cleaned up, summary written: say what, where, what was kept

@@ -8,6 +8,7 @@ import shutil
 from typing import Any
 
 from kiln.config.schema import CpuConfig
+from kiln.cpu.load import read_load
 from kiln.cpu.threads import plan_cpu
 from kiln.cpu.topology import format_cpulist, process_affinity, read_topology
 
@@ -23,7 +24,8 @@ def cpu_env() -> dict[str, Any]:
 
     topo = read_topology()
     affinity = process_affinity()
-    plan = plan_cpu(CpuConfig(), topo, affinity, omp_env=os.environ.get("OMP_NUM_THREADS"))
+    load = read_load()
+    plan = plan_cpu(CpuConfig(), topo, affinity, omp_env=os.environ.get("OMP_NUM_THREADS"), load=load)
     try:
         import torch._inductor.config as inductor_config
 
@@ -39,6 +41,9 @@ def cpu_env() -> dict[str, Any]:
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
         "kiln_threads": plan.threads,
         "kiln_threads_source": plan.source,
+        "load1": load.load1 if load else None,
+        "runnable_threads": load.runnable if load else None,
+        "other_cores_busy": load.others if load else None,
         "mkldnn": torch.backends.mkldnn.is_available(),
         "inductor_cpu_backend": inductor_backend,
         "launchers": {

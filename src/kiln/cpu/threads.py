@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from kiln.config.schema import CpuConfig
+from kiln.cpu.load import LoadReading, oversubscribed, read_load, threads_under_load
 from kiln.cpu.topology import CpuTopology, format_cpulist, process_affinity, read_topology
 
 log = logging.getLogger("kiln.cpu")
@@ -78,8 +79,10 @@ def _pinned_cpus(topo: CpuTopology, physical: list[int], bind: str, local_rank: 
 
 
 def plan_cpu(cfg: CpuConfig, topo: CpuTopology, affinity: set[int], *, local_rank: int = 0, local_world: int = 1,
-             omp_env: str | None = None) -> CpuPlan:
-    """The threads and pinning for rank `local_rank` of `local_world` ranks on this node."""
+             omp_env: str | None = None, load: LoadReading | None = None) -> CpuPlan:
+    """The threads and pinning for rank `local_rank` of `local_world` ranks on this node. With a
+    `load` reading (kiln.cpu.load), the auto rule of a single process leaves out the cores other
+    processes keep busy, and an explicit count that oversubscribes them gets a note."""
     notes: list[str] = []
     physical = topo.physical_cpus(affinity) or sorted(affinity) or [0]
     cpus: list[int] | None = None
@@ -105,6 +108,15 @@ def plan_cpu(cfg: CpuConfig, topo: CpuTopology, affinity: set[int], *, local_ran
     if source.startswith("OMP_NUM_THREADS") and threads < share:
         hints.append(f"{source} leaves {share - threads} of this rank's {share} cores idle (torchrun sets 1 when it "
                      f"starts several processes); cpu.threads={share} uses them all")
+    if load is not None and local_world == 1:  # sibling ranks would read as other processes' load
+        cores = len(cpus) if cpus is not None else len(physical)
+        if source == rule and oversubscribed(threads, load, cores):
+            fewer = threads_under_load(threads, load, cores)
+            source = f"{rule}, {threads - fewer} left to other processes ({load.describe()})"
+            threads = fewer
+        elif oversubscribed(threads, load, cores):
+            notes.append(f"{threads} threads (from {source}) on a machine where {load.describe()}: threads wait for "
+                         f"cores and every op waits for them; cpu.threads={threads_under_load(threads, load, cores)}")
     if threads * local_world > len(physical) or (cpus is not None and threads > len(cpus)):
         where = f"the {len(cpus)} pinned cores" if cpus is not None else f"{len(physical)} physical cores"
         total = f"{threads} threads x {local_world} ranks" if local_world > 1 else f"{threads} threads"
@@ -135,7 +147,7 @@ def configure_cpu(cfg: CpuConfig, *, local_rank: int = 0, local_world: int = 1) 
     """Plan, apply and log the threads and pinning of this process (a CPU run)."""
     omp = None if os.environ.get(LAUNCHER_ENV) else os.environ.get("OMP_NUM_THREADS")
     plan = plan_cpu(cfg, read_topology(), process_affinity(), local_rank=local_rank, local_world=local_world,
-                    omp_env=omp)
+                    omp_env=omp, load=read_load() if local_world == 1 else None)
     apply_cpu_plan(plan)
     pinned = f", pinned to CPUs {format_cpulist(plan.cpus)}" if plan.cpus is not None else ""
     log.info("cpu: %d intra-op threads (%s)%s", plan.threads, plan.source, pinned)

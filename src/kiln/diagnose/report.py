@@ -10,6 +10,8 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from kiln.tables import Adaptive
+
 
 def _where(file: str | None, line: int | None) -> str:
     if not file:
@@ -48,7 +50,7 @@ def _summary_line(r: dict[str, Any]) -> Text:
     return text
 
 
-def _breaks_table(breaks: list[dict[str, Any]]) -> Table:
+def _breaks_table(breaks: list[dict[str, Any]]) -> Adaptive:
     table = Table(title="Graph breaks", show_lines=True, expand=True)
     table.add_column("#", justify="right", width=3)
     table.add_column("category", ratio=2)
@@ -62,10 +64,10 @@ def _breaks_table(breaks: list[dict[str, Any]]) -> Table:
         if b.get("count", 1) > 1:
             category += f"\n({b['count']} times per forward)"
         table.add_row(str(i), category, where, b["explanation"] or b["reason"], b["hint"])
-    return table
+    return Adaptive(table, keep=("where",), title_column=2)
 
 
-def _recompiles_table(recompiles: list[dict[str, Any]]) -> Table:
+def _recompiles_table(recompiles: list[dict[str, Any]]) -> Adaptive:
     """One row per distinct failing guard; a graph break splits forward into several functions
     (resume functions), each recompiling for the same reason, listed under the first."""
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
@@ -83,8 +85,8 @@ def _recompiles_table(recompiles: list[dict[str, Any]]) -> Table:
         if len(rows) > 1:
             where.append(f"\n+ {len(rows) - 1} more function(s) after graph breaks: "
                          + ", ".join(f"line {r['line']}" for r in rows[1:]), style="dim")
-        table.add_row(str(i), f"[{category}]\n{guard}", where, first["hint"])
-    return table
+        table.add_row(str(i), Text(f"[{category}]\n{guard}"), where, first["hint"])
+    return Adaptive(table, keep=("where",), title_column=2)
 
 
 def _probes_table(probes: list[dict[str, Any]]) -> Table:

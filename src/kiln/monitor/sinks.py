@@ -11,6 +11,7 @@ import importlib.util
 import json
 import math
 import os
+import threading
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import IO, Any
@@ -45,6 +46,10 @@ class MetricsSink:
 
     def close(self) -> None:
         """Flush and release resources; safe to call twice."""
+
+    def waiting(self, message: str) -> None:
+        """The loop is busy with something long before its next record (the first step's compile):
+        sinks that a person watches say so; the others ignore it."""
 
 
 class JsonlSink(MetricsSink):
@@ -167,6 +172,17 @@ def format_record(record: Mapping[str, Any], total_steps: int | None = None) -> 
     return " | ".join(parts)
 
 
+def first_step_message(compile_cfg, step: int, total: int) -> str:
+    """What the console shows while the first step compiles (kiln.config CompileConfig)."""
+    what = []
+    if compile_cfg.enabled:
+        what.append(f"compiling the training step (torch.compile, mode {compile_cfg.mode or 'default'}, "
+                    f"scope {compile_cfg.scope}{', block by block' if compile_cfg.regional else ''})")
+    if compile_cfg.cudagraphs:
+        what.append("capturing it as one CUDA graph after the warm-up steps")
+    return f"step {step}/{total}: {', then '.join(what)}; the first record follows when it is done"
+
+
 class ConsoleSink(MetricsSink):
     """Live progress bar on a terminal; one plain log line per record elsewhere (CI, files, pipes).
 
@@ -195,10 +211,47 @@ class ConsoleSink(MetricsSink):
             )
             self._task = self._progress.add_task("train", total=total_steps, stats="")
             self._progress.start()
+        self._ticking: tuple[threading.Event, threading.Thread] | None = None
+
+    def waiting(self, message: str) -> None:
+        """Show `message` until the next record: on a terminal in the bar, whose elapsed time then
+        ticks every second (a refresh thread that the next record stops); elsewhere as one line."""
+        if not self.enabled:
+            return
+        if self._progress is None:
+            try:
+                self.console.file.write(message + "\n")
+                self.console.file.flush()
+            except (OSError, ValueError):  # a closed pipe: the run goes on
+                pass
+            return
+        self._stop_ticking()
+        self._progress.update(self._task, stats=message)
+        self._progress.refresh()
+        stop = threading.Event()
+        progress = self._progress
+
+        def tick() -> None:
+            while not stop.wait(1.0):
+                try:
+                    progress.refresh()
+                except Exception:  # the display is gone (closed terminal): stop ticking
+                    return
+
+        self._ticking = (stop, threading.Thread(target=tick, name="kiln-console-waiting", daemon=True))
+        self._ticking[1].start()
+
+    def _stop_ticking(self) -> None:
+        if getattr(self, "_ticking", None) is not None:
+            stop, thread = self._ticking
+            self._ticking = None
+            stop.set()
+            thread.join(timeout=2.0)
 
     def log(self, record: Mapping[str, Any]) -> None:
         if not self.enabled:
             return
+        self._stop_ticking()
         if self._progress is not None:
             stats = format_record({k: v for k, v in record.items() if k != "step"})
             completed = record.get("step")
@@ -215,6 +268,7 @@ class ConsoleSink(MetricsSink):
             out.flush()
 
     def close(self) -> None:
+        self._stop_ticking()
         if self._progress is not None:
             self._progress.stop()
             self._progress = None
@@ -233,6 +287,10 @@ class MetricsLogger:
     def log(self, record: Mapping[str, Any]) -> None:
         for sink in self.sinks:
             sink.log(record)
+
+    def waiting(self, message: str) -> None:
+        for sink in self.sinks:
+            sink.waiting(message)
 
     def close(self) -> None:
         # Close every sink even if one fails, so files are flushed; then report the first error.

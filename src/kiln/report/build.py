@@ -14,8 +14,9 @@ MIB = 2**20
 
 # Columns of results.json rows (DESIGN.md's CLI contract), by bench kind; anything else is generic.
 KIND_COLUMNS = {
-    "compile": ["model", "precision", "loss", "mode", "backend", "scope", "status", "compile_s", "step_ms", "speedup",
-                "speedup_vs_eager_fp32", "throughput", "peak_mem_bytes", "graph_breaks", "recompiles", "accuracy"],
+    "compile": ["model", "precision", "loss", "mode", "backend", "scope", "status", "compile_s", "step_ms",
+                "eager_step_ms", "speedup", "eager_fp32_step_ms", "speedup_vs_eager_fp32", "throughput",
+                "peak_mem_bytes", "graph_breaks", "recompiles", "accuracy", "noisy"],
     "scale": ["strategy", "world", "status", "throughput", "throughput_per_device", "efficiency"],
     "llm": ["engine", "quant", "status", "prefill_tok_s", "decode_tok_s", "ttft_ms", "peak_mem_bytes", "roofline_frac"],
 }
@@ -163,7 +164,7 @@ def bench_columns(rows: list[dict[str, Any]], kind: str) -> list[str]:
         ident = [k for k in scalar if k not in IDENTITY_SKIP and any(isinstance(r.get(k), str) for r in rows)]
         nums = [k for k in scalar if any(_num(r.get(k)) for r in rows)]
         cols = ident + ["status"] + [k for k in nums if k not in ident][: max(4, 14 - len(ident))]
-    return [c for c in cols if c in present] + (["reason"] if any(r.get("reason") for r in rows) else [])
+    return [c for c in cols if c in present] + [c for c in ("reason", "flags") if any(r.get(c) for r in rows)]
 
 
 def row_labels(rows: list[dict[str, Any]], columns: list[str], kind: str = "generic") -> list[str]:

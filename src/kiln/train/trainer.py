@@ -44,7 +44,7 @@ from kiln.monitor.flops import count_step_flops, peak_flops
 from kiln.monitor.gpu_health import start_gpu_health
 from kiln.monitor.memory import memory_stats, reset_peak
 from kiln.monitor.prometheus import check_bindable
-from kiln.monitor.sinks import build_sinks
+from kiln.monitor.sinks import build_sinks, first_step_message
 from kiln.monitor.stragglers import StragglerDetector
 from kiln.monitor.summary import write_summary
 from kiln.precision import apply_precision, resolve_precision, tf32_enabled, with_precision
@@ -344,6 +344,8 @@ class Trainer:
         stopped_by = None
         barrier()
         synchronize(device)
+        if cfg.compile.enabled or cfg.compile.cudagraphs:  # else minutes of silence before the first record
+            sinks.waiting(first_step_message(cfg.compile, start, tcfg.steps))
         meter.restart_clock()
         with StopOnSignal() as stop:
             for step in range(start, tcfg.steps + 1):

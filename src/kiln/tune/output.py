@@ -15,11 +15,12 @@ from kiln.bench.results import write_results
 from kiln.config.load import dump_toml, load_config
 from kiln.config.schema import Config
 from kiln.tune import space as sp
-from kiln.tune.search import TuneResult
+from kiln.tune.search import TuneResult, versus_default
 
 COLUMNS = ["stage", "candidate", "role", "status", "compile_s", "step_ms", "step_ms_p10", "step_ms_p90",
-           "speedup_vs_eager_fp32", "speedup_vs_default", "throughput", "tflops", "peak_frac", "peak_mem_bytes",
-           "graph_breaks", "recompiles", "accuracy", "capture", "wall_s", "reason"]
+           "eager_fp32_step_ms", "speedup_vs_eager_fp32", "speedup_vs_default", "throughput", "tflops", "peak_frac",
+           "peak_mem_bytes",
+           "graph_breaks", "recompiles", "accuracy", "capture", "wall_s", "noisy", "reason", "flags"]
 BEST_FILE = "best.toml"
 
 
@@ -28,15 +29,12 @@ def result_rows(result: TuneResult) -> list[dict[str, Any]]:
     `skipped` row for each candidate not tried, with the reason."""
     rows: list[dict[str, Any]] = []
     for trial in result.trials:
-        # The default to compare with: its row from the same stage when there is one (confirm).
-        default = next((t for t in result.trials if t.recipe == result.default and t.stage == trial.stage),
-                       result.default_trial)
         role = ""
         if trial is result.winner_trial:
             role = "winner"
         elif trial.recipe == result.default and (trial is result.default_trial or trial.stage == "baseline"):
             role = "default"
-        ratio = trial.faster_than(default) if default is not None else None
+        ratio = versus_default(result.trials, trial, result.default, result.default_trial)
         rows.append({**trial.row, **sp.recipe_fields(trial.recipe), "stage": trial.stage,
                      "candidate": sp.describe(trial.recipe), "role": role, "speedup_vs_default": ratio,
                      "wall_s": trial.wall_s})
@@ -64,9 +62,11 @@ def _header(result: TuneResult, model: str, device: str, precisions: list[str]) 
     winner = result.winner_trial
     if winner is not None and winner.row.get("step_ms"):
         gain = result.speedup_vs_default
-        versus = f", {gain:.2f}x the config's own recipe" if gain else ""
-        lines.append(f"winner: {sp.describe(result.winner)}: {winner.row['step_ms']:.3f} ms/step, "
-                     f"{winner.score:.2f}x eager fp32{versus} (decided on the {result.decided_on} rows)")
+        versus = f", {gain:.2f}x the config's own recipe (as its row's `vs config`)" if gain else ""
+        reference = winner.row.get("eager_fp32_step_ms")
+        beside = f" ({reference:.4g} ms timed beside it)" if reference else ""
+        lines.append(f"winner: {sp.describe(result.winner)}: {winner.row['step_ms']:.4g} ms/step, "
+                     f"{winner.score:.2f}x eager fp32{beside}{versus} (decided on the {result.decided_on} rows)")
     lines.append(f"precisions searched: {', '.join(precisions)} (a precision change changes the numerics; "
                  "every candidate was checked against eager at its own precision and an fp64 reference)")
     return lines
@@ -123,25 +123,38 @@ def write_evidence(out: Path, result: TuneResult, *, env: dict, config: dict, co
 
 
 def render_table(result: TuneResult, title: str):
+    from rich.markup import escape
     from rich.table import Table
 
     from kiln.bench.compile_report import cell_text
+    from kiln.bench.ratios import ratio_text
+    from kiln.tables import Adaptive
 
     table = Table(title=title, title_justify="left")
-    shown = ["stage", "candidate", "role", "status", "compile_s", "step_ms", "speedup_vs_eager_fp32",
-             "speedup_vs_default", "accuracy"]
-    headers = {"compile_s": "compile s", "step_ms": "step ms", "speedup_vs_eager_fp32": "vs eager fp32",
-               "speedup_vs_default": "vs config"}
+    shown = ["stage", "candidate", "role", "status", "compile_s", "step_ms", "eager_fp32_step_ms",
+             "speedup_vs_eager_fp32", "speedup_vs_default", "accuracy"]
+    headers = {"compile_s": "compile s", "step_ms": "step ms", "eager_fp32_step_ms": "eager fp32 ms (beside)",
+               "speedup_vs_eager_fp32": "vs eager fp32", "speedup_vs_default": "vs config"}
     for key in shown:
         table.add_column(headers.get(key, key), overflow="fold")
+
+    def cell(key: str, row: dict[str, Any]) -> str:
+        if key in ("stage", "candidate", "role", "status"):
+            return str(row.get(key) or "")
+        if key in ("speedup_vs_eager_fp32", "speedup_vs_default") and row.get(key) is not None:
+            return ratio_text(row[key], bool(row.get("noisy")))
+        if key in ("step_ms", "eager_fp32_step_ms") and row.get(key) is not None:
+            return f"{row[key]:.4g}"
+        return cell_text(key, row.get(key))
+
     for row in result_rows(result):
         style = "bold green" if row.get("role") == "winner" else "dim" if row["status"] == "skipped" else ""
-        cells = [str(row.get(k) or "") if k in ("stage", "candidate", "role", "status") else cell_text(k, row.get(k))
-                 for k in shown]
-        table.add_row(*cells, style=style)
-        if row.get("reason") and row["status"] != "ok":
-            table.add_row("", f"[dim]{row['reason']}[/dim]", *[""] * (len(shown) - 2))
-    return table
+        table.add_row(*(cell(k, row) for k in shown), style=style)
+        notes = [row["reason"]] if row.get("reason") and row["status"] != "ok" else []
+        notes += [f for f in str(row.get("flags") or "").split("; ") if f]
+        for note in notes:
+            table.add_row("", f"[dim]{escape(note)}[/dim]", *[""] * (len(shown) - 2))
+    return Adaptive(table, title_column=1)
 
 
 def evidence_config(cfg: Config, opts, result: TuneResult, changes: dict[str, tuple[Any, Any]], *,

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from kiln.bench import ratios
 from kiln.bench.compile_bench import CompileBenchOptions
 from kiln.bench.recipes import Recipe
 from kiln.bench.session import BenchSession
@@ -63,6 +64,8 @@ class TuneOptions:
     warmup: int = 3
     accuracy_steps: int = 3
     confirm: bool = True
+    rank_noisy: bool = False
+    """Let rows flagged too noisy to rank (kiln.bench.ratios) win; by default they keep the config's recipe."""
 
 
 @dataclass
@@ -98,9 +101,10 @@ class TuneResult:
 
     @property
     def speedup_vs_default(self) -> float | None:
+        """The winner's `vs config` figure, exactly as its table row shows it."""
         if self.winner_trial is None or self.default_trial is None:
             return None
-        return self.winner_trial.faster_than(self.default_trial)
+        return versus_default(self.trials, self.winner_trial, self.default, self.default_trial)
 
 
 class Search:
@@ -341,19 +345,55 @@ class Search:
 
         return resolve_device(self.opts.cfg.training.device)
 
+    def _round_to_round(self) -> None:
+        """Flag a confirm row whose median moved more than DRIFT_LIMIT from the same recipe's
+        search-stage median: the machine changed under the measurements, so they cannot rank."""
+        for trial in (t for t in self.trials if t.stage == "confirm"):
+            first = next((t for t in self.trials if t.recipe == trial.recipe and t.stage != "confirm"), None)
+            if first is None:
+                continue
+            moved = ratios.drift(first.row.get("step_ms"), trial.row.get("step_ms"))
+            if moved is not None and moved > ratios.DRIFT_LIMIT:
+                flag = (f"round to round: {first.row['step_ms']:.4g} ms in stage {first.stage}, "
+                        f"{trial.row['step_ms']:.4g} ms in confirm ({moved:.0%} apart, limit {ratios.DRIFT_LIMIT:.0%})")
+                trial.row["flags"] = "; ".join(f for f in (trial.row.get("flags"), flag) if f)
+                trial.row["noisy"] = True
+
     def _result(self, decided_on: str) -> TuneResult:
+        """The winner: the best row of the deciding stage, if it beats the config's own recipe by
+        MIN_GAIN on the same comparison the table shows (`versus_default`) and neither row is too
+        noisy to rank; else the config's own recipe."""
+        self._round_to_round()
         stage = "confirm" if decided_on == "confirm" else None
         default = self._tried(self.default, stage) or self._tried(self.default)
-        best = self.best(stage)
+        # Decided on the search rows: confirm rows (if some ran) are not compared with search rows.
+        best = self.best(stage, where=lambda t: stage == "confirm" or t.stage != "confirm")
         winner = default.recipe if default is not None else self.default
         winner_trial = default
-        gain = best.faster_than(default) if best is not None and default is not None else None
-        if best is not None and (gain is None or gain >= 1 + sp.MIN_GAIN):
+        gain = versus_default(self.trials, best, self.default, default) if best is not None else None
+        noisy = best is not None and default is not None and not self.opts.rank_noisy \
+            and bool(best.row.get("noisy") or default.row.get("noisy"))
+        if best is not None and best.recipe != self.default and gain is not None and gain >= 1 + sp.MIN_GAIN \
+                and noisy:
+            self.notes.append(f"{sp.describe(best.recipe)} measured {gain:.2f}x the config's own recipe, but the rows "
+                              "are too noisy to rank (see their flags); keeping the config's own recipe: rerun on a "
+                              "quieter machine, or pass --rank-noisy")
+        elif best is not None and (gain is None or gain >= 1 + sp.MIN_GAIN):
             winner, winner_trial = best.recipe, best
         elif best is not None and best.recipe != self.default:
-            self.notes.append(f"no recipe measured {sp.MIN_GAIN:.0%} faster than the config's own; keeping it")
+            self.notes.append(f"no recipe measured {sp.MIN_GAIN:.0%} faster than the config's own (the best, "
+                              f"{sp.describe(best.recipe)}, {gain:.3f}x); keeping it")
         if winner.precision != self.default.precision:
             self.notes.append(f"the winner runs in {winner.precision} where the config used {self.default.precision}: "
                               "it passed the accuracy check over the first steps; compare a real run's loss curve too")
         return TuneResult(self.trials, self.default, winner, winner_trial, default, self.not_tried, self.notes,
                           decided_on, self.budget.elapsed, self.stopped)
+
+
+def versus_default(trials: list[Trial], trial: Trial, default: Recipe, fallback: Trial | None) -> float | None:
+    """How many times faster `trial` is than the config's own recipe, as every table row and the
+    decision read it: against the default's row of the same stage when there is one (confirm
+    rows by their own medians), else against `fallback` (the default's first row) by ratios to
+    eager fp32."""
+    mine = next((t for t in trials if t.recipe == default and t.stage == trial.stage), fallback)
+    return trial.faster_than(mine) if mine is not None else None
