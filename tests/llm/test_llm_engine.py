@@ -124,3 +124,11 @@ def test_compiled_engine_matches_eager_and_counts_its_compiles(model):
     assert engine.generate(longer, max_new_tokens=3, max_seq_len=22).tokens == \
         Engine(model).generate(longer, max_new_tokens=3, max_seq_len=22).tokens
     assert len(engine.compiled) == 3 and any("len19" in name for name in engine.compiled)
+
+
+@pytest.mark.parametrize("shape", [(3, 16384), (1, 128256), (2, 129), (4, 128), (2, 7)])
+def test_cumsum_short_scans_equals_cumsum(shape):
+    from kiln.llm.sampling import cumsum_short_scans
+
+    x = torch.rand(shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    torch.testing.assert_close(cumsum_short_scans(x), x.cumsum(dim=-1), rtol=1e-12, atol=1e-9)

@@ -67,6 +67,25 @@ def argmax(logits: Tensor) -> Tensor:
     return (chunk * per + where.gather(-1, chunk)).squeeze(-1)
 
 
+SCAN_CHUNK = 128
+"""Longest scan `cumsum_short_scans` leaves to one cumsum call."""
+
+
+def cumsum_short_scans(x: Tensor) -> Tensor:
+    """x.cumsum(-1) as nested scans of at most SCAN_CHUNK elements (chunk sums, then a scan of the
+    chunk totals, recursively). Inductor (torch 2.11, CUDA) turns one long scan over a few rows,
+    e.g. [3, 16384], into a split scan whose code generation fails; short scans avoid it."""
+    n = x.shape[-1]
+    if n <= SCAN_CHUNK:
+        return x.cumsum(dim=-1)
+    chunks = -(-n // SCAN_CHUNK)
+    padded = torch.nn.functional.pad(x, (0, chunks * SCAN_CHUNK - n))
+    inner = padded.view(*x.shape[:-1], chunks, SCAN_CHUNK).cumsum(dim=-1)
+    totals = inner[..., -1]
+    before = cumsum_short_scans(totals) - totals
+    return (inner + before.unsqueeze(-1)).flatten(-2)[..., :n]
+
+
 def sample(logits: Tensor, greedy: bool, temperature: Tensor, top_k: Tensor, top_p: Tensor) -> Tensor:
     """Next token per row of `logits` [B, vocab] (fp32). `top_k` of 0 or `top_p` of 1 disable those."""
     if greedy:
@@ -77,7 +96,7 @@ def sample(logits: Tensor, greedy: bool, temperature: Tensor, top_k: Tensor, top
     keep_k = torch.where(top_k > 0, top_k, vocab)
     ordered = ordered.masked_fill(rank >= keep_k, float("-inf"))
     probs = torch.softmax(ordered, dim=-1)
-    mass_before = probs.cumsum(dim=-1) - probs
+    mass_before = cumsum_short_scans(probs) - probs
     probs = probs.masked_fill(mass_before >= top_p, 0.0)  # the most likely token always stays
     race = probs / torch.empty_like(probs).exponential_(1.0)
     return order.gather(-1, race.argmax(dim=-1, keepdim=True)).squeeze(-1)
