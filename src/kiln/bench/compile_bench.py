@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from kiln.bench.accuracy import compare, eager_random
+from kiln.bench.formulas import peak_fraction, tflops
 from kiln.bench.recipes import Recipe, cuda_graph_reason
 from kiln.bench.runner import FP64, BenchContext, Started, build_context, release, start_runner
 from kiln.bench.timing import Timing, measure_interleaved
@@ -40,6 +41,10 @@ FIGURES = (
     "memory_compression", "graphs", "graph_breaks", "recompiles", "accuracy", "capture", "compile_warm_s",
     "warm_cold_ratio", "speedup_vs_plain", "speedup_vs_best_plain", "tflops", "matmul_peak_tflops", "peak_frac",
 )
+# Model FLOP/s against the datasheet's dense peak at the row's matrix-unit dtype (`peak_frac` is
+# against the best matmul measured on the spot), and the settings a plain loop shares with kiln.
+CEILING_FIGURES = ("spec_peak_tflops", "spec_peak_frac", "spec_source")
+SETTINGS = ("grad_clip", "schedule", "warmup_steps", "lr", "optimizer", "tf32")
 
 
 @dataclass
@@ -125,7 +130,17 @@ def base_row(ctx: BenchContext, recipe: Recipe) -> dict[str, Any]:
         "status": "ok",
         "reason": None,
         **dict.fromkeys(FIGURES),
+        **dict.fromkeys(CEILING_FIGURES),
+        **settings(ctx.cfg),
     }
+
+
+def settings(cfg: Config) -> dict[str, Any]:
+    """The training settings every row of a bench shares (plain rows included): clipping and the
+    LR schedule cost a hand loop real time, so a table names them."""
+    o = cfg.optim
+    return {"grad_clip": cfg.training.grad_clip, "schedule": o.schedule, "warmup_steps": o.warmup_steps,
+            "lr": o.lr, "optimizer": o.name, "tf32": cfg.precision.tf32}
 
 
 def timing_figures(ctx: BenchContext, row: dict, timings: dict[str, Timing], side: str) -> None:
@@ -135,10 +150,14 @@ def timing_figures(ctx: BenchContext, row: dict, timings: dict[str, Timing], sid
                samples=mine["samples"])
     row["throughput"] = ctx.samples_per_step / step_s if step_s > 0 else None
     if ctx.flops_per_step and step_s > 0:
-        row["tflops"] = ctx.flops_per_step / step_s / 1e12
+        row["tflops"] = tflops(ctx.flops_per_step, step_s)
         peak = ctx.matmul_peak(row["precision"])
         row["matmul_peak_tflops"] = peak / 1e12
-        row["peak_frac"] = ctx.flops_per_step / step_s / peak
+        row["peak_frac"] = peak_fraction(ctx.flops_per_step, step_s, peak)
+        spec, source = ctx.spec_peak(row["precision"])
+        if spec is not None:
+            row.update(spec_peak_tflops=spec / 1e12, spec_peak_frac=peak_fraction(ctx.flops_per_step, step_s, spec),
+                       spec_source=source)
     if ctx.tokens_per_step:
         row["tokens_per_s"] = ctx.tokens_per_step / step_s if step_s > 0 else None
     eager_s = timings["eager"].median_s

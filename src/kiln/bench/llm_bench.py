@@ -35,6 +35,16 @@ import torch
 
 from kiln.bench.ceilings import Ceilings, measure_ceilings
 from kiln.bench.compile_bench import failure
+from kiln.bench.formulas import (
+    decode_bytes_per_s,
+    decode_tok_s,
+    peak_fraction,
+    prefill_tok_s,
+    ratio,
+    request_tok_s,
+    roofline_tok_s,
+    tflops,
+)
 from kiln.bench.llm_engines import ENGINES, HF_ENGINES, HfEngine, KilnEngine
 from kiln.bench.llm_profile import profile_rows
 from kiln.bench.llm_quant import build_variants, load_ppl_tokens, mark_drift, measure_quality
@@ -109,6 +119,12 @@ class LlmBenchOptions:
     """Decode steps of each kiln row to profile after timing (kiln.llm.decode_profile); 0: none."""
     profile_dir: str | None = None
     """Where the decode profiles go (one folder per row); set by the CLI from --out."""
+    gpt_fast: str | None = None
+    """A gpt-fast checkout: its rows (kiln.bench.peers.gpt_fast) run after kiln's, on the same weights."""
+    gpt_fast_quants: tuple[str, ...] = ("none", "int4")
+    gpt_fast_group_size: int = 128
+    gpt_fast_timeout_s: float = 600.0
+    """Seconds all gpt-fast rows together may take (conversion excluded)."""
 
 
 def _stderr(message: str) -> None:
@@ -185,7 +201,7 @@ class LlmBench:
             except Exception as exc:
                 for row in hf_rows:
                     row.fail(exc)
-        if any(n.startswith("kiln") for n in self.rows):
+        if any(n.startswith("kiln") for n in self.rows) or self.opts.gpt_fast:
             self.log(f"building kiln's decoder ({'weights of the HF model' if self.hf_model else 'own weights'})")
             if self.hf_model is not None:
                 self.kiln_model = load_hf_state_dict(empty_decoder(self.config, device=self.device, dtype=self.dtype),
@@ -316,33 +332,33 @@ class LlmBench:
             _param_bytes(self.hf_model) - (0 if self.config.tie_embeddings else
                                             self.config.vocab_size * self.config.dim * self.dtype.itemsize))
         model_bytes = _param_bytes(self.kiln_model or self.hf_model)
-        steps = o.new_tokens - 1
         for r in self.rows.values():
             row = r.row
             kiln_row = r.engine_name.startswith("kiln")
             row.setdefault("weight_bytes", weight_bytes)
             row.update(prefill_flops=flops, **self.parity if kiln_row and r.quant == "none" else {})
-            row["roofline_tok_s"] = c.copy_bytes_per_s / row["weight_bytes"] * o.batch
+            row["roofline_tok_s"] = roofline_tok_s(c.bandwidth, row["weight_bytes"], o.batch)
+            row["spec_roofline_tok_s"] = roofline_tok_s(c.spec_bytes_per_s, row["weight_bytes"], o.batch)
             row_model_bytes = row.get("model_bytes") if kiln_row and row.get("model_bytes") else model_bytes
             if not r.ok or not r.decode:
                 continue
             decode_s = statistics.median(r.decode)
             if row.get("prefill_ms"):
                 prefill_s = row["prefill_ms"] / 1e3
-                row.update(prefill_tok_s=o.batch * o.prompt_len / prefill_s,
-                           prefill_tflops=flops / prefill_s / 1e12 if flops else None,
-                           prefill_peak_frac=flops / prefill_s / c.matmul_flops_per_s if flops else None)
+                row.update(prefill_tok_s=prefill_tok_s(o.batch, o.prompt_len, prefill_s),
+                           prefill_tflops=tflops(flops, prefill_s),
+                           prefill_peak_frac=peak_fraction(flops, prefill_s, c.matmul_flops_per_s),
+                           prefill_spec_frac=peak_fraction(flops, prefill_s, c.spec_flops_per_s))
             row.update(
                 ttft_ms=statistics.median(r.ttft) * 1e3,
-                decode_tok_s=o.batch * steps / decode_s if steps else None,
+                decode_tok_s=decode_tok_s(o.batch, o.new_tokens, decode_s),
                 token_ms_p50=Timing(tuple(r.intervals)).quantile_s(0.5) * 1e3 if r.intervals else None,
                 token_ms_p90=Timing(tuple(r.intervals)).quantile_s(0.9) * 1e3 if r.intervals else None,
                 generate_s=statistics.median(r.totals),
+                request_tok_s=request_tok_s(o.batch, o.new_tokens, statistics.median(r.totals)),
                 peak_mem_bytes=row_model_bytes + r.held_bytes + max(r.transient) if r.transient else None,
             )
-            if row["decode_tok_s"]:
-                achieved = row["weight_bytes"] * row["decode_tok_s"] / o.batch
-                row.update(achieved_gbs=achieved / 1e9, roofline_frac=achieved / c.copy_bytes_per_s)
+            bandwidth_fractions(row, c, o.batch)
         self._ratios()
         for r in self.rows.values():
             mark_drift(r.row)
@@ -369,8 +385,11 @@ class LlmBench:
     def run(self) -> list[dict[str, Any]]:
         self.log(f"measuring ceilings on {self.device}")
         self.ceilings = measure_ceilings(self.device, self.dtype)
-        self.log(f"copy {self.ceilings.copy_bytes_per_s / 1e9:.4g} GB/s, "
-                 f"matmul {self.ceilings.matmul_flops_per_s / 1e12:.4g} TFLOP/s")
+        c = self.ceilings
+        spec = (f"; datasheet ({c.spec_name}) {c.spec_bytes_per_s / 1e9:.4g} GB/s, {c.spec_flops_per_s / 1e12:.4g} TFLOP/s"
+                if c.spec_bytes_per_s and c.spec_flops_per_s else "")
+        self.log(f"read {c.bandwidth / 1e9:.4g} GB/s ({c.read_kernel}), copy {c.copy_bytes_per_s / 1e9:.4g} GB/s, "
+                 f"best matmul {c.matmul_flops_per_s / 1e12:.4g} TFLOP/s (n={c.matmul_n}){spec}")
         self.build_models()
         self.check_parity()
         flops = self.prefill_flops()
@@ -399,7 +418,62 @@ class LlmBench:
             self.time_generate(ready)
             if self.opts.profile_decode:
                 profile_rows(self, ready)
-        return self.finish_rows(flops)
+        peers = self.run_peers()
+        return self.finish_rows(flops) + self.finish_peers(peers)
+
+    # -- peers ----------------------------------------------------------------------------------
+    def run_peers(self) -> list[dict[str, Any]]:
+        """gpt-fast's rows, after kiln's are timed (its processes share the GPU with this one's
+        models, which sit idle meanwhile)."""
+        from pathlib import Path
+
+        from kiln.bench.peers.gpt_fast import ENGINE, run_rows
+
+        o = self.opts
+        if not o.gpt_fast:
+            return []
+        base = {"model": o.model, "dtype": o.dtype, "batch": o.batch, "prompt_len": o.prompt_len,
+                "new_tokens": o.new_tokens}
+        elapsed = time.perf_counter() - self.started
+        if self.kiln_model is None or (o.deadline_s is not None and elapsed > o.deadline_s):
+            why = ("kiln's model could not be built" if self.kiln_model is None
+                   else f"not started: the run's --deadline-s {o.deadline_s:g} had passed ({elapsed:.0f} s)")
+            return [{"engine": ENGINE, "quant": q, **base, "status": "skipped", "reason": why} for q in o.gpt_fast_quants]
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        rows = run_rows(self.kiln_model, Path(o.gpt_fast), quants=o.gpt_fast_quants, prompt_len=o.prompt_len,
+                        new_tokens=o.new_tokens, samples=max(o.repeats, 2), group_size=o.gpt_fast_group_size,
+                        device=str(self.device), timeout_s=o.gpt_fast_timeout_s, log=self.log)
+        return [{**base, **row} for row in rows]
+
+    def finish_peers(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Bandwidth fractions of the peers' rows (from their whole-request tokens/s: gpt-fast
+        reports no decode-only figure) and each kiln row's speed against the peer at its quant."""
+        c = self.ceilings
+        for row in rows:
+            if row.get("status") == "ok" and row.get("weight_bytes"):
+                row["roofline_basis"] = "request_tok_s"
+                bandwidth_fractions(row, c, self.opts.batch, tok_s=row["request_tok_s"])
+        peer = {row["quant"]: row for row in rows if row.get("status") == "ok" and row.get("request_tok_s")}
+        for r in self.rows.values():
+            other = peer.get("int4" if r.quant.startswith("int4") else r.quant)
+            if other is not None and r.row.get("request_tok_s"):
+                r.row.update(vs_gpt_fast=f"gpt-fast[{other['quant']}]",
+                             request_vs_gpt_fast=ratio(r.row["request_tok_s"], other["request_tok_s"]))
+        return rows
+
+
+def bandwidth_fractions(row: dict[str, Any], c: Ceilings, batch: int, tok_s: float | None = None) -> None:
+    """A row's decode bandwidth (weight bytes x steps/s at `tok_s`, default its decode tok/s)
+    against the measured read-only stream (`roofline_frac`), the datasheet (`roofline_spec_frac`)
+    and a device copy (`roofline_copy_frac`, the denominator older results used)."""
+    achieved = decode_bytes_per_s(row["weight_bytes"], tok_s if tok_s is not None else row.get("decode_tok_s"), batch)
+    if achieved is None:
+        return
+    row.update(achieved_gbs=achieved / 1e9, roofline_frac=ratio(achieved, c.bandwidth),
+               roofline_spec_frac=ratio(achieved, c.spec_bytes_per_s),
+               roofline_copy_frac=ratio(achieved, c.copy_bytes_per_s))
 
 
 def run_llm_bench(opts: LlmBenchOptions, log: Log = _stderr) -> tuple[list[dict[str, Any]], dict[str, Any]]:

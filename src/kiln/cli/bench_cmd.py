@@ -178,6 +178,9 @@ def run_compile(args: argparse.Namespace) -> int:
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     run = "train" if opts.train else "infer"
     title = f"kiln bench compile: {cfg.model.name} ({run}, batch {cfg.data.batch_size}, {where})"
+    if opts.train:  # the loop settings a plain loop pays for too
+        title += (f"; grad_clip {cfg.training.grad_clip:g}, {cfg.optim.schedule} schedule, "
+                  f"warm-up {cfg.optim.warmup_steps} steps")
     rows = run_compile_bench(opts)
     config = {
         "base": dataclasses.asdict(cfg),
