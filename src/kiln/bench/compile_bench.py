@@ -23,7 +23,7 @@ from kiln.bench.accuracy import compare, eager_random
 from kiln.bench.formulas import peak_fraction, tflops
 from kiln.bench.recipes import Recipe, cuda_graph_reason
 from kiln.bench.runner import FP64, BenchContext, Started, build_context, release, start_runner
-from kiln.bench.timing import Timing, measure_interleaved
+from kiln.bench.timing import Timing, measure, measure_interleaved
 from kiln.compile import compile_counters, recompiles
 from kiln.compile_cache import artifacts_blob, fresh_artifacts, load_blob
 from kiln.config.schema import Config
@@ -44,6 +44,9 @@ FIGURES = (
 # Model FLOP/s against the datasheet's dense peak at the row's matrix-unit dtype (`peak_frac` is
 # against the best matmul measured on the spot), and the settings a plain loop shares with kiln.
 CEILING_FIGURES = ("spec_peak_tflops", "spec_peak_frac", "spec_source")
+# A compiled row's steps timed back to back after the interleaved samples, as a user's own script
+# times its loop: the cross-check of `step_ms` (benchmarks/plain_crosscheck.py does it without kiln).
+ALONE_FIGURES = ("step_ms_alone", "step_ms_alone_p10", "step_ms_alone_p90")
 SETTINGS = ("grad_clip", "schedule", "warmup_steps", "lr", "optimizer", "tf32")
 
 
@@ -131,6 +134,7 @@ def base_row(ctx: BenchContext, recipe: Recipe) -> dict[str, Any]:
         "reason": None,
         **dict.fromkeys(FIGURES),
         **dict.fromkeys(CEILING_FIGURES),
+        **dict.fromkeys(ALONE_FIGURES),
         **settings(ctx.cfg),
     }
 
@@ -255,6 +259,8 @@ class MatrixRun:
         timings = self.interleave(sides)
         after = compile_counters()
         timing_figures(self.ctx, row, timings, "compiled")
+        alone = measure(started.runner, warmup=1, repeats=self.opts.steps, device=self.device).as_dict()
+        row.update(step_ms_alone=alone["median_ms"], step_ms_alone_p10=alone["p10_ms"], step_ms_alone_p90=alone["p90_ms"])
         peak, eager_peak = started.peak_mem_bytes, eager.peak_mem_bytes
         row["capture"] = started.runner.capture_status
         if recipe.cudagraphs and row["capture"] and row["capture"].startswith("fallback"):

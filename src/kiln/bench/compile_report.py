@@ -20,6 +20,7 @@ COLUMNS = [
 # loop settings every row shares (clipping and the schedule cost a plain loop real time).
 _AFTER_PEAK = COLUMNS.index("peak_frac") + 1
 COLUMNS[_AFTER_PEAK:_AFTER_PEAK] = ["spec_peak_frac", "grad_clip", "schedule", "warmup_steps"]
+COLUMNS.insert(COLUMNS.index("step_ms_p90") + 1, "step_ms_alone")
 
 
 def row_label(row: dict[str, Any]) -> str:

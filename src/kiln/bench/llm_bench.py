@@ -125,6 +125,8 @@ class LlmBenchOptions:
     gpt_fast_group_size: int = 128
     gpt_fast_timeout_s: float = 600.0
     """Seconds all gpt-fast rows together may take (conversion excluded)."""
+    end_by_s: float | None = None
+    """The gpt-fast rows end by this many seconds after the bench started (a time-boxed run)."""
 
 
 def _stderr(message: str) -> None:
@@ -442,9 +444,12 @@ class LlmBench:
         gc.collect()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
+        budget = o.gpt_fast_timeout_s
+        if o.end_by_s is not None:
+            budget = min(budget, o.end_by_s - (time.perf_counter() - self.started))
         rows = run_rows(self.kiln_model, Path(o.gpt_fast), quants=o.gpt_fast_quants, prompt_len=o.prompt_len,
                         new_tokens=o.new_tokens, samples=max(o.repeats, 2), group_size=o.gpt_fast_group_size,
-                        device=str(self.device), timeout_s=o.gpt_fast_timeout_s, log=self.log)
+                        device=str(self.device), timeout_s=budget, log=self.log)
         return [{**base, **row} for row in rows]
 
     def finish_peers(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -72,6 +72,8 @@ def add_parser(bsub) -> None:
                    "(default both; int4 groups of --group-size, default 128)")
     p.add_argument("--gpt-fast-timeout-s", type=float, default=600.0,
                    help="seconds all gpt-fast rows together may take (default 600)")
+    p.add_argument("--end-by-s", type=float, help="gpt-fast rows end by this many seconds after the bench started "
+                   "(with --deadline-s, a time-boxed run); a row out of time records why")
     p.add_argument("--out", help="output directory (default: runs/<time>-bench-llm-<name>)")
     p.set_defaults(run=run)
 
@@ -162,6 +164,8 @@ def _gpt_fast_flags(args: argparse.Namespace, config, batch: int) -> dict:
                           QUANTS)
     if batch != 1:
         raise ConfigError("--batch", f"gpt-fast rows run batch 1 (its benchmark mode); got --batch {batch}")
+    if args.end_by_s is not None and args.end_by_s <= 0:
+        raise ConfigError("--end-by-s", f"must be > 0, got {args.end_by_s}")
     if args.gpt_fast_timeout_s <= 0:
         raise ConfigError("--gpt-fast-timeout-s", f"must be > 0, got {args.gpt_fast_timeout_s}")
     group = args.group_size or 128
@@ -175,7 +179,7 @@ def _gpt_fast_flags(args: argparse.Namespace, config, batch: int) -> dict:
     except ValueError as exc:
         raise ConfigError("--gpt-fast", str(exc)) from None
     return {"gpt_fast": str(root.resolve()), "gpt_fast_quants": quants, "gpt_fast_group_size": group,
-            "gpt_fast_timeout_s": args.gpt_fast_timeout_s}
+            "gpt_fast_timeout_s": args.gpt_fast_timeout_s, "end_by_s": args.end_by_s}
 
 
 def _inductor_options(assignments: list[str] | None) -> dict[str, object]:
@@ -204,7 +208,7 @@ def _command(args: argparse.Namespace) -> str:
     for flag in ("model", "preset", "batch", "prompt_len", "new_tokens", "device", "dtype", "warmup", "repeats",
                  "prefill_repeats", "seed", "group_size", "quant_backend", "quant_lm_head", "ppl_file", "ppl_context",
                  "ppl_tokens", "prefill", "tuning", "decode_attention", "decode_matvec", "deadline_s", "profile_decode", "out",
-                 "gpt_fast", "gpt_fast_quant", "gpt_fast_timeout_s"):
+                 "gpt_fast", "gpt_fast_quant", "gpt_fast_timeout_s", "end_by_s"):
         value = getattr(args, flag)
         if value is not None and value != defaults.get(flag):
             parts += [f"--{flag.replace('_', '-')}", str(value)]
