@@ -78,7 +78,7 @@ def _fmt(value) -> str:
         return "-"
     if isinstance(value, float):
         return f"{value:.4g}"
-    return str(value)
+    return str(value).replace("|", "/")  # a reason quoting a traceback must not split the table
 
 
 def markdown(summary: dict) -> str:
