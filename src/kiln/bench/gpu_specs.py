@@ -1,17 +1,18 @@
-"""Datasheet peaks of common GPUs, looked up by the name CUDA reports, with the document they come from.
+"""Datasheet peaks of a GPU, looked up by the name CUDA reports: dense FLOP/s and memory bandwidth.
 
 A measured ceiling says what this machine reaches today; the datasheet says what the part is sold
 as. kiln reports a figure against both, so a reader can tell "close to what the hardware can do"
-from "close to what one benchmark kernel did". Figures are *dense* (no 2:4 sparsity) tensor-core
-rates and peak memory bandwidth, in the units the datasheets use (TFLOP/s, TB/s, 10^12).
-
-`fp32` is the CUDA-core rate; `tf32` the tensor-core rate fp32 matmuls get when TF32 is allowed.
+from "close to what one benchmark kernel did". FLOP/s come from the table MFU uses
+(kiln.monitor.flops: dense tensor-core rates, sparse datasheet figures halved); this module adds
+each part's peak memory bandwidth and names the document both come from.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+
+from kiln.monitor.flops import peak_flops_for_name
 
 
 @dataclass(frozen=True)
@@ -20,41 +21,45 @@ class GpuSpec:
     """The part, as its datasheet names it."""
     source: str
     """The datasheet the figures are from."""
-    tflops: dict[str, float]
-    """Dense peak TFLOP/s by matrix-unit dtype: `fp32`, `tf32`, `bf16`, `fp16`."""
     bandwidth_tbs: float
     """Peak memory bandwidth in TB/s (10^12 bytes/s)."""
-
-    def flops_per_s(self, dtype: str) -> float | None:
-        value = self.tflops.get(dtype)
-        return value * 1e12 if value is not None else None
+    device_name: str
+    """The CUDA device name this entry was looked up for."""
 
     @property
     def bytes_per_s(self) -> float:
         return self.bandwidth_tbs * 1e12
 
-
-def _spec(name: str, source: str, fp32: float, tf32: float, bf16: float, bandwidth_tbs: float) -> GpuSpec:
-    return GpuSpec(name, source, {"fp32": fp32, "tf32": tf32, "bf16": bf16, "fp16": bf16}, bandwidth_tbs)
+    def flops_per_s(self, dtype: str) -> float | None:
+        """Dense peak FLOP/s at a matrix-unit dtype (`bf16`, `fp16`, `tf32`, `fp32`)."""
+        policy, tf32 = {"bf16": ("bf16-true", False), "fp16": ("fp16-mixed", False), "tf32": ("fp32", True),
+                        "fp32": ("fp32", False)}[dtype]
+        return peak_flops_for_name(self.device_name, policy, tf32=tf32)[0]
 
 
 _H100 = "NVIDIA H100 Tensor Core GPU datasheet"
 _H200 = "NVIDIA H200 Tensor Core GPU datasheet"
 _A100 = "NVIDIA A100 Tensor Core GPU datasheet"
 
-# (pattern over the CUDA device name, spec); the first match wins, so specific names come first.
-SPECS: tuple[tuple[str, GpuSpec], ...] = (
-    (r"H100.*NVL", _spec("H100 NVL", _H100, 60.0, 417.5, 835.0, 3.9)),
-    (r"H100.*PCIe", _spec("H100 PCIe", _H100, 51.2, 378.0, 756.0, 2.0)),
-    (r"H100", _spec("H100 SXM5", _H100, 66.9, 494.7, 989.4, 3.35)),
-    (r"H200.*NVL", _spec("H200 NVL", _H200, 60.0, 417.5, 835.0, 4.8)),
-    (r"H200", _spec("H200 SXM", _H200, 67.0, 494.5, 989.0, 4.8)),
-    (r"A100.*SXM.*80GB", _spec("A100 SXM4 80GB", _A100, 19.5, 156.0, 312.0, 2.039)),
-    (r"A100.*80GB", _spec("A100 PCIe 80GB", _A100, 19.5, 156.0, 312.0, 1.935)),
-    (r"A100", _spec("A100 40GB", _A100, 19.5, 156.0, 312.0, 1.555)),
-    (r"L40S", _spec("L40S", "NVIDIA L40S GPU datasheet", 91.6, 183.0, 362.05, 0.864)),
-    (r"\bL4\b", _spec("L4", "NVIDIA L4 Tensor Core GPU datasheet", 30.3, 60.0, 121.0, 0.3)),
-    (r"\bA10\b", _spec("A10", "NVIDIA A10 Tensor Core GPU datasheet", 31.2, 62.5, 125.0, 0.6)),
+# (pattern over the lower-cased device name, bounded by non-alphanumerics; part; TB/s; source).
+# The first match wins, so the more specific names come first.
+BANDWIDTH: tuple[tuple[str, str, float, str], ...] = (
+    (r"h200 nvl", "H200 NVL", 4.8, _H200),
+    (r"h200", "H200 SXM", 4.8, _H200),
+    (r"h100 nvl", "H100 NVL", 3.9, _H100),
+    (r"h100 pcie", "H100 PCIe", 2.0, _H100),
+    (r"h100", "H100 SXM5", 3.35, _H100),
+    (r"b200", "HGX B200", 8.0, "NVIDIA HGX B200 specifications"),
+    (r"a100.*sxm.*80gb", "A100 SXM4 80GB", 2.039, _A100),
+    (r"a100.*80gb", "A100 PCIe 80GB", 1.935, _A100),
+    (r"a100", "A100 40GB", 1.555, _A100),
+    (r"a10g", "A10G", 0.6, "AWS EC2 G5 instance specifications"),
+    (r"a10", "A10", 0.6, "NVIDIA A10 Tensor Core GPU datasheet"),
+    (r"l40s", "L40S", 0.864, "NVIDIA L40S GPU datasheet"),
+    (r"l40", "L40", 0.864, "NVIDIA L40 GPU datasheet"),
+    (r"l4", "L4", 0.3, "NVIDIA L4 Tensor Core GPU datasheet"),
+    (r"rtx 4090", "RTX 4090", 1.008, "NVIDIA Ada GPU architecture whitepaper"),
+    (r"v100", "V100", 0.9, "NVIDIA V100 Tensor Core GPU datasheet"),
 )
 
 
@@ -62,9 +67,10 @@ def lookup(device_name: str | None) -> GpuSpec | None:
     """The datasheet entry for a CUDA device name (`torch.cuda.get_device_name`), or None."""
     if not device_name:
         return None
-    for pattern, spec in SPECS:
-        if re.search(pattern, device_name, flags=re.IGNORECASE):
-            return spec
+    lowered = device_name.lower()
+    for pattern, part, tbs, source in BANDWIDTH:
+        if re.search(rf"(?<![a-z0-9]){pattern}(?![a-z0-9])", lowered):
+            return GpuSpec(part, source, tbs, device_name)
     return None
 
 
