@@ -91,6 +91,14 @@ def markdown(summary: dict) -> str:
                      f"{_fmt(e['standalone_step_ms_interleaved'])} | {_fmt(e['bench_plain_step_ms_alone'])} | "
                      f"{_fmt(e['standalone_step_ms_alone'])} | {_fmt(e['within_5pct_interleaved'])} / "
                      f"{_fmt(e['within_5pct_alone'])} |")
+    c = summary["llm"].get("ceilings") or {}
+    if c:
+        spec = (f"; datasheet ({c.get('spec_name')}, {c.get('spec_source')}): {c['spec_bytes_per_s'] / 1e9:.0f} GB/s, "
+                f"{c['spec_flops_per_s'] / 1e12:.1f} TFLOP/s" if c.get("spec_bytes_per_s") and c.get("spec_flops_per_s")
+                else "")
+        lines += ["", f"Ceilings ({c.get('gpu_name')}, {c.get('dtype')}): read-only stream {_fmt((c.get('read_bytes_per_s') or 0) / 1e9)} "
+                  f"GB/s ({c.get('read_kernel')}), copy {_fmt(c['copy_bytes_per_s'] / 1e9)} GB/s, best matmul "
+                  f"{_fmt(c['matmul_flops_per_s'] / 1e12)} TFLOP/s (n={c.get('matmul_n')}){spec}"]
     rows = summary["llm"].get("rows", [])
     if rows:
         lines += ["", "## kiln bench llm (3B shape)", "", "| " + " | ".join(LLM_FIELDS) + " |",
