@@ -175,10 +175,28 @@ def test_gpt_fast_comparison_uses_the_peer_at_the_same_quant(tmp_path):
     bench.ceilings = _ceil()
     bench.rows["kiln-compiled"].row["request_tok_s"] = 300.0
     bench.rows["kiln-compiled[int4@triton]"].row["request_tok_s"] = 600.0
-    peers = bench.finish_peers([
+    from kiln.bench.llm_peers import finish_peers
+
+    peers = finish_peers(bench, [
         {"engine": "gpt-fast", "quant": "none", "status": "ok", "request_tok_s": 200.0, "weight_bytes": 1_000_000_000},
         {"engine": "gpt-fast", "quant": "int4", "status": "ok", "request_tok_s": 400.0, "weight_bytes": 500_000_000}])
     assert bench.rows["kiln-compiled"].row["request_vs_gpt_fast"] == 1.5
     assert bench.rows["kiln-compiled[int4@triton]"].row["request_vs_gpt_fast"] == 1.5
     assert bench.rows["kiln-compiled[int4@triton]"].row["vs_gpt_fast"] == "gpt-fast[int4]"
     assert peers[0]["roofline_frac"] == 200e9 / 3e12 and peers[1]["roofline_spec_frac"] == 200e9 / 4e12
+
+
+def test_decode_vs_unquantized_is_the_quantized_rate_over_the_same_engines(tmp_path):
+    from kiln.bench.llm_bench import LlmBench, LlmBenchOptions
+    from kiln.llm.quant import QuantSpec
+
+    (tmp_path / "config.json").write_text(
+        '{"model_type": "llama", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48, '
+        '"num_hidden_layers": 1, "num_attention_heads": 2, "max_position_embeddings": 64}')
+    bench = LlmBench(LlmBenchOptions(model=str(tmp_path), engines=["kiln-compiled"], device="cpu", dtype="fp32",
+                                     quants={"none": QuantSpec(), "int4": QuantSpec("int4")}), log=lambda m: None)
+    bench.rows["kiln-compiled"].row["decode_tok_s"] = 300.0
+    bench.rows["kiln-compiled[int4]"].row["decode_tok_s"] = 540.0
+    bench._ratios()
+    assert bench.rows["kiln-compiled[int4]"].row["decode_vs_unquantized"] == 1.8
+    assert "decode_vs_unquantized" not in bench.rows["kiln-compiled"].row

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from kiln.bench.formulas import matmul_flops, ratio
+from kiln.bench.formulas import decode_bytes_per_s, matmul_flops, ratio
 from kiln.bench.gpu_specs import lookup, spec_dtype
 from kiln.bench.timing import measure
 
@@ -163,6 +163,18 @@ def measure_ceilings(device: torch.device | str, dtype: torch.dtype = torch.bflo
 def fractions(value: float | None, measured: float | None, spec: float | None) -> tuple[float | None, float | None]:
     """(value over the measured ceiling, value over the datasheet's)."""
     return ratio(value, measured), ratio(value, spec)
+
+
+def bandwidth_fractions(row: dict, c: Ceilings, batch: int, tok_s: float | None = None) -> None:
+    """A row's decode bandwidth (weight bytes x steps/s at `tok_s`, default its decode tok/s)
+    against the measured read-only stream (`roofline_frac`), the datasheet (`roofline_spec_frac`)
+    and a device copy (`roofline_copy_frac`, the denominator older results used)."""
+    achieved = decode_bytes_per_s(row["weight_bytes"], tok_s if tok_s is not None else row.get("decode_tok_s"), batch)
+    if achieved is None:
+        return
+    row.update(achieved_gbs=achieved / 1e9, roofline_frac=ratio(achieved, c.bandwidth),
+               roofline_spec_frac=ratio(achieved, c.spec_bytes_per_s),
+               roofline_copy_frac=ratio(achieved, c.copy_bytes_per_s))
 
 
 def matmul_dtype(policy: str, tf32: bool) -> torch.dtype:

@@ -33,10 +33,9 @@ from typing import Any
 
 import torch
 
-from kiln.bench.ceilings import Ceilings, measure_ceilings
+from kiln.bench.ceilings import Ceilings, bandwidth_fractions, measure_ceilings
 from kiln.bench.compile_bench import failure
 from kiln.bench.formulas import (
-    decode_bytes_per_s,
     decode_tok_s,
     peak_fraction,
     prefill_tok_s,
@@ -46,6 +45,7 @@ from kiln.bench.formulas import (
     tflops,
 )
 from kiln.bench.llm_engines import ENGINES, HF_ENGINES, HfEngine, KilnEngine
+from kiln.bench.llm_peers import finish_peers, run_peers
 from kiln.bench.llm_profile import profile_rows
 from kiln.bench.llm_quant import build_variants, load_ppl_tokens, mark_drift, measure_quality
 from kiln.bench.timing import StepClock, Timing, measure_interleaved, time_calls
@@ -373,11 +373,11 @@ class LlmBench:
         for r in ok.values():
             unquantized = ok.get(r.engine_name)
             if r.quant != "none" and unquantized is not None:
-                r.row["decode_vs_unquantized"] = r.row["decode_tok_s"] / unquantized.row["decode_tok_s"]
+                r.row["decode_vs_unquantized"] = ratio(r.row["decode_tok_s"], unquantized.row["decode_tok_s"])
             if base is not None:
-                r.row.update(vs_hf=base.name, decode_vs_hf=r.row["decode_tok_s"] / base.row["decode_tok_s"])
+                r.row.update(vs_hf=base.name, decode_vs_hf=ratio(r.row["decode_tok_s"], base.row["decode_tok_s"]))
                 if base.row.get("prefill_ms") and r.row.get("prefill_ms"):
-                    r.row["prefill_vs_hf"] = base.row["prefill_ms"] / r.row["prefill_ms"]
+                    r.row["prefill_vs_hf"] = ratio(base.row["prefill_ms"], r.row["prefill_ms"])
             if ref is not None and r.tokens and ref.tokens:
                 a, b = r.tokens[0], ref.tokens[0]
                 r.row.update(greedy_ref=ref.name,
@@ -420,65 +420,8 @@ class LlmBench:
             self.time_generate(ready)
             if self.opts.profile_decode:
                 profile_rows(self, ready)
-        peers = self.run_peers()
-        return self.finish_rows(flops) + self.finish_peers(peers)
-
-    # -- peers ----------------------------------------------------------------------------------
-    def run_peers(self) -> list[dict[str, Any]]:
-        """gpt-fast's rows, after kiln's are timed (its processes share the GPU with this one's
-        models, which sit idle meanwhile)."""
-        from pathlib import Path
-
-        from kiln.bench.peers.gpt_fast import ENGINE, run_rows
-
-        o = self.opts
-        if not o.gpt_fast:
-            return []
-        base = {"model": o.model, "dtype": o.dtype, "batch": o.batch, "prompt_len": o.prompt_len,
-                "new_tokens": o.new_tokens}
-        elapsed = time.perf_counter() - self.started
-        if self.kiln_model is None or (o.deadline_s is not None and elapsed > o.deadline_s):
-            why = ("kiln's model could not be built" if self.kiln_model is None
-                   else f"not started: the run's --deadline-s {o.deadline_s:g} had passed ({elapsed:.0f} s)")
-            return [{"engine": ENGINE, "quant": q, **base, "status": "skipped", "reason": why} for q in o.gpt_fast_quants]
-        gc.collect()
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
-        budget = o.gpt_fast_timeout_s
-        if o.end_by_s is not None:
-            budget = min(budget, o.end_by_s - (time.perf_counter() - self.started))
-        rows = run_rows(self.kiln_model, Path(o.gpt_fast), quants=o.gpt_fast_quants, prompt_len=o.prompt_len,
-                        new_tokens=o.new_tokens, samples=max(o.repeats, 2), group_size=o.gpt_fast_group_size,
-                        device=str(self.device), timeout_s=budget, log=self.log)
-        return [{**base, **row} for row in rows]
-
-    def finish_peers(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """Bandwidth fractions of the peers' rows (from their whole-request tokens/s: gpt-fast
-        reports no decode-only figure) and each kiln row's speed against the peer at its quant."""
-        c = self.ceilings
-        for row in rows:
-            if row.get("status") == "ok" and row.get("weight_bytes"):
-                row["roofline_basis"] = "request_tok_s"
-                bandwidth_fractions(row, c, self.opts.batch, tok_s=row["request_tok_s"])
-        peer = {row["quant"]: row for row in rows if row.get("status") == "ok" and row.get("request_tok_s")}
-        for r in self.rows.values():
-            other = peer.get("int4" if r.quant.startswith("int4") else r.quant)
-            if other is not None and r.row.get("request_tok_s"):
-                r.row.update(vs_gpt_fast=f"gpt-fast[{other['quant']}]",
-                             request_vs_gpt_fast=ratio(r.row["request_tok_s"], other["request_tok_s"]))
-        return rows
-
-
-def bandwidth_fractions(row: dict[str, Any], c: Ceilings, batch: int, tok_s: float | None = None) -> None:
-    """A row's decode bandwidth (weight bytes x steps/s at `tok_s`, default its decode tok/s)
-    against the measured read-only stream (`roofline_frac`), the datasheet (`roofline_spec_frac`)
-    and a device copy (`roofline_copy_frac`, the denominator older results used)."""
-    achieved = decode_bytes_per_s(row["weight_bytes"], tok_s if tok_s is not None else row.get("decode_tok_s"), batch)
-    if achieved is None:
-        return
-    row.update(achieved_gbs=achieved / 1e9, roofline_frac=ratio(achieved, c.bandwidth),
-               roofline_spec_frac=ratio(achieved, c.spec_bytes_per_s),
-               roofline_copy_frac=ratio(achieved, c.copy_bytes_per_s))
+        peers = run_peers(self)
+        return self.finish_rows(flops) + finish_peers(self, peers)
 
 
 def run_llm_bench(opts: LlmBenchOptions, log: Log = _stderr) -> tuple[list[dict[str, Any]], dict[str, Any]]:
