@@ -92,14 +92,17 @@ def test_output_parsing_is_exact():
     assert gf.request_seconds(256, 320.0) == 0.8
 
 
-def test_command_names_the_child_and_int4_group(tmp_path):
-    run = gf.PeerRun(tmp_path / "gpt-fast", tmp_path / "m" / "model.pth", "int4", 1024, 256, samples=3, group_size=64)
+def test_commands_name_the_child_the_checkpoint_and_the_int4_group(tmp_path):
+    model = tmp_path / "m" / "model.pth"
+    int4 = gf.int4_path(model, 64)
+    assert int4 == tmp_path / "m" / "modelint4.g64.pth"  # the name gpt-fast's quantize.py writes and generate.py reads
+    run = gf.PeerRun(tmp_path / "gpt-fast", int4, "int4", 1024, 256, samples=3, group_size=64)
     cmd = run.command()
     assert cmd[1:3] == ["-m", "kiln.bench.peers.gpt_fast_child"]
-    assert cmd[3:] == ["--checkout", str(tmp_path / "gpt-fast"), "--checkpoint", str(tmp_path / "m" / "model.pth"),
-                       "--prompt-len", "1024", "--new-tokens", "256", "--samples", "3", "--device", "cuda",
-                       "--int4", "64"]
-    assert "--int4" not in gf.PeerRun(tmp_path, tmp_path / "x.pth", "none", 8, 4).command()
+    assert cmd[3:] == ["--checkout", str(tmp_path / "gpt-fast"), "--checkpoint", str(int4),
+                       "--prompt-len", "1024", "--new-tokens", "256", "--samples", "3", "--device", "cuda"]
+    assert gf.quantize_command(tmp_path / "gpt-fast", model, 64)[3:] == [
+        "--checkout", str(tmp_path / "gpt-fast"), "--checkpoint", str(model), "--quantize-int4", "64"]
 
 
 def test_commit_from_the_carried_marker(tmp_path):
@@ -147,7 +150,9 @@ def test_bench_llm_runs_gpt_fast_beside_kiln_and_keeps_a_failing_row(tiny_dir, t
     assert peer["weight_bytes"] > 0 and peer["roofline_frac"] > 0 and peer["roofline_basis"] == "request_tok_s"
     assert kiln["request_vs_gpt_fast"] == pytest.approx(kiln["request_tok_s"] / peer["request_tok_s"])
     # gpt-fast's int4 packs its weights on CUDA: on this CPU the row fails, with the reason, and the bench goes on
-    assert rows[("gpt-fast", "int4")]["status"] == "error" and "exit 1" in rows[("gpt-fast", "int4")]["reason"]
+    int4 = rows[("gpt-fast", "int4")]
+    assert int4["status"] == "error" and int4["reason"].startswith("quantize: exit 1")
+    assert "--quantize-int4 128" in int4["peer_quantize_command"] and int4["peer_commit"] == peer["peer_commit"]
     assert "gpt-fast" in (out / "results.md").read_text()
 
 

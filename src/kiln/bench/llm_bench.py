@@ -45,7 +45,7 @@ from kiln.bench.formulas import (
     tflops,
 )
 from kiln.bench.llm_engines import ENGINES, HF_ENGINES, HfEngine, KilnEngine
-from kiln.bench.llm_peers import finish_peers, run_peers
+from kiln.bench.llm_peers import finish_peers, prepare_peers, run_peers
 from kiln.bench.llm_profile import profile_rows
 from kiln.bench.llm_quant import build_variants, load_ppl_tokens, mark_drift, measure_quality
 from kiln.bench.timing import StepClock, Timing, measure_interleaved, time_calls
@@ -384,17 +384,8 @@ class LlmBench:
                              greedy_match=next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b))))
 
     # -- the run --------------------------------------------------------------------------------
-    def run(self) -> list[dict[str, Any]]:
-        self.log(f"measuring ceilings on {self.device}")
-        self.ceilings = measure_ceilings(self.device, self.dtype)
-        c = self.ceilings
-        spec = (f"; datasheet ({c.spec_name}) {c.spec_bytes_per_s / 1e9:.4g} GB/s, {c.spec_flops_per_s / 1e12:.4g} TFLOP/s"
-                if c.spec_bytes_per_s and c.spec_flops_per_s else "")
-        self.log(f"read {c.bandwidth / 1e9:.4g} GB/s ({c.read_kernel}), copy {c.copy_bytes_per_s / 1e9:.4g} GB/s, "
-                 f"best matmul {c.matmul_flops_per_s / 1e12:.4g} TFLOP/s (n={c.matmul_n}){spec}")
-        self.build_models()
-        self.check_parity()
-        flops = self.prefill_flops()
+    def run_kiln_rows(self) -> None:
+        """Warm up every row (before the deadline), then time prefill and generate interleaved."""
         ready = []
         for r in self.rows.values():
             if not r.ok:
@@ -420,7 +411,25 @@ class LlmBench:
             self.time_generate(ready)
             if self.opts.profile_decode:
                 profile_rows(self, ready)
-        peers = run_peers(self)
+
+    def run(self) -> list[dict[str, Any]]:
+        self.log(f"measuring ceilings on {self.device}")
+        self.ceilings = measure_ceilings(self.device, self.dtype)
+        c = self.ceilings
+        spec = (f"; datasheet ({c.spec_name}) {c.spec_bytes_per_s / 1e9:.4g} GB/s, {c.spec_flops_per_s / 1e12:.4g} TFLOP/s"
+                if c.spec_bytes_per_s and c.spec_flops_per_s else "")
+        self.log(f"read {c.bandwidth / 1e9:.4g} GB/s ({c.read_kernel}), copy {c.copy_bytes_per_s / 1e9:.4g} GB/s, "
+                 f"best matmul {c.matmul_flops_per_s / 1e12:.4g} TFLOP/s (n={c.matmul_n}){spec}")
+        self.build_models()
+        self.check_parity()
+        flops = self.prefill_flops()
+        prep = prepare_peers(self)
+        try:
+            self.run_kiln_rows()
+            peers = run_peers(self, prep)
+        finally:
+            if prep is not None:
+                prep.close()  # gpt-fast's checkpoints are the size of the model
         return self.finish_rows(flops) + finish_peers(self, peers)
 
 

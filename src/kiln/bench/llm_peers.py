@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -13,32 +14,46 @@ from kiln.bench.ceilings import bandwidth_fractions
 from kiln.bench.formulas import ratio
 
 
-def run_peers(bench) -> list[dict[str, Any]]:
-    """gpt-fast's rows, after kiln's are timed (its processes share the GPU with this one's
-    models, which sit idle meanwhile)."""
-    from pathlib import Path
+def _base(o) -> dict[str, Any]:
+    return {"model": o.model, "dtype": o.dtype, "batch": o.batch, "prompt_len": o.prompt_len, "new_tokens": o.new_tokens}
 
+
+def prepare_peers(bench):
+    """gpt-fast's checkpoints (bf16, and int4 through its quantize.py), written before kiln's rows
+    are timed so that only its generation runs after them; None without --gpt-fast or a model."""
+    from kiln.bench.peers.gpt_fast import prepare
+
+    o = bench.opts
+    if not o.gpt_fast or bench.kiln_model is None:
+        return None
+    return prepare(bench.kiln_model, Path(o.gpt_fast), quants=o.gpt_fast_quants, group_size=o.gpt_fast_group_size,
+                   timeout_s=o.gpt_fast_timeout_s, log=bench.log)
+
+
+def run_peers(bench, prep) -> list[dict[str, Any]]:
+    """gpt-fast's rows, after kiln's are timed (its processes share the GPU with this one's
+    models, which sit idle meanwhile); the checkpoints are removed after."""
     from kiln.bench.peers.gpt_fast import ENGINE, run_rows
 
     o = bench.opts
     if not o.gpt_fast:
         return []
-    base = {"model": o.model, "dtype": o.dtype, "batch": o.batch, "prompt_len": o.prompt_len,
-            "new_tokens": o.new_tokens}
-    elapsed = time.perf_counter() - bench.started
-    if bench.kiln_model is None or (o.deadline_s is not None and elapsed > o.deadline_s):
-        why = ("kiln's model could not be built" if bench.kiln_model is None
-               else f"not started: the run's --deadline-s {o.deadline_s:g} had passed ({elapsed:.0f} s)")
-        return [{"engine": ENGINE, "quant": q, **base, "status": "skipped", "reason": why} for q in o.gpt_fast_quants]
-    gc.collect()
-    if bench.device.type == "cuda":
-        torch.cuda.empty_cache()
-    budget = o.gpt_fast_timeout_s
-    if o.end_by_s is not None:
-        budget = min(budget, o.end_by_s - (time.perf_counter() - bench.started))
-    rows = run_rows(bench.kiln_model, Path(o.gpt_fast), quants=o.gpt_fast_quants, prompt_len=o.prompt_len,
-                    new_tokens=o.new_tokens, samples=max(o.repeats, 2), group_size=o.gpt_fast_group_size,
-                    device=str(bench.device), timeout_s=budget, log=bench.log)
+    base = _base(o)
+    if prep is None:
+        return [{"engine": ENGINE, "quant": q, **base, "status": "skipped", "reason": "kiln's model could not be built"}
+                for q in o.gpt_fast_quants]
+    try:
+        gc.collect()
+        if bench.device.type == "cuda":
+            torch.cuda.empty_cache()
+        budget = o.gpt_fast_timeout_s
+        if o.end_by_s is not None:
+            budget = min(budget, o.end_by_s - (time.perf_counter() - bench.started))
+        rows = run_rows(prep, quants=o.gpt_fast_quants, prompt_len=o.prompt_len, new_tokens=o.new_tokens,
+                        samples=max(o.repeats, 2), group_size=o.gpt_fast_group_size, device=str(bench.device),
+                        timeout_s=budget, log=bench.log)
+    finally:
+        prep.close()
     return [{**base, **row} for row in rows]
 
 

@@ -144,15 +144,24 @@ class PeerRun:
     samples: int = 3
     group_size: int = 128
     device: str = "cuda"
-    extra_env: dict[str, str] = field(default_factory=dict)
 
     def command(self) -> list[str]:
         cmd = [sys.executable, "-m", "kiln.bench.peers.gpt_fast_child", "--checkout", str(self.checkout),
                "--checkpoint", str(self.checkpoint), "--prompt-len", str(self.prompt_len),
                "--new-tokens", str(self.new_tokens), "--samples", str(self.samples), "--device", self.device]
-        if self.quant == "int4":
-            cmd += ["--int4", str(self.group_size)]
         return cmd
+
+
+def quantize_command(checkout: Path, checkpoint: Path, group_size: int) -> list[str]:
+    """The child run that writes gpt-fast's int4 checkpoint next to `checkpoint` (its quantize.py)."""
+    return [sys.executable, "-m", "kiln.bench.peers.gpt_fast_child", "--checkout", str(checkout),
+            "--checkpoint", str(checkpoint), "--quantize-int4", str(group_size)]
+
+
+def int4_path(checkpoint: Path, group_size: int) -> Path:
+    """Where gpt-fast's quantize.py writes the int4 checkpoint of `checkpoint` (and where its
+    generate.py reads the group size back from)."""
+    return checkpoint.with_name(checkpoint.name.replace(".pth", f"int4.g{group_size}.pth"))
 
 
 _FLOAT = r"([0-9]+(?:\.[0-9]+)?)"
@@ -191,16 +200,13 @@ def run_row(run: PeerRun, timeout_s: float) -> dict[str, Any]:
     row: dict[str, Any] = {"engine": ENGINE, "quant": run.quant, "status": "ok", "reason": None,
                            "peer_command": " ".join(run.command()[1:]),
                            "group_size": run.group_size if run.quant == "int4" else None}
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", **run.extra_env}
-    try:
-        done = subprocess.run(run.command(), capture_output=True, text=True, timeout=timeout_s, env=env)
-    except subprocess.TimeoutExpired as exc:
-        text = (exc.stdout or b"").decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
-        row.update(status="error", reason=f"timed out after {timeout_s:.0f} s: {_tail(text)}")
+    code, out, err = _child(run.command(), timeout_s)
+    row.update(parse_output(out))
+    if code is None:
+        row.update(status="error", reason=f"{err}: {_tail(out)}")
         return row
-    row.update(parse_output(done.stdout))
-    if done.returncode != 0 or not row["peer_tok_s_samples"]:
-        row.update(status="error", reason=f"exit {done.returncode}: {_tail(done.stderr or done.stdout)}")
+    if code != 0 or not row["peer_tok_s_samples"]:
+        row.update(status="error", reason=f"exit {code}: {_tail(err or out)}")
         return row
     # gpt-fast prints the seconds to 2 decimals and tokens/s to 2 decimals: the rate is the finer figure.
     row["request_tok_s"] = statistics.median(row["peer_tok_s_samples"])
@@ -213,39 +219,92 @@ def request_seconds(new_tokens: int, tok_s: float) -> float:
     return new_tokens / tok_s
 
 
-def run_rows(model, checkout: Path, *, quants: tuple[str, ...], prompt_len: int, new_tokens: int, samples: int,
-             group_size: int, device: str, timeout_s: float, log=print, work_dir: Path | None = None) -> list[dict[str, Any]]:
-    """gpt-fast rows for `model` (a kiln Decoder): one checkpoint written to a temporary folder
-    (removed after), one subprocess per quant. Each row records gpt-fast's commit; a failure while
-    converting becomes every row's error."""
-    import shutil
+@dataclass
+class Prepared:
+    """gpt-fast's checkpoints for one bench, written before kiln's rows are timed."""
+
+    folder: Path
+    base: dict[str, Any]
+    """Fields every row carries: gpt-fast's commit and checkout."""
+    checkpoints: dict[str, Path] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)
+    extra: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Per quant: how its checkpoint was made (the quantize command, its time)."""
+
+    def close(self) -> None:
+        import shutil
+
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _child(cmd: list[str], timeout_s: float) -> tuple[int | None, str, str]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
+    except subprocess.TimeoutExpired as exc:
+        out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        return None, out, f"timed out after {timeout_s:.0f} s"
+    return done.returncode, done.stdout, done.stderr
+
+
+def prepare(model, checkout: Path, *, quants: tuple[str, ...], group_size: int, timeout_s: float, log=print,
+            work_dir: Path | None = None) -> Prepared:
+    """Write `model` (a kiln Decoder) as gpt-fast's checkpoint in a temporary folder and, for int4,
+    run gpt-fast's quantize.py on it (a subprocess). A failure is kept per quant, not raised."""
     import tempfile
     import time
 
     commit = checkout_commit(checkout)
-    base = {"peer_commit": commit, "peer_checkout": str(checkout)}
-    folder = Path(tempfile.mkdtemp(prefix="kiln-gpt-fast-", dir=work_dir))
-    rows: list[dict[str, Any]] = []
+    prep = Prepared(Path(tempfile.mkdtemp(prefix="kiln-gpt-fast-", dir=work_dir)),
+                    {"peer_commit": commit, "peer_checkout": str(checkout)})
     try:
-        try:
-            log(f"gpt-fast ({commit}): writing the model as its checkpoint")
-            checkpoint = write_checkpoint(model, folder, f"kiln-{model.config.family}-{model.config.n_layers}l")
-        except Exception as exc:
-            reason = f"{type(exc).__name__}: {exc}"[:300]
-            return [{"engine": ENGINE, "quant": q, "status": "error", "reason": reason, **base} for q in quants]
+        log(f"gpt-fast ({commit}): writing the model as its checkpoint")
+        checkpoint = write_checkpoint(model, prep.folder, f"kiln-{model.config.family}-{model.config.n_layers}l")
+    except Exception as exc:
+        prep.errors = dict.fromkeys(quants, f"{type(exc).__name__}: {exc}"[:300])
+        return prep
+    for quant in quants:
+        if quant == "none":
+            prep.checkpoints[quant] = checkpoint
+            continue
+        cmd = quantize_command(checkout, checkpoint, group_size)
+        log(f"gpt-fast[{quant}]: quantizing with its quantize.py")
         started = time.perf_counter()
-        for quant in quants:
-            left = timeout_s - (time.perf_counter() - started)
-            if left <= 10:
-                rows.append({"engine": ENGINE, "quant": quant, "status": "skipped", **base,
-                             "reason": f"not started: gpt-fast's {timeout_s:.0f} s were spent"})
-                continue
-            run = PeerRun(checkout, checkpoint, quant, prompt_len, new_tokens, samples, group_size, device)
-            log(f"gpt-fast[{quant}]: running ({left:.0f} s left)")
-            row = {**run_row(run, left), **base}
-            log(f"gpt-fast[{quant}]: {row['status']}"
-                + (f" {row['request_tok_s']:.1f} tok/s" if row.get("request_tok_s") else f": {row['reason']}"))
-            rows.append(row)
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+        code, out, err = _child(cmd, timeout_s)
+        prep.extra[quant] = {"peer_quantize_command": " ".join(cmd[1:]), "peer_quantize_s": time.perf_counter() - started,
+                             **{k: v for k, v in parse_output(out).items() if k.startswith("peer_") and "samples" not in k
+                                and v is not None}}
+        target = int4_path(checkpoint, group_size)
+        if code == 0 and target.is_file():
+            prep.checkpoints[quant] = target
+        else:
+            prep.errors[quant] = f"quantize: {err if code is None else f'exit {code}'}: {_tail(err or out)}"
+    return prep
+
+
+def run_rows(prep: Prepared, *, quants: tuple[str, ...], prompt_len: int, new_tokens: int, samples: int,
+             group_size: int, device: str, timeout_s: float, log=print) -> list[dict[str, Any]]:
+    """One gpt-fast row per quant, each its own subprocess, within `timeout_s` together; every row
+    records gpt-fast's commit, and a quant whose checkpoint could not be made keeps that error."""
+    import time
+
+    started = time.perf_counter()
+    rows: list[dict[str, Any]] = []
+    for quant in quants:
+        base = {"engine": ENGINE, "quant": quant, **prep.base, **prep.extra.get(quant, {}),
+                "group_size": group_size if quant == "int4" else None}
+        if quant in prep.errors:
+            rows.append({**base, "status": "error", "reason": prep.errors[quant]})
+            continue
+        left = timeout_s - (time.perf_counter() - started)
+        if left <= 10:
+            rows.append({**base, "status": "skipped", "reason": f"not started: {left:.0f} s left of gpt-fast's time"})
+            continue
+        run = PeerRun(Path(prep.base["peer_checkout"]), prep.checkpoints[quant], quant, prompt_len, new_tokens, samples,
+                      group_size, device)
+        log(f"gpt-fast[{quant}]: running ({left:.0f} s left)")
+        row = {**base, **run_row(run, left)}
+        log(f"gpt-fast[{quant}]: {row['status']}"
+            + (f" {row['request_tok_s']:.1f} tok/s" if row.get("request_tok_s") else f": {row['reason']}"))
+        rows.append(row)
     return rows

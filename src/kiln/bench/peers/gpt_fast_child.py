@@ -1,7 +1,9 @@
 """The process one gpt-fast row of `kiln bench llm` runs in (kiln.bench.peers.gpt_fast starts it).
 
     python -m kiln.bench.peers.gpt_fast_child --checkout DIR --checkpoint DIR/NAME/model.pth \\
-        --prompt-len 1024 --new-tokens 256 --samples 3 [--int4 GROUP] [--device cuda]
+        --quantize-int4 GROUP                      # writes DIR/NAME/modelint4.gGROUP.pth, then exits
+    python -m kiln.bench.peers.gpt_fast_child --checkout DIR --checkpoint DIR/NAME/<model or int4 file>.pth \\
+        --prompt-len 1024 --new-tokens 256 --samples 3 [--device cuda]
 
 It imports gpt-fast from its checkout and runs gpt-fast's own code; kiln only:
 - registers the checkpoint's shape (NAME/model_args.json) in gpt-fast's `transformer_configs`
@@ -9,8 +11,9 @@ It imports gpt-fast from its checkout and runs gpt-fast's own code; kiln only:
 - stands in for the tokenizer: the prompt is synthetic (`--prompt N`: N random ids, gpt-fast's
   benchmarking mode) and the weights are random, so a text tokenizer has nothing to do but
   print the sample; without sentencepiece/tiktoken installed their imports get empty modules;
-- with `--int4 G`: runs gpt-fast's `quantize.quantize(..., "int4", G)`, then generates from the
-  file it writes. torch >= 2.5's `_convert_weight_to_int4pack` takes the int4 values packed two
+- with `--quantize-int4 G`: runs gpt-fast's `quantize.quantize(..., "int4", G)` only; a later run
+  generates from the file it writes (gpt-fast's generate.py takes int4 and the group size from
+  the file name). torch >= 2.5's `_convert_weight_to_int4pack` takes the int4 values packed two
   per uint8 where older torch took int32; the int32 values gpt-fast passes are packed that way
   first (the same values; recorded as an adaptation in the output).
 Sampling is gpt-fast's (top-k 200, temperature 0.8, its defaults); decode is compiled with its
@@ -110,22 +113,25 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m kiln.bench.peers.gpt_fast_child")
     p.add_argument("--checkout", required=True, type=Path)
     p.add_argument("--checkpoint", required=True, type=Path)
-    p.add_argument("--prompt-len", type=int, required=True)
-    p.add_argument("--new-tokens", type=int, required=True)
+    p.add_argument("--prompt-len", type=int, help="prompt tokens (generation runs)")
+    p.add_argument("--new-tokens", type=int, help="tokens generated per request (generation runs)")
     p.add_argument("--samples", type=int, default=3)
-    p.add_argument("--int4", type=int, metavar="GROUP", help="quantize with gpt-fast's int4 (group size GROUP)")
+    p.add_argument("--quantize-int4", type=int, metavar="GROUP",
+                   help="only write gpt-fast's int4 checkpoint (its quantize.py, group size GROUP) and exit")
     p.add_argument("--device", default="cuda")
     args = p.parse_args(argv)
+    if not args.quantize_int4 and (args.prompt_len is None or args.new_tokens is None):
+        p.error("a generation run needs --prompt-len and --new-tokens")
     info: dict = {"peer_stubbed_modules": _stub_missing(("sentencepiece", "tiktoken")), "peer_adaptations": []}
     info["peer_config_name"] = register(args.checkout, args.checkpoint)
     checkpoint = args.checkpoint
-    if args.int4:
+    if args.quantize_int4:
         adapted = _adapt_int4pack()
         if adapted:
             info["peer_adaptations"].append(adapted)
-        quantize = importlib.import_module("quantize")
-        quantize.quantize(checkpoint, "int4", args.int4)
-        checkpoint = checkpoint.with_name(checkpoint.name.replace(".pth", f"int4.g{args.int4}.pth"))
+        importlib.import_module("quantize").quantize(checkpoint, "int4", args.quantize_int4)
+        print(MARK + json.dumps(info), flush=True)
+        return 0
     info["weight_bytes"] = weight_bytes(checkpoint)
     generate = importlib.import_module("generate")
     generate.get_tokenizer = _Tokenizer
