@@ -17,7 +17,7 @@ start=$(date +%s)
 source benchmarks/gpu_step.sh
 export TORCHAO_FORCE_SKIP_LOADING_SO_FILES=1
 PARTS=${PARTS:-plain,llm}
-BUDGET=${BUDGET:-515}
+BUDGET=${BUDGET:-525}
 left() { echo $(( BUDGET - ($(date +%s) - start) )); }
 cap() { local l; l=$(left); echo $(( $1 < l ? $1 : l )); }
 pack() { tar czf "$OUT/evidence.tgz" -C "$R" . 2>/dev/null; }
@@ -45,13 +45,14 @@ fi
 
 l=$(left)
 if [[ $PARTS == *llm* && $l -gt 120 ]]; then
-  # kiln's rows start their warm-up within the first 150 s; gpt-fast's rows end 25 s before the
-  # process's own limit, so the results are written either way.
-  peer=(--gpt-fast .peers/gpt-fast --gpt-fast-quant none,int4 --end-by-s $(( l - 25 )))
+  # gpt-fast's checkpoints (bf16, int4 by its quantize.py) are written first, kiln's rows start their
+  # warm-up within the first 200 s, and gpt-fast's generation runs end 25 s before the process's
+  # own limit, so the results are written either way.
+  peer=(--gpt-fast .peers/gpt-fast --gpt-fast-quant none,int4 --gpt-fast-timeout-s 300 --end-by-s $(( l - 25 )))
   [ -f .peers/gpt-fast/generate.py ] || { echo "evidence.sh: no .peers/gpt-fast checkout: kiln rows only" >&2; peer=(); }
   step llm timeout "$l" python3 -m kiln bench llm --model llama-3.2-3b --prompt-len 1024 --new-tokens 256 \
     --prefill eager --repeats 3 --engines kiln-compiled --decode-attention triton --decode-matvec triton \
-    --quant none,int4@triton --deadline-s 150 "${peer[@]}" --out "$R/llm"
+    --quant none,int4@triton --deadline-s 200 "${peer[@]}" --out "$R/llm"
   pack
 fi
 
