@@ -17,7 +17,7 @@ start=$(date +%s)
 source benchmarks/gpu_step.sh
 export TORCHAO_FORCE_SKIP_LOADING_SO_FILES=1
 PARTS=${PARTS:-plain,llm}
-BUDGET=${BUDGET:-525}
+BUDGET=${BUDGET:-510}
 left() { echo $(( BUDGET - ($(date +%s) - start) )); }
 cap() { local l; l=$(left); echo $(( $1 < l ? $1 : l )); }
 pack() { tar czf "$OUT/evidence.tgz" -C "$R" . 2>/dev/null; }
