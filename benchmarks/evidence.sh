@@ -1,6 +1,7 @@
 #!/bin/bash
 # Evidence for kiln's own baselines and ceilings, on one GPU in one call (~8.5 min on an H100):
-#   bash benchmarks/evidence.sh            (PARTS=plain or PARTS=llm runs one half)
+#   bash benchmarks/evidence.sh            (PARTS=plain or PARTS=llm runs one half; KILN_QUANT and
+#                                           GPT_FAST_QUANT pick the LLM rows, BUDGET the seconds of steps)
 # 1. plain: the seed MLP (b128 fp32, reduce-overhead) and timm ViT-B/16 (b64 bf16-mixed, default
 #    mode) through `kiln bench compile --baseline plain`, with training.grad_clip=1 and =0, and
 #    benchmarks/plain_crosscheck.py (the same loop without kiln) for both clip values. Compile
@@ -48,11 +49,12 @@ if [[ $PARTS == *llm* && $l -gt 120 ]]; then
   # gpt-fast's checkpoints (bf16, int4 by its quantize.py) are written first, kiln's rows start their
   # warm-up within the first 200 s, and gpt-fast's generation runs end 25 s before the process's
   # own limit, so the results are written either way.
-  peer=(--gpt-fast .peers/gpt-fast --gpt-fast-quant none,int4 --gpt-fast-timeout-s 300 --end-by-s $(( l - 25 )))
+  peer=(--gpt-fast .peers/gpt-fast --gpt-fast-quant "${GPT_FAST_QUANT:-none,int4}" --gpt-fast-timeout-s 300
+        --end-by-s $(( l - 25 )))
   [ -f .peers/gpt-fast/generate.py ] || { echo "evidence.sh: no .peers/gpt-fast checkout: kiln rows only" >&2; peer=(); }
   step llm timeout "$l" python3 -m kiln bench llm --model llama-3.2-3b --prompt-len 1024 --new-tokens 256 \
     --prefill eager --repeats 3 --engines kiln-compiled --decode-attention triton --decode-matvec triton \
-    --quant none,int4@triton --deadline-s 200 "${peer[@]}" --out "$R/llm"
+    --quant "${KILN_QUANT:-none,int4@triton}" --deadline-s 200 "${peer[@]}" --out "$R/llm"
   pack
 fi
 
