@@ -87,9 +87,10 @@ def _read_kernels(buf: torch.Tensor) -> dict[str, Callable[[], object]]:
     if buf.is_cuda:
         from kiln.bench.stream_read import triton_read
 
-        reader = triton_read(buf)
-        if reader is not None:
-            kernels["triton_stream"] = reader
+        for block, warps in ((4096, 8), (16384, 16)):  # 32 and 128 KiB per program
+            reader = triton_read(buf, block, warps)
+            if reader is not None:
+                kernels[f"triton_stream_{block * 8 // 1024}k"] = reader
     return kernels
 
 

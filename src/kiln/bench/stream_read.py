@@ -31,18 +31,18 @@ if triton is not None:
         tl.store(out + pid, tl.xor_sum(words, 0))
 
 
-def triton_read(buf: torch.Tensor) -> Callable[[], torch.Tensor] | None:
+def triton_read(buf: torch.Tensor, block: int = BLOCK, warps: int = 8) -> Callable[[], torch.Tensor] | None:
     """A callable streaming all of `buf` (uint8, length a multiple of 8) and returning one xor per
-    block, or None where Triton is not installed."""
+    `block` words, or None where Triton is not installed."""
     if triton is None:
         return None
     words = buf.view(torch.int64)
     n = words.numel()
-    programs = -(-n // BLOCK)
+    programs = -(-n // block)
     out = torch.empty(programs, dtype=torch.int64, device=buf.device)
 
     def run() -> torch.Tensor:
-        _xor_block[(programs,)](words, out, n, BLOCK=BLOCK, num_warps=8)
+        _xor_block[(programs,)](words, out, n, BLOCK=block, num_warps=warps)
         return out
 
     return run
