@@ -28,8 +28,8 @@ def _spaced(text: str) -> str:
     return re.sub(r"\s+", " ", text)
 
 
-def _rows(path: Path) -> list[dict]:
-    results = json.loads(path.read_text())["results"]
+def _rows(path: Path, key: str = "results") -> list[dict]:
+    results = json.loads(path.read_text())[key]
     return results if isinstance(results, list) else [results]
 
 
@@ -37,7 +37,7 @@ def read_term(term: dict, root: Path = ROOT) -> float:
     """One JSON field: of row `row`, or of the first row whose keys match `where`."""
     path = root / term["file"]
     assert path.is_file(), f"results file is gone: {term['file']}"
-    rows = _rows(path)
+    rows = _rows(path, term.get("list", "results"))
     if "row" in term:
         row = rows[term["row"]]
     else:
