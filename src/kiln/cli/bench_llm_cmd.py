@@ -28,8 +28,9 @@ def add_parser(bsub) -> None:
         "llm",
         help="LLM generation engines (HF eager/compiled, kiln eager/compiled): TTFT, prefill, decode, roofline",
         description="Engines side by side in one process on one random prompt: TTFT, prefill ms and tok/s "
-        "(TFLOP/s vs a matmul peak measured on the spot), decode tok/s and per-token p50/p90 (vs the "
-        "bandwidth roofline of a device copy measured on the spot), warm-up/compile time, peak memory. "
+        "(TFLOP/s vs the best matmul measured on the spot and the GPU's datasheet), decode tok/s and per-token "
+        "p50/p90 (vs the bandwidth roofline of a read-only stream measured on the spot and the datasheet), "
+        "warm-up/compile time, peak memory. "
         "With --quant, each kiln engine runs once per quantization, with its weight bytes, roofline, memory, "
         "logit drift against the unquantized model and (--ppl-file) perplexity. "
         "Writes results.json, results.md and results.png.",
