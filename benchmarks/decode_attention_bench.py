@@ -2,10 +2,12 @@
 compiles it), FlashAttention's varlen kernel and kiln's Triton kernel over a sweep of its launch
 settings (slots per block, programs aimed at, warps), on one layer of a model's shape.
 
-Each variant is captured as `--layers` back-to-back calls in one CUDA graph (as in a decode step:
-no launch gaps from the host) and replayed `--repeats` times; a variant's figure is the median us
-per call and the GB/s of the keys and values it reads. Rounds interleave the variants. Writes
-results.json and results.md under --out.
+Each variant is captured as back-to-back calls in one CUDA graph (as in a decode step: no launch
+gaps from the host), at least `--layers` of them and each on its own copy of the keys and values,
+enough copies that one replay reads 3x the L2 cache (kiln.bench.rotation; a layer's K/V would
+otherwise be read from L2 after the first replay, which a model's 28 layers never are). Replayed
+`--repeats` times; a variant's figure is the median us per call and the GB/s of the keys and
+values it reads. Rounds interleave the variants. Writes results.json and results.md under --out.
 
     python benchmarks/decode_attention_bench.py --out DIR [--model llama-3.2-3b] [--slots 1280]
 """
@@ -21,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from kiln.bench.rotation import copies_beyond_l2, l2_bytes
 from kiln.bench.timing import cuda_graph_of, replay_rounds
 from kiln.llm.config import resolve_model
 from kiln.llm.decode_attention import flash_decode, varlen_rows
@@ -33,7 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--model", default="llama-3.2-3b")
     ap.add_argument("--slots", type=int, default=1280, help="cache capacity; the step attends over all of it")
-    ap.add_argument("--layers", type=int, default=28, help="calls per graph replay")
+    ap.add_argument("--layers", type=int, default=28,
+                    help="calls per graph replay, at least (more where 3x the L2 cache needs more K/V copies)")
     ap.add_argument("--repeats", type=int, default=30)
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -46,18 +50,23 @@ def main(argv: list[str] | None = None) -> int:
     dev, dtype = torch.device("cuda"), torch.bfloat16
     gen = torch.Generator(device=dev).manual_seed(0)
     q = torch.randn(B, 1, H, D, device=dev, dtype=dtype, generator=gen)
-    k = torch.randn(B, S, Hkv, D, device=dev, dtype=dtype, generator=gen)
-    v = torch.randn(B, S, Hkv, D, device=dev, dtype=dtype, generator=gen)
+    kv_bytes = 2 * B * S * Hkv * D * q.element_size()
+    calls = max(args.layers, copies_beyond_l2(kv_bytes, l2_bytes(dev)))
+    kvs = [(torch.randn(B, S, Hkv, D, device=dev, dtype=dtype, generator=gen),
+            torch.randn(B, S, Hkv, D, device=dev, dtype=dtype, generator=gen)) for _ in range(calls)]
+    k, v = kvs[0]
     pos, pad = torch.tensor([S - 1], device=dev), torch.zeros(B, dtype=torch.long, device=dev)
     mask = torch.ones(B, S, dtype=torch.bool, device=dev)
     scale = D ** -0.5
     attn = Attention(config, None).to(dev, dtype)
 
-    matmul = torch.compile(lambda: attn._decode_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask),
-                           fullgraph=True, options=default_inductor_options(dev))
+    matmul = torch.compile(lambda k, v: attn._decode_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                               mask), fullgraph=True, options=default_inductor_options(dev))
     rows = varlen_rows(B, S, pos, pad)
-    # Every variant returns [B, 1, H, D]: the matmul path gives [B, H, 1, D] (a view transposes it).
-    variants = {"matmul (compiled)": lambda: matmul().transpose(1, 2), "flash": lambda: flash_decode(q, k, v, rows, scale)}
+    # Every variant takes one (k, v) copy and returns [B, 1, H, D]: the matmul path gives [B, H, 1, D]
+    # (a view transposes it).
+    variants = {"matmul (compiled)": lambda k, v: matmul(k, v).transpose(1, 2),
+                "flash": lambda k, v: flash_decode(q, k, v, rows, scale)}
     with torch.no_grad():  # the reference: the matmul path in eager, in fp32
         reference = Attention._decode_attention(attn, q.float().transpose(1, 2), k.float().transpose(1, 2),
                                                 v.float().transpose(1, 2), mask).transpose(1, 2)
@@ -66,20 +75,19 @@ def main(argv: list[str] | None = None) -> int:
         name = f"triton block {block} target {target} warps {warps}"
         settings[name] = (block, target, warps)
 
-        def run(block=block, target=target, warps=warps):
+        def run(k, v, block=block, target=target, warps=warps):
             td.BLOCK_S, td.TARGET_PROGRAMS, td.NUM_WARPS = block, target, warps
             return td.triton_decode(q, k, v, pad, pos, scale, None)
 
         variants[name] = run
     graphs, errors = {}, {}
     for name, fn in variants.items():
-        out = fn().float()
-        out = fn().float()  # a second call too: the first of a compiled variant also tunes it
+        out = fn(k, v).float()
+        out = fn(k, v).float()  # a second call too: the first of a compiled variant also tunes it
         errors[name] = float((out - reference).abs().max())
-        graphs[name] = cuda_graph_of(fn, args.layers)
-    times = {name: [ms * 1000 / args.layers for ms in samples]
+        graphs[name] = cuda_graph_of(lambda fn=fn: [fn(*kv) for kv in kvs], 1)
+    times = {name: [ms * 1000 / calls for ms in samples]
              for name, samples in replay_rounds(graphs, args.repeats).items()}
-    kv_bytes = 2 * B * S * Hkv * D * k.element_size()
     results = []
     for name, samples in times.items():
         us = statistics.median(samples)
@@ -94,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     meta = {"model": args.model, "batch": B, "slots": S, "heads": H, "kv_heads": Hkv, "head_dim": D,
-            "calls_per_replay": args.layers, "repeats": args.repeats, "torch": torch.__version__,
+            "calls_per_replay": calls, "kv_copies": calls, "l2_bytes": l2_bytes(dev), "repeats": args.repeats, "torch": torch.__version__,
             "gpu": torch.cuda.get_device_name(), "kv_bytes_per_call": kv_bytes}
     (out / "results.json").write_text(json.dumps({"config": meta, "results": results}, indent=2) + "\n")
     lines = [f"# Decode attention, one layer: {args.model} shape, batch {B}, {S} slots, bf16, {meta['gpu']}", "",

@@ -1,8 +1,10 @@
 """What `compile.enabled=true` alone means: the fastest recipe kiln measured for the model family.
 
-Each entry was the fastest recipe that passed `kiln bench compile`'s accuracy check on a GPU, with
-the results it came from committed under `benchmarks/results/`. It applies when the user asks for
-speed and leaves the how to kiln: `compile.enabled=true` with every other compile key at its
+Each entry is the fastest recipe that passed the accuracy check in the newest committed evidence
+(`kiln bench compile` or `kiln autotune` results under `benchmarks/results/`), measured on one GPU
+at one shape; the log line names the GPU, the shape and the results, and says when the run's model,
+batch, precision or GPU is not what was measured (the recipe is then expected, not measured, to
+win). It applies when the user asks for speed and leaves the how to kiln: `compile.enabled=true` with every other compile key at its
 default, one process that no DDP/FSDP wrapper wraps, a CUDA device, and
 `compile.defaults=measured` (the default; `compile.defaults=torch` keeps torch.compile's own
 defaults). Any compile key the user sets, a family without evidence, a CPU or several processes
@@ -16,6 +18,7 @@ run's config.toml, so a rerun resolves to the same run.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, fields
 
 from kiln.config.schema import CompileConfig, Config
@@ -26,22 +29,36 @@ from kiln.distributed.strategy import wraps_one_rank
 class MeasuredRecipe:
     keys: dict[str, object]
     """compile.<key> values to set."""
+    gpu: str
+    """The GPU it was measured on (as CUDA names it)."""
+    shape: dict[str, object]
+    """What was measured: model.kwargs values (factory defaults filled in), `batch_size`, `precision`."""
+    results: str
+    """The committed results the recipe comes from (the newest evidence)."""
     evidence: str
-    """Where the measurement is committed, and what it showed."""
+    """What they showed."""
 
 
 MEASURED: dict[str, MeasuredRecipe] = {
     "mlp": MeasuredRecipe(
-        {"regional": True, "cudagraphs": True},
-        "benchmarks/results/h100/speed_mlp: seed MLP b128 fp32 1.53 ms/step, 5.97x kiln eager and 3.1x the "
-        "plain reduce-overhead loop in the same run; compile 2.6 s",
+        {"cudagraphs": True},
+        "NVIDIA H100 80GB HBM3",
+        {"hidden_size": 1024, "num_layers": 24, "num_classes": 1000, "dropout": 0.1, "batch_size": 128,
+         "precision": "fp32"},
+        "benchmarks/results/h100/autotune/mlp",
+        "whole-model compile with whole-step capture 1.470 ms/step against 1.560 ms with regional compile in the "
+        "same confirm stage (speed_mlp, a day earlier: regional + capture 1.53 ms, 3.1x the plain reduce-overhead "
+        "loop); compile ~1 s",
     ),
     "vit": MeasuredRecipe(
         {"cudagraphs": True},
-        "benchmarks/results/h100/speed_vit_best and speed_vit_best_2026-11-25: ViT-B/16 b64 bf16-mixed, "
-        "whole-model compile with whole-step capture 21.8-21.9 ms/step, the fastest accurate recipe at that "
-        "precision (regional + capture 22.5 ms in speed_vit, plain reduce-overhead 22.7-22.8 ms); it compiles "
-        "in ~27 s, compile.regional=true in ~4 s",
+        "NVIDIA H100 80GB HBM3",
+        {"img_size": 224, "patch_size": 16, "embed_dim": 768, "depth": 12, "num_heads": 12, "num_classes": 1000,
+         "batch_size": 64, "precision": "bf16-mixed"},
+        "benchmarks/results/h100/speed_vit_best_2026-11-25b",
+        "whole-model compile with whole-step capture 21.88 ms/step at bf16-mixed, the fastest accurate recipe at "
+        "that precision (plain reduce-overhead 22.77 ms, regional + capture 22.5 ms in speed_vit); it compiles in "
+        "~27 s, compile.regional=true in ~4 s",
     ),
 }
 
@@ -61,9 +78,41 @@ def _user_chose_how(c: CompileConfig) -> bool:
     return any(getattr(c, f.name) != getattr(_UNTOUCHED, f.name) for f in fields(c) if f.name not in skip)
 
 
-def apply_measured_defaults(cfg: Config, device_type: str, world_size: int, *, launched: bool = False) -> str | None:
+def measured_shape(cfg: Config) -> dict[str, object]:
+    """The run's values of the keys a recipe's `shape` names: model.kwargs with the factory's
+    defaults filled in, the batch size and the precision policy."""
+    from kiln.models.registry import REGISTRY
+
+    entry = REGISTRY.get(cfg.model.name)
+    params = inspect.signature(entry.factory).parameters if entry is not None else {}
+    kwargs = {k: p.default for k, p in params.items() if p.default is not inspect.Parameter.empty}
+    return {**kwargs, **cfg.model.kwargs, "batch_size": cfg.data.batch_size, "precision": cfg.precision.policy}
+
+
+def shape_differences(recipe: MeasuredRecipe, cfg: Config) -> list[str]:
+    """`key=run value (measured: value)` for each measured key this run sets differently."""
+    mine = measured_shape(cfg)
+    return [f"{key}={mine.get(key)!r} (measured {value!r})" for key, value in recipe.shape.items()
+            if mine.get(key) != value]
+
+
+def evidence_line(recipe: MeasuredRecipe, cfg: Config, device_name: str | None) -> str:
+    """Where the recipe was measured, and what differs in this run (shape, GPU)."""
+    shown = ", ".join(f"{k} {v}" for k, v in recipe.shape.items())
+    line = f"measured on {recipe.gpu} at {shown}: {recipe.evidence} ({recipe.results})"
+    caveats = shape_differences(recipe, cfg)
+    if caveats:
+        line += f"; this run is not the measured shape ({', '.join(caveats)}): the recipe is expected, not measured, to be fastest here"
+    if device_name and device_name != recipe.gpu:
+        line += f"; this GPU ({device_name}) is not the one measured"
+    return line
+
+
+def apply_measured_defaults(cfg: Config, device_type: str, world_size: int, *, launched: bool = False,
+                            device_name: str | None = None) -> str | None:
     """Set the family's measured recipe on `cfg.compile` where it applies; returns a log line
-    (also when a wrapper keeps it from applying). `launched`: the process runs under torchrun."""
+    (also when a wrapper keeps it from applying). `launched`: the process runs under torchrun;
+    `device_name`: the CUDA device's name, to say when it is not the GPU the recipe was measured on."""
     c = cfg.compile
     if not c.enabled or c.defaults != "measured" or _user_chose_how(c):
         return None
@@ -76,5 +125,5 @@ def apply_measured_defaults(cfg: Config, device_type: str, world_size: int, *, l
     for key, value in recipe.keys.items():
         setattr(c, key, value)
     shown = " ".join(f"compile.{k}={str(v).lower()}" for k, v in recipe.keys.items())
-    return (f"compile: kiln's measured recipe for {family(cfg.model.name)}: {shown} ({recipe.evidence}); "
-            "compile.defaults=torch keeps torch's defaults")
+    return (f"compile: kiln's measured recipe for {family(cfg.model.name)}: {shown}, "
+            f"{evidence_line(recipe, cfg, device_name)}; compile.defaults=torch keeps torch's defaults")

@@ -183,7 +183,7 @@ def test_quant_rows_with_quality_and_their_own_roofline(quant_config, tmp_path):
         for key in (*LLM_KEYS, "weight_bytes", "model_bytes", "ppl", "ppl_ratio"):
             assert key in row and (row[key] is not None or key == "peak_mem_bytes"), (row["quant"], key)  # CUDA only
         assert row["roofline_tok_s"] == pytest.approx(
-            payload["config"]["ceilings"]["copy_bytes_per_s"] / row["weight_bytes"])
+            payload["config"]["ceilings"]["read_bytes_per_s"] / row["weight_bytes"])
     assert none["weight_bytes"] > 3 * int8["weight_bytes"] > 1.5 * 3 * int4["weight_bytes"]  # fp32 -> 8 -> 4 bits
     assert (int8["quant_kind"], int8["quant_backend"], int4["quant_backend"], int4["group_size"]) == \
         ("int8", "torch", "inductor", 64)

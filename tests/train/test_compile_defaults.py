@@ -15,8 +15,31 @@ def _cfg(*overrides):
 def test_measured_recipe_applies_when_the_user_asks_only_for_speed():
     cfg = _cfg()
     note = apply_measured_defaults(cfg, "cuda", 1)
-    assert cfg.compile.regional is True and cfg.compile.cudagraphs is True
-    assert "compile.regional=true compile.cudagraphs=true" in note and "benchmarks/results/h100" in note
+    assert cfg.compile.regional is False and cfg.compile.cudagraphs is True
+    assert "compile.cudagraphs=true" in note and "benchmarks/results/h100/autotune/mlp" in note
+
+
+def test_the_log_line_names_gpu_shape_and_results_and_what_differs():
+    measured = ["model.kwargs.hidden_size=1024", "model.kwargs.num_layers=24", "model.kwargs.num_classes=1000",
+                "data.batch_size=128", "precision.policy=fp32"]
+    cfg = _cfg(*measured)
+    note = apply_measured_defaults(cfg, "cuda", 1, device_name="NVIDIA H100 80GB HBM3")
+    assert "measured on NVIDIA H100 80GB HBM3 at hidden_size 1024, num_layers 24" in note
+    assert "batch_size 128, precision fp32" in note and "(benchmarks/results/h100/autotune/mlp)" in note
+    assert "not the measured shape" not in note and "is not the one measured" not in note
+    other = _cfg(*measured[:-2], "data.batch_size=32")  # the default model shape is the seed's small MLP
+    note = apply_measured_defaults(other, "cuda", 1, device_name="NVIDIA A100-SXM4-80GB")
+    assert "this run is not the measured shape (batch_size=32 (measured 128))" in note
+    assert "this GPU (NVIDIA A100-SXM4-80GB) is not the one measured" in note
+    default = apply_measured_defaults(_cfg(), "cuda", 1)
+    assert "hidden_size=256 (measured 1024)" in default and "num_layers=4 (measured 24)" in default
+
+
+def test_vit_defaults_are_the_measured_vit_b16():
+    cfg = _cfg("model.name=vit", "data.batch_size=64", "precision.policy=bf16-mixed")
+    note = apply_measured_defaults(cfg, "cuda", 1)
+    assert cfg.compile.cudagraphs and not cfg.compile.regional
+    assert "speed_vit_best_2026-11-25b" in note and "not the measured shape" not in note
 
 
 @pytest.mark.parametrize(("overrides", "device", "world"), [

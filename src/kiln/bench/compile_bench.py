@@ -20,10 +20,11 @@ from typing import Any
 import torch
 
 from kiln.bench.accuracy import compare, eager_random
+from kiln.bench.formulas import peak_fraction, tflops
 from kiln.bench.ratios import annotate, ratio_text
 from kiln.bench.recipes import Recipe, cuda_graph_reason
 from kiln.bench.runner import FP64, BenchContext, Started, build_context, release, start_runner
-from kiln.bench.timing import Timing, measure_interleaved
+from kiln.bench.timing import Timing, measure, measure_interleaved
 from kiln.compile import compile_counters, recompiles
 from kiln.compile_cache import artifacts_blob, fresh_artifacts, load_blob
 from kiln.config.schema import Config
@@ -42,6 +43,13 @@ FIGURES = (
     "warm_cold_ratio", "speedup_vs_plain", "speedup_vs_best_plain", "tflops", "matmul_peak_tflops", "peak_frac",
     "eager_step_ms_p10", "eager_step_ms_p90", "step_spread", "eager_spread", "noisy", "flags",
 )
+# Model FLOP/s against the datasheet's dense peak at the row's matrix-unit dtype (`peak_frac` is
+# against the best matmul measured on the spot), and the settings a plain loop shares with kiln.
+CEILING_FIGURES = ("spec_peak_tflops", "spec_peak_frac", "spec_source")
+# A compiled row's steps timed back to back after the interleaved samples, as a user's own script
+# times its loop: the cross-check of `step_ms` (benchmarks/plain_crosscheck.py does it without kiln).
+ALONE_FIGURES = ("step_ms_alone", "step_ms_alone_p10", "step_ms_alone_p90")
+SETTINGS = ("grad_clip", "schedule", "warmup_steps", "lr", "optimizer", "tf32")
 
 
 @dataclass
@@ -127,7 +135,18 @@ def base_row(ctx: BenchContext, recipe: Recipe) -> dict[str, Any]:
         "status": "ok",
         "reason": None,
         **dict.fromkeys(FIGURES),
+        **dict.fromkeys(CEILING_FIGURES),
+        **dict.fromkeys(ALONE_FIGURES),
+        **settings(ctx.cfg),
     }
+
+
+def settings(cfg: Config) -> dict[str, Any]:
+    """The training settings every row of a bench shares (plain rows included): clipping and the
+    LR schedule cost a hand loop real time, so a table names them."""
+    o = cfg.optim
+    return {"grad_clip": cfg.training.grad_clip, "schedule": o.schedule, "warmup_steps": o.warmup_steps,
+            "lr": o.lr, "optimizer": o.name, "tf32": cfg.precision.tf32}
 
 
 def timing_figures(ctx: BenchContext, row: dict, timings: dict[str, Timing], side: str) -> None:
@@ -137,10 +156,14 @@ def timing_figures(ctx: BenchContext, row: dict, timings: dict[str, Timing], sid
                samples=mine["samples"])
     row["throughput"] = ctx.samples_per_step / step_s if step_s > 0 else None
     if ctx.flops_per_step and step_s > 0:
-        row["tflops"] = ctx.flops_per_step / step_s / 1e12
+        row["tflops"] = tflops(ctx.flops_per_step, step_s)
         peak = ctx.matmul_peak(row["precision"])
         row["matmul_peak_tflops"] = peak / 1e12
-        row["peak_frac"] = ctx.flops_per_step / step_s / peak
+        row["peak_frac"] = peak_fraction(ctx.flops_per_step, step_s, peak)
+        spec, source = ctx.spec_peak(row["precision"])
+        if spec is not None:
+            row.update(spec_peak_tflops=spec / 1e12, spec_peak_frac=peak_fraction(ctx.flops_per_step, step_s, spec),
+                       spec_source=source)
     if ctx.tokens_per_step:
         row["tokens_per_s"] = ctx.tokens_per_step / step_s if step_s > 0 else None
     eager_s = timings["eager"].median_s
@@ -258,6 +281,8 @@ class MatrixRun:
         timings = self.interleave(sides)
         after = compile_counters()
         timing_figures(self.ctx, row, timings, "compiled")
+        alone = measure(started.runner, warmup=1, repeats=self.opts.steps, device=self.device).as_dict()
+        row.update(step_ms_alone=alone["median_ms"], step_ms_alone_p10=alone["p10_ms"], step_ms_alone_p90=alone["p90_ms"])
         peak, eager_peak = started.peak_mem_bytes, eager.peak_mem_bytes
         row["capture"] = started.runner.capture_status
         if recipe.cudagraphs and row["capture"] and row["capture"].startswith("fallback"):

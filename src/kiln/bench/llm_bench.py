@@ -33,9 +33,19 @@ from typing import Any
 
 import torch
 
-from kiln.bench.ceilings import Ceilings, measure_ceilings
+from kiln.bench.ceilings import Ceilings, bandwidth_fractions, measure_ceilings
 from kiln.bench.compile_bench import failure
+from kiln.bench.formulas import (
+    decode_tok_s,
+    peak_fraction,
+    prefill_tok_s,
+    ratio,
+    request_tok_s,
+    roofline_tok_s,
+    tflops,
+)
 from kiln.bench.llm_engines import ENGINES, HF_ENGINES, HfEngine, KilnEngine
+from kiln.bench.llm_peers import finish_peers, prepare_peers, run_peers
 from kiln.bench.llm_profile import profile_rows
 from kiln.bench.llm_quant import build_variants, load_ppl_tokens, mark_drift, measure_quality
 from kiln.bench.timing import StepClock, Timing, measure_interleaved, time_calls
@@ -109,6 +119,14 @@ class LlmBenchOptions:
     """Decode steps of each kiln row to profile after timing (kiln.llm.decode_profile); 0: none."""
     profile_dir: str | None = None
     """Where the decode profiles go (one folder per row); set by the CLI from --out."""
+    gpt_fast: str | None = None
+    """A gpt-fast checkout: its rows (kiln.bench.peers.gpt_fast) run after kiln's, on the same weights."""
+    gpt_fast_quants: tuple[str, ...] = ("none", "int4")
+    gpt_fast_group_size: int = 128
+    gpt_fast_timeout_s: float = 600.0
+    """Seconds all gpt-fast rows together may take (conversion excluded)."""
+    end_by_s: float | None = None
+    """The gpt-fast rows end by this many seconds after the bench started (a time-boxed run)."""
 
 
 def _stderr(message: str) -> None:
@@ -185,7 +203,7 @@ class LlmBench:
             except Exception as exc:
                 for row in hf_rows:
                     row.fail(exc)
-        if any(n.startswith("kiln") for n in self.rows):
+        if any(n.startswith("kiln") for n in self.rows) or self.opts.gpt_fast:
             self.log(f"building kiln's decoder ({'weights of the HF model' if self.hf_model else 'own weights'})")
             if self.hf_model is not None:
                 self.kiln_model = load_hf_state_dict(empty_decoder(self.config, device=self.device, dtype=self.dtype),
@@ -316,33 +334,33 @@ class LlmBench:
             _param_bytes(self.hf_model) - (0 if self.config.tie_embeddings else
                                             self.config.vocab_size * self.config.dim * self.dtype.itemsize))
         model_bytes = _param_bytes(self.kiln_model or self.hf_model)
-        steps = o.new_tokens - 1
         for r in self.rows.values():
             row = r.row
             kiln_row = r.engine_name.startswith("kiln")
             row.setdefault("weight_bytes", weight_bytes)
             row.update(prefill_flops=flops, **self.parity if kiln_row and r.quant == "none" else {})
-            row["roofline_tok_s"] = c.copy_bytes_per_s / row["weight_bytes"] * o.batch
+            row["roofline_tok_s"] = roofline_tok_s(c.bandwidth, row["weight_bytes"], o.batch)
+            row["spec_roofline_tok_s"] = roofline_tok_s(c.spec_bytes_per_s, row["weight_bytes"], o.batch)
             row_model_bytes = row.get("model_bytes") if kiln_row and row.get("model_bytes") else model_bytes
             if not r.ok or not r.decode:
                 continue
             decode_s = statistics.median(r.decode)
             if row.get("prefill_ms"):
                 prefill_s = row["prefill_ms"] / 1e3
-                row.update(prefill_tok_s=o.batch * o.prompt_len / prefill_s,
-                           prefill_tflops=flops / prefill_s / 1e12 if flops else None,
-                           prefill_peak_frac=flops / prefill_s / c.matmul_flops_per_s if flops else None)
+                row.update(prefill_tok_s=prefill_tok_s(o.batch, o.prompt_len, prefill_s),
+                           prefill_tflops=tflops(flops, prefill_s),
+                           prefill_peak_frac=peak_fraction(flops, prefill_s, c.matmul_flops_per_s),
+                           prefill_spec_frac=peak_fraction(flops, prefill_s, c.spec_flops_per_s))
             row.update(
                 ttft_ms=statistics.median(r.ttft) * 1e3,
-                decode_tok_s=o.batch * steps / decode_s if steps else None,
+                decode_tok_s=decode_tok_s(o.batch, o.new_tokens, decode_s),
                 token_ms_p50=Timing(tuple(r.intervals)).quantile_s(0.5) * 1e3 if r.intervals else None,
                 token_ms_p90=Timing(tuple(r.intervals)).quantile_s(0.9) * 1e3 if r.intervals else None,
                 generate_s=statistics.median(r.totals),
+                request_tok_s=request_tok_s(o.batch, o.new_tokens, statistics.median(r.totals)),
                 peak_mem_bytes=row_model_bytes + r.held_bytes + max(r.transient) if r.transient else None,
             )
-            if row["decode_tok_s"]:
-                achieved = row["weight_bytes"] * row["decode_tok_s"] / o.batch
-                row.update(achieved_gbs=achieved / 1e9, roofline_frac=achieved / c.copy_bytes_per_s)
+            bandwidth_fractions(row, c, o.batch)
         self._ratios()
         for r in self.rows.values():
             mark_drift(r.row)
@@ -355,25 +373,19 @@ class LlmBench:
         for r in ok.values():
             unquantized = ok.get(r.engine_name)
             if r.quant != "none" and unquantized is not None:
-                r.row["decode_vs_unquantized"] = r.row["decode_tok_s"] / unquantized.row["decode_tok_s"]
+                r.row["decode_vs_unquantized"] = ratio(r.row["decode_tok_s"], unquantized.row["decode_tok_s"])
             if base is not None:
-                r.row.update(vs_hf=base.name, decode_vs_hf=r.row["decode_tok_s"] / base.row["decode_tok_s"])
+                r.row.update(vs_hf=base.name, decode_vs_hf=ratio(r.row["decode_tok_s"], base.row["decode_tok_s"]))
                 if base.row.get("prefill_ms") and r.row.get("prefill_ms"):
-                    r.row["prefill_vs_hf"] = base.row["prefill_ms"] / r.row["prefill_ms"]
+                    r.row["prefill_vs_hf"] = ratio(base.row["prefill_ms"], r.row["prefill_ms"])
             if ref is not None and r.tokens and ref.tokens:
                 a, b = r.tokens[0], ref.tokens[0]
                 r.row.update(greedy_ref=ref.name,
                              greedy_match=next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b))))
 
     # -- the run --------------------------------------------------------------------------------
-    def run(self) -> list[dict[str, Any]]:
-        self.log(f"measuring ceilings on {self.device}")
-        self.ceilings = measure_ceilings(self.device, self.dtype)
-        self.log(f"copy {self.ceilings.copy_bytes_per_s / 1e9:.4g} GB/s, "
-                 f"matmul {self.ceilings.matmul_flops_per_s / 1e12:.4g} TFLOP/s")
-        self.build_models()
-        self.check_parity()
-        flops = self.prefill_flops()
+    def run_kiln_rows(self) -> None:
+        """Warm up every row (before the deadline), then time prefill and generate interleaved."""
         ready = []
         for r in self.rows.values():
             if not r.ok:
@@ -399,7 +411,26 @@ class LlmBench:
             self.time_generate(ready)
             if self.opts.profile_decode:
                 profile_rows(self, ready)
-        return self.finish_rows(flops)
+
+    def run(self) -> list[dict[str, Any]]:
+        self.log(f"measuring ceilings on {self.device}")
+        self.ceilings = measure_ceilings(self.device, self.dtype)
+        c = self.ceilings
+        spec = (f"; datasheet ({c.spec_name}) {c.spec_bytes_per_s / 1e9:.4g} GB/s, {c.spec_flops_per_s / 1e12:.4g} TFLOP/s"
+                if c.spec_bytes_per_s and c.spec_flops_per_s else "")
+        self.log(f"read {c.bandwidth / 1e9:.4g} GB/s ({c.read_kernel}), copy {c.copy_bytes_per_s / 1e9:.4g} GB/s, "
+                 f"best matmul {c.matmul_flops_per_s / 1e12:.4g} TFLOP/s (n={c.matmul_n}){spec}")
+        self.build_models()
+        self.check_parity()
+        flops = self.prefill_flops()
+        prep = prepare_peers(self)
+        try:
+            self.run_kiln_rows()
+            peers = run_peers(self, prep)
+        finally:
+            if prep is not None:
+                prep.close()  # gpt-fast's checkpoints are the size of the model
+        return self.finish_rows(flops) + finish_peers(self, peers)
 
 
 def run_llm_bench(opts: LlmBenchOptions, log: Log = _stderr) -> tuple[list[dict[str, Any]], dict[str, Any]]:

@@ -18,6 +18,10 @@ COLUMNS = [
     "compiles", "greedy_match", "profile_ms_per_step", "profile_kernels_per_step", "profile_idle_frac",
     "profile_busy_bandwidth_frac", "profile", "reason",
 ]
+# Each ceiling fraction beside its datasheet twin, and the whole-request rate peers are compared on.
+COLUMNS.insert(COLUMNS.index("prefill_peak_frac") + 1, "prefill_spec_frac")
+COLUMNS[COLUMNS.index("roofline_frac") + 1:COLUMNS.index("roofline_frac") + 1] = [
+    "roofline_spec_frac", "request_tok_s", "request_vs_gpt_fast", "peer_commit"]
 
 
 def row_label(row: dict[str, Any]) -> str:
@@ -39,7 +43,7 @@ def _cell(key: str, value: Any) -> str:
         return f"{value / 2**30:.2f} GiB"
     if key.endswith("_frac"):
         return f"{100 * value:.1f}%"
-    if key.endswith(("_vs_hf", "_vs_unquantized")):
+    if key.endswith(("_vs_hf", "_vs_unquantized", "_vs_gpt_fast")):
         return f"{value:.2f}x"
     if key.endswith("_s") and not key.endswith("tok_s"):
         return f"{value:.1f}"
@@ -62,12 +66,17 @@ def render_table(rows: list[dict[str, Any]], title: str):
             "decode_vs_unquantized", "weight_bytes", "drift_kl", "drift_top1"]
     if any(row.get("ppl") for row in rows):
         shown[shown.index("peak_mem_bytes"):shown.index("peak_mem_bytes")] = ["ppl", "ppl_ratio"]
+    if any(row.get("roofline_spec_frac") is not None for row in rows):
+        shown.insert(shown.index("roofline_frac") + 1, "roofline_spec_frac")
+    if any(row.get("peer_commit") for row in rows):  # peers count tokens/s over the whole request
+        shown[shown.index("decode_vs_hf"):shown.index("decode_vs_hf")] = ["request_tok_s", "request_vs_gpt_fast"]
     headers = {"label": "engine", "ttft_ms": "TTFT ms", "prefill_tok_s": "prefill tok/s",
                "prefill_peak_frac": "of matmul peak", "decode_tok_s": "decode tok/s", "token_ms_p50": "ms/token p50",
                "roofline_frac": "of roofline", "decode_vs_hf": "decode vs HF", "prefill_vs_hf": "prefill vs HF",
                "decode_vs_unquantized": "vs unquantized", "weight_bytes": "weights", "drift_kl": "drift KL",
                "drift_top1": "top-1 agree", "ppl_ratio": "ppl ratio", "peak_mem_bytes": "peak mem",
-               "warmup_s": "warm-up s"}
+               "warmup_s": "warm-up s", "roofline_spec_frac": "of datasheet BW", "request_tok_s": "request tok/s",
+               "request_vs_gpt_fast": "vs gpt-fast"}
     table = rich_table(rows, title, shown, headers,  # escape: rich would read "[int8]" as markup
                        lambda key, row: escape(row_label(row)) if key == "label" else _cell(key, row.get(key)))
     notes = [f"{row_label(row)}: {extra}" for row in rows

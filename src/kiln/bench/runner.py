@@ -51,14 +51,25 @@ class BenchContext:
     _peaks: dict[str, float] = field(default_factory=dict)
 
     def matmul_peak(self, precision: str) -> float:
-        """The device's matmul FLOP/s at this precision's matrix-unit dtype, measured once here."""
-        from kiln.bench.ceilings import matmul_dtype, measure_matmul_flops
+        """The device's best matmul FLOP/s at this precision's matrix-unit dtype (the best of
+        several sizes, kiln.bench.ceilings), measured once here."""
+        from kiln.bench.ceilings import matmul_dtype, measure_best_matmul
 
         dtype = matmul_dtype(precision, self.cfg.precision.tf32)
         key = str(dtype)
         if key not in self._peaks:
-            self._peaks[key] = measure_matmul_flops(self.device, dtype)
+            self._peaks[key] = measure_best_matmul(self.device, dtype)[0]
         return self._peaks[key]
+
+    def spec_peak(self, precision: str) -> tuple[float | None, str | None]:
+        """(the datasheet's dense FLOP/s at this precision's matrix-unit dtype, its source), or
+        (None, None) off CUDA or for a GPU kiln.bench.gpu_specs does not list."""
+        from kiln.bench.ceilings import matmul_dtype, spec_figures
+
+        figures = spec_figures(self.device, matmul_dtype(precision, self.cfg.precision.tf32), self.cfg.precision.tf32)
+        if figures.get("spec_flops_per_s") is None:
+            return None, None
+        return figures["spec_flops_per_s"], f"{figures['spec_name']}: {figures['spec_source']}"
 
     @property
     def accum(self) -> int:

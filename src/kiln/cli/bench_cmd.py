@@ -181,6 +181,9 @@ def run_compile(args: argparse.Namespace) -> int:
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     run = "train" if opts.train else "infer"
     title = f"kiln bench compile: {cfg.model.name} ({run}, batch {cfg.data.batch_size}, {where})"
+    if opts.train:  # the loop settings a plain loop pays for too
+        title += (f"; grad_clip {cfg.training.grad_clip:g}, {cfg.optim.schedule} schedule, "
+                  f"warm-up {cfg.optim.warmup_steps} steps")
     with Activity() as activity:  # what is compiling or timing now, on stderr
         activity.phase(f"building {cfg.model.name} ({run}) on {where}")
         rows = run_compile_bench(opts, log=activity.log, phase=activity.phase)

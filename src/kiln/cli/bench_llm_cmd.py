@@ -29,8 +29,9 @@ def add_parser(bsub) -> None:
         "llm",
         help="LLM generation engines (HF eager/compiled, kiln eager/compiled): TTFT, prefill, decode, roofline",
         description="Engines side by side in one process on one random prompt: TTFT, prefill ms and tok/s "
-        "(TFLOP/s vs a matmul peak measured on the spot), decode tok/s and per-token p50/p90 (vs the "
-        "bandwidth roofline of a device copy measured on the spot), warm-up/compile time, peak memory. "
+        "(TFLOP/s vs the best matmul measured on the spot and the GPU's datasheet), decode tok/s and per-token "
+        "p50/p90 (vs the bandwidth roofline of a read-only stream measured on the spot and the datasheet), "
+        "warm-up/compile time, peak memory. "
         "With --quant, each kiln engine runs once per quantization, with its weight bytes, roofline, memory, "
         "logit drift against the unquantized model and (--ppl-file) perplexity. "
         "Writes results.json, results.md and results.png.",
@@ -67,6 +68,14 @@ def add_parser(bsub) -> None:
     p.add_argument("--profile-decode", type=int, default=0, metavar="N",
                    help="after timing, profile N decode steps of each kiln row (torch.profiler): kernels, GPU gaps, "
                    "bandwidth while busy and what bounds decode, in DIR/decode_profile/ (default 0: off)")
+    p.add_argument("--gpt-fast", metavar="DIR", help="a gpt-fast checkout: add its rows (bf16, and int4 through its own "
+                   "quantize.py) on the same weights, run after kiln's in subprocesses; its commit is recorded")
+    p.add_argument("--gpt-fast-quant", default="none,int4", help="gpt-fast rows: comma-separated none,int4 "
+                   "(default both; int4 groups of --group-size, default 128)")
+    p.add_argument("--gpt-fast-timeout-s", type=float, default=600.0,
+                   help="seconds all gpt-fast rows together may take (default 600)")
+    p.add_argument("--end-by-s", type=float, help="gpt-fast rows end by this many seconds after the bench started "
+                   "(with --deadline-s, a time-boxed run); a row out of time records why")
     p.add_argument("--out", help="output directory (default: runs/<time>-bench-llm-<name>)")
     add_verbose_flag(p)
     p.set_defaults(run=run)
@@ -134,13 +143,46 @@ def plan(args: argparse.Namespace):
         raise ConfigError("--quant", "quantization applies to kiln's engines (HF rows stay unquantized references); "
                           "add kiln-eager or kiln-compiled to --engines")
     load_ppl_tokens(args.ppl_file, source, config.vocab_size)  # a bad file fails here, before any model is built
+    peer = _gpt_fast_flags(args, config, sizes["batch"])
     return LlmBenchOptions(model=model, engines=engines, dtype=dtype, device=str(device), warmup=args.warmup,
                            repeats=args.repeats, prefill_repeats=args.prefill_repeats, seed=args.seed,
                            preset=preset.name if preset else None, inductor_options=_inductor_options(args.inductor),
                            quants=quants, ppl_file=args.ppl_file, ppl_context=args.ppl_context,
                            ppl_max_tokens=args.ppl_tokens, prefill=args.prefill, tuning=args.tuning,
                            decode_attention=args.decode_attention, decode_matvec=args.decode_matvec,
-                           deadline_s=args.deadline_s, profile_decode=args.profile_decode, **sizes)
+                           deadline_s=args.deadline_s, profile_decode=args.profile_decode, **peer, **sizes)
+
+
+def _gpt_fast_flags(args: argparse.Namespace, config, batch: int) -> dict:
+    """LlmBenchOptions' gpt-fast fields from --gpt-fast*, checked (ConfigError names the flag)."""
+    from kiln.bench.peers.gpt_fast import QUANTS, check_checkout, model_args
+
+    if not args.gpt_fast:
+        return {}
+    root = check_checkout(args.gpt_fast)
+    quants = tuple(split_list([args.gpt_fast_quant]))
+    bad = [q for q in quants if q not in QUANTS]
+    if bad or not quants:
+        raise ConfigError("--gpt-fast-quant", f"unknown gpt-fast quantization {bad[0] if bad else '(none given)'!r}",
+                          QUANTS)
+    if batch != 1:
+        raise ConfigError("--batch", f"gpt-fast rows run batch 1 (its benchmark mode); got --batch {batch}")
+    if args.end_by_s is not None and args.end_by_s <= 0:
+        raise ConfigError("--end-by-s", f"must be > 0, got {args.end_by_s}")
+    if args.gpt_fast_timeout_s <= 0:
+        raise ConfigError("--gpt-fast-timeout-s", f"must be > 0, got {args.gpt_fast_timeout_s}")
+    group = args.group_size or 128
+    if "int4" in quants and group not in (32, 64, 128, 256):
+        raise ConfigError("--group-size", f"gpt-fast's int4 takes group sizes 32, 64, 128, 256; got {group}")
+    if config.vocab_size < 1024:
+        raise ConfigError("--gpt-fast", f"gpt-fast's synthetic prompt draws ids below 1024; this model's vocabulary "
+                          f"has {config.vocab_size}")
+    try:
+        model_args(config)
+    except ValueError as exc:
+        raise ConfigError("--gpt-fast", str(exc)) from None
+    return {"gpt_fast": str(root.resolve()), "gpt_fast_quants": quants, "gpt_fast_group_size": group,
+            "gpt_fast_timeout_s": args.gpt_fast_timeout_s, "end_by_s": args.end_by_s}
 
 
 def _inductor_options(assignments: list[str] | None) -> dict[str, object]:
@@ -165,10 +207,11 @@ def _command(args: argparse.Namespace) -> str:
     parts = ["kiln", "bench", "llm"]
     defaults = {"quant_backend": "torchao", "quant_lm_head": "on", "ppl_context": 1024, "ppl_tokens": 16384,
                 "prefill": "compiled", "tuning": "full", "profile_decode": 0, "decode_attention": "auto",
-                "decode_matvec": "auto"}
+                "decode_matvec": "auto", "gpt_fast_quant": "none,int4", "gpt_fast_timeout_s": 600.0}
     for flag in ("model", "preset", "batch", "prompt_len", "new_tokens", "device", "dtype", "warmup", "repeats",
                  "prefill_repeats", "seed", "group_size", "quant_backend", "quant_lm_head", "ppl_file", "ppl_context",
-                 "ppl_tokens", "prefill", "tuning", "decode_attention", "decode_matvec", "deadline_s", "profile_decode", "out"):
+                 "ppl_tokens", "prefill", "tuning", "decode_attention", "decode_matvec", "deadline_s", "profile_decode", "out",
+                 "gpt_fast", "gpt_fast_quant", "gpt_fast_timeout_s", "end_by_s"):
         value = getattr(args, flag)
         if value is not None and value != defaults.get(flag):
             parts += [f"--{flag.replace('_', '-')}", str(value)]

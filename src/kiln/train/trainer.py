@@ -102,7 +102,9 @@ class Trainer:
                                           local_world=self.dist.local_world_size)
         self.policy = resolve_precision(cfg.precision.policy, self.device)
         note = apply_measured_defaults(cfg, self.device.type, self.dist.world_size,  # before the run-dir check
-                                       launched=self.dist.launched)
+                                       launched=self.dist.launched,
+                                       device_name=torch.cuda.get_device_name(self.device)
+                                       if self.device.type == "cuda" else None)
         if note and self.dist.is_main:
             log.info(note)
         self.run_dir = Path(run_dir) if run_dir is not None else default_run_dir(cfg.model.name)

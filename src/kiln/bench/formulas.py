@@ -1,0 +1,68 @@
+"""The arithmetic behind every figure the benchmarks report, in one place, each pinned by an exact test.
+
+Rates are per second; fractions are plain ratios (0.5 = half). A function returns None where a
+figure cannot be formed (a zero or missing denominator) instead of raising or dividing by zero.
+"""
+
+from __future__ import annotations
+
+
+def ratio(num: float | None, den: float | None) -> float | None:
+    """num / den, or None when either is missing or den is not positive."""
+    if num is None or den is None or den <= 0:
+        return None
+    return num / den
+
+
+def matmul_flops(m: int, n: int, k: int) -> int:
+    """FLOPs of an (m x k) @ (k x n) matmul: one multiply and one add per term."""
+    return 2 * m * n * k
+
+
+def tflops(flops: float | None, seconds: float | None) -> float | None:
+    """TFLOP/s of `flops` done in `seconds`."""
+    rate = ratio(flops, seconds)
+    return rate / 1e12 if rate is not None else None
+
+
+def peak_fraction(flops: float | None, seconds: float | None, peak_flops_per_s: float | None) -> float | None:
+    """Achieved FLOP/s over a peak (MFU when `flops` are the model's FLOPs and the peak is the device's)."""
+    return ratio(ratio(flops, seconds), peak_flops_per_s)
+
+
+def decode_steps(new_tokens: int) -> int:
+    """Decode steps in a request of `new_tokens`: the first new token comes from the prefill."""
+    return max(0, new_tokens - 1)
+
+
+def decode_tok_s(batch: int, new_tokens: int, decode_s: float | None) -> float | None:
+    """Tokens/s of the decode phase: batch x decode steps over the time from the first new token
+    to the last."""
+    steps = decode_steps(new_tokens)
+    return ratio(batch * steps, decode_s) if steps else None
+
+
+def request_tok_s(batch: int, new_tokens: int, request_s: float | None) -> float | None:
+    """New tokens/s over the whole request (prefill included), the way gpt-fast counts."""
+    return ratio(batch * new_tokens, request_s)
+
+
+def prefill_tok_s(batch: int, prompt_len: int, prefill_s: float | None) -> float | None:
+    return ratio(batch * prompt_len, prefill_s)
+
+
+def decode_bytes_per_s(weight_bytes: int, tok_s: float | None, batch: int) -> float | None:
+    """Bytes/s a decode reads: every weight once per step, and a step makes `batch` tokens."""
+    steps_per_s = ratio(tok_s, batch)
+    return weight_bytes * steps_per_s if steps_per_s is not None else None
+
+
+def roofline_tok_s(bytes_per_s: float | None, weight_bytes: int, batch: int) -> float | None:
+    """The decode tokens/s a bandwidth allows when only the weights are read."""
+    steps = ratio(bytes_per_s, weight_bytes)
+    return steps * batch if steps is not None else None
+
+
+def speedup(base_s: float | None, mine_s: float | None) -> float | None:
+    """How many times faster `mine` is than `base` (base time over mine)."""
+    return ratio(base_s, mine_s)

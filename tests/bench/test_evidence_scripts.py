@@ -1,0 +1,53 @@
+"""benchmarks/plain_crosscheck.py (the plain loop without kiln) and benchmarks/evidence_summary.py."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_crosscheck_imports_no_kiln_and_times_both_ways(tmp_path):
+    source = (ROOT / "benchmarks" / "plain_crosscheck.py").read_text()
+    assert "kiln" not in "".join(line for line in source.splitlines() if line.startswith(("import", "from")))
+    crosscheck = _load("plain_crosscheck")
+    assert crosscheck.main(["--model", "mlp", "--mode", "none", "--clip", "0,1", "--steps", "2", "--warmup", "1",
+                            "--batch", "4", "--mlp-width", "16", "--mlp-depth", "1", "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "crosscheck_mlp.json").read_text())
+    assert [r["grad_clip"] for r in result["runs"]] == [0.0, 1.0]
+    assert result["settings"]["schedule"] == "cosine" and result["settings"]["batch"] == 4
+    for run in result["runs"]:
+        assert run["step_ms_alone"] > 0 and run["step_ms_interleaved"] > 0 and run["eager_step_ms_interleaved"] > 0
+
+
+def test_summary_pairs_bench_plain_rows_with_the_standalone_loop(tmp_path):
+    summary = _load("evidence_summary")
+    assert summary.within(104.9, 100.0) and not summary.within(105.1, 100.0) and summary.within(None, 1.0) is None
+    (tmp_path / "crosscheck").mkdir()
+    (tmp_path / "crosscheck" / "crosscheck_mlp.json").write_text(json.dumps({"runs": [
+        {"grad_clip": 0.0, "step_ms_alone": 3.82, "step_ms_interleaved": 4.6},
+        {"grad_clip": 1.0, "step_ms_alone": 5.79, "step_ms_interleaved": 5.9}]}))
+    for clip, (inter, alone) in {"0": (4.64, 3.9), "1": (5.62, 5.7)}.items():
+        (tmp_path / f"mlp_clip{clip}").mkdir()
+        rows = [{"runner": "plain", "mode": "eager", "step_ms": 99.0},
+                {"runner": "plain", "mode": "reduce-overhead", "status": "ok", "step_ms": inter, "step_ms_alone": alone,
+                 "schedule": "cosine"}]
+        (tmp_path / f"mlp_clip{clip}" / "results.json").write_text(json.dumps({"results": rows}))
+    assert summary.main([str(tmp_path), "--out", str(tmp_path / "out")]) == 0
+    got = json.loads((tmp_path / "out" / "summary.json").read_text())
+    mlp = {e["grad_clip"]: e for e in got["plain"] if e["model"] == "mlp"}
+    assert mlp[0.0]["bench_plain_step_ms"] == 4.64 and mlp[0.0]["standalone_step_ms_alone"] == 3.82
+    assert mlp[0.0]["within_5pct_interleaved"] is True and mlp[0.0]["within_5pct_alone"] is True
+    assert mlp[0.0]["within_5pct_bench_vs_standalone"] is False  # 4.64 against 3.82: the gap the method makes
+    assert mlp[1.0]["within_5pct_alone"] is True
+    assert any("vit_clip0" in m for m in got["missing"])
+    assert "seed MLP" in (tmp_path / "out" / "summary.md").read_text()
