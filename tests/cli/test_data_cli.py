@@ -25,8 +25,8 @@ def test_prepare_prints_a_summary_and_plain_progress(tmp_path, text, capsys):
     assert code == 0, err
     assert "wrote" in out and "validation tokens (uint16)" in out and "unigram perplexity" in out
     assert "kiln: tokenizing ..." in err and "kiln: training BPE ..." in err  # piped: plain lines, no bar
-    code, out, _ = run(capsys, text, "--train-bpe", 300, "--out", tmp_path / "o2", "--json")
-    assert code == 0 and json.loads(out)["vocab_size"] == 300
+    code, out, _ = run(capsys, text, "--train-bpe", 300, "--out", tmp_path / "o2", "--json", "--note", "pkg 1.0")
+    assert code == 0 and json.loads(out)["vocab_size"] == 300 and json.loads(out)["note"] == "pkg 1.0"
 
 
 def test_existing_empty_out_directory_is_used(tmp_path, text, capsys):

@@ -34,11 +34,13 @@ _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.floa
 
 
 def tokenizer_dir_of(token_path: str | Path) -> Path | None:
-    """The tokenizer directory a prepared token file names: `meta.json` beside it with a key
-    "tokenizer" (a directory relative to meta.json). None when there is none."""
+    """The tokenizer directory a prepared token file names: `meta.json` beside it (or in it, for a
+    directory written by `kiln data prepare`) with a key "tokenizer" (a directory relative to
+    meta.json). None when there is none."""
     if not token_path:
         return None
-    meta = Path(token_path).parent / TOKENIZER_META
+    token_path = Path(token_path)
+    meta = (token_path if token_path.is_dir() else token_path.parent) / TOKENIZER_META
     try:
         name = json.loads(meta.read_text(encoding="utf-8")).get("tokenizer")
     except (OSError, ValueError, AttributeError):

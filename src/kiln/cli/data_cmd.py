@@ -38,6 +38,7 @@ def add_parser(sub) -> None:
     q.add_argument("--text-field", default="text", help="the field holding a jsonl record's text (default text)")
     q.add_argument("--split-block", type=int, default=2048,
                    help="tokens moved to train or validation as one unit (default 2048; smaller for a small corpus)")
+    q.add_argument("--note", help="free text recorded in meta.json as `note` (e.g. where the corpus came from)")
     q.add_argument("--json", action="store_true", help="print meta.json on stdout when done")
     add_verbose_flag(q)
     q.set_defaults(run=run)
@@ -86,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
     args.output_dir = args.out.parent  # a failure's error.log goes beside the directory it was writing
     opts = PrepareOptions(inputs=args.inputs, out=args.out, tokenizer=args.tokenizer, train_bpe=args.train_bpe,
                           val_fraction=args.val_fraction, dtype=args.dtype, text_field=args.text_field,
-                          split_block=args.split_block)
+                          split_block=args.split_block, extra_meta={"note": args.note} if args.note else {})
     display = _Display()
     try:
         meta = prepare(opts, display)
