@@ -32,7 +32,8 @@ if [ ! -f "$DATA/meta.json" ]; then
 fi
 rm -rf "$WORK"; mkdir -p "$WORK"
 SIZE=(768 12 12 4 2048 1024) BATCH=32 SEQ=1024 EVAL_STEPS=2 TRAIN=(precision.policy=bf16-mixed compile.enabled=true)
-DEV=() BENCH=(--quant none,int8,int4,int4@triton --engines kiln-compiled) PPL_TOKENS=32768 CHECK_TOKENS=65536
+DEV=() BENCH=(--quant none,int8,int4,int4@triton --engines kiln-compiled --prefill eager --tuning decode)
+PPL_TOKENS=32768 CHECK_TOKENS=65536
 EVAL_INTERVAL=100 CKPT=250 WARMUP=100
 if [ "${DRY:-0}" = 1 ]; then
   SIZE=(64 2 4 2 128 256) BATCH=4 SEQ=64 EVAL_STEPS=2 STEPS=${DRY_STEPS:-12} EVAL_INTERVAL=6 CKPT=6 WARMUP=2
