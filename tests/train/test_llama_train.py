@@ -123,3 +123,17 @@ def test_fused_cross_entropy_needs_a_model_with_hidden_states(tmp_path, bad_inpu
 def test_unknown_llama_spec_suggests_a_preset(tmp_path, bad_input):
     bad_input(["train", "--run-dir", str(tmp_path / "run"), *BASE, "model.name=llama:llama-3.2-1", ],
               ["model.name", "llama-3.2-1b"])
+
+
+@pytest.mark.parametrize("extra", [["compile.regional=true", "training.activation_checkpointing=selective"],
+                                   ["compile.scope=model+loss"]], ids=["regional+sac", "model+loss"])
+def test_compiles_per_block_and_with_the_fused_loss_without_graph_breaks(tmp_path, extra):
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()  # counts since the last reset: other tests' compiles are not ours
+    over = [*BASE, "training.steps=2", "compile.enabled=true", "compile.backend=aot_eager",
+            "model.kwargs.num_hidden_layers=1", *extra]
+    summary = train(load_config(None, over), tmp_path / "run")
+    assert summary["status"] == "completed" and summary["features"]["ce_kernel"] == "chunked"
+    assert summary["compile"]["graph_breaks"] == 0 and summary["compile"]["graphs"] >= 1
