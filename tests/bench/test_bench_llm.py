@@ -256,3 +256,20 @@ def test_rows_past_the_deadline_are_skipped_and_the_run_still_writes(quant_confi
     assert code == 0
     rows = json.loads((out / "results.json").read_text())["results"]
     assert [r["status"] for r in rows] == ["skipped", "skipped"] and "--deadline-s" in rows[0]["reason"]
+
+
+def test_perplexity_bound_on_real_weights_marks_the_row(tiny, tmp_path, monkeypatch):
+    from kiln.llm import quality
+
+    ids = tmp_path / "ids.txt"
+    ids.write_text(" ".join(str((7 * i) % 96) for i in range(300)))
+    monkeypatch.setitem(quality.PPL_BOUNDS, "int8", 0.5)  # a ratio can never be this low: the row must fail
+    out = tmp_path / "bench"
+    code = main(["bench", "llm", "--model", str(tiny), "--engines", "kiln-eager", "--quant", "none,int8@torch",
+                 "--ppl-file", str(ids), "--ppl-context", "64", "--prompt-len", "8", "--new-tokens", "3",
+                 "--repeats", "1", "--prefill-repeats", "1", "--warmup", "0", "--device", "cpu", "--out", str(out)])
+    assert code == 0
+    rows = json.loads((out / "results.json").read_text())["results"]
+    assert [r["status"] for r in rows] == ["ok", "accuracy_fail"]
+    assert "perplexity" in rows[1]["reason"] and "over the int8 bound" in rows[1]["reason"]
+    assert rows[1]["ppl_bound"] == 0.5 and rows[1]["ppl_judged"] is True and rows[1]["ppl_ratio"] > 0.5

@@ -47,7 +47,7 @@ def test_transformers_4_and_5_spellings_agree():
 
 def test_family_defaults():
     base = {"vocab_size": 64, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 4,
-            "num_attention_heads": 4}
+            "num_attention_heads": 4, "num_key_value_heads": 4}
     qwen3 = config_from_dict({**base, "model_type": "qwen3"})
     assert qwen3.head_dim == 128 and qwen3.qk_norm and not qwen3.qkv_bias and qwen3.windows == ()
     qwen2 = config_from_dict({**base, "model_type": "qwen2", "attention_bias": False})

@@ -86,3 +86,32 @@ def test_drift_prompts_come_from_the_ppl_text_when_long_enough():
     assert drift_prompts(1000, 4096, text).flatten().tolist() == text
     assert not torch.equal(drift_prompts(1000, 4096, text[:10]), drift_prompts(1000, 4096, text))
     assert drift_prompts(1000, 64).shape == (DRIFT_PROMPTS, 64)  # short models: their length
+
+
+def test_perplexity_bounds_are_ratios():
+    from kiln.llm.quality import PPL_BOUNDS, judge_ppl
+
+    assert PPL_BOUNDS["int8"] == 1.01 and PPL_BOUNDS["int4"] == 1.05
+    assert judge_ppl("int8", 1.01) == (1.01, None)
+    bound, problem = judge_ppl("int4", 1.0501)
+    assert bound == 1.05 and "+5.01%" in problem and "int4 bound +5%" in problem
+    assert judge_ppl("none", 9.0) == (None, None)
+
+
+def test_ppl_from_a_prepared_directory(tmp_path):
+    import numpy as np
+
+    from kiln.data.prepare import PrepareOptions, prepare
+
+    (tmp_path / "t.txt").write_text("".join(f"Line {i} of the text.\n" for i in range(400)))
+    prepare(PrepareOptions(inputs=[str(tmp_path / "t.txt")], out=tmp_path / "d", train_bpe=300, val_fraction=0.1))
+    val = np.fromfile(tmp_path / "d" / "val.bin", dtype=np.uint16)
+    assert read_ppl_tokens(tmp_path / "d", None, 300) == val.tolist()
+    with pytest.raises(ConfigError, match="outside the model's vocabulary"):
+        read_ppl_tokens(tmp_path / "d", None, int(val.max()))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match="without meta.json"):
+        read_ppl_tokens(tmp_path / "empty", None, 300)
+    prepare(PrepareOptions(inputs=[str(tmp_path / "t.txt")], out=tmp_path / "d0", train_bpe=300, val_fraction=0))
+    with pytest.raises(ConfigError, match="no validation split"):
+        read_ppl_tokens(tmp_path / "d0", None, 300)

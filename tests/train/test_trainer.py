@@ -117,3 +117,27 @@ def test_bad_model_name_fails_before_run_dir_exists(tmp_path, tiny_overrides):
     with pytest.raises(ConfigError, match="model.name"):
         Trainer(load_config(None, [*tiny_overrides, "model.name=no_such_model"]), tmp_path / "run")
     assert not (tmp_path / "run").exists()
+
+
+def test_language_model_validates_on_a_prepared_directory(tmp_path):
+    from kiln.data.prepare import PrepareOptions, prepare
+    from kiln.report.build import make_report
+
+    lines = [f"The {w} sat on the {v} by the door." for w in ("cat", "dog", "owl", "fox") for v in ("mat", "rug")]
+    (tmp_path / "t.txt").write_text("\n".join(lines * 60) + "\n")
+    prepare(PrepareOptions(inputs=[str(tmp_path / "t.txt")], out=tmp_path / "data", train_bpe=300, val_fraction=0.1))
+    over = [
+        "model.name=hf:llama-tiny", "data.source=tokens", f"data.path={tmp_path / 'data'}", "data.seq_len=32",
+        "data.batch_size=4", "data.num_workers=0", "training.steps=8", "training.log_interval=2",
+        "training.eval_interval=4", "training.eval_steps=2", "training.device=cpu", "optim.lr=3e-3",
+        "metrics.console=false", "metrics.tensorboard=false",
+    ]
+    summary = train(load_config(None, over), tmp_path / "run")
+    evals = [r for r in _records(tmp_path / "run") if "eval_loss" in r]
+    assert [r["step"] for r in evals] == [4, 8]
+    for r in evals:
+        assert r["eval_perplexity"] == pytest.approx(math.exp(r["eval_loss"]), rel=1e-12)
+    assert summary["eval_perplexity"] == evals[-1]["eval_perplexity"]
+    assert evals[-1]["eval_loss"] < evals[0]["eval_loss"]
+    report = make_report(tmp_path / "run")["md"].read_text()
+    assert "## Validation" in report and f"{evals[-1]['eval_perplexity']:,.2f}" in report

@@ -20,6 +20,7 @@ from kiln.llm.quality import (
     DRIFT_BOUNDS,
     FIDELITY_BOUND,
     drift_prompts,
+    judge_ppl,
     judge_quantized,
     logit_drift,
     perplexity,
@@ -109,8 +110,15 @@ def measure_quality(variants: dict[str, QuantVariant], base, *, ppl_tokens: list
             if ppl_ref is not None:
                 ppl = ppl_ref if v.spec.kind == "none" else perplexity(v.model, ppl_tokens, context=context,
                                                                  max_tokens=ppl_max_tokens)
-                v.figures.update(ppl=ppl["ppl"], ppl_ref=ppl_ref["ppl"], ppl_ratio=ppl["ppl"] / ppl_ref["ppl"],
-                                 ppl_tokens=ppl["ppl_tokens"])
+                ratio = ppl["ppl"] / ppl_ref["ppl"]
+                v.figures.update(ppl=ppl["ppl"], ppl_ref=ppl_ref["ppl"], ppl_ratio=ratio, ppl_tokens=ppl["ppl_tokens"])
+                if v.spec.kind != "none":
+                    bound, problem = judge_ppl(v.spec.kind, ratio)
+                    v.figures.update(ppl_bound=bound, ppl_judged=real_weights)
+                    if real_weights and problem is not None and v.figures.get("drift_ok") is not False:
+                        v.figures.update(drift_ok=False, drift_problem=problem)
+                    log(f"{entry}: perplexity {ppl['ppl']:.3f} ({100 * (ratio - 1):+.2f}% against unquantized; "
+                        f"bound {bound}{'' if real_weights else ', not judged: random weights'})")
         except Exception as exc:
             v.status, v.reason = failure(exc)
             v.model = None

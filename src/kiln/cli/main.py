@@ -26,6 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
         advise_cmd,
         autotune_cmd,
         bench_cmd,
+        data_cmd,
         doctor_cmd,
         env_cmd,
         explain_cmd,
@@ -49,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     report_cmd.add_parser(sub)
     autotune_cmd.add_parser(sub)
     advise_cmd.add_parser(sub)
+    data_cmd.add_parser(sub)
     return parser
 
 

@@ -28,15 +28,15 @@ class DataConfig:
     source: str = "synthetic"
     """Where batches come from: `synthetic`, `files` (.npy/.pt tensor pair), `tokens` (.bin memmap), `imagefolder` (needs torchvision), or a user `module:function`."""
     path: str = ""
-    """Inputs file (`files`), token file (`tokens`) or image root (`imagefolder`)."""
+    """Inputs file (`files`), token file or `kiln data prepare` directory (`tokens`: its train.bin, val.bin for eval, dtype from its meta.json), or image root (`imagefolder`)."""
     labels_path: str = ""
     """Targets file for `files` (same number of rows as `path`)."""
     eval_path: str = ""
-    """Optional held-out inputs/tokens/images for the eval loop; empty uses a separate synthetic split or none."""
+    """Optional held-out inputs/tokens/images for the eval loop; empty uses a prepared `data.path`'s val.bin, a separate synthetic split, or none."""
     eval_labels_path: str = ""
     """Targets file for `eval_path` with `files`."""
     token_dtype: str = "uint16"
-    """Element type of a `tokens` .bin file: `uint16` or `uint32`."""
+    """Element type of a `tokens` .bin file: `uint16` or `uint32` (a prepared directory's meta.json overrides it)."""
     batch_size: int = 32
     """Samples per micro-batch on each device."""
     seq_len: int = 0

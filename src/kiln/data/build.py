@@ -10,6 +10,7 @@ from kiln.config.validate import is_import_path
 from kiln.data.base import DataSource, InputSpecLike, check_sample_shape, check_spec, resolve_seq_len
 from kiln.data.files import TokenWindowDataset, build_file_pair, build_imagefolder
 from kiln.data.loader import LoaderSource
+from kiln.data.prepared import is_prepared, read_prepared
 from kiln.data.synthetic import SyntheticSource
 from kiln.data.user import KEY as USER_KEY
 from kiln.data.user import load_user_dataset
@@ -59,6 +60,8 @@ def build_data(
     if source in ("files", "tokens", "imagefolder"):
         path_key = "data.path" if train else "data.eval_path"
         path = cfg.path if train else cfg.eval_path
+        if source == "tokens" and not train and not path and is_prepared(cfg.path):
+            path_key, path = "data.path", cfg.path  # a prepared directory's own val.bin
         if not path:
             if train:
                 raise ConfigError("data.path", f"data.source={source} needs a path")
@@ -78,8 +81,11 @@ def build_data(
             seq_len = resolve_seq_len(cfg.seq_len, spec)
             check_sample_shape(path_key, (seq_len,), spec)
             vocab = spec.vocab_size if spec is not None else None
+            path, token_dtype = _token_file(path, path_key, train, vocab, cfg.token_dtype)
+            if not path:
+                return None
             dataset = TokenWindowDataset(
-                path, token_dtype=cfg.token_dtype, seq_len=seq_len, key=path_key, vocab_size=vocab
+                path, token_dtype=token_dtype, seq_len=seq_len, key=path_key, vocab_size=vocab
             )
             tokens_per_batch = cfg.batch_size * seq_len
         else:
@@ -106,6 +112,21 @@ def build_data(
         shuffle=cfg.shuffle and train,  # eval passes stay comparable
         tokens_per_batch=tokens_per_batch,
     )
+
+
+def _token_file(path: str, key: str, train: bool, vocab_size: int | None, token_dtype: str) -> tuple[str, str]:
+    """(token file, dtype) of a `tokens` split: the file named, or, for a directory written by
+    `kiln data prepare`, its train.bin (train) or val.bin (eval) with the dtype its meta.json
+    records (data.token_dtype is then not used). An empty file name: the directory has no val.bin."""
+    if not is_prepared(path):
+        return path, token_dtype
+    prepared = read_prepared(path, key)
+    meta_vocab = prepared.meta.get("vocab_size")
+    if vocab_size and isinstance(meta_vocab, int) and meta_vocab > vocab_size:
+        raise ConfigError(key, f"{path} was tokenized with a vocabulary of {meta_vocab} tokens; the model's "
+                          f"vocab_size is {vocab_size} (it must be at least that)")
+    split = prepared.train_path if train else prepared.val_path
+    return (str(split) if split is not None else ""), prepared.dtype
 
 
 def _check_first_sample(dataset: object, spec: InputSpecLike | None, cfg: DataConfig) -> None:

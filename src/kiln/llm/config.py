@@ -22,8 +22,31 @@ from kiln.llm.presets import PRESETS
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 ROPE_TYPES = ("default", "linear", "llama3")
 SPEC_FORMS = (*PRESETS, "path/to/config.json", "path/to/model_dir")
-# transformers' defaults when a config.json leaves the field out.
-_DEFAULT_MAX_POSITIONS = {"llama": 2048, "mistral": 4096 * 32, "qwen2": 32768, "qwen3": 32768}
+# transformers' defaults (its LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config) for the fields a
+# config.json may leave out; a field absent from here and from the file is refused. An explicit
+# `null` is not "absent": null key/value heads means as many as query heads, as in transformers.
+FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
+    "llama": {"max_position_embeddings": 2048, "num_key_value_heads": None, "bos_token_id": 1, "eos_token_id": 2},
+    "mistral": {"max_position_embeddings": 4096 * 32, "num_key_value_heads": 8, "bos_token_id": 1,
+                "eos_token_id": 2, "sliding_window": 4096},
+    "qwen2": {"max_position_embeddings": 32768, "num_key_value_heads": 32, "bos_token_id": None,
+              "eos_token_id": None, "sliding_window": 4096, "max_window_layers": 28},
+    "qwen3": {"max_position_embeddings": 32768, "num_key_value_heads": 32, "bos_token_id": None,
+              "eos_token_id": None, "sliding_window": 4096, "max_window_layers": 28, "head_dim": 128},
+}
+# Fields every family defaults the same way.
+COMMON_DEFAULTS: dict[str, Any] = {"hidden_act": "silu", "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+                                   "tie_word_embeddings": False, "attention_bias": False, "mlp_bias": False,
+                                   "use_sliding_window": False, "initializer_range": 0.02}
+# RoPE scaling fields transformers requires (it raises KeyError without them); kiln refuses too.
+_ROPE_REQUIRED = {"linear": ("factor",), "llama3": ("factor", "low_freq_factor", "high_freq_factor")}
+
+
+def _field(raw: dict[str, Any], family: str, name: str) -> Any:
+    """`raw[name]`, else transformers' default for the family."""
+    if name in raw:
+        return raw[name]
+    return FAMILY_DEFAULTS[family].get(name, COMMON_DEFAULTS.get(name))
 
 
 @dataclass(frozen=True)
@@ -36,6 +59,8 @@ class RopeConfig:
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_positions: int = 8192
+    """`llama3`: the context the model was pretrained with; config.json's
+    `original_max_position_embeddings`, else (as transformers does) `max_position_embeddings`."""
 
 
 @dataclass(frozen=True)
@@ -86,50 +111,50 @@ def _int(raw: dict[str, Any], name: str, key: str, default: int | None = None) -
     return value
 
 
-def _rope(raw: dict[str, Any], key: str) -> RopeConfig:
+def _rope(raw: dict[str, Any], family: str, max_positions: int, key: str) -> RopeConfig:
+    """RoPE as transformers standardizes it: `rope_scaling` (4.x) over `rope_parameters` (5.x); the
+    theta inside that dict over the top-level `rope_theta`."""
     params = raw.get("rope_parameters")
     if isinstance(params, dict) and params and all(isinstance(v, dict) for v in params.values()):
         raise ConfigError(key, "per-layer-type rope_parameters are not supported by kiln's decoder")
-    if isinstance(params, dict):  # transformers 5: theta and scaling in one dict
-        theta = params.get("rope_theta", raw.get("rope_theta", 10000.0))
-        scaling: dict[str, Any] = params
-    else:  # transformers 4: rope_theta + optional rope_scaling
-        theta = raw.get("rope_theta", 10000.0)
-        scaling = raw.get("rope_scaling") or {}
+    scaling: dict[str, Any] = raw.get("rope_scaling") or (params if isinstance(params, dict) else None) or {}
+    theta = scaling.get("rope_theta", _field(raw, family, "rope_theta"))
     kind = scaling.get("rope_type", scaling.get("type", "default")) or "default"
     if kind not in ROPE_TYPES:
         raise ConfigError(key, f"rope type {kind!r} is not supported by kiln's decoder", ROPE_TYPES)
+    missing = [f for f in _ROPE_REQUIRED.get(kind, ()) if scaling.get(f) is None]
+    if missing:
+        raise ConfigError(key, f"{kind} rope scaling without {', '.join(missing)} (transformers refuses it too)")
     partial = raw.get("partial_rotary_factor", scaling.get("partial_rotary_factor", 1.0))
     if partial not in (None, 1, 1.0):
         raise ConfigError(key, f"partial_rotary_factor {partial!r} is not supported (only 1.0)")
-    factor = float(scaling.get("factor", 1.0) or 1.0)
+    factor = float(scaling.get("factor", 1.0)) if kind != "default" else 1.0
     if kind in ("linear", "llama3") and factor <= 0:
         raise ConfigError(key, f"rope scaling factor must be > 0, got {factor}")
+    original = scaling.get("original_max_position_embeddings") or max_positions
     return RopeConfig(
         theta=float(theta),
         kind=kind,
         factor=factor,
         low_freq_factor=float(scaling.get("low_freq_factor", 1.0)),
         high_freq_factor=float(scaling.get("high_freq_factor", 4.0)),
-        original_max_positions=int(scaling.get("original_max_position_embeddings", 8192)),
+        original_max_positions=int(original),
     )
 
 
 def _windows(raw: dict[str, Any], family: str, n_layers: int, key: str) -> tuple[int | None, ...]:
     if family == "llama":
         return ()
-    if family == "mistral":
-        # MistralConfig's default window is 4096 when the field is absent (null turns it off).
-        window = raw.get("sliding_window", 4096)
+    window = _field(raw, family, "sliding_window")  # absent: 4096; null turns windows off
+    if family == "mistral":  # every layer, whatever layer_types says (transformers ignores it)
         return (window,) * n_layers if window else ()
     # qwen2/qwen3: a window only with use_sliding_window, on the layers layer_types marks
     # (by default those at or above max_window_layers).
-    window = raw.get("sliding_window") if raw.get("use_sliding_window", False) else None
-    if not window:
+    if not _field(raw, family, "use_sliding_window") or not window:
         return ()
     types = raw.get("layer_types")
     if types is None:
-        start = raw.get("max_window_layers", 28)
+        start = _field(raw, family, "max_window_layers")
         types = ["sliding_attention" if i >= start else "full_attention" for i in range(n_layers)]
     if len(types) != n_layers:
         raise ConfigError(key, f"layer_types has {len(types)} entries for {n_layers} layers")
@@ -137,27 +162,39 @@ def _windows(raw: dict[str, Any], family: str, n_layers: int, key: str) -> tuple
 
 
 def config_from_dict(raw: dict[str, Any], key: str = "--model") -> DecoderConfig:
-    """A DecoderConfig from `config.json` fields; ConfigError(key, ...) for what kiln cannot run."""
+    """A DecoderConfig from `config.json` fields; ConfigError(key, ...) for what kiln cannot run.
+    A field the file leaves out takes transformers' default for the family (FAMILY_DEFAULTS,
+    COMMON_DEFAULTS) or, where transformers' default is a whole model size, is refused."""
     family = raw.get("model_type")
     if family not in FAMILIES:
         raise ConfigError(key, f"model_type {family!r} is not a decoder kiln runs", FAMILIES)
-    act = raw.get("hidden_act", "silu")
+    act = _field(raw, family, "hidden_act")
     if act != "silu":
         raise ConfigError(key, f"hidden_act {act!r} is not supported (Llama-family MLPs use 'silu')")
     dim = _int(raw, "hidden_size", key)
     n_heads = _int(raw, "num_attention_heads", key)
-    n_kv_heads = _int(raw, "num_key_value_heads", key, n_heads)
+    n_kv_heads = _field(raw, family, "num_key_value_heads")
+    n_kv_heads = _int({"num_key_value_heads": n_heads if n_kv_heads is None else n_kv_heads},
+                      "num_key_value_heads", key)
     if n_heads % n_kv_heads:
-        raise ConfigError(key, f"num_attention_heads {n_heads} is not a multiple of num_key_value_heads {n_kv_heads}")
-    # Qwen3's config class defaults head_dim to 128; the others derive it from the width.
-    head_dim = raw.get("head_dim") or (128 if family == "qwen3" else dim // n_heads)
+        raise ConfigError(key, f"num_attention_heads {n_heads} is not a multiple of num_key_value_heads {n_kv_heads}"
+                          + ("" if "num_key_value_heads" in raw else
+                             f" ({family}'s default when config.json leaves it out)"))
+    head_dim = _field(raw, family, "head_dim")
+    if head_dim is None:
+        if "head_dim" in raw and family in ("qwen2", "qwen3"):  # transformers' attention would fail on it
+            raise ConfigError(key, f"head_dim is null, which {family} models cannot run with")
+        head_dim = dim // n_heads
     n_layers = _int(raw, "num_hidden_layers", key)
-    eos = raw.get("eos_token_id")
+    max_positions = _int({"m": _field(raw, family, "max_position_embeddings")}, "m", key)
+    eos = _field(raw, family, "eos_token_id")
     eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
     if family == "qwen2":  # Qwen2 has q/k/v biases and no output bias, whatever the config says
         qkv_bias, out_bias = True, False
+    elif family == "mistral":  # Mistral's attention has no biases, whatever the config says
+        qkv_bias = out_bias = False
     else:
-        qkv_bias = out_bias = bool(raw.get("attention_bias", False))
+        qkv_bias = out_bias = bool(_field(raw, family, "attention_bias"))
     return DecoderConfig(
         family=family,
         vocab_size=_int(raw, "vocab_size", key),
@@ -167,18 +204,18 @@ def config_from_dict(raw: dict[str, Any], key: str = "--model") -> DecoderConfig
         n_kv_heads=n_kv_heads,
         head_dim=_int({"head_dim": head_dim}, "head_dim", key),
         ffn_dim=_int(raw, "intermediate_size", key),
-        norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-        rope=_rope(raw, key),
-        max_positions=_int(raw, "max_position_embeddings", key, _DEFAULT_MAX_POSITIONS[family]),
-        tie_embeddings=bool(raw.get("tie_word_embeddings", False)),
+        norm_eps=float(_field(raw, family, "rms_norm_eps")),
+        rope=_rope(raw, family, max_positions, key),
+        max_positions=max_positions,
+        tie_embeddings=bool(_field(raw, family, "tie_word_embeddings")),
         qkv_bias=qkv_bias,
         out_bias=out_bias,
-        mlp_bias=bool(raw.get("mlp_bias", False)) if family == "llama" else False,
+        mlp_bias=bool(_field(raw, family, "mlp_bias")) if family == "llama" else False,
         qk_norm=family == "qwen3",
         windows=_windows(raw, family, n_layers, key),
-        bos_token_id=raw.get("bos_token_id"),
+        bos_token_id=_field(raw, family, "bos_token_id"),
         eos_token_ids=tuple(int(t) for t in eos_ids),
-        initializer_range=float(raw.get("initializer_range", 0.02)),
+        initializer_range=float(_field(raw, family, "initializer_range")),
         dtype=raw.get("torch_dtype") or raw.get("dtype"),
     )
 

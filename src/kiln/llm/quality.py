@@ -13,7 +13,8 @@ vocabulary, both models eager:
 Two checks mark a row. Kernel fidelity, on any weights: the quantized model against its own
 dequantized weights run through plain matmuls (`fidelity_kl` <= `FIDELITY_BOUND`), which catches a
 kernel, packing or layout error on the GPU that CPU tests cannot reach. Quality, on a checkpoint's
-real weights only: `drift_kl` <= `DRIFT_BOUNDS[kind]`. Random weights (kiln's presets) have no
+real weights only: `drift_kl` <= `DRIFT_BOUNDS[kind]`, and, when a perplexity text is given, the
+perplexity ratio quantized / unquantized <= `PPL_BOUNDS[kind]`. Random weights (kiln's presets) have no
 structure for the rounding to hide in, so their drift is reported but not judged.
 
 Why KL and these bounds: a softmax does not care about a constant shift of the logits, and on a
@@ -42,6 +43,9 @@ from kiln.config.errors import ConfigError
 
 DRIFT_BOUNDS = {"int8": 0.02, "int4": 0.25, "nf4": 0.25}
 """Largest acceptable mean KL(unquantized || quantized), nats per token, per quant kind."""
+PPL_BOUNDS = {"int8": 1.01, "int4": 1.05, "nf4": 1.05}
+"""Largest acceptable perplexity ratio quantized / unquantized on the perplexity text, per quant
+kind, judged (like the drift bound) on a checkpoint's real weights only."""
 FIDELITY_BOUND = 0.01
 """Largest acceptable mean KL between a quantized model and the same dequantized weights run through
 plain matmuls (kiln.llm.quant.dequantized_reference): rounding order only, ~1e-4 in bf16."""
@@ -113,10 +117,22 @@ def judge_quantized(kind: str, drift: dict[str, float], fidelity_kl: float, *, r
 _IDS = re.compile(r"[\d\s,]+")
 
 
+def judge_ppl(kind: str, ratio: float) -> tuple[float | None, str | None]:
+    """(bound, None when within it else why not) for a quantized model's perplexity ratio."""
+    bound = PPL_BOUNDS.get(kind)
+    if bound is None or ratio <= bound:
+        return bound, None
+    return bound, f"perplexity {100 * (ratio - 1):+.2f}% against the unquantized model is over the {kind} bound " \
+                  f"{100 * (bound - 1):+.0f}%"
+
+
 def read_ppl_tokens(path: str | Path, tokenizer, vocab_size: int, key: str = "--ppl-file") -> list[int]:
-    """Token ids of a perplexity file: whitespace/comma-separated integers as they are, any other
-    text through `tokenizer` (the model's tokenizer.json). ConfigError naming `key` otherwise."""
+    """Token ids of a perplexity file: whitespace/comma-separated integers as they are, a directory
+    written by `kiln data prepare` (its val.bin), any other text through `tokenizer` (the model's
+    tokenizer.json). ConfigError naming `key` otherwise."""
     path = Path(path)
+    if path.is_dir():
+        return _prepared_val_tokens(path, vocab_size, key)
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
@@ -136,6 +152,26 @@ def read_ppl_tokens(path: str | Path, tokenizer, vocab_size: int, key: str = "--
     if len(ids) < 2:
         raise ConfigError(key, f"{path} has {len(ids)} token(s); perplexity needs at least 2")
     return ids
+
+
+def _prepared_val_tokens(path: Path, vocab_size: int, key: str) -> list[int]:
+    import numpy as np
+
+    from kiln.data.prepared import is_prepared, read_prepared
+
+    if not is_prepared(path):
+        raise ConfigError(key, f"{path} is a directory without meta.json; pass a text file, a token-id file or a "
+                          "directory written by `kiln data prepare`")
+    prepared = read_prepared(path, key)
+    if prepared.val_path is None:
+        raise ConfigError(key, f"{path} has no validation split (prepared with --val-fraction 0)")
+    ids = np.fromfile(prepared.val_path, dtype=prepared.dtype)
+    if ids.size < 2:
+        raise ConfigError(key, f"{prepared.val_path} has {ids.size} token(s); perplexity needs at least 2")
+    if int(ids.max()) >= vocab_size:
+        raise ConfigError(key, f"token id {int(ids.max())} in {prepared.val_path} is outside the model's vocabulary "
+                          f"[0, {vocab_size}): prepared with another tokenizer")
+    return ids.astype(np.int64).tolist()
 
 
 @torch.inference_mode()

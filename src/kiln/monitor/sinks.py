@@ -160,7 +160,7 @@ def format_record(record: Mapping[str, Any], total_steps: int | None = None) -> 
     if isinstance(record.get("mfu"), (int, float)):
         take("mfu", f"MFU {100 * float(record['mfu']):.1f}%")
     # A few more that a person watching wants; memory peaks and per-rank lists stay in the JSONL.
-    for key in ("grad_norm", "eval_loss", "eval_accuracy", "straggler_ratio", "sync_wait_ms", "gpu_util_pct",
+    for key in ("grad_norm", "eval_loss", "eval_perplexity", "eval_accuracy", "straggler_ratio", "sync_wait_ms", "gpu_util_pct",
                 "gpu_temp_c", "gpu_power_w", "nonfinite_skipped"):
         value = record.get(key)
         if isinstance(value, (int, float)) and not (key == "nonfinite_skipped" and value == 0):

@@ -81,6 +81,7 @@ def run_blocks(data: RunData) -> tuple[str, list[Block]]:
         ["GPU throttle reasons seen", health.get("throttle_reasons")],
     ]
     blocks += [Heading("Summary"), Table(["figure", "value"], [r for r in rows if r[1] is not None])]
+    blocks += validation_blocks(recs)
     if s.get("error"):
         blocks.append(Para(f"Error: `{s['error']}`"))
     steady = [r for r in recs if not r.get("first_step")]
@@ -112,6 +113,32 @@ def run_blocks(data: RunData) -> tuple[str, list[Block]]:
     if data.profile:
         blocks += profile_blocks(data.profile)
     return title, blocks
+
+
+def validation_blocks(recs: list[dict[str, Any]], most: int = 12) -> list[Block]:
+    """The held-out loss (and perplexity, for language models) at each eval pass: up to `most`
+    rows, evenly spaced, the first and last always shown."""
+    evals = [r for r in recs if _num(r.get("eval_loss"))]
+    if not evals:
+        return []
+    if len(evals) > most:
+        picks = sorted({round(i * (len(evals) - 1) / (most - 1)) for i in range(most)})
+        evals = [evals[i] for i in picks]
+    has_ppl = any(_num(r.get("eval_perplexity")) for r in evals)
+    has_acc = any(_num(r.get("eval_accuracy")) for r in evals)
+    columns = ["step", "train loss", "eval loss"] + (["eval perplexity"] if has_ppl else []) + (
+        ["eval accuracy"] if has_acc else [])
+    rows = []
+    for r in evals:
+        row = [r.get("step"), _fmt(r.get("loss")), _fmt(r["eval_loss"])]
+        if has_ppl:
+            row.append(f"{r['eval_perplexity']:,.2f}" if _num(r.get("eval_perplexity")) else "")
+        if has_acc:
+            row.append(_fmt(r.get("eval_accuracy")) if _num(r.get("eval_accuracy")) else "")
+        rows.append(row)
+    return [Heading("Validation"), Para("Loss on the held-out data at each eval pass (`training.eval_interval`, "
+                                        "`training.eval_steps` batches each); perplexity = exp(eval loss)."),
+            Table(columns, rows)]
 
 
 def profile_blocks(p: dict[str, Any]) -> list[Block]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import math
 from collections.abc import Callable
 
 import torch
@@ -170,8 +171,11 @@ def evaluate(
     steps: int,
     *,
     device: torch.device,
+    perplexity: bool = False,
 ) -> dict[str, float]:
-    """Mean loss (and accuracy where it applies) over up to `steps` eval batches; one host read."""
+    """Mean loss (and accuracy where it applies) over up to `steps` eval batches; one host read.
+    With `perplexity` (language models: the loss is a mean next-token cross-entropy in nats, every
+    batch the same number of tokens) also `eval_perplexity` = exp(eval_loss)."""
     was_training = model.training
     model.eval()
     loss_sum = torch.zeros((), device=device)
@@ -197,6 +201,9 @@ def evaluate(
     if totals[2] == 0:
         return {}
     result = {"eval_loss": totals[0] / totals[2]}
+    if perplexity:
+        loss = result["eval_loss"]
+        result["eval_perplexity"] = math.exp(loss) if loss < 700 else math.inf  # exp overflows past ~709
     if has_accuracy:
         result["eval_accuracy"] = totals[1] / max(totals[3], 1)
     return result

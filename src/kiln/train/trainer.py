@@ -373,7 +373,8 @@ class Trainer:
                     record.update(guard.check())  # NonFiniteError: exit 1 naming the step
                     if self.eval_data is not None and (step % tcfg.eval_interval == 0 or step == tcfg.steps):
                         self.eval_data.reset()  # every eval pass sees the same batches
-                        evals = evaluate(model, eval_fn, self.eval_data, tcfg.eval_steps, device=device)
+                        evals = evaluate(model, eval_fn, self.eval_data, tcfg.eval_steps, device=device,
+                                         perplexity=self.built.task == "causal_lm")
                         record.update(evals)
                     sinks.log(record)
                 # A signal on one rank must stop all ranks at the same step; agreeing costs a
