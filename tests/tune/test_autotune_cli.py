@@ -1,5 +1,5 @@
 """`kiln autotune` on the command line, on a CPU: bad input exits 2 before any work; a real search
-picks a compiled recipe that measured faster than the config's own (eager) in the same run."""
+writes one decision that its rows, results.json and best.toml all agree on."""
 
 from __future__ import annotations
 
@@ -36,11 +36,14 @@ def test_bad_input_exits_2_with_one_line_before_any_work(tmp_path, bad_input, ar
     assert not out.exists()
 
 
-def test_autotune_picks_a_compiled_recipe_faster_than_the_default(tmp_path, capsys):
+def test_autotune_real_search_writes_a_consistent_decision(tmp_path, capsys):
+    """A real search on this CPU. Which recipe wins depends on the machine's load, so the test
+    checks what must hold either way (the decision rule itself is tested with fixed timings in
+    test_search.py): one winner, the decision states the winner row's own figure, and best.toml
+    is a full config that differs from the default exactly in the winning keys."""
     out = tmp_path / "tune"
     # A budget far above what this small space takes (~1-2 min): the search ends when the space is
     # exhausted, so wall time on a loaded machine cannot decide which stages run.
-    # --rank-noisy: this loaded test machine is never quiet enough for the noise rule.
     code = main(["autotune", "--budget", "20", "--steps", "15", "--modes", "default", "--scopes", "model,step",
                  "--no-regional", "--rank-noisy", "--out", str(out), *TINY])
     captured = capsys.readouterr()
@@ -48,25 +51,24 @@ def test_autotune_picks_a_compiled_recipe_faster_than_the_default(tmp_path, caps
     payload = json.loads((out / "results.json").read_text())
     rows = payload["results"]
     assert {"env", "config", "results"} <= set(payload)
-    winner = next(r for r in rows if r["role"] == "winner")
-    # The config's own recipe as the confirm stage measured it again, next to the winner.
-    default = next(r for r in rows if r["role"] == "default" and r["stage"] == "confirm")
-    # The default is eager (compile off); the winner is compiled, passed the accuracy check and
-    # measured faster in this run, interleaved against the same eager fp32 runner (plain medians of
-    # two rows taken at different moments are not compared: load on the machine moves them apart).
-    assert default["mode"] == "eager" and winner["mode"] == "default"
-    assert winner["status"] == "ok" and winner["accuracy"] == "pass"
-    assert winner["speedup_vs_default"] > 1.02
+    winners = [r for r in rows if r["role"] == "winner"]
+    assert len(winners) == 1
+    winner = winners[0]
+    assert winner["status"] == "ok"
+    decision = payload["config"]["autotune"]
     # The decision states the same figure as the winner's row.
-    assert payload["config"]["autotune"]["speedup_vs_default"] == winner["speedup_vs_default"]
-    assert payload["config"]["autotune"]["decided_on"] == "confirm"
-    # best.toml is a full config kiln train loads, differing from the default in the winning keys.
+    assert decision["speedup_vs_default"] == winner["speedup_vs_default"]
     best = load_config(out / "best.toml")
     base = load_config(None, TINY)
-    assert best.compile.enabled and not base.compile.enabled
-    assert best.compile.scope == winner["scope"]
     assert best.model == base.model and best.data == base.data and best.optim == base.optim
-    assert "compile.enabled" in payload["config"]["autotune"]["changes"]
+    if winner["mode"] == "eager":  # the config's own recipe stayed: best.toml changes nothing
+        assert not best.compile.enabled and not decision["changes"]
+    else:  # a compiled recipe won: it passed the accuracy check and cleared the 2% rule
+        default = next(r for r in rows if r["role"] == "default" and r["stage"] == "confirm")
+        assert default["mode"] == "eager"
+        assert winner["accuracy"] == "pass" and winner["speedup_vs_default"] >= 1.02
+        assert best.compile.enabled and best.compile.scope == winner["scope"]
+        assert "compile.enabled" in decision["changes"]
     md = (out / "results.md").read_text()
     assert "| stage | candidate | role | status |" in md and "## Decision" in md
     assert (out / "results.png").exists()
