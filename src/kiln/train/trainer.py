@@ -57,6 +57,7 @@ from kiln.train.rundir import (
     already_complete_summary,
     check_run_dir,
     checkpoint_step,
+    held_for_me,
     no_checkpoint_decision,
     trim_metrics,
 )
@@ -104,6 +105,20 @@ class Trainer:
         self.run_dir = Path(run_dir) if run_dir is not None else default_run_dir(cfg.model.name)
         if multi and run_dir is None:
             raise ConfigError("--run-dir", "several ranks need one run dir chosen up front; pass --run-dir")
+        self.fault = planned_fault(self.dist.rank)  # a malformed KILN_FAULT is bad input: before the dir exists
+        # The run dir's lock before any look at the dir, held until `fit` ends: two kiln processes
+        # never both decide a dir is theirs. Rank 0 holds it (or its launcher, for it).
+        self._lock = RunDirLock(self.run_dir)
+        if self.dist.is_main and not held_for_me(self.run_dir):
+            self._lock.acquire()
+        try:
+            self._build(cfg)
+        except BaseException:
+            self._lock.release(remove_if_created=True)  # bad input: the dir is as it was
+            raise
+
+    def _build(self, cfg: Config) -> None:
+        """Everything that can fail on bad input, under the run dir's lock (see __init__)."""
         self.checkpointer = Checkpointer(self.run_dir, cfg.checkpoint, rank=self.dist.rank,
                                          world_size=self.dist.world_size, config_digest=config_digest(cfg))
         self.resume_path, self.already_complete = self._resolve_run_dir()
@@ -145,7 +160,7 @@ class Trainer:
         resume = self.cfg.checkpoint.resume
         # An elastic restart continues the group's own run: nothing to compare.
         restarting = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
-        note = "restart" if restarting else check_run_dir(self.run_dir, self.cfg, resume)
+        note = "restart" if restarting else check_run_dir(self.run_dir, self.cfg, resume, locked=True)
         if resume == "auto" and note is None:
             return None, False  # nothing there yet: a fresh start
         path = self.checkpointer.resolve_resume(resume)
@@ -176,6 +191,7 @@ class Trainer:
     def fit(self) -> dict[str, Any]:
         cfg, main = self.cfg, self.dist.is_main
         if self.already_complete:  # nothing to train, nothing written
+            self._lock.release()
             return already_complete_summary(self.run_dir, self.resume_path)
         if self.dist.world_size > 1 or self.dist.launched:
             init_process_group(self.dist, self.device, backend_for(self.device, cfg.distributed.backend),
@@ -185,9 +201,9 @@ class Trainer:
 
             log.info(bind_to_gpu_numa_node(self.device))
         lock = contextlib.ExitStack()
+        lock.callback(self._lock.release)
         if main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            lock.enter_context(RunDirLock(self.run_dir))  # a second kiln in this dir is refused
             save_config(cfg, self.run_dir / "config.toml")
             if self.resume_path is None:  # a fresh start (or a restart with no checkpoint yet)
                 (self.run_dir / "metrics.jsonl").unlink(missing_ok=True)
@@ -311,7 +327,7 @@ class Trainer:
             if self.dist.is_main:
                 trim_metrics(self.run_dir / "metrics.jsonl", start - 1)
                 log.info("resumed from %s at step %d", report.path, start - 1)
-        fault = planned_fault(self.dist.rank)
+        fault = self.fault
         reset_peak(device)
         record: dict[str, Any] = {}
         evals: dict[str, float] = {}
