@@ -41,6 +41,7 @@ from kiln.checkpoint.layout import (
     MARKER,
     checkpoint_problem,
     complete_checkpoints,
+    content_manifest,
     latest_complete,
     read_marker,
 )
@@ -242,6 +243,7 @@ class Checkpointer:
         try:
             meta = {**meta, "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                     "save_s": round(time.perf_counter() - started, 3)}
+            meta["files"] = content_manifest(tmp)  # checked before every load (layout.content_problem)
             _write_json_durably(tmp / MARKER, meta)
             if target.exists():  # an older timeline's checkpoint of this step (resumed from an earlier one)
                 old = target.with_name(target.name + ".old.tmp")
