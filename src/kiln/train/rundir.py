@@ -250,8 +250,13 @@ def already_complete_summary(path: Path, checkpoint: Path) -> dict[str, Any]:
 
 
 def trim_metrics(path: Path, last_step: int) -> None:
-    """On resume, drop records past the checkpoint: those steps run again."""
+    """On resume, drop records past the checkpoint (those steps run again) and a last line a crash
+    cut short; rewritten aside and renamed, so a crash here loses nothing."""
+    from kiln.monitor.records import read_records
+
     if not path.exists():
         return
-    kept = [line for line in path.read_text().splitlines() if line and json.loads(line).get("step", 0) <= last_step]
-    path.write_text("".join(line + "\n" for line in kept))
+    kept = [r for r in read_records(path) if r.get("step", 0) <= last_step]
+    tmp = path.with_name(path.name + ".part")
+    tmp.write_text("".join(json.dumps(r, allow_nan=False) + "\n" for r in kept), encoding="utf-8")
+    os.replace(tmp, path)

@@ -207,6 +207,8 @@ class Trainer:
             save_config(cfg, self.run_dir / "config.toml")
             if self.resume_path is None:  # a fresh start (or a restart with no checkpoint yet)
                 (self.run_dir / "metrics.jsonl").unlink(missing_ok=True)
+            else:  # records past the checkpoint run again; before the sink opens the file
+                trim_metrics(self.run_dir / "metrics.jsonl", checkpoint_step(self.resume_path))
             log.info("strategy: %s (%s)", self.strategy, self.strategy_reason)
         sinks = build_sinks(cfg.metrics, self.run_dir, cfg.training.steps, is_main=main)
         self._health = start_gpu_health(cfg.metrics.gpu_health, self.device, cfg.metrics.gpu_health_period_s)
@@ -325,7 +327,6 @@ class Trainer:
             self._start = start
             pending = []  # the data position was restored: batches fetched before it are not ours
             if self.dist.is_main:
-                trim_metrics(self.run_dir / "metrics.jsonl", start - 1)
                 log.info("resumed from %s at step %d", report.path, start - 1)
         fault = self.fault
         reset_peak(device)
