@@ -74,7 +74,9 @@ def content_problem(path: Path, marker: dict[str, Any]) -> str | None:
         file = path / rel
         try:
             size = file.stat().st_size
-            if size != expected.get("bytes"):
+            if isinstance(expected.get("bytes"), int) and size < expected["bytes"]:
+                problem = f"data file {rel} is truncated ({size} < {expected['bytes']} bytes)"
+            elif size != expected.get("bytes"):
                 problem = f"data file {rel} is {size} bytes, {expected.get('bytes')} when saved"
             elif file_digest(file) != expected.get("sha256"):
                 problem = f"data file {rel} does not match its checksum (its bytes changed after the save: corrupt)"

@@ -47,6 +47,7 @@ from kiln.checkpoint.layout import (
 )
 from kiln.checkpoint.state import AppState
 from kiln.checkpoint.storage import CheckpointSaveError, discard_partial, remove_partial
+from kiln.checkpoint.timeline import branch_point
 from kiln.config.errors import ConfigError
 from kiln.config.schema import CheckpointConfig
 
@@ -104,6 +105,8 @@ class Checkpointer:
             return None
         if spec == "auto":
             found = self.latest_complete()
+            if found is None:  # a branched run that crashed before its first save: its branch point
+                found = branch_point(self.root)
             if found is None:
                 log.info("checkpoint.resume=auto: no complete checkpoint in %s, starting fresh", self.root)
             return found
@@ -314,9 +317,8 @@ class Checkpointer:
         template = app_state.load_template(saved_world)
         template = prune_template(path, template, present)
         dcp_load({APP_KEY: template}, path, process_group=self.group)
+        app_state.config_hyperparameters = bool(self.digest) and marker.get("config_digest") not in (None, self.digest)
         app_state.load_state_dict(template)
-        if self.digest and marker.get("config_digest") not in (None, self.digest):
-            app_state.notes.append("the config differs from the one the checkpoint was saved with")
         for note in app_state.notes:
             log.warning("resume from %s: %s", path, note)
         self.last_saved_step = None

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from kiln.checkpoint import AppState, Checkpointer, NonFiniteGuard, StopOnSignal, any_rank, config_digest
+from kiln.checkpoint.timeline import branch
 from kiln.compile import compile_counters
 from kiln.compile_cache import RunCompileCache, compile_cache_dir
 from kiln.compile_defaults import apply_measured_defaults
@@ -158,8 +159,12 @@ class Trainer:
         to do with a run dir that holds a run (kiln.train.rundir). Every rank decides (read-only),
         so bad input stops all of them before the process group forms."""
         resume = self.cfg.checkpoint.resume
-        # An elastic restart continues the group's own run: nothing to compare.
+        # An elastic restart continues the group's own run: nothing to compare, and it continues
+        # from the newest checkpoint (or the branch point), not from a `checkpoint.resume=PATH` again.
         restarting = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+        if restarting and resume != "never":
+            resume = "auto"
+        self.branching = resume not in ("auto", "never")
         note = "restart" if restarting else check_run_dir(self.run_dir, self.cfg, resume, locked=True)
         if resume == "auto" and note is None:
             return None, False  # nothing there yet: a fresh start
@@ -204,6 +209,8 @@ class Trainer:
         lock.callback(self._lock.release)
         if main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
+            if self.branching and self.resume_path is not None:  # one timeline per run dir
+                branch(self.run_dir, self.resume_path)
             save_config(cfg, self.run_dir / "config.toml")
             if self.resume_path is None:  # a fresh start (or a restart with no checkpoint yet)
                 (self.run_dir / "metrics.jsonl").unlink(missing_ok=True)
