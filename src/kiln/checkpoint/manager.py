@@ -45,6 +45,7 @@ from kiln.checkpoint.layout import (
     latest_complete,
     read_marker,
 )
+from kiln.checkpoint.signals import interruption
 from kiln.checkpoint.state import AppState
 from kiln.checkpoint.storage import CheckpointSaveError, discard_partial, remove_partial
 from kiln.checkpoint.timeline import branch_point
@@ -142,10 +143,16 @@ class Checkpointer:
         except BaseException as exc:
             # DCP raises only after every rank's writes ended (its results are gathered on rank 0
             # and broadcast), so rank 0 can remove the partial directory without racing a writer.
-            interrupted = isinstance(exc, (KeyboardInterrupt, SystemExit))
+            interrupted = interruption(exc)  # a second Ctrl-C / SIGTERM: the user insisted, not a failure
+            if interrupted is None and isinstance(exc, SystemExit):
+                interrupted = exc
             storage = self._discard(tmp, None if interrupted else exc) if self.rank == 0 else None
-            if interrupted:
-                raise
+            if interrupted is not None:
+                log.warning("interrupted while saving checkpoint step %d: its partial save was removed; the "
+                            "previous complete checkpoint is intact", step)
+                if interrupted is exc:
+                    raise
+                raise interrupted from None
             raise CheckpointSaveError(step, target, exc, storage=storage, rank=self.rank) from exc
         self.last_saved_step = step
         return target

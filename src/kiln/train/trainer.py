@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from kiln.checkpoint import AppState, Checkpointer, NonFiniteGuard, StopOnSignal, any_rank, config_digest
+from kiln.checkpoint.signals import SignalExit, interruption
 from kiln.checkpoint.timeline import branch
 from kiln.compile import compile_counters
 from kiln.compile_cache import RunCompileCache, compile_cache_dir
@@ -90,6 +91,7 @@ class Trainer:
         self.on_failure = on_failure
         self.keep_group_on_failure = keep_group_on_failure
         self.dist = DistEnv.from_env()
+        self.fault = planned_fault(self.dist.rank)  # a malformed KILN_FAULT is bad input, before any work
         multi = self.dist.world_size > 1
         self.device = device_for(self.dist, cfg.training.device) if multi else resolve_device(cfg.training.device)
         self.cpu_plan = None
@@ -106,7 +108,6 @@ class Trainer:
         self.run_dir = Path(run_dir) if run_dir is not None else default_run_dir(cfg.model.name)
         if multi and run_dir is None:
             raise ConfigError("--run-dir", "several ranks need one run dir chosen up front; pass --run-dir")
-        self.fault = planned_fault(self.dist.rank)  # a malformed KILN_FAULT is bad input: before the dir exists
         # The run dir's lock before any look at the dir, held until `fit` ends: two kiln processes
         # never both decide a dir is theirs. Rank 0 holds it (or its launcher, for it).
         self._lock = RunDirLock(self.run_dir)
@@ -114,6 +115,10 @@ class Trainer:
             self._lock.acquire()
         try:
             self._build(cfg)
+        except SystemExit as exc:  # a factory's sys.exit(0) must not end kiln silently with success
+            self._lock.release(remove_if_created=True)
+            raise ConfigError("model.name", f"user code called sys.exit({exc.code!r}) while kiln built the model "
+                              "and data; raise an exception to report a problem") from None
         except BaseException:
             self._lock.release(remove_if_created=True)  # bad input: the dir is as it was
             raise
@@ -224,11 +229,17 @@ class Trainer:
         try:
             with tf32_enabled(cfg.precision.tf32), deterministic_mode(cfg.training.deterministic), \
                     compile_cache_dir(cfg.compile.cache_dir if cfg.compile.enabled else "torch"):
-                summary.update(self._train(sinks))
+                try:
+                    summary.update(self._train(sinks))
+                except SystemExit as exc:
+                    if isinstance(exc, SignalExit):
+                        raise
+                    raise RuntimeError(f"user code called sys.exit({exc.code!r}) during step {self._step}; kiln "
+                                       "treats that as a failure (raise an exception to report a problem)") from exc
             self.checkpointer.close()  # completes an in-flight async save: its failure fails the run
             summary["status"] = "stopped" if summary.get("stopped_by") else "completed"
         except BaseException as exc:
-            interrupted = isinstance(exc, (KeyboardInterrupt, SystemExit))
+            interrupted = interruption(exc) is not None
             summary["status"] = "interrupted" if interrupted else "failed"
             if not interrupted:
                 self.failed_at = time.time()
