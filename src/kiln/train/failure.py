@@ -65,7 +65,7 @@ def training_report(trainer, exc: BaseException, *, final: bool = True) -> Failu
     rank = dist.rank if dist.world_size > 1 or dist.launched else None
     run_dir = Path(trainer.run_dir)
     step, done, start = trainer._step, trainer._steps_done, trainer._start
-    diagnosis = diagnose(exc, cfg=trainer.cfg, run_dir=run_dir)
+    diagnosis = diagnose(exc, cfg=trainer.cfg, run_dir=run_dir, model_params=getattr(trainer, "num_params", None))
     report = FailureReport(diagnosis, where=where_it_failed(exc, step, done, start,
                                                             asynchronous=diagnosis.kind == "worker_killed"), rank=rank, step=max(step, done), exc=exc,
                            log_dir=run_dir if run_dir.is_dir() else None, log_name=error_log_name(rank))
