@@ -78,3 +78,21 @@ def check_fits(num_params: int, *, device_type: str, optimizer: str = "adamw", m
         raise ConfigError(what, f"{num_params / 1e9:.2f}B parameters need at least {gib(need)} of host memory "
                           f"({parts}); this host has {gib(available)} available of {gib(total)}: use a smaller "
                           "model or a machine with more memory (KILN_SKIP_MEMORY_CHECK=1 tries anyway)")
+
+
+def check_model_fits(model_cfg, device_type: str, optim_cfg) -> None:
+    """Count the model's parameters on the meta device (no memory, no compute) and `check_fits`
+    them before the real build. A factory that cannot build on meta is left to the real build."""
+    import torch
+
+    from kiln.config.errors import ConfigError
+    from kiln.models import build_model
+
+    try:
+        with torch.device("meta"):
+            num_params = sum(p.numel() for p in build_model(model_cfg).module.parameters())
+    except ConfigError:
+        raise
+    except Exception:
+        return
+    check_fits(num_params, device_type=device_type, optimizer=optim_cfg.name, momentum=optim_cfg.momentum)

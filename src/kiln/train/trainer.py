@@ -51,7 +51,7 @@ from kiln.monitor.summary import write_summary
 from kiln.precision import apply_precision, resolve_precision, tf32_enabled, with_precision
 from kiln.train.assemble import build_train_step
 from kiln.train.faults import inject, planned_fault
-from kiln.train.host_memory import check_fits
+from kiln.train.host_memory import check_model_fits
 from kiln.train.losses import build_eval_fn, build_forward_loss
 from kiln.train.meter import IntervalMeter
 from kiln.train.optim import current_lr
@@ -129,7 +129,7 @@ class Trainer:
         self.checkpointer = Checkpointer(self.run_dir, cfg.checkpoint, rank=self.dist.rank,
                                          world_size=self.dist.world_size, config_digest=config_digest(cfg))
         self.resume_path, self.already_complete = self._resolve_run_dir()
-        self._check_host_memory(cfg)
+        check_model_fits(cfg.model, self.device.type, cfg.optim)  # before building a model the host cannot hold
         seed_everything(cfg.training.seed)  # same seed on every rank: identical initial weights
         built = build_model(cfg.model)
         self.built = built
@@ -160,18 +160,6 @@ class Trainer:
         self.summary_error: Exception | None = None
         self.cleanup_errors: list[tuple[str, BaseException]] = []
         self.failed_at: float | None = None
-
-    def _check_host_memory(self, cfg: Config) -> None:
-        """Count the parameters on the meta device (no memory) and refuse a model this host
-        cannot hold (kiln.train.host_memory) before building it for real."""
-        try:
-            with torch.device("meta"):
-                num_params = sum(p.numel() for p in build_model(cfg.model).module.parameters())
-        except ConfigError:
-            raise
-        except Exception:  # a factory that cannot build on meta: the real build decides
-            return
-        check_fits(num_params, device_type=self.device.type, optimizer=cfg.optim.name, momentum=cfg.optim.momentum)
 
     def _resolve_run_dir(self) -> tuple[Path | None, bool]:
         """(checkpoint to resume from or None, whether the run is already complete), deciding what
