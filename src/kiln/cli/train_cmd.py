@@ -32,6 +32,7 @@ def _launch(args: argparse.Namespace, cfg) -> int:
     from pathlib import Path
 
     from kiln.distributed.launch import LaunchSpec, check_launch
+    from kiln.failure import RunFailed
     from kiln.train.faults import planned_fault
     from kiln.train.rundir import RunDirLock
     from kiln.train.runtime import default_run_dir
@@ -54,12 +55,15 @@ def _launch(args: argparse.Namespace, cfg) -> int:
     if owner:
         lock.acquire()
     try:
-        return _launch_locked(args, cfg, spec, run_dir, lock if owner else None)
+        code = _launch_locked(args, cfg, spec, run_dir, lock if owner else None)
+    except RunFailed as exc:  # the report (error.log) is written into the run dir under the lock
+        exc.after_report = lock.release
+        raise
     except BaseException:
         lock.release(remove_if_created=True)
         raise
-    finally:
-        lock.release()
+    lock.release()
+    return code
 
 
 def _launch_locked(args: argparse.Namespace, cfg, spec, run_dir, lock) -> int:

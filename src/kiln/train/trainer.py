@@ -291,22 +291,25 @@ class Trainer:
                 if not failing and first is None:
                     first = exc
         # Never the run's failure: a lock file that cannot be removed stays behind harmlessly, and a
-        # group broken by a dead peer may refuse a clean shutdown.
-        try:
-            lock.close()
-        except Exception as exc:
-            self.cleanup_errors.append(("releasing the run dir", exc))
+        # group broken by a dead peer may refuse a clean shutdown. After a failure the CLI still
+        # writes error.log into the run dir: the lock is then kept until `leave_group()`.
         if not (failing and self.keep_group_on_failure):
+            try:
+                lock.close()
+            except Exception as exc:
+                self.cleanup_errors.append(("releasing the run dir", exc))
             self.leave_group()
         if first is not None:
             raise first
 
     def leave_group(self) -> None:
-        """Leave the process group if one is open; an error doing so is kept in `cleanup_errors`."""
+        """Leave the process group if one is open and release the run dir; an error doing so is
+        kept in `cleanup_errors`."""
         try:
             destroy_process_group()
         except Exception as exc:
             self.cleanup_errors.append(("leaving the process group", exc))
+        self._lock.release()
 
     def _train(self, sinks) -> dict[str, Any]:
         cfg, device = self.cfg, self.device
