@@ -241,7 +241,7 @@ class Trainer:
             self.checkpointer.close()  # completes an in-flight async save: its failure fails the run
             summary["status"] = "stopped" if summary.get("stopped_by") else "completed"
         except BaseException as exc:
-            interrupted = interruption(exc) is not None
+            interrupted = isinstance(exc, (KeyboardInterrupt, SystemExit)) or interruption(exc) is not None
             summary["status"] = "interrupted" if interrupted else "failed"
             if not interrupted:
                 self.failed_at = time.time()
