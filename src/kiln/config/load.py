@@ -81,15 +81,13 @@ def coerce(key: str, value: Any, tp: Any) -> Any:
         if isinstance(value, bool):
             raise ConfigError(key, f"expected an integer, got {value!r}")
         if isinstance(value, int):
-            if abs(value) >= 2**63:
-                raise ConfigError(key, f"{value} does not fit a 64-bit integer")
             return value
         if isinstance(value, float) and value.is_integer():
             return int(value)
         if isinstance(value, str):
             text = value.strip().replace("_", "")
             try:
-                number = int(text)
+                return int(text)
             except ValueError:
                 try:
                     as_float = float(text)
@@ -97,10 +95,6 @@ def coerce(key: str, value: Any, tp: Any) -> Any:
                     as_float = None
                 if as_float is not None and as_float.is_integer() and abs(as_float) < 2**63:
                     return int(as_float)
-            else:
-                if abs(number) >= 2**63:
-                    raise ConfigError(key, f"{text} does not fit a 64-bit integer")
-                return number
         raise ConfigError(key, f"expected an integer, got {value!r}")
     if tp is float:
         if isinstance(value, bool):
