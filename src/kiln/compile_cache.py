@@ -187,12 +187,15 @@ class RunCompileCache:
         self.path = Path(run_dir) / ARTIFACTS_FILE
         self.enabled = cfg.enabled and cfg.save_cache
         self.is_main = is_main
-        self.saved = not self.enabled or not is_main or self.path.exists()
+        # A file already there is kept only once it loads (signed by this user's kiln); one that
+        # does not (another machine's, an older kiln's) is replaced by this run's own.
+        self.saved = not self.enabled or not is_main
 
     def load(self) -> None:
         if self.enabled:
             loaded = load_artifacts(self.path)
             if loaded:
+                self.saved = True
                 log.info("loaded %d compile cache artifacts from %s", loaded, self.path)
 
     def save(self) -> None:
