@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import os
+import tempfile
 
 import pytest
 
 # Two cores, several pytest workers at most: keep intra-op threads low so timings don't matter
 # and results do not depend on the machine's load.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# kiln's secret key (kiln.signing) in a throwaway dir, not the user's ~/.config/kiln.
+os.environ.setdefault("KILN_CONFIG_DIR", tempfile.mkdtemp(prefix="kiln-test-config-"))
 
 
 @pytest.fixture

@@ -7,7 +7,14 @@
 - Mega-cache artifacts (`torch.compiler.save_cache_artifacts` / `load_cache_artifacts`, torch >=
   2.7): everything the compile put into inductor's, AOTAutograd's and autotuning caches, in one
   blob that kiln saves with a run (`compile_cache.bin`) and loads before a resume or an elastic
-  restart, so the restarted process skips most of the compile even on another machine.
+  restart, so the restarted process skips most of the compile.
+
+The artifacts are pickles that torch unpickles (on load and again while compiling), so a
+`compile_cache.bin` is loaded only when kiln itself wrote it: the file carries an HMAC of its bytes
+under this user's secret key, which lives outside any run dir (kiln.signing). A file copied from
+another user or machine, or altered, is not loaded (the compile runs cold) and nothing of it is
+interpreted. An artifact whose key would place it outside the cache dir (an absolute path, `..`)
+is refused as well.
 """
 
 from __future__ import annotations
@@ -22,6 +29,11 @@ log = logging.getLogger("kiln.compile")
 
 ARTIFACTS_FILE = "compile_cache.bin"
 _ENV = "TORCHINDUCTOR_CACHE_DIR"
+_PURPOSE = b"kiln compile_cache.bin v1"
+
+
+class UnsafeArtifactError(ValueError):
+    """A cache artifact whose key would write outside the cache dir."""
 
 
 def kiln_cache_dir() -> Path:
@@ -93,11 +105,24 @@ def artifacts_blob() -> tuple[bytes, int] | None:
     return saved[0], _count(saved[1])
 
 
-def load_blob(blob: bytes) -> int:
-    """Load serialized artifacts into the current caches; returns how many."""
-    import torch
+def _check_key(key: object) -> None:
+    text = str(key)
+    parts = Path(text).parts
+    if not text or "\0" in text or os.path.isabs(text) or ".." in parts or "\\" in text:
+        raise UnsafeArtifactError(f"artifact key {text[:80]!r} would write outside the cache dir")
 
-    return _count(torch.compiler.load_cache_artifacts(blob))
+
+def load_blob(blob: bytes) -> int:
+    """Load serialized artifacts (this process's own, or a verified file's) into the current
+    caches; returns how many. Every artifact's key is checked before any is written."""
+    from torch.compiler._cache import CacheArtifactManager
+
+    artifacts = CacheArtifactManager.deserialize(blob)
+    if artifacts is None:
+        raise ValueError("torch could not read the artifacts (another torch version?)")
+    for artifact in (a for group in artifacts.values() for a in group):
+        _check_key(artifact.key)
+    return _count(CacheArtifactManager.populate_caches(artifacts))
 
 
 @contextlib.contextmanager
@@ -116,23 +141,39 @@ def fresh_artifacts() -> Iterator[None]:
 def save_artifacts(path: Path) -> int | None:
     """Write this process's compile artifacts to `path` (atomically); returns how many, or None
     when torch cannot (too old) or there was nothing to save."""
+    from kiln.signing import sign
+
     saved = artifacts_blob()
     if saved is None:
         return None
+    signed = sign(saved[0], purpose=_PURPOSE)
+    if signed is None:
+        from kiln.signing import config_dir
+
+        log.warning("compile cache not saved: no kiln key could be created in %s to sign it with", config_dir())
+        return None
     tmp = path.with_name(path.name + ".part")
-    tmp.write_bytes(saved[0])
+    tmp.write_bytes(signed)
     os.replace(tmp, path)
     return saved[1]
 
 
 def load_artifacts(path: Path) -> int | None:
     """Load artifacts saved by `save_artifacts` into the current caches; returns how many (None if
-    there is no file or torch cannot). A file torch cannot read is skipped with a warning: the
-    compile then runs cold, which is slower but correct."""
+    there is no file or torch cannot). A file kiln did not sign under this user's key, or one
+    torch cannot read, is skipped with a warning: the compile then runs cold, which is slower but
+    correct, and nothing in the file has been unpickled."""
+    from kiln.signing import UntrustedFileError, verify
+
     if not path.is_file() or not artifacts_supported():
         return None
     try:
-        return load_blob(path.read_bytes())
+        blob = verify(path.read_bytes(), purpose=_PURPOSE)
+    except (OSError, UntrustedFileError) as exc:
+        log.warning("compile cache %s not loaded: %s; compiling from scratch", path, exc)
+        return None
+    try:
+        return load_blob(blob)
     except Exception as exc:  # another torch version's blob, truncated file: compile cold instead
         log.warning("compile cache %s not loaded (%s: %s); compiling from scratch", path, type(exc).__name__, exc)
         return None
@@ -146,12 +187,15 @@ class RunCompileCache:
         self.path = Path(run_dir) / ARTIFACTS_FILE
         self.enabled = cfg.enabled and cfg.save_cache
         self.is_main = is_main
-        self.saved = not self.enabled or not is_main or self.path.exists()
+        # A file already there is kept only once it loads (signed by this user's kiln); one that
+        # does not (another machine's, an older kiln's) is replaced by this run's own.
+        self.saved = not self.enabled or not is_main
 
     def load(self) -> None:
         if self.enabled:
             loaded = load_artifacts(self.path)
             if loaded:
+                self.saved = True
                 log.info("loaded %d compile cache artifacts from %s", loaded, self.path)
 
     def save(self) -> None:

@@ -129,3 +129,18 @@ def test_help_shows_a_default_once():
     text = " ".join(parser.format_help().split())
     assert "stated (default 3) --b" in text and "not stated (default: 4)" in text and "a switch" in text
     assert "(default: False)" not in text
+
+
+def test_a_second_bench_on_the_same_out_is_refused(tmp_path, bad_input):
+    from kiln.train.rundir import RunDirLock
+
+    out = tmp_path / "out"
+    with RunDirLock(out):  # a first bench, still measuring, holds its --out
+        bad_input(["bench", "compile", "--model", "mlp", "--out", str(out)], ["--out", "in use by a running kiln"])
+    assert [p.name for p in out.iterdir()] == []
+
+
+def test_an_out_that_cannot_be_written_is_refused_before_any_work(tmp_path, bad_input):
+    (tmp_path / "file").write_text("x")
+    bad_input(["bench", "compile", "--model", "mlp", "--out", str(tmp_path / "file" / "out")],
+              ["--out", "cannot create it"])

@@ -87,3 +87,30 @@ def test_sighup_saves_and_stops_a_one_process_run(tmp_path, tiny_overrides) -> N
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "stopped" and summary["stopped_by"] == "SIGHUP"
     assert (run_dir / "checkpoints" / f"step_{summary['steps']:08d}").is_dir()
+
+
+@pytest.mark.parametrize("interrupt", [KeyboardInterrupt, lambda: __import__("kiln.checkpoint.signals").checkpoint
+                                       .signals.SignalExit(143)])
+def test_an_interrupt_in_the_middle_of_a_save_is_an_interruption(tmp_path, monkeypatch, interrupt) -> None:
+    """A second Ctrl-C (or SIGTERM) while DCP writes: DCP wraps it into its CheckpointException; kiln
+    removes the partial save and re-raises the interruption, not a failed save ("fix your ...")."""
+    import torch
+    from torch.distributed.checkpoint.filesystem import FileSystemWriter
+
+    from kiln.checkpoint import AppState, Checkpointer
+    from kiln.config.schema import CheckpointConfig
+
+    model = torch.nn.Linear(3, 3)
+    app = AppState(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    ck = Checkpointer(tmp_path, CheckpointConfig(), rank=0, world_size=1)
+    first = ck.save(1, app)
+
+    def interrupted_write(self, plan, planner):
+        raise interrupt()
+
+    monkeypatch.setattr(FileSystemWriter, "write_data", interrupted_write)
+    with pytest.raises((KeyboardInterrupt, SystemExit)) as caught:
+        ck.save(2, app)
+    assert not isinstance(caught.value, Exception)
+    assert not (tmp_path / "checkpoints" / "step_00000002.tmp").exists()
+    assert first.is_dir()

@@ -146,3 +146,24 @@ def test_every_hf_preset_of_kiln_train_resolves_or_names_its_family():
         else:  # gpt2-tiny: a train-only family, refused by what it is, not as an unknown name
             with pytest.raises(ConfigError, match=f"model_type '{TRAIN_PRESETS[name]['model_type']}'"):
                 resolve_model(f"hf:{name}")
+
+
+def test_a_model_dir_without_weights_needs_random_weights(model_dir, tmp_path, capsys, bad_input):
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    shutil.copy(model_dir / "config.json", bare / "config.json")
+    bad_input(["generate", "--model", str(bare), "--tokens", "1,2,3", "--max-new-tokens", "2", "--device", "cpu"],
+              ["--model", "has no *.safetensors weights", "--random-weights"])
+    code = main(["generate", "--model", str(bare), "--tokens", "1,2,3", "--max-new-tokens", "2", "--device", "cpu",
+                 "--random-weights"])
+    captured = capsys.readouterr()
+    assert code == 0 and "random weights, the output is noise" in captured.err
+
+
+@pytest.mark.parametrize("where", ["dir", "missing_parent", "under_a_file"])
+def test_an_unwritable_json_path_is_refused_before_generating(model_dir, tmp_path, bad_input, where):
+    (tmp_path / "file").write_text("x")
+    target = {"dir": tmp_path, "missing_parent": tmp_path / "nope" / "out.json",
+              "under_a_file": tmp_path / "file" / "out.json"}[where]
+    bad_input(["generate", "--model", str(model_dir), "--tokens", "1,2,3", "--max-new-tokens", "2", "--device", "cpu",
+               "--json", str(target)], ["--json", str(target)])

@@ -421,3 +421,10 @@ TESTED_KEYS = (
 def test_every_key_validate_checks_has_a_test_here():
     untested = _keys_named_in_validate() - TESTED_KEYS
     assert not untested, f"validate.py checks {sorted(untested)}; add tests for them in this module"
+
+
+@pytest.mark.parametrize("value", ["99999999999999999999999", "1_000_000_001"])
+def test_absurd_step_counts_are_refused_naming_the_limit(bad_input, tmp_path, value):
+    err = bad_input(["train", "--run-dir", str(tmp_path / "run"), f"training.steps={value}"], ["training.steps"])
+    assert "1_000_000_000" in err or "64-bit" in err
+    assert not (tmp_path / "run").exists()

@@ -323,3 +323,35 @@ def test_the_printed_resume_command_continues_the_run(tmp_path, monkeypatch, cap
     assert main(args) == 0
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["resumed_from"].endswith("step_00000004")
+
+
+EXITING_FACTORY = """
+import sys
+import torch
+from kiln.models.spec import InputSpec
+
+class Quitter(torch.nn.Linear):
+    def forward(self, x):
+        if WHEN == "step":
+            sys.exit(0)
+        return super().forward(x)
+
+def build():
+    if WHEN == "build":
+        sys.exit(0)
+    return Quitter(8, 4), InputSpec("features", (8,), num_classes=4)
+"""
+
+
+@pytest.mark.parametrize("when", ["build", "step"])
+def test_a_factory_calling_sys_exit_is_an_error_not_success(tmp_path, when):
+    import subprocess
+    import sys
+
+    (tmp_path / "quit.py").write_text(f"WHEN = {when!r}\n" + EXITING_FACTORY)
+    run = subprocess.run([sys.executable, "-m", "kiln", "train", "--run-dir", str(tmp_path / "run"),
+                          f"model.name={tmp_path / 'quit.py'}:build", "training.steps=3", "training.device=cpu",
+                          "metrics.console=false", "metrics.tensorboard=false", "metrics.mfu=false"],
+                         capture_output=True, text=True, timeout=300, env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+    assert run.returncode == (2 if when == "build" else 1), run.stderr[-2000:]
+    assert "sys.exit(0)" in run.stderr

@@ -56,3 +56,11 @@ def test_raising_faults(monkeypatch):
     monkeypatch.setattr("multiprocessing.active_children", lambda: [])
     with pytest.raises(RuntimeError, match="no DataLoader worker"):
         inject(Fault("kill-worker", 1), 1)
+
+
+@pytest.mark.parametrize("argv", [[], ["--nproc-per-node", "2"]])
+def test_a_bogus_fault_is_refused_before_the_run_dir_exists(bad_input, tmp_path, monkeypatch, argv):
+    monkeypatch.setenv("KILN_FAULT", "bogus")
+    run_dir = tmp_path / "run"
+    bad_input(["train", *argv, "--run-dir", str(run_dir), "training.device=cpu"], ["KILN_FAULT", "'bogus'", "kill@STEP"])
+    assert not run_dir.exists()

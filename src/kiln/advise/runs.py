@@ -5,7 +5,6 @@ whole-step CUDA-graph capture (rows of `kiln bench compile`, kiln.bench.session)
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import tempfile
 from pathlib import Path
@@ -31,6 +30,7 @@ def short_profile(cfg: Config, *, steps: int = 10, warmup: int = 3) -> dict[str,
     """A short `kiln profile` of the config (the training step kiln train runs): its summary plus
     the data wait share of the window's metrics record (the profiler's own overhead counts in the
     step there, so the share errs low)."""
+    from kiln.monitor.records import read_records
     from kiln.profile.run import profile_run
 
     rep = dataclasses.replace
@@ -38,7 +38,7 @@ def short_profile(cfg: Config, *, steps: int = 10, warmup: int = 3) -> dict[str,
     with tempfile.TemporaryDirectory(prefix="kiln-advise-") as tmp:
         out = Path(tmp) / "profile"
         summary = profile_run(cfg, out, steps=steps, warmup=warmup, memory_steps=0)
-        records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+        records = read_records(out / "metrics.jsonl")
     last = next((r for r in reversed(records) if not r.get("first_step")), records[-1] if records else {})
     return {**(summary or {}), "data_wait_frac": last.get("data_wait_frac"), "run_step_ms": last.get("step_ms")}
 

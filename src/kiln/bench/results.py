@@ -19,15 +19,26 @@ HELD = ("results.json", "results.md", "best.toml", "points", "comm", "decode_pro
 
 
 def refuse_held_results(out: Path, flag: str = "--out") -> None:
-    """ConfigError (exit 2, before any work) when `out` already holds results: a new run never
-    overwrites an earlier one's files."""
+    """ConfigError (exit 2, before any work) when `out` already holds results (a new run never
+    overwrites an earlier one's files), cannot be written, or is being written by another live
+    kiln process. Creates `out` and holds its lock until this process exits (kiln.outputs)."""
     from kiln.config.errors import ConfigError
+    from kiln.outputs import claim_output_dir, release_output_dir
 
     if out.exists() and not out.is_dir():
         raise ConfigError(flag, f"{out} exists and is not a directory")
-    held = [n for n in HELD if (out / n).exists()]
-    if held:
-        raise ConfigError(flag, f"{out} already holds results ({', '.join(held)}); choose a new directory")
+    def refuse_held() -> None:
+        held = [n for n in HELD if (out / n).exists()]
+        if held:
+            raise ConfigError(flag, f"{out} already holds results ({', '.join(held)}); choose a new directory")
+
+    refuse_held()  # before taking the lock: a refusal leaves the directory as it was
+    claim_output_dir(out, flag)
+    try:
+        refuse_held()  # again under the lock: another command may have finished in between
+    except ConfigError:
+        release_output_dir(out)
+        raise
 
 
 def format_cell(value: Any) -> str:

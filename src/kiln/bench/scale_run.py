@@ -57,8 +57,10 @@ def _last_record(run_dir: Path) -> dict[str, Any]:
     path = run_dir / "metrics.jsonl"
     if not path.exists():
         return {}
-    lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
-    return json.loads(lines[-1]) if lines else {}
+    from kiln.monitor.records import read_records
+
+    records = read_records(path)
+    return records[-1] if records else {}
 
 
 def read_point(point: Point, run_dir: Path, code: int, timeout_s: float | None) -> dict[str, Any]:

@@ -40,6 +40,23 @@ class UnsafeCheckpointError(pickle.UnpicklingError):
     """The checkpoint metadata names a Python object outside the allow-list."""
 
 
+class CheckpointReadError(RuntimeError):
+    """Reading a checkpoint's data failed (DCP's CheckpointException, which derives from
+    BaseException, or an OSError), in kiln's words: which checkpoint, and the first cause."""
+
+
+def _first_cause(exc: BaseException) -> str:
+    """The deciding error inside DCP's wrapper, whose text is every rank's traceback."""
+    failures = getattr(exc, "failures", None)
+    if isinstance(failures, dict):
+        for error in failures.values():
+            inner = error[0] if isinstance(error, tuple) else error
+            if isinstance(inner, BaseException):
+                return f"{type(inner).__name__}: {str(inner).strip().splitlines()[0][:300] if str(inner).strip() else ''}"
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:300] if text else ''}"
+
+
 class _MetadataUnpickler(pickle.Unpickler):
     """Resolves only what DCP metadata is made of: its dataclasses, torch.Size, dtypes/layouts,
     paths (StorageMeta.checkpoint_id). Everything else (os.system, builtins.eval, ...) is refused."""
@@ -117,8 +134,13 @@ def dcp_load(state_dict: dict[str, Any], path: Path, *, process_group=None, no_d
         kwargs["process_group"] = process_group
     if no_dist and "no_dist" in inspect.signature(dcp.load).parameters:
         kwargs["no_dist"] = True
-    with quiet_single_process():
-        dcp.load(state_dict, **kwargs)
+    try:
+        with quiet_single_process():
+            dcp.load(state_dict, **kwargs)
+    except (KeyboardInterrupt, SystemExit, GeneratorExit):
+        raise
+    except BaseException as exc:  # CheckpointException is a BaseException: `except Exception` misses it
+        raise CheckpointReadError(f"reading checkpoint {path} failed: {_first_cause(exc)}") from exc
 
 
 def check_files(path: Path, metadata: Metadata) -> str | None:
@@ -184,7 +206,9 @@ def prune_to(tree: Any, present: set[str], path: str) -> Any:
             kept = prune_to(v, present, f"{path}.{k}")
             if kept is not _DROP:
                 out[k] = kept
-        return out
+        # A dict none of whose entries the checkpoint has (the state of a rank that did not exist
+        # when it was saved) is dropped whole: an empty shell would read as "restored, empty".
+        return _DROP if tree and not out else out
     if isinstance(tree, list) and not _is_leaf_list(tree):
         items = [prune_to(v, present, f"{path}.{i}") for i, v in enumerate(tree)]
         return _DROP if any(v is _DROP for v in items) else items

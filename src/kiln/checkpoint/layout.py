@@ -2,6 +2,12 @@
 
     run_dir/checkpoints/step_00000100/        complete: renamed AND holds kiln_complete.json
     run_dir/checkpoints/step_00000200.tmp/    being written (or a crash cut it short): never used
+    run_dir/checkpoints/retired/<when>/       checkpoints of a timeline left by a branch (see
+                                              kiln.checkpoint.timeline): never resumed or exported
+
+The completion marker lists every file of the checkpoint with its size and SHA-256 (format 2), so
+a checkpoint whose bytes changed after it was written (a bad disk, a bad copy, an overwrite) is
+found before it is loaded, reported, and skipped in favour of the newest intact one.
 
 kiln.checkpoint.manager writes this layout; these readers serve it, resume, export and the
 failure reports.
@@ -9,6 +15,7 @@ failure reports.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import re
@@ -20,7 +27,9 @@ from kiln.checkpoint.dcp_io import check_files, read_metadata
 log = logging.getLogger("kiln.checkpoint")
 
 MARKER = "kiln_complete.json"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+_CHUNK = 8 << 20
+_verified: dict[tuple[str, int, int], str | None] = {}  # (marker path, its mtime, size) -> problem
 STEP_DIR = re.compile(r"^step_(\d{8,})$")
 
 
@@ -30,6 +39,53 @@ def read_marker(path: Path) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return marker if isinstance(marker, dict) else None
+
+
+def file_digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def content_manifest(path: Path) -> dict[str, dict[str, Any]]:
+    """`{relative name: {"bytes", "sha256"}}` of every file of a checkpoint being completed."""
+    return {str(f.relative_to(path)): {"bytes": f.stat().st_size, "sha256": file_digest(f)}
+            for f in sorted(path.rglob("*")) if f.is_file() and f.name != MARKER and not f.name.endswith(".part")}
+
+
+def content_problem(path: Path, marker: dict[str, Any]) -> str | None:
+    """Why the files of `path` are not the ones its marker lists (missing, resized, other
+    bytes), or None. Checkpoints written before checksums existed (format 1) are not checked.
+    A result is remembered per marker, so resolving and then loading reads the files once."""
+    files = marker.get("files")
+    if not isinstance(files, dict):
+        return None
+    try:
+        stat = (path / MARKER).stat()
+    except OSError as exc:
+        return f"completion marker unreadable ({exc.strerror})"
+    cache_key = (str((path / MARKER).resolve()), stat.st_mtime_ns, stat.st_size)
+    if cache_key in _verified:
+        return _verified[cache_key]
+    problem = None
+    for rel, expected in sorted(files.items()):
+        file = path / rel
+        try:
+            size = file.stat().st_size
+            if isinstance(expected.get("bytes"), int) and size < expected["bytes"]:
+                problem = f"data file {rel} is truncated ({size} < {expected['bytes']} bytes)"
+            elif size != expected.get("bytes"):
+                problem = f"data file {rel} is {size} bytes, {expected.get('bytes')} when saved"
+            elif file_digest(file) != expected.get("sha256"):
+                problem = f"data file {rel} does not match its checksum (its bytes changed after the save: corrupt)"
+        except OSError as exc:
+            problem = f"data file {rel} cannot be read ({exc.strerror or exc})"
+        if problem:
+            break
+    _verified[cache_key] = problem
+    return problem
 
 
 def checkpoint_problem(path: Path) -> str | None:
@@ -44,6 +100,9 @@ def checkpoint_problem(path: Path) -> str | None:
     match = STEP_DIR.match(path.name)
     if match and marker.get("step") != int(match.group(1)):
         return f"marker says step {marker.get('step')}, directory says {int(match.group(1))}"
+    problem = content_problem(path, marker)
+    if problem is not None:
+        return problem
     try:
         metadata = read_metadata(path)
     except Exception as exc:  # unreadable, truncated or refused metadata: not usable
@@ -66,7 +125,7 @@ def latest_complete(root: Path, *, ignore: Path | None = None) -> Path | None:
         problem = checkpoint_problem(path)
         if problem is None:
             return path
-        log.warning("skipping checkpoint %s: %s", path, problem)
+        log.warning("skipping checkpoint %s: %s; using an older one", path, problem)
     return None
 
 

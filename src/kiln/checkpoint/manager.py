@@ -41,11 +41,14 @@ from kiln.checkpoint.layout import (
     MARKER,
     checkpoint_problem,
     complete_checkpoints,
+    content_manifest,
     latest_complete,
     read_marker,
 )
+from kiln.checkpoint.signals import interruption
 from kiln.checkpoint.state import AppState
 from kiln.checkpoint.storage import CheckpointSaveError, discard_partial, remove_partial
+from kiln.checkpoint.timeline import branch_point
 from kiln.config.errors import ConfigError
 from kiln.config.schema import CheckpointConfig
 
@@ -103,6 +106,8 @@ class Checkpointer:
             return None
         if spec == "auto":
             found = self.latest_complete()
+            if found is None:  # a branched run that crashed before its first save: its branch point
+                found = branch_point(self.root)
             if found is None:
                 log.info("checkpoint.resume=auto: no complete checkpoint in %s, starting fresh", self.root)
             return found
@@ -138,10 +143,16 @@ class Checkpointer:
         except BaseException as exc:
             # DCP raises only after every rank's writes ended (its results are gathered on rank 0
             # and broadcast), so rank 0 can remove the partial directory without racing a writer.
-            interrupted = isinstance(exc, (KeyboardInterrupt, SystemExit))
+            interrupted = interruption(exc)  # a second Ctrl-C / SIGTERM: the user insisted, not a failure
+            if interrupted is None and isinstance(exc, SystemExit):
+                interrupted = exc
             storage = self._discard(tmp, None if interrupted else exc) if self.rank == 0 else None
-            if interrupted:
-                raise
+            if interrupted is not None:
+                log.warning("interrupted while saving checkpoint step %d: its partial save was removed; the "
+                            "previous complete checkpoint is intact", step)
+                if interrupted is exc:
+                    raise
+                raise interrupted from None
             raise CheckpointSaveError(step, target, exc, storage=storage, rank=self.rank) from exc
         self.last_saved_step = step
         return target
@@ -242,6 +253,7 @@ class Checkpointer:
         try:
             meta = {**meta, "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                     "save_s": round(time.perf_counter() - started, 3)}
+            meta["files"] = content_manifest(tmp)  # checked before every load (layout.content_problem)
             _write_json_durably(tmp / MARKER, meta)
             if target.exists():  # an older timeline's checkpoint of this step (resumed from an earlier one)
                 old = target.with_name(target.name + ".old.tmp")
@@ -312,9 +324,8 @@ class Checkpointer:
         template = app_state.load_template(saved_world)
         template = prune_template(path, template, present)
         dcp_load({APP_KEY: template}, path, process_group=self.group)
+        app_state.config_hyperparameters = bool(self.digest) and marker.get("config_digest") not in (None, self.digest)
         app_state.load_state_dict(template)
-        if self.digest and marker.get("config_digest") not in (None, self.digest):
-            app_state.notes.append("the config differs from the one the checkpoint was saved with")
         for note in app_state.notes:
             log.warning("resume from %s: %s", path, note)
         self.last_saved_step = None

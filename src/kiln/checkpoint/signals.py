@@ -30,6 +30,30 @@ log = logging.getLogger("kiln.checkpoint")
 DEFAULT_SIGNALS = STOP_SIGNALS  # SIGINT, SIGTERM and (where it exists) SIGHUP
 
 
+class SignalExit(SystemExit):
+    """The SystemExit a second SIGTERM raises (exit code 128 + signal): the user or the scheduler
+    insisted. Told apart from a SystemExit that user code raised (which kiln reports as an error)."""
+
+
+def interruption(exc: BaseException) -> BaseException | None:
+    """The KeyboardInterrupt or SignalExit behind `exc`: itself, a cause, or one that DCP wrapped
+    into its CheckpointException (a second Ctrl-C arriving in the middle of a save)."""
+    seen: set[int] = set()
+    todo = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, (KeyboardInterrupt, SignalExit)):
+            return e
+        failures = getattr(e, "failures", None)
+        if isinstance(failures, dict):
+            todo += [f[0] if isinstance(f, tuple) else f for f in failures.values()]
+        todo += [e.__cause__, e.__context__]
+    return None
+
+
 class StopOnSignal:
     """Context manager: while active, SIGTERM/SIGINT/SIGHUP set a flag instead of ending the process."""
 
@@ -61,7 +85,7 @@ class StopOnSignal:
         if self.received == signum:
             if signum == signal.SIGINT:
                 raise KeyboardInterrupt
-            raise SystemExit(128 + signum)
+            raise SignalExit(128 + signum)
         self.received = signum
         log.warning("%s received: stopping after this step (a checkpoint is saved first); send it again to "
                     "stop at once", signal.Signals(signum).name)

@@ -98,6 +98,11 @@ class AppState(Stateful):
         self.progress.update(progress or {})
         self.notes: list[str] = []
         """What the last load did beyond a plain restore (resharding, missing rank-local state)."""
+        self.config_hyperparameters = False
+        """Set by the Checkpointer when the checkpoint was saved with another config: the
+        optimizer's hyper-parameters (lr, weight decay, betas, ...) and the schedule's base LRs
+        are then this config's, not the checkpoint's (a branch with another learning rate)."""
+        self._fresh: tuple[list[dict[str, Any]], list[float] | None] | None = None
         # Sharded (not gathered) state under FSDP2: each rank writes its own shards.
         self.options = StateDictOptions(full_state_dict=False, cpu_offload=False)
 
@@ -138,6 +143,8 @@ class AppState(Stateful):
         )
         if self.scheduler is not None and state.get("scheduler"):
             self.scheduler.load_state_dict(state["scheduler"])
+        if self.config_hyperparameters and self._fresh is not None:
+            self._apply_config_hyperparameters(*self._fresh)
         if self.scaler is not None:
             if state.get("scaler"):
                 self.scaler.load_state_dict(state["scaler"])
@@ -170,6 +177,26 @@ class AppState(Stateful):
             self.data.load_state_dict({**first, "index": index})
             self.notes.append(f"data position epoch {first['epoch']} batch {first['index']} -> batch {index}")
 
+    def _apply_config_hyperparameters(self, groups: list[dict[str, Any]], base_lrs: list[float] | None) -> None:
+        for group, fresh in zip(self.optimizer.param_groups, groups):
+            for key, value in fresh.items():
+                if isinstance(group.get(key), torch.Tensor):
+                    group[key].copy_(value if isinstance(value, torch.Tensor) else torch.tensor(value))
+                else:
+                    group[key] = value
+        lambdas = getattr(self.scheduler, "lr_lambdas", None)
+        if base_lrs is not None and lambdas is not None:  # LambdaLR: lr = base * factor(step)
+            self.scheduler.base_lrs = list(base_lrs)
+            lrs = [base * float(f(self.scheduler.last_epoch)) for base, f in zip(base_lrs, lambdas)]
+            for group, lr in zip(self.optimizer.param_groups, lrs):
+                if isinstance(group["lr"], torch.Tensor):
+                    group["lr"].fill_(lr)
+                else:
+                    group["lr"] = lr
+            self.scheduler._last_lr = lrs
+        self.notes.append("saved with another config: the optimizer's hyper-parameters and the learning-rate "
+                          "schedule are this config's")
+
     # -- for the Checkpointer -----------------------------------------------------------------
     def model_shapes(self) -> dict[str, tuple[int, ...]]:
         """Global shapes of the model's state (DTensor.shape is the unsharded shape)."""
@@ -181,6 +208,10 @@ class AppState(Stateful):
         position when the world size changed. Grads are dropped first: DCP's state_dict helper only
         materialises empty optimizer state when no parameter holds a gradient."""
         self.optimizer.zero_grad(set_to_none=True)
+        keep = ("lr", "initial_lr", "weight_decay", "betas", "eps", "momentum", "dampening", "alpha")
+        self._fresh = ([{k: (g[k].clone() if isinstance(g[k], torch.Tensor) else g[k]) for k in keep if k in g}
+                        for g in self.optimizer.param_groups],
+                       list(self.scheduler.base_lrs) if hasattr(self.scheduler, "base_lrs") else None)
         template = self.state_dict()
         if saved_world_size != self.world_size and self.data is not None:
             template["rank_local"].setdefault("rank0", {})["data"] = dict(self.data.state_dict())

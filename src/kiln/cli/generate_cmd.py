@@ -59,6 +59,8 @@ def add_parser(sub) -> None:
     add_decode_attention_flag(p)
     add_decode_matvec_flag(p)
     p.add_argument("--json", help="also write prompts, tokens, text and timings to this JSON file")
+    p.add_argument("--random-weights", action="store_true",
+                   help="generate from random weights when the --model directory has none (the output is noise)")
     p.set_defaults(run=run)
 
 
@@ -110,14 +112,22 @@ def plan(args: argparse.Namespace) -> Request:
     from kiln.llm.engine import MAX_STOP_TOKENS, check_lengths
     from kiln.llm.sampling import Sampling, check_sampling
     from kiln.llm.tokenizer import find_tokenizer, generation_stop_tokens
+    from kiln.llm.weights import has_weights
 
     at_least("--max-new-tokens", args.max_new_tokens, 1)
+    if args.json:
+        from kiln.outputs import check_writable_file
+
+        check_writable_file(args.json, "--json")
     at_least("--max-seq-len", args.max_seq_len, 2)
     sampling = check_sampling(Sampling(args.temperature, args.top_k, args.top_p), FLAGS)
     device = resolve_device_flag(args.device)
     dtype = resolve_dtype_flag(args.dtype, device)
     source = resolve_model(args.model)
     config = source.config
+    if source.directory is not None and not has_weights(source.directory) and not args.random_weights:
+        raise ConfigError("--model", f"{source.directory} has no *.safetensors weights; pass --random-weights "
+                          "to generate from random weights anyway (the output is noise)")
     check_decode_attention(args.decode_attention, device, dtype, config.head_dim)
     check_decode_matvec(args.decode_matvec, device, dtype)
     tokenizer_dir = source.directory if find_tokenizer(source.directory) else None

@@ -33,11 +33,10 @@ def add_parser(sub) -> None:
 def _launch(args: argparse.Namespace, cfg) -> int:
     from pathlib import Path
 
-    from kiln.distributed.failures import first_failure
-    from kiln.distributed.launch import LaunchSpec, check_launch, launch, launcher_flags, uses_gpu
+    from kiln.distributed.launch import LaunchSpec, check_launch
     from kiln.failure import RunFailed
-    from kiln.train.failure import group_report, resume_command
-    from kiln.train.preflight import preflight
+    from kiln.train.faults import planned_fault
+    from kiln.train.rundir import RunDirLock
     from kiln.train.runtime import default_run_dir
 
     spec = LaunchSpec(
@@ -50,7 +49,36 @@ def _launch(args: argparse.Namespace, cfg) -> int:
     )
     run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(cfg.model.name)
     check_launch(spec, cfg.training.device)
-    preflight(cfg, run_dir, spec.nproc_per_node * spec.nnodes)
+    planned_fault(0)  # a malformed KILN_FAULT is bad input, before the run dir is created
+    # Node rank 0's launcher holds the run dir's lock for its ranks from before the checks until the
+    # job's report is written: a refused launcher starts nothing and touches nothing there.
+    owner = (spec.node_rank or 0) == 0
+    lock = RunDirLock(run_dir)
+    if owner:
+        lock.acquire()
+    try:
+        code = _launch_locked(args, cfg, spec, run_dir, lock if owner else None)
+    except RunFailed as exc:  # the report (error.log) is written into the run dir under the lock
+        exc.after_report = lock.release
+        raise
+    except BaseException:
+        lock.release(remove_if_created=True)
+        raise
+    lock.release()
+    return code
+
+
+def _launch_locked(args: argparse.Namespace, cfg, spec, run_dir, lock) -> int:
+    import os
+
+    from kiln.distributed.failures import first_failure
+    from kiln.distributed.launch import launch, launcher_flags, uses_gpu
+    from kiln.failure import RunFailed
+    from kiln.train.failure import group_report, resume_command
+    from kiln.train.preflight import preflight
+    from kiln.train.rundir import LOCK_ENV
+
+    preflight(cfg, run_dir, spec.nproc_per_node * spec.nnodes, locked=lock is not None)
     passthrough = (["--verbose"] if args.verbose else []) + (["--config", args.config] if args.config else [])
     passthrough += list(args.overrides)
     if spec.max_restarts > 0 and cfg.checkpoint.resume == "never":
@@ -62,6 +90,8 @@ def _launch(args: argparse.Namespace, cfg) -> int:
         from kiln.cpu.threads import launcher_env
 
         env = launcher_env(cfg.cpu, spec.nproc_per_node)
+    if lock is not None:
+        env[LOCK_ENV] = f"{os.getpid()}:{os.path.abspath(run_dir)}"
     result = launch(spec, run_dir, passthrough, env)
     resume = resume_command(run_dir, launcher_flags(spec))
     if result.code == 0:
@@ -77,7 +107,7 @@ def _launch(args: argparse.Namespace, cfg) -> int:
         return 128 + signal.Signals[result.stopped_by].value
     # The ranks said one line each at most; name the first failure, what was kept, what to do.
     raise RunFailed(group_report(run_dir, first_failure(result.failures), result.failures, launcher_flags(spec),
-                                 owner=(spec.node_rank or 0) == 0))
+                                 owner=lock is not None))
 
 
 def _read_summary(run_dir) -> dict | None:

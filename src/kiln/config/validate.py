@@ -22,6 +22,9 @@ _REMOVED_BACKENDS = {"nvfuser": "inductor", "aot_ts_nvfuser": "inductor", "aot_n
 # fullmatch, not `$`: `$` also matches before a trailing newline, which let "pkg.mod:fn\n" through.
 _IMPORT_PATH = re.compile(r"[\w./\\-]+(\.py)?:[A-Za-z_]\w*")
 
+MAX_STEPS = 1_000_000_000
+"""The most optimizer steps a run may have: far beyond any real run, well inside 64-bit counters."""
+
 
 def is_import_path(text: str) -> bool:
     """`package.module:function` or `path/to/file.py:function`."""
@@ -181,6 +184,9 @@ def validate(cfg: Config, *, check_torch: bool = True) -> None:
         ("cpu.threads", 0),
     ):
         _at_least(cfg, key, minimum)
+    if cfg.training.steps > MAX_STEPS:
+        raise ConfigError("training.steps", f"{cfg.training.steps} is more steps than kiln runs (at most {MAX_STEPS:_}; "
+                          "step numbers name checkpoint directories and count samples)")
     if not cfg.distributed.timeout_s > 0:
         raise ConfigError("distributed.timeout_s", f"must be > 0, got {cfg.distributed.timeout_s!r}")
     if not cfg.metrics.gpu_health_period_s > 0:

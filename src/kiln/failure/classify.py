@@ -114,9 +114,10 @@ def _disk_advice(cfg: Any, where: str) -> str:
     return f"free space on the filesystem of {where} (df -h {where}){fewer}, or use a --run-dir on a larger disk"
 
 
-def diagnose(exc: BaseException, *, cfg: Any = None, run_dir: Any = None) -> Diagnosis:
-    """The most specific cause found in `exc` and what it wraps; `cfg` (a kiln Config) makes the
-    advice concrete, `run_dir` names where to look."""
+def diagnose(exc: BaseException, *, cfg: Any = None, run_dir: Any = None, model_params: int | None = None) -> Diagnosis:
+    """The most specific cause found in `exc` and what it wraps; `cfg` (a kiln Config) and
+    `model_params` (the model's parameter count, when built) make the advice concrete, `run_dir`
+    names where to look."""
     chain = list(causes(exc))
     where = str(run_dir) if run_dir is not None else "the output directory"
     for e in chain:
@@ -143,7 +144,7 @@ def diagnose(exc: BaseException, *, cfg: Any = None, run_dir: Any = None) -> Dia
             return Diagnosis("cuda_oom", "CUDA out of memory", short_error(e, 400), _oom_advice(cfg))
     for e in chain:
         if isinstance(e, MemoryError) or "can't allocate memory" in str(e) or "DefaultCPUAllocator" in str(e):
-            return Diagnosis("host_oom", "out of host memory", short_error(e), _host_memory_advice(cfg))
+            return Diagnosis("host_oom", "out of host memory", short_error(e), _host_memory_advice(cfg, e, model_params))
     for e in chain:
         if type(e).__name__ == "NonFiniteError":
             return Diagnosis("nonfinite", "non-finite loss or gradient", short_error(e),
@@ -177,11 +178,32 @@ def _is_cuda_oom(e: BaseException) -> bool:
     return (bool(oom_types) and isinstance(e, oom_types)) or "CUDA out of memory" in str(e)
 
 
-def _host_memory_advice(cfg: Any) -> str:
+def _host_memory_advice(cfg: Any, error: BaseException, model_params: int | None) -> str:
+    """What holds the host's memory, with numbers: the model's state (weights, and on a CPU run its
+    gradients and optimizer state) against the host's memory, the allocation that failed, then
+    the data loader; the largest first."""
+    from kiln.train.host_memory import gib, host_memory, training_state_bytes
+
+    total, _ = host_memory()
+    facts, advice = [], []
+    asked = re.search(r"allocate (\d+) bytes", str(error))
+    if asked:
+        facts.append(f"the failed allocation asked for {gib(int(asked.group(1)))}")
+    if model_params:
+        device = str(_cfg(cfg, "training.device", "cpu"))
+        state = training_state_bytes(model_params, device_type="cpu" if device == "cpu" else "cuda",
+                                     optimizer=str(_cfg(cfg, "optim.name", "adamw")),
+                                     momentum=float(_cfg(cfg, "optim.momentum", 0.0) or 0.0))
+        facts.append(f"the model's {model_params / 1e6:.1f}M parameters hold {gib(state)}"
+                     + (f" of this host's {gib(total)}" if total else ""))
+        if total and state > total // 2:
+            advice.append("the model itself is the bulk: use a smaller model, or a machine (or GPU) with more memory")
     workers = _cfg(cfg, "data.num_workers") if _cfg(cfg, "data.source", "synthetic") != "synthetic" else 0
-    loader = f"lower data.num_workers (now {workers}) or data.prefetch_factor, " if workers else ""
-    return (f"{loader}lower data.batch_size, memory-map large data (data.source=tokens) instead of loading it, "
-            "or run on a machine with more memory")
+    if workers:
+        advice.append(f"lower data.num_workers (now {workers}) or data.prefetch_factor")
+    advice.append("lower data.batch_size, memory-map large data (data.source=tokens) instead of loading it, "
+                  "or run on a machine with more memory")
+    return ("; ".join(facts) + ": " if facts else "") + "; ".join(advice)
 
 
 def _lost_loader_worker(e: BaseException) -> bool:

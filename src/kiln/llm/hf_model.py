@@ -16,7 +16,8 @@ def build_hf_model(source, *, device: torch.device, dtype: torch.dtype, seed: in
     kwargs = {"attn_implementation": "sdpa", **dtype_kwarg(transformers, dtype)}
     if has_weights(source.directory):
         model = transformers.AutoModelForCausalLM.from_pretrained(str(source.directory), config=config,
-                                                                  local_files_only=True, **kwargs).to(device)
+                                                                  local_files_only=True, use_safetensors=True,
+                                                                  **kwargs).to(device)
     else:
         torch.manual_seed(seed)
         with torch.device(device):

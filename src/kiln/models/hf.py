@@ -172,10 +172,15 @@ def build_hf(spec: str, kwargs: dict[str, Any], name: str) -> BuiltModel:
     # as bf16 (its from_pretrained default is dtype="auto").
     dtype = dtype_kwarg(transformers, torch.float32)
     # "sdpa": torch's fused attention kernels, which torch.compile handles without graph breaks.
+    if weights_dir is not None and not any(Path(weights_dir).glob("*.safetensors")):
+        # pytorch_model.bin is a pickle: loading it could run code from the model dir.
+        raise ConfigError("model.name", f"{weights_dir} has pytorch_model.bin but no *.safetensors: kiln loads "
+                          "safetensors only, which never unpickle code (convert it with safetensors' convert tool)")
     try:
         if weights_dir is not None:
             model = transformers.AutoModelForCausalLM.from_pretrained(
-                str(weights_dir), config=config, local_files_only=True, attn_implementation="sdpa", **dtype
+                str(weights_dir), config=config, local_files_only=True, attn_implementation="sdpa",
+                use_safetensors=True, **dtype
             )
         else:
             model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", **dtype)

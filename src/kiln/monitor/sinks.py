@@ -7,14 +7,16 @@ Sinks never touch the device, so logging adds no synchronisation.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
+import logging
 import math
 import os
 import threading
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -22,6 +24,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from kiln.config.errors import ConfigError
 from kiln.config.schema import CHOICES, MetricsConfig
 from kiln.monitor.summary import json_safe
+
+log = logging.getLogger("kiln.monitor")
 
 __all__ = [
     "ConsoleSink",
@@ -55,26 +59,42 @@ class MetricsSink:
 class JsonlSink(MetricsSink):
     """`metrics.jsonl`: one strict-JSON object per line (NaN/inf written as null, see `json_safe`).
 
-    The file is opened for append, so a resumed run continues the same file, and each line is
-    flushed as written, so a crash keeps everything logged before it (no fsync: surviving a process
-    crash needs only the OS page cache, and an fsync per log would stall the loop on slow disks).
+    The file is opened for append, so a resumed run continues the same file. Each record goes out
+    in one write(2) of the whole line; a write that fails part-way (a full disk) is cut back off,
+    so the file only ever holds whole records; half a line a killed process left at the end is
+    cut off when the next run opens the file. Nothing is fsynced: surviving a process crash needs
+    only the OS page cache, and an fsync per log would stall the loop on slow disks.
     """
 
     def __init__(self, path: str | os.PathLike[str]):
+        from kiln.monitor.records import torn_tail
+
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file: IO[str] | None = self.path.open("a", encoding="utf-8")
+        self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        torn = torn_tail(self.path)
+        if torn:
+            os.ftruncate(self._fd, os.fstat(self._fd).st_size - torn)
+            log.warning("%s: dropped its last line (%d bytes, cut short by an earlier crash)", self.path, torn)
 
     def log(self, record: Mapping[str, Any]) -> None:
-        if self._file is None:
+        if self._fd is None:
             raise RuntimeError(f"JsonlSink({self.path}) is closed")
-        self._file.write(json.dumps(json_safe(record), allow_nan=False) + "\n")
-        self._file.flush()
+        data = (json.dumps(json_safe(record), allow_nan=False) + "\n").encode("utf-8")
+        start = os.fstat(self._fd).st_size
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(self._fd, view):]
+        except OSError:
+            with contextlib.suppress(OSError):  # keep whole records only
+                os.ftruncate(self._fd, start)
+            raise
 
     def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 def tensorboard_importable() -> bool:

@@ -37,18 +37,12 @@ def _json(path: Path) -> Any:
 
 
 def _records(path: Path) -> list[dict[str, Any]]:
-    out = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            # A killed writer can leave a half line at the end; anything else is a broken file.
-            if n == len(path.read_text(encoding="utf-8").splitlines()):
-                break
-            raise ConfigError("RUN_DIR", f"{path}:{n} is not a JSON line") from None
-    return out
+    from kiln.monitor.records import BrokenRecordsError, read_records
+
+    try:
+        return read_records(path)  # a torn last line (a killed writer) is dropped, with a warning
+    except (OSError, BrokenRecordsError) as exc:
+        raise ConfigError("RUN_DIR", str(exc)) from None
 
 
 def load(path: str | Path) -> RunData | BenchData:

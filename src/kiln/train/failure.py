@@ -65,7 +65,7 @@ def training_report(trainer, exc: BaseException, *, final: bool = True) -> Failu
     rank = dist.rank if dist.world_size > 1 or dist.launched else None
     run_dir = Path(trainer.run_dir)
     step, done, start = trainer._step, trainer._steps_done, trainer._start
-    diagnosis = diagnose(exc, cfg=trainer.cfg, run_dir=run_dir)
+    diagnosis = diagnose(exc, cfg=trainer.cfg, run_dir=run_dir, model_params=getattr(trainer, "num_params", None))
     report = FailureReport(diagnosis, where=where_it_failed(exc, step, done, start,
                                                             asynchronous=diagnosis.kind == "worker_killed"), rank=rank, step=max(step, done), exc=exc,
                            log_dir=run_dir if run_dir.is_dir() else None, log_name=error_log_name(rank))
@@ -112,7 +112,6 @@ def record_group_failure(run_dir: Path, error: str, failed_rank: int | None,
                          rank_errors: dict[int, str]) -> str:
     """Make summary.json name the job's first failure (rank 0 wrote its own, possibly secondary,
     error; a killed rank 0 wrote none). Returns the phrase for the message."""
-    import json
 
     from kiln.monitor.summary import write_summary
 
@@ -171,15 +170,14 @@ def _where_of_peers(failures: list) -> str:
 def _where_of_metrics(run_dir: Path) -> str:
     """"after step N" from the run's newest metrics record: where a rank that died without a word
     (SIGKILL) stopped, when no peer published a report either (the agent may stop them first)."""
+    from kiln.monitor.records import read_records
+
     try:
-        lines = (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
-    except OSError:
+        records = read_records(run_dir / "metrics.jsonl", warn=False)
+    except (OSError, ValueError):
         return ""
-    for line in reversed(lines):
-        try:
-            step = json.loads(line).get("step")
-        except ValueError:  # a record cut short by the kill
-            continue
+    for record in reversed(records):
+        step = record.get("step")
         if isinstance(step, int):
             return f"after step {step} (the last logged)"
     return ""

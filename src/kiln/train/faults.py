@@ -25,7 +25,6 @@ import time
 from dataclasses import dataclass
 
 ONCE = ("kill", "hang", "cuda-oom", "host-oom", "kill-worker")
-_FORMS = f"{'@STEP, '.join(ONCE)}@STEP or slow@STEP:MS"
 
 
 @dataclass(frozen=True)
@@ -40,6 +39,10 @@ def planned_fault(rank: int) -> Fault | None:
     if not spec or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
         return None
     who = os.environ.get("KILN_FAULT_RANK")
+    if who is not None and not who.isdigit():
+        from kiln.config.errors import ConfigError
+
+        raise ConfigError("KILN_FAULT_RANK", f"{who!r} is not a rank number")
     if who is not None and int(who) != rank:
         return None
     kind, _, rest = spec.partition("@")
@@ -48,7 +51,9 @@ def planned_fault(rank: int) -> Fault | None:
         (kind in ONCE and not ms) or (kind == "slow" and ms.replace(".", "", 1).isdigit())
     )
     if not valid:
-        raise ValueError(f"KILN_FAULT must be {_FORMS}, got {spec!r}")
+        from kiln.config.errors import ConfigError
+
+        raise ConfigError("KILN_FAULT", f"{spec!r} is not a fault", [f"{kind}@STEP" for kind in ONCE] + ["slow@STEP:MS"])
     return Fault(kind, int(step), float(ms) if ms else 0.0)
 
 

@@ -15,17 +15,17 @@ from kiln.train.rundir import check_run_dir
 log = logging.getLogger("kiln.train")
 
 
-def preflight(cfg: Config, run_dir: Path, world_size: int = 1) -> None:
+def preflight(cfg: Config, run_dir: Path, world_size: int = 1, *, locked: bool = False) -> None:
     """Config was validated on load; here: the run dir (another config's run there is refused,
     see kiln.train.rundir; compared after the ranks' measured compile defaults, which resolve
-    the same way), the model factory and its arguments (built on the meta device: no memory, no
+    the same way; `locked`: the caller holds the run dir's lock), the model factory and its arguments (built on the meta device: no memory, no
     compute), file data, and FSDP2 support."""
     from kiln.compile_defaults import apply_measured_defaults
 
     device = cfg.training.device
     device_type = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else torch.device(device).type
     apply_measured_defaults(cfg, device_type, world_size, launched=True)  # as the ranks will see it
-    check_run_dir(run_dir, cfg, cfg.checkpoint.resume)
+    check_run_dir(run_dir, cfg, cfg.checkpoint.resume, locked=locked)
     from kiln.models import build_model
 
     try:

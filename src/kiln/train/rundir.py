@@ -20,7 +20,9 @@ Decisions, for `checkpoint.resume=auto` (see `check_run_dir`):
   starting over would overwrite a finished run.
 `never` refuses any run dir that holds a run (the message names `checkpoint.resume=auto`); a
 checkpoint PATH starts from that checkpoint whatever the run dir holds (the user chose it).
-A run dir in use by a live kiln process (an advisory lock) is refused in every mode.
+A run dir in use by a live kiln process (an advisory lock) is refused in every mode. The lock is
+taken before these checks and held until the run ends; a process that does not hold it writes and
+deletes nothing in the dir.
 """
 
 from __future__ import annotations
@@ -74,70 +76,129 @@ def inspect_run_dir(path: Path) -> RunDirState:
     return RunDirState(path, held, saved, status)
 
 
+LOCK_ENV = "KILN_RUN_DIR_LOCK"
+"""Set by the `kiln train --nproc-per-node` launcher for its ranks: `PID:PATH` of the lock it holds
+for them, so rank 0 trains under its launcher's lock instead of being refused by it."""
+
+
+def _open_dir(path: Path) -> int:
+    return os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+
+
 def lock_holder(path: Path) -> str | None:
-    """The pid recorded by a live kiln process holding the run dir's lock, or None if free."""
-    lock = path / LOCK_FILE
-    if not lock.exists():
-        return None
+    """The pid of the live kiln process holding the run dir's lock ("?" when it recorded none),
+    or None when the dir is free. Takes and drops the lock when free; writes nothing."""
     try:
         import fcntl
     except ImportError:  # pragma: no cover - no advisory locks on this platform
         return None
     try:
-        with open(lock, "a+") as f:
-            try:
-                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                f.seek(0)
-                return f.read().strip() or "?"
-            fcntl.flock(f, fcntl.LOCK_UN)
+        fd = _open_dir(path)
     except OSError:
         return None
-    return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            try:
+                return (path / LOCK_FILE).read_text().strip() or "?"
+            except OSError:
+                return "?"
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
+def held_for_me(path: Path) -> bool:
+    """True when this process's launcher holds `path`'s lock on its behalf (LOCK_ENV names it and
+    the lock is held by that pid)."""
+    pid, _, where = os.environ.get(LOCK_ENV, "").partition(":")
+    if not pid or not where:
+        return False
+    with contextlib.suppress(OSError):
+        if os.path.samefile(where, path):
+            return lock_holder(Path(path)) == pid
+    return False
 
 
 class RunDirLock:
-    """Held by rank 0 while it trains in a run dir; the OS drops it when the process dies
-    (SIGKILL included), so a crashed run never leaves a stale lock behind."""
+    """An exclusive advisory lock (flock) on the run dir itself, held by the one process that may
+    write or delete in it: rank 0 of a run, or the launcher of a multi-rank run. The OS drops it
+    when the process dies (SIGKILL included), so a crash never leaves a stale lock; `.kiln.lock`
+    only records the holder's pid for other processes' messages. Taken *before* the run dir is
+    inspected, so two kiln processes never both decide a dir is theirs.
+
+    A dir that did not exist is created to be locked; if the holder releases it with
+    `remove_if_created=True` (bad input, nothing trained) and the dir is empty, it is removed."""
 
     def __init__(self, path: Path) -> None:
-        self.path = path / LOCK_FILE
-        self._file = None
+        self.dir = Path(path)
+        self.path = self.dir / LOCK_FILE
+        self._fd: int | None = None
+        self.created = False
 
-    def __enter__(self) -> RunDirLock:
+    def acquire(self) -> RunDirLock:
         try:
             import fcntl
         except ImportError:  # pragma: no cover
             return self
-        f = open(self.path, "a+")  # noqa: SIM115 - held for the whole run
+        if self.dir.exists() and not self.dir.is_dir():
+            raise ConfigError("--run-dir", f"{self.dir} exists and is not a directory")
+        if not self.dir.exists():
+            try:
+                self.dir.mkdir(parents=True)
+                self.created = True
+            except FileExistsError:
+                pass  # another process made it first: the lock decides
+            except OSError as exc:
+                raise ConfigError("--run-dir", f"{self.dir}: cannot create it ({exc.strerror})") from None
         try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fd = _open_dir(self.dir)
+        except OSError as exc:
+            raise ConfigError("--run-dir", f"{self.dir}: cannot open it ({exc.strerror})") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
-            f.close()
-            raise ConfigError("--run-dir", f"{self.path.parent} is in use by another kiln process; "
+            os.close(fd)
+            pid = lock_holder(self.dir) or "?"
+            raise ConfigError("--run-dir", f"{self.dir} is in use by a running kiln process (pid {pid}); "
                               "choose another directory") from None
-        f.seek(0)
-        f.truncate()
-        f.write(f"{os.getpid()}\n")
-        f.flush()
-        self._file = f
+        self._fd = fd
+        with contextlib.suppress(OSError):  # the pid note is for messages only
+            self.path.write_text(f"{os.getpid()}\n")
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        if self._file is not None:
-            self._file.close()  # closing releases the lock
-            self._file = None
+    def release(self, *, remove_if_created: bool = False) -> None:
+        if self._fd is None:
+            return
+        with contextlib.suppress(OSError):
+            self.path.unlink(missing_ok=True)  # while still holding it
+        if remove_if_created and self.created:
             with contextlib.suppress(OSError):
-                self.path.unlink()
+                self.dir.rmdir()  # only if empty: never anything a run wrote
+        os.close(self._fd)  # closing releases the lock
+        self._fd = None
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def __enter__(self) -> RunDirLock:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
 
 
-def check_run_dir(path: Path, config: Any = None, resume: str = "never") -> str | None:
+def check_run_dir(path: Path, config: Any = None, resume: str = "never", *, locked: bool = False) -> str | None:
     """Raise ConfigError if training `config` in `path` with `checkpoint.resume=resume` would
     overwrite another run (see the module docstring); return a note for the log, or None.
-    Reads only: nothing is written or removed."""
+    Reads only: nothing is written or removed. `locked`: the caller (or its launcher) holds the
+    run dir's lock, so the dir cannot be in use by anyone else."""
     path = Path(path)
     state = inspect_run_dir(path)
-    pid = lock_holder(path) if path.is_dir() else None
+    pid = lock_holder(path) if path.is_dir() and not locked else None
     if pid is not None:
         raise ConfigError("--run-dir", f"{path} is in use by a running kiln process (pid {pid}); choose another directory")
     if not state.holds_run:
@@ -189,8 +250,13 @@ def already_complete_summary(path: Path, checkpoint: Path) -> dict[str, Any]:
 
 
 def trim_metrics(path: Path, last_step: int) -> None:
-    """On resume, drop records past the checkpoint: those steps run again."""
+    """On resume, drop records past the checkpoint (those steps run again) and a last line a crash
+    cut short; rewritten aside and renamed, so a crash here loses nothing."""
+    from kiln.monitor.records import read_records
+
     if not path.exists():
         return
-    kept = [line for line in path.read_text().splitlines() if line and json.loads(line).get("step", 0) <= last_step]
-    path.write_text("".join(line + "\n" for line in kept))
+    kept = [r for r in read_records(path) if r.get("step", 0) <= last_step]
+    tmp = path.with_name(path.name + ".part")
+    tmp.write_text("".join(json.dumps(r, allow_nan=False) + "\n" for r in kept), encoding="utf-8")
+    os.replace(tmp, path)

@@ -19,6 +19,8 @@ import torch
 
 from kiln.checkpoint import AppState, Checkpointer, NonFiniteGuard, StopOnSignal, any_rank, config_digest
 from kiln.checkpoint.hf_export import save_model_files
+from kiln.checkpoint.signals import SignalExit, interruption
+from kiln.checkpoint.timeline import branch
 from kiln.compile import compile_counters
 from kiln.compile_cache import RunCompileCache, compile_cache_dir
 from kiln.compile_defaults import apply_measured_defaults
@@ -52,6 +54,7 @@ from kiln.train.assemble import build_train_step
 from kiln.train.attention import attention_backend
 from kiln.train.faults import inject, planned_fault
 from kiln.train.features import describe_features, resolve_features
+from kiln.train.host_memory import check_model_fits
 from kiln.train.losses import build_eval_fn, build_forward_loss
 from kiln.train.meter import IntervalMeter
 from kiln.train.optim import lr_snapshot
@@ -60,6 +63,7 @@ from kiln.train.rundir import (
     already_complete_summary,
     check_run_dir,
     checkpoint_step,
+    held_for_me,
     no_checkpoint_decision,
     trim_metrics,
 )
@@ -92,6 +96,7 @@ class Trainer:
         self.on_failure = on_failure
         self.keep_group_on_failure = keep_group_on_failure
         self.dist = DistEnv.from_env()
+        self.fault = planned_fault(self.dist.rank)  # a malformed KILN_FAULT is bad input, before any work
         multi = self.dist.world_size > 1
         self.device = device_for(self.dist, cfg.training.device) if multi else resolve_device(cfg.training.device)
         self.cpu_plan = None
@@ -110,9 +115,27 @@ class Trainer:
         self.run_dir = Path(run_dir) if run_dir is not None else default_run_dir(cfg.model.name)
         if multi and run_dir is None:
             raise ConfigError("--run-dir", "several ranks need one run dir chosen up front; pass --run-dir")
+        # The run dir's lock before any look at the dir, held until `fit` ends: two kiln processes
+        # never both decide a dir is theirs. Rank 0 holds it (or its launcher, for it).
+        self._lock = RunDirLock(self.run_dir)
+        if self.dist.is_main and not held_for_me(self.run_dir):
+            self._lock.acquire()
+        try:
+            self._build(cfg)
+        except SystemExit as exc:  # a factory's sys.exit(0) must not end kiln silently with success
+            self._lock.release(remove_if_created=True)
+            raise ConfigError("model.name", f"user code called sys.exit({exc.code!r}) while kiln built the model "
+                              "and data; raise an exception to report a problem") from None
+        except BaseException:
+            self._lock.release(remove_if_created=True)  # bad input: the dir is as it was
+            raise
+
+    def _build(self, cfg: Config) -> None:
+        """Everything that can fail on bad input, under the run dir's lock (see __init__)."""
         self.checkpointer = Checkpointer(self.run_dir, cfg.checkpoint, rank=self.dist.rank,
                                          world_size=self.dist.world_size, config_digest=config_digest(cfg))
         self.resume_path, self.already_complete = self._resolve_run_dir()
+        check_model_fits(cfg.model, self.device.type, cfg.optim)  # before building a model the host cannot hold
         seed_everything(cfg.training.seed)  # same seed on every rank: identical initial weights
         built = build_model(cfg.model, device=self.device)
         self.built = built
@@ -151,9 +174,13 @@ class Trainer:
         to do with a run dir that holds a run (kiln.train.rundir). Every rank decides (read-only),
         so bad input stops all of them before the process group forms."""
         resume = self.cfg.checkpoint.resume
-        # An elastic restart continues the group's own run: nothing to compare.
+        # An elastic restart continues the group's own run: nothing to compare, and it continues
+        # from the newest checkpoint (or the branch point), not from a `checkpoint.resume=PATH` again.
         restarting = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
-        note = "restart" if restarting else check_run_dir(self.run_dir, self.cfg, resume)
+        if restarting and resume != "never":
+            resume = "auto"
+        self.branching = resume not in ("auto", "never")
+        note = "restart" if restarting else check_run_dir(self.run_dir, self.cfg, resume, locked=True)
         if resume == "auto" and note is None:
             return None, False  # nothing there yet: a fresh start
         path = self.checkpointer.resolve_resume(resume)
@@ -193,6 +220,7 @@ class Trainer:
     def fit(self) -> dict[str, Any]:
         cfg, main = self.cfg, self.dist.is_main
         if self.already_complete:  # nothing to train, nothing written
+            self._lock.release()
             return already_complete_summary(self.run_dir, self.resume_path)
         if self.dist.world_size > 1 or self.dist.launched:
             init_process_group(self.dist, self.device, backend_for(self.device, cfg.distributed.backend),
@@ -202,17 +230,21 @@ class Trainer:
 
             log.info(bind_to_gpu_numa_node(self.device))
         lock = contextlib.ExitStack()
+        lock.callback(self._lock.release)
         if main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            lock.enter_context(RunDirLock(self.run_dir))  # a second kiln in this dir is refused
+            if self.branching and self.resume_path is not None:  # one timeline per run dir
+                branch(self.run_dir, self.resume_path)
             save_config(cfg, self.run_dir / "config.toml")
             if self.built.hf_config is not None:  # what `kiln export --out DIR` needs besides the weights
                 save_model_files(self.run_dir, self.built.hf_config,
                                  cfg.data.path if cfg.data.source == "tokens" else None)
             if self.resume_path is None:  # a fresh start (or a restart with no checkpoint yet)
                 (self.run_dir / "metrics.jsonl").unlink(missing_ok=True)
-            else:  # the earlier segments, from the summary.json this segment will replace
+            else:  # the earlier segments, from the summary.json this segment will replace; records
+                # past the checkpoint run again, so they are cut before the sink opens the file
                 self._history = read_history(self.run_dir, checkpoint_step(self.resume_path))
+                trim_metrics(self.run_dir / "metrics.jsonl", checkpoint_step(self.resume_path))
             log.info("strategy: %s (%s)", self.strategy, self.strategy_reason)
             if self.built.task == "causal_lm":
                 log.info(describe_features(self.features))
@@ -224,11 +256,17 @@ class Trainer:
             with tf32_enabled(cfg.precision.tf32), deterministic_mode(cfg.training.deterministic), \
                     compile_cache_dir(cfg.compile.cache_dir if cfg.compile.enabled else "torch"), \
                     attention_backend(cfg.model.attention):
-                summary.update(self._train(sinks))
+                try:
+                    summary.update(self._train(sinks))
+                except SystemExit as exc:
+                    if isinstance(exc, SignalExit):
+                        raise
+                    raise RuntimeError(f"user code called sys.exit({exc.code!r}) during step {self._step}; kiln "
+                                       "treats that as a failure (raise an exception to report a problem)") from exc
             self.checkpointer.close()  # completes an in-flight async save: its failure fails the run
             summary["status"] = "stopped" if summary.get("stopped_by") else "completed"
         except BaseException as exc:
-            interrupted = isinstance(exc, (KeyboardInterrupt, SystemExit))
+            interrupted = isinstance(exc, (KeyboardInterrupt, SystemExit)) or interruption(exc) is not None
             summary["status"] = "interrupted" if interrupted else "failed"
             if not interrupted:
                 self.failed_at = time.time()
@@ -280,22 +318,25 @@ class Trainer:
                 if not failing and first is None:
                     first = exc
         # Never the run's failure: a lock file that cannot be removed stays behind harmlessly, and a
-        # group broken by a dead peer may refuse a clean shutdown.
-        try:
-            lock.close()
-        except Exception as exc:
-            self.cleanup_errors.append(("releasing the run dir", exc))
+        # group broken by a dead peer may refuse a clean shutdown. After a failure the CLI still
+        # writes error.log into the run dir: the lock is then kept until `leave_group()`.
         if not (failing and self.keep_group_on_failure):
+            try:
+                lock.close()
+            except Exception as exc:
+                self.cleanup_errors.append(("releasing the run dir", exc))
             self.leave_group()
         if first is not None:
             raise first
 
     def leave_group(self) -> None:
-        """Leave the process group if one is open; an error doing so is kept in `cleanup_errors`."""
+        """Leave the process group if one is open and release the run dir; an error doing so is
+        kept in `cleanup_errors`."""
         try:
             destroy_process_group()
         except Exception as exc:
             self.cleanup_errors.append(("leaving the process group", exc))
+        self._lock.release()
 
     def _train(self, sinks) -> dict[str, Any]:
         cfg, device = self.cfg, self.device
@@ -337,9 +378,8 @@ class Trainer:
             self._start = start
             pending = []  # the data position was restored: batches fetched before it are not ours
             if self.dist.is_main:
-                trim_metrics(self.run_dir / "metrics.jsonl", start - 1)
                 log.info("resumed from %s at step %d", report.path, start - 1)
-        fault = planned_fault(self.dist.rank)
+        fault = self.fault
         reset_peak(device)
         record: dict[str, Any] = {}
         evals: dict[str, float] = {}

@@ -1,0 +1,98 @@
+"""How much host memory a model needs, how much this machine has, and refusing a build that
+cannot fit (an 8B fp32 model on a 23 GiB machine is otherwise killed by the kernel's OOM killer,
+which leaves no message).
+
+The estimate counts what is certain, not activations: the parameters as built (fp32, the dtype
+kiln builds in), and for a CPU run the gradients and optimizer state as well (AdamW: two fp32
+moments per parameter; SGD with momentum: one). A model built on the host and then moved to a GPU
+still passes through host memory once, as its fp32 parameters.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+GIB = 1 << 30
+
+
+def host_memory() -> tuple[int | None, int | None]:
+    """(total, available) bytes of this host from /proc/meminfo (Linux), else (None, None); a
+    cgroup memory limit (containers) lowers both."""
+    total = available = None
+    try:
+        text = Path("/proc/meminfo").read_text()
+        total = int(re.search(r"MemTotal:\s+(\d+) kB", text).group(1)) * 1024
+        available = int(re.search(r"MemAvailable:\s+(\d+) kB", text).group(1)) * 1024
+    except (OSError, AttributeError, ValueError):
+        return None, None
+    for limit_file in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            raw = Path(limit_file).read_text().strip()
+        except OSError:
+            continue
+        if raw.isdigit() and int(raw) < total:
+            total, available = int(raw), min(available, int(raw))
+        break
+    return total, available
+
+
+def optimizer_slots(optimizer: str, momentum: float = 0.0) -> int:
+    """fp32 values per parameter the optimizer keeps (AdamW/Adam: exp_avg and exp_avg_sq)."""
+    name = optimizer.lower()
+    if "adam" in name or "lamb" in name:
+        return 2
+    if name == "sgd":
+        return 1 if momentum else 0
+    return 2  # unknown: assume Adam-like
+
+
+def training_state_bytes(num_params: int, *, device_type: str, optimizer: str = "adamw",
+                         momentum: float = 0.0, param_bytes: int = 4) -> int:
+    """Host bytes certainly held for `num_params` parameters: weights (built fp32); on a CPU run
+    also gradients and optimizer state."""
+    if device_type != "cpu":
+        return num_params * param_bytes
+    return num_params * (param_bytes * 2 + 4 * optimizer_slots(optimizer, momentum))
+
+
+def gib(n: float) -> str:
+    return f"{n / GIB:.1f} GiB"
+
+
+def check_fits(num_params: int, *, device_type: str, optimizer: str = "adamw", momentum: float = 0.0,
+               what: str = "model.name") -> None:
+    """ConfigError (exit 2) when the model's certain host memory exceeds what this host has
+    available, naming both; nothing is built. `KILN_SKIP_MEMORY_CHECK=1` skips the check."""
+    from kiln.config.errors import ConfigError
+
+    if os.environ.get("KILN_SKIP_MEMORY_CHECK") == "1":
+        return
+    total, available = host_memory()
+    if available is None:
+        return
+    need = training_state_bytes(num_params, device_type=device_type, optimizer=optimizer, momentum=momentum)
+    if need > available:
+        parts = "fp32 weights" if device_type != "cpu" else "fp32 weights, gradients and optimizer state"
+        raise ConfigError(what, f"{num_params / 1e9:.2f}B parameters need at least {gib(need)} of host memory "
+                          f"({parts}); this host has {gib(available)} available of {gib(total)}: use a smaller "
+                          "model or a machine with more memory (KILN_SKIP_MEMORY_CHECK=1 tries anyway)")
+
+
+def check_model_fits(model_cfg, device_type: str, optim_cfg) -> None:
+    """Count the model's parameters on the meta device (no memory, no compute) and `check_fits`
+    them before the real build. A factory that cannot build on meta is left to the real build."""
+    import torch
+
+    from kiln.config.errors import ConfigError
+    from kiln.models import build_model
+
+    try:
+        with torch.device("meta"):
+            num_params = sum(p.numel() for p in build_model(model_cfg).module.parameters())
+    except ConfigError:
+        raise
+    except Exception:
+        return
+    check_fits(num_params, device_type=device_type, optimizer=optim_cfg.name, momentum=optim_cfg.momentum)
