@@ -147,7 +147,7 @@ def test_unknown_section_in_file_suggests(write_toml):
 def test_unknown_key_without_close_match_lists_all(write_toml):
     err = error_of(load_config, write_toml("[precision]\nzzzzzz = 1\n"))
     assert err.key == "precision.zzzzzz"
-    assert set(err.choices) == {"policy", "tf32"}
+    assert set(err.choices) == {"policy", "tf32", "float8"}
 
 
 def test_section_given_a_scalar(write_toml):

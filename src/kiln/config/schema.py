@@ -14,11 +14,13 @@ from typing import Any
 @dataclass(kw_only=True)
 class ModelConfig:
     name: str = "mlp"
-    """Which model: a registry name (`mlp`, `vit`), `timm:<name>`, `hf:<preset | config.json | dir>`, or a user factory `module:function` / `path/file.py:function`."""
+    """Which model: a registry name (`mlp`, `vit`), `llama:<preset | config.json | dir>` (kiln's own Llama-family decoder, the one `kiln generate` runs), `timm:<name>`, `hf:<preset | config.json | dir>`, or a user factory `module:function` / `path/file.py:function`."""
     kwargs: dict[str, Any] = field(default_factory=dict)
-    """Keyword arguments for the model factory (e.g. `hidden_size`, `num_layers` for `mlp`)."""
+    """Keyword arguments for the model factory (e.g. `hidden_size`, `num_layers` for `mlp`; config.json fields such as `num_hidden_layers` for `hf:` and `llama:`)."""
     task: str = "auto"
     """Loss to train with: `auto` (from the model), `classification` (cross-entropy), `causal_lm` (next-token), `custom` (the model returns its own loss)."""
+    attention: str = "auto"
+    """Attention kernel behind `scaled_dot_product_attention` while training: `auto` (torch picks per call), `flash`, `cudnn`, `efficient` (memory-efficient) or `math`; the kernel SDPA runs for the model's shapes is reported in the log and summary.json."""
 
 
 @dataclass(kw_only=True)
@@ -77,6 +79,10 @@ class TrainingConfig:
     """On a NaN/inf loss or gradient norm: `error` (stop, exit 1, keep the last good checkpoint) or `skip` (drop that update)."""
     nonfinite_max_skips: int = 10
     """With `skip`: stop after this many consecutive non-finite steps."""
+    activation_checkpointing: str = "none"
+    """Recompute activations in backward instead of keeping them, per repeated block: `none`, `full` (keep only each block's input), `selective` (keep matmul and attention outputs, recompute the cheap elementwise ops: most of the memory saved for little extra time)."""
+    ce_kernel: str = "auto"
+    """Next-token loss of `llama:` models: `plain` (logits, then cross-entropy), `chunked` (kiln's fused linear + cross-entropy over chunks of tokens: never holds [tokens x vocab] fp32 logits, exact gradients), `liger` (Liger-Kernel's fused linear cross-entropy, `pip install 'kiln[kernels]'`), or `auto` (`chunked` for `llama:` models, `plain` for others)."""
 
 
 @dataclass(kw_only=True)
@@ -109,6 +115,8 @@ class PrecisionConfig:
     """`fp32`, `bf16-mixed` (autocast), `fp16-mixed` (autocast + GradScaler), `bf16-true` (weights in bf16)."""
     tf32: bool = True
     """Allow TF32 tensor cores for fp32 matmuls and convolutions on CUDA."""
+    float8: str = "none"
+    """float8 training of the repeated blocks' linear layers through torchao (`pip install 'kiln[quant]'`): `none`, `tensorwise` or `rowwise` scaling. Needs a CUDA GPU with float8 tensor cores (compute capability >= 8.9: Ada, Hopper) and a bf16 policy; pairs with `compile.enabled`."""
 
 
 @dataclass(kw_only=True)
@@ -265,6 +273,10 @@ class Config:
 # installed torch instead (see validate.py), since they change between torch releases.
 CHOICES: dict[str, tuple[str, ...]] = {
     "model.task": ("auto", "classification", "causal_lm", "custom"),
+    "model.attention": ("auto", "flash", "cudnn", "efficient", "math"),
+    "training.activation_checkpointing": ("none", "full", "selective"),
+    "training.ce_kernel": ("auto", "plain", "chunked", "liger"),
+    "precision.float8": ("none", "tensorwise", "rowwise"),
     "training.nonfinite": ("error", "skip"),
     "data.token_dtype": ("uint16", "uint32"),
     "optim.name": ("adamw", "sgd"),

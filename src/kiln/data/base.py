@@ -28,6 +28,7 @@ class InputSpecLike(Protocol):
     shape: tuple[int, ...]  # per-sample input shape: (D,) | (C, H, W) | (T,)
     num_classes: int | None
     vocab_size: int | None
+    # Optional: the model's position limit for tokens (read with getattr; None = `shape` is the limit).
 
 
 SPEC_KINDS = ("features", "images", "tokens")
@@ -99,9 +100,23 @@ def check_spec(spec: InputSpecLike) -> None:
         raise ConfigError("model.name", f"the model declares input kind {spec.kind!r}", SPEC_KINDS)
 
 
+def max_tokens(spec: InputSpecLike) -> int | None:
+    """The longest token sequence the model takes: its position limit when it declares one, else
+    its declared sequence length (None when neither is known)."""
+    limit = getattr(spec, "max_seq_len", None)
+    if limit:
+        return int(limit)
+    return int(spec.shape[0]) if len(spec.shape) == 1 and spec.shape[0] > 0 else None
+
+
 def resolve_seq_len(seq_len: int, spec: InputSpecLike | None) -> int:
-    """`data.seq_len` when set, else the model's declared sequence length."""
+    """`data.seq_len` when set (at most the model's position limit), else the model's declared
+    sequence length."""
     if seq_len > 0:
+        limit = max_tokens(spec) if spec is not None and spec.kind == "tokens" else None
+        if limit is not None and seq_len > limit:
+            raise ConfigError("data.seq_len", f"{seq_len} is longer than the model takes: its position limit "
+                              f"(max_position_embeddings) is {limit}")
         return seq_len
     if spec is not None and spec.kind == "tokens" and len(spec.shape) == 1 and spec.shape[0] > 0:
         return int(spec.shape[0])
@@ -130,5 +145,7 @@ def check_sample_shape(key: str, sample_shape: tuple[int, ...], spec: InputSpecL
             raise ConfigError(key, f"token inputs must be 1-D per sample (T,), got {sample_shape}")
         if seq_len and sample_shape[0] != seq_len:
             raise ConfigError(key, f"inputs have T={sample_shape[0]}, data.seq_len is {seq_len}")
-        if expected and expected[0] > 0 and sample_shape[0] > expected[0]:
-            raise ConfigError(key, f"inputs have T={sample_shape[0]}, model takes at most T={expected[0]}")
+        limit = max_tokens(spec)
+        if limit is not None and sample_shape[0] > limit:
+            raise ConfigError(key, f"inputs have T={sample_shape[0]}, model takes at most T={limit} "
+                              "(its position limit, max_position_embeddings)")

@@ -71,6 +71,10 @@ class KVCache:
 
 
 class Attention(nn.Module):
+    expand_kv = False
+    """Repeat each key/value head for its query heads before a prompt's SDPA call, for attention
+    kernels without grouped-query support (set from outside: kiln.train.attention)."""
+
     def __init__(self, config: DecoderConfig, window: int | None):
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = config.n_heads, config.n_kv_heads, config.head_dim
@@ -122,11 +126,13 @@ class Attention(nn.Module):
         return y.transpose(1, 2).reshape(B, T, H * D)
 
     def _prompt_attention(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
-        if mask is None:  # plain causal: SDPA picks flash attention, which handles GQA itself
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_heads != self.n_kv_heads)
-        # With a padding/window mask flash is out; expand k/v for the kernels that take a mask.
         groups = self.n_heads // self.n_kv_heads
+        if mask is None and not self.expand_kv:  # plain causal: flash attention handles GQA itself
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=groups > 1)
+        # With a padding/window mask flash is out; expand k/v for the kernels that take a mask.
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        if mask is None:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None])
 
     def _decode_attention(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
@@ -187,8 +193,10 @@ class Decoder(nn.Module):
 
     def forward(self, tokens: Tensor, *, cache: KVCache | None = None, pad: Tensor | None = None,
                 decode_slot: Tensor | None = None, last_only: bool = False, decode_kernel: str = "matmul",
-                decode_matvec: str = "inductor") -> Tensor:
-        """Logits [B, T or 1, vocab] for `tokens` [B, T].
+                decode_matvec: str = "inductor", hidden: bool = False) -> Tensor:
+        """Logits [B, T or 1, vocab] for `tokens` [B, T] (with `hidden`: the final normed hidden
+        states [B, T, dim] instead, for a loss that applies `lm_head` itself, e.g. a fused linear +
+        cross-entropy that never holds all the logits).
 
         Without `decode_slot`: a fresh sequence in slots 0..T-1 (written to `cache` if given),
         causal attention within it. With `decode_slot` (a one-element long tensor): one decode
@@ -216,6 +224,8 @@ class Decoder(nn.Module):
             x = layer(x, cos, sin, masks[layer.attn.window], kv, decode_slot, (decode_kernel, rows), fused)
         if last_only:
             x = x[:, -1:]
+        if hidden:
+            return self.norm(x)
         return fused_linear(self.lm_head, x, norm=self.norm) if fused else self.lm_head(self.norm(x))
 
     def _masks(self, T: int, slots: Tensor, pad: Tensor | None, cache: KVCache | None, *,

@@ -73,4 +73,19 @@ PRESETS: dict[str, dict[str, Any]] = {
         "rope_scaling": _llama3_scaling(8.0),
         "tie_word_embeddings": False,
     },
+    # A tiny Llama for tests and smoke runs: builds and trains a step in milliseconds on CPU.
+    "llama-tiny": {
+        "model_type": "llama",
+        "vocab_size": 512,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 256,
+        "rms_norm_eps": 1e-5,
+        "tie_word_embeddings": False,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+    },
 }

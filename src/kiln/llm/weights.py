@@ -60,6 +60,26 @@ def hf_names(config: DecoderConfig) -> dict[str, tuple[str, ...]]:
     return names
 
 
+def to_hf_state_dict(tensors: dict[str, Tensor], config: DecoderConfig) -> dict[str, Tensor]:
+    """kiln's decoder tensors (a state dict) under HF's names, fused projections split back into
+    q/k/v and gate/up; each tensor its own contiguous copy (safetensors stores no shared views).
+    The inverse of `load_hf_tensors`; an output head tied to the embedding is left out."""
+    split = {"wqkv": [config.n_heads * config.head_dim, *[config.n_kv_heads * config.head_dim] * 2],
+             "w_gate_up": [config.ffn_dim, config.ffn_dim]}
+    out: dict[str, Tensor] = {}
+    for kiln_name, parts in hf_names(config).items():
+        if kiln_name not in tensors:
+            raise ConfigError("RUN_DIR", f"the checkpoint lacks {kiln_name}: not a {config.family} decoder of this config")
+        value = tensors[kiln_name]
+        if len(parts) == 1:
+            out[parts[0]] = value.contiguous().clone()
+            continue
+        sizes = split[kiln_name.split(".")[-2]]
+        for name, piece in zip(parts, value.split(sizes, dim=0), strict=True):
+            out[name] = piece.contiguous().clone()
+    return out
+
+
 def empty_decoder(config: DecoderConfig, *, device: torch.device | str, dtype: torch.dtype) -> Decoder:
     """A Decoder with uninitialised weights on `device` (built on the meta device: no host copy)."""
     with torch.device("meta"):

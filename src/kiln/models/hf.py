@@ -29,21 +29,8 @@ INSTALL_HINT = "pip install 'kiln[llm]'"
 PRESETS: dict[str, dict[str, Any]] = {
     # Public Llama shapes (llama-3.2-1b, llama-3.2-3b, llama-3.1-8b): one table with kiln.llm.
     **LLM_PRESETS,
-    # Tiny shapes for tests and smoke runs: builds and steps in milliseconds on CPU.
-    "llama-tiny": {
-        "model_type": "llama",
-        "vocab_size": 512,
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "max_position_embeddings": 256,
-        "rms_norm_eps": 1e-5,
-        "tie_word_embeddings": False,
-        "bos_token_id": 1,
-        "eos_token_id": 2,
-    },
+    # Tiny shapes for tests and smoke runs: builds and steps in milliseconds on CPU (llama-tiny is
+    # in kiln.llm.presets, so kiln's own decoder has it too).
     "gpt2-tiny": {
         "model_type": "gpt2",
         "vocab_size": 512,
@@ -208,10 +195,13 @@ def build_hf(spec: str, kwargs: dict[str, Any], name: str) -> BuiltModel:
     seq_len = preset_seq_len or DEFAULT_SEQ_LEN
     if max_pos:  # never longer than the model's positions (a kwarg may have shrunk them)
         seq_len = min(seq_len, int(max_pos))
+    # config.json as save_pretrained writes it, for `kiln export --out DIR` (generation uses the cache).
+    hf_config = {**json.loads(model.config.to_json_string(use_diff=False)), "use_cache": True}
     return BuiltModel(
         module=model,
         task="causal_lm",
-        input_spec=InputSpec("tokens", (seq_len,), vocab_size=vocab_size),
+        input_spec=InputSpec("tokens", (seq_len,), vocab_size=vocab_size, max_seq_len=int(max_pos) if max_pos else None),
         name=name,
         blocks=decoder_layers(model),
+        hf_config=hf_config,
     )

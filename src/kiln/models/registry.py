@@ -1,8 +1,8 @@
 """`model.name` -> a BuiltModel: the builtin registry plus the timm / HF / user-factory forms.
 
-Resolution order: a registry name (`mlp`, `vit`), then `timm:<name>`, `hf:<spec>`, then anything
-with a ':' as a user factory. (So a user package literally named `timm` or `hf` needs the
-`path/file.py:function` form.)
+Resolution order: a registry name (`mlp`, `vit`), then `timm:<name>`, `hf:<spec>`, `llama:<spec>`,
+then anything with a ':' as a user factory. (So a user package literally named `timm`, `hf` or
+`llama` needs the `path/file.py:function` form.)
 """
 
 from __future__ import annotations
@@ -58,14 +58,16 @@ REGISTRY: Mapping[str, RegistryEntry] = MappingProxyType(
     }
 )
 
-NAME_FORMS = ("timm:<name>", "hf:<preset | config.json | dir>", "package.module:function", "path/to/file.py:function")
+NAME_FORMS = ("llama:<preset | config.json | dir>", "timm:<name>", "hf:<preset | config.json | dir>",
+              "package.module:function", "path/to/file.py:function")
 
 
 def known_models() -> list[str]:
-    """Registry names and the HF presets, as they are written in `model.name`."""
+    """Registry names, kiln's Llama presets and the HF presets, as they are written in `model.name`."""
+    from kiln.llm.presets import PRESETS as LLAMA_PRESETS
     from kiln.models.hf import PRESETS  # no transformers import: only the table
 
-    return [*REGISTRY, *(f"hf:{p}" for p in PRESETS)]
+    return [*REGISTRY, *(f"llama:{p}" for p in LLAMA_PRESETS), *(f"hf:{p}" for p in PRESETS)]
 
 
 def _build_registered(name: str, entry: RegistryEntry, kwargs: dict[str, Any]) -> BuiltModel:
@@ -100,6 +102,10 @@ def build_model(cfg: ModelConfig) -> BuiltModel:
         from kiln.models.hf import build_hf
 
         built = build_hf(name.removeprefix("hf:"), kwargs, name)
+    elif name.startswith("llama:"):
+        from kiln.models.llama import build_llama
+
+        built = build_llama(name.removeprefix("llama:"), kwargs, name)
     elif ":" in name:
         from kiln.models.user import build_user
 

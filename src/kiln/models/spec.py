@@ -32,6 +32,9 @@ class InputSpec:
     """Classifiers: number of target classes."""
     vocab_size: int | None = None
     """Token models: vocabulary size (token ids are in [0, vocab_size))."""
+    max_seq_len: int | None = None
+    """Token models: the longest sequence the model takes (its position limit, e.g. HF's
+    `max_position_embeddings`); None when unknown, then `shape` is the limit."""
 
 
 @dataclass
@@ -47,6 +50,11 @@ class BuiltModel:
     """What the user asked for (`model.name`), for logs."""
     blocks: list[torch.nn.Module] = field(default_factory=list)
     """Repeated blocks (transformer layers / MLP blocks): units for regional compile, FSDP, checkpointing."""
+    hf_config: dict[str, Any] | None = None
+    """Causal LMs: the model's Hugging Face `config.json` fields (`kiln export` writes them)."""
+    hidden_states: bool = False
+    """`module(inputs, hidden=True)` returns the final hidden states and `module.lm_head` is the output
+    layer, so a fused linear + cross-entropy can replace logits + cross-entropy (training.ce_kernel)."""
 
 
 _SPEC_FIELDS = tuple(f.name for f in fields(InputSpec))
@@ -66,6 +74,7 @@ def make_input_spec(value: InputSpec | Mapping[str, Any], where: str) -> InputSp
     """
     if isinstance(value, InputSpec):
         kind, shape, num_classes, vocab_size = value.kind, value.shape, value.num_classes, value.vocab_size
+        max_seq_len = value.max_seq_len
     else:
         unknown = [k for k in value if k not in _SPEC_FIELDS and k != "task"]
         if unknown:
@@ -78,6 +87,7 @@ def make_input_spec(value: InputSpec | Mapping[str, Any], where: str) -> InputSp
             raise ConfigError("model.name", f"{where} returned an input spec without 'kind' and 'shape'")
         kind, shape = value["kind"], value["shape"]
         num_classes, vocab_size = value.get("num_classes"), value.get("vocab_size")
+        max_seq_len = value.get("max_seq_len")
     if kind not in INPUT_KINDS:
         raise ConfigError("model.name", f"{where} returned an input spec of unknown kind {kind!r}", INPUT_KINDS)
     # Lists arrive from TOML/JSON; a bare int is a common shorthand for (D,).
@@ -92,10 +102,10 @@ def make_input_spec(value: InputSpec | Mapping[str, Any], where: str) -> InputSp
         raise ConfigError(
             "model.name", f"{where}: a {kind!r} input spec needs {expected_dims} positive dims, got {shape!r}"
         )
-    for name, v in (("num_classes", num_classes), ("vocab_size", vocab_size)):
+    for name, v in (("num_classes", num_classes), ("vocab_size", vocab_size), ("max_seq_len", max_seq_len)):
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v <= 0):
             raise ConfigError("model.name", f"{where}: input spec {name} must be a positive int, got {v!r}")
-    return InputSpec(kind=kind, shape=shape, num_classes=num_classes, vocab_size=vocab_size)
+    return InputSpec(kind=kind, shape=shape, num_classes=num_classes, vocab_size=vocab_size, max_seq_len=max_seq_len)
 
 
 def spec_from_example(example: Any) -> InputSpec | None:

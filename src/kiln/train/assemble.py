@@ -14,7 +14,9 @@ from torch import Tensor
 from kiln.config.schema import Config
 from kiln.distributed.apply import apply_parallel
 from kiln.precision import PrecisionPolicy, make_grad_scaler, with_precision
+from kiln.train.activation_checkpoint import apply_activation_checkpointing
 from kiln.train.capture import CapturedStep, capture_problem, scaler_problem
+from kiln.train.float8 import apply_float8
 from kiln.train.losses import build_forward_loss
 from kiln.train.optim import DeviceSchedule, build_optimizer, build_scheduler
 from kiln.train.step import TrainStep
@@ -32,6 +34,7 @@ def build_train_step(
     loss_builder: Callable[[torch.nn.Module], Callable[[Tensor, Tensor], Tensor]] | None = None,
     guard=None,
     sync_timer=None,
+    ce_kernel: str = "plain",
 ) -> TrainStep | CapturedStep:
     """Compile and parallelise `model` (see kiln.distributed.apply for the order), then build the
     optimizer, LR schedule, grad scaler and the step function around it. `step.model` is the
@@ -40,9 +43,16 @@ def build_train_step(
     `loss_builder(model) -> forward_loss(inputs, targets)` replaces the task's loss (kiln bench
     compile's distillation loss); it gets the model after compile/parallel wrapping. `guard` (a
     kiln.checkpoint.NonFiniteGuard) flags non-finite steps and, in `skip` mode, drops them.
-    `sync_timer` (kiln.distributed.sync_timing.SyncTimer) times the DDP gradient all-reduce wait."""
+    `sync_timer` (kiln.distributed.sync_timing.SyncTimer) times the DDP gradient all-reduce wait.
+    `ce_kernel`: the resolved `training.ce_kernel` (kiln.train.cross_entropy.resolve_ce_kernel).
+
+    Before compile and parallelism (torchtitan's order): float8 linear layers in the blocks
+    (`precision.float8`, kiln.train.float8), then activation checkpointing of each block
+    (`training.activation_checkpointing`, kiln.train.activation_checkpoint)."""
+    apply_float8(model, blocks, cfg.precision.float8)
+    apply_activation_checkpointing(blocks, cfg.training.activation_checkpointing)
     model, grad_sync = apply_parallel(model, blocks, cfg, policy, device, strategy, sync_timer)
-    build = loss_builder if loss_builder is not None else (lambda m: build_forward_loss(m, task))
+    build = loss_builder if loss_builder is not None else (lambda m: build_forward_loss(m, task, ce_kernel))
     reason = capture_problem(device, strategy) if cfg.compile.cudagraphs else None
     captured = cfg.compile.cudagraphs and reason is None
     forward_loss = with_precision(build(model), policy, device, cache=not captured)

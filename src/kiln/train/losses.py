@@ -43,8 +43,14 @@ def next_token_loss(output, targets: Tensor) -> Tensor:
     return F.cross_entropy(logits.flatten(0, -2), targets.flatten())
 
 
-def build_forward_loss(model: torch.nn.Module, task: str) -> Callable[[Tensor, Tensor], Tensor]:
-    """A function (inputs, targets) -> scalar loss for the task; `custom` models get both tensors."""
+def build_forward_loss(model: torch.nn.Module, task: str, ce_kernel: str = "plain") -> Callable[[Tensor, Tensor], Tensor]:
+    """A function (inputs, targets) -> scalar loss for the task; `custom` models get both tensors.
+    `ce_kernel` (`chunked`, `liger`): a causal LM's loss from its hidden states through a fused
+    linear + cross-entropy (kiln.train.cross_entropy; the model must take `hidden=True`)."""
+    if task == "causal_lm" and ce_kernel != "plain":
+        from kiln.train.cross_entropy import hidden_state_loss
+
+        return hidden_state_loss(model, ce_kernel)
     if task == "custom":
         return lambda inputs, targets: _own_loss(model(inputs, targets))
     if task == "causal_lm":

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from kiln.checkpoint import AppState, Checkpointer, NonFiniteGuard, StopOnSignal, any_rank, config_digest
+from kiln.checkpoint.hf_export import save_model_files
 from kiln.compile import compile_counters
 from kiln.compile_cache import RunCompileCache, compile_cache_dir
 from kiln.compile_defaults import apply_measured_defaults
@@ -48,7 +49,9 @@ from kiln.monitor.stragglers import StragglerDetector
 from kiln.monitor.summary import write_summary
 from kiln.precision import apply_precision, resolve_precision, tf32_enabled, with_precision
 from kiln.train.assemble import build_train_step
+from kiln.train.attention import attention_backend
 from kiln.train.faults import inject, planned_fault
+from kiln.train.features import describe_features, resolve_features
 from kiln.train.losses import build_eval_fn, build_forward_loss
 from kiln.train.meter import IntervalMeter
 from kiln.train.optim import current_lr
@@ -129,6 +132,7 @@ class Trainer:
                 log.warning("training.eval_interval is set but data has no eval split (data.eval_path); eval is off")
         if cfg.compile.enabled and cfg.compile.regional and not built.blocks:
             raise ConfigError("compile.regional", f"{cfg.model.name} has no repeated blocks to compile one by one")
+        self.features = resolve_features(cfg, built, self.model, self.policy, self.device, self.train_data)
         if cfg.metrics.prometheus and self.dist.is_main:
             check_bindable(cfg.metrics.prometheus_host, cfg.metrics.prometheus_port)
         # Where a failure happened, for its report: step `_step` began, `_steps_done` finished.
@@ -189,16 +193,22 @@ class Trainer:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             lock.enter_context(RunDirLock(self.run_dir))  # a second kiln in this dir is refused
             save_config(cfg, self.run_dir / "config.toml")
+            if self.built.hf_config is not None:  # what `kiln export --out DIR` needs besides the weights
+                save_model_files(self.run_dir, self.built.hf_config,
+                                 cfg.data.path if cfg.data.source == "tokens" else None)
             if self.resume_path is None:  # a fresh start (or a restart with no checkpoint yet)
                 (self.run_dir / "metrics.jsonl").unlink(missing_ok=True)
             log.info("strategy: %s (%s)", self.strategy, self.strategy_reason)
+            if self.built.task == "causal_lm":
+                log.info(describe_features(self.features))
         sinks = build_sinks(cfg.metrics, self.run_dir, cfg.training.steps, is_main=main)
         self._health = start_gpu_health(cfg.metrics.gpu_health, self.device, cfg.metrics.gpu_health_period_s)
         summary: dict[str, Any] = {"status": "running", "steps": 0, "run_dir": str(self.run_dir)}
         started = time.perf_counter()
         try:
             with tf32_enabled(cfg.precision.tf32), deterministic_mode(cfg.training.deterministic), \
-                    compile_cache_dir(cfg.compile.cache_dir if cfg.compile.enabled else "torch"):
+                    compile_cache_dir(cfg.compile.cache_dir if cfg.compile.enabled else "torch"), \
+                    attention_backend(cfg.model.attention):
                 summary.update(self._train(sinks))
             self.checkpointer.close()  # completes an in-flight async save: its failure fails the run
             summary["status"] = "stopped" if summary.get("stopped_by") else "completed"
@@ -284,7 +294,8 @@ class Trainer:
         multi = self.dist.world_size > 1
         sync_timer = SyncTimer(device) if multi and cfg.metrics.sync_timing else None
         step_fn = build_train_step(self.model, self.built.task, self.built.blocks, cfg, self.policy, device,
-                                   strategy=self.strategy, guard=guard, sync_timer=sync_timer)
+                                   strategy=self.strategy, guard=guard, sync_timer=sync_timer,
+                                   ce_kernel=self.features["ce_kernel"])
         model = step_fn.model
         eval_fn = with_precision(build_eval_fn(model, self.built.task), self.policy, device)
         samples_per_step = self.train_data.samples_per_batch * accum
@@ -392,6 +403,7 @@ class Trainer:
                         "regional": cfg.compile.regional,
                         "cudagraphs": getattr(step_fn, "capture_status", "off"), **compile_counters()},
             "task": self.built.task,
+            "features": self.features,
             "torch": torch.__version__,
             "peak_flops_source": peak_source,
             "cpu": self.cpu_plan.describe() if self.cpu_plan is not None else None,

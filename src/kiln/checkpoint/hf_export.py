@@ -1,0 +1,131 @@
+"""A run's model as a Hugging Face directory: config.json, model.safetensors, generation_config.json
+and the tokenizer files, loadable by `transformers.AutoModelForCausalLM.from_pretrained` and by
+`kiln generate --model DIR`.
+
+At the start of training the trainer saves what the checkpoint lacks into RUN_DIR/model/
+(`save_model_files`): the model's config.json fields and, when the token file the run reads
+(`data.path`) has a `meta.json` beside it naming a tokenizer directory, that tokenizer's files, so
+the run dir alone is enough to export later. `export_hf_dir` then takes the weights of a
+checkpoint (FSDP shards gathered, see kiln.checkpoint.export), renames kiln's fused decoder
+tensors to HF's (kiln.llm.weights.to_hf_state_dict; `hf:` runs already use HF's names) and writes
+the directory under a temporary name, renamed into place when complete.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kiln.checkpoint.export import find_checkpoint, load_model_weights
+from kiln.checkpoint.layout import read_marker
+from kiln.config.errors import ConfigError
+
+MODEL_DIR = "model"
+"""Under the run dir: the model's config.json and the tokenizer files of its data."""
+TOKENIZER_META = "meta.json"
+# A path ending like a single weights file is a mistake for a directory.
+FILE_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".pkl")
+_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+def tokenizer_dir_of(token_path: str | Path) -> Path | None:
+    """The tokenizer directory a prepared token file names: `meta.json` beside it with a key
+    "tokenizer" (a directory relative to meta.json). None when there is none."""
+    if not token_path:
+        return None
+    meta = Path(token_path).parent / TOKENIZER_META
+    try:
+        name = json.loads(meta.read_text(encoding="utf-8")).get("tokenizer")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not isinstance(name, str) or not name:
+        return None
+    directory = meta.parent / name
+    return directory if directory.is_dir() else None
+
+
+def save_model_files(run_dir: Path, hf_config: dict[str, Any], token_path: str | Path | None) -> Path:
+    """Write RUN_DIR/model/config.json and copy the data's tokenizer files beside it."""
+    target = Path(run_dir) / MODEL_DIR
+    target.mkdir(parents=True, exist_ok=True)
+    (target / "config.json").write_text(json.dumps(hf_config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    tokenizer = tokenizer_dir_of(token_path) if token_path else None
+    if tokenizer is not None:
+        for f in sorted(tokenizer.iterdir()):
+            if f.is_file() and f.name != "config.json":
+                shutil.copyfile(f, target / f.name)
+    return target
+
+
+def _generation_config(config: dict[str, Any]) -> dict[str, Any] | None:
+    """BOS/EOS ids for generation_config.json, when the config names them."""
+    fields = {k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if config.get(k) is not None}
+    return fields or None
+
+
+def _hf_tensors(tensors: dict[str, torch.Tensor], config: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """HF-named tensors: kiln's decoder layout converted, an HF model's state dict as it is (less a
+    tied output head, which transformers re-ties on load)."""
+    if "embed.weight" in tensors:
+        from kiln.llm.config import config_from_dict
+        from kiln.llm.weights import to_hf_state_dict
+
+        return to_hf_state_dict(tensors, config_from_dict(config, "RUN_DIR"))
+    if config.get("tie_word_embeddings") and "lm_head.weight" in tensors:
+        tensors = {k: v for k, v in tensors.items() if k != "lm_head.weight"}
+    return tensors
+
+
+def export_hf_dir(run_dir: Path, out: Path, *, checkpoint: Path | None = None) -> dict[str, Any]:
+    """Write RUN_DIR's newest complete checkpoint (or `checkpoint`) as an HF model directory `out`."""
+    try:
+        from safetensors.torch import save_file
+    except ImportError:
+        raise ConfigError("kiln export", "needs safetensors: pip install 'kiln[llm]' (or safetensors)") from None
+    run_dir, out = Path(run_dir), Path(out)
+    if out.suffix in FILE_SUFFIXES:
+        raise ConfigError("--out", f"{out}: must end in .safetensors (one file) or name a directory (a Hugging "
+                          "Face model directory)")
+    if out.exists():
+        raise ConfigError("--out", f"{out}: already exists; name a new directory")
+    files = run_dir / MODEL_DIR
+    if not (files / "config.json").is_file():
+        raise ConfigError("RUN_DIR", f"{run_dir}: has no {MODEL_DIR}/config.json (only runs of llama: and hf: "
+                          "causal LMs record one); export the weights alone with --out FILE.safetensors")
+    config = json.loads((files / "config.json").read_text(encoding="utf-8"))
+    path = find_checkpoint(run_dir, checkpoint)
+    tensors = _hf_tensors(load_model_weights(path), config)
+    tensors = {k: v.contiguous().clone() if not v.is_contiguous() else v for k, v in tensors.items()}
+    dtypes = {v.dtype for v in tensors.values() if v.is_floating_point()}
+    if len(dtypes) == 1:
+        name = _DTYPE_NAMES.get(next(iter(dtypes)))
+        if name:
+            config = {**config, "torch_dtype": name}
+            config.pop("dtype", None)
+    config.setdefault("use_cache", True)
+    part = out.with_name(out.name + ".part")
+    if part.exists():
+        shutil.rmtree(part)  # a previous export that died half-way
+    part.mkdir(parents=True)
+    try:
+        save_file(tensors, str(part / "model.safetensors"), metadata={"format": "pt", "kiln_checkpoint": str(path)})
+        (part / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        generation = _generation_config(config)
+        if generation is not None:
+            (part / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n", encoding="utf-8")
+        tokenizer_files = [f.name for f in sorted(files.iterdir()) if f.is_file() and f.name != "config.json"]
+        for name in tokenizer_files:
+            shutil.copyfile(files / name, part / name)
+        os.replace(part, out)  # a reader never sees half a directory
+    except BaseException:
+        shutil.rmtree(part, ignore_errors=True)
+        raise
+    marker = read_marker(path) or {}
+    return {"checkpoint": str(path), "step": marker.get("step"), "out": str(out), "format": "hf",
+            "tensors": len(tensors), "parameters": sum(t.numel() for t in tensors.values()),
+            "tokenizer_files": tokenizer_files, "bytes": (out / "model.safetensors").stat().st_size}

@@ -1,0 +1,87 @@
+"""`llama:<spec>`: kiln's own Llama-family decoder (kiln.llm.model.Decoder) as a model to train.
+
+The module is the one `kiln generate` and `kiln bench llm` run, kept single-device and plain:
+compile, FSDP2, activation checkpointing, float8 and the fused cross-entropy are applied to it
+from outside (kiln.train.features, kiln.distributed). `<spec>` is a kiln.llm preset (random
+weights), a `config.json` (random weights) or a local HF model directory (its safetensors).
+`model.kwargs` are config.json fields that override the spec's (e.g. `num_hidden_layers` for a
+shallower smoke run) before the model is built.
+
+Random weights follow HF's initialisation (kiln.llm.weights.init_random) from torch's global
+seed, which the trainer sets from `training.seed`: the same seed gives the same model.
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any
+
+import torch
+
+from kiln.config.errors import ConfigError
+from kiln.models.spec import BuiltModel, InputSpec
+
+# The config.json fields kiln.llm.config reads: what `model.kwargs` may override.
+CONFIG_FIELDS = (
+    "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+    "num_key_value_heads", "head_dim", "max_position_embeddings", "rms_norm_eps", "rope_theta", "rope_scaling",
+    "rope_parameters", "tie_word_embeddings", "attention_bias", "mlp_bias", "sliding_window", "use_sliding_window",
+    "max_window_layers", "layer_types", "bos_token_id", "eos_token_id", "initializer_range", "hidden_act",
+    "partial_rotary_factor", "torch_dtype", "dtype",
+)
+# Default sequence length of the InputSpec (data.seq_len=0); any length up to the model's
+# position limit trains.
+DEFAULT_SEQ_LEN = 1024
+SPEC_FORMS = ("llama:<preset>", "llama:path/to/config.json", "llama:path/to/hf_model_dir")
+
+
+def llama_source(spec: str, kwargs: dict[str, Any]):
+    """The kiln.llm ModelSource `spec` names, with `kwargs` merged into its config fields."""
+    from kiln.llm.config import ModelSource, config_from_dict, resolve_model
+    from kiln.llm.presets import PRESETS
+
+    if not spec.strip():
+        raise ConfigError("model.name", "'llama:' needs a preset, config.json or model directory after it",
+                          (*(f"llama:{p}" for p in PRESETS), *SPEC_FORMS[1:]))
+    source = resolve_model(spec, key="model.name")
+    for key in kwargs:
+        if key not in CONFIG_FIELDS:
+            close = difflib.get_close_matches(key, CONFIG_FIELDS, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(f"model.kwargs.{key}", f"not a config.json field kiln's decoder reads{hint}",
+                              CONFIG_FIELDS)
+    if kwargs:
+        source = ModelSource(source.spec, {**source.raw, **kwargs}, source.directory)
+        config_from_dict(source.raw, "model.kwargs")  # a bad override is named as such
+    return source
+
+
+def build_llama(spec: str, kwargs: dict[str, Any], name: str) -> BuiltModel:
+    """A trainable Decoder: fp32 parameters (the precision policy casts), train mode, on the
+    current default device."""
+    from kiln.llm.model import Decoder
+    from kiln.llm.weights import has_weights, init_random, load_safetensors_dir
+
+    source = llama_source(spec, kwargs)
+    config = source.config
+    model = Decoder(config)
+    if has_weights(source.directory):
+        load_safetensors_dir(model, source.directory, key="model.name")
+    else:
+        init_random(model, seed=torch.initial_seed() % 2**63)
+    model.train()
+    hf_config = {**source.raw, "architectures": [_ARCHITECTURES[config.family]]}
+    return BuiltModel(
+        module=model,
+        task="causal_lm",
+        input_spec=InputSpec("tokens", (min(DEFAULT_SEQ_LEN, config.max_positions),), vocab_size=config.vocab_size,
+                             max_seq_len=config.max_positions),
+        name=name,
+        blocks=list(model.layers),
+        hf_config=hf_config,
+        hidden_states=True,
+    )
+
+
+_ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                  "qwen3": "Qwen3ForCausalLM"}

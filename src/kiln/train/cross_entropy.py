@@ -1,0 +1,152 @@
+"""Next-token cross-entropy through the output layer, three ways (`training.ce_kernel`).
+
+- `plain`: `lm_head` gives the logits [tokens x vocab], then `F.cross_entropy` (under autocast it
+  works on an fp32 copy of them). At Llama-3's vocabulary (128,256) and 16,384 tokens a step that
+  is 4 GiB of bf16 logits, 8 GiB of fp32 copy and as much again for their gradient.
+- `chunked`: kiln's fused linear + cross-entropy. Tokens go through the output layer a chunk at a
+  time; each chunk's logits give its loss *and* its gradients (softmax minus one-hot) at once, so
+  no [tokens x vocab] tensor outlives its chunk and the logits are computed once (the same three
+  matmuls as plain: logits, grad of the hidden states, grad of the weight). Exact: the same
+  arithmetic as plain, only the weight gradient is summed over chunks.
+- `liger`: Liger-Kernel's fused linear cross-entropy (the same idea in Triton kernels), when the
+  `kernels` extra is installed.
+
+`auto` is `chunked` for models that expose their hidden states (`llama:`), else `plain`: it
+removes the largest activation of an LLM step at no extra matmul, needs no extra package, and
+works on every device (the measured time and memory of all three are in
+benchmarks/llm_train_features.py's output).
+
+Targets equal to IGNORE_INDEX (-100, as in F.cross_entropy) are left out of the loss and its mean.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from kiln.config.errors import ConfigError
+
+KERNELS = ("plain", "chunked", "liger")
+IGNORE_INDEX = -100
+LIGER_HINT = "pip install 'kiln[kernels]' (liger-kernel)"
+# Tokens per chunk: as many as keep one chunk's fp32 logits within this many bytes.
+CHUNK_LOGIT_BYTES = 2**30
+
+
+def resolve_ce_kernel(name: str, hidden_states: bool) -> str:
+    """The kernel `training.ce_kernel=name` means for a model (`hidden_states`: it can return its
+    final hidden states and names its output layer, see BuiltModel.hidden_states)."""
+    if name == "auto":
+        return "chunked" if hidden_states else "plain"
+    if name not in KERNELS:
+        raise ConfigError("training.ce_kernel", f"unknown value {name!r}", ("auto", *KERNELS))
+    if name != "plain" and not hidden_states:
+        raise ConfigError("training.ce_kernel", f"{name!r} needs a model that gives its hidden states and output "
+                          "layer (model.name=llama:...); this model returns only logits", ("auto", "plain"))
+    if name == "liger":
+        liger_function()
+    return name
+
+
+def liger_function() -> Callable:
+    try:
+        from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
+    except ImportError as exc:
+        raise ConfigError("training.ce_kernel", f"'liger' needs Liger-Kernel, which does not import ({exc}); "
+                          f"{LIGER_HINT}", ("auto", "plain", "chunked")) from None
+    return liger_fused_linear_cross_entropy
+
+
+def chunk_tokens(vocab_size: int) -> int:
+    """Tokens per chunk: a power of two whose fp32 logits fit in CHUNK_LOGIT_BYTES (2048 at a
+    128,256 vocabulary), at least 64."""
+    fit = max(1, CHUNK_LOGIT_BYTES // (4 * vocab_size))
+    return max(64, 1 << (fit.bit_length() - 1))
+
+
+def _chunk_loss_and_grad(logits: Tensor, targets: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
+    """Summed loss of one chunk and d(summed loss)/d(logits), in fp32 then in the logits' dtype."""
+    logits32 = logits.float()
+    lse = torch.logsumexp(logits32, dim=-1)
+    picked = logits32.gather(1, targets[:, None]).squeeze(1)
+    loss = torch.where(valid, lse - picked, 0.0).sum()
+    grad = torch.exp(logits32 - lse[:, None])
+    grad = grad.scatter_add(1, targets[:, None], torch.full_like(picked[:, None], -1.0))
+    grad = torch.where(valid[:, None], grad, 0.0)
+    return loss, grad.to(logits.dtype)
+
+
+class ChunkedLinearCrossEntropy(torch.autograd.Function):
+    """mean over valid tokens of cross_entropy(h @ weight.T, targets), a chunk of tokens at a time.
+
+    `h` [N, D] and `weight` [V, D] share one dtype (the caller casts them, so autograd carries the
+    cast back); the gradients are computed in forward, chunk by chunk, and only scaled in backward.
+    """
+
+    @staticmethod
+    def forward(ctx, h: Tensor, weight: Tensor, targets: Tensor, chunk: int) -> Tensor:
+        valid = targets != IGNORE_INDEX
+        safe = torch.where(valid, targets, 0)
+        count = valid.sum().clamp(min=1)
+        want_h, want_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        grad_h = torch.empty_like(h) if want_h else None
+        grad_w = torch.zeros_like(weight) if want_w else None
+        total = torch.zeros((), dtype=torch.float32, device=h.device)
+        for start in range(0, h.shape[0], chunk):
+            end = min(start + chunk, h.shape[0])
+            hc = h[start:end]
+            loss, grad = _chunk_loss_and_grad(hc @ weight.t(), safe[start:end], valid[start:end])
+            total = total + loss
+            if want_h:
+                grad_h[start:end] = grad @ weight
+            if want_w:
+                grad_w.addmm_(grad.t(), hc)
+        ctx.save_for_backward(grad_h, grad_w, count)
+        return total / count
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor):
+        grad_h, grad_w, count = ctx.saved_tensors
+        scale = grad_out / count
+        return (None if grad_h is None else grad_h * scale.to(grad_h.dtype),
+                None if grad_w is None else grad_w * scale.to(grad_w.dtype), None, None)
+
+
+def _compute_dtype(x: Tensor) -> torch.dtype:
+    """The dtype the output layer's matmul runs in: autocast's when it is on, else the input's."""
+    if torch.is_autocast_enabled(x.device.type):
+        return torch.get_autocast_dtype(x.device.type)
+    return x.dtype
+
+
+def linear_cross_entropy(h: Tensor, weight: Tensor, targets: Tensor, kernel: str, chunk: int | None = None) -> Tensor:
+    """Mean next-token loss of hidden states `h` [..., D] through the output weight [V, D]."""
+    h, targets = h.reshape(-1, h.shape[-1]), targets.reshape(-1)
+    dtype = _compute_dtype(h)
+    if kernel == "plain":
+        return F.cross_entropy(F.linear(h, weight), targets, ignore_index=IGNORE_INDEX)
+    h, weight = h.to(dtype), weight.to(dtype)
+    if kernel == "chunked":
+        return ChunkedLinearCrossEntropy.apply(h, weight, targets, chunk or chunk_tokens(weight.shape[0]))
+    if kernel == "liger":
+        return liger_function()(h, weight, targets, ignore_index=IGNORE_INDEX)
+    raise ValueError(f"unknown cross-entropy kernel {kernel!r}")
+
+
+def output_layer(model: torch.nn.Module) -> torch.nn.Linear:
+    """The output layer of a (possibly DDP-wrapped) model that exposes `lm_head`."""
+    inner = getattr(model, "module", model)  # DDP keeps the model in .module
+    return inner.lm_head
+
+
+def hidden_state_loss(model: torch.nn.Module, kernel: str) -> Callable[[Tensor, Tensor], Tensor]:
+    """(inputs, targets) -> loss for a model whose forward takes `hidden=True` (BuiltModel.hidden_states)."""
+
+    def forward_loss(inputs: Tensor, targets: Tensor) -> Tensor:
+        h = model(inputs, hidden=True)
+        return linear_cross_entropy(h, output_layer(model).weight, targets, kernel)
+
+    return forward_loss
