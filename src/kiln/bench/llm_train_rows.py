@@ -10,6 +10,7 @@ the run ends. Step times exclude the first `warmup` steps; the figure is their m
 
 from __future__ import annotations
 
+import contextlib
 import gc
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -93,19 +94,31 @@ def _process_group(device: torch.device) -> None:
                             rank=0, world_size=1)
 
 
-def kiln_step(overrides: list[str]) -> tuple[Callable[[Tensor, Tensor], Tensor], dict[str, Any], int]:
+@dataclass(frozen=True)
+class _Shape:
+    """What the feature checks read from a data source: the bench feeds its own batches."""
+
+    samples_per_batch: int
+    tokens_per_batch: int
+
+
+def kiln_step(overrides: list[str], stack: contextlib.ExitStack):
     """kiln's training step for a config given as overrides, built the way `kiln train` builds it
-    (precision, measured compile defaults, model, strategy, `build_train_step`); returns the step,
-    the resolved config (as a dict, with the strategy chosen) and the parameter count."""
+    (precision, measured compile defaults, model, strategy, features, `build_train_step`), with the
+    contexts the trainer runs its loop under entered on `stack`; returns the step, the resolved
+    config (as a dict, with the strategy and features chosen) and the parameter count."""
     import dataclasses
 
+    from kiln.compile_cache import compile_cache_dir
     from kiln.compile_defaults import apply_measured_defaults
     from kiln.config import load_config
     from kiln.distributed.strategy import resolve_strategy
     from kiln.models import build_model
-    from kiln.precision import apply_precision, resolve_precision
+    from kiln.precision import apply_precision, resolve_precision, tf32_enabled
     from kiln.train.assemble import build_train_step
-    from kiln.train.runtime import resolve_device, seed_everything
+    from kiln.train.attention import attention_backend
+    from kiln.train.features import resolve_features
+    from kiln.train.runtime import deterministic_mode, resolve_device, seed_everything
 
     cfg = load_config(None, overrides)
     device = resolve_device(cfg.training.device)
@@ -120,13 +133,20 @@ def kiln_step(overrides: list[str]) -> tuple[Callable[[Tensor, Tensor], Tensor],
     num_params = sum(p.numel() for p in model.parameters())
     param_bytes = torch.finfo(policy.param_dtype).bits // 8
     strategy, reason = resolve_strategy(cfg, 1, num_params, param_bytes, device, launched=wrapped)
-    step_fn = build_train_step(model, built.task, built.blocks, cfg, policy, device, strategy=strategy)
+    shape = _Shape(cfg.data.batch_size, cfg.data.batch_size * cfg.data.seq_len)
+    features = resolve_features(cfg, built, model, policy, device, shape)
+    stack.enter_context(tf32_enabled(cfg.precision.tf32))
+    stack.enter_context(deterministic_mode(cfg.training.deterministic))
+    stack.enter_context(compile_cache_dir(cfg.compile.cache_dir if cfg.compile.enabled else "torch"))
+    stack.enter_context(attention_backend(cfg.model.attention))
+    step_fn = build_train_step(model, built.task, built.blocks, cfg, policy, device, strategy=strategy,
+                               ce_kernel=features["ce_kernel"])
 
     def step(x: Tensor, y: Tensor) -> Tensor:
         return step_fn([(x, y)])[0]
 
     resolved = {"config": dataclasses.asdict(cfg), "strategy": strategy, "strategy_reason": reason,
-                "compile_note": note, "capture": getattr(step_fn, "capture_status", None)}
+                "compile_note": note, "features": features, "capture": getattr(step_fn, "capture_status", None)}
     return step, resolved, num_params
 
 
@@ -137,14 +157,16 @@ def plain_step(weights_dir: Path, device: torch.device, hyper, precision: str, c
     return plain_runner(weights_dir, device, hyper, autocast_dtype=autocast, compile=compile)
 
 
-def measure_row(build: Callable[[], tuple[Callable, dict, int]], batches: list[tuple[Tensor, Tensor]],
-                device: torch.device) -> dict[str, Any]:
-    """Build a row and train it; {status, reason, run: StepRun | None, config, params}. Out of
-    memory is `oom`, any other failure `error`; the row's memory is released either way."""
+def measure_row(build: Callable[[contextlib.ExitStack], tuple[Callable, dict, int]],
+                batches: list[tuple[Tensor, Tensor]], device: torch.device) -> dict[str, Any]:
+    """Build a row (`build(stack)` may enter contexts the run needs on `stack`) and train it;
+    {status, reason, run: StepRun | None, config, params}. Out of memory is `oom`, any other failure
+    `error`; the row's memory is released either way."""
     base = memory_base(device)
     out: dict[str, Any] = {"status": "ok", "reason": None, "run": None, "config": None, "params": None}
+    stack = contextlib.ExitStack()
     try:
-        step, config, params = build()
+        step, config, params = build(stack)
         out.update(config=config, params=params)
         out["run"] = run_steps(step, batches, device, base)
     except torch.OutOfMemoryError as exc:
@@ -153,6 +175,7 @@ def measure_row(build: Callable[[], tuple[Callable, dict, int]], batches: list[t
         out.update(status="error", reason=f"{type(exc).__name__}: {_short(exc)}")
     finally:
         step = None
+        stack.close()
         release(device)
     return out
 

@@ -32,12 +32,12 @@ def _base_row(spec: tb.RowSpec) -> dict[str, Any]:
 def _in_process(spec: tb.RowSpec, opts: tb.TrainLlmOptions, ctx: dict[str, Any], batches) -> dict[str, Any]:
     device = ctx["device"]
     if spec.kind == "plain":
-        result = rows_mod.measure_row(lambda: rows_mod.plain_step(ctx["weights_dir"], device, opts.hyper,
+        result = rows_mod.measure_row(lambda stack: rows_mod.plain_step(ctx["weights_dir"], device, opts.hyper,
                                                                    opts.precision, opts.plain_compile),
                                       batches, device)
     else:
         overrides = [*ctx["base_overrides"], *spec.overrides]
-        result = rows_mod.measure_row(lambda: rows_mod.kiln_step(overrides), batches, device)
+        result = rows_mod.measure_row(lambda stack: rows_mod.kiln_step(overrides, stack), batches, device)
     row = _base_row(spec)
     row.update(status=result["status"], reason=result["reason"], params=result["params"], config=result["config"])
     if spec.kind == "kiln":
