@@ -69,6 +69,8 @@ class TrainLlmOptions:
     torchtitan_overrides: list[str] = field(default_factory=list)
     torchtitan_timeout_s: float = 600.0
     loss_tol: float = 0.02
+    baseline: str | None = None
+    """The row every other is compared with (speed, last loss); None: plain, else the first."""
     plain_compile: bool = True
     """Compile the plain loop's model (torch.compile(model), as the hand-written loop does)."""
     notes: list[str] = field(default_factory=list)
@@ -135,9 +137,13 @@ def figures(row: dict[str, Any], step_s: list[float], warmup: int, tokens_per_st
 
 
 def compare(rows: list[dict[str, Any]], baseline: str | None, tol: float) -> None:
-    """Speed and final loss of every row against the baseline row (plain if present)."""
+    """Speed and final loss of every row against the reference row: `baseline` if named, else the
+    plain loop, else the first row that ran."""
     ok = [r for r in rows if r["status"] == "ok" and r.get("tokens_per_s")]
-    ref = next((r for r in ok if r["row"] == baseline), None) or next((r for r in ok if r["kind"] == "plain"), None)
+    if baseline is not None:
+        ref = next((r for r in ok if r["row"] == baseline), None)
+    else:
+        ref = next((r for r in ok if r["kind"] == "plain"), None) or (ok[0] if ok else None)
     if ref is None:
         return
     for r in ok:

@@ -58,7 +58,7 @@ def write_initial_weights(config_fields: dict[str, Any], directory: Path, *, see
     with torch.device(device):
         model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     directory.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(str(directory), safe_serialization=True)
+    model.save_pretrained(str(directory), safe_serialization=True, max_shard_size="1000GB")  # one file
     del model
     return directory
 

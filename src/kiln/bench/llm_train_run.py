@@ -115,6 +115,7 @@ def run(opts: tb.TrainLlmOptions, out: Path, log: Callable[[str], None] = print)
         from kiln.bench.llm_train_plain import write_initial_weights
 
         weights_dir = write_initial_weights(opts.hf, data_dir / "init", seed=opts.seed, device=device)
+        rows_mod.release(device)
         log(f"initial weights: {weights_dir}")
     model_name = f"{opts.kiln_family}:{weights_dir or opts.model}"
     ctx: dict[str, Any] = {
@@ -141,7 +142,7 @@ def run(opts: tb.TrainLlmOptions, out: Path, log: Callable[[str], None] = print)
         results.append(row)
         log(summary_line(row))
     matmul_end = tb.matmul_peak(device)
-    tb.compare(results, None, opts.loss_tol)
+    tb.compare(results, opts.baseline, opts.loss_tol)
     ctx.update(matmul_end=matmul_end, elapsed_s=time.monotonic() - start, vocab=vocab, corpus_tokens=corpus.n_tokens,
                corpus_documents=corpus.documents)
     return results, ctx

@@ -44,6 +44,8 @@ def add_parser(bsub) -> None:
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--lr-warmup", type=int, default=10, help="linear learning-rate warm-up steps (default 10)")
     p.add_argument("--seed", type=int, default=0, help="seed of the data, the initial weights and every row")
+    p.add_argument("--baseline", metavar="ROW",
+                   help="the row the others are compared with (default: plain, else the first row)")
     p.add_argument("--loss-tol", type=float, default=0.02,
                    help="relative difference of the last loss to the reference row called ok (default 0.02)")
     p.add_argument("--untie", action="store_true",
@@ -113,6 +115,8 @@ def plan(args: argparse.Namespace):
             raise ConfigError("--rows", f"unknown row {name!r}", valid)
     if len(set(names)) != len(names):
         raise ConfigError("--rows", f"a row is listed twice: {','.join(names)}")
+    if args.baseline is not None and args.baseline not in names:
+        raise ConfigError("--baseline", f"{args.baseline!r} is not one of the rows", tuple(names))
     device = resolve_device(args.device)
     if "torchtitan" in names and (args.untie or hf.get("tie_word_embeddings")):
         hf["tie_word_embeddings"] = False
@@ -150,7 +154,7 @@ def plan(args: argparse.Namespace):
                            data_dir=Path(args.data_dir) if args.data_dir else None, deadline_s=args.deadline_s,
                            torchtitan_overrides=list(args.torchtitan_set),
                            torchtitan_timeout_s=args.torchtitan_timeout_s, loss_tol=args.loss_tol,
-                           plain_compile=args.plain_compile, notes=notes)
+                           baseline=args.baseline, plain_compile=args.plain_compile, notes=notes)
 
 
 def run(args: argparse.Namespace) -> int:
