@@ -76,9 +76,10 @@ def release(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-def _process_group(device: torch.device) -> None:
+def _process_group(device: torch.device, stack: contextlib.ExitStack) -> None:
     """A one-rank process group for a recipe that names a DDP/FSDP2 wrapper (as `kiln train` run by
-    torchrun with one process has): created once, on a free local port."""
+    torchrun with one process has), on a free local port, destroyed when the row ends (later rows
+    run without one, as a plain `kiln train` does)."""
     import socket
 
     import torch.distributed as dist
@@ -92,6 +93,7 @@ def _process_group(device: torch.device) -> None:
         torch.cuda.set_device(device)
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method=f"tcp://127.0.0.1:{port}",
                             rank=0, world_size=1)
+    stack.callback(dist.destroy_process_group)
 
 
 @dataclass(frozen=True)
@@ -125,7 +127,7 @@ def kiln_step(overrides: list[str], stack: contextlib.ExitStack):
     policy = resolve_precision(cfg.precision.policy, device)
     wrapped = cfg.distributed.strategy in ("ddp", "fsdp")
     if wrapped:
-        _process_group(device)
+        _process_group(device, stack)
     note = apply_measured_defaults(cfg, device.type, 1, launched=wrapped)
     seed_everything(cfg.training.seed)
     built = build_model(cfg.model)
