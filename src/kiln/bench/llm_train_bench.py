@@ -12,8 +12,9 @@ the call shows.
 Figures per row: median step time after the first `warmup` steps, tokens/s, model FLOP/s and MFU
 against the GPU's datasheet peak (kiln's table) and against a bf16 matmul measured in this process,
 peak memory, first and last loss, and the exact config. Model FLOPs per token, as the issue and
-BASELINES count them: 6 x parameters that multiply (every matrix, the LM head included, the
-embedding lookup not) + 12 x layers x hidden x sequence (attention scores and values).
+BASELINES count them: 6 x parameters (the LM head included, the
+embedding table not: kiln.bench.llm_train_bench.flops_params) + 12 x layers x hidden x sequence
+(attention scores and values).
 """
 
 from __future__ import annotations
@@ -77,8 +78,9 @@ class TrainLlmOptions:
 
 
 def flops_params(hf: dict[str, Any]) -> int:
-    """Parameters that multiply per token: every projection of every layer and the LM head
-    (counted also when tied to the embedding, whose lookup is no matmul); norms excluded."""
+    """The parameters counted in 6 x N: the model's, with the LM head and without the embedding
+    table (a lookup multiplies nothing), so the tied and the untied shape count the same and a tied
+    Llama counts its published parameter count (Llama-3.2-1B: 1,235,814,400)."""
     h, layers, inter, vocab = (int(hf[k]) for k in ("hidden_size", "num_hidden_layers", "intermediate_size",
                                                      "vocab_size"))
     heads = int(hf["num_attention_heads"])
@@ -86,7 +88,8 @@ def flops_params(hf: dict[str, Any]) -> int:
     d = int(hf.get("head_dim") or h // heads)
     attention = h * heads * d + 2 * h * kv * d + heads * d * h
     mlp = 3 * h * inter
-    return layers * (attention + mlp) + vocab * h
+    norms = 2 * h
+    return layers * (attention + mlp + norms) + h + vocab * h
 
 
 def flops_per_token(hf: dict[str, Any], seq_len: int) -> int:

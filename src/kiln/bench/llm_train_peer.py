@@ -111,19 +111,23 @@ def job_config(job: PeerJob) -> dict[str, Any]:
 
 
 def apply_overrides(tables: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """`section.key=value` strings onto the job (values parsed as TOML scalars, else strings)."""
+    """`section.key=value` strings (nested: `quantize.linear.float8.recipe_name=rowwise`) onto the
+    job; values are parsed as TOML values (numbers, booleans, lists), else taken as strings."""
     from kiln.config.load import tomllib
 
     for item in overrides:
-        key, _, raw = item.partition("=")
-        section, _, name = key.strip().partition(".")
-        if not section or not name or not _:
+        key, sep, raw = item.partition("=")
+        path = [part.strip() for part in key.split(".")]
+        if not sep or len(path) < 2 or not all(path):
             raise ValueError(f"torchtitan override {item!r}: expected section.key=value")
         try:
             value = tomllib.loads(f"v = {raw}")["v"]
         except tomllib.TOMLDecodeError:
             value = raw
-        tables.setdefault(section, {})[name] = value
+        table = tables
+        for part in path[:-1]:
+            table = table.setdefault(part, {})
+        table[path[-1]] = value
     return tables
 
 

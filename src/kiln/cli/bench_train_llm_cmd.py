@@ -113,8 +113,6 @@ def plan(args: argparse.Namespace):
     for name in names:
         if name not in valid:
             raise ConfigError("--rows", f"unknown row {name!r}", valid)
-    if len(set(names)) != len(names):
-        raise ConfigError("--rows", f"a row is listed twice: {','.join(names)}")
     if args.baseline is not None and args.baseline not in names:
         raise ConfigError("--baseline", f"{args.baseline!r} is not one of the rows", tuple(names))
     device = resolve_device(args.device)
