@@ -49,10 +49,10 @@ _UNTOUCHED = CompileConfig()
 
 
 def family(model_name: str) -> str:
-    """`mlp`, `vit`, `timm`, `hf` or `user` (a factory)."""
+    """`mlp`, `vit`, `timm`, `hf`, `llama` or `user` (a factory)."""
     if model_name in ("mlp", "vit"):
         return model_name
-    return model_name.split(":", 1)[0] if model_name.startswith(("timm:", "hf:")) else "user"
+    return model_name.split(":", 1)[0] if model_name.startswith(("timm:", "hf:", "llama:")) else "user"
 
 
 def _user_chose_how(c: CompileConfig) -> bool:

@@ -21,6 +21,7 @@ Targets equal to IGNORE_INDEX (-100, as in F.cross_entropy) are left out of the 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 import torch
@@ -68,15 +69,44 @@ def chunk_tokens(vocab_size: int) -> int:
 
 
 def _chunk_loss_and_grad(logits: Tensor, targets: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
-    """Summed loss of one chunk and d(summed loss)/d(logits), in fp32 then in the logits' dtype."""
-    logits32 = logits.float()
+    """Summed loss of one chunk (in fp32, or fp64 for fp64 logits) and d(summed loss)/d(logits) in
+    the logits' dtype: softmax minus one-hot, zero on the rows of ignored targets (their
+    log-sum-exp is taken as +inf, so no host sync is needed to find them)."""
+    logits32 = logits.to(torch.promote_types(logits.dtype, torch.float32))
     lse = torch.logsumexp(logits32, dim=-1)
     picked = logits32.gather(1, targets[:, None]).squeeze(1)
     loss = torch.where(valid, lse - picked, 0.0).sum()
-    grad = torch.exp(logits32 - lse[:, None])
-    grad = grad.scatter_add(1, targets[:, None], torch.full_like(picked[:, None], -1.0))
-    grad = torch.where(valid[:, None], grad, 0.0)
+    grad = (logits32 - torch.where(valid, lse, torch.inf)[:, None]).exp()
+    grad = grad.scatter_add(1, targets[:, None], -valid[:, None].to(grad.dtype))
     return loss, grad.to(logits.dtype)
+
+
+_compiled: dict[str, Callable] = {}
+
+
+def _chunk_kernel(device: torch.device) -> Callable:
+    """`_chunk_loss_and_grad`, compiled on CUDA into one fused kernel pass over a chunk's logits
+    (eagerly it is several passes over fp32 copies, a sizeable share of an LLM step); eager
+    elsewhere, or when compiling it fails (logged once). Inside a compiled region (compile.scope
+    `model+loss` or `step`) the plain function is traced and fused with the rest."""
+    if device.type != "cuda" or _compiled.get("failed") or torch.compiler.is_compiling():
+        return _chunk_loss_and_grad
+    if "fn" not in _compiled:
+        compiled = torch.compile(_chunk_loss_and_grad, dynamic=False, fullgraph=True)
+
+        def run(logits: Tensor, targets: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
+            if _compiled.get("failed"):
+                return _chunk_loss_and_grad(logits, targets, valid)
+            try:
+                return compiled(logits, targets, valid)
+            except Exception as exc:  # no Triton, a compiler bug: correct eager code instead
+                _compiled["failed"] = True
+                logging.getLogger("kiln.train").warning(
+                    "cross-entropy: compiling the chunk kernel failed (%s); running it eagerly", str(exc)[:200])
+                return _chunk_loss_and_grad(logits, targets, valid)
+
+        _compiled["fn"] = run
+    return _compiled["fn"]
 
 
 class ChunkedLinearCrossEntropy(torch.autograd.Function):
@@ -94,11 +124,12 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
         want_h, want_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         grad_h = torch.empty_like(h) if want_h else None
         grad_w = torch.zeros_like(weight) if want_w else None
-        total = torch.zeros((), dtype=torch.float32, device=h.device)
+        total = torch.zeros((), dtype=torch.promote_types(h.dtype, torch.float32), device=h.device)
+        kernel = _chunk_kernel(h.device)
         for start in range(0, h.shape[0], chunk):
             end = min(start + chunk, h.shape[0])
             hc = h[start:end]
-            loss, grad = _chunk_loss_and_grad(hc @ weight.t(), safe[start:end], valid[start:end])
+            loss, grad = kernel(hc @ weight.t(), safe[start:end], valid[start:end])
             total = total + loss
             if want_h:
                 grad_h[start:end] = grad @ weight
