@@ -10,6 +10,9 @@
 #                                             # kiln recipes (tokens/s, memory) and the plain loop
 #   PART=float8 bash benchmarks/train_llm.sh  # ~5 min: Llama-3.2-3B shape, seq 2048, batch 4, 100 steps:
 #                                             # kiln bf16 vs float8 tensorwise vs rowwise (torchao)
+#   PART=features bash benchmarks/train_llm.sh  # benchmarks/llm_train_features.py on the 1B shape: the
+#                                             # cross-entropy kernels and activation checkpointing modes
+#                                             # each on their own (time, memory, differences)
 #
 # Needs .whl/ carried (tomli_w, torchao, torchtitan 0.2.2 and its dependencies, liger-kernel). The
 # corpus, tokenizer and initial weights are generated at run time under /tmp (not carried).
@@ -41,11 +44,17 @@ declare -A RECIPE=(
   [kiln-fp8-tensorwise]="compile.enabled=true compile.regional=true training.activation_checkpointing=$ac8 precision.float8=tensorwise"
   [kiln-fp8-rowwise]="compile.enabled=true compile.regional=true training.activation_checkpointing=$ac8 precision.float8=rowwise"
 )
+if [ "$part" = features ]; then
+  step train_llm_features timeout 500 python3 benchmarks/llm_train_features.py --out "$R/features" --compile
+  echo "=== done in $(( $(date +%s) - start )) s"
+  tar czf "$OUT/train_llm_$part.tgz" -C "$R" .
+  exit 0
+fi
 case $part in
   1b) kiln_rows=kiln-regional,kiln,kiln-liger,kiln-fsdp-bf16 ;;
   long) kiln_rows=kiln-regional,kiln-ac ;;
   float8) kiln_rows=kiln-bf16,kiln-fp8-tensorwise,kiln-fp8-rowwise ;;
-  *) echo "PART must be 1b, long or float8, got '$part'" >&2; exit 2 ;;
+  *) echo "PART must be 1b, long, float8 or features, got '$part'" >&2; exit 2 ;;
 esac
 kiln_rows=${KILN_ROWS:-$kiln_rows}
 recipes=()
