@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from kiln.bench.timing import StepClock, synchronize, time_calls
+from kiln.config.schema import Config
 
 
 @dataclass
@@ -104,11 +105,13 @@ class _Shape:
     tokens_per_batch: int
 
 
-def kiln_step(overrides: list[str], stack: contextlib.ExitStack):
-    """kiln's training step for a config given as overrides, built the way `kiln train` builds it
-    (precision, measured compile defaults, model, strategy, features, `build_train_step`), with the
-    contexts the trainer runs its loop under entered on `stack`; returns the step, the resolved
-    config (as a dict, with the strategy and features chosen) and the parameter count."""
+def kiln_step(overrides: list[str] | Config, stack: contextlib.ExitStack):
+    """kiln's training step for a config (or overrides on the default config), built the way
+    `kiln train` builds it (precision, measured compile defaults, model, strategy, features,
+    `build_train_step`), with the contexts the trainer runs its loop under entered on `stack`;
+    returns the step, the resolved config (as a dict, with the strategy and features chosen) and
+    the parameter count."""
+    import copy
     import dataclasses
 
     from kiln.compile_cache import compile_cache_dir
@@ -122,7 +125,7 @@ def kiln_step(overrides: list[str], stack: contextlib.ExitStack):
     from kiln.train.features import resolve_features
     from kiln.train.runtime import deterministic_mode, resolve_device, seed_everything
 
-    cfg = load_config(None, overrides)
+    cfg = copy.deepcopy(overrides) if isinstance(overrides, Config) else load_config(None, overrides)
     device = resolve_device(cfg.training.device)
     policy = resolve_precision(cfg.precision.policy, device)
     wrapped = cfg.distributed.strategy in ("ddp", "fsdp")
