@@ -46,8 +46,8 @@ def _setup(ctx: dict[str, Any], opts) -> list[str]:
         f"{fpt:,}",
         f"- MFU of spec: against {ctx['spec'] / 1e12:.1f} TFLOP/s ({ctx['spec_source']})" if ctx.get("spec") else
         f"- MFU of spec: no datasheet peak ({ctx.get('spec_source')})",
-        f"- MFU of matmul: against a matmul measured here (bf16 on CUDA), {ctx['matmul'] / 1e12:.1f} TFLOP/s before the rows "
-        f"and {ctx['matmul_end'] / 1e12:.1f} after",
+        f"- MFU of matmul: against a matmul measured here (bf16 on CUDA), {ctx['matmul'] / 1e12:.1f} TFLOP/s before the rows"
+        + (f" and {ctx['matmul_end'] / 1e12:.1f} after" if ctx.get("matmul_end") else " (the call has not ended)"),
     ]
     for r in ctx.get("rows", []):
         if r.get("tokens_match") is not None:
@@ -68,7 +68,7 @@ def write_report(out: Path, rows: list[dict[str, Any]], ctx: dict[str, Any], opt
     config = {"bench": {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(opts).items()},
               "flops_per_token": ctx["flops_per_token"], "tokens_per_step": ctx["tokens_per_step"],
               "spec_flops": ctx.get("spec"), "spec_source": ctx.get("spec_source"), "matmul_flops": ctx["matmul"],
-              "matmul_flops_end": ctx["matmul_end"], "elapsed_s": ctx.get("elapsed_s")}
+              "matmul_flops_end": ctx.get("matmul_end"), "elapsed_s": ctx.get("elapsed_s")}
     title = f"kiln bench train-llm: {opts.model}, seq {opts.seq_len}, batch {opts.batch}, {opts.steps} steps"
     notes = "## Setup\n\n" + "\n".join(_setup(ctx, opts))
     json_path = write_results(out, env=env, config=config, results=rows, columns=COLUMNS, title=title,

@@ -93,8 +93,10 @@ def _torchtitan(spec: tb.RowSpec, opts: tb.TrainLlmOptions, ctx: dict[str, Any],
     return row
 
 
-def run(opts: tb.TrainLlmOptions, out: Path, log: Callable[[str], None] = print) -> tuple[list[dict], dict]:
-    """All rows; returns (rows, context for the report)."""
+def run(opts: tb.TrainLlmOptions, out: Path, log: Callable[[str], None] = print,
+        progress: Callable[[list[dict], dict], None] | None = None) -> tuple[list[dict], dict]:
+    """All rows; returns (rows, context for the report). `progress(rows, context)` runs after each
+    row (the CLI writes the results so far: a call cut short keeps every finished row)."""
     from kiln.train.runtime import resolve_device
 
     start = time.monotonic()
@@ -109,15 +111,14 @@ def run(opts: tb.TrainLlmOptions, out: Path, log: Callable[[str], None] = print)
     stream = data.load_stream(corpus.tokens_path)
     batches = data.batches(stream, steps=opts.steps, batch=opts.batch, seq_len=opts.seq_len, device=device)
     log(f"corpus: {corpus.documents} documents, {corpus.n_tokens} tokens, vocabulary {vocab.size} ({data_dir})")
-    kinds = {r.kind for r in opts.rows if r.invalid is None}
-    weights_dir = None
-    if kinds & {"plain", "torchtitan"}:
-        from kiln.bench.llm_train_plain import write_initial_weights
+    # One transformers initialisation for every row: kiln's rows load it as kiln train loads a model
+    # directory (also faster than a random init on the host for billions of parameters).
+    from kiln.bench.llm_train_plain import write_initial_weights
 
-        weights_dir = write_initial_weights(opts.hf, data_dir / "init", seed=opts.seed, device=device)
-        rows_mod.release(device)
-        log(f"initial weights: {weights_dir}")
-    model_name = f"{opts.kiln_family}:{weights_dir or opts.model}"
+    weights_dir = write_initial_weights(opts.hf, data_dir / "init", seed=opts.seed, device=device)
+    rows_mod.release(device)
+    log(f"initial weights: {weights_dir}")
+    model_name = f"{opts.kiln_family}:{weights_dir}"
     ctx: dict[str, Any] = {
         "device": device, "data_dir": data_dir, "corpus": corpus, "weights_dir": weights_dir,
         "tokens_per_step": opts.batch * opts.seq_len, "flops_per_token": tb.flops_per_token(opts.hf, opts.seq_len),
@@ -141,6 +142,10 @@ def run(opts: tb.TrainLlmOptions, out: Path, log: Callable[[str], None] = print)
             row["wall_s"] = time.monotonic() - t0
         results.append(row)
         log(summary_line(row))
+        if progress is not None:
+            ctx.update(elapsed_s=time.monotonic() - start, vocab=vocab, corpus_tokens=corpus.n_tokens,
+                       corpus_documents=corpus.documents)
+            progress(results, ctx)
     matmul_end = tb.matmul_peak(device)
     tb.compare(results, opts.baseline, opts.loss_tol)
     ctx.update(matmul_end=matmul_end, elapsed_s=time.monotonic() - start, vocab=vocab, corpus_tokens=corpus.n_tokens,

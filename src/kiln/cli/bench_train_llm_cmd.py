@@ -170,8 +170,10 @@ def run(args: argparse.Namespace) -> int:
     refuse_held_results(out)
     out.mkdir(parents=True, exist_ok=True)
     args.output_dir = out
-    rows, ctx = run_rows(opts, out, log=lambda m: print(f"kiln: {m}", file=sys.stderr, flush=True))
-    written = write_report(out, rows, ctx, opts, env=collect_env(), command=shlex.join(["kiln", *sys.argv[1:]]))
+    env, command = collect_env(), shlex.join(["kiln", *sys.argv[1:]])
+    rows, ctx = run_rows(opts, out, log=lambda m: print(f"kiln: {m}", file=sys.stderr, flush=True),
+                         progress=lambda so_far, c: write_report(out, so_far, c, opts, env=env, command=command))
+    written = write_report(out, rows, ctx, opts, env=env, command=command)
     print(written["table"])
     counts = {s: sum(r["status"] == s for r in rows) for s in dict.fromkeys(r["status"] for r in rows)}
     print(f"kiln: {len(rows)} rows ({', '.join(f'{n} {s}' for s, n in counts.items())}); wrote "
