@@ -75,7 +75,7 @@ run_part() {  # run_part PART SECONDS
         rows="plain,$first,torchtitan$rest"; [ -n "${NO_TORCHTITAN:-}" ] && rows="plain,${ROWS[1b]}"
         args=(--model llama-3.2-1b --seq-len 2048 --batch-size 4 --steps 50 --warmup 10 --rows "$rows"
               --torchtitan-timeout-s 240) ;;
-    long) args=(--model llama-3.2-1b --seq-len 8192 --batch-size 1 --steps 20 --warmup 5 --lr-warmup 5
+    long) args=(--model llama-3.2-1b --seq-len 8192 --batch-size 1 --steps 20 --warmup 5
                 --rows "${ROWS[long]},plain") ;;
     float8) first=${ROWS[float8]%%,*}
             args=(--model llama-3.2-3b --seq-len 2048 --batch-size 4 --steps 100 --warmup 10

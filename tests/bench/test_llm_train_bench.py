@@ -67,7 +67,7 @@ def test_compare_against_plain_then_a_named_baseline_then_the_first():
 def test_base_overrides_load_as_a_kiln_config(tmp_path):
     from kiln.config import load_config
 
-    opts = tb.TrainLlmOptions(model="llama-3.2-1b", hf=PRESETS["llama-3.2-1b"], seq_len=64, batch=2, steps=20,
+    opts = tb.TrainLlmOptions(model="llama-3.2-1b", hf=PRESETS["llama-3.2-1b"], seq_len=64, batch=2, steps=40,
                               warmup=1, rows=[])
     cfg = load_config(None, tb.base_overrides(opts, "llama:llama-3.2-1b", tmp_path / "t.bin", "cpu"))
     assert cfg.optim.betas == [0.9, 0.95] and cfg.optim.schedule == "constant"

@@ -30,13 +30,13 @@ from torch import Tensor
 class Hyper:
     """The optimisation every row of the bench uses."""
 
-    lr: float = 3e-4
+    lr: float = 1e-4
     betas: tuple[float, float] = (0.9, 0.95)
     eps: float = 1e-8
     weight_decay: float = 0.0
     """0: torchtitan decays every parameter and kiln only matrices and embeddings; with no decay all
     rows do the same arithmetic."""
-    warmup_steps: int = 10
+    warmup_steps: int = 25
     """Linear warm-up: step i (from 0) runs at lr * (i + 1) / warmup_steps, then lr stays constant."""
     max_norm: float = 1.0
     """Gradient clipping of the global norm."""

@@ -41,8 +41,10 @@ def add_parser(bsub) -> None:
                    help="model family of the kiln rows: llama (kiln's own decoder, default) or hf (transformers)")
     p.add_argument("--precision", default="bf16-mixed", choices=("bf16-mixed", "fp32"),
                    help="base policy of every row (a kiln recipe may override it)")
-    p.add_argument("--lr", type=float, default=3e-4)
-    p.add_argument("--lr-warmup", type=int, default=10, help="linear learning-rate warm-up steps (default 10)")
+    p.add_argument("--lr", type=float, default=1e-4,
+                   help="peak learning rate of every row (default 1e-4: early AdamW steps on random weights spike at "
+                   "higher rates, and a spike amplifies the bf16 rounding differences between rows)")
+    p.add_argument("--lr-warmup", type=int, help="linear learning-rate warm-up steps (default: half of --steps)")
     p.add_argument("--seed", type=int, default=0, help="seed of the data, the initial weights and every row")
     p.add_argument("--baseline", metavar="ROW",
                    help="the row the others are compared with (default: plain, else the first row)")
@@ -89,6 +91,8 @@ def plan(args: argparse.Namespace):
     from kiln.llm.config import resolve_model
     from kiln.train.runtime import resolve_device
 
+    if args.lr_warmup is None:
+        args.lr_warmup = max(1, args.steps // 2)
     for flag, value, minimum in (("--seq-len", args.seq_len, 1), ("--batch-size", args.batch_size, 1),
                                  ("--warmup", args.warmup, 0), ("--lr-warmup", args.lr_warmup, 0)):
         _positive(flag, value, minimum)
