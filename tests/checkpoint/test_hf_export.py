@@ -34,6 +34,7 @@ def _prepared_data(root: Path) -> Path:
         {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}))
     np.random.default_rng(0).integers(3, 96, size=2000, dtype=np.uint16).tofile(root / "train.bin")
     (root / "meta.json").write_text(json.dumps({"tokenizer": "tokenizer", "vocab_size": 96}))
+    (root / "tokenizer" / "notes.bin").write_bytes(b"not a tokenizer file")  # never copied
     return root / "train.bin"
 
 
@@ -77,8 +78,8 @@ def test_llama_run_exports_a_directory_transformers_loads_with_equal_logits(tmp_
     out = tmp_path / "hf"
     assert main(["export", str(run_dir), "--out", str(out)]) == 0
     files = {p.name for p in out.iterdir()}
-    assert {"config.json", "model.safetensors", "generation_config.json", "tokenizer.json",
-            "tokenizer_config.json", "special_tokens_map.json"} <= files
+    assert files == {"config.json", "model.safetensors", "generation_config.json", "tokenizer.json",
+                     "tokenizer_config.json", "special_tokens_map.json"}
     assert not (tmp_path / "hf.part").exists()
     exported = safetensors_torch.load_file(str(out / "model.safetensors"))
     assert ("lm_head.weight" in exported) is not tied
@@ -90,10 +91,26 @@ def test_llama_run_exports_a_directory_transformers_loads_with_equal_logits(tmp_
         expected = trained(TOKENS)
     torch.testing.assert_close(_hf_logits(out, TOKENS), expected, rtol=1e-5, atol=1e-5)
 
+    # ... and training starts from it again: llama:<dir> loads the same weights.
+    from kiln.config.schema import ModelConfig
+    from kiln.models import build_model
+
+    again = build_model(ModelConfig(name=f"llama:{out}")).module.state_dict()
+    for name, value in trained.state_dict().items():
+        assert torch.equal(again[name], value), name
+
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(out))
     assert tokenizer("w4 w5")["input_ids"] == [1, 7, 8]
     generation = json.loads((out / "generation_config.json").read_text())
     assert generation["bos_token_id"] == 1 and generation["eos_token_id"] == 2
+
+
+def test_tokenizer_found_from_the_file_or_the_prepared_directory(data):
+    from kiln.checkpoint.hf_export import tokenizer_dir_of
+
+    assert tokenizer_dir_of(data) == tokenizer_dir_of(data.parent) == data.parent / "tokenizer"
+    assert tokenizer_dir_of(data.parent / "tokenizer") is None  # no meta.json there
+    assert tokenizer_dir_of("") is None
 
 
 def test_kiln_generate_loads_the_export(tmp_path, data, capsys):
@@ -144,3 +161,13 @@ def test_bad_outputs_and_runs_exit_2(tmp_path, capsys):
         assert main(["export", *args]) == 2
         assert needle in capsys.readouterr().err
     assert (existing / "keep.txt").read_text() == "mine"
+
+
+def test_a_leftover_part_directory_is_refused_not_removed(tmp_path, capsys):
+    run_dir = _run(tmp_path, "run", "model.name=llama:llama-tiny", "data.synthetic_samples=16")
+    part = tmp_path / "hf.part"
+    part.mkdir()
+    (part / "mine.txt").write_text("keep")
+    assert main(["export", str(run_dir), "--out", str(tmp_path / "hf")]) == 2
+    assert "hf.part exists" in capsys.readouterr().err
+    assert (part / "mine.txt").read_text() == "keep" and not (tmp_path / "hf").exists()

@@ -113,3 +113,19 @@ def test_liger_equals_plain():
     liger = _loss_and_grads(lambda a, b, c: linear_cross_entropy(a, b, c, "liger"), h, w, t)
     for e, g in zip(plain, liger):
         torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-5)
+
+
+def test_compiled_chunk_kernel_is_not_used_under_a_dispatch_mode(monkeypatch):
+    """FLOP counting runs the loss under a dispatch mode, where torch.compile cannot run: the eager
+    kernel serves it and the compiled one stays in use for training."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from kiln.train import cross_entropy
+
+    monkeypatch.setattr(cross_entropy, "_compiled", {})
+    cuda = torch.device("cuda")
+    with FlopCounterMode(display=False):
+        assert cross_entropy._chunk_kernel(cuda) is cross_entropy._chunk_loss_and_grad
+    assert cross_entropy._chunk_kernel(cuda) is not cross_entropy._chunk_loss_and_grad
+    assert cross_entropy._chunk_kernel(torch.device("cpu")) is cross_entropy._chunk_loss_and_grad
+    assert not cross_entropy._compiled.get("failed")

@@ -93,9 +93,9 @@ def test_seq_len_limit_follows_a_kwargs_override(tmp_path, bad_input):
 
 
 def test_hf_models_take_seq_len_past_their_default_length(tmp_path):
-    # hf:llama-tiny declares 256 positions; an explicit length up to it trains.
-    over = [*BASE, "model.name=hf:llama-tiny", "data.seq_len=200", "data.batch_size=2", "training.steps=1",
-            "model.kwargs.num_hidden_layers=1", "training.ce_kernel=auto"]
+    # With 512 positions hf:llama-tiny still declares 256 as its default length: not a ceiling.
+    over = [*BASE, "model.name=hf:llama-tiny", "data.seq_len=300", "data.batch_size=2", "training.steps=1",
+            "model.kwargs.num_hidden_layers=1", "model.kwargs.max_position_embeddings=512", "training.ce_kernel=auto"]
     summary = train(load_config(None, over), tmp_path / "run")
     assert summary["status"] == "completed" and summary["features"]["ce_kernel"] == "plain"
 
@@ -137,3 +137,18 @@ def test_compiles_per_block_and_with_the_fused_loss_without_graph_breaks(tmp_pat
     summary = train(load_config(None, over), tmp_path / "run")
     assert summary["status"] == "completed" and summary["features"]["ce_kernel"] == "chunked"
     assert summary["compile"]["graph_breaks"] == 0 and summary["compile"]["graphs"] >= 1
+
+
+def test_flops_counted_on_one_sequence_equal_the_whole_batch(tmp_path):
+    import torch
+
+    from kiln.config.schema import ModelConfig
+    from kiln.models import build_model
+    from kiln.monitor.flops import count_step_flops
+    from kiln.train.losses import build_forward_loss
+
+    summary = train(load_config(None, [*BASE, "training.steps=1"]), tmp_path / "run")
+    built = build_model(ModelConfig(name="llama:llama-tiny"))
+    tokens = torch.randint(512, (4, 32))
+    whole = count_step_flops(lambda: build_forward_loss(built.module, "causal_lm")(tokens, tokens).backward())
+    assert summary["flops_per_step"] == whole

@@ -106,3 +106,16 @@ def test_expanded_key_value_heads_give_the_same_attention():
         for layer in built.module.layers:
             layer.attn.expand_kv = True
         torch.testing.assert_close(built.module(tokens), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_float8_converts_the_block_linears_only():
+    pytest.importorskip("torchao.float8")
+    from kiln.train.float8 import apply_float8
+
+    built = _tiny()
+    keys = set(built.module.state_dict())
+    assert apply_float8(built.module, built.blocks, "rowwise") == 8  # wqkv, wo, w_gate_up, w_down per block
+    converted = {type(m).__name__ for b in built.blocks for m in b.modules() if "Linear" in type(m).__name__}
+    assert converted == {"Float8Linear"}
+    assert type(built.module.lm_head) is torch.nn.Linear  # the logits stay in bf16
+    assert set(built.module.state_dict()) == keys  # checkpoints and export see the same tensors

@@ -28,17 +28,23 @@ from kiln.config.errors import ConfigError
 MODEL_DIR = "model"
 """Under the run dir: the model's config.json and the tokenizer files of its data."""
 TOKENIZER_META = "meta.json"
+# The files of a Hugging Face tokenizer (fast and slow formats); only these are copied, so a
+# tokenizer directory that also holds data never drags it along.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                   "tokenizer.model", "vocab.json", "merges.txt", "vocab.txt", "chat_template.jinja")
 # A path ending like a single weights file is a mistake for a directory.
 FILE_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".pkl")
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
 def tokenizer_dir_of(token_path: str | Path) -> Path | None:
-    """The tokenizer directory a prepared token file names: `meta.json` beside it with a key
-    "tokenizer" (a directory relative to meta.json). None when there is none."""
+    """The tokenizer directory prepared token data names: `meta.json` beside the token file (or in
+    the prepared directory `data.path` names) with a key "tokenizer" (a directory relative to
+    meta.json). None when there is none."""
     if not token_path:
         return None
-    meta = Path(token_path).parent / TOKENIZER_META
+    path = Path(token_path)
+    meta = (path if path.is_dir() else path.parent) / TOKENIZER_META
     try:
         name = json.loads(meta.read_text(encoding="utf-8")).get("tokenizer")
     except (OSError, ValueError, AttributeError):
@@ -56,9 +62,9 @@ def save_model_files(run_dir: Path, hf_config: dict[str, Any], token_path: str |
     (target / "config.json").write_text(json.dumps(hf_config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     tokenizer = tokenizer_dir_of(token_path) if token_path else None
     if tokenizer is not None:
-        for f in sorted(tokenizer.iterdir()):
-            if f.is_file() and f.name != "config.json":
-                shutil.copyfile(f, target / f.name)
+        for name in TOKENIZER_FILES:
+            if (tokenizer / name).is_file():
+                shutil.copyfile(tokenizer / name, target / name)
     return target
 
 
@@ -81,6 +87,19 @@ def _hf_tensors(tensors: dict[str, torch.Tensor], config: dict[str, Any]) -> dic
     return tensors
 
 
+def _with_dtype(config: dict[str, Any], tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """config.json fields naming the dtype the weights are stored in (the checkpoint's: fp32 masters
+    stay fp32), so transformers' `dtype="auto"` loads them as saved; `use_cache` on for generation."""
+    config = {**config}
+    config.setdefault("use_cache", True)
+    dtypes = {v.dtype for v in tensors.values() if v.is_floating_point()}
+    name = _DTYPE_NAMES.get(next(iter(dtypes))) if len(dtypes) == 1 else None
+    if name:
+        config["torch_dtype"] = name
+        config.pop("dtype", None)
+    return config
+
+
 def export_hf_dir(run_dir: Path, out: Path, *, checkpoint: Path | None = None) -> dict[str, Any]:
     """Write RUN_DIR's newest complete checkpoint (or `checkpoint`) as an HF model directory `out`."""
     try:
@@ -88,29 +107,29 @@ def export_hf_dir(run_dir: Path, out: Path, *, checkpoint: Path | None = None) -
     except ImportError:
         raise ConfigError("kiln export", "needs safetensors: pip install 'kiln[llm]' (or safetensors)") from None
     run_dir, out = Path(run_dir), Path(out)
+    part = out.with_name(out.name + ".part")
     if out.suffix in FILE_SUFFIXES:
         raise ConfigError("--out", f"{out}: must end in .safetensors (one file) or name a directory (a Hugging "
                           "Face model directory)")
     if out.exists():
         raise ConfigError("--out", f"{out}: already exists; name a new directory")
+    if part.exists():  # never removed here: it may hold something of the user's
+        raise ConfigError("--out", f"{part} exists (an export that stopped half-way?); remove it or choose "
+                          "another directory")
     files = run_dir / MODEL_DIR
     if not (files / "config.json").is_file():
         raise ConfigError("RUN_DIR", f"{run_dir}: has no {MODEL_DIR}/config.json (only runs of llama: and hf: "
                           "causal LMs record one); export the weights alone with --out FILE.safetensors")
-    config = json.loads((files / "config.json").read_text(encoding="utf-8"))
     path = find_checkpoint(run_dir, checkpoint)
-    tensors = _hf_tensors(load_model_weights(path), config)
-    tensors = {k: v.contiguous().clone() if not v.is_contiguous() else v for k, v in tensors.items()}
-    dtypes = {v.dtype for v in tensors.values() if v.is_floating_point()}
-    if len(dtypes) == 1:
-        name = _DTYPE_NAMES.get(next(iter(dtypes)))
-        if name:
-            config = {**config, "torch_dtype": name}
-            config.pop("dtype", None)
-    config.setdefault("use_cache", True)
-    part = out.with_name(out.name + ".part")
-    if part.exists():
-        shutil.rmtree(part)  # a previous export that died half-way
+    raw = json.loads((files / "config.json").read_text(encoding="utf-8"))
+    tensors, seen = {}, set()
+    for key, value in _hf_tensors(load_model_weights(path), raw).items():
+        if value.untyped_storage().data_ptr() in seen or not value.is_contiguous():
+            value = value.contiguous().clone()  # safetensors stores no shared or strided views
+        seen.add(value.untyped_storage().data_ptr())
+        tensors[key] = value
+    config = _with_dtype(raw, tensors)
+    extra_files = [name for name in TOKENIZER_FILES if (files / name).is_file()]
     part.mkdir(parents=True)
     try:
         save_file(tensors, str(part / "model.safetensors"), metadata={"format": "pt", "kiln_checkpoint": str(path)})
@@ -118,14 +137,13 @@ def export_hf_dir(run_dir: Path, out: Path, *, checkpoint: Path | None = None) -
         generation = _generation_config(config)
         if generation is not None:
             (part / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n", encoding="utf-8")
-        tokenizer_files = [f.name for f in sorted(files.iterdir()) if f.is_file() and f.name != "config.json"]
-        for name in tokenizer_files:
+        for name in extra_files:  # the tokenizer's files
             shutil.copyfile(files / name, part / name)
         os.replace(part, out)  # a reader never sees half a directory
     except BaseException:
-        shutil.rmtree(part, ignore_errors=True)
+        shutil.rmtree(part, ignore_errors=True)  # ours: created above
         raise
     marker = read_marker(path) or {}
     return {"checkpoint": str(path), "step": marker.get("step"), "out": str(out), "format": "hf",
             "tensors": len(tensors), "parameters": sum(t.numel() for t in tensors.values()),
-            "tokenizer_files": tokenizer_files, "bytes": (out / "model.safetensors").stat().st_size}
+            "tokenizer_files": extra_files, "bytes": (out / "model.safetensors").stat().st_size}

@@ -20,6 +20,9 @@ Choices made for fast decoding (see kiln.llm.engine for the loop around it):
 - With `decode_matvec="triton"` a decode step's projections run through kiln's matrix-vector
   kernel with each RMSNorm and residual add fused in (kiln.llm.decode_matvec).
 - Prefill computes logits for the last position only (`last_only`).
+Training (`model.name=llama:...`, kiln.models.llama) runs this same module on full sequences:
+activation checkpointing, float8, compile, FSDP2 and the fused cross-entropy (`hidden=True`) are
+applied to it from outside (kiln.train, kiln.distributed).
 Left padding: a batch of prompts of different lengths is padded on the left; `pad[b]` slots of
 row b are masked out as keys and its positions start after them, as HF does with attention_mask.
 """

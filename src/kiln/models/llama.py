@@ -56,19 +56,27 @@ def llama_source(spec: str, kwargs: dict[str, Any]):
     return source
 
 
-def build_llama(spec: str, kwargs: dict[str, Any], name: str) -> BuiltModel:
-    """A trainable Decoder: fp32 parameters (the precision policy casts), train mode, on the
-    current default device."""
+def build_llama(spec: str, kwargs: dict[str, Any], name: str, device: torch.device | str | None = None) -> BuiltModel:
+    """A trainable Decoder: fp32 parameters (the precision policy casts), train mode, built on
+    `device` (default: the current default device; `meta` gives shapes only, no weights). Random
+    weights are drawn on that device: on a GPU in milliseconds, where the host takes tens of
+    seconds for a few billion parameters."""
     from kiln.llm.model import Decoder
     from kiln.llm.weights import has_weights, init_random, load_safetensors_dir
 
     source = llama_source(spec, kwargs)
     config = source.config
-    model = Decoder(config)
-    if has_weights(source.directory):
-        load_safetensors_dir(model, source.directory, key="model.name")
-    else:
-        init_random(model, seed=torch.initial_seed() % 2**63)
+    target = torch.device(device) if device is not None else torch.get_default_device()
+    with torch.device("meta"):
+        model = Decoder(config)
+    if target.type != "meta":
+        model = model.to_empty(device=target)
+        if config.tie_embeddings:  # to_empty keeps the tie (one Parameter); make it explicit
+            model.lm_head.weight = model.embed.weight
+        if has_weights(source.directory):
+            load_safetensors_dir(model, source.directory, key="model.name")
+        else:
+            init_random(model, seed=torch.initial_seed() % 2**63)
     model.train()
     hf_config = {**source.raw, "architectures": [_ARCHITECTURES[config.family]]}
     return BuiltModel(

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
+import torch
 import torch.nn as nn
 
 from kiln.config.errors import ConfigError
@@ -82,9 +83,11 @@ def _build_registered(name: str, entry: RegistryEntry, kwargs: dict[str, Any]) -
     )
 
 
-def build_model(cfg: ModelConfig) -> BuiltModel:
+def build_model(cfg: ModelConfig, device: torch.device | str | None = None) -> BuiltModel:
     """Build the model `cfg` names, on the current default device (use `torch.device("meta")`
-    as a context manager for a shape-only build)."""
+    as a context manager for a shape-only build). `device`: where a model that can be built in
+    place is built and initialised (kiln's decoder, `llama:`); the others ignore it and are moved
+    by the caller."""
     name = cfg.name.strip()
     kwargs = dict(cfg.kwargs)
     if cfg.task not in CHOICES["model.task"]:
@@ -105,7 +108,7 @@ def build_model(cfg: ModelConfig) -> BuiltModel:
     elif name.startswith("llama:"):
         from kiln.models.llama import build_llama
 
-        built = build_llama(name.removeprefix("llama:"), kwargs, name)
+        built = build_llama(name.removeprefix("llama:"), kwargs, name, device)
     elif ":" in name:
         from kiln.models.user import build_user
 

@@ -16,7 +16,7 @@ from kiln.distributed.apply import apply_parallel
 from kiln.precision import PrecisionPolicy, make_grad_scaler, with_precision
 from kiln.train.activation_checkpoint import apply_activation_checkpointing
 from kiln.train.capture import CapturedStep, capture_problem, scaler_problem
-from kiln.train.float8 import apply_float8
+from kiln.train.float8 import apply_float8, check_float8
 from kiln.train.losses import build_forward_loss
 from kiln.train.optim import DeviceSchedule, build_optimizer, build_scheduler
 from kiln.train.step import TrainStep
@@ -49,6 +49,7 @@ def build_train_step(
     Before compile and parallelism (torchtitan's order): float8 linear layers in the blocks
     (`precision.float8`, kiln.train.float8), then activation checkpointing of each block
     (`training.activation_checkpointing`, kiln.train.activation_checkpoint)."""
+    check_float8(cfg.precision.float8, device, cfg.precision.policy)  # the trainer checked; other callers too
     apply_float8(model, blocks, cfg.precision.float8)
     apply_activation_checkpointing(blocks, cfg.training.activation_checkpointing)
     model, grad_sync = apply_parallel(model, blocks, cfg, policy, device, strategy, sync_timer)

@@ -7,14 +7,17 @@
   time; each chunk's logits give its loss *and* its gradients (softmax minus one-hot) at once, so
   no [tokens x vocab] tensor outlives its chunk and the logits are computed once (the same three
   matmuls as plain: logits, grad of the hidden states, grad of the weight). Exact: the same
-  arithmetic as plain, only the weight gradient is summed over chunks.
+  arithmetic as plain, except that the weight gradient is summed over chunks in the matmul dtype
+  (with bf16 matmuls it is rounded to bf16 once per chunk, plain rounds it once).
 - `liger`: Liger-Kernel's fused linear cross-entropy (the same idea in Triton kernels), when the
   `kernels` extra is installed.
 
 `auto` is `chunked` for models that expose their hidden states (`llama:`), else `plain`: it
-removes the largest activation of an LLM step at no extra matmul, needs no extra package, and
-works on every device (the measured time and memory of all three are in
-benchmarks/llm_train_features.py's output).
+removes the largest activation of an LLM step at no extra matmul, needs no extra package, works
+on every device, and was the faster fused kernel where both were measured (one H100, Llama-3.2-1B
+shape, seq 2048, batch 4, per-block compile: 147.9 ms per step with `chunked`, 157.9 with `liger`;
+benchmarks/results/h100/llm_train/1b_2026-11-25). benchmarks/llm_train_features.py measures the
+kernels alone (time, memory, differences from `plain`).
 
 Targets equal to IGNORE_INDEX (-100, as in F.cross_entropy) are left out of the loss and its mean.
 """
@@ -88,8 +91,12 @@ def _chunk_kernel(device: torch.device) -> Callable:
     """`_chunk_loss_and_grad`, compiled on CUDA into one fused kernel pass over a chunk's logits
     (eagerly it is several passes over fp32 copies, a sizeable share of an LLM step); eager
     elsewhere, or when compiling it fails (logged once). Inside a compiled region (compile.scope
-    `model+loss` or `step`) the plain function is traced and fused with the rest."""
-    if device.type != "cuda" or _compiled.get("failed") or torch.compiler.is_compiling():
+    `model+loss` or `step`) the plain function is traced and fused with the rest; under a
+    dispatch mode (FLOP counting, SAC), which torch.compile cannot run in, it runs eagerly."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    if (device.type != "cuda" or _compiled.get("failed") or torch.compiler.is_compiling()
+            or _get_current_dispatch_mode() is not None):
         return _chunk_loss_and_grad
     if "fn" not in _compiled:
         compiled = torch.compile(_chunk_loss_and_grad, dynamic=False, fullgraph=True)
@@ -134,7 +141,7 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
             if want_h:
                 grad_h[start:end] = grad @ weight
             if want_w:
-                grad_w.addmm_(grad.t(), hc)
+                torch.addmm(grad_w, grad.t(), hc, out=grad_w)  # addmm_ in effect; FLOP counters see addmm
         ctx.save_for_backward(grad_h, grad_w, count)
         return total / count
 

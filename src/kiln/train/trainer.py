@@ -111,7 +111,7 @@ class Trainer:
                                          world_size=self.dist.world_size, config_digest=config_digest(cfg))
         self.resume_path, self.already_complete = self._resolve_run_dir()
         seed_everything(cfg.training.seed)  # same seed on every rank: identical initial weights
-        built = build_model(cfg.model)
+        built = build_model(cfg.model, device=self.device)
         self.built = built
         if self.resume_path is not None:  # a checkpoint of another model is bad input: exit 2, nothing written
             self.checkpointer.check_model(self.resume_path, built.module)
@@ -164,17 +164,26 @@ class Trainer:
 
     # -- one-time measurements --------------------------------------------------------------
     def _count_flops(self, batch) -> int | None:
-        """FLOPs of one optimizer step on one device, counted on the eager, unwrapped model."""
+        """FLOPs of one optimizer step on one device, counted on the eager, unwrapped model (with the
+        run's cross-entropy kernel, whose matmuls are those of plain logits + cross-entropy). A causal
+        LM's FLOPs are all per sequence: one is counted and scaled by the batch, so counting needs no
+        more memory than a step of one sequence (a run may fit only thanks to checkpointing)."""
         if not self.cfg.metrics.mfu:
             return None
-        forward_loss = with_precision(build_forward_loss(self.model, self.built.task), self.policy, self.device)
+        task = self.built.task
+        forward_loss = with_precision(build_forward_loss(self.model, task, self.features["ce_kernel"]),
+                                      self.policy, self.device)
         inputs, targets = batch
+        per_sequence = task == "causal_lm" and inputs.shape[0] > 1
+        scale = inputs.shape[0] if per_sequence else 1
+        if per_sequence:
+            inputs, targets = inputs[:1], targets[:1]
         try:
             flops = count_step_flops(lambda: forward_loss(inputs, targets).backward(),
                                      device=self.device, module=self.model)
         finally:
             self.model.zero_grad(set_to_none=True)
-        return flops * self.cfg.training.grad_accum_steps
+        return flops * scale * self.cfg.training.grad_accum_steps
 
     # -- the run ----------------------------------------------------------------------------
     def fit(self) -> dict[str, Any]:
