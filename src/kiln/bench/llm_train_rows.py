@@ -133,7 +133,7 @@ def kiln_step(overrides: list[str] | Config, stack: contextlib.ExitStack):
         _process_group(device, stack)
     note = apply_measured_defaults(cfg, device.type, 1, launched=wrapped)
     seed_everything(cfg.training.seed)
-    built = build_model(cfg.model)
+    built = build_model(cfg.model, device=device)
     model = apply_precision(built.module.to(device), policy)
     num_params = sum(p.numel() for p in model.parameters())
     param_bytes = torch.finfo(policy.param_dtype).bits // 8
