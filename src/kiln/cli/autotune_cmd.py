@@ -8,18 +8,22 @@ import shlex
 import sys
 
 from kiln.bench.results import refuse_held_results
+from kiln.cli import autotune_llm
 from kiln.cli.main import add_verbose_flag
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser(
         "autotune",
-        help="search precision x compile mode x scope x regional x CUDA-graph capture by measuring; write the best config",
+        help="search precision x compile mode x scope x regional x CUDA-graph capture (LLMs: batch x activation "
+        "checkpointing x float8 x CE kernel x compile scope) by measuring; write the best config",
         description="Measure candidate recipes of the config (precisions you allow x compile modes x scopes x regional "
         "compile x whole-step CUDA-graph capture, and DDP vs FSDP with --nproc-per-node) with kiln bench compile's "
         "machinery, pruning what cannot win and what the time budget cannot afford, checking each against eager "
         "and fp64; writes DIR/best.toml (the full config with the winning keys: kiln train --config DIR/best.toml) "
-        "and the evidence DIR/results.{json,md,png}. List flags take comma-separated values.",
+        "and the evidence DIR/results.{json,md,png}. An LLM config (model.name=llama:...) searches batch size x "
+        "activation checkpointing x float8 x cross-entropy kernel x compile scope by tokens/s instead. List flags take "
+        "comma-separated values.",
     )
     p.add_argument("--config", help="TOML config to tune (as for kiln train); default: kiln's built-in default")
     p.add_argument("--budget", type=float, default=10.0, metavar="MINUTES",
@@ -45,6 +49,7 @@ def add_parser(sub) -> None:
                         "on a shared machine that is never quiet; the flags stay in the table (default: keep the "
                         "config's own recipe)")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, after --config")
+    autotune_llm.add_flags(p)
     add_verbose_flag(p)
     p.set_defaults(run=run)
 
@@ -147,6 +152,11 @@ def _command(args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from kiln.config import load_config
+
+    llm = load_config(args.config, list(args.overrides) + ([f"training.device={args.device}"] if args.device else []))
+    if autotune_llm.is_llm(llm):  # batch, checkpointing, float8, CE kernel, compile scope instead of recipes
+        return autotune_llm.run(args, llm, _command(args))
     opts, nproc, notes = plan(args)  # ConfigError -> exit 2 before any work
 
     from pathlib import Path

@@ -15,9 +15,9 @@ AXES = ("modes", "precisions", "backends", "scopes", "losses", "cudagraphs", "re
 
 
 def add_parser(sub) -> None:
-    from kiln.cli import bench_llm_cmd, bench_scale_cmd
+    from kiln.cli import bench_llm_cmd, bench_scale_cmd, bench_train_llm_cmd
 
-    bench = sub.add_parser("bench", help="benchmarks with results.json/md/png: compile, llm, scale, comm, predict")
+    bench = sub.add_parser("bench", help="benchmarks with results.json/md/png: compile, llm, train-llm, scale, comm, predict")
     bench.set_defaults(run=_no_subcommand, bench_parser=bench)
     bsub = bench.add_subparsers(dest="bench_command", metavar="BENCH", parser_class=type(bench))
     p = bsub.add_parser(
@@ -60,6 +60,7 @@ def add_parser(sub) -> None:
     add_verbose_flag(p)
     p.set_defaults(run=run_compile)
     bench_llm_cmd.add_parser(bsub)
+    bench_train_llm_cmd.add_parser(bsub)
     bench_scale_cmd.add_parsers(bsub)
     for parser in bsub.choices.values():  # every bench subcommand's --help shows its defaults
         parser.formatter_class = DefaultsFormatter

@@ -1,0 +1,166 @@
+"""`kiln bench train-llm`: kiln's LLM training recipes, the plain transformers loop and torchtitan
+side by side in one call, on one model shape, sequence, batch, data, weights and GPU.
+
+Every row trains `steps` optimizer steps from the same initial weights on the same batches (one
+corpus and tokenizer, kiln.bench.llm_train_data) with the same optimisation (AdamW, warm-up then a
+constant learning rate, clipping: kiln.bench.llm_train_plain.Hyper), so their losses after the
+same steps show they train the same thing, and their step times what each costs. Rows run one
+after another (each holds a whole training state; two 1B states and their activations do not fit
+beside each other on one GPU); the matmul peak is measured before and after them, so drift over
+the call shows.
+
+Figures per row: median step time after the first `warmup` steps, tokens/s, model FLOP/s and MFU
+against the GPU's datasheet peak (kiln's table) and against a bf16 matmul measured in this process,
+peak memory, first and last loss, and the exact config. Model FLOPs per token, as the issue and
+BASELINES count them: 6 x parameters (the LM head included, the
+embedding table not: kiln.bench.llm_train_bench.flops_params) + 12 x layers x hidden x sequence
+(attention scores and values).
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kiln.bench.llm_train_plain import Hyper
+
+ROW_KINDS = ("kiln", "plain", "torchtitan")
+KILN_RECIPES: dict[str, list[str]] = {
+    # What a user gets from `kiln train` with compile on: kiln's measured defaults for the family.
+    "kiln": ["compile.enabled=true"],
+    "kiln-eager": ["compile.enabled=false"],
+    "kiln-regional": ["compile.enabled=true", "compile.regional=true"],
+}
+"""Built-in kiln recipes: overrides on top of the bench's base config (`--recipe` adds more)."""
+
+
+@dataclass(frozen=True)
+class RowSpec:
+    name: str
+    kind: str
+    overrides: tuple[str, ...] = ()
+    invalid: str | None = None
+    """Why the recipe's config was refused (the row is reported as skipped)."""
+
+
+@dataclass
+class TrainLlmOptions:
+    model: str
+    hf: dict[str, Any]
+    """The model's config.json fields (after untying, when a row needs it)."""
+    seq_len: int
+    batch: int
+    steps: int
+    warmup: int
+    rows: list[RowSpec]
+    hyper: Hyper = field(default_factory=Hyper)
+    precision: str = "bf16-mixed"
+    seed: int = 0
+    device: str = "auto"
+    kiln_family: str = "llama"
+    data_dir: Path | None = None
+    deadline_s: float | None = None
+    torchtitan_overrides: list[str] = field(default_factory=list)
+    torchtitan_timeout_s: float = 600.0
+    loss_tol: float = 0.02
+    baseline: str | None = None
+    """The row every other is compared with (speed, last loss); None: plain, else the first."""
+    plain_compile: bool = True
+    """Compile the plain loop's model (torch.compile(model), as the hand-written loop does)."""
+    notes: list[str] = field(default_factory=list)
+
+
+def flops_params(hf: dict[str, Any]) -> int:
+    """The parameters counted in 6 x N: the model's, with the LM head and without the embedding
+    table (a lookup multiplies nothing), so the tied and the untied shape count the same and a tied
+    Llama counts its published parameter count (Llama-3.2-1B: 1,235,814,400)."""
+    h, layers, inter, vocab = (int(hf[k]) for k in ("hidden_size", "num_hidden_layers", "intermediate_size",
+                                                     "vocab_size"))
+    heads = int(hf["num_attention_heads"])
+    kv = int(hf.get("num_key_value_heads") or heads)
+    d = int(hf.get("head_dim") or h // heads)
+    attention = h * heads * d + 2 * h * kv * d + heads * d * h
+    mlp = 3 * h * inter
+    norms = 2 * h
+    return layers * (attention + mlp + norms) + h + vocab * h
+
+
+def flops_per_token(hf: dict[str, Any], seq_len: int) -> int:
+    """6 x flops_params + 12 x layers x hidden x seq_len (forward and backward)."""
+    return 6 * flops_params(hf) + 12 * int(hf["num_hidden_layers"]) * int(hf["hidden_size"]) * seq_len
+
+
+def spec_peak(device: torch.device) -> tuple[float | None, str]:
+    """The GPU's datasheet dense bf16 peak (kiln's table) and where it came from."""
+    from kiln.monitor.flops import peak_flops_for_name
+
+    if device.type != "cuda":
+        return None, "cpu: no datasheet peak"
+    return peak_flops_for_name(torch.cuda.get_device_name(device), "bf16-mixed")
+
+
+def matmul_peak(device: torch.device) -> float:
+    from kiln.bench.ceilings import measure_matmul_flops
+
+    return measure_matmul_flops(device, torch.bfloat16 if device.type == "cuda" else torch.float32)
+
+
+def base_overrides(opts: TrainLlmOptions, model_name: str, tokens_path: Path, device: torch.device) -> list[str]:
+    """The config every kiln row starts from: the bench's model, data, steps and optimisation."""
+    h = opts.hyper
+    return [f"model.name={model_name}", "data.source=tokens", f"data.path={tokens_path}", "data.token_dtype=uint32",
+            f"data.seq_len={opts.seq_len}", f"data.batch_size={opts.batch}", f"training.steps={opts.steps}",
+            f"training.seed={opts.seed}", f"training.device={device}", f"training.grad_clip={h.max_norm}",
+            "optim.name=adamw", f"optim.lr={h.lr}", f"optim.betas=[{h.betas[0]}, {h.betas[1]}]", f"optim.eps={h.eps}",
+            f"optim.weight_decay={h.weight_decay}", f"optim.warmup_steps={h.warmup_steps}", "optim.schedule=constant",
+            f"precision.policy={opts.precision}"]
+
+
+def figures(row: dict[str, Any], step_s: list[float], warmup: int, tokens_per_step: int, fpt: int,
+            spec: float | None, matmul: float | None) -> None:
+    """Step time, tokens/s, FLOP/s and both MFUs from the per-step seconds (after `warmup` steps;
+    `step_s[k]` is step k + 2, the first step being timed on its own)."""
+    timed = step_s[max(0, warmup - 1):] or step_s
+    if not timed:
+        return
+    ordered = sorted(timed)
+    median = statistics.median(ordered)
+    flops = fpt * tokens_per_step / median
+    row.update(step_ms=median * 1e3, step_ms_p10=ordered[int(0.1 * (len(ordered) - 1))] * 1e3,
+               step_ms_p90=ordered[math.ceil(0.9 * (len(ordered) - 1))] * 1e3, timed_steps=len(timed),
+               tokens_per_s=tokens_per_step / median, tflops=flops / 1e12,
+               mfu_spec=flops / spec if spec else None, mfu_matmul=flops / matmul if matmul else None)
+
+
+def compare(rows: list[dict[str, Any]], baseline: str | None, tol: float) -> None:
+    """Speed and final loss of every row against the reference row: `baseline` if named, else the
+    plain loop, else the first row that ran."""
+    ok = [r for r in rows if r["status"] == "ok" and r.get("tokens_per_s")]
+    if baseline is not None:
+        ref = next((r for r in ok if r["row"] == baseline), None)
+    else:
+        ref = next((r for r in ok if r["kind"] == "plain"), None) or (ok[0] if ok else None)
+    if ref is None:
+        return
+    for r in ok:
+        r["speedup_vs_ref"] = r["tokens_per_s"] / ref["tokens_per_s"]
+        if r.get("loss_last") is not None and ref.get("loss_last") is not None:
+            diff = r["loss_last"] - ref["loss_last"]
+            r["loss_diff_vs_ref"] = diff
+            r["loss_check"] = "ok" if abs(diff) <= tol * abs(ref["loss_last"]) else "off"
+        r["ref"] = ref["row"]
+
+
+def short_command(argv: list[str]) -> str:
+    return shlex.join(["kiln", "bench", "train-llm", *argv])
+
+
+def deadline_left(start: float, deadline_s: float | None) -> float | None:
+    return None if deadline_s is None else deadline_s - (time.monotonic() - start)

@@ -1,0 +1,142 @@
+"""`kiln autotune` for an LLM config (`model.name=llama:...`): its flags, their checks (before any
+work) and the run; the search is kiln.tune.llm_search. Other models take kiln.cli.autotune_cmd's
+compile-recipe search."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from kiln.config.errors import ConfigError
+
+
+def add_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("LLM configs (model.name=llama:...): the knobs searched instead of compile recipes")
+    g.add_argument("--batch-sizes", metavar="LIST", help="data.batch_size values (default: half to 4x the config's)")
+    g.add_argument("--ac", metavar="LIST", help="training.activation_checkpointing: none,selective,full (default all)")
+    g.add_argument("--float8", metavar="LIST", help="precision.float8: none,tensorwise,rowwise (default all on a GPU "
+                   "with float8 tensor cores and a bf16 policy, else none)")
+    g.add_argument("--ce-kernels", metavar="LIST", help="training.ce_kernel: chunked,liger,plain (default chunked, "
+                   "plain and liger where liger-kernel imports)")
+    g.add_argument("--compile-scopes", metavar="LIST",
+                   help="regional (compile.regional), whole (the model), model+loss, off (default regional,whole)")
+    g.add_argument("--loss-tol", type=float, default=0.02,
+                   help="relative loss difference a float8 candidate may have from bf16 after its steps (default 0.02)")
+
+
+def is_llm(cfg) -> bool:
+    return cfg.model.name.startswith("llama:")
+
+
+def _values(flag: str, raw: str | None, valid: tuple[str, ...], default: list[str]) -> list[str]:
+    from kiln.bench.recipes import split_values
+
+    if raw is None:
+        return default
+    values = split_values([raw])
+    if not values:
+        raise ConfigError(flag, "needs at least one value", valid)
+    for v in values:
+        if v not in valid:
+            raise ConfigError(flag, f"unknown value {v!r}", valid)
+    return values
+
+
+def _float8_here(cfg, device) -> tuple[list[str], str | None]:
+    from kiln.train.float8 import check_float8
+
+    try:
+        check_float8("tensorwise", device, cfg.precision.policy)
+    except ConfigError as exc:
+        return ["none"], f"float8 not searched: {str(exc).split(': ', 1)[-1]}"
+    return ["none", "tensorwise", "rowwise"], None
+
+
+def plan(args: argparse.Namespace, cfg):
+    """(LlmTuneOptions, notes) for an LLM config; ConfigError on bad input."""
+    import importlib.util
+
+    from kiln.train.runtime import resolve_device
+    from kiln.tune import llm_space as sp
+    from kiln.tune.llm_search import LlmTuneOptions, configure
+
+    if not args.budget > 0:
+        raise ConfigError("--budget", f"must be > 0 minutes, got {args.budget}")
+    for flag, value, minimum in (("--steps", args.steps, 3), ("--warmup", args.warmup, 0)):
+        if value < minimum:
+            raise ConfigError(flag, f"must be >= {minimum}, got {value}")
+    device = resolve_device(cfg.training.device)
+    notes = []
+    if args.batch_sizes is None:
+        batches = sp.default_batches(cfg.data.batch_size)
+    else:
+        try:
+            batches = sorted({int(b) for b in args.batch_sizes.split(",") if b.strip()})
+        except ValueError:
+            raise ConfigError("--batch-sizes", f"expected comma-separated integers, got {args.batch_sizes!r}") from None
+        if not batches or batches[0] < 1:
+            raise ConfigError("--batch-sizes", f"needs integers >= 1, got {args.batch_sizes!r}")
+    float8_default, why = _float8_here(cfg, device)
+    if why and args.float8 is None:
+        notes.append(why)
+    float8 = _values("--float8", args.float8, sp.FLOAT8, float8_default)
+    ce_default = ["chunked", "plain"] + (["liger"] if importlib.util.find_spec("liger_kernel") else [])
+    space = sp.LlmSpace(batches=batches, ac=_values("--ac", args.ac, sp.AC_MODES, list(sp.AC_MODES)),
+                        ce=_values("--ce-kernels", args.ce_kernels, sp.CE_KERNELS, ce_default), float8=float8,
+                        compile=_values("--compile-scopes", args.compile_scopes, sp.COMPILE_SCOPES,
+                                        ["regional", "whole"]))
+    if not args.loss_tol > 0:
+        raise ConfigError("--loss-tol", f"must be > 0, got {args.loss_tol}")
+    configure(cfg, sp.from_config(cfg))  # the config's own settings as a candidate: a key kiln refuses exits here
+    ignored = [flag for flag, value in (("--precisions", args.precisions), ("--modes", args.modes),
+                                        ("--scopes", args.scopes), ("--nproc-per-node", args.nproc_per_node))
+               if value is not None]
+    if ignored:
+        notes.append(f"{', '.join(ignored)} not used: an LLM config searches the LLM knobs")
+    opts = LlmTuneOptions(cfg=cfg, space=space, budget_s=args.budget * 60, steps=args.steps, warmup=args.warmup,
+                          loss_tol=args.loss_tol)
+    return opts, notes
+
+
+def run(args: argparse.Namespace, cfg, command: str) -> int:
+    opts, notes = plan(args, cfg)  # ConfigError -> exit 2 before any work
+
+    from pathlib import Path
+
+    import torch
+
+    from kiln.bench.results import refuse_held_results
+    from kiln.monitor.env import collect_env
+    from kiln.train.runtime import default_run_dir, resolve_device
+    from kiln.tune.llm_output import result_rows, write_best, write_evidence
+    from kiln.tune.llm_search import LlmSearch
+
+    out = Path(args.out) if args.out else default_run_dir(f"autotune-{cfg.model.name.replace('/', '_')}")
+    refuse_held_results(out)
+    out.mkdir(parents=True, exist_ok=True)
+    args.output_dir = out
+    device = resolve_device(cfg.training.device)
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+
+    def log(message: str) -> None:
+        print(f"kiln: {message}", file=sys.stderr, flush=True)
+
+    log(f"autotune (LLM) {cfg.model.name} on {where}, budget {args.budget:g} min: batch {opts.space.batches}, "
+        f"ac {opts.space.ac}, ce {opts.space.ce}, float8 {opts.space.float8}, compile {opts.space.compile}")
+    for note in notes:
+        log(note)
+    result = LlmSearch(opts, log=log).run()
+    result.notes[:0] = notes
+    path = write_best(out, cfg, result, model=cfg.model.name, device=where)
+    title = f"kiln autotune (LLM): {cfg.model.name} ({where})"
+    written = write_evidence(out, cfg, result, opts, env=collect_env(), command=command, title=title)
+    from kiln.bench.results import markdown_table
+    from kiln.tune.llm_output import COLUMNS
+
+    print(markdown_table(result_rows(result), COLUMNS))
+    gain = result.speedup_vs_default
+    print(f"kiln: winner {result.winner.describe()}" + (f" ({gain:.2f}x the config's own tokens/s)" if gain else "")
+          + f"; {len(result.trials)} rows measured in {result.elapsed_s / 60:.1f} min, {len(result.not_tried)} not "
+          f"tried; wrote {path}, {', '.join(str(p) for p in written)}")
+    print(f"kiln: train with it: kiln train --config {path}")
+    return 0

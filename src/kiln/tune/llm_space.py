@@ -1,0 +1,115 @@
+"""What `kiln autotune` searches for an LLM (a `llama:` model): batch size, activation
+checkpointing, float8, the cross-entropy kernel and the compile scope, as config keys.
+
+A candidate is a set of values of those knobs; `overrides` turns it into `KEY=VALUE` strings on
+the config, so every row the search measures is a setting `kiln train` runs. Rows are ranked by
+tokens per second (the batch size changes between candidates, so step time alone says nothing),
+and a change of numerics (float8) must keep the loss after the measured steps within a tolerance
+of the same candidate without it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from kiln.config.schema import Config
+
+AC_MODES = ("none", "selective", "full")
+FLOAT8 = ("none", "tensorwise", "rowwise")
+CE_KERNELS = ("chunked", "liger", "plain")
+COMPILE_SCOPES = ("regional", "whole", "model+loss", "off")
+"""regional: each block compiled (compile.regional); whole: the model in one graph; model+loss: the
+model and its loss compiled together; off: eager."""
+KNOBS = ("batch", "ac", "ce", "float8", "compile")
+MIN_GAIN = 0.02
+"""A change is kept only when it is this much faster than the best so far (noise margin)."""
+
+
+@dataclass(frozen=True)
+class LlmCandidate:
+    batch: int
+    ac: str
+    ce: str
+    float8: str
+    compile: str
+
+    def overrides(self) -> list[str]:
+        compiled = self.compile != "off"
+        scope = "model+loss" if self.compile == "model+loss" else "model"
+        return [f"data.batch_size={self.batch}", f"training.activation_checkpointing={self.ac}",
+                f"training.ce_kernel={self.ce}", f"precision.float8={self.float8}",
+                f"compile.enabled={str(compiled).lower()}", f"compile.regional={str(self.compile == 'regional').lower()}",
+                f"compile.scope={scope}"]
+
+    def describe(self) -> str:
+        return f"b{self.batch} ac={self.ac} ce={self.ce} fp8={self.float8} compile={self.compile}"
+
+    def with_(self, **changes: Any) -> LlmCandidate:
+        return dataclasses.replace(self, **changes)
+
+
+def from_config(cfg: Config) -> LlmCandidate:
+    """The candidate a config runs as it is (the one every other must beat). `auto` cross-entropy
+    is chunked for kiln's decoder."""
+    c = cfg.compile
+    if not c.enabled:
+        scope = "off"
+    elif c.scope == "model+loss":
+        scope = "model+loss"
+    else:
+        scope = "regional" if c.regional else "whole"
+    ce = "chunked" if cfg.training.ce_kernel == "auto" else cfg.training.ce_kernel
+    return LlmCandidate(cfg.data.batch_size, cfg.training.activation_checkpointing, ce, cfg.precision.float8, scope)
+
+
+@dataclass
+class LlmSpace:
+    """The values the user allows (flags) on this device."""
+
+    batches: list[int]
+    ac: list[str] = field(default_factory=lambda: list(AC_MODES))
+    ce: list[str] = field(default_factory=lambda: list(CE_KERNELS))
+    float8: list[str] = field(default_factory=lambda: list(FLOAT8))
+    compile: list[str] = field(default_factory=lambda: ["regional", "whole"])
+
+
+def default_batches(batch: int) -> list[int]:
+    """The config's batch, half of it and up to four times it."""
+    return sorted({max(1, batch // 2), batch, batch * 2, batch * 4})
+
+
+def stage_candidates(knob: str, best: LlmCandidate, space: LlmSpace) -> list[LlmCandidate]:
+    """The best candidate so far with one knob moved to each other allowed value (batches: larger
+    ones first in ascending order, then smaller; the search stops climbing at the first that does
+    not fit or is slower)."""
+    if knob == "batch":
+        larger = sorted(b for b in space.batches if b > best.batch)
+        smaller = sorted((b for b in space.batches if b < best.batch), reverse=True)
+        return [best.with_(batch=b) for b in larger + smaller]
+    values = {"ac": space.ac, "ce": space.ce, "float8": space.float8, "compile": space.compile}[knob]
+    return [best.with_(**{knob: v}) for v in values if v != getattr(best, knob)]
+
+
+def tokens_per_s(row: dict[str, Any] | None) -> float | None:
+    if not row or row.get("status") != "ok" or row.get("accuracy") == "fail":
+        return None
+    return row.get("tokens_per_s")
+
+
+def better(row: dict[str, Any] | None, best: dict[str, Any] | None, margin: float = MIN_GAIN) -> bool:
+    """`row` is faster than `best` by more than the margin (a row that did not run never is)."""
+    mine, theirs = tokens_per_s(row), tokens_per_s(best)
+    if mine is None:
+        return False
+    return theirs is None or mine > theirs * (1 + margin)
+
+
+def loss_check(row: dict[str, Any], reference: dict[str, Any] | None, tol: float) -> str | None:
+    """`pass`/`fail` for a row whose numerics differ from `reference` (the same candidate without
+    float8): the last loss within `tol` (relative); None when there is nothing to compare."""
+    if reference is None or reference.get("loss_last") is None or row.get("loss_last") is None:
+        return None
+    ref = reference["loss_last"]
+    return "pass" if abs(row["loss_last"] - ref) <= tol * abs(ref) else "fail"
