@@ -271,9 +271,9 @@ def prepare(model, checkout: Path, *, quants: tuple[str, ...], group_size: int, 
         log(f"gpt-fast[{quant}]: quantizing with its quantize.py")
         started = time.perf_counter()
         code, out, err = _child(cmd, timeout_s)
+        adapted = parse_output(out).get("peer_adaptations") or []
         prep.extra[quant] = {"peer_quantize_command": " ".join(cmd[1:]), "peer_quantize_s": time.perf_counter() - started,
-                             **{k: v for k, v in parse_output(out).items() if k.startswith("peer_") and "samples" not in k
-                                and v is not None}}
+                             "peer_quantize_adaptations": adapted}
         target = int4_path(checkpoint, group_size)
         if code == 0 and target.is_file():
             prep.checkpoints[quant] = target
