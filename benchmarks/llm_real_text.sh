@@ -68,7 +68,11 @@ timeout -k 10 "$TRAIN_CAP_S" "$PY" -m kiln train "model.name=llama:$WORK/config.
   optim.lr=1e-3 "optim.warmup_steps=$WARMUP" optim.weight_decay=0.1 optim.betas=[0.9,0.95] \
   "checkpoint.interval=$CKPT" metrics.console=false metrics.tensorboard=auto "${TRAIN[@]}" \
   --run-dir "$RUN" > "$R/train.log" 2>&1
-echo "train exit $?"; tail -5 "$R/train.log"
+rc=$?
+# 124: the cap's SIGTERM came; the run may still have completed (the cap also counts start-up and teardown).
+status=$("$PY" -c "import json,sys; s=json.load(open(sys.argv[1])); print(s.get('status'), s.get('steps'), 'steps')" \
+  "$RUN/summary.json" 2>/dev/null || echo "no summary")
+echo "train exit $rc (run: $status)"; tail -5 "$R/train.log"
 cp "$RUN/metrics.jsonl" "$R/metrics.jsonl" 2>/dev/null
 "$PY" -m kiln report "$RUN" > /dev/null 2>&1 && cp "$RUN/report.md" "$R/report.md"
 
