@@ -70,6 +70,18 @@ def test_llm_chart_puts_decode_on_its_own_axis_with_values(tmp_path, figures, me
     assert " 0.1% of 9,000 tok/s" in _texts(roof) and " 0.2% of 9,000 tok/s" in _texts(roof)
 
 
+def test_llm_chart_shows_a_peer_that_reports_only_request_tok_s(tmp_path, figures):
+    rows = _llm_rows(False)
+    rows[1]["request_tok_s"] = 368.6
+    rows.append({"engine": "gpt-fast", "quant": None, "status": "ok", "request_tok_s": 261.6})
+    llm_report.plot(rows, tmp_path / "l.png", "t")
+    axes = figures[-1].axes
+    request = next(ax for ax in axes if ax.get_xlabel().startswith("request tokens/s"))
+    assert " 369" in _texts(request) and " 262" in _texts(request)
+    llm_report.plot(_llm_rows(False), tmp_path / "m.png", "t")  # no peer: no such panel
+    assert not any(ax.get_xlabel().startswith("request") for ax in figures[-1].axes)
+
+
 def test_llm_chart_without_rooflines_drops_that_panel(tmp_path, figures):
     rows = _llm_rows(False)
     for row in rows:

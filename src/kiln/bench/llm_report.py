@@ -100,7 +100,7 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> Path | None:
     """One panel per measured figure, each on its own axis with its values written on the bars:
     prefill tokens/s, decode tokens/s, decode as a share of each row's bandwidth roofline (a
     separate panel: tens of tokens/s against a roofline of thousands would vanish on one axis),
-    and peak memory. A figure no row has (memory on a CPU, a roofline without a bandwidth) has
+    request tokens/s where a peer reports only that, and peak memory. A figure no row has (memory on a CPU, a roofline without a bandwidth) has
     no panel."""
     plt = pyplot()
     if plt is None:
@@ -112,6 +112,10 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> Path | None:
     roof = [r["decode_tok_s"] / r["roofline_tok_s"] if r.get("decode_tok_s") and r.get("roofline_tok_s") else None
             for r in rows]
     mem = [(r["peak_mem_bytes"] / 2**30) if r.get("peak_mem_bytes") else None for r in rows]
+    # A peer that reports only new tokens over the whole request (gpt-fast) has no prefill or decode
+    # bar: that figure gets a panel of its own, with every row's value on the same basis.
+    request = [r.get("request_tok_s") for r in rows]
+    peer_only = any(v and not r.get("decode_tok_s") for r, v in zip(rows, request, strict=True))
 
     def roof_text(i: int) -> str:
         return f"{roof[i]:.1%} of {rows[i]['roofline_tok_s']:,.0f} tok/s"
@@ -120,6 +124,8 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> Path | None:
         ("prefill tokens/s", prefill, "#3b7dd8", lambda v: f"{v:,.0f}"),
         ("decode tokens/s", decode, "#2a9d5c", lambda v: f"{v:,.1f}" if v < 100 else f"{v:,.0f}"),
         ("decode, share of the bandwidth roofline", roof, "#7a5bd0", None),
+        ("request tokens/s (new tokens / whole request)", request if peer_only else [], "#4a9aa8",
+         lambda v: f"{v:,.1f}" if v < 100 else f"{v:,.0f}"),
         ("peak memory, GiB", mem, "#d88a3b", lambda v: f"{v:.2f}"),
     ]
     panels = [p for p in panels if any(v for v in p[1])]
