@@ -6,6 +6,8 @@ import importlib.util
 import json
 from pathlib import Path
 
+import torch
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -20,8 +22,12 @@ def test_crosscheck_imports_no_kiln_and_times_both_ways(tmp_path):
     source = (ROOT / "benchmarks" / "plain_crosscheck.py").read_text()
     assert "kiln" not in "".join(line for line in source.splitlines() if line.startswith(("import", "from")))
     crosscheck = _load("plain_crosscheck")
-    assert crosscheck.main(["--model", "mlp", "--mode", "none", "--clip", "0,1", "--steps", "2", "--warmup", "1",
-                            "--batch", "4", "--mlp-width", "16", "--mlp-depth", "1", "--out", str(tmp_path)]) == 0
+    precision = torch.get_float32_matmul_precision()  # the script sets TF32 as a user's script would
+    try:
+        assert crosscheck.main(["--model", "mlp", "--mode", "none", "--clip", "0,1", "--steps", "2", "--warmup", "1",
+                                "--batch", "4", "--mlp-width", "16", "--mlp-depth", "1", "--out", str(tmp_path)]) == 0
+    finally:  # process-wide torch state: later tests must not inherit it
+        torch.set_float32_matmul_precision(precision)
     result = json.loads((tmp_path / "crosscheck_mlp.json").read_text())
     assert [r["grad_clip"] for r in result["runs"]] == [0.0, 1.0]
     assert result["settings"]["schedule"] == "cosine" and result["settings"]["batch"] == 4
