@@ -239,11 +239,9 @@ class ConsoleSink(MetricsSink):
         if not self.enabled:
             return
         if self._progress is None:
-            try:
+            with contextlib.suppress(OSError, ValueError):  # a closed pipe: the run goes on
                 self.console.file.write(message + "\n")
                 self.console.file.flush()
-            except (OSError, ValueError):  # a closed pipe: the run goes on
-                pass
             return
         self._stop_ticking()
         self._progress.update(self._task, stats=message)

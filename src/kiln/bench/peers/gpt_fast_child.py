@@ -38,7 +38,7 @@ class _Tokenizer:
     """What gpt-fast's main asks of a tokenizer when the prompt is a token count."""
 
     def __init__(self, *_args) -> None:
-        pass
+        """gpt-fast passes the tokenizer file's path; a synthetic prompt needs no vocabulary."""
 
     def encode(self, text: str) -> list[int]:
         return list(text.encode())
