@@ -1,4 +1,4 @@
-"""README.md's figures against the committed results they come from (benchmarks/claims.toml).
+"""The figures README.md and docs/ state, against the committed results they come from (benchmarks/claims.toml).
 
 Each claim names the README text stating a figure and where the figure is read: a field of a row of
 a committed results.json (or a ratio of means of such fields, or a fraction of a datasheet figure).
@@ -70,13 +70,15 @@ def rounds_to(value: float, figure: str) -> bool:
     return abs(value - float(figure)) <= 0.5 * 10**-decimals + 1e-9
 
 
-README = _spaced((ROOT / "README.md").read_text())
+# The pages a reader meets: the front door and the guides it links to.
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+README = _spaced("\n".join(page.read_text() for page in PAGES))
 
 
 @pytest.mark.parametrize("claim", CLAIMS, ids=[f"{c['figure']}@{c['readme'][:40]}" for c in CLAIMS])
 def test_readme_figure_matches_its_results(claim):
     assert claim["figure"] in claim["readme"], "the figure is part of the README text"
-    assert _spaced(claim["readme"]) in README, f"README.md no longer says {claim['readme']!r}"
+    assert _spaced(claim["readme"]) in README, f"README.md and docs/ no longer say {claim['readme']!r}"
     value = claim_value(claim)
     assert rounds_to(value, claim["figure"]), f"{claim['readme']!r}: the results give {value:.6g}"
 

@@ -1,10 +1,10 @@
-"""Generate the README's configuration reference from the schema.
+"""Generate the configuration reference (docs/reference.md) from the schema.
 
 The tables come from the dataclasses (key, type, default), `CHOICES` and the string literal under
 each field in `schema.py` (Python keeps no runtime record of those, so they are read with `ast`).
 
     python -m kiln.config.reference                 # print the markdown
-    python -m kiln.config.reference --update README.md
+    python -m kiln.config.reference --update docs/reference.md
                                                     # rewrite the block between the markers
 """
 
