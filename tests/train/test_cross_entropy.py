@@ -129,3 +129,13 @@ def test_compiled_chunk_kernel_is_not_used_under_a_dispatch_mode(monkeypatch):
     assert cross_entropy._chunk_kernel(cuda) is not cross_entropy._chunk_loss_and_grad
     assert cross_entropy._chunk_kernel(torch.device("cpu")) is cross_entropy._chunk_loss_and_grad
     assert not cross_entropy._compiled.get("failed")
+
+
+def test_chunked_refuses_a_second_backward_instead_of_rescaling_its_gradients():
+    h, w, t = _case()
+    loss = ChunkedLinearCrossEntropy.apply(h, w, t, 8)
+    loss.backward(retain_graph=True)
+    first = h.grad.clone()
+    with pytest.raises(RuntimeError, match="one backward per forward"):
+        loss.backward()
+    torch.testing.assert_close(h.grad, first)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 
 import torch
-from torch.utils.checkpoint import checkpoint
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint
 
 MODES = ("none", "full", "selective")
 
@@ -33,8 +33,7 @@ def _saved_ops() -> frozenset:
 
 
 def _policy(ctx, op, *args, **kwargs):
-    from torch.utils.checkpoint import CheckpointPolicy
-
+    """Called for every op of a checkpointed block, in forward and in recompute: kept to a lookup."""
     return CheckpointPolicy.MUST_SAVE if op in _SAVED_OPS else CheckpointPolicy.PREFER_RECOMPUTE
 
 

@@ -143,14 +143,20 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
             if want_w:
                 torch.addmm(grad_w, grad.t(), hc, out=grad_w)  # addmm_ in effect; FLOP counters see addmm
         ctx.save_for_backward(grad_h, grad_w, count)
+        ctx.backward_done = False
         return total / count
 
     @staticmethod
     def backward(ctx, grad_out: Tensor):
+        if ctx.backward_done:  # the gradients below are scaled in place: a second backward would rescale them
+            raise RuntimeError("the chunked cross-entropy supports one backward per forward (no retain_graph reuse)")
+        ctx.backward_done = True
         grad_h, grad_w, count = ctx.saved_tensors
         scale = grad_out / count
-        return (None if grad_h is None else grad_h * scale.to(grad_h.dtype),
-                None if grad_w is None else grad_w * scale.to(grad_w.dtype), None, None)
+        # In place: a second [vocab x dim] (and [tokens x dim]) buffer at the peak of backward is
+        # what this kernel exists to avoid.
+        return (None if grad_h is None else grad_h.mul_(scale.to(grad_h.dtype)),
+                None if grad_w is None else grad_w.mul_(scale.to(grad_w.dtype)), None, None)
 
 
 def _compute_dtype(x: Tensor) -> torch.dtype:

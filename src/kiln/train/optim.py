@@ -144,11 +144,6 @@ def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, total_st
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, total_steps, cfg))
 
 
-def current_lr(optimizer: torch.optim.Optimizer) -> float:
-    lr = optimizer.param_groups[0]["lr"]
-    return float(lr.item() if isinstance(lr, torch.Tensor) else lr)
-
-
 def lr_snapshot(optimizer: torch.optim.Optimizer) -> float | torch.Tensor:
     """The LR the next optimizer step will use, taken before it (the step's scheduler update then
     sets the following step's). An LR held in a device tensor is copied on its device, queued
