@@ -46,8 +46,10 @@ class Activity:
             from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
             console = Console(file=self.out)
+            # One redraw a second (rich's default is 10): the refresh thread shares the interpreter
+            # with the steps being timed, and a host-bound step must not pay for the display.
             self._progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
-                                      console=console, transient=True)
+                                      console=console, transient=True, refresh_per_second=1)
             self._progress.start()
         return self
 

@@ -56,3 +56,35 @@ def test_a_point_past_its_timeout_is_stopped(tmp_path, monkeypatch):
     assert _running_with(str(run_dir)) == []
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "stopped" and summary["stopped_by"] == "SIGTERM"
+
+
+def test_run_bounded_stops_a_child_and_the_processes_it_started(tmp_path):
+    """A child that ignores SIGTERM and has started a process of its own: past the limit, both end."""
+    import sys
+
+    from kiln.distributed.launch import run_bounded
+
+    pid_file = tmp_path / "grandchild.pid"
+    script = (
+        "import signal, subprocess, sys, time\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+        f"open({str(pid_file)!r}, 'w').write(str(p.pid))\n"
+        "print('started', flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    code, out, _ = run_bounded([sys.executable, "-c", script], timeout_s=5.0, grace_s=1.0)
+    assert code is None and "started" in out
+    stat = Path(f"/proc/{int(pid_file.read_text())}/stat")
+    # Killed with the group: gone, or a zombie waiting to be reaped, never still running.
+    assert not stat.exists() or stat.read_text().split(")")[-1].split()[0] == "Z"
+
+
+def test_run_bounded_returns_the_output_of_a_child_that_ends():
+    import sys
+
+    from kiln.distributed.launch import run_bounded
+
+    code, out, err = run_bounded([sys.executable, "-c", "import sys; print('out'); print('err', file=sys.stderr); sys.exit(3)"],
+                                 timeout_s=60)
+    assert (code, out, err) == (3, "out\n", "err\n")

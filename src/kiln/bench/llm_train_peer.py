@@ -15,12 +15,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from kiln.distributed.launch import run_bounded
 
 FLAVOR = "kiln-bench"
 
@@ -179,13 +180,8 @@ def run(job: PeerJob, hf: dict[str, Any], overrides: list[str], timeout_s: float
     env = dict(os.environ, HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1",
                HF_DATASETS_CACHE=str(job.workdir / "hf_datasets_cache"))
     start = time.perf_counter()
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env, cwd=job.workdir)
-        code, text = proc.returncode, proc.stdout + proc.stderr
-    except subprocess.TimeoutExpired as exc:
-        code = None
-        text = "".join(p.decode(errors="replace") if isinstance(p, bytes) else (p or "")
-                       for p in (exc.stdout, exc.stderr))
+    code, out, err = run_bounded(cmd, timeout_s, env=env, cwd=job.workdir)  # its ranks too, past the limit
+    text = out + err
     wall = time.perf_counter() - start
     (job.workdir / "torchtitan.log").write_text(text, encoding="utf-8")
     info_path = job.workdir / "info.json"

@@ -151,6 +151,25 @@ def _stop(proc: subprocess.Popen, grace_s: float = 45.0) -> None:
         proc.wait()
 
 
+def run_bounded(argv: list[str], timeout_s: float, *, env: dict[str, str] | None = None,
+                cwd: Path | None = None, grace_s: float = 45.0) -> tuple[int | None, str, str]:
+    """(exit code or None when it ran past `timeout_s`, stdout, stderr) of a child that may start
+    processes of its own (torchrun's ranks, a compile worker pool). The child gets a session of its
+    own and, past its time, is stopped as `_stop` stops torchrun, its whole group killed if need be:
+    `subprocess.run(timeout=)` kills only the child, and a rank left running holds the GPU while
+    the next measurement runs."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(argv, stdout=out, stderr=err, text=True, env=env, cwd=cwd, start_new_session=True)
+        try:
+            code: int | None = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            _stop(proc, grace_s=grace_s)
+            code = None
+        out.seek(0)
+        err.seek(0)
+        return code, out.read(), err.read()
+
+
 def launch_kiln(spec: LaunchSpec, kiln_args: list[str], *, timeout_s: float | None = None,
                 log_path: Path | None = None, env: dict[str, str] | None = None) -> int:
     """Run `kiln KILN_ARGS...` on every rank through torchrun; 0, or 1 for any failure of the ranks,

@@ -238,13 +238,10 @@ class Prepared:
 
 
 def _child(cmd: list[str], timeout_s: float) -> tuple[int | None, str, str]:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
-    except subprocess.TimeoutExpired as exc:
-        out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
-        return None, out, f"timed out after {timeout_s:.0f} s"
-    return done.returncode, done.stdout, done.stderr
+    from kiln.distributed.launch import run_bounded
+
+    code, out, err = run_bounded(cmd, timeout_s, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    return code, out, err if code is not None else f"timed out after {timeout_s:.0f} s"
 
 
 def prepare(model, checkout: Path, *, quants: tuple[str, ...], group_size: int, timeout_s: float, log=print,
