@@ -19,9 +19,7 @@ embedding table not: kiln.bench.llm_train_bench.flops_params) + 12 x layers x hi
 
 from __future__ import annotations
 
-import math
 import shlex
-import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +28,7 @@ from typing import Any
 import torch
 
 from kiln.bench.llm_train_plain import Hyper
+from kiln.bench.timing import Timing
 
 ROW_KINDS = ("kiln", "plain", "torchtitan")
 KILN_RECIPES: dict[str, list[str]] = {
@@ -97,19 +96,21 @@ def flops_per_token(hf: dict[str, Any], seq_len: int) -> int:
     return 6 * flops_params(hf) + 12 * int(hf["num_hidden_layers"]) * int(hf["hidden_size"]) * seq_len
 
 
-def spec_peak(device: torch.device) -> tuple[float | None, str]:
-    """The GPU's datasheet dense bf16 peak (kiln's table) and where it came from."""
+def spec_peak(device: torch.device, precision: str) -> tuple[float | None, str]:
+    """The GPU's datasheet dense peak at the rows' precision (kiln's table; fp32 on TF32, as kiln
+    trains by default) and where it came from."""
     from kiln.monitor.flops import peak_flops_for_name
 
     if device.type != "cuda":
         return None, "cpu: no datasheet peak"
-    return peak_flops_for_name(torch.cuda.get_device_name(device), "bf16-mixed")
+    return peak_flops_for_name(torch.cuda.get_device_name(device), precision, tf32=True)
 
 
-def matmul_peak(device: torch.device) -> float:
-    from kiln.bench.ceilings import measure_matmul_flops
+def matmul_peak(device: torch.device, precision: str) -> float:
+    """The best matmul FLOP/s measured here at the rows' matrix-unit dtype (several sizes)."""
+    from kiln.bench.ceilings import matmul_dtype, measure_best_matmul
 
-    return measure_matmul_flops(device, torch.bfloat16 if device.type == "cuda" else torch.float32)
+    return measure_best_matmul(device, matmul_dtype(precision, True))[0]
 
 
 def base_overrides(opts: TrainLlmOptions, model_name: str, tokens_path: Path, device: torch.device) -> list[str]:
@@ -130,11 +131,11 @@ def figures(row: dict[str, Any], step_s: list[float], warmup: int, tokens_per_st
     timed = step_s[max(0, warmup - 1):] or step_s
     if not timed:
         return
-    ordered = sorted(timed)
-    median = statistics.median(ordered)
+    timing = Timing(tuple(timed))  # kiln's one definition of median and p10/p90
+    median = timing.median_s
     flops = fpt * tokens_per_step / median
-    row.update(step_ms=median * 1e3, step_ms_p10=ordered[int(0.1 * (len(ordered) - 1))] * 1e3,
-               step_ms_p90=ordered[math.ceil(0.9 * (len(ordered) - 1))] * 1e3, timed_steps=len(timed),
+    row.update(step_ms=median * 1e3, step_ms_p10=timing.quantile_s(0.1) * 1e3,
+               step_ms_p90=timing.quantile_s(0.9) * 1e3, timed_steps=len(timed),
                tokens_per_s=tokens_per_step / median, tflops=flops / 1e12,
                mfu_spec=flops / spec if spec else None, mfu_matmul=flops / matmul if matmul else None)
 

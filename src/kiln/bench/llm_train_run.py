@@ -102,8 +102,8 @@ def run(opts: tb.TrainLlmOptions, out: Path, log: Callable[[str], None] = print,
     start = time.monotonic()
     device = resolve_device(opts.device)
     data_dir = (opts.data_dir or out / "data").resolve()  # the peer runs in its own directory
-    spec_flops, spec_source = tb.spec_peak(device)
-    matmul = tb.matmul_peak(device)
+    spec_flops, spec_source = tb.spec_peak(device, opts.precision)
+    matmul = tb.matmul_peak(device, opts.precision)
     log(f"matmul peak {matmul / 1e12:.1f} TFLOP/s; spec {spec_source}")
     vocab = _vocab(opts.hf)
     corpus = data.build_corpus(data_dir / "corpus", vocab, seed=opts.seed,
@@ -146,7 +146,7 @@ def run(opts: tb.TrainLlmOptions, out: Path, log: Callable[[str], None] = print,
             ctx.update(elapsed_s=time.monotonic() - start, vocab=vocab, corpus_tokens=corpus.n_tokens,
                        corpus_documents=corpus.documents)
             progress(results, ctx)
-    matmul_end = tb.matmul_peak(device)
+    matmul_end = tb.matmul_peak(device, opts.precision)
     tb.compare(results, opts.baseline, opts.loss_tol)
     ctx.update(matmul_end=matmul_end, elapsed_s=time.monotonic() - start, vocab=vocab, corpus_tokens=corpus.n_tokens,
                corpus_documents=corpus.documents)
