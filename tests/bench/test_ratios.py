@@ -119,3 +119,12 @@ def test_an_eager_baseline_reads_1x_even_when_noisy():
     rows = [_row(mode="eager", ms=47.9, p10=8.0, p90=685.0, eager=47.9, ep10=8.0, ep90=685.0)]
     flat = " ".join(_table_text(rows, 220).split())
     assert "1.00x" in flat and "~1.0x?" not in flat and "too wide to rank" in flat
+
+
+@pytest.mark.parametrize(("key", "ceiling"), [("roofline_frac", "measured read bandwidth"),
+                                              ("roofline_spec_frac", "datasheet bandwidth"),
+                                              ("spec_peak_frac", "datasheet matmul peak")])
+def test_every_ceiling_fraction_a_row_carries_is_checked(key, ceiling):
+    row = ratios.annotate(_row(ms=10.0, p10=9.9, p90=10.1, **{key: 1.05}))
+    assert row["noisy"] and f"105% of the {ceiling}: above the ceiling" in row["flags"]
+    assert not ratios.annotate(_row(ms=10.0, p10=9.9, p90=10.1, **{key: 0.95}))["noisy"]

@@ -39,6 +39,14 @@ def drift(a: float | None, b: float | None) -> float | None:
     return abs(a - b) / min(a, b)
 
 
+CEILING_FRACTIONS = (
+    ("peak_frac", "matmul peak"), ("spec_peak_frac", "datasheet matmul peak"),
+    ("prefill_peak_frac", "matmul peak"), ("prefill_spec_frac", "datasheet matmul peak"),
+    ("roofline_frac", "measured read bandwidth"), ("roofline_copy_frac", "measured copy bandwidth"),
+    ("roofline_spec_frac", "datasheet bandwidth"),
+)
+
+
 def ratio_flags(row: dict[str, Any]) -> list[str]:
     """Why a row's ratios must not be read as a ranking: its own or its eager reference's samples
     scatter more than NOISY_SPREAD, or a fraction of a ceiling is above 1. Empty for a sound row."""
@@ -52,8 +60,9 @@ def ratio_flags(row: dict[str, Any]) -> list[str]:
         if width is not None and width > NOISY_SPREAD:
             flags.append(f"noisy {name}: p10-p90 {p10:.4g}-{p90:.4g} ms is {width:.0%} of its median "
                          f"{median:.4g} ms (limit {NOISY_SPREAD:.0%}): too wide to rank, rerun on a quieter machine")
-    for key, ceiling in (("peak_frac", "matmul peak"), ("bandwidth_frac", "memory bandwidth"),
-                         ("prefill_peak_frac", "matmul peak"), ("decode_bandwidth_frac", "memory bandwidth")):
+    # The ceiling fractions kiln's rows carry (compile rows: FLOP/s; llm rows: prefill FLOP/s and
+    # decode bytes/s), each against a measured ceiling and against the datasheet.
+    for key, ceiling in CEILING_FRACTIONS:
         value = row.get(key)
         if isinstance(value, (int, float)) and value > 1.0:
             flags.append(f"{value:.0%} of the {ceiling}: above the ceiling, so a measurement problem "
