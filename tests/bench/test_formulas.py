@@ -8,6 +8,8 @@ roofline fractions, decode-vs-HF, prefill MFU) and the datasheet lookup.
 
 from __future__ import annotations
 
+import math
+import struct
 from types import SimpleNamespace
 
 import pytest
@@ -80,10 +82,14 @@ def test_ceilings_count_bytes_and_flops_exactly(monkeypatch):
 
 
 def test_the_read_kernels_read_the_buffer():
-    buf = torch.arange(64, dtype=torch.uint8)
+    raw = bytes(range(64))
+    buf = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
     kernels = ceilings._read_kernels(buf)
-    assert float(kernels["sum_fp32"]()) == float(buf.view(torch.float32).sum())
-    assert int(kernels["amax_int64"]()) == int(buf.view(torch.int64).max())
+    # Known answers worked out from the bytes themselves, not by the same torch call: the largest
+    # little-endian 8-byte word is the last one, and the 16 floats summed in float64.
+    assert int(kernels["amax_int64"]()) == int.from_bytes(raw[56:], "little")
+    floats = struct.unpack("<16f", raw)
+    assert float(kernels["sum_fp32"]()) == pytest.approx(math.fsum(floats), rel=1e-6)
 
 
 def _ceil(**kw) -> Ceilings:
