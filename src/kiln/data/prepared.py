@@ -22,13 +22,14 @@ from typing import Any
 import numpy as np
 
 from kiln.config.errors import ConfigError
+from kiln.data.files import TOKEN_DTYPES
 
 FORMAT = "kiln-tokens"
 VERSION = 1
 META_FILE = "meta.json"
 TRAIN_FILE, VAL_FILE = "train.bin", "val.bin"
 TOKENIZER_DIR = "tokenizer"
-DTYPES = ("uint16", "uint32")
+DTYPES = tuple(TOKEN_DTYPES)  # the token file element types kiln.data.files reads
 DTYPE_CHOICES = ("auto", *DTYPES)
 
 

@@ -21,7 +21,6 @@ from kiln.llm.presets import PRESETS
 
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 ROPE_TYPES = ("default", "linear", "llama3")
-SPEC_FORMS = (*PRESETS, "path/to/config.json", "path/to/model_dir")
 # transformers' defaults (its LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config) for the fields a
 # config.json may leave out; a field absent from here and from the file is refused. An explicit
 # `null` is not "absent": null key/value heads means as many as query heads, as in transformers.
@@ -105,7 +104,11 @@ class DecoderConfig:
 
 
 def _int(raw: dict[str, Any], name: str, key: str, default: int | None = None) -> int:
-    value = raw.get(name, default)
+    return _positive(raw.get(name, default), name, key)
+
+
+def _positive(value: Any, name: str, key: str) -> int:
+    """`value` of config field `name`, which must be a positive integer."""
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ConfigError(key, f"config field {name!r} must be a positive integer, got {value!r}")
     return value
@@ -174,8 +177,7 @@ def config_from_dict(raw: dict[str, Any], key: str = "--model") -> DecoderConfig
     dim = _int(raw, "hidden_size", key)
     n_heads = _int(raw, "num_attention_heads", key)
     n_kv_heads = _field(raw, family, "num_key_value_heads")
-    n_kv_heads = _int({"num_key_value_heads": n_heads if n_kv_heads is None else n_kv_heads},
-                      "num_key_value_heads", key)
+    n_kv_heads = _positive(n_heads if n_kv_heads is None else n_kv_heads, "num_key_value_heads", key)
     if n_heads % n_kv_heads:
         raise ConfigError(key, f"num_attention_heads {n_heads} is not a multiple of num_key_value_heads {n_kv_heads}"
                           + ("" if "num_key_value_heads" in raw else
@@ -186,7 +188,7 @@ def config_from_dict(raw: dict[str, Any], key: str = "--model") -> DecoderConfig
             raise ConfigError(key, f"head_dim is null, which {family} models cannot run with")
         head_dim = dim // n_heads
     n_layers = _int(raw, "num_hidden_layers", key)
-    max_positions = _int({"m": _field(raw, family, "max_position_embeddings")}, "m", key)
+    max_positions = _positive(_field(raw, family, "max_position_embeddings"), "max_position_embeddings", key)
     eos = _field(raw, family, "eos_token_id")
     eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
     if family == "qwen2":  # Qwen2 has q/k/v biases and no output bias, whatever the config says

@@ -18,6 +18,7 @@ import torch.nn as nn
 
 from kiln.config.errors import ConfigError
 from kiln.llm.presets import PRESETS as LLM_PRESETS
+from kiln.llm.weights import has_weights
 from kiln.models.blocks import find_repeated_blocks
 from kiln.models.spec import BuiltModel, InputSpec
 
@@ -172,7 +173,7 @@ def build_hf(spec: str, kwargs: dict[str, Any], name: str) -> BuiltModel:
     # as bf16 (its from_pretrained default is dtype="auto").
     dtype = dtype_kwarg(transformers, torch.float32)
     # "sdpa": torch's fused attention kernels, which torch.compile handles without graph breaks.
-    if weights_dir is not None and not any(Path(weights_dir).glob("*.safetensors")):
+    if weights_dir is not None and not has_weights(Path(weights_dir)):
         # pytorch_model.bin is a pickle: loading it could run code from the model dir.
         raise ConfigError("model.name", f"{weights_dir} has pytorch_model.bin but no *.safetensors: kiln loads "
                           "safetensors only, which never unpickle code (convert it with safetensors' convert tool)")
