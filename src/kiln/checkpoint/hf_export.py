@@ -24,14 +24,13 @@ import torch
 from kiln.checkpoint.export import find_checkpoint, load_model_weights
 from kiln.checkpoint.layout import read_marker
 from kiln.config.errors import ConfigError
+from kiln.data.tokenizers_io import TOKENIZER_FILES  # the one list of what a tokenizer dir holds
 
 MODEL_DIR = "model"
 """Under the run dir: the model's config.json and the tokenizer files of its data."""
 TOKENIZER_META = "meta.json"
 # The files of a Hugging Face tokenizer (fast and slow formats); only these are copied, so a
 # tokenizer directory that also holds data never drags it along.
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
-                   "tokenizer.model", "vocab.json", "merges.txt", "vocab.txt", "chat_template.jinja")
 # A path ending like a single weights file is a mistake for a directory.
 FILE_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".pkl")
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
