@@ -62,17 +62,16 @@ def build_llama(spec: str, kwargs: dict[str, Any], name: str, device: torch.devi
     weights are drawn on that device: on a GPU in milliseconds, where the host takes tens of
     seconds for a few billion parameters."""
     from kiln.llm.model import Decoder
-    from kiln.llm.weights import has_weights, init_random, load_safetensors_dir
+    from kiln.llm.weights import empty_decoder, has_weights, init_random, load_safetensors_dir
 
     source = llama_source(spec, kwargs)
     config = source.config
     target = torch.device(device) if device is not None else torch.get_default_device()
-    with torch.device("meta"):
-        model = Decoder(config)
-    if target.type != "meta":
-        model = model.to_empty(device=target)
-        if config.tie_embeddings:  # to_empty keeps the tie (one Parameter); make it explicit
-            model.lm_head.weight = model.embed.weight
+    if target.type == "meta":
+        with torch.device("meta"):
+            model = Decoder(config)
+    else:  # the decoder the generation engine builds, then made trainable
+        model = empty_decoder(config, device=target, dtype=torch.float32).requires_grad_(True)
         if has_weights(source.directory):
             load_safetensors_dir(model, source.directory, key="model.name")
         else:
