@@ -171,3 +171,15 @@ def test_a_leftover_part_directory_is_refused_not_removed(tmp_path, capsys):
     assert main(["export", str(run_dir), "--out", str(tmp_path / "hf")]) == 2
     assert "hf.part exists" in capsys.readouterr().err
     assert (part / "mine.txt").read_text() == "keep" and not (tmp_path / "hf").exists()
+
+
+def test_force_replaces_an_existing_export_directory_whole(tmp_path, capsys):
+    run_dir = _run(tmp_path, "forced", "model.name=llama:llama-tiny", "data.synthetic_samples=16")
+    out = tmp_path / "hf"
+    out.mkdir()
+    (out / "stale.txt").write_text("another export's file")
+    assert main(["export", str(run_dir), "--out", str(out)]) == 2  # refused without --force, untouched
+    assert (out / "stale.txt").is_file()
+    assert main(["export", str(run_dir), "--out", str(out), "--force"]) == 0
+    assert (out / "config.json").is_file() and not (out / "stale.txt").exists()
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("hf")) == ["hf"]  # no .part, no old copy

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -99,8 +100,9 @@ def _with_dtype(config: dict[str, Any], tensors: dict[str, torch.Tensor]) -> dic
     return config
 
 
-def export_hf_dir(run_dir: Path, out: Path, *, checkpoint: Path | None = None) -> dict[str, Any]:
-    """Write RUN_DIR's newest complete checkpoint (or `checkpoint`) as an HF model directory `out`."""
+def export_hf_dir(run_dir: Path, out: Path, *, checkpoint: Path | None = None, replace: bool = False) -> dict[str, Any]:
+    """Write RUN_DIR's newest complete checkpoint (or `checkpoint`) as an HF model directory `out`.
+    An existing `out` is refused, or with `replace` swapped out only once the new one is complete."""
     try:
         from safetensors.torch import save_file
     except ImportError:
@@ -110,7 +112,7 @@ def export_hf_dir(run_dir: Path, out: Path, *, checkpoint: Path | None = None) -
     if out.suffix in FILE_SUFFIXES:
         raise ConfigError("--out", f"{out}: must end in .safetensors (one file) or name a directory (a Hugging "
                           "Face model directory)")
-    if out.exists():
+    if out.exists() and not replace:
         raise ConfigError("--out", f"{out}: already exists; name a new directory")
     if part.exists():  # never removed here: it may hold something of the user's
         raise ConfigError("--out", f"{part} exists (an export that stopped half-way?); remove it or choose "
@@ -138,7 +140,13 @@ def export_hf_dir(run_dir: Path, out: Path, *, checkpoint: Path | None = None) -
             (part / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n", encoding="utf-8")
         for name in extra_files:  # the tokenizer's files
             shutil.copyfile(files / name, part / name)
-        os.replace(part, out)  # a reader never sees half a directory
+        if out.exists():  # replace: the old export leaves only now, by renames on one filesystem
+            old = Path(tempfile.mkdtemp(prefix=out.name + ".old-", dir=out.parent))
+            os.replace(out, old / out.name)
+            os.replace(part, out)
+            shutil.rmtree(old)
+        else:
+            os.replace(part, out)  # a reader never sees half a directory
     except BaseException:
         shutil.rmtree(part, ignore_errors=True)  # ours: created above
         raise

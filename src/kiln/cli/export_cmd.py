@@ -6,8 +6,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 from kiln.cli.main import add_verbose_flag
@@ -55,24 +53,9 @@ def respect_umask(out: Path) -> None:
         os.chmod(path, 0o666 & ~umask)
 
 
-def _export_dir(run_dir: Path, out: Path, *, checkpoint: Path | None, replace: bool) -> dict:
-    """An HF directory at `out`; with `replace`, an existing `out` is swapped out only after the new
-    export is complete (written beside it), so a failed export leaves the old one in place."""
-    from kiln.checkpoint.hf_export import export_hf_dir
-
-    if not (replace and out.exists()):
-        return export_hf_dir(run_dir, out, checkpoint=checkpoint)
-    fresh = out.with_name(out.name + ".new")
-    summary = export_hf_dir(run_dir, fresh, checkpoint=checkpoint)
-    old = Path(tempfile.mkdtemp(prefix=out.name + ".old-", dir=out.parent))
-    os.replace(out, old / out.name)  # same filesystem: a rename, then the new one takes its place
-    os.replace(fresh, out)
-    shutil.rmtree(old)
-    return {**summary, "out": str(out)}
-
-
 def run(args: argparse.Namespace) -> int:
     from kiln.checkpoint.export import export_safetensors
+    from kiln.checkpoint.hf_export import export_hf_dir
 
     args.output_dir = args.out.parent  # a failure's error.log goes next to the file it was writing
     refuse_existing(args.out, force=args.force)  # before any work: nothing already there is lost
@@ -80,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     if args.out.suffix == ".safetensors":
         summary = export_safetensors(args.run_dir, args.out, checkpoint=args.checkpoint)
     else:
-        summary = _export_dir(args.run_dir, args.out, checkpoint=args.checkpoint, replace=args.force)
+        summary = export_hf_dir(args.run_dir, args.out, checkpoint=args.checkpoint, replace=args.force)
     respect_umask(args.out)
     if args.json:
         print(json.dumps(summary, indent=2))
