@@ -88,3 +88,21 @@ def test_a_failed_read_is_reported_in_kiln_words(tmp_path):
     data.write_bytes(b"\0" * data.stat().st_size)
     with pytest.raises(CheckpointReadError, match=f"reading checkpoint {path} failed"):
         ck.load(path, AppState(model, torch.optim.SGD(model.parameters(), lr=0.1)))
+
+
+def test_a_sizes_only_check_reads_no_data_and_is_not_remembered_as_verified(tmp_path):
+    """hashes=False (a message about a checkpoint just written) sees a same-size change only when a
+    later full check, the one before a load, reads the bytes; it must not cache its lighter answer."""
+    from kiln.checkpoint.layout import MARKER, content_problem, file_digest
+
+    ckpt = tmp_path / "step_00000001"
+    ckpt.mkdir()
+    data = ckpt / "__0_0.distcp"
+    data.write_bytes(b"abcdefgh")
+    marker = {"files": {data.name: {"bytes": 8, "sha256": file_digest(data)}}}
+    (ckpt / MARKER).write_text("{}")
+    data.write_bytes(b"abc")
+    assert "truncated" in content_problem(ckpt, marker, hashes=False)  # sizes are still checked
+    data.write_bytes(b"abcdefgX")  # same size, other bytes
+    assert content_problem(ckpt, marker, hashes=False) is None
+    assert "does not match its checksum" in content_problem(ckpt, marker)

@@ -55,10 +55,11 @@ def content_manifest(path: Path) -> dict[str, dict[str, Any]]:
             for f in sorted(path.rglob("*")) if f.is_file() and f.name != MARKER and not f.name.endswith(".part")}
 
 
-def content_problem(path: Path, marker: dict[str, Any]) -> str | None:
+def content_problem(path: Path, marker: dict[str, Any], *, hashes: bool = True) -> str | None:
     """Why the files of `path` are not the ones its marker lists (missing, resized, other
     bytes), or None. Checkpoints written before checksums existed (format 1) are not checked.
-    A result is remembered per marker, so resolving and then loading reads the files once."""
+    A result is remembered per marker, so resolving and then loading reads the files once. With
+    `hashes` False only presence and sizes are checked (no file is read)."""
     files = marker.get("files")
     if not isinstance(files, dict):
         return None
@@ -69,6 +70,7 @@ def content_problem(path: Path, marker: dict[str, Any]) -> str | None:
     cache_key = (str((path / MARKER).resolve()), stat.st_mtime_ns, stat.st_size)
     if cache_key in _verified:
         return _verified[cache_key]
+    cache_key = cache_key if hashes else None
     problem = None
     for rel, expected in sorted(files.items()):
         file = path / rel
@@ -78,18 +80,21 @@ def content_problem(path: Path, marker: dict[str, Any]) -> str | None:
                 problem = f"data file {rel} is truncated ({size} < {expected['bytes']} bytes)"
             elif size != expected.get("bytes"):
                 problem = f"data file {rel} is {size} bytes, {expected.get('bytes')} when saved"
-            elif file_digest(file) != expected.get("sha256"):
+            elif hashes and file_digest(file) != expected.get("sha256"):
                 problem = f"data file {rel} does not match its checksum (its bytes changed after the save: corrupt)"
         except OSError as exc:
             problem = f"data file {rel} cannot be read ({exc.strerror or exc})"
         if problem:
             break
-    _verified[cache_key] = problem
+    if cache_key is not None:
+        _verified[cache_key] = problem
     return problem
 
 
-def checkpoint_problem(path: Path) -> str | None:
-    """Why `path` is not a complete kiln checkpoint, or None when it is."""
+def checkpoint_problem(path: Path, *, hashes: bool = True) -> str | None:
+    """Why `path` is not a complete kiln checkpoint, or None when it is. `hashes=False` skips reading
+    the data files for their checksums (sizes are still checked): for a message about a checkpoint
+    this process's ranks have just written, not for one about to be loaded."""
     if not path.is_dir():
         return "not a directory"
     if path.name.endswith(".tmp"):
@@ -100,7 +105,7 @@ def checkpoint_problem(path: Path) -> str | None:
     match = STEP_DIR.match(path.name)
     if match and marker.get("step") != int(match.group(1)):
         return f"marker says step {marker.get('step')}, directory says {int(match.group(1))}"
-    problem = content_problem(path, marker)
+    problem = content_problem(path, marker, hashes=hashes)
     if problem is not None:
         return problem
     try:

@@ -99,12 +99,13 @@ def remove_partial(root: Path) -> list[Path]:
     return removed
 
 
-def newest_intact(root: Path) -> Path | None:
-    """Newest complete checkpoint under `root`, fully checked, without logging what it skips (the
-    failure message names what was kept; warnings about skipped ones would only add noise)."""
+def newest_intact(root: Path, *, hashes: bool = True) -> Path | None:
+    """Newest complete checkpoint under `root`, fully checked (without checksums when `hashes` is
+    False), without logging what it skips (the failure message names what was kept; warnings
+    about skipped ones would only add noise)."""
     from kiln.checkpoint.layout import checkpoint_problem, complete_checkpoints
 
     for path in reversed(complete_checkpoints(root)):
-        if checkpoint_problem(path) is None:
+        if checkpoint_problem(path, hashes=hashes) is None:
             return path
     return None

@@ -147,7 +147,8 @@ def stopped_line(signal_name: str, summary: dict | None, run_dir, command: str, 
 
     if saved and summary is not None and summary.get("status") != "stopped":  # it came as the run ended
         return f"kiln: {signal_name} arrived as the run ended; nothing to continue"
-    newest = newest_intact(run_dir / "checkpoints")
+    # The ranks have just written it (and checksummed it): sizes, not a second read of every byte.
+    newest = newest_intact(run_dir / "checkpoints", hashes=False)
     if saved and newest is not None:
         return (f"kiln: stopped by {signal_name}: every rank saved its part of checkpoint {newest}; "
                 f"the same command continues the run, as does: {command}")
