@@ -74,6 +74,7 @@ def _launch_locked(args: argparse.Namespace, cfg, spec, run_dir, lock) -> int:
     from kiln.distributed.failures import first_failure
     from kiln.distributed.launch import launch, launcher_flags, uses_gpu
     from kiln.failure import RunFailed
+    from kiln.monitor.summary import read_summary
     from kiln.train.failure import group_report, resume_command
     from kiln.train.preflight import preflight
     from kiln.train.rundir import LOCK_ENV
@@ -95,7 +96,7 @@ def _launch_locked(args: argparse.Namespace, cfg, spec, run_dir, lock) -> int:
     result = launch(spec, run_dir, passthrough, env)
     resume = resume_command(run_dir, launcher_flags(spec))
     if result.code == 0:
-        summary = _read_summary(run_dir)
+        summary = read_summary(run_dir)
         print(summary_line(summary, run_dir) if summary else f"kiln: completed; run dir {run_dir}")
         if result.stopped_by is not None:
             print(stopped_line(result.stopped_by, summary, run_dir, resume))
@@ -108,16 +109,6 @@ def _launch_locked(args: argparse.Namespace, cfg, spec, run_dir, lock) -> int:
     # The ranks said one line each at most; name the first failure, what was kept, what to do.
     raise RunFailed(group_report(run_dir, first_failure(result.failures), result.failures, launcher_flags(spec),
                                  owner=lock is not None))
-
-
-def _read_summary(run_dir) -> dict | None:
-    """Rank 0's summary.json (None on another node, or if it is missing or unreadable)."""
-    import json
-
-    try:
-        return json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
 
 
 def summary_line(summary: dict, run_dir) -> str:

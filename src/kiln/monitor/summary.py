@@ -117,3 +117,13 @@ class StepStats:
             return None if v is None else v * 1e3
 
         return {"step_ms_median": ms(self.median()), "step_ms_p10": ms(self.p10()), "step_ms_p90": ms(self.p90())}
+
+
+def read_summary(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """RUN_DIR/summary.json as written by `write_summary`, or None when it is missing, unreadable or
+    not a JSON object (a run dir is read as untrusted input: no error, just no summary)."""
+    try:
+        data = json.loads((Path(run_dir) / "summary.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None

@@ -37,6 +37,7 @@ from typing import Any
 
 from kiln.config.errors import ConfigError
 from kiln.config.identity import differences, identity
+from kiln.monitor.summary import read_summary
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -71,8 +72,7 @@ def inspect_run_dir(path: Path) -> RunDirState:
     saved = status = None
     with contextlib.suppress(OSError, ValueError):  # unreadable: treated as absent, and said so
         saved = identity(tomllib.loads((path / "config.toml").read_text(encoding="utf-8")))
-    with contextlib.suppress(OSError, ValueError, AttributeError):
-        status = json.loads((path / "summary.json").read_text()).get("status")
+    status = (read_summary(path) or {}).get("status")
     return RunDirState(path, held, saved, status)
 
 
@@ -240,9 +240,7 @@ def checkpoint_step(path: Path) -> int:
 
 def already_complete_summary(path: Path, checkpoint: Path) -> dict[str, Any]:
     """The summary of a run whose newest checkpoint is its last step: what it wrote, untouched."""
-    summary: dict[str, Any] = {}
-    with contextlib.suppress(OSError, ValueError):
-        summary = json.loads((Path(path) / "summary.json").read_text())
+    summary: dict[str, Any] = read_summary(path) or {}
     summary.update(already_complete=True, run_dir=str(path), checkpoint=str(checkpoint))
     summary.setdefault("steps", checkpoint_step(checkpoint))
     summary.setdefault("status", "completed")

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kiln.monitor.summary import read_summary
+
 
 @dataclass
 class RunHistory:
@@ -27,14 +29,6 @@ class RunHistory:
     """The earlier segments, oldest first."""
     first_loss: float | None = None
     """The run's first loss (its step 1), if an earlier segment logged it."""
-
-
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 def _first_record_loss(metrics: Path) -> float | None:
@@ -49,7 +43,7 @@ def _first_record_loss(metrics: Path) -> float | None:
 
 def read_history(run_dir: Path, resume_step: int) -> RunHistory:
     """The segments before one that resumes from a checkpoint of step `resume_step` in `run_dir`."""
-    prior = _read_json(run_dir / "summary.json")
+    prior = read_summary(run_dir)
     segments: list[dict[str, Any]] = []
     first_loss = None
     if prior is not None and not prior.get("already_complete"):
