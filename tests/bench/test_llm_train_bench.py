@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from kiln.bench import formulas
 from kiln.bench import llm_train_bench as tb
 from kiln.llm.presets import PRESETS
 
@@ -13,20 +14,20 @@ def test_flops_per_token_is_six_params_with_lm_head_plus_attention_term():
     hf = PRESETS["llama-3.2-1b"]
     # Llama-3.2-1B has 1,235,814,400 parameters with tied embeddings: with the LM head counted and the
     # embedding table not, exactly those (the table is the LM head).
-    assert tb.flops_params(hf) == 1_235_814_400
-    assert tb.flops_per_token(hf, 2048) == 6 * 1_235_814_400 + 12 * 16 * 2048 * 2048
+    assert formulas.flops_params(hf) == 1_235_814_400
+    assert formulas.flops_per_token(hf, 2048) == 6 * 1_235_814_400 + 12 * 16 * 2048 * 2048
     # Untying adds parameters (a separate embedding table) but no multiplications.
-    assert tb.flops_params({**hf, "tie_word_embeddings": False}) == 1_235_814_400
+    assert formulas.flops_params({**hf, "tie_word_embeddings": False}) == 1_235_814_400
     hf3 = PRESETS["llama-3.2-3b"]
-    assert tb.flops_params(hf3) == 3_212_749_824
-    assert tb.flops_per_token(hf3, 8192) == 6 * 3_212_749_824 + 12 * 28 * 3072 * 8192
+    assert formulas.flops_params(hf3) == 3_212_749_824
+    assert formulas.flops_per_token(hf3, 8192) == 6 * 3_212_749_824 + 12 * 28 * 3072 * 8192
 
 
 def test_flops_params_counts_each_projection_norm_and_the_head():
     hf = {"hidden_size": 8, "num_hidden_layers": 2, "intermediate_size": 16, "vocab_size": 10,
           "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 4}
     per_layer = 8 * 8 + 2 * 8 * 4 + 8 * 8 + 3 * 8 * 16 + 2 * 8  # q, k and v, o, gate/up/down, two norms
-    assert tb.flops_params(hf) == 2 * per_layer + 8 + 10 * 8  # final norm, LM head
+    assert formulas.flops_params(hf) == 2 * per_layer + 8 + 10 * 8  # final norm, LM head
 
 
 def test_figures_take_the_median_after_warmup_and_both_mfus():

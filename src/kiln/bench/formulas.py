@@ -6,6 +6,8 @@ figure cannot be formed (a zero or missing denominator) instead of raising or di
 
 from __future__ import annotations
 
+from typing import Any
+
 
 def ratio(num: float | None, den: float | None) -> float | None:
     """num / den, or None when either is missing or den is not positive."""
@@ -66,3 +68,23 @@ def roofline_tok_s(bytes_per_s: float | None, weight_bytes: int, batch: int) -> 
 def speedup(base_s: float | None, mine_s: float | None) -> float | None:
     """How many times faster `mine` is than `base` (base time over mine)."""
     return ratio(base_s, mine_s)
+
+
+def flops_params(hf: dict[str, Any]) -> int:
+    """The parameters counted in 6 x N: the model's, with the LM head and without the embedding
+    table (a lookup multiplies nothing), so the tied and the untied shape count the same and a tied
+    Llama counts its published parameter count (Llama-3.2-1B: 1,235,814,400)."""
+    h, layers, inter, vocab = (int(hf[k]) for k in ("hidden_size", "num_hidden_layers", "intermediate_size",
+                                                     "vocab_size"))
+    heads = int(hf["num_attention_heads"])
+    kv = int(hf.get("num_key_value_heads") or heads)
+    d = int(hf.get("head_dim") or h // heads)
+    attention = h * heads * d + 2 * h * kv * d + heads * d * h
+    mlp = 3 * h * inter
+    norms = 2 * h
+    return layers * (attention + mlp + norms) + h + vocab * h
+
+
+def flops_per_token(hf: dict[str, Any], seq_len: int) -> int:
+    """6 x flops_params + 12 x layers x hidden x seq_len (forward and backward)."""
+    return 6 * flops_params(hf) + 12 * int(hf["num_hidden_layers"]) * int(hf["hidden_size"]) * seq_len

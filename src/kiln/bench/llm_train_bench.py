@@ -10,11 +10,11 @@ beside each other on one GPU); the matmul peak is measured before and after them
 the call shows.
 
 Figures per row: median step time after the first `warmup` steps, tokens/s, model FLOP/s and MFU
-against the GPU's datasheet peak (kiln's table) and against a bf16 matmul measured in this process,
-peak memory, first and last loss, and the exact config. Model FLOPs per token, as the issue and
-BASELINES count them: 6 x parameters (the LM head included, the
-embedding table not: kiln.bench.llm_train_bench.flops_params) + 12 x layers x hidden x sequence
-(attention scores and values).
+against the GPU's datasheet peak (kiln's table) and against the best matmul measured in this
+process at the rows' precision, peak memory, first and last loss, and the exact config. Model FLOPs
+per token, the usual analytic count (kiln.bench.formulas.flops_per_token): 6 x parameters (the LM
+head included, the embedding table not) + 12 x layers x hidden x sequence (attention scores and
+values).
 """
 
 from __future__ import annotations
@@ -74,26 +74,6 @@ class TrainLlmOptions:
     plain_compile: bool = True
     """Compile the plain loop's model (torch.compile(model), as the hand-written loop does)."""
     notes: list[str] = field(default_factory=list)
-
-
-def flops_params(hf: dict[str, Any]) -> int:
-    """The parameters counted in 6 x N: the model's, with the LM head and without the embedding
-    table (a lookup multiplies nothing), so the tied and the untied shape count the same and a tied
-    Llama counts its published parameter count (Llama-3.2-1B: 1,235,814,400)."""
-    h, layers, inter, vocab = (int(hf[k]) for k in ("hidden_size", "num_hidden_layers", "intermediate_size",
-                                                     "vocab_size"))
-    heads = int(hf["num_attention_heads"])
-    kv = int(hf.get("num_key_value_heads") or heads)
-    d = int(hf.get("head_dim") or h // heads)
-    attention = h * heads * d + 2 * h * kv * d + heads * d * h
-    mlp = 3 * h * inter
-    norms = 2 * h
-    return layers * (attention + mlp + norms) + h + vocab * h
-
-
-def flops_per_token(hf: dict[str, Any], seq_len: int) -> int:
-    """6 x flops_params + 12 x layers x hidden x seq_len (forward and backward)."""
-    return 6 * flops_params(hf) + 12 * int(hf["num_hidden_layers"]) * int(hf["hidden_size"]) * seq_len
 
 
 def spec_peak(device: torch.device, precision: str) -> tuple[float | None, str]:

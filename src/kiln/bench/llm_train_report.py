@@ -57,7 +57,7 @@ def _setup(ctx: dict[str, Any], opts) -> list[str]:
 
 
 def fpt_params(ctx: dict[str, Any], opts) -> int:
-    from kiln.bench.llm_train_bench import flops_params
+    from kiln.bench.formulas import flops_params
 
     return flops_params(opts.hf)
 

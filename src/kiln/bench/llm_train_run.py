@@ -14,6 +14,7 @@ from kiln.bench import llm_train_bench as tb
 from kiln.bench import llm_train_data as data
 from kiln.bench import llm_train_peer as peer
 from kiln.bench import llm_train_rows as rows_mod
+from kiln.bench.formulas import flops_per_token
 
 
 def _vocab(hf: dict[str, Any]) -> data.Vocab:
@@ -121,7 +122,7 @@ def run(opts: tb.TrainLlmOptions, out: Path, log: Callable[[str], None] = print,
     model_name = f"{opts.kiln_family}:{weights_dir}"
     ctx: dict[str, Any] = {
         "device": device, "data_dir": data_dir, "corpus": corpus, "weights_dir": weights_dir,
-        "tokens_per_step": opts.batch * opts.seq_len, "flops_per_token": tb.flops_per_token(opts.hf, opts.seq_len),
+        "tokens_per_step": opts.batch * opts.seq_len, "flops_per_token": flops_per_token(opts.hf, opts.seq_len),
         "spec": spec_flops, "spec_source": spec_source, "matmul": matmul,
         "base_overrides": tb.base_overrides(opts, model_name, corpus.tokens_path, device)}
     results = []
