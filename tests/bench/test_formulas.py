@@ -71,6 +71,15 @@ def _timing(seconds: float, n: int = 3) -> Timing:
     return Timing((seconds,) * n)
 
 
+def test_datasheet_flops_of_a_gpu_without_a_bandwidth_entry_come_from_the_mfu_table(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA GH200 480GB")
+    assert lookup("NVIDIA GH200 480GB") is None  # no bandwidth figure for it
+    figures = ceilings.spec_figures(torch.device("cuda"), torch.bfloat16)
+    assert figures["spec_flops_per_s"] == 989.4e12 and figures.get("spec_bytes_per_s") is None
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Some Unknown GPU")
+    assert ceilings.spec_figures(torch.device("cuda"), torch.bfloat16)["spec_flops_per_s"] is None
+
+
 def test_ceilings_count_bytes_and_flops_exactly(monkeypatch):
     monkeypatch.setattr(ceilings, "measure", lambda fn, **kw: _timing(0.5))
     assert ceilings.measure_copy_bandwidth("cpu", nbytes=1000) == 4000.0  # read + written

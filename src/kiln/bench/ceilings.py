@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from kiln.bench.formulas import decode_bytes_per_s, matmul_flops, ratio
-from kiln.bench.gpu_specs import lookup, spec_dtype
+from kiln.bench.gpu_specs import lookup, spec_dtype, table_flops
 from kiln.bench.timing import measure
 
 
@@ -139,8 +139,10 @@ def spec_figures(device: torch.device, dtype: torch.dtype, tf32: bool = True) ->
     """The datasheet fields of `Ceilings` for this device (all None off CUDA or for an unknown GPU)."""
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
     spec = lookup(name)
-    if spec is None:
-        return {"gpu_name": name}
+    if spec is None:  # no bandwidth entry: the FLOP table (the one MFU uses) may still know the part
+        flops = table_flops(name, spec_dtype(str(dtype), tf32)) if name else None
+        return {"gpu_name": name, "spec_flops_per_s": flops,
+                **({"spec_source": "kiln.monitor.flops peak table"} if flops else {})}
     return {"gpu_name": name, "spec_name": spec.name, "spec_source": spec.source, "spec_bytes_per_s": spec.bytes_per_s,
             "spec_flops_per_s": spec.flops_per_s(spec_dtype(str(dtype), tf32))}
 

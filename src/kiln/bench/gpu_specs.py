@@ -32,9 +32,14 @@ class GpuSpec:
 
     def flops_per_s(self, dtype: str) -> float | None:
         """Dense peak FLOP/s at a matrix-unit dtype (`bf16`, `fp16`, `tf32`, `fp32`)."""
-        policy, tf32 = {"bf16": ("bf16-true", False), "fp16": ("fp16-mixed", False), "tf32": ("fp32", True),
-                        "fp32": ("fp32", False)}[dtype]
-        return peak_flops_for_name(self.device_name, policy, tf32=tf32)[0]
+        return table_flops(self.device_name, dtype)
+
+
+def table_flops(device_name: str, dtype: str) -> float | None:
+    """kiln.monitor.flops' dense peak for a device name at a matrix-unit dtype, or None."""
+    policy, tf32 = {"bf16": ("bf16-true", False), "fp16": ("fp16-mixed", False), "tf32": ("fp32", True),
+                    "fp32": ("fp32", False)}[dtype]
+    return peak_flops_for_name(device_name, policy, tf32=tf32)[0]
 
 
 _H100 = "NVIDIA H100 Tensor Core GPU datasheet"
