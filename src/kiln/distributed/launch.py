@@ -138,7 +138,6 @@ def _stop(proc: subprocess.Popen, grace_s: float = 45.0) -> None:
     """End torchrun and its ranks. torchrun runs each rank in a session of its own, so only it can
     reach them: SIGTERM makes it pass the signal on (a kiln rank then stops at its next step) and,
     after its own 30 s, kill them. Only if torchrun itself does not end is its group killed."""
-    import os
     import signal
 
     with contextlib.suppress(ProcessLookupError):  # it ended just now: nothing to stop
@@ -149,6 +148,33 @@ def _stop(proc: subprocess.Popen, grace_s: float = 45.0) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+        _wait_group_gone(proc.pid)
+
+
+def _wait_group_gone(pgid: int, timeout_s: float = 30.0) -> None:
+    """Return once no process of group `pgid` is still running (zombies waiting for their parent to
+    reap them hold nothing), or after `timeout_s`. SIGKILL to a group is delivered asynchronously:
+    on a loaded machine a member can run on for a moment, and the caller's next measurement must
+    not share the GPU with it. Linux only (reads /proc); elsewhere it returns at once."""
+    import time
+
+    proc_root = Path("/proc")
+    if not proc_root.is_dir():
+        return
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        running = False
+        for stat in proc_root.glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue  # ended while we looked
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                running = True
+                break
+        if not running:
+            return
+        time.sleep(0.05)
 
 
 def run_bounded(argv: list[str], timeout_s: float, *, env: dict[str, str] | None = None,
