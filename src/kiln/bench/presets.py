@@ -1,4 +1,5 @@
-"""Presets that reproduce the seed articles' tables, measured honestly (shared/seeds/NOTES.md).
+"""Presets that reproduce the seed articles' tables, measured honestly: the same
+rows, each timed against eager by kiln's one timing helper, with failures kept as rows.
 
 A preset is a base configuration (config overrides, applied before the user's) plus a planner
 that turns the axes (its defaults, or the flags the user gave) into rows. Users shrink a preset

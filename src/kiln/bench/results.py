@@ -1,6 +1,6 @@
 """Result files of every `kiln bench` command and benchmark script: results.json + results.md.
 
-`results.json` is `{"env": {...}, "config": {...}, "results": [row, ...]}` (DESIGN.md); each row
+`results.json` is `{"env": {...}, "config": {...}, "results": [row, ...]}` (the results contract, docs/architecture.md#results); each row
 has a `status` (ok, oom, error, accuracy_fail, skipped) and its figures.
 """
 

@@ -1,12 +1,12 @@
 """From measured rows to the scaling table: efficiency, step-time breakdown, thresholds, and the
 prediction rows (kiln.bench.predict) with their error against every measured point.
 
-Definitions (the README's scaling section says the same):
+Definitions (docs/guide/bench.md says the same):
 - efficiency = throughput per device at N / throughput per device of the baseline, the one-process
   run without any wrapper (weak scaling: same per-rank batch; strong: same global batch, so this is
   T_base / (N * T_N)). A wrapper's own cost at one rank therefore counts against it.
-- efficiency_vs_1rank: the same against the variant's own 1-rank point (the definition of the
-  plain-PyTorch tables in BASELINES.md).
+- efficiency_vs_1rank: the same against the variant's own 1-rank point (the definition scaling
+  tables of plain PyTorch usually use).
 - compute_ms: the variant's step at ONE rank with the same per-rank batch: the same work, hooks and
   graph splits, but no peers, so no communication time. exposed_comm_ms = step_ms - compute_ms:
   the communication (and waiting for the slowest rank) that the step did not hide.
@@ -23,7 +23,7 @@ from kiln.distributed.traffic import StepTraffic
 
 # Defaults when nothing was measured (one GPU, or --no-comm): given, and labelled so in the rows.
 GIVEN = {
-    # 8 x H200 NVLink, NCCL all-reduce of 256 MB (shared/BASELINES.md): 344 GB/s bus bandwidth.
+    # NCCL all-reduce bus bandwidth at large messages on an 8-GPU NVLink node (H200 class).
     "cuda": {"busbw": 340e9, "hop_latency_s": 2e-6},
     "cpu": {"busbw": 2e9, "hop_latency_s": 50e-6},
 }

@@ -1,4 +1,4 @@
-"""The one timing helper (DESIGN.md): warm up, synchronize, median of many, interleave.
+"""The one timing helper (docs/architecture.md#one-timing-helper): warm up, synchronize, median of many, interleave.
 
 Every kiln figure goes through here, so a benchmark and a training run time things the same way.
 Device work is asynchronous: each sample is bracketed by a device synchronize, and samples of

@@ -1,6 +1,6 @@
 """`kiln <command>`: parse arguments, call the library, map errors to exit codes.
 
-Exit codes (DESIGN.md): 0 success, 2 bad input (ConfigError, named key and valid choices),
+Exit codes (docs/architecture.md#exit-codes): 0 success, 2 bad input (ConfigError, named key and valid choices),
 1 a failure while running (artifacts already written are kept): a few lines on stderr say what
 failed, where, what was kept and what to do; the traceback goes to `error.log` in the command's
 run or output directory (`--verbose` also prints it).

@@ -1,7 +1,7 @@
 """The configuration tree of a kiln run.
 
 Each section is a keyword-only dataclass; the string literal under each field is its
-documentation (read by `kiln.config.reference` to generate the README table, so keep one
+documentation (read by `kiln.config.reference` to generate docs/reference.md, so keep one
 per field). Choices that the validator enforces are listed in `CHOICES` by dotted key.
 """
 

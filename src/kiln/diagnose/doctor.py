@@ -115,7 +115,7 @@ def run_doctor(
     out_dir: str | Path | None = None,
     repro: bool = True,
 ) -> dict[str, Any]:
-    """The doctor report as a dict: stages, first_failure, repro (JSON keys per DESIGN.md) and details."""
+    """The doctor report as a dict: stages, first_failure, repro (the JSON keys of `kiln doctor --json`) and details."""
     ladder = build_ladder(stages, mode, backends)  # ConfigError before any work
     tol = tol if tol is not None else (TRAIN_TOL if train else FORWARD_TOL)
     base = copy.deepcopy(target.module).to(device).eval()

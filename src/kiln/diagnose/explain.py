@@ -199,7 +199,7 @@ def explain_target(
     vary: list[tuple[str, list[int] | None]] | None = None,
     device: str = "cpu",
 ) -> dict[str, Any]:
-    """The explain report as a dict (JSON keys per DESIGN.md, plus details)."""
+    """The explain report as a dict (the JSON keys of `kiln explain --json`, plus details)."""
     backend = backend or ("aot_eager" if train else "eager")
     module = target.module.to(device)
     base = to_device(target.inputs, device)

@@ -12,7 +12,8 @@ from kiln.train.segments import describe_segments
 
 MIB = 2**20
 
-# Columns of results.json rows (DESIGN.md's CLI contract), by bench kind; anything else is generic.
+# Columns of results.json rows (the results contract, docs/architecture.md#results), by bench kind;
+# anything else is generic.
 KIND_COLUMNS = {
     "compile": ["model", "precision", "loss", "mode", "backend", "scope", "status", "compile_s", "step_ms",
                 "eager_step_ms", "speedup", "eager_fp32_step_ms", "speedup_vs_eager_fp32", "throughput",

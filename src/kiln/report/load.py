@@ -1,5 +1,5 @@
 """What `kiln report` reads: a run dir (metrics.jsonl, summary.json, maybe profile_summary.json)
-or a bench results dir (results.json following DESIGN.md's contract)."""
+or a bench results dir (results.json following the results contract, docs/architecture.md#results)."""
 
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ def load(path: str | Path) -> RunData | BenchData:
     if (path / "results.json").exists():
         data = _json(path / "results.json")
         if not isinstance(data, dict) or not isinstance(data.get("results"), list):
-            raise ConfigError("BENCH_DIR", f"{path / 'results.json'} has no `results` list (DESIGN.md's contract)")
+            raise ConfigError("BENCH_DIR", f"{path / 'results.json'} has no `results` list (docs/architecture.md#results)")
         rows = [r for r in data["results"] if isinstance(r, dict)]
         figures = sorted(p for p in path.glob("*.png"))
         return BenchData(path, data.get("env") or {}, data.get("config") or {}, data.get("command"), rows, figures)

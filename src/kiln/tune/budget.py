@@ -3,10 +3,10 @@ last-resort stop for a compile that runs past the end.
 
 Costs are estimated from the rows already measured in this search: the wall time of a row (build,
 compile, warm-up, interleaved timing, accuracy check) scaled by how much more a candidate
-compiles than the rows seen so far. The factors are rough priors from PyTorch's and kiln's own
-measurements (BASELINES.md: max-autotune compiled 12x (ViT) to 100x (seed MLP) longer than the
-default mode; regional compile cuts compile time by about the number of blocks); they only decide
-what is worth starting, the figures reported are always measured.
+compiles than the rows seen so far. The factors are rough priors (max-autotune compiles one to
+two orders of magnitude longer than the default mode, because it benchmarks kernel candidates;
+regional compile cuts compile time by about the number of repeated blocks); they only decide what
+is worth starting, the figures reported are always measured.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """What `kiln autotune` writes: the winning config as TOML (loadable by `kiln train --config`) and
-the evidence: results.json/results.md (DESIGN.md's results contract, one row per candidate,
+the evidence: results.json/results.md (the results contract, docs/architecture.md#results; one row per candidate,
 measured or not) and results.png; plus the table shown on screen."""
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from kiln.bench.recipes import EAGER, Recipe
 from kiln.config.schema import Config
 
 # Modes that autotune kernels: searched last, on the best recipe only, when the budget affords
-# their compile (minutes, BASELINES.md).
+# their compile (minutes: they benchmark kernel candidates while compiling).
 EXPENSIVE_MODES = ("max-autotune-no-cudagraphs", "max-autotune")
 # Modes that record CUDA graphs themselves (cudagraph trees): GPU only, and redundant under
 # whole-step capture (kiln compiles them without their graphs inside its own).
