@@ -11,8 +11,7 @@ defaults). Any compile key the user sets, a family without evidence, a CPU or se
 leave the config as it is. So does a one-rank torchrun job with `distributed.strategy` ddp or fsdp
 (how `kiln bench scale` measures a wrapper's own cost): the recipe's whole-step capture cannot
 hold a wrapper's hooks and falls back, and regional compile without capture is slower than
-torch's default there (benchmarks/results/h100/scale_1gpu: one-rank DDP 44.1 ms and FSDP2 64.0 ms
-ran that way, against 22.8 ms for the captured step). The keys applied are logged and saved in the
+torch's default there (benchmarks/results/h100/scale_1gpu). The keys applied are logged and saved in the
 run's config.toml, so a rerun resolves to the same run.
 """
 

@@ -237,8 +237,8 @@ def start_runner(ctx: BenchContext, recipe: Recipe, *, warmup: int, values: int,
     peak = int(torch.cuda.max_memory_allocated(device)) - base if device.type == "cuda" else None
     if peak is not None and peak < 0:
         # Memory counted in `base` was freed while this row started, so the difference says nothing
-        # about this row: seen on an H100 for reduce-overhead rows measured right after a row with
-        # whole-step capture (autotune/mlp, -0.9x). Reported as not measured rather than negative.
+        # about this row (it happens to reduce-overhead rows timed right after a row with
+        # whole-step capture). Reported as not measured rather than negative.
         peak = None
     after = compile_counters()
     counters = {k: after[k] - before.get(k, 0) for k in after}

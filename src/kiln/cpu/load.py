@@ -2,8 +2,8 @@
 
 PyTorch's intra-op pool splits each op into one chunk per thread and waits for the last chunk.
 When other processes keep cores busy, some of those threads wait for a core, and every op waits
-for them: on a loaded 2-core machine 2 threads ran a step in 227 ms where 1 thread took 8 ms. So
-the thread count must leave out the cores that other work occupies.
+for them: on a loaded machine one thread too many can make a step many times slower, not a little.
+So the thread count must leave out the cores that other work occupies.
 
 Other work is read two ways, and the smaller counts: the 1-minute load average (minus this
 process) and the threads runnable right now (/proc/loadavg's 4th field, minus this process's

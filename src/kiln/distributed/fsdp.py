@@ -31,13 +31,11 @@ def fsdp_available() -> bool:
 
 # `fsdp_unit_blocks=0` groups blocks until a unit gathers this much. Each FSDP2 unit costs host
 # work every step, on every rank (hooks, stream events, one reduce per unit), and a step that waits
-# for its host waits for all of it: on one H100 (ViT-B/16 bf16 compiled, nothing resharded after
-# forward) 4 units of 3 blocks -> 2 of 6 took 1.8 to 5.7 ms off a ~58 ms step (two interleaved
-# tables of benchmarks/results/h100/fsdp_host_overhead: fsdp-zero2 vs fsdp-unit6-auto). Larger
-# units cost overlap instead: the first all-gather and the last reduce-scatter run beside no
-# compute; kiln.bench.predict puts that at +0.4 to +0.7 ms for 2 units of 6 ViT-B blocks instead of
-# 4 of 3 (8 to 64 GPUs, 200 GB/s in a node, 45 GB/s per GPU across), less than one unit's host
-# work. Blocks of >= 64 MiB (most LLMs in bf16) stay one per unit. Units are balanced (6+6, not
+# for its host waits for all of it, so fewer, larger units make such a step faster
+# (benchmarks/results/h100/fsdp_host_overhead: fsdp-zero2 vs fsdp-unit6-auto). Larger units cost
+# overlap instead: the first all-gather and the last reduce-scatter run beside no compute;
+# kiln.bench.predict puts that below one unit's host work for ViT-B-sized blocks from 8 to 64 GPUs.
+# Blocks of >= 64 MiB (most LLMs in bf16) stay one per unit. Units are balanced (6+6, not
 # 5+5+2), so every unit gathers at least this much.
 UNIT_TARGET_BYTES = 64 * 2**20
 
@@ -45,9 +43,8 @@ UNIT_TARGET_BYTES = 64 * 2**20
 # whole model gathers at most this much (about 0.5 B parameters in bf16): the memory resharding
 # would save is ~1 % of an 80 GB GPU, while resharding costs, at every world size, one all-gather
 # more per unit and step (+33 % of FSDP2's bytes with fp32 reduce-scatters, +50 % with bf16) and
-# the host work of re-gathering in backward (one H100, ViT-B/16: 6.6 to 7.8 ms per step with 4
-# units, 3.5 to 6.3 with 2; fsdp-unit3 vs fsdp-zero2 and fsdp-unit6 vs fsdp-unit6-auto in
-# benchmarks/results/h100/fsdp_host_overhead). Larger models are resharded (ZeRO-3), all units
+# the host work of re-gathering in backward (fsdp-unit3 vs fsdp-zero2 and fsdp-unit6 vs
+# fsdp-unit6-auto in benchmarks/results/h100/fsdp_host_overhead). Larger models are resharded (ZeRO-3), all units
 # but the last.
 KEEP_GATHERED_BYTES = 2**30
 

@@ -6,10 +6,9 @@ With one rank there is nothing to all-gather, and torch's `FSDPParamGroup.wait_f
 `fsdp_param.all_gather_inputs` (a cast to the param dtype: a new tensor and a kernel),
 `init_all_gather_outputs`, `alloc_storage`, and `tensor.copy_(all_gather_input)` (a second kernel)
 inside its own `_unsafe_preserve_version_counter`. With more ranks the same unit costs one fused
-copy-out. On one H100 (ViT-B/16 bf16 compiled, 2 units of 6 blocks + root, 152 parameters) that
-loop was the largest FSDP2 host cost: wait_for_unshard 8.8 ms per step with timers on, a cast and
-a copy per parameter (benchmarks/results/h100/fsdp_host_overhead, fsdp-unit6-auto), on a step the GPU
-runs in ~20 ms, so a one-GPU FSDP2 step waits for its host.
+copy-out. For a model of many small parameters that loop is the largest FSDP2 host cost, a cast
+and a copy per parameter, enough for a one-GPU FSDP2 step to wait for its host
+(benchmarks/results/h100/fsdp_host_overhead, fsdp-unit6-auto).
 
 `install_one_rank_unshard(model)` gives each param group of a one-rank FSDP2 model its own
 `wait_for_unshard` (an instance attribute; torch calls it as `self.wait_for_unshard()`) that does
@@ -18,15 +17,9 @@ copy in one op (on CUDA one multi-tensor kernel when the group's shards share a 
 own copy-in does; on CPU a C++ loop), no cast temporaries, one version-counter guard for the group.
 The values are the same: `copy_` into a bf16/fp16 tensor rounds as `.to(dtype)` does. The rest
 of torch's method (implicit-prefetch bookkeeping, `init_unsharded_param`, `_to_unsharded`, the
-copy-out event) is kept call for call. Measured on CPU (one gloo rank, torch 2.13,
-benchmarks/fsdp_one_rank_copy.py: one unit of kiln's ViT, 152 parameters, interleaved): a unit's
-unshard + wait + reshard took 3.22 -> 1.59 ms with a bf16 param dtype and 2.37 -> 1.57 ms in fp32 at
-tiny widths (host work only), 98.4 -> 62.9 ms (bf16) at ViT-B/16's widths, where the cast
-temporaries' memory traffic goes too; the tiny ViT's bf16-mixed FSDP2 step (fsdp-unit6-auto,
-benchmarks/fsdp_host_overhead.py) 46.8 -> 45.6 ms. On one H100 (ViT-B/16 bf16 compiled,
-benchmarks/results/h100/scale_1gpu_2026-11-25b): wait_for_unshard 7.16 -> 1.91 ms per step, the
-interleaved FSDP2 step 49.5 -> 45.1 ms, and FSDP2's `kiln bench scale` points at one rank on
-average as fast as DDP's (35.1 against 36.2 ms over four pairs).
+copy-out event) is kept call for call. What it saves is measured by benchmarks/fsdp_one_rank_copy.py
+(a unit's unshard + wait + reshard on CPU, interleaved with torch's own) and, on a GPU, in
+benchmarks/results/h100/scale_1gpu_2026-11-25b (one-rank FSDP2 against DDP).
 
 It is installed only where it is known to replace that code exactly: the group's all-gather group
 has one rank, torch's `wait_for_unshard` still has the per-parameter loop (read from its source)

@@ -3,9 +3,9 @@
 Under FSDP2 every parameter, gradient and optimizer-state tensor is a DTensor, so each op of
 `optimizer.step()` goes through DTensor's dispatch: sharding propagation over lists of ~150
 tensors per foreach/fused op and new DTensorSpecs per output, on the host, every step. Upstream
-knows it (pytorch#134191, "AdamW is CPU-bottlenecked with FSDP2"). On a 152-parameter ViT at one
-gloo rank, fused AdamW took 5.0 ms of host time that way and 1.5 ms here
-(benchmarks/results/cpu/fsdp_host_overhead): time a GPU step cannot hide once the host is behind.
+knows it (pytorch#134191, "AdamW is CPU-bottlenecked with FSDP2"). Updating the local shards as
+plain tensors skips that host work (benchmarks/results/cpu/fsdp_host_overhead): time a GPU step
+cannot hide once the host is behind.
 
 AdamW and SGD are elementwise: each element of a parameter is updated from the same element of its
 gradient and state. A rank's local shard of the update is therefore exactly the update of its
