@@ -70,8 +70,8 @@ def rounds_to(value: float, figure: str) -> bool:
     return abs(value - float(figure)) <= 0.5 * 10**-decimals + 1e-9
 
 
-# The pages a reader meets: the front door and the guides it links to.
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+# The pages a reader meets: the front door and every page under docs/ (the guides in docs/guide/ too).
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 README = _spaced("\n".join(page.read_text() for page in PAGES))
 
 
