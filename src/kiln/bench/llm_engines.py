@@ -3,8 +3,8 @@
 - `hf-eager`: transformers `generate` with its default dynamic cache, uncompiled;
 - `hf-compiled`: `generate(..., cache_implementation="static")`, which in transformers 5.x
   compiles the decode forward by itself (`torch.compile(mode="reduce-overhead")`, CUDA only;
-  `GenerationMixin._valid_auto_compile_criteria` / `get_compiled_call` in 5.23's source; the
-  BASELINES run on 5.17 shows the same 73 s compile), prefill staying eager;
+  `GenerationMixin._valid_auto_compile_criteria` / `get_compiled_call` in transformers' source),
+  prefill staying eager;
 - `kiln-eager`: kiln's engine, no compile, no CUDA graphs;
 - `kiln-compiled`: kiln's engine, prefill compiled per padded length, decode compiled and
   replayed as a CUDA graph.
