@@ -41,13 +41,13 @@ benchmarks/decode_attention_check.py.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from kiln.llm.triton_launch import arrival_counters, interpreting, pdl_enabled
 
 # Launch settings, from benchmarks/decode_attention_bench.py on an H100 (3B shape, 1280 slots;
 # 24 settings swept 2026-11-24): 64-slot blocks and 2 warps were fastest (7.8 us per layer with
@@ -189,27 +189,15 @@ def _chunk_attention(Q, K, V, Start, Pos, Part, Lse, Arrived, Y, InvFreq, slots,
 
 
 _KERNELS: dict[bool, object] = {}
-_ARRIVED: dict[tuple[torch.device, int], Tensor] = {}
 
 
 def _kernel():
     """The jitted kernel; Triton picks its interpreter at jit time from TRITON_INTERPRET, so tests
     that set it get an interpreted copy."""
-    interpret = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    interpret = interpreting()
     if interpret not in _KERNELS:
         _KERNELS[interpret] = triton.jit(_chunk_attention)
     return _KERNELS[interpret]
-
-
-def arrival_counters(device: torch.device, n: int) -> Tensor:
-    """`n` zeroed int32 counters for kernels whose last program to arrive finishes the work (this
-    one and kiln.llm.triton_matvec), kept for the process: every call leaves them at zero again,
-    and a CUDA graph that captured a call keeps pointing at the same ones. Calls on one stream use
-    them one after another; concurrent calls on two streams must not share a device."""
-    key = (device, n)
-    if key not in _ARRIVED:
-        _ARRIVED[key] = torch.zeros(n, dtype=torch.int32, device=device)
-    return _ARRIVED[key]
 
 
 def _launch(q: Tensor | None, qkv_rows: Tensor | None, inv_freq: Tensor | None, cache_k: Tensor, cache_v: Tensor,
@@ -228,8 +216,6 @@ def _launch(q: Tensor | None, qkv_rows: Tensor | None, inv_freq: Tensor | None, 
     group = H // Hkv
     rope = qkv_rows is not None
     src, stride_b, stride_h = (qkv_rows, qkv_rows.stride(0), D) if rope else (q, q.stride(0), q.stride(1))
-    from kiln.llm.triton_matvec import pdl_enabled
-
     pdl = rope and pdl_enabled(ref.device)  # the fused op only: its predecessor is kiln's PDL-aware matvec
     _kernel()[(B * Hkv, chunks)](
         src, cache_k, cache_v, pos if start is None else start, pos, part, lse, arrival_counters(ref.device, B * Hkv), y,

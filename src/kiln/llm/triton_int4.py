@@ -62,8 +62,8 @@ import triton.language as tl
 from torch import Tensor
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from kiln.llm.triton_decode import arrival_counters
-from kiln.llm.triton_matvec import _split_sum, _x_tile, interpreting, pdl_enabled
+from kiln.llm.triton_launch import arrival_counters, interpreting, pdl_enabled
+from kiln.llm.triton_matvec import _split_sum, _x_tile
 
 PROLOGUES = {"none": 0, "rmsnorm": 1, "silu_mul": 2, "rms": 3}
 """Prologue codes: 1 and 2 as kiln.llm.triton_matvec's; 3 the folded norm (a scalar per row)."""

@@ -40,15 +40,13 @@ Tests run it on CPU through Triton's interpreter (TRITON_INTERPRET=1) with a fix
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from kiln.llm.triton_decode import arrival_counters
+from kiln.llm.triton_launch import arrival_counters, interpreting, pdl_enabled
 
 MAX_ROWS = 8
 """Rows (batch x tokens) up to which the kernel runs; longer inputs (prefill) use `linear`."""
@@ -180,11 +178,6 @@ INTERPRETED_SETTING = (16, 64, 1)
 """(BLOCK_N, BLOCK_K, SPLIT) under Triton's interpreter (no GPU to tune on); tests pass others."""
 
 
-def interpreting() -> bool:
-    """Whether Triton runs kernels in its CPU interpreter (TRITON_INTERPRET=1, tests)."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-
 def _kernel():
     interpret = interpreting()
     if interpret not in _KERNELS:
@@ -195,18 +188,6 @@ def _kernel():
             configs=_configs(), key=["N", "K", "M", "PROLOGUE", "HAS_RES"],
             prune_configs_by={"early_config_prune": _prune})(jitted)
     return _KERNELS[interpret]
-
-
-PDL = os.environ.get("KILN_PDL", "1") != "0"
-"""Launch kiln's decode kernels (this one, kiln.llm.triton_decode's fused attention) with
-programmatic dependent launch where the GPU has it (Hopper and newer): each call's programs are
-scheduled while the previous kernel's last ones finish; they read only weights before waiting
-for it (`gdc_wait`) and write nothing before. KILN_PDL=0 (or setting this False) turns it off,
-for comparisons."""
-
-
-def pdl_enabled(device: torch.device) -> bool:
-    return PDL and device.type == "cuda" and not interpreting() and torch.cuda.get_device_capability(device)[0] >= 9
 
 
 MAX_SPLIT = 4
