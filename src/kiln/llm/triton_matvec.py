@@ -24,16 +24,12 @@ On Hopper the kernel is launched with programmatic dependent launch (`PDL`): its
 scheduled while the previous kernel's last ones finish; each reads its first weight tile (which no
 kernel writes), then waits (`gdc_wait`) before reading anything an earlier kernel produced.
 
-Why: inductor fuses the norm and the SwiGLU into its own matrix-vector reductions, but read the
-weights at 2.0-2.7 TB/s in the 3B decode profile on an H100, and the residual adds and norms
-between projections cost ~2 more launches per layer. The first version of this kernel kept a
-[rows, BLOCK_N, BLOCK_K] accumulator, for which Triton gave the weight tile another layout than
-its load's: every tile went through shared memory (seen in its sm_90 PTX). With the 2-D tile, on
-an H100 (benchmarks/results/h100/llm/decode_matvec): all layers' projections chained 2.156 ms with
-PDL against 2.244 for inductor's, and with kiln.llm.triton_decode's fused attention the 3B decode
-step reached 368.6-376.0 tok/s, 82-84 % of the copy-bandwidth roofline, in three of four calls
-(inductor's projections: 319.7 in the same call as the 373.6 reading). Launch settings are autotuned per shape on the first call (the engine's warm-up,
-before its CUDA graph is captured).
+Why: inductor fuses the norm and the SwiGLU into its own matrix-vector reductions, but reads the
+weights well below the copy bandwidth, and the residual adds and norms between projections cost
+more launches per layer. The accumulator is a 2-D tile in the weight tile's own layout: a 3-D
+[rows, BLOCK_N, BLOCK_K] one made Triton move every weight tile through shared memory. Launch
+settings are autotuned per shape on the first call (the engine's warm-up, before its CUDA graph
+is captured). Measurements: benchmarks/results/h100/llm/decode_matvec.
 
 Tests run it on CPU through Triton's interpreter (TRITON_INTERPRET=1) with a fixed setting.
 """
@@ -151,10 +147,11 @@ def _matvec(X, W, Y, NormW, Bias, Res, Part, Arrived, M, N, eps,
 
 
 DENSE_SETTINGS = [(bn, bk, split) for bn in (4, 8, 16) for bk in (256, 512) for split in (1, 2)]
-"""(BLOCK_N, BLOCK_K, SPLIT) the autotuner tries for dense weights. The first H100 sweep
-(2026-11-24, 48 settings per 3B projection: BLOCK_N 4-32, BLOCK_K 256/512, SPLIT 1-4, 4/8 warps)
-put 512-wide tiles, 4 warps and at most 2 splits first on every shape, within ~10 % of each
-other; the autotuner's own timing noise is about that, so fewer choices is steadier."""
+"""(BLOCK_N, BLOCK_K, SPLIT) the autotuner tries for dense weights: the ones that led a wider
+sweep on an H100, within the autotuner's own timing noise of each other (fewer choices is
+steadier)."""
+
+
 def _configs() -> list[triton.Config]:
     return [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk, "SPLIT": split}, num_warps=4, num_stages=2)
             for bn, bk, split in DENSE_SETTINGS]
