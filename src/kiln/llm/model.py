@@ -78,7 +78,7 @@ class AttentionInputs:
     """What every layer's attention reads in one forward call, built once per call by the Decoder."""
 
     cos: Tensor
-    """RoPE cosines [B, T, D] in the model dtype (positions count from each row's first real token)."""
+    """RoPE cosines [B, T, 1, D] in the model dtype (positions count from each row's first real token)."""
     sin: Tensor
     """RoPE sines, as `cos`."""
     masks: dict[int | None, Tensor | None]
@@ -88,7 +88,7 @@ class AttentionInputs:
     """A decode step: the cache slot it writes and attends up to ([1] long). None: a prompt in
     slots 0..T-1."""
     pad: Tensor | None
-    """[B] long: left-padding slots per row; None when no row is padded."""
+    """[B] long: left-padding slots per row (None: no padding)."""
     inv_freq: Tensor
     """RoPE frequencies [D / 2], fp32: for attention kernels that rotate q and k themselves."""
 
