@@ -24,6 +24,7 @@ import torch
 
 from kiln.llm import Engine
 from kiln.llm.config import DecoderConfig, resolve_model
+from kiln.llm.kernels import use_decode_kernels
 from kiln.llm.model import Decoder, KVCache
 
 
@@ -39,7 +40,8 @@ def step_agreement(model: Decoder, prompts: torch.Tensor, pad: torch.Tensor, ste
     path), so flash and triton are judged by the rounding the matmul path itself shows."""
     B, T = prompts.shape
     reference = copy.deepcopy(model).float()
-    runs = {**{k: (model, k, torch.bfloat16) for k in KERNELS}, "fp32": (reference, "matmul", torch.float32)}
+    runs = {**{k: (use_decode_kernels(copy.deepcopy(model), attention=k), k, torch.bfloat16) for k in KERNELS},
+            "fp32": (reference, "matmul", torch.float32)}
     caches = {name: KVCache(model.config, B, T + steps, dtype=dtype, device="cuda") for name, (_, _, dtype) in runs.items()}
     rows = []
     with torch.inference_mode():
@@ -48,8 +50,8 @@ def step_agreement(model: Decoder, prompts: torch.Tensor, pad: torch.Tensor, ste
         token = prompts[:, -1:]
         for t in range(T, T + steps):
             slot = torch.tensor([t], device="cuda")
-            logits = {name: m(token, cache=caches[name], pad=pad, decode_slot=slot, decode_kernel=k)[:, 0].float()
-                      for name, (m, k, _) in runs.items()}
+            logits = {name: m(token, cache=caches[name], pad=pad, decode_slot=slot)[:, 0].float()
+                      for name, (m, _, _) in runs.items()}
             ref = logits["fp32"]
             row = {"step": t}
             for name in KERNELS:

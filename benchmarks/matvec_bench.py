@@ -13,7 +13,7 @@ and lm_head; SwiGLU before w_down; the residual add after wo and w_down):
   includes the quantization error.
 
 Then every layer's four projections chained as in the model, in one CUDA graph: inductor, kiln's
-kernel, and kiln's kernel with programmatic dependent launch (kiln.llm.triton_matvec.PDL).
+kernel, and kiln's kernel with programmatic dependent launch (kiln.llm.triton_launch.PDL).
 
 Each variant is captured as `--calls` back-to-back calls in one CUDA graph, the calls cycling over
 enough copies of the weight that they do not stay in L2 (as the model's layers do not), replayed
@@ -87,7 +87,7 @@ def chain(config, dev, dt, compiled_layer, repeats: int) -> list[dict]:
     """Every layer's four projections back to back in one CUDA graph (a decode step without its
     attention and lm_head): inductor's fused reductions, kiln's kernel without and with
     programmatic dependent launch. Returns one row per variant (median ms per chain)."""
-    from kiln.llm import triton_matvec
+    from kiln.llm import triton_launch
 
     q = config.n_heads * config.head_dim
     shapes = [(s[1], s[2]) for s in projections(config)[:4]]
@@ -106,11 +106,11 @@ def chain(config, dev, dt, compiled_layer, repeats: int) -> list[dict]:
     for name, layer, pdl in (("inductor", compiled_layer, None), ("triton, no PDL", layer_triton, False),
                              ("triton, PDL", layer_triton, True)):
         if pdl is not None:
-            triton_matvec.PDL = pdl
+            triton_launch.PDL = pdl
         outs[name] = run(layer)
         graphs[name] = cuda_graph_of(lambda layer=layer: run(layer), 1)
         print(f"chain {name}: ready", flush=True)
-    triton_matvec.PDL = True
+    triton_launch.PDL = True
     times = replay_rounds(graphs, repeats)
     total = sum(o * i * 2 for o, i in shapes) * config.n_layers
     ref = outs["inductor"].float()

@@ -65,16 +65,20 @@ def assert_decode_matches_matmul(model, kernel: str, tokens: torch.Tensor, pad: 
                                  capacity: int = 20, matvec: str = "inductor", tol: float = 1e-5) -> None:
     """Prefill `tokens[:, :prompt]` (left-padded by `pad`) into one cache per side, then decode the
     rest one step at a time: each step's logits with attention `kernel` and projections `matvec`
-    equal those of the matmul attention with plain projections."""
+    equal those of the matmul attention with plain projections (the plain model, and a copy with
+    the kernels swapped in by kiln.llm.kernels.use_decode_kernels)."""
+    import copy
+
+    from kiln.llm.kernels import use_decode_kernels
     from kiln.llm.model import KVCache
 
     batch = tokens.shape[0]
-    sides = {"reference": ("matmul", "inductor"), "candidate": (kernel, matvec)}
-    caches = {k: KVCache(model.config, batch, capacity, dtype=torch.float32, device="cpu") for k in sides}
+    models = {"reference": model, "candidate": use_decode_kernels(copy.deepcopy(model), attention=kernel, matvec=matvec)}
+    caches = {k: KVCache(model.config, batch, capacity, dtype=torch.float32, device="cpu") for k in models}
     with torch.no_grad():
-        for cache in caches.values():
-            model(tokens[:, :prompt], cache=cache, pad=pad)
+        for k, cache in caches.items():
+            models[k](tokens[:, :prompt], cache=cache, pad=pad)
         for t in range(prompt, tokens.shape[1]):
-            logits = {k: model(tokens[:, t:t + 1], cache=cache, pad=pad, decode_slot=torch.tensor([t]),
-                               decode_kernel=sides[k][0], decode_matvec=sides[k][1]) for k, cache in caches.items()}
+            logits = {k: models[k](tokens[:, t:t + 1], cache=cache, pad=pad, decode_slot=torch.tensor([t]))
+                      for k, cache in caches.items()}
             torch.testing.assert_close(logits["candidate"], logits["reference"], rtol=tol, atol=tol)

@@ -8,13 +8,17 @@ does early; so the kernel tests run in a subprocess started with it set (`test_u
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
 from kiln.config.errors import ConfigError
 from kiln.llm import Engine, build_decoder, resolve_model
 from kiln.llm import decode_attention as da
+from kiln.llm.kernels import use_decode_kernels
 from kiln.llm.model import KVCache
+from kiln.llm.triton_launch import arrival_counters
 
 from .conftest import assert_decode_matches_matmul, transformers  # noqa: F401  (transformers: skips without it)
 from .triton_interpreter import interpreted, not_in_subprocess, rerun_interpreted
@@ -58,7 +62,7 @@ def test_kernel_matches_direct_softmax(heads, kv_heads, dim, capacity, window):
     for _ in range(2):  # the second call finds the arrival counters back at zero
         got = td.decode_attention(q, k, v, start, pos, 0.25, window)
         torch.testing.assert_close(got, direct(q, k, v, start, pos, 0.25, window), rtol=1e-5, atol=1e-5)
-        assert not td.arrival_counters(q.device, 3 * kv_heads).any()
+        assert not arrival_counters(q.device, 3 * kv_heads).any()
 
 
 def test_chunking_fills_the_gpu_in_whole_blocks():
@@ -101,12 +105,13 @@ def test_decode_step_with_triton_traces_as_one_graph(checkpoints):
     """dynamo takes the kernel as one opaque op (its fake gives the shapes): a decode step with it
     compiles with fullgraph=True, as the engine compiles it, and gives the eager logits."""
     model = build_decoder(resolve_model(str(checkpoints["qwen3"])), device="cpu", dtype=torch.float32)
+    use_decode_kernels(model, attention="triton")
     tokens = torch.randint(0, 96, (2, 10), generator=torch.Generator().manual_seed(6))
     pad = torch.tensor([0, 4])
     cache = KVCache(model.config, 2, 12, dtype=torch.float32, device="cpu")
 
     def step(token, slot):
-        return model(token, cache=cache, pad=pad, decode_slot=slot, decode_kernel="triton")
+        return model(token, cache=cache, pad=pad, decode_slot=slot)
 
     compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
     with torch.no_grad():
@@ -123,10 +128,10 @@ def test_fused_rope_attention_compiles_in_place_and_matches(checkpoints):
     from torch._inductor.utils import run_and_get_code
 
     model = build_decoder(resolve_model(str(checkpoints["llama3-tied"])), device="cpu", dtype=torch.float32)
+    kernel = use_decode_kernels(copy.deepcopy(model), attention="triton")
     tokens = torch.randint(0, 96, (1, 10), generator=torch.Generator().manual_seed(7))
     caches = {side: KVCache(model.config, 1, 16, dtype=torch.float32, device="cpu") for side in ("matmul", "triton")}
-    compiled = torch.compile(lambda tok, slot: model(tok, cache=caches["triton"], decode_slot=slot,
-                                                     decode_kernel="triton"), fullgraph=True)
+    compiled = torch.compile(lambda tok, slot: kernel(tok, cache=caches["triton"], decode_slot=slot), fullgraph=True)
     with torch.no_grad():
         for cache in caches.values():
             model(tokens[:, :6], cache=cache)

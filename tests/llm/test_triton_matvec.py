@@ -16,6 +16,7 @@ from torch import nn
 from kiln.config.errors import ConfigError
 from kiln.llm import decode_matvec as dm
 from kiln.llm.config import resolve_model
+from kiln.llm.kernels import use_decode_kernels
 from kiln.llm.model import KVCache, RMSNorm
 from kiln.llm.weights import build_decoder
 
@@ -70,9 +71,9 @@ def test_kernel_matches_the_eager_math(dtype, rows, out_f, in_f, part, bias, set
                                    None if residual is None else residual.reshape(rows, -1), setting)
     torch.testing.assert_close(forced.view_as(expected), expected, rtol=tol, atol=tol)
     # Every split arrived and the last one reset its counter: the next call starts from zero.
-    from kiln.llm import triton_decode  # the counters kiln's Triton kernels share
+    from kiln.llm import triton_launch  # the counters kiln's Triton kernels share
 
-    assert all(int(c.abs().sum()) == 0 for c in triton_decode._ARRIVED.values())
+    assert all(int(c.abs().sum()) == 0 for c in triton_launch._ARRIVED.values())
 
 
 @interpreted
@@ -112,11 +113,12 @@ def test_fused_decode_with_int4_triton_weights():
 @interpreted
 def test_fused_decode_step_compiles_as_one_graph(checkpoints):
     model = build_decoder(resolve_model(str(checkpoints["qwen2"])), device="cpu", dtype=torch.float32)
+    use_decode_kernels(model, matvec="triton")
     tokens = torch.randint(0, 96, (1, 10), generator=torch.Generator().manual_seed(6))
     cache = KVCache(model.config, 1, 12, dtype=torch.float32, device="cpu")
 
     def step(token, slot):
-        return model(token, cache=cache, decode_slot=slot, decode_matvec="triton")
+        return model(token, cache=cache, decode_slot=slot)
 
     compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
     with torch.no_grad():

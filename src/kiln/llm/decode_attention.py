@@ -1,19 +1,15 @@
 """Decode-step attention kernels (`auto`, the default, is `triton` where it runs, else `matmul`;
-`flash`), and where each can run.
+`flash`), where each can run, and FlashAttention-2's varlen call for `flash`.
 
 A batch-1 decode step attends one query per head over the static cache. Written as two broadcast
-matmuls (`matmul`, kiln.llm.model), inductor turns it into 5-7 small kernels per layer; profiled
-on an H100 (Llama-3.2-3B shape, 1280 cache slots) they took ~21 us per layer in bf16 and ~39 us
-next to int4 weights, 15-40 % of the whole step, for ~5 MB of keys and values.
+matmuls (`matmul`, kiln.llm.model), inductor turns it into several small kernels per layer whose
+launches cost more than reading the keys and values. A split-KV kernel instead gives each thread
+block a chunk of the cache for all query heads of a group, which fills the GPU at batch 1.
 
 `flash` calls FlashAttention-2's variable-length forward (torch's `_flash_attention_forward`, the
 kernel behind SDPA's flash backend) on the cache as it is: row b's keys start at slot `pad[b]`
 (`cu_seqlens_k[b] = b * S + pad[b]`) and it uses `pos + 1 - pad[b]` of them (`seqused_k`), so
-neither a mask nor a copy of the cache is needed and shapes stay static for CUDA graphs. With
-one query per row and grouped key/value heads the kernel folds the query heads of a group into
-one tile and splits the keys across thread blocks (split-KV), which fills the GPU at batch 1.
-Measured on an H100 (benchmarks/results/h100/llm/decode_attention) it is no faster: the
-split-KV kernel and its combine step take ~6.5 us each per layer.
+neither a mask nor a copy of the cache is needed and shapes stay static for CUDA graphs.
 
 `triton` is kiln's own split-KV kernel (kiln.llm.triton_decode): the same idea with the chunk
 count sized to fill the GPU, sliding windows handled in the kernel, and the chunks combined in
@@ -21,7 +17,9 @@ the same launch by the last one to finish.
 
 `flash` and `triton` need CUDA and fp16/bf16; `flash` also a head dim that is a multiple of 8 up
 to 256, no sliding window on the layer (Mistral's windowed layers keep `matmul`), and a torch
-whose op takes `seqused_k`; `triton` needs Triton (it ships with CUDA builds of torch).
+whose op takes `seqused_k`; `triton` needs Triton (it ships with CUDA builds of torch). The
+kernels are swapped into a model by kiln.llm.kernels.use_decode_kernels; this module chooses.
+Measurements: benchmarks/results/h100/llm/decode_attention and decode_kernels.
 """
 
 from __future__ import annotations
@@ -32,10 +30,8 @@ from torch import Tensor
 from kiln.config.errors import ConfigError
 
 KERNELS = ("auto", "matmul", "flash", "triton")
-"""`auto` (the default): `triton` where it can run, else `matmul`. On the 3B shape on an H100 the
-Triton kernel took 7.6 us per layer against 18-32 us for the compiled matmul path and 11.7 us for
-flash (benchmarks/results/h100/llm/decode_kernels); int4 decode ran 10-13 % faster with it, bf16
-decode within the spread of inductor's tuning between compiles."""
+"""`auto` (the default): `triton` where it can run (the fastest of the three on an H100,
+benchmarks/results/h100/llm/decode_kernels), else `matmul`."""
 
 
 def flash_unavailable(device: torch.device, dtype: torch.dtype, head_dim: int) -> str | None:
@@ -88,31 +84,6 @@ def check(choice: str, device: torch.device, dtype: torch.dtype, head_dim: int, 
     if reason is not None:
         raise ConfigError(key, f"{choice} {reason}", KERNELS)
     return choice
-
-
-def step_rows(kernel: str, batch: int, capacity: int, slot: Tensor, pad: Tensor | None) -> tuple[Tensor | None, ...] | None:
-    """What `kernel` needs to know of each row, computed once per decode step (None for `matmul`):
-    `flash`: `varlen_rows`; `triton`: (first real slot [B] or None where no row is padded, the
-    step's slot [1])."""
-    if kernel == "flash":
-        return varlen_rows(batch, capacity, slot, pad)
-    if kernel == "triton":
-        return pad, slot
-    return None
-
-
-def attend(kernel: str, q: Tensor, cache_k: Tensor, cache_v: Tensor, rows: tuple[Tensor, ...], scale: float,
-           window: int | None) -> Tensor | None:
-    """A decode step's attention by `kernel` (q [B, 1, H, D] -> [B, 1, H, D]), or None where that
-    kernel does not serve this layer (`flash` on a windowed layer): the caller falls back to
-    `matmul`."""
-    if kernel == "flash" and window is None:
-        return flash_decode(q, cache_k, cache_v, rows, scale)
-    if kernel == "triton":
-        from kiln.llm.triton_decode import triton_decode
-
-        return triton_decode(q, cache_k, cache_v, rows[0], rows[1], scale, window)
-    return None
 
 
 def varlen_rows(batch: int, capacity: int, slot: Tensor, pad: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:

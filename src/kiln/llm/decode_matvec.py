@@ -1,19 +1,18 @@
 """A decode step's matrix-vector products (`--decode-matvec`): `inductor` (torch.compile's own
-fused reductions) or `triton` (kiln.llm.triton_matvec), and where each can run.
+fused reductions) or `triton` (kiln.llm.triton_matvec), where each can run, and the fused calls.
 
 With `triton` a decode step's layer is four kernel calls around the attention: RMSNorm + wqkv,
 wo + the residual add, RMSNorm + w_gate_up, SwiGLU + w_down + the residual add (and the final
-norm + lm_head), each one launch of kiln's kernel (`fused_linear`, `fused_mlp`). With int4@triton
-weights (kiln.llm.triton_int4) the norms' weights are folded into the projections and the
-SwiGLU is the gate/up kernel's epilogue. Projections the kernel does
-not read (torchao's int4 and int8 layouts, bitsandbytes) keep their own matmul with the norm,
-SwiGLU and residual add computed around it, which is what `inductor` does for every projection.
+norm + lm_head), each one launch of kiln's kernel (`fused_linear`, `fused_mlp`), where inductor
+reads the weights more slowly and launches the norms and residual adds between projections as
+kernels of their own. With int4@triton weights (kiln.llm.triton_int4) the norms' weights are
+folded into the projections and the SwiGLU is the gate/up kernel's epilogue. Projections the
+kernel does not read (torchao's int4 and int8 layouts, bitsandbytes) keep their own matmul with
+the norm, SwiGLU and residual add computed around it, which is what `inductor` does for every
+projection. kiln.llm.kernels.use_decode_kernels swaps these calls into a model's decode steps.
 
-`auto`, the default, is `triton` where it runs (CUDA, fp16/bf16), else `inductor`. On the 3B shape
-on an H100 (benchmarks/results/h100/llm/decode_matvec, 2026-11-25), with kiln.llm.triton_decode's
-fused attention: `triton` decoded 373.6 tok/s (82 % of the roofline, 151 kernels per step) and
-`inductor` 319.7 tok/s (206 kernels) in two processes of one device call; `triton` read 341-376
-tok/s in five more calls that day and `inductor` 309-334 in every call before.
+`auto`, the default, is `triton` where it runs (CUDA, fp16/bf16), else `inductor`. Measurements:
+benchmarks/results/h100/llm/decode_matvec.
 """
 
 from __future__ import annotations
@@ -23,6 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from kiln.config.errors import ConfigError
+from kiln.llm.triton_launch import interpreting
 
 CHOICES = ("auto", "inductor", "triton")
 """`auto` (the default): `triton` where it runs (CUDA, fp16/bf16), else `inductor`."""
@@ -55,8 +55,8 @@ def check(choice: str, device: torch.device, dtype: torch.dtype, *, key: str = "
 
 def _kernel_reads(layer: nn.Module, x: Tensor) -> str | None:
     """Which kiln op reads `layer`'s weight for input x, or None (a layout it does not read)."""
-    from kiln.llm.int4_layout import Int4TritonLinear
-    from kiln.llm.triton_matvec import MAX_ROWS, interpreting
+    from kiln.llm.int4_layout import Int4TritonLinear  # Triton is optional
+    from kiln.llm.triton_matvec import MAX_ROWS
 
     if x.numel() // x.shape[-1] > MAX_ROWS or not (x.is_cuda or interpreting()):
         return None
@@ -119,6 +119,6 @@ def _int4(layer: nn.Module, rows: Tensor, norm: nn.Module | None, prologue: str,
 
 
 def _split_halves(y: Tensor) -> Tensor:
-    from kiln.llm.int4_layout import split_halves
+    from kiln.llm.int4_layout import split_halves  # Triton is optional
 
     return split_halves(y, dim=1)

@@ -29,6 +29,7 @@ from kiln.bench.timing import StepClock, time_calls
 from kiln.config.errors import ConfigError
 from kiln.llm.decode_attention import check as check_decode_attention
 from kiln.llm.decode_matvec import check as check_decode_matvec
+from kiln.llm.kernels import use_decode_kernels
 from kiln.llm.model import Decoder, KVCache
 from kiln.llm.sampling import Sampling, check_sampling, sample
 
@@ -85,9 +86,9 @@ def prefill_step(model: Decoder, s: Slots, length: int, padded: bool, greedy: bo
     s.done.copy_(_is_stop(first, s.stop))
 
 
-def decode_step(model: Decoder, s: Slots, greedy: bool, kernel: str = "matmul", matvec: str = "inductor") -> None:
+def decode_step(model: Decoder, s: Slots, greedy: bool) -> None:
     token = s.tokens.index_select(1, s.pos)  # [B, 1]
-    logits = model(token, cache=s.cache, pad=s.pad, decode_slot=s.pos, decode_kernel=kernel, decode_matvec=matvec)
+    logits = model(token, cache=s.cache, pad=s.pad, decode_slot=s.pos)
     nxt = sample(logits[:, -1].float(), greedy, s.temperature, s.top_k, s.top_p)
     s.tokens.index_copy_(1, s.pos + 1, nxt.view(-1, 1))
     s.done.logical_or_(_is_stop(nxt, s.stop))
@@ -146,7 +147,8 @@ class Engine:
     `decode_attention`: the decode step's attention kernel, `auto` (`triton` on CUDA where it runs,
     else `matmul`), `matmul`, `flash` or `triton` (kiln.llm.decode_attention). `decode_matvec`: the
     decode step's projections, `auto` (`triton` where it runs, else `inductor`), `inductor` or
-    `triton` (kiln.llm.decode_matvec)."""
+    `triton` (kiln.llm.decode_matvec). The chosen kernels are swapped into `model` in place
+    (kiln.llm.kernels.use_decode_kernels)."""
 
     def __init__(self, model: Decoder, *, compile: bool = False, cuda_graphs: bool | None = None,
                  inductor_options: dict[str, Any] | None = None, stop_check_interval: int = 8,
@@ -165,6 +167,7 @@ class Engine:
         self.stop_check_interval = stop_check_interval
         self.decode_kernel = check_decode_attention(decode_attention, self.device, self.dtype, self.config.head_dim)
         self.decode_matvec = check_decode_matvec(decode_matvec, self.device, self.dtype)
+        use_decode_kernels(self.model, attention=self.decode_kernel, matvec=self.decode_matvec)
         self.inductor_options = default_inductor_options(self.device) if inductor_options is None else inductor_options
         self.compile_prefill = compile if compile_prefill is None else compile_prefill
         prefill_options = self.inductor_options if prefill_inductor_options is None else prefill_inductor_options
@@ -275,19 +278,19 @@ class Engine:
             graph.replay()
             return
         if not self.cuda_graphs:
-            self._call(name, self._decode, self.model, s, greedy, self.decode_kernel, self.decode_matvec)
+            self._call(name, self._decode, self.model, s, greedy)
             return
         # Warm up on a side stream (compiles on the first call), then capture; capturing runs
         # nothing, so this step itself is the warm-up step's real work.
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
-            self._call(name, self._decode, self.model, s, greedy, self.decode_kernel, self.decode_matvec)
+            self._call(name, self._decode, self.model, s, greedy)
         torch.cuda.current_stream(self.device).wait_stream(stream)
         if warmups_left <= 1:
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
-                self._decode(self.model, s, greedy, self.decode_kernel, self.decode_matvec)
+                self._decode(self.model, s, greedy)
             self._graphs[greedy] = graph
 
     @torch.inference_mode()

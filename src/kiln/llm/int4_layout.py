@@ -12,7 +12,8 @@ from torch import Tensor, nn
 
 import kiln.llm.triton_int4  # noqa: F401  (registers kiln::int4_matvec)
 from kiln.llm.quant_torch import _int4_groups
-from kiln.llm.triton_matvec import MAX_ROWS, interpreting
+from kiln.llm.triton_launch import interpreting
+from kiln.llm.triton_matvec import MAX_ROWS
 
 
 def pack_words(q: Tensor) -> Tensor:

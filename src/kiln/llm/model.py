@@ -10,19 +10,20 @@ Choices made for fast decoding (see kiln.llm.engine for the loop around it):
 - The KV cache is static ([B, S, Hkv, D] per layer, allocated once); a decode step writes its
   slot in place (`index_copy_` at a device tensor) and attends over all S slots under a mask
   computed from that tensor, so shapes never change and nothing recompiles per position.
-  With `decode_kernel="flash"` or `"triton"` (CUDA) the step's attention is a split-KV kernel
-  told where each row's keys start and where the step is (kiln.llm.decode_attention); `triton`
-  also applies RoPE and writes the cache slot itself (kiln.llm.triton_decode).
 - Prefill attends within the prompt with SDPA (flash kernels when there is no padding); a
   decode step computes attention as two broadcast matmuls with M = 1 per query head, which
   inductor turns into tuned reductions (`coordinate_descent_tuning`) instead of a kernel that
   parallelises over heads only.
-- With `decode_matvec="triton"` a decode step's projections run through kiln's matrix-vector
-  kernel with each RMSNorm and residual add fused in (kiln.llm.decode_matvec).
+- What every layer's attention reads of one call (RoPE angles, masks, the step's slot, padding)
+  is built once per call as `AttentionInputs`, not per layer.
 - Prefill computes logits for the last position only (`last_only`).
-Training (`model.name=llama:...`, kiln.models.llama) runs this same module on full sequences:
-activation checkpointing, float8, compile, FSDP2 and the fused cross-entropy (`hidden=True`) are
-applied to it from outside (kiln.train, kiln.distributed).
+
+Nothing here chooses a kernel: kiln's decode kernels (split-KV attention, fused matrix-vector
+products) are swapped in from outside by kiln.llm.kernels.use_decode_kernels, which replaces the
+implementation of `Attention.decode_attention` / `Attention.core`, `Block.forward` and
+`Decoder.logits` for decode steps. Training (`model.name=llama:...`, kiln.models.llama) runs this
+same module on full sequences: activation checkpointing, float8, compile, FSDP2 and the fused
+cross-entropy (`hidden=True`) are applied to it from outside (kiln.train, kiln.distributed).
 Left padding: a batch of prompts of different lengths is padded on the left; `pad[b]` slots of
 row b are masked out as keys and its positions start after them, as HF does with attention_mask.
 """
@@ -30,14 +31,13 @@ row b are masked out as keys and its positions start after them, as HF does with
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from kiln.llm.config import DecoderConfig
-from kiln.llm.decode_attention import attend, step_rows
-from kiln.llm.decode_matvec import fused_linear, fused_mlp
 from kiln.llm.rope import Rotary, apply_rotary
 
 
@@ -73,6 +73,30 @@ class KVCache:
         return sum(t.numel() * t.element_size() for t in (*self.k, *self.v))
 
 
+@dataclass
+class AttentionInputs:
+    """What every layer's attention reads in one forward call, built once per call by the Decoder."""
+
+    cos: Tensor
+    """RoPE cosines [B, T, 1, D] in the model dtype (positions count from each row's first real token)."""
+    sin: Tensor
+    """RoPE sines, as `cos`."""
+    masks: dict[int | None, Tensor | None]
+    """Boolean mask (True = may attend) per distinct layer window: [B, S] for a decode step,
+    [B, T, T] for a prompt, None where plain causal attention is exact."""
+    slot: Tensor | None
+    """A decode step: the cache slot it writes and attends up to ([1] long). None: a prompt in
+    slots 0..T-1."""
+    pad: Tensor | None
+    """[B] long: left-padding slots per row (None: no padding)."""
+    inv_freq: Tensor
+    """RoPE frequencies [D / 2], fp32: for attention kernels that rotate q and k themselves."""
+
+    @property
+    def decoding(self) -> bool:
+        return self.slot is not None
+
+
 class Attention(nn.Module):
     expand_kv = False
     """Repeat each key/value head for its query heads before a prompt's SDPA call, for attention
@@ -89,44 +113,37 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(config.head_dim, config.norm_eps) if config.qk_norm else None
         self.scale = 1.0 / math.sqrt(config.head_dim)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None,
-                kv: tuple[Tensor, Tensor] | None, decode_slot: Tensor | None,
-                decode: tuple[str, tuple[Tensor, ...] | None] = ("matmul", None)) -> Tensor:
-        return self.wo(self.core(self.wqkv(x), cos, sin, mask, kv, decode_slot, decode))
+    def forward(self, x: Tensor, inputs: AttentionInputs, kv: tuple[Tensor, Tensor] | None) -> Tensor:
+        return self.wo(self.core(self.wqkv(x), inputs, kv))
 
-    def core(self, qkv: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None,
-             kv: tuple[Tensor, Tensor] | None, decode_slot: Tensor | None,
-             decode: tuple[str, tuple[Tensor, ...] | None] = ("matmul", None)) -> Tensor:
-        """Attention from the projected q/k/v [B, T, (H + 2 Hkv) D] to [B, T, H D], before `wo`."""
+    def core(self, qkv: Tensor, inputs: AttentionInputs, kv: tuple[Tensor, Tensor] | None) -> Tensor:
+        """Attention from the projected q/k/v [B, T, (H + 2 Hkv) D] to [B, T, H D], before `wo`.
+        `kv`: this layer's cache (keys, values), written here; None: no cache (training)."""
         B, T, _ = qkv.shape
         H, Hkv, D = self.n_heads, self.n_kv_heads, self.head_dim
-        kernel, rows = decode
-        if decode_slot is not None and kernel == "triton" and rows is not None and self.q_norm is None:
-            # RoPE, the cache write and the attention in one kernel (kiln.llm.triton_decode)
-            from kiln.llm.triton_decode import triton_decode_rope
-
-            y = triton_decode_rope(qkv, rows[2], kv[0], kv[1], rows[0], rows[1], self.scale, self.window, H)
-            return y.reshape(B, T, H * D)
         q, k, v = qkv.split([H * D, Hkv * D, Hkv * D], dim=-1)
         q, k, v = q.view(B, T, H, D), k.view(B, T, Hkv, D), v.view(B, T, Hkv, D)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)  # [B, T, heads, D]
-        if decode_slot is not None:
+        q, k = apply_rotary(q, inputs.cos, inputs.sin), apply_rotary(k, inputs.cos, inputs.sin)  # [B, T, heads, D]
+        if inputs.decoding:
             cache_k, cache_v = kv
-            cache_k.index_copy_(1, decode_slot, k)
-            cache_v.index_copy_(1, decode_slot, v)
-            y = attend(kernel, q, cache_k, cache_v, rows, self.scale, self.window) if rows is not None else None
-            if y is not None:
-                y = y.transpose(1, 2)
-            else:
-                y = self._decode_attention(q.transpose(1, 2), cache_k.transpose(1, 2), cache_v.transpose(1, 2), mask)
+            cache_k.index_copy_(1, inputs.slot, k)
+            cache_v.index_copy_(1, inputs.slot, v)
+            y = self.decode_attention(q, cache_k, cache_v, inputs)
         else:
             if kv is not None:  # a fresh prompt fills slots 0..T-1
                 kv[0][:, :T] = k
                 kv[1][:, :T] = v
-            y = self._prompt_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask)
+            y = self._prompt_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                       inputs.masks[self.window])
         return y.transpose(1, 2).reshape(B, T, H * D)
+
+    def decode_attention(self, q: Tensor, cache_k: Tensor, cache_v: Tensor, inputs: AttentionInputs) -> Tensor:
+        """One decode step's attention: q [B, 1, H, D] over the cache [B, S, Hkv, D] (this step's
+        key/value already written) -> [B, H, 1, D]."""
+        return self._decode_attention(q.transpose(1, 2), cache_k.transpose(1, 2), cache_v.transpose(1, 2),
+                                      inputs.masks[self.window])
 
     def _prompt_attention(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
         groups = self.n_heads // self.n_kv_heads
@@ -170,15 +187,8 @@ class Block(nn.Module):
         self.ffn_norm = RMSNorm(config.dim, config.norm_eps)
         self.ffn = FeedForward(config)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None,
-                kv: tuple[Tensor, Tensor] | None, decode_slot: Tensor | None,
-                decode: tuple[str, tuple[Tensor, ...] | None] = ("matmul", None), fused: bool = False) -> Tensor:
-        if fused:  # a decode step through kiln's matrix-vector kernel, norms and residual adds fused in
-            attn, ffn = self.attn, self.ffn
-            y = attn.core(fused_linear(attn.wqkv, x, norm=self.attn_norm), cos, sin, mask, kv, decode_slot, decode)
-            x = fused_linear(attn.wo, y, residual=x)
-            return fused_mlp(ffn, x, self.ffn_norm, x)
-        x = x + self.attn(self.attn_norm(x), cos, sin, mask, kv, decode_slot, decode)
+    def forward(self, x: Tensor, inputs: AttentionInputs, kv: tuple[Tensor, Tensor] | None) -> Tensor:
+        x = x + self.attn(self.attn_norm(x), inputs, kv)
         return x + self.ffn(self.ffn_norm(x))
 
 
@@ -195,8 +205,7 @@ class Decoder(nn.Module):
         self.rotary = Rotary(config.rope, config.head_dim)
 
     def forward(self, tokens: Tensor, *, cache: KVCache | None = None, pad: Tensor | None = None,
-                decode_slot: Tensor | None = None, last_only: bool = False, decode_kernel: str = "matmul",
-                decode_matvec: str = "inductor", hidden: bool = False) -> Tensor:
+                decode_slot: Tensor | None = None, last_only: bool = False, hidden: bool = False) -> Tensor:
         """Logits [B, T or 1, vocab] for `tokens` [B, T] (with `hidden`: the final normed hidden
         states [B, T, dim] instead, for a loss that applies `lm_head` itself, e.g. a fused linear +
         cross-entropy that never holds all the logits).
@@ -205,31 +214,34 @@ class Decoder(nn.Module):
         causal attention within it. With `decode_slot` (a one-element long tensor): one decode
         step, T == 1, writing that slot and attending over the whole cache up to it.
         `pad` [B]: left-padding slots per row (masked out; positions count from the first real
-        token). `last_only`: logits of the last position only (all prefill needs). `decode_kernel`:
-        a decode step's attention, `matmul` (any device), `flash` or `triton` (kiln.llm.decode_attention).
-        `decode_matvec`: a decode step's projections, `inductor` (plain modules) or `triton`
-        (kiln.llm.decode_matvec: kiln's kernel with the norms and residual adds fused in).
+        token). `last_only`: logits of the last position only (all prefill needs).
         """
+        x = self.embed(tokens)
+        inputs = self.attention_inputs(tokens, cache, pad, decode_slot, x.dtype)
+        for i, layer in enumerate(self.layers):
+            kv = (cache.k[i], cache.v[i]) if cache is not None else None
+            x = layer(x, inputs, kv)
+        if last_only:
+            x = x[:, -1:]
+        if hidden:
+            return self.norm(x)
+        return self.logits(x, inputs)
+
+    def logits(self, x: Tensor, inputs: AttentionInputs) -> Tensor:
+        """The final norm and the vocabulary projection of the hidden states x [B, T, dim]."""
+        return self.lm_head(self.norm(x))
+
+    def attention_inputs(self, tokens: Tensor, cache: KVCache | None, pad: Tensor | None,
+                         decode_slot: Tensor | None, dtype: torch.dtype) -> AttentionInputs:
+        """RoPE angles, masks, slot and padding of this call, for every layer."""
         B, T = tokens.shape
         slots = decode_slot if decode_slot is not None else torch.arange(T, device=tokens.device)
         positions = slots.view(1, T).expand(B, T)
         if pad is not None:
             positions = (positions - pad.view(B, 1)).clamp(min=0)
-        x = self.embed(tokens)
-        cos, sin = self.rotary(positions, x.dtype)
+        cos, sin = self.rotary(positions, dtype)
         masks = self._masks(T, slots, pad, cache, decode=decode_slot is not None)
-        rows = step_rows(decode_kernel, B, cache.capacity, decode_slot, pad) if decode_slot is not None else None
-        if rows is not None and decode_kernel == "triton":  # its fused RoPE computes the angles itself
-            rows = (*rows, self.rotary.inv_freq)
-        fused = decode_slot is not None and decode_matvec == "triton"
-        for i, layer in enumerate(self.layers):
-            kv = (cache.k[i], cache.v[i]) if cache is not None else None
-            x = layer(x, cos, sin, masks[layer.attn.window], kv, decode_slot, (decode_kernel, rows), fused)
-        if last_only:
-            x = x[:, -1:]
-        if hidden:
-            return self.norm(x)
-        return fused_linear(self.lm_head, x, norm=self.norm) if fused else self.lm_head(self.norm(x))
+        return AttentionInputs(cos, sin, masks, decode_slot, pad, self.rotary.inv_freq)
 
     def _masks(self, T: int, slots: Tensor, pad: Tensor | None, cache: KVCache | None, *,
                decode: bool) -> dict[int | None, Tensor | None]:

@@ -9,31 +9,26 @@ values) over it. It writes the chunk's normalised output and log-sum-exp and cou
 the whole step. Slots past the step's position, or before a row's first real slot, are masked
 out of the softmax; chunks with none left combine with weight 0.
 
-Why: at batch 1 the matmul formulation becomes 5-7 inductor kernels per layer (the softmax over
-~1k slots runs on one thread block per head), and FlashAttention's split-KV kernel plus its combine
-took ~12 us per layer on an H100 (kiln.llm.decode_attention); the first version of this kernel,
-with the combine left to inductor, took 5 us plus 1.7-3.2 us for the combine; this one took
-7.6 us alone and 8.5 us inside the 3B decode step (so in the model the in-kernel combine has not
-paid off yet; benchmarks/results/h100/README.md). The chunk count is chosen so that
-B * Hkv * chunks programs fill the GPU, and the valid range of each row (`start`, `pos`, a sliding
-window) is read from device tensors, so shapes never change and the step stays one CUDA graph.
-The kernel is registered as the custom op `kiln::decode_attention`, which torch.compile calls as
-an opaque kernel.
+Why: at batch 1 the matmul formulation becomes several inductor kernels per layer (the softmax
+over ~1k slots runs on one thread block per head), and FlashAttention's split-KV kernel needs a
+second kernel to combine its chunks. The chunk count is chosen so that B * Hkv * chunks programs
+fill the GPU, and the valid range of each row (`start`, `pos`, a sliding window) is read from
+device tensors, so shapes never change and the step stays one CUDA graph. The kernel is
+registered as the custom op `kiln::decode_attention`, which torch.compile calls as an opaque
+kernel.
 
-`kiln::decode_attention_rope` (what the model's decode step calls for layers without q/k norms)
-takes the q/k/v projection's output instead: every program computes the RoPE angles of its row's
-position, rotates its query heads and its head's new key, the program whose chunk holds the step's
-slot writes the new key and value into the cache, and the slot's scores use them directly; it is
-launched with programmatic dependent launch (kiln.llm.triton_matvec.PDL), so with
-`--decode-matvec triton` every kernel of a layer is scheduled while the one before it ends. This
-replaced three inductor kernels per layer (RoPE of q, RoPE of k with its cache write, the value's
-cache write: ~4 us of ~11 per layer) and their launch gaps: the 3B step went from 228 kernels to
-145, and to 376.0 tok/s, 84 % of the roofline (benchmarks/results/h100/llm/decode_matvec). The op
-declares the caches it writes; inductor calls it on them in place (tests/llm/test_triton_decode.py
-checks that no copy is made). Under PDL each program reads its first block of keys and values
-before it waits (only this kernel writes a layer's cache, and the step's own slot is taken from
-the projection instead), so the wait is followed by the query's read alone: from the projection's
-end to the attention's, a 3B layer took 9.2-9.5 us instead of 11.3-11.6 (decode_matvec 11-15).
+`kiln::decode_attention_rope` (what a decode step runs for layers without q/k norms once
+kiln.llm.kernels swaps it in) takes the q/k/v projection's output instead: every program computes
+the RoPE angles of its row's position, rotates its query heads and its head's new key, the
+program whose chunk holds the step's slot writes the new key and value into the cache, and the
+slot's scores use them directly. This replaces three inductor kernels per layer (RoPE of q, RoPE
+of k with its cache write, the value's cache write) and their launch gaps. It is launched with
+programmatic dependent launch (kiln.llm.triton_launch.PDL), so with `--decode-matvec triton`
+every kernel of a layer is scheduled while the one before it ends; each program reads its first
+block of keys and values before it waits (only this kernel writes a layer's cache, and the
+step's own slot is taken from the projection instead), so the wait is followed by the query's
+read alone. The op declares the caches it writes; inductor calls it on them in place
+(tests/llm/test_triton_decode.py checks that no copy is made).
 
 Tests run it on CPU through Triton's interpreter (TRITON_INTERPRET=1, fp32); the GPU check is
 benchmarks/decode_attention_check.py.
@@ -41,17 +36,15 @@ benchmarks/decode_attention_check.py.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-# Launch settings, from benchmarks/decode_attention_bench.py on an H100 (3B shape, 1280 slots;
-# 24 settings swept 2026-11-24): 64-slot blocks and 2 warps were fastest (7.8 us per layer with
-# 256-1024 programs aimed at, 8.4-11.7 us with 16/32-slot blocks or 4 warps).
+from kiln.llm.triton_launch import arrival_counters, interpreting, pdl_enabled
+
+# Launch settings: the fastest of benchmarks/decode_attention_bench.py's sweep on an H100.
 BLOCK_S = 64
 """Key slots per inner iteration (and the granularity of a chunk)."""
 TARGET_PROGRAMS = 256
@@ -174,7 +167,7 @@ def _chunk_attention(Q, K, V, Start, Pos, Part, Lse, Arrived, Y, InvFreq, slots,
     arrived = tl.atomic_add(Arrived + row_head, 1, sem="acq_rel")
     if arrived == CHUNKS - 1:
         # One [chunks, D] tile per head, loaded at once (a loop over chunks would serialise ~40
-        # dependent loads in this one program: 17 us per layer on an H100, seen 2026-11-24).
+        # dependent loads in this one program).
         c = tl.arange(0, BLOCK_C)
         c_ok = c < CHUNKS
         for gi in tl.static_range(G):
@@ -189,27 +182,15 @@ def _chunk_attention(Q, K, V, Start, Pos, Part, Lse, Arrived, Y, InvFreq, slots,
 
 
 _KERNELS: dict[bool, object] = {}
-_ARRIVED: dict[tuple[torch.device, int], Tensor] = {}
 
 
 def _kernel():
     """The jitted kernel; Triton picks its interpreter at jit time from TRITON_INTERPRET, so tests
     that set it get an interpreted copy."""
-    interpret = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    interpret = interpreting()
     if interpret not in _KERNELS:
         _KERNELS[interpret] = triton.jit(_chunk_attention)
     return _KERNELS[interpret]
-
-
-def arrival_counters(device: torch.device, n: int) -> Tensor:
-    """`n` zeroed int32 counters for kernels whose last program to arrive finishes the work (this
-    one and kiln.llm.triton_matvec), kept for the process: every call leaves them at zero again,
-    and a CUDA graph that captured a call keeps pointing at the same ones. Calls on one stream use
-    them one after another; concurrent calls on two streams must not share a device."""
-    key = (device, n)
-    if key not in _ARRIVED:
-        _ARRIVED[key] = torch.zeros(n, dtype=torch.int32, device=device)
-    return _ARRIVED[key]
 
 
 def _launch(q: Tensor | None, qkv_rows: Tensor | None, inv_freq: Tensor | None, cache_k: Tensor, cache_v: Tensor,
@@ -228,8 +209,6 @@ def _launch(q: Tensor | None, qkv_rows: Tensor | None, inv_freq: Tensor | None, 
     group = H // Hkv
     rope = qkv_rows is not None
     src, stride_b, stride_h = (qkv_rows, qkv_rows.stride(0), D) if rope else (q, q.stride(0), q.stride(1))
-    from kiln.llm.triton_matvec import pdl_enabled
-
     pdl = rope and pdl_enabled(ref.device)  # the fused op only: its predecessor is kiln's PDL-aware matvec
     _kernel()[(B * Hkv, chunks)](
         src, cache_k, cache_v, pos if start is None else start, pos, part, lse, arrival_counters(ref.device, B * Hkv), y,
@@ -291,8 +270,8 @@ def triton_decode_rope(qkv: Tensor, inv_freq: Tensor, cache_k: Tensor, cache_v: 
                        pos: Tensor, scale: float, window: int | None, heads: int) -> Tensor:
     """One decode step's RoPE, cache write and attention: qkv [B, 1, (H + 2 Hkv) D] -> [B, 1, H, D]
     in qkv's dtype. The angles are computed in the kernel (from inv_freq, pos and pad), not passed:
-    as inputs, inductor gave every layer its own copy of cos and sin, one more kernel per layer
-    between the projection and the attention (seen in the 3B trace, 2026-11-25)."""
+    as inputs, inductor gives every layer its own copy of cos and sin, one more kernel per layer
+    between the projection and the attention."""
     B, D = qkv.shape[0], cache_k.shape[-1]
     return torch.ops.kiln.decode_attention_rope(qkv.reshape(B, -1), inv_freq, cache_k, cache_v, pad, pos, scale,
                                                 window or 0, heads).view(B, 1, heads, D)

@@ -17,10 +17,7 @@ first, one shift per word) its bits read as an fp32 denormal equal to q * 2^(s-1
 the FMA multiplies it by x * 2^(100-s) (a power of two, exact), so each input costs one logical
 op and one FMA, and every product carries the same factor 2^-49, removed once per output. Per
 group sum_k (q_k scale + offset) x_k = scale sum_k q_k x_k + offset sum_k x_k: the scale is
-applied once per word, the offset once per group and output. In Triton's sm_90 code (compiled
-here for sm_90 and counted) a group costs a thread of a 128-wide block 400 instructions, 3.1 per
-input, none through shared memory (two rows per thread and a rolled loop: 504, 3.9; the first
-layout: 6.3, two logical ops, a subtraction and shared-memory round trips per nibble).
+applied once per word, the offset once per group and output. No step goes through shared memory.
 
 Fused parts (fixed at compile time):
 - prologue `rms`: the model's RMSNorm weight was folded into this weight when it was quantized
@@ -38,18 +35,11 @@ before waiting for the previous kernel and lets the next kernel launch after tha
 inputs (prefill) dequantize the weight and call `linear`. Tests run it on CPU through Triton's
 interpreter (TRITON_INTERPRET=1).
 
-Measured on an H100 (benchmarks/results/h100/llm/decode_matvec, Llama-3.2-3B shape, g128, decode
-at batch 1): this code decoded 692.5 and 693.7 tok/s in two processes of one call (folder 23, the
-second taking the first's autotuned settings from Triton's cache), 1.84x and 1.81x kiln's bf16 of
-the same process (376.8, 382.3) and 1.13x torchao's tinygemm (611.3, 613.4); the code before its
-last pruning rule, 691.7 (1.82x, folder 22); 714.3 (1.93x a low bf16 reading, 370.8) with the
-int8 row beside (folder 24). The one-token matmuls of a step take 1.10 ms standalone
-(tinygemm 1.23). Per layer in calls 23-24: wqkv 7.0-9.7 us (by the autotuner's pick), attention
-8.8-9.3, wo 6.6-7.7, gate_up 13.3-14.1, w_down 8.8-8.9; the lm_head 75 us (2.6 TB/s). The
-layout before (two rows per thread, a rolled loop, every program letting the next kernel in at
-its start: folders 13-16) decoded 643-651 (1.69-1.71x). What is left is latency rather than bytes: the projections of
-5-27 MB take 7-14 us each, a chain per program of its groups' arithmetic (~3 SASS instructions
-per input), a split reduction and the wait for the previous kernel.
+Why: a batch-1 int4 decode step is bound by latency more than bytes: each projection of a few
+MB is a chain per program of its groups' arithmetic, a split reduction and the wait for the
+previous kernel, so the kernel keeps the arithmetic per input to a logical op and an FMA, keeps
+several groups in flight and fuses the work around the matmul instead of launching it.
+Measurements: benchmarks/results/h100/llm/decode_matvec.
 """
 
 from __future__ import annotations
@@ -62,8 +52,8 @@ import triton.language as tl
 from torch import Tensor
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from kiln.llm.triton_decode import arrival_counters
-from kiln.llm.triton_matvec import _split_sum, _x_tile, interpreting, pdl_enabled
+from kiln.llm.triton_launch import arrival_counters, interpreting, pdl_enabled
+from kiln.llm.triton_matvec import _split_sum, _x_tile
 
 PROLOGUES = {"none": 0, "rmsnorm": 1, "silu_mul": 2, "rms": 3}
 """Prologue codes: 1 and 2 as kiln.llm.triton_matvec's; 3 the folded norm (a scalar per row)."""
@@ -183,10 +173,9 @@ def _int4_matvec(X, Q, Scale, Offset, Y, NormW, Bias, Res, Part, Arrived, M, N, 
         w2 = _words(q_tile + g2 * R * N, col_ok, g2 < GROUPS, EVEN)
     if PDL:
         # The next kernel is let in only once this one's input is ready (the previous kernel has
-        # ended), not at once: launched at the start, each kernel let the next launch early too, and
-        # with int4's short kernels the weights of the projections two and three ahead were being
-        # requested while the fused attention read its keys and values (H100 profile, 2026-11-25:
-        # gate_up began 2.0-2.6 us after wo, attention took 11.9-12.3 us per layer instead of 9.3).
+        # ended), not at once: let in at the start, each kernel would let the next launch early too,
+        # and with int4's short kernels the weights of the projections two and three ahead would be
+        # requested while the fused attention reads its keys and values, slowing it.
         gdc_wait()
         gdc_launch_dependents()
     # FAST: plain bf16 x (no prologue per value): its values are loaded one group ahead too, and a
@@ -270,15 +259,13 @@ def _int4_matvec(X, Q, Scale, Offset, Y, NormW, Bias, Res, Part, Arrived, M, N, 
 SETTINGS = ([(64, split, 3, 4) for split in (4, 8, 16)]
             + [(128, split, depth, 4) for split in (2, 4, 8, 16) for depth in (2, 3)]
             + [(256, split, depth, 4) for split in (1, 2, 4) for depth in (1, 2)])
-"""(BLOCK_N, SPLIT, DEPTH, warps) the autotuner may try (`_prune` keeps 1-7 per 3B shape). 3B
-projections have 24-64 groups and 3072-128256 outputs, so the narrow ones need splits of K to give
-every SM work, and a program's groups are a chain of memory round trips unless several are in
-flight (DEPTH): in the first H100 profile (one group ahead) w_down took 17.4 us per call for 12.6
-MB and wqkv 9.7 us for 8.4 MB, against 81 us (2.4 TB/s) for the 197 MB lm_head. Tried on an H100
-and dropped (benchmarks/results/h100/llm/decode_matvec 14, 15, 18): 3-way splits and 8 warps for
-256-wide blocks; requesting the residual and the row for 1/rms before the first group; and an L2
-prefetch of each program's remaining weights before its wait (cp.async.bulk.prefetch.L2): wo
-took 11.2 us instead of 8.0, the prefetches of the kernels ahead delaying the ones due now."""
+"""(BLOCK_N, SPLIT, DEPTH, warps) the autotuner may try (`_prune` keeps a few per shape). Llama
+projections have tens of groups and thousands to a hundred thousand outputs, so the narrow ones
+need splits of K to give every SM work, and a program's groups are a chain of memory round trips
+unless several are in flight (DEPTH). Left out because they lost on an H100: 3-way splits, 8 warps
+for 256-wide blocks, requesting the residual and the row for 1/rms before the first group, and an
+L2 prefetch of each program's remaining weights before its wait (the prefetches of the kernels
+ahead delayed the ones due now)."""
 MAX_SPLIT = max(setting[1] for setting in SETTINGS)
 INTERPRETED_SETTING = (32, 1, 2)
 """(BLOCK_N, SPLIT, DEPTH) under Triton's interpreter (4 warps; no GPU to tune on); tests pass others."""
@@ -298,10 +285,7 @@ def _prune(configs, named_args, **kwargs):
     is a chain per program, shorter with more programs. 256-wide blocks (2-4x the
     registers of 128-wide ones) only where there are enough of them to fill the GPU without splits
     (the lm_head). The autotuner times a kernel alone, where a few long programs per SM can win; in
-    the model they lost (H100 profiles, 2026-11-25, benchmarks/results/h100/llm/decode_matvec 18-23,
-    us per layer): wqkv 12.6 with 4 splits of 128-wide blocks (160 programs), 9.1-9.5 with 8 (320),
-    7.7 with 16 (640; 64-wide blocks in 8 splits, also 640, 9.7); wo 12.5 with 96 programs, 6.5-7.0
-    with 192-384; w_down 9.2-10.3 with 384, 8.5-8.9 with 768; a 256-wide wqkv (call 18), 17.9."""
+    the model, between other kernels, more and shorter programs were faster on every projection."""
     args = {**named_args, **kwargs}
     groups = args["K"] // args["GROUP"]
     sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count

@@ -24,23 +24,17 @@ On Hopper the kernel is launched with programmatic dependent launch (`PDL`): its
 scheduled while the previous kernel's last ones finish; each reads its first weight tile (which no
 kernel writes), then waits (`gdc_wait`) before reading anything an earlier kernel produced.
 
-Why: inductor fuses the norm and the SwiGLU into its own matrix-vector reductions, but read the
-weights at 2.0-2.7 TB/s in the 3B decode profile on an H100, and the residual adds and norms
-between projections cost ~2 more launches per layer. The first version of this kernel kept a
-[rows, BLOCK_N, BLOCK_K] accumulator, for which Triton gave the weight tile another layout than
-its load's: every tile went through shared memory (seen in its sm_90 PTX). With the 2-D tile, on
-an H100 (benchmarks/results/h100/llm/decode_matvec): all layers' projections chained 2.156 ms with
-PDL against 2.244 for inductor's, and with kiln.llm.triton_decode's fused attention the 3B decode
-step reached 368.6-376.0 tok/s, 82-84 % of the copy-bandwidth roofline, in three of four calls
-(inductor's projections: 319.7 in the same call as the 373.6 reading). Launch settings are autotuned per shape on the first call (the engine's warm-up,
-before its CUDA graph is captured).
+Why: inductor fuses the norm and the SwiGLU into its own matrix-vector reductions, but reads the
+weights well below the copy bandwidth, and the residual adds and norms between projections cost
+more launches per layer. The accumulator is a 2-D tile in the weight tile's own layout: a 3-D
+[rows, BLOCK_N, BLOCK_K] one made Triton move every weight tile through shared memory. Launch
+settings are autotuned per shape on the first call (the engine's warm-up, before its CUDA graph
+is captured). Measurements: benchmarks/results/h100/llm/decode_matvec.
 
 Tests run it on CPU through Triton's interpreter (TRITON_INTERPRET=1) with a fixed setting.
 """
 
 from __future__ import annotations
-
-import os
 
 import torch
 import triton
@@ -48,7 +42,7 @@ import triton.language as tl
 from torch import Tensor
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from kiln.llm.triton_decode import arrival_counters
+from kiln.llm.triton_launch import arrival_counters, interpreting, pdl_enabled
 
 MAX_ROWS = 8
 """Rows (batch x tokens) up to which the kernel runs; longer inputs (prefill) use `linear`."""
@@ -153,10 +147,11 @@ def _matvec(X, W, Y, NormW, Bias, Res, Part, Arrived, M, N, eps,
 
 
 DENSE_SETTINGS = [(bn, bk, split) for bn in (4, 8, 16) for bk in (256, 512) for split in (1, 2)]
-"""(BLOCK_N, BLOCK_K, SPLIT) the autotuner tries for dense weights. The first H100 sweep
-(2026-11-24, 48 settings per 3B projection: BLOCK_N 4-32, BLOCK_K 256/512, SPLIT 1-4, 4/8 warps)
-put 512-wide tiles, 4 warps and at most 2 splits first on every shape, within ~10 % of each
-other; the autotuner's own timing noise is about that, so fewer choices is steadier."""
+"""(BLOCK_N, BLOCK_K, SPLIT) the autotuner tries for dense weights: the ones that led a wider
+sweep on an H100, within the autotuner's own timing noise of each other (fewer choices is
+steadier)."""
+
+
 def _configs() -> list[triton.Config]:
     return [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk, "SPLIT": split}, num_warps=4, num_stages=2)
             for bn, bk, split in DENSE_SETTINGS]
@@ -180,11 +175,6 @@ INTERPRETED_SETTING = (16, 64, 1)
 """(BLOCK_N, BLOCK_K, SPLIT) under Triton's interpreter (no GPU to tune on); tests pass others."""
 
 
-def interpreting() -> bool:
-    """Whether Triton runs kernels in its CPU interpreter (TRITON_INTERPRET=1, tests)."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-
 def _kernel():
     interpret = interpreting()
     if interpret not in _KERNELS:
@@ -195,18 +185,6 @@ def _kernel():
             configs=_configs(), key=["N", "K", "M", "PROLOGUE", "HAS_RES"],
             prune_configs_by={"early_config_prune": _prune})(jitted)
     return _KERNELS[interpret]
-
-
-PDL = os.environ.get("KILN_PDL", "1") != "0"
-"""Launch kiln's decode kernels (this one, kiln.llm.triton_decode's fused attention) with
-programmatic dependent launch where the GPU has it (Hopper and newer): each call's programs are
-scheduled while the previous kernel's last ones finish; they read only weights before waiting
-for it (`gdc_wait`) and write nothing before. KILN_PDL=0 (or setting this False) turns it off,
-for comparisons."""
-
-
-def pdl_enabled(device: torch.device) -> bool:
-    return PDL and device.type == "cuda" and not interpreting() and torch.cuda.get_device_capability(device)[0] >= 9
 
 
 MAX_SPLIT = 4

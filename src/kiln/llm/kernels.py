@@ -1,0 +1,113 @@
+"""kiln's decode kernels swapped into a plain Decoder from outside: `use_decode_kernels`.
+
+kiln.llm.model stays a plain single-device decoder; this module gives an existing model's decode
+steps kiln's kernels the way torch's `fully_shard` applies FSDP2: each module's class is swapped
+for a subclass that overrides one method for decode steps, so parameters, buffers, state-dict
+keys and hooks stay where they are, prompts (prefill, training) run the plain code, and calling
+it again with other choices (`matmul` / `inductor` back to plain) swaps them back.
+
+Attention (`attention`, chosen and checked by kiln.llm.decode_attention):
+- `flash`: FlashAttention-2's varlen forward on the cache as it is (`flash_decode`), on layers
+  without a sliding window (windowed layers keep `matmul`);
+- `triton`: kiln's split-KV kernel (kiln.llm.triton_decode); on layers without q/k norms it
+  also applies RoPE and writes the step's cache slot (`triton_decode_rope`), from the projection's
+  output, in one launch.
+Projections (`matvec`, chosen and checked by kiln.llm.decode_matvec):
+- `triton`: each layer's projections run through kiln's matrix-vector kernel with the RMSNorms,
+  the SwiGLU and the residual adds fused in (`fused_linear`, `fused_mlp`), and so do the final
+  norm and lm_head.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from kiln.llm.decode_attention import KERNELS, flash_decode, varlen_rows
+from kiln.llm.decode_matvec import CHOICES, fused_linear, fused_mlp
+from kiln.llm.model import Attention, AttentionInputs, Block, Decoder
+
+
+class FlashDecodeAttention(Attention):
+    """A decode step's attention by FlashAttention-2's varlen kernel (kiln.llm.decode_attention)."""
+
+    def decode_attention(self, q: Tensor, cache_k: Tensor, cache_v: Tensor, inputs: AttentionInputs) -> Tensor:
+        rows = varlen_rows(q.shape[0], cache_k.shape[1], inputs.slot, inputs.pad)
+        return flash_decode(q, cache_k, cache_v, rows, self.scale).transpose(1, 2)
+
+
+class TritonDecodeAttention(Attention):
+    """A decode step's attention by kiln's split-KV kernel (kiln.llm.triton_decode), after the
+    model's own q/k norms, RoPE and cache write."""
+
+    def decode_attention(self, q: Tensor, cache_k: Tensor, cache_v: Tensor, inputs: AttentionInputs) -> Tensor:
+        from kiln.llm.triton_decode import triton_decode  # Triton is optional
+
+        return triton_decode(q, cache_k, cache_v, inputs.pad, inputs.slot, self.scale, self.window).transpose(1, 2)
+
+
+class TritonRopeDecodeAttention(Attention):
+    """A decode step's RoPE, cache write and attention in one launch of kiln's kernel
+    (kiln.llm.triton_decode), for layers without q/k norms."""
+
+    def core(self, qkv: Tensor, inputs: AttentionInputs, kv: tuple[Tensor, Tensor] | None) -> Tensor:
+        if not inputs.decoding:
+            return super().core(qkv, inputs, kv)
+        from kiln.llm.triton_decode import triton_decode_rope  # Triton is optional
+
+        B, T, _ = qkv.shape
+        y = triton_decode_rope(qkv, inputs.inv_freq, kv[0], kv[1], inputs.pad, inputs.slot, self.scale, self.window,
+                               self.n_heads)
+        return y.reshape(B, T, self.n_heads * self.head_dim)
+
+
+class FusedMatvecBlock(Block):
+    """A decode step's layer as four launches of kiln's matrix-vector kernel around the attention:
+    RMSNorm + wqkv, wo + the residual add, RMSNorm + w_gate_up, SwiGLU + w_down + the residual add."""
+
+    def forward(self, x: Tensor, inputs: AttentionInputs, kv: tuple[Tensor, Tensor] | None) -> Tensor:
+        if not inputs.decoding:
+            return super().forward(x, inputs, kv)
+        attn = self.attn
+        y = attn.core(fused_linear(attn.wqkv, x, norm=self.attn_norm), inputs, kv)
+        x = fused_linear(attn.wo, y, residual=x)
+        return fused_mlp(self.ffn, x, self.ffn_norm, x)
+
+
+class FusedMatvecDecoder(Decoder):
+    """A decode step's final norm and lm_head as one launch of kiln's matrix-vector kernel."""
+
+    def logits(self, x: Tensor, inputs: AttentionInputs) -> Tensor:
+        if not inputs.decoding:
+            return super().logits(x, inputs)
+        return fused_linear(self.lm_head, x, norm=self.norm)
+
+
+def _attention_class(kernel: str, attn: Attention) -> type[Attention]:
+    if kernel == "flash" and attn.window is None:
+        return FlashDecodeAttention
+    if kernel == "triton":
+        return TritonRopeDecodeAttention if attn.q_norm is None else TritonDecodeAttention
+    return Attention
+
+
+def use_decode_kernels(model: Decoder, *, attention: str = "matmul", matvec: str = "inductor") -> Decoder:
+    """Give `model`'s decode steps the attention kernel `attention` (`matmul`: the model's own,
+    `flash`, `triton`) and the projections `matvec` (`inductor`: the plain modules, `triton`), in
+    place; returns `model`. Names are resolved kernels, not `auto`: where each can run is checked
+    by kiln.llm.decode_attention.check and kiln.llm.decode_matvec.check (kiln.llm.engine.Engine
+    calls them first); this only swaps, so tests can run the Triton kernels under its interpreter."""
+    if attention not in KERNELS or attention == "auto":
+        raise ValueError(f"attention must be one of {', '.join(k for k in KERNELS if k != 'auto')}, "
+                         f"got {attention!r} (resolve `auto` with kiln.llm.decode_attention.check)")
+    if matvec not in CHOICES or matvec == "auto":
+        raise ValueError(f"matvec must be one of {', '.join(c for c in CHOICES if c != 'auto')}, got {matvec!r} "
+                         "(resolve `auto` with kiln.llm.decode_matvec.check)")
+    if type(model) not in (Decoder, FusedMatvecDecoder) or any(type(b) not in (Block, FusedMatvecBlock) for b in model.layers):
+        raise TypeError(f"use_decode_kernels takes kiln's plain Decoder for generation, got {type(model).__name__} "
+                        "(not one wrapped for training: checkpointing, FSDP)")
+    fused = matvec == "triton"
+    for block in model.layers:
+        block.attn.__class__ = _attention_class(attention, block.attn)
+        block.__class__ = FusedMatvecBlock if fused else Block
+    model.__class__ = FusedMatvecDecoder if fused else Decoder
+    return model
