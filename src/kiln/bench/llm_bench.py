@@ -35,7 +35,6 @@ from typing import Any
 import torch
 
 from kiln.bench.ceilings import Ceilings, measure_ceilings
-from kiln.bench.compile_bench import failure
 from kiln.bench.llm_engines import HF_ENGINES, HfEngine, KilnEngine
 from kiln.bench.llm_options import LlmBenchOptions, LlmBenchPlan, check_options
 from kiln.bench.llm_peers import finish_peers, prepare_peers, run_peers
@@ -44,6 +43,7 @@ from kiln.bench.llm_quant import build_variants, load_ppl_tokens, measure_qualit
 from kiln.bench.llm_report import write_llm_results
 from kiln.bench.llm_rows import LlmRow, finish_rows
 from kiln.bench.results import refuse_held_results
+from kiln.bench.row_failure import failure
 from kiln.bench.timing import StepClock, measure_interleaved, time_calls
 from kiln.compile import compile_counters
 from kiln.llm.config import resolve_model

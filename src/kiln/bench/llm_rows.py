@@ -15,9 +15,9 @@ import statistics
 from typing import Any
 
 from kiln.bench.ceilings import Ceilings, bandwidth_fractions
-from kiln.bench.compile_bench import failure
 from kiln.bench.formulas import decode_tok_s, peak_fraction, prefill_tok_s, ratio, request_tok_s, roofline_tok_s, tflops
 from kiln.bench.llm_quant import mark_drift
+from kiln.bench.row_failure import failure
 from kiln.bench.timing import Timing
 
 
