@@ -48,8 +48,8 @@ class LlmPreset:
 
 
 PRESETS = {
-    # Seed 002 (shared/seeds): Llama 3.2 3B, batch 1, sequence 1024, prefill vs decode tokens/s and
-    # memory, eager vs compiled, warm-up before measuring, 256 new tokens.
+    # The single-GPU inference comparison: Llama 3.2 3B at batch 1, a 1024-token prompt and 256 new
+    # tokens, HF eager/compiled against kiln's engines.
     "seed002-llama3b": LlmPreset(
         name="seed002-llama3b",
         description="Llama-3.2-3B shape, bf16, batch 1, prompt 1024, 256 new tokens: HF eager/compiled vs kiln",
