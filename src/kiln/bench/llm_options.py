@@ -227,8 +227,8 @@ def check_options(opts: LlmBenchOptions) -> LlmBenchPlan:
         if not kiln_rows:
             raise ConfigError("--profile-decode", "profiles kiln's engines; add kiln-eager or kiln-compiled to --engines")
     _positive("--deadline-s", opts.deadline_s)
-    device = _device(opts.device)
-    dtype = _dtype(opts.dtype, device)
+    device = device_from_flag(opts.device)
+    dtype = dtype_from_flag(opts.dtype, device)
     source = resolve_model(model)
     config = source.config
     decode_attention.check(opts.decode_attention, device, TORCH_DTYPES[dtype], config.head_dim,
@@ -237,7 +237,8 @@ def check_options(opts: LlmBenchOptions) -> LlmBenchPlan:
     check_lengths([sizes["prompt_len"]], sizes["new_tokens"], max_positions=config.max_positions, max_seq_len=None,
                   keys={"max_new_tokens": "--new-tokens", "prompt": "--prompt-len"})
     entries = list(opts.quants) or ["none"]
-    quants = _quants(entries, opts, config, device, dtype)
+    defaults = QuantSpec(group_size=opts.group_size, backend=opts.quant_backend, lm_head=opts.quant_lm_head)
+    quants = quant_specs(entries, defaults, config, device, dtype)
     if entries != ["none"] and not kiln_rows:
         raise ConfigError("--quant", "quantization applies to kiln's engines (HF rows stay unquantized references); "
                           "add kiln-eager or kiln-compiled to --engines")
@@ -271,7 +272,7 @@ def _positive(flag: str, value: float | None) -> None:
         raise ConfigError(flag, f"must be > 0, got {value}")
 
 
-def _device(spec: str) -> torch.device:
+def device_from_flag(spec: str) -> torch.device:
     """torch.device for --device; a typo or an absent GPU is a ConfigError naming --device."""
     choices = ("auto", "cpu", "cuda", "cuda:N")
     try:
@@ -284,7 +285,7 @@ def _device(spec: str) -> torch.device:
         raise ConfigError("--device", exc.message, exc.choices) from None
 
 
-def _dtype(spec: str, device: torch.device) -> str:
+def dtype_from_flag(spec: str, device: torch.device) -> str:
     """bf16/fp16/fp32 for --dtype (auto: bf16 on CUDA, fp32 elsewhere)."""
     if spec not in DTYPES:
         raise ConfigError("--dtype", f"unknown dtype {spec!r}", DTYPES)
@@ -293,9 +294,10 @@ def _dtype(spec: str, device: torch.device) -> str:
     return spec
 
 
-def _quants(entries: list[str], opts: LlmBenchOptions, config, device: torch.device, dtype: str) -> dict[str, QuantSpec]:
-    """--quant entry (`KIND` or `KIND@BACKEND`) -> checked QuantSpec; two entries may not be one quantization."""
-    defaults = QuantSpec(group_size=opts.group_size, backend=opts.quant_backend, lm_head=opts.quant_lm_head)
+def quant_specs(entries: list[str], defaults: QuantSpec, config, device: torch.device,
+                dtype: str) -> dict[str, QuantSpec]:
+    """--quant entry (`KIND` or `KIND@BACKEND`, over `defaults` from --group-size, --quant-backend and
+    --quant-lm-head) -> checked QuantSpec; two entries may not be one quantization."""
     if len(set(entries)) != len(entries):
         raise ConfigError("--quant", f"a quantization is listed twice: {','.join(entries)}")
     specs = {e: check_quant(parse_quant(e, defaults), config, device, TORCH_DTYPES[dtype]) for e in entries}
