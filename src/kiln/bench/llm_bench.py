@@ -76,6 +76,9 @@ def _param_bytes(model: torch.nn.Module) -> int:
 
 
 class LlmBench:
+    """One run of a checked plan (`opts`): the prompt, one row per engine and quantization, the
+    models, and the phases of the module docstring as methods, in the order `run` calls them."""
+
     def __init__(self, opts: LlmBenchPlan, log: Log = _stderr):
         self.opts, self.log = opts, log
         self.device = torch.device(opts.device)

@@ -86,6 +86,7 @@ def options(args: argparse.Namespace):
 
 
 def _command(args: argparse.Namespace) -> str:
+    """The command line as given (flags at their defaults left out), recorded with the results."""
     parts = ["kiln", "bench", "llm"]
     defaults = {"quant_backend": "torchao", "quant_lm_head": "on", "ppl_context": 1024, "ppl_tokens": 16384,
                 "prefill": "compiled", "tuning": "full", "profile_decode": 0, "decode_attention": "auto",
