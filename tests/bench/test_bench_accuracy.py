@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from kiln.bench.accuracy import compare, tolerance, uses_rng
-from kiln.bench.compile_bench import failure, timing_figures
+from kiln.bench.compile_rows import timing_figures
 from kiln.bench.runner import BenchContext
 from kiln.bench.timing import Timing
 from kiln.config import Config
@@ -72,15 +72,3 @@ def test_speedup_math_uses_the_interleaved_medians():
     timing_figures(ctx, fp32_row, {"eager": timings["eager"], "compiled": timings["compiled"]}, "compiled")
     assert fp32_row["speedup_vs_eager_fp32"] == fp32_row["speedup"]
 
-
-def test_failures_become_one_line_statuses():
-    try:
-        try:
-            raise torch.cuda.OutOfMemoryError("CUDA out of memory.\nTried to allocate 2 GiB")
-        except Exception as inner:
-            raise RuntimeError("backend failed") from inner
-    except Exception as exc:
-        status, reason = failure(exc)
-    assert status == "oom" and "OutOfMemoryError: CUDA out of memory." in reason and "\n" not in reason
-    status, reason = failure(ValueError("bad shape\nmore detail"))
-    assert (status, reason) == ("error", "ValueError: bad shape")

@@ -18,7 +18,7 @@ import torch
 import kiln.bench.ceilings as ceilings
 from kiln.bench import formulas as f
 from kiln.bench.ceilings import Ceilings
-from kiln.bench.compile_bench import compare_with_plain, timing_figures
+from kiln.bench.compile_rows import compare_with_plain, timing_figures
 from kiln.bench.gpu_specs import lookup, spec_dtype
 from kiln.bench.timing import Timing
 from kiln.monitor.flops import mfu
@@ -146,14 +146,15 @@ def test_llm_rows_figures(tmp_path):
     datasheet and the copy; decode-vs-HF and prefill fractions; request tok/s."""
     import json
 
-    from kiln.bench.llm_bench import LlmBench, LlmBenchOptions
+    from kiln.bench.llm_bench import LlmBench
+    from kiln.bench.llm_options import LlmBenchPlan
     from kiln.llm.weights import decode_weight_bytes, random_decoder
 
     (tmp_path / "config.json").write_text(json.dumps({
         "model_type": "llama", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 1,
         "num_attention_heads": 2, "num_key_value_heads": 2, "max_position_embeddings": 64,
         "tie_word_embeddings": True}))
-    bench = LlmBench(LlmBenchOptions(model=str(tmp_path), engines=["hf-compiled", "kiln-compiled"], batch=1,
+    bench = LlmBench(LlmBenchPlan(model=str(tmp_path), engines=["hf-compiled", "kiln-compiled"], batch=1,
                                      prompt_len=10, new_tokens=11, device="cpu", dtype="fp32"), log=lambda m: None)
     bench.kiln_model = random_decoder(bench.config, device="cpu", dtype=torch.float32)
     bench.ceilings = _ceil()
@@ -178,13 +179,14 @@ def test_llm_rows_figures(tmp_path):
 
 
 def test_gpt_fast_comparison_uses_the_peer_at_the_same_quant(tmp_path):
-    from kiln.bench.llm_bench import LlmBench, LlmBenchOptions
+    from kiln.bench.llm_bench import LlmBench
+    from kiln.bench.llm_options import LlmBenchPlan
     from kiln.llm.quant import QuantSpec
 
     (tmp_path / "config.json").write_text(
         '{"model_type": "llama", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48, '
         '"num_hidden_layers": 1, "num_attention_heads": 2, "max_position_embeddings": 64}')
-    bench = LlmBench(LlmBenchOptions(model=str(tmp_path), engines=["kiln-compiled"], device="cpu", dtype="fp32",
+    bench = LlmBench(LlmBenchPlan(model=str(tmp_path), engines=["kiln-compiled"], device="cpu", dtype="fp32",
                                      quants={"none": QuantSpec(), "int4@triton": QuantSpec("int4", backend="triton")}),
                      log=lambda m: None)
     bench.ceilings = _ceil()
@@ -202,16 +204,18 @@ def test_gpt_fast_comparison_uses_the_peer_at_the_same_quant(tmp_path):
 
 
 def test_decode_vs_unquantized_is_the_quantized_rate_over_the_same_engines(tmp_path):
-    from kiln.bench.llm_bench import LlmBench, LlmBenchOptions
+    from kiln.bench.llm_bench import LlmBench
+    from kiln.bench.llm_options import LlmBenchPlan
+    from kiln.bench.llm_rows import ratios
     from kiln.llm.quant import QuantSpec
 
     (tmp_path / "config.json").write_text(
         '{"model_type": "llama", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48, '
         '"num_hidden_layers": 1, "num_attention_heads": 2, "max_position_embeddings": 64}')
-    bench = LlmBench(LlmBenchOptions(model=str(tmp_path), engines=["kiln-compiled"], device="cpu", dtype="fp32",
+    bench = LlmBench(LlmBenchPlan(model=str(tmp_path), engines=["kiln-compiled"], device="cpu", dtype="fp32",
                                      quants={"none": QuantSpec(), "int4": QuantSpec("int4")}), log=lambda m: None)
     bench.rows["kiln-compiled"].row["decode_tok_s"] = 300.0
     bench.rows["kiln-compiled[int4]"].row["decode_tok_s"] = 540.0
-    bench._ratios()
+    ratios(bench.rows)
     assert bench.rows["kiln-compiled[int4]"].row["decode_vs_unquantized"] == 1.8
     assert "decode_vs_unquantized" not in bench.rows["kiln-compiled"].row

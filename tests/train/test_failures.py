@@ -85,7 +85,7 @@ def test_disk_full_inside_a_checkpoint_save(tmp_path, monkeypatch, capsys, summa
         def no_space(path, summary):
             raise OSError(errno.ENOSPC, "No space left on device", str(path))
 
-        monkeypatch.setattr("kiln.train.trainer.write_summary", no_space)
+        monkeypatch.setattr("kiln.train.finish.write_summary", no_space)
     run_dir = tmp_path / "run"
     code = main(["train", "--run-dir", str(run_dir), *BASE, f"checkpoint.async_save={str(async_save).lower()}"])
     err = capsys.readouterr().err
@@ -230,7 +230,7 @@ def test_permission_lost_patched(tmp_path, monkeypatch, capsys):
         raise PermissionError(errno.EACCES, "Permission denied", str(path))
 
     monkeypatch.setattr(pathlib.Path, "mkdir", mkdir)
-    monkeypatch.setattr("kiln.train.trainer.write_summary", no_access)
+    monkeypatch.setattr("kiln.train.finish.write_summary", no_access)
     run_dir = tmp_path / "run"
     assert main(["train", "--run-dir", str(run_dir), *BASE]) == 1
     monkeypatch.undo()

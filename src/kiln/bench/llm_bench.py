@@ -1,132 +1,66 @@
 """`kiln bench llm`: HF and kiln generation engines side by side, in one process, on one prompt.
 
-1. Ceilings measured on the spot (kiln.bench.ceilings): copy bandwidth, bf16 matmul FLOP/s.
+`bench_llm` checks the request (kiln.bench.llm_options), refuses an output directory that holds
+results, runs the bench and writes its results; `LlmBench` is the run, phase by phase:
+
+1. Ceilings measured on the spot (kiln.bench.ceilings): read and copy bandwidth, best matmul FLOP/s.
 2. Models: one HF model (random weights from its config, or the checkpoint) and one kiln model
-   loaded from the HF model's state dict, so both libraries run identical weights and a
-   logits check compares them; without HF rows kiln builds its own.
-3. Warm-up, engine by engine: the first `generate` (compiles, captures) and `warmup` more.
+   loaded from the HF model's state dict, so both libraries run identical weights and a logits
+   check compares them; without HF rows kiln builds its own. With `--quant`, a quantized copy of
+   kiln's model per entry (kiln.bench.llm_quant), with its quality against the unquantized model.
+3. Warm-up, row by row: the first `generate` (compiles, captures) and `warmup` more. A row starts
+   its warm-up only before `deadline_s`, so a time-boxed run ends with every row it could finish.
 4. Prefill: each engine's prompt forward, timed interleaved (`measure_interleaved`).
 5. Generate: `repeats` rounds, each running every engine once (interleaved), with a clock mark
-   per token (CUDA events, no host sync): TTFT, decode tok/s, per-token p50/p90.
-Decode at batch B reads every weight once per step, so `weight_bytes × steps/s` is the bandwidth
-a row achieves and `roofline_frac` is that over the measured copy bandwidth.
-With `--quant`, each kiln engine runs once per quant entry on a quantized copy of its model
-(kiln.bench.llm_quant): weight bytes, roofline and memory are the copy's own, quality (logit
-drift, perplexity) is measured against the unquantized model, and `decode_vs_unquantized` is
-the ratio to the same engine's unquantized row. A row starts its warm-up only before
-`deadline_s`, so a time-boxed run ends with every row it could finish (the rest `skipped`).
-Prefill FLOPs are counted once by torch.utils.flop_counter on an eager kiln prefill (attention counted in full, as
-the counter does, not halved for the causal mask) and shared by all rows: the same math. Memory per row is
-what the engine would need alone: weights + what it keeps after warm-up (cache, graph pools) +
-its peak transient during a request (CUDA only).
+   per token (CUDA events, no host sync): TTFT, decode time, per-token intervals.
+6. Peers (gpt-fast, kiln.bench.llm_peers) after kiln's rows, then the figures (kiln.bench.llm_rows).
+
+Prefill FLOPs are counted once by torch.utils.flop_counter on an eager kiln prefill (attention
+counted in full, as the counter does, not halved for the causal mask) and shared by all rows: the
+same math. Memory per row is what the engine would need alone: weights + what it keeps after
+warm-up (cache, graph pools) + its peak transient during a request (CUDA only).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import gc
-import statistics
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from kiln.bench.ceilings import Ceilings, bandwidth_fractions, measure_ceilings
-from kiln.bench.compile_bench import failure
-from kiln.bench.formulas import (
-    decode_tok_s,
-    peak_fraction,
-    prefill_tok_s,
-    ratio,
-    request_tok_s,
-    roofline_tok_s,
-    tflops,
-)
-from kiln.bench.llm_engines import ENGINES, HF_ENGINES, HfEngine, KilnEngine
+from kiln.bench.ceilings import Ceilings, measure_ceilings
+from kiln.bench.llm_engines import HF_ENGINES, HfEngine, KilnEngine
+from kiln.bench.llm_options import LlmBenchOptions, LlmBenchPlan, check_options
 from kiln.bench.llm_peers import finish_peers, prepare_peers, run_peers
 from kiln.bench.llm_profile import profile_rows
-from kiln.bench.llm_quant import build_variants, load_ppl_tokens, mark_drift, measure_quality
-from kiln.bench.timing import StepClock, Timing, measure_interleaved, time_calls
+from kiln.bench.llm_quant import build_variants, load_ppl_tokens, measure_quality
+from kiln.bench.llm_report import write_llm_results
+from kiln.bench.llm_rows import LlmRow, finish_rows
+from kiln.bench.results import refuse_held_results
+from kiln.bench.row_failure import failure
+from kiln.bench.timing import StepClock, measure_interleaved, time_calls
 from kiln.compile import compile_counters
+from kiln.llm.config import resolve_model
 from kiln.llm.hf_model import build_hf_model, hf_available
-from kiln.llm.quant import QuantSpec
-from kiln.llm.weights import TORCH_DTYPES, has_weights
+from kiln.llm.weights import (
+    TORCH_DTYPES,
+    build_decoder,
+    decode_weight_bytes,
+    empty_decoder,
+    has_weights,
+    load_hf_state_dict,
+)
+from kiln.monitor.env import collect_env
+from kiln.monitor.flops import count_step_flops
+from kiln.train.runtime import default_run_dir
 
 Log = Callable[[str], None]
-
-
-@dataclass(frozen=True)
-class LlmPreset:
-    name: str
-    description: str
-    model: str
-    batch: int
-    prompt_len: int
-    new_tokens: int
-    engines: tuple[str, ...] = ENGINES
-
-
-PRESETS = {
-    # Seed 002 (shared/seeds): Llama 3.2 3B, batch 1, sequence 1024, prefill vs decode tokens/s and
-    # memory, eager vs compiled, warm-up before measuring. 256 new tokens, as the H100 goal.
-    "seed002-llama3b": LlmPreset(
-        name="seed002-llama3b",
-        description="Llama-3.2-3B shape, bf16, batch 1, prompt 1024, 256 new tokens: HF eager/compiled vs kiln",
-        model="llama-3.2-3b", batch=1, prompt_len=1024, new_tokens=256),
-}
-
-
-@dataclass
-class LlmBenchOptions:
-    model: str
-    """Preset, config.json or model directory (kiln.llm.config.resolve_model)."""
-    engines: list[str] = field(default_factory=lambda: list(ENGINES))
-    batch: int = 1
-    prompt_len: int = 1024
-    new_tokens: int = 256
-    dtype: str = "bf16"
-    device: str = "cuda"
-    warmup: int = 1
-    """Untimed generate calls after the first (compiling) one."""
-    repeats: int = 3
-    """Timed generate rounds (every engine once per round)."""
-    prefill_repeats: int = 10
-    seed: int = 0
-    preset: str | None = None
-    inductor_options: dict[str, Any] = field(default_factory=dict)
-    """Inductor options for kiln-compiled, over kiln's defaults."""
-    quants: dict[str, QuantSpec] = field(default_factory=lambda: {"none": QuantSpec()})
-    """`--quant` entry (`int4`, `int4@inductor`, ...) -> checked spec (kiln.llm.quant.check_quant); each
-    kiln engine runs once per entry."""
-    ppl_file: str | None = None
-    """Local text (or token-id) file for perplexity; None skips perplexity."""
-    ppl_context: int = 1024
-    ppl_max_tokens: int | None = 16384
-    prefill: str = "compiled"
-    """kiln-compiled's prefill: `compiled` (per padded length) or `eager` (no prefill compile)."""
-    tuning: str = "full"
-    """Where kiln-compiled uses coordinate-descent tuning: `full`, `decode` (prefill untuned) or `off`."""
-    decode_attention: str = "auto"
-    """kiln engines' decode-step attention: `auto`, `matmul`, `flash` or `triton` (kiln.llm.decode_attention)."""
-    decode_matvec: str = "auto"
-    """kiln engines' decode-step projections: `auto` (`triton` where it runs), `inductor` or `triton`
-    (kiln.llm.decode_matvec)."""
-    deadline_s: float | None = None
-    """No row starts its warm-up after this many seconds of the run (it is `skipped` instead)."""
-    profile_decode: int = 0
-    """Decode steps of each kiln row to profile after timing (kiln.llm.decode_profile); 0: none."""
-    profile_dir: str | None = None
-    """Where the decode profiles go (one folder per row); set by the CLI from --out."""
-    gpt_fast: str | None = None
-    """A gpt-fast checkout: its rows (kiln.bench.peers.gpt_fast) run after kiln's, on the same weights."""
-    gpt_fast_quants: tuple[str, ...] = ("none", "int4")
-    gpt_fast_group_size: int = 128
-    gpt_fast_timeout_s: float = 600.0
-    """Seconds all gpt-fast rows together may take (conversion excluded)."""
-    end_by_s: float | None = None
-    """The gpt-fast rows end by this many seconds after the bench started (a time-boxed run)."""
 
 
 def _stderr(message: str) -> None:
@@ -141,35 +75,11 @@ def _param_bytes(model: torch.nn.Module) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
-class _Row:
-    """One engine's figures as they are gathered."""
-
-    def __init__(self, engine: str, quant: str, base: dict[str, Any]):
-        self.name = engine if quant == "none" else f"{engine}[{quant}]"
-        self.engine_name, self.quant = engine, quant
-        self.row: dict[str, Any] = {"engine": engine, "quant": quant, **base, "status": "ok", "reason": None}
-        self.engine = None
-        self.held_bytes = 0
-        self.transient: list[int] = []
-        self.ttft: list[float] = []
-        self.decode: list[float] = []
-        self.intervals: list[float] = []
-        self.totals: list[float] = []
-        self.tokens: list[list[int]] | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.row["status"] == "ok"
-
-    def fail(self, exc: BaseException) -> None:
-        self.row["status"], self.row["reason"] = failure(exc)
-        self.engine = None
-
-
 class LlmBench:
-    def __init__(self, opts: LlmBenchOptions, log: Log = _stderr):
-        from kiln.llm.config import resolve_model
+    """One run of a checked plan (`opts`): the prompt, one row per engine and quantization, the
+    models, and the phases of the module docstring as methods, in the order `run` calls them."""
 
+    def __init__(self, opts: LlmBenchPlan, log: Log = _stderr):
         self.opts, self.log = opts, log
         self.device = torch.device(opts.device)
         self.dtype = TORCH_DTYPES[opts.dtype]
@@ -179,7 +89,7 @@ class LlmBench:
         self.prompts = torch.randint(0, self.config.vocab_size, (opts.batch, opts.prompt_len), generator=gen).tolist()
         base = {"model": opts.model, "dtype": opts.dtype, "batch": opts.batch, "prompt_len": opts.prompt_len,
                 "new_tokens": opts.new_tokens}
-        rows = [_Row(e, q, base) for e in opts.engines for q in (opts.quants if e.startswith("kiln") else ["none"])]
+        rows = [LlmRow(e, q, base) for e in opts.engines for q in (opts.quants if e.startswith("kiln") else ["none"])]
         self.rows = {r.name: r for r in rows}
         self.hf_model = self.kiln_model = None
         self.variants: dict[str, Any] = {}
@@ -190,8 +100,6 @@ class LlmBench:
 
     # -- models ---------------------------------------------------------------------------------
     def build_models(self) -> None:
-        from kiln.llm.weights import build_decoder, empty_decoder, load_hf_state_dict
-
         hf_rows = [r for r in self.rows.values() if r.engine_name in HF_ENGINES]
         reason = hf_available() if hf_rows else None
         for row in hf_rows if reason else ():
@@ -244,14 +152,14 @@ class LlmBench:
         del ref, got
 
     # -- phases ---------------------------------------------------------------------------------
-    def _make(self, r: _Row):
+    def _make(self, r: LlmRow):
         if r.engine_name in HF_ENGINES:
             return HfEngine(r.engine_name, self.hf_model, self.prompts, self.opts.new_tokens)
         return KilnEngine(r.engine_name, self.variants[r.quant].model, self.prompts, self.opts.new_tokens,
                           self.opts.inductor_options, prefill=self.opts.prefill, tuning=self.opts.tuning,
                           decode_attention=self.opts.decode_attention, decode_matvec=self.opts.decode_matvec)
 
-    def warm_up(self, r: _Row) -> None:
+    def warm_up(self, r: LlmRow) -> None:
         before_counters, before_bytes = compile_counters(), _allocated(self.device)
         r.engine = self._make(r)
         clock = StepClock(self.device)
@@ -272,7 +180,7 @@ class LlmBench:
         r.row["note"] = r.engine.note
         self.log(f"{r.name}: warm-up {r.row['warmup_s']:.1f} s (first call {first:.1f} s)")
 
-    def time_prefill(self, ready: list[_Row]) -> None:
+    def time_prefill(self, ready: list[LlmRow]) -> None:
         """Each engine's prompt forward, interleaved. An engine whose prefill cannot be called on
         its own keeps its generate figures; its prefill figures stay empty, with the reason."""
         sides = {}
@@ -290,7 +198,7 @@ class LlmBench:
             self.rows[name].row["prefill_ms"] = timing.median_s * 1e3
             self.rows[name].row["prefill_ms_p90"] = timing.quantile_s(0.9) * 1e3
 
-    def _one_generate(self, r: _Row) -> None:
+    def _one_generate(self, r: LlmRow) -> None:
         clock = StepClock(self.device)
         before = _allocated(self.device)
         if self.device.type == "cuda":
@@ -304,7 +212,7 @@ class LlmBench:
         r.decode.append(marks[-1] - marks[0])
         r.intervals += [b - a for a, b in zip(marks, marks[1:])]
 
-    def time_generate(self, ready: list[_Row]) -> None:
+    def time_generate(self, ready: list[LlmRow]) -> None:
         for i in range(self.opts.repeats):
             for r in ready:
                 if r.ok:
@@ -316,8 +224,6 @@ class LlmBench:
 
     # -- figures --------------------------------------------------------------------------------
     def prefill_flops(self) -> int | None:
-        from kiln.monitor.flops import count_step_flops
-
         tokens = torch.tensor(self.prompts, device=self.device)
         with torch.inference_mode():
             if self.kiln_model is not None:
@@ -327,61 +233,12 @@ class LlmBench:
         return None
 
     def finish_rows(self, flops: int | None) -> list[dict[str, Any]]:
-        from kiln.llm.weights import decode_weight_bytes
-
-        o, c = self.opts, self.ceilings
+        """Every row's reported figures (kiln.bench.llm_rows), from what decode reads per step."""
         weight_bytes = decode_weight_bytes(self.kiln_model) if self.kiln_model is not None else (
             _param_bytes(self.hf_model) - (0 if self.config.tie_embeddings else
                                             self.config.vocab_size * self.config.dim * self.dtype.itemsize))
-        model_bytes = _param_bytes(self.kiln_model or self.hf_model)
-        for r in self.rows.values():
-            row = r.row
-            kiln_row = r.engine_name.startswith("kiln")
-            row.setdefault("weight_bytes", weight_bytes)
-            row.update(prefill_flops=flops, **self.parity if kiln_row and r.quant == "none" else {})
-            row["roofline_tok_s"] = roofline_tok_s(c.bandwidth, row["weight_bytes"], o.batch)
-            row["spec_roofline_tok_s"] = roofline_tok_s(c.spec_bytes_per_s, row["weight_bytes"], o.batch)
-            row_model_bytes = row.get("model_bytes") if kiln_row and row.get("model_bytes") else model_bytes
-            if not r.ok or not r.decode:
-                continue
-            decode_s = statistics.median(r.decode)
-            if row.get("prefill_ms"):
-                prefill_s = row["prefill_ms"] / 1e3
-                row.update(prefill_tok_s=prefill_tok_s(o.batch, o.prompt_len, prefill_s),
-                           prefill_tflops=tflops(flops, prefill_s),
-                           prefill_peak_frac=peak_fraction(flops, prefill_s, c.matmul_flops_per_s),
-                           prefill_spec_frac=peak_fraction(flops, prefill_s, c.spec_flops_per_s))
-            row.update(
-                ttft_ms=statistics.median(r.ttft) * 1e3,
-                decode_tok_s=decode_tok_s(o.batch, o.new_tokens, decode_s),
-                token_ms_p50=Timing(tuple(r.intervals)).quantile_s(0.5) * 1e3 if r.intervals else None,
-                token_ms_p90=Timing(tuple(r.intervals)).quantile_s(0.9) * 1e3 if r.intervals else None,
-                generate_s=statistics.median(r.totals),
-                request_tok_s=request_tok_s(o.batch, o.new_tokens, statistics.median(r.totals)),
-                peak_mem_bytes=row_model_bytes + r.held_bytes + max(r.transient) if r.transient else None,
-            )
-            bandwidth_fractions(row, c, o.batch)
-        self._ratios()
-        for r in self.rows.values():
-            mark_drift(r.row)
-        return [r.row for r in self.rows.values()]
-
-    def _ratios(self) -> None:
-        ok = {n: r for n, r in self.rows.items() if r.ok and r.row.get("decode_tok_s")}
-        base = next((ok[n] for n in ("hf-compiled", "hf-eager") if n in ok), None)
-        ref = next((ok[n] for n in ("hf-eager", "hf-compiled", "kiln-eager", "kiln-compiled") if n in ok), None)
-        for r in ok.values():
-            unquantized = ok.get(r.engine_name)
-            if r.quant != "none" and unquantized is not None:
-                r.row["decode_vs_unquantized"] = ratio(r.row["decode_tok_s"], unquantized.row["decode_tok_s"])
-            if base is not None:
-                r.row.update(vs_hf=base.name, decode_vs_hf=ratio(r.row["decode_tok_s"], base.row["decode_tok_s"]))
-                if base.row.get("prefill_ms") and r.row.get("prefill_ms"):
-                    r.row["prefill_vs_hf"] = ratio(base.row["prefill_ms"], r.row["prefill_ms"])
-            if ref is not None and r.tokens and ref.tokens:
-                a, b = r.tokens[0], ref.tokens[0]
-                r.row.update(greedy_ref=ref.name,
-                             greedy_match=next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b))))
+        return finish_rows(self.rows, self.opts, self.ceilings, flops=flops, weight_bytes=weight_bytes,
+                           model_bytes=_param_bytes(self.kiln_model or self.hf_model), parity=self.parity)
 
     # -- the run --------------------------------------------------------------------------------
     def run_kiln_rows(self) -> None:
@@ -433,7 +290,7 @@ class LlmBench:
         return self.finish_rows(flops) + finish_peers(self, peers)
 
 
-def run_llm_bench(opts: LlmBenchOptions, log: Log = _stderr) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def run_llm_bench(opts: LlmBenchPlan, log: Log = _stderr) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Rows (one per engine, all statuses) and the measured context (ceilings, model figures)."""
     bench = LlmBench(opts, log)
     rows = bench.run()
@@ -442,3 +299,34 @@ def run_llm_bench(opts: LlmBenchOptions, log: Log = _stderr) -> tuple[list[dict[
                "model_config": {k: v for k, v in vars(bench.config).items() if k != "rope"},
                "rope": vars(bench.config.rope)}
     return rows, context
+
+
+@dataclass
+class LlmBenchResult:
+    """What `bench_llm` measured and wrote."""
+
+    rows: list[dict[str, Any]]
+    """One row per engine (and quantization), every status."""
+    title: str
+    """The results' title: model, dtype, sizes, where it ran."""
+    written: dict[str, Path]
+    """The files written (results.json, results.md, results.png)."""
+
+
+def bench_llm(opts: LlmBenchOptions, *, command: str, log: Log = _stderr) -> LlmBenchResult:
+    """Check `opts` (ConfigError before any work), run the bench and write its results under
+    `opts.out` (default runs/<time>-bench-llm-<name>); `command` is recorded with them."""
+    plan = check_options(opts)
+    name = plan.preset or Path(plan.model).name
+    out = Path(opts.out) if opts.out else default_run_dir(f"bench-llm-{name}")
+    refuse_held_results(out)
+    plan.profile_dir = str(out / "decode_profile") if plan.profile_decode else None
+    device = torch.device(plan.device)
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    quant = f", quant {','.join(plan.quants)}" if list(plan.quants) != ["none"] else ""
+    title = (f"kiln bench llm: {plan.model} ({plan.dtype}, batch {plan.batch}, prompt {plan.prompt_len}, "
+             f"{plan.new_tokens} new tokens{quant}, {where})")
+    rows, context = run_llm_bench(plan, log)
+    config = {"bench": dataclasses.asdict(plan), **context}
+    written = write_llm_results(out, rows, env=collect_env(), config=config, command=command, title=title)
+    return LlmBenchResult(rows=rows, title=title, written=written)

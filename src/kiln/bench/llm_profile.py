@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from kiln.bench.compile_bench import failure
+from kiln.bench.row_failure import failure
 from kiln.llm.weights import decode_weight_bytes
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from kiln.bench.compile_bench import failure
+from kiln.bench.row_failure import failure
 from kiln.llm.quality import (
     DRIFT_BOUNDS,
     FIDELITY_BOUND,

@@ -14,7 +14,8 @@ import contextlib
 from collections.abc import Callable
 from typing import Any
 
-from kiln.bench.compile_bench import CompileBenchOptions, MatrixRun, base_row, fresh_cache, timing_figures
+from kiln.bench.compile_bench import CompileBenchOptions, MatrixRun, fresh_cache
+from kiln.bench.compile_rows import base_row, timing_figures
 from kiln.bench.recipes import Recipe
 from kiln.bench.runner import Started, build_context, release
 from kiln.cpu.threads import cpu_settings

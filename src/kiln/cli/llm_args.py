@@ -9,7 +9,6 @@ import argparse
 
 from kiln.config.errors import ConfigError
 
-DTYPES = ("auto", "bf16", "fp16", "fp32")
 MODEL_HELP = ("a preset: llama-tiny | llama-3.2-1b | llama-3.2-3b | llama-3.1-8b (shapes only, random weights), a "
               "config.json, or a local HF model directory (config.json + *.safetensors [+ tokenizer.json]); the "
               "names of `kiln train model.name=hf:NAME` work as they are (hf:llama-tiny, hf:path/to/dir)")
@@ -57,29 +56,16 @@ def at_least(flag: str, value: int | float | None, minimum: int | float) -> None
 
 def resolve_device_flag(spec: str):
     """torch.device for --device; ConfigError('--device', ...) for a typo or an absent GPU."""
-    import torch
+    from kiln.bench.llm_options import device_from_flag
 
-    from kiln.train.runtime import resolve_device
-
-    choices = ("auto", "cpu", "cuda", "cuda:N")
-    try:
-        torch.device(spec if spec != "auto" else "cpu")
-    except RuntimeError:
-        raise ConfigError("--device", f"not a device: {spec!r}", choices) from None
-    try:
-        return resolve_device(spec)
-    except ConfigError as exc:
-        message = str(exc).split(": ", 1)[-1].split(" (valid: ")[0]
-        raise ConfigError("--device", message, exc.choices) from None
+    return device_from_flag(spec)
 
 
 def resolve_dtype_flag(spec: str, device) -> str:
     """bf16/fp16/fp32 for --dtype (auto: bf16 on CUDA, fp32 elsewhere)."""
-    if spec not in DTYPES:
-        raise ConfigError("--dtype", f"unknown dtype {spec!r}", DTYPES)
-    if spec == "auto":
-        return "bf16" if device.type == "cuda" else "fp32"
-    return spec
+    from kiln.bench.llm_options import dtype_from_flag
+
+    return dtype_from_flag(spec, device)
 
 
 def split_list(values: list[str] | None) -> list[str]:
@@ -120,16 +106,8 @@ def add_quant_flags(p: argparse.ArgumentParser, *, many: bool) -> None:
 
 def resolve_quant_flags(entries: list[str], args: argparse.Namespace, config, device, dtype: str) -> dict:
     """entry (`KIND` or `KIND@BACKEND`) -> checked QuantSpec; ConfigError naming the flag otherwise."""
-    from kiln.llm.quant import QuantSpec, check_quant, parse_quant
-    from kiln.llm.weights import TORCH_DTYPES
+    from kiln.bench.llm_options import quant_specs
+    from kiln.llm.quant import QuantSpec
 
     defaults = QuantSpec(group_size=args.group_size, backend=args.quant_backend, lm_head=args.quant_lm_head == "on")
-    if len(set(entries)) != len(entries):
-        raise ConfigError("--quant", f"a quantization is listed twice: {','.join(entries)}")
-    specs = {e: check_quant(parse_quant(e, defaults), config, device, TORCH_DTYPES[dtype]) for e in entries}
-    seen: dict[tuple, str] = {}
-    for entry, spec in specs.items():
-        twin = seen.setdefault((spec.kind, spec.library), entry)
-        if twin != entry:
-            raise ConfigError("--quant", f"{twin!r} and {entry!r} are the same quantization")
-    return specs
+    return quant_specs(entries, defaults, config, device, dtype)

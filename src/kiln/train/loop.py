@@ -1,0 +1,235 @@
+"""The training loop: one optimizer step after another, with what happens around each step.
+
+`TrainLoop` is built from a Trainer (the model, data, strategy and run dir it built and checked)
+once the run is open: it assembles the step function (kiln.train.assemble: precision, compile,
+DDP/FSDP2 applied from outside the model), the metrics meter, the non-finite guard and the
+checkpointable state, and resumes from a checkpoint if there is one. `one_step` is one iteration:
+fetch the micro-batches, run the training step (kiln.train.step.TrainStep: forward, backward,
+clip, optimizer, scheduler), observe the loss, and at log steps read the figures, evaluate, write
+a record; then a checkpoint at the checkpoint interval, or a stop agreed by every rank on a signal.
+Nothing reads a device value on the host outside log steps, so the CPU runs ahead of the GPU.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import torch
+
+from kiln.checkpoint import AppState, NonFiniteGuard, StopOnSignal, any_rank
+from kiln.compile import compile_counters
+from kiln.compile_cache import RunCompileCache
+from kiln.distributed.env import barrier
+from kiln.distributed.local_optim import update_paths
+from kiln.distributed.sync_timing import SyncTimer
+from kiln.monitor.flops import count_step_flops, peak_flops
+from kiln.monitor.memory import memory_stats, reset_peak
+from kiln.monitor.sinks import first_step_message
+from kiln.monitor.stragglers import StragglerDetector
+from kiln.precision import with_precision
+from kiln.train.assemble import build_train_step
+from kiln.train.faults import inject
+from kiln.train.losses import build_eval_fn, build_forward_loss
+from kiln.train.meter import IntervalMeter
+from kiln.train.optim import lr_snapshot
+from kiln.train.runtime import synchronize
+from kiln.train.step import evaluate
+
+log = logging.getLogger("kiln.train")
+
+
+def count_flops(trainer, batch) -> int | None:
+    """FLOPs of one optimizer step on one device, counted on the eager, unwrapped model (with the
+    run's cross-entropy kernel, whose matmuls are those of plain logits + cross-entropy). A causal
+    LM's FLOPs are all per sequence: one is counted and scaled by the batch, so counting needs no
+    more memory than a step of one sequence (a run may fit only thanks to checkpointing)."""
+    cfg = trainer.cfg
+    if not cfg.metrics.mfu:
+        return None
+    task = trainer.built.task
+    forward_loss = with_precision(build_forward_loss(trainer.model, task, trainer.features["ce_kernel"]),
+                                  trainer.policy, trainer.device)
+    inputs, targets = batch
+    per_sequence = task == "causal_lm" and inputs.shape[0] > 1
+    scale = inputs.shape[0] if per_sequence else 1
+    if per_sequence:
+        inputs, targets = inputs[:1], targets[:1]
+    try:
+        flops = count_step_flops(lambda: forward_loss(inputs, targets).backward(),
+                                 device=trainer.device, module=trainer.model)
+    finally:
+        trainer.model.zero_grad(set_to_none=True)
+    return flops * scale * cfg.training.grad_accum_steps
+
+
+class TrainLoop:
+    """The steps of one run (segment). `run()` trains from the start (or resumed) step to
+    `training.steps` and returns the run's figures for the summary. The Trainer's `_step` (the
+    step begun) and `_steps_done` (the last finished) are kept current for its failure report."""
+
+    def __init__(self, trainer, sinks) -> None:
+        t, cfg, device = trainer, trainer.cfg, trainer.device
+        tcfg = cfg.training
+        self.trainer, self.cfg, self.device, self.sinks = t, cfg, device, sinks
+        self.accum = tcfg.grad_accum_steps
+        t.model.train()
+        self.data_iter = iter(t.train_data)
+        self.pending = [next(self.data_iter)]
+        flops_per_step = count_flops(t, self.pending[0])
+        peak, self.peak_source = peak_flops(device, cfg.precision.policy, cfg.metrics.peak_tflops,
+                                            tf32=cfg.precision.tf32)
+        self.guard = NonFiniteGuard(tcfg.nonfinite, tcfg.nonfinite_max_skips, device=device, window=tcfg.log_interval)
+        self.multi = t.dist.world_size > 1
+        self.sync_timer = SyncTimer(device) if self.multi and cfg.metrics.sync_timing else None
+        self.step_fn = build_train_step(t.model, t.built.task, t.built.blocks, cfg, t.policy, device,
+                                        strategy=t.strategy, guard=self.guard, sync_timer=self.sync_timer,
+                                        ce_kernel=t.features["ce_kernel"])
+        self.model = self.step_fn.model
+        self.eval_fn = with_precision(build_eval_fn(self.model, t.built.task), t.policy, device)
+        self.samples_per_step = t.train_data.samples_per_batch * self.accum
+        self.tokens_per_step = (t.train_data.tokens_per_batch or 0) * self.accum or None
+        # Rank 0 names stragglers (it logs the records); every rank has the gathered values.
+        self.stragglers = (StragglerDetector(cfg.metrics.straggler_margin, cfg.metrics.straggler_intervals)
+                           if self.multi and t.dist.is_main else None)
+        self.meter = IntervalMeter(device, samples_per_step=self.samples_per_step,
+                                   tokens_per_step=self.tokens_per_step, world_size=t.dist.world_size,
+                                   flops_per_step=flops_per_step, peak_flops=peak, sync_timer=self.sync_timer,
+                                   health=t._health, stragglers=self.stragglers)
+        self.app = AppState(self.model, self.step_fn.optimizer, self.step_fn.scheduler, self.step_fn.scaler,
+                            data=t.train_data, guard=self.guard, rank=t.dist.rank, world_size=t.dist.world_size,
+                            device=device)
+        self.start = 1
+        self.compile_cache = RunCompileCache(t.run_dir, cfg.compile, is_main=t.dist.is_main)
+        if t.resume_path is not None:
+            self._resume()
+        self.record: dict[str, Any] = {}
+        self.evals: dict[str, float] = {}
+        self.stopped_by: str | None = None
+
+    def _resume(self) -> None:
+        """Load the compile cache (before the first step compiles: a warm start) and the checkpoint."""
+        t = self.trainer
+        self.compile_cache.load()
+        report = t.checkpointer.load(t.resume_path, self.app)
+        self.start = int(self.app.progress.get("step", report.step)) + 1
+        t._step = t._steps_done = self.start - 1
+        t._start = self.start
+        self.pending = []  # the data position was restored: batches fetched before it are not ours
+        if t.dist.is_main:
+            log.info("resumed from %s at step %d", report.path, self.start - 1)
+
+    def run(self) -> dict[str, Any]:
+        cfg, tcfg = self.cfg, self.cfg.training
+        reset_peak(self.device)
+        barrier()
+        synchronize(self.device)
+        if cfg.compile.enabled or cfg.compile.cudagraphs:  # else minutes of silence before the first record
+            self.sinks.waiting(first_step_message(cfg.compile, self.start, tcfg.steps))
+        self.meter.restart_clock()
+        with StopOnSignal() as stop:
+            for step in range(self.start, tcfg.steps + 1):
+                if not self.one_step(step, stop):
+                    break
+            else:
+                if cfg.checkpoint.save_final:
+                    self.trainer.checkpointer.save(tcfg.steps, self.app, final=True)
+                    self.compile_cache.save()
+        if self.stopped_by is not None and self.trainer.dist.is_main:  # every rank saved; one line says so
+            log.warning("stopped by %s after step %d; checkpoint saved, resume with checkpoint.resume=auto",
+                        self.stopped_by, self.app.progress["step"])
+        return self.summary()
+
+    def one_step(self, step: int, stop: StopOnSignal) -> bool:
+        """Step `step` of the run and what follows it; False when a signal stops the run here
+        (after a blocking checkpoint save on every rank)."""
+        t, tcfg, meter = self.trainer, self.cfg.training, self.meter
+        t._step = step
+        t_data = time.perf_counter()
+        while len(self.pending) < self.accum:
+            self.pending.append(next(self.data_iter))
+        meter.add_data_wait(time.perf_counter() - t_data)
+        is_log = step == self.start or step % tcfg.log_interval == 0 or step == tcfg.steps
+        lr = lr_snapshot(self.step_fn.optimizer) if is_log else 0.0  # the LR this step uses
+        loss, grad_norm, flag = self.step_fn(self.pending, want_grad_norm=is_log)
+        self.pending = []
+        if not self.step_fn.observes_guard:  # a captured step records it inside its graph
+            # Under a GradScaler an inf gradient is a routine overflow it skips, not divergence.
+            self.guard.observe(loss, None if self.step_fn.scaler is not None else grad_norm, step, flag=flag)
+        meter.add_step(loss)
+        world = t.dist.world_size
+        self.app.progress.update(step=step, samples_seen=step * self.samples_per_step * world,
+                                 tokens_seen=step * (self.tokens_per_step or 0) * world)
+        inject(t.fault, step)
+        t._steps_done = step
+        if is_log:
+            self._log(step, lr, grad_norm)
+        # A signal on one rank must stop all ranks at the same step; agreeing costs a
+        # collective, so multi-rank jobs agree at log steps only.
+        want_stop = stop.stop_requested()
+        if world > 1:
+            want_stop = any_rank(want_stop) if is_log else False
+        if want_stop:
+            t.checkpointer.save(step, self.app, block=True)
+            self.stopped_by = stop.signal_name or "signal"
+            return False
+        if self.cfg.checkpoint.interval and step % self.cfg.checkpoint.interval == 0 and step != tcfg.steps:
+            t.checkpointer.save(step, self.app)
+            self.compile_cache.save()
+        if is_log:
+            synchronize(self.device)
+            self.meter.restart_clock()
+        if t.step_hook is not None:
+            t.step_hook(step)
+        return True
+
+    def _log(self, step: int, lr: float, grad_norm) -> None:
+        """A log step's record (the interval's figures, the guard's verdict, an eval pass when due)."""
+        t, tcfg = self.trainer, self.cfg.training
+        self.record = self.meter.record(step, float(lr), grad_norm)
+        self.record.update(self.guard.check())  # NonFiniteError: exit 1 naming the step
+        if t.eval_data is not None and (step % tcfg.eval_interval == 0 or step == tcfg.steps):
+            t.eval_data.reset()  # every eval pass sees the same batches
+            self.evals = evaluate(self.model, self.eval_fn, t.eval_data, tcfg.eval_steps, device=self.device,
+                                  perplexity=t.built.task == "causal_lm")
+            self.record.update(self.evals)
+        self.sinks.log(self.record)
+
+    def summary(self) -> dict[str, Any]:
+        """The run's figures for summary.json: throughput and utilization, memory, what ran where."""
+        t, cfg, device = self.trainer, self.cfg, self.device
+        result: dict[str, Any] = {
+            "steps": self.app.progress.get("step", cfg.training.steps),
+            "stopped_by": self.stopped_by,
+            "resumed_from": str(t.resume_path) if t.resume_path else None,
+            **self.meter.summary(self.record),
+            "peak_mem_bytes": memory_stats(device).get("peak_mem_bytes"),
+            "memory": memory_stats(device),
+            "num_params": t.num_params,
+            "world_size": t.dist.world_size,
+            "strategy": t.strategy,
+            "strategy_reason": t.strategy_reason,
+            "optimizer_update_steps": update_paths(self.step_fn.optimizer),
+            "fsdp_layout": getattr(t.model, "kiln_fsdp_layout", None),
+            "global_batch": t.train_data.samples_per_batch * self.accum * t.dist.world_size,
+            "device": str(device),
+            "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+            "precision": cfg.precision.policy,
+            "compile": {"enabled": cfg.compile.enabled, "mode": cfg.compile.mode or "default",
+                        "backend": cfg.compile.backend, "scope": cfg.compile.scope,
+                        "regional": cfg.compile.regional,
+                        "cudagraphs": getattr(self.step_fn, "capture_status", "off"), **compile_counters()},
+            "task": t.built.task,
+            "features": t.features,
+            "torch": torch.__version__,
+            "peak_flops_source": self.peak_source,
+            "cpu": t.cpu_plan.describe() if t.cpu_plan is not None else None,
+            "gpu_health": t._health.summary() if t._health is not None else None,
+        }
+        if self.multi:
+            result["sync_timing"] = ("ddp_hook+log_gather" if self.sync_timer is not None and self.sync_timer.hooked
+                                     else "log_gather")
+            result["stragglers_seen"] = sorted(self.stragglers.ever) if self.stragglers is not None else []
+        result.update(self.evals)
+        return result

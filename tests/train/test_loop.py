@@ -1,0 +1,62 @@
+"""kiln.train.loop: the training loop driven one step at a time, and the step's FLOP count."""
+
+from __future__ import annotations
+
+from kiln.checkpoint import StopOnSignal
+from kiln.config import load_config
+from kiln.train.loop import TrainLoop, count_flops
+from kiln.train.trainer import Trainer
+
+
+class _Sinks:
+    def __init__(self):
+        self.records: list[dict] = []
+
+    def log(self, record: dict) -> None:
+        self.records.append(record)
+
+    def waiting(self, message: str) -> None:
+        pass
+
+
+def _loop(tmp_path, tiny_overrides, *more: str) -> tuple[Trainer, TrainLoop, _Sinks]:
+    cfg = load_config(None, [*tiny_overrides, "training.steps=7", "training.log_interval=3", *more])
+    trainer = Trainer(cfg, tmp_path / "run")
+    trainer._health = None  # fit starts the GPU health sampler; none on CPU
+    sinks = _Sinks()
+    return trainer, TrainLoop(trainer, sinks), sinks
+
+
+def test_one_step_at_a_time_logs_the_first_every_interval_and_the_last(tmp_path, tiny_overrides):
+    trainer, loop, sinks = _loop(tmp_path, tiny_overrides)
+    with StopOnSignal() as stop:
+        for step in range(1, 8):
+            assert loop.one_step(step, stop) is True
+            assert trainer._step == trainer._steps_done == step
+            assert loop.app.progress["step"] == step
+            assert loop.app.progress["samples_seen"] == step * 16
+    assert [r["step"] for r in sinks.records] == [1, 3, 6, 7]
+    assert loop.summary()["steps"] == 7
+    trainer.leave_group()
+
+
+def test_a_stop_request_saves_a_checkpoint_and_ends_the_loop(tmp_path, tiny_overrides):
+    trainer, loop, _ = _loop(tmp_path, tiny_overrides)
+    with StopOnSignal() as stop:
+        assert loop.one_step(1, stop) is True
+        stop.stop_requested = lambda: True
+        assert loop.one_step(2, stop) is False
+    assert loop.stopped_by == "signal"
+    assert (tmp_path / "run" / "checkpoints" / "step_00000002").is_dir()
+    trainer.leave_group()
+
+
+def test_flops_are_counted_per_step_with_gradient_accumulation(tmp_path, tiny_overrides):
+    trainer, loop, _ = _loop(tmp_path, tiny_overrides)
+    batch = next(iter(trainer.train_data))
+    one = count_flops(trainer, batch)
+    trainer.cfg.training.grad_accum_steps = 3
+    assert count_flops(trainer, batch) == 3 * one > 0
+    trainer.cfg.metrics.mfu = False
+    assert count_flops(trainer, batch) is None
+    trainer.leave_group()
