@@ -24,7 +24,7 @@ unshard + wait + reshard took 3.22 -> 1.59 ms with a bf16 param dtype and 2.37 -
 tiny widths (host work only), 98.4 -> 62.9 ms (bf16) at ViT-B/16's widths, where the cast
 temporaries' memory traffic goes too; the tiny ViT's bf16-mixed FSDP2 step (fsdp-unit6-auto,
 benchmarks/fsdp_host_overhead.py) 46.8 -> 45.6 ms. On one H100 (ViT-B/16 bf16 compiled,
-benchmarks/results/h100/scale_1gpu_2026-11-25b): wait_for_unshard 7.16 -> 1.91 ms per step, the
+benchmarks/results/h100/scale_1gpu_fused_copy): wait_for_unshard 7.16 -> 1.91 ms per step, the
 interleaved FSDP2 step 49.5 -> 45.1 ms, and FSDP2's `kiln bench scale` points at one rank on
 average as fast as DDP's (35.1 against 36.2 ms over four pairs).
 

@@ -16,7 +16,7 @@
 removes the largest activation of an LLM step at no extra matmul, needs no extra package, works
 on every device, and was the faster fused kernel where both were measured (one H100, Llama-3.2-1B
 shape, seq 2048, batch 4, per-block compile: 147.9 ms per step with `chunked`, 157.9 with `liger`;
-benchmarks/results/h100/llm_train/1b_2026-11-25). benchmarks/llm_train_features.py measures the
+benchmarks/results/h100/llm_train/1b). benchmarks/llm_train_features.py measures the
 kernels alone (time, memory, differences from `plain`).
 
 Targets equal to IGNORE_INDEX (-100, as in F.cross_entropy) are left out of the loss and its mean.
