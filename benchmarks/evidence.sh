@@ -13,9 +13,8 @@
 # Every step is time-boxed and fails soft. Writes $OUT/evidence.tgz (every result folder and log),
 # $OUT/summary.json and $OUT/summary.md (benchmarks/evidence_summary.py).
 set -uo pipefail
-source benchmarks/gpu_env.sh
+source benchmarks/device_env.sh
 start=$(date +%s)
-source benchmarks/gpu_step.sh
 export TORCHAO_FORCE_SKIP_LOADING_SO_FILES=1
 PARTS=${PARTS:-plain,llm}
 BUDGET=${BUDGET:-510}

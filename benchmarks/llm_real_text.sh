@@ -17,7 +17,7 @@
 # SKIP_CHECK=1 / SKIP_BENCH=1 leave out the transformers check / the bench (a short train + export + generate).
 # DRY=1: the same steps on the CPU with a tiny model and a few steps (~2-3 minutes), for testing the script.
 set -uo pipefail
-source benchmarks/gpu_env.sh 2>/dev/null  # $OUT/r as $R, carried wheels, PYTHONPATH, nvidia-smi.csv
+source benchmarks/device_env.sh 2>/dev/null  # $OUT/r as $R, carried wheels, PYTHONPATH, nvidia-smi.csv
 R=$R/llm_real_text
 mkdir -p "$R"
 DATA=${DATA:-.data/realtext}

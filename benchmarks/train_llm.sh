@@ -27,9 +27,8 @@
 # row. Writes $OUT/r/<part>/results.{json,md}, $OUT/r/train_llm_<part>.log (and torchtitan's log and
 # job for part 1b).
 set -uo pipefail
-source benchmarks/gpu_env.sh
+source benchmarks/device_env.sh
 start=$(date +%s)
-source benchmarks/gpu_step.sh
 export TORCHAO_FORCE_SKIP_LOADING_SO_FILES=1
 python3 -c "import torchtitan, importlib.metadata as m; print('torchtitan', m.version('torchtitan'))" 2>&1 | tail -1
 python3 -c "import liger_kernel, importlib.metadata as m; print('liger-kernel', m.version('liger-kernel'))" 2>&1 | tail -1

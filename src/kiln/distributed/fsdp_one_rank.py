@@ -19,7 +19,7 @@ The values are the same: `copy_` into a bf16/fp16 tensor rounds as `.to(dtype)` 
 of torch's method (implicit-prefetch bookkeeping, `init_unsharded_param`, `_to_unsharded`, the
 copy-out event) is kept call for call. What it saves is measured by benchmarks/fsdp_one_rank_copy.py
 (a unit's unshard + wait + reshard on CPU, interleaved with torch's own) and, on a GPU, in
-benchmarks/results/h100/scale_1gpu_2026-11-25b (one-rank FSDP2 against DDP).
+benchmarks/results/h100/scale_1gpu_fused_copy (one-rank FSDP2 against DDP).
 
 It is installed only where it is known to replace that code exactly: the group's all-gather group
 has one rank, torch's `wait_for_unshard` still has the per-parameter loop (read from its source)
