@@ -48,11 +48,11 @@ from kiln.bench.llm_engines import ENGINES, HF_ENGINES, HfEngine, KilnEngine
 from kiln.bench.llm_peers import finish_peers, prepare_peers, run_peers
 from kiln.bench.llm_profile import profile_rows
 from kiln.bench.llm_quant import build_variants, load_ppl_tokens, mark_drift, measure_quality
-from kiln.bench.timing import StepClock, Timing, measure_interleaved, time_calls
 from kiln.compile import compile_counters
 from kiln.llm.hf_model import build_hf_model, hf_available
 from kiln.llm.quant import QuantSpec
 from kiln.llm.weights import TORCH_DTYPES, has_weights
+from kiln.timing import StepClock, Timing, measure_interleaved, time_calls
 
 Log = Callable[[str], None]
 

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from kiln.bench.timing import StepClock
+from kiln.timing import StepClock
 
 ENGINES = ("hf-eager", "hf-compiled", "kiln-eager", "kiln-compiled")
 HF_ENGINES = ("hf-eager", "hf-compiled")

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from kiln.bench.llm_train_plain import Hyper
-from kiln.bench.timing import Timing
+from kiln.timing import Timing
 
 ROW_KINDS = ("kiln", "plain", "torchtitan")
 KILN_RECIPES: dict[str, list[str]] = {

@@ -3,7 +3,7 @@ apply path) and the plain transformers loop, each trained for the bench's steps 
 weights on the same batches, timed step by step.
 
 A row is one short training run: the first step (it compiles) is timed on its own, then every
-later step is bracketed by CUDA events in stream order (kiln.bench.timing.StepClock), so the host
+later step is bracketed by CUDA events in stream order (kiln.timing.StepClock), so the host
 never waits on the device mid-run, as in a real training loop. Losses stay on the device until
 the run ends. Step times exclude the first `warmup` steps; the figure is their median.
 """
@@ -20,8 +20,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from kiln.bench.timing import StepClock, synchronize, time_calls
 from kiln.config.schema import Config
+from kiln.timing import StepClock, synchronize, time_calls
 
 
 @dataclass

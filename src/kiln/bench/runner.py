@@ -19,13 +19,13 @@ from torch import Tensor, nn
 from kiln.bench.distill import build_teacher, logits_of, loss_builder
 from kiln.bench.plain import PlainLoop
 from kiln.bench.recipes import Recipe, recipe_config
-from kiln.bench.timing import synchronize, time_calls, time_each
 from kiln.compile import apply_compile, compile_counters
 from kiln.config.schema import Config
 from kiln.data import build_data
 from kiln.models import build_model
 from kiln.monitor.memory import reset_peak
 from kiln.precision import PrecisionPolicy, apply_precision, resolve_precision, with_precision
+from kiln.timing import synchronize, time_calls, time_each
 from kiln.train.assemble import build_train_step
 from kiln.train.runtime import seed_everything
 
