@@ -116,7 +116,7 @@ class LlmBenchOptions:
     deadline_s: float | None = None
     """No row starts its warm-up after this many seconds of the run (it is `skipped` instead)."""
     profile_decode: int = 0
-    """Decode steps of each kiln row to profile after timing (kiln.llm.decode_profile); 0: none."""
+    """Decode steps of each kiln row to profile after timing (kiln.profile.decode); 0: none."""
     profile_dir: str | None = None
     """Where the decode profiles go (one folder per row); set by the CLI from --out."""
     gpt_fast: str | None = None

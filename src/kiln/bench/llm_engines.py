@@ -78,8 +78,8 @@ class KilnEngine:
 
     def profile_decode(self, steps: int, out_dir, *, weight_bytes: int, copy_bytes_per_s: float | None,
                        title: str) -> dict[str, Any]:
-        """A profiled window of decode steps on this engine's request shape (kiln.llm.decode_profile)."""
-        from kiln.llm.decode_profile import profile_decode
+        """A profiled window of decode steps on this engine's request shape (kiln.profile.decode)."""
+        from kiln.profile.decode import profile_decode
 
         return profile_decode(self.engine, self.prompts, new_tokens=self.new_tokens, steps=steps, out_dir=out_dir,
                               weight_bytes=weight_bytes, copy_bytes_per_s=copy_bytes_per_s, title=title)

@@ -119,7 +119,7 @@ def plan(args: argparse.Namespace):
         raise ConfigError("--tuning", f"unknown tuning {args.tuning!r}", TUNING)
     at_least("--profile-decode", args.profile_decode, 0)
     if args.profile_decode:
-        from kiln.llm.decode_profile import window_fits
+        from kiln.profile.decode import window_fits
 
         fits = window_fits(sizes["new_tokens"])
         if args.profile_decode > fits:
