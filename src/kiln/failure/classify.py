@@ -182,7 +182,7 @@ def _host_memory_advice(cfg: Any, error: BaseException, model_params: int | None
     """What holds the host's memory, with numbers: the model's state (weights, and on a CPU run its
     gradients and optimizer state) against the host's memory, the allocation that failed, then
     the data loader; the largest first."""
-    from kiln.train.host_memory import gib, host_memory, training_state_bytes
+    from kiln.models.host_memory import gib, host_memory, training_state_bytes
 
     total, _ = host_memory()
     facts, advice = [], []

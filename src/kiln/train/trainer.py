@@ -42,6 +42,7 @@ from kiln.distributed.sync_timing import SyncTimer
 from kiln.failure.classify import short_error
 from kiln.failure.report import quiet_child_signals
 from kiln.models import build_model
+from kiln.models.host_memory import check_model_fits
 from kiln.monitor.flops import count_step_flops, peak_flops
 from kiln.monitor.gpu_health import start_gpu_health
 from kiln.monitor.memory import memory_stats, reset_peak
@@ -54,7 +55,6 @@ from kiln.train.assemble import build_train_step
 from kiln.train.attention import attention_backend
 from kiln.train.faults import inject, planned_fault
 from kiln.train.features import describe_features, resolve_features
-from kiln.train.host_memory import check_model_fits
 from kiln.train.losses import build_eval_fn, build_forward_loss
 from kiln.train.meter import IntervalMeter
 from kiln.train.optim import lr_snapshot
