@@ -132,7 +132,7 @@ def test_help_shows_a_default_once():
 
 
 def test_a_second_bench_on_the_same_out_is_refused(tmp_path, bad_input):
-    from kiln.train.rundir import RunDirLock
+    from kiln.outputs import RunDirLock
 
     out = tmp_path / "out"
     with RunDirLock(out):  # a first bench, still measuring, holds its --out

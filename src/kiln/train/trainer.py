@@ -50,6 +50,7 @@ from kiln.monitor.prometheus import check_bindable
 from kiln.monitor.sinks import build_sinks, first_step_message
 from kiln.monitor.stragglers import StragglerDetector
 from kiln.monitor.summary import write_summary
+from kiln.outputs import RunDirLock, held_for_me
 from kiln.precision import apply_precision, resolve_precision, tf32_enabled, with_precision
 from kiln.train.assemble import build_train_step
 from kiln.train.attention import attention_backend
@@ -59,11 +60,9 @@ from kiln.train.losses import build_eval_fn, build_forward_loss
 from kiln.train.meter import IntervalMeter
 from kiln.train.optim import lr_snapshot
 from kiln.train.rundir import (
-    RunDirLock,
     already_complete_summary,
     check_run_dir,
     checkpoint_step,
-    held_for_me,
     no_checkpoint_decision,
     trim_metrics,
 )
