@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from kiln.bench.compile_bench import failure
+from kiln.data.eval_tokens import read_ppl_tokens
 from kiln.llm.quality import (
     DRIFT_BOUNDS,
     FIDELITY_BOUND,
@@ -24,7 +25,6 @@ from kiln.llm.quality import (
     judge_quantized,
     logit_drift,
     perplexity,
-    read_ppl_tokens,
 )
 from kiln.llm.quant import QuantSpec, bitsandbytes_missing, dequantized_reference, quantize_decoder
 from kiln.llm.weights import count_bytes, decode_weight_bytes

@@ -65,8 +65,8 @@ NAME_FORMS = ("llama:<preset | config.json | dir>", "timm:<name>", "hf:<preset |
 
 def known_models() -> list[str]:
     """Registry names, kiln's Llama presets and the HF presets, as they are written in `model.name`."""
+    from kiln.llm.hf_config import PRESETS  # no transformers import: only the table
     from kiln.llm.presets import PRESETS as LLAMA_PRESETS
-    from kiln.models.hf import PRESETS  # no transformers import: only the table
 
     return [*REGISTRY, *(f"llama:{p}" for p in LLAMA_PRESETS), *(f"hf:{p}" for p in PRESETS)]
 
