@@ -5,11 +5,11 @@ from __future__ import annotations
 from kiln.monitor.env import collect_env, render_env
 from kiln.monitor.flops import count_step_flops, mfu, peak_flops, peak_flops_for_name
 from kiln.monitor.memory import max_rss_bytes, memory_stats, reset_peak
+from kiln.monitor.sink import MetricsSink
 from kiln.monitor.sinks import (
     ConsoleSink,
     JsonlSink,
     MetricsLogger,
-    MetricsSink,
     TensorBoardSink,
     build_sinks,
     format_record,
