@@ -7,6 +7,7 @@ import argparse
 import difflib
 import shlex
 
+from kiln.cli.args import add_verbose_flag
 from kiln.cli.llm_args import (
     MODEL_HELP,
     add_decode_attention_flag,
@@ -20,7 +21,6 @@ from kiln.cli.llm_args import (
     resolve_quant_flags,
     split_list,
 )
-from kiln.cli.main import add_verbose_flag
 from kiln.config.errors import ConfigError
 
 
@@ -235,7 +235,7 @@ def run(args: argparse.Namespace) -> int:
     from kiln.bench.llm_bench import run_llm_bench
     from kiln.bench.llm_report import render_table, write_llm_results
     from kiln.bench.results import refuse_held_results
-    from kiln.cli.bench_cmd import show_results
+    from kiln.cli.results import show_results
     from kiln.monitor.env import collect_env
     from kiln.train.runtime import default_run_dir
 
