@@ -52,6 +52,7 @@ from kiln.monitor.stragglers import StragglerDetector
 from kiln.monitor.summary import write_summary
 from kiln.outputs import RunDirLock, held_for_me
 from kiln.precision import apply_precision, resolve_precision, tf32_enabled, with_precision
+from kiln.timing import synchronize
 from kiln.train.assemble import build_train_step
 from kiln.train.attention import attention_backend
 from kiln.train.faults import inject, planned_fault
@@ -71,7 +72,6 @@ from kiln.train.runtime import (
     deterministic_mode,
     resolve_device,
     seed_everything,
-    synchronize,
 )
 from kiln.train.segments import RunHistory, read_history, whole_run
 from kiln.train.step import evaluate
