@@ -17,6 +17,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from kiln.models.host_memory import gib, host_memory, training_state_bytes
+
 _DISK_FULL = {errno.ENOSPC, errno.EDQUOT}
 _NO_ACCESS = {errno.EACCES, errno.EPERM, errno.EROFS}
 _WORKER = re.compile(r"DataLoader worker \(pids?\(?s?\)? ?([\d, ]+)\)\s*(?:is killed by signal: ([\w ]+)|exited unexpectedly)")
@@ -182,8 +184,6 @@ def _host_memory_advice(cfg: Any, error: BaseException, model_params: int | None
     """What holds the host's memory, with numbers: the model's state (weights, and on a CPU run its
     gradients and optimizer state) against the host's memory, the allocation that failed, then
     the data loader; the largest first."""
-    from kiln.models.host_memory import gib, host_memory, training_state_bytes
-
     total, _ = host_memory()
     facts, advice = [], []
     asked = re.search(r"allocate (\d+) bytes", str(error))

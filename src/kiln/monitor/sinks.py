@@ -24,6 +24,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from kiln.config.errors import ConfigError
 from kiln.config.schema import CHOICES, MetricsConfig
 from kiln.monitor.prometheus import PrometheusSink
+from kiln.monitor.records import torn_tail
 from kiln.monitor.sink import MetricsSink
 from kiln.monitor.summary import json_safe
 
@@ -54,8 +55,6 @@ class JsonlSink(MetricsSink):
     """
 
     def __init__(self, path: str | os.PathLike[str]):
-        from kiln.monitor.records import torn_tail
-
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)

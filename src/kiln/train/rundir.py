@@ -44,6 +44,8 @@ if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
+from kiln.checkpoint.layout import read_marker
+from kiln.monitor.records import read_records
 
 # Files whose presence means a directory already holds a run that must not be overwritten.
 RUN_MARKERS = ("summary.json", "metrics.jsonl", "checkpoints")
@@ -118,8 +120,6 @@ def no_checkpoint_decision(path: Path) -> str:
 
 def checkpoint_step(path: Path) -> int:
     """The step a complete checkpoint was saved at (from its completion marker)."""
-    from kiln.checkpoint.layout import read_marker
-
     return int((read_marker(Path(path)) or {}).get("step", -1))
 
 
@@ -135,8 +135,6 @@ def already_complete_summary(path: Path, checkpoint: Path) -> dict[str, Any]:
 def trim_metrics(path: Path, last_step: int) -> None:
     """On resume, drop records past the checkpoint (those steps run again) and a last line a crash
     cut short; rewritten aside and renamed, so a crash here loses nothing."""
-    from kiln.monitor.records import read_records
-
     if not path.exists():
         return
     kept = [r for r in read_records(path) if r.get("step", 0) <= last_step]
