@@ -17,6 +17,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from kiln.models.host_memory import gib, host_memory, training_state_bytes
 
 _DISK_FULL = {errno.ENOSPC, errno.EDQUOT}
@@ -173,8 +175,6 @@ def _innermost(chain: list[BaseException]) -> BaseException:
 
 
 def _is_cuda_oom(e: BaseException) -> bool:
-    import torch
-
     oom_types = tuple(t for t in (getattr(torch, "OutOfMemoryError", None),
                                   getattr(torch.cuda, "OutOfMemoryError", None)) if isinstance(t, type))
     return (bool(oom_types) and isinstance(e, oom_types)) or "CUDA out of memory" in str(e)

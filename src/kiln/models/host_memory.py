@@ -14,6 +14,8 @@ import os
 import re
 from pathlib import Path
 
+import torch
+
 from kiln.config.errors import ConfigError
 from kiln.models import build_model
 
@@ -84,8 +86,6 @@ def check_fits(num_params: int, *, device_type: str, optimizer: str = "adamw", m
 def check_model_fits(model_cfg, device_type: str, optim_cfg) -> None:
     """Count the model's parameters on the meta device (no memory, no compute) and `check_fits`
     them before the real build. A factory that cannot build on meta is left to the real build."""
-    import torch
-
     try:
         with torch.device("meta"):
             num_params = sum(p.numel() for p in build_model(model_cfg).module.parameters())

@@ -12,6 +12,8 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from kiln.checkpoint.layout import read_marker
 from kiln.checkpoint.storage import CheckpointSaveError, newest_intact, remove_partial
 from kiln.failure.classify import Diagnosis, causes, diagnose, reason, short_error
@@ -100,8 +102,6 @@ def _format(error: BaseException) -> str:
 
 
 def _cuda_memory(device: Any) -> str:
-    import torch
-
     if getattr(device, "type", None) != "cuda" or not torch.cuda.is_available():
         return "CUDA memory summary: not a CUDA device in this process"
     try:
