@@ -24,7 +24,6 @@ from dataclasses import replace
 from pathlib import Path
 
 from kiln.bench.results import write_results
-from kiln.bench.timing import synchronize, time_calls
 from kiln.checkpoint import AppState, Checkpointer
 from kiln.config import load_config
 from kiln.config.load import config_to_dict
@@ -32,6 +31,7 @@ from kiln.data import build_data
 from kiln.models import build_model
 from kiln.monitor.env import collect_env
 from kiln.precision import apply_precision, resolve_precision, tf32_enabled
+from kiln.timing import synchronize, time_calls
 from kiln.train.assemble import build_train_step
 from kiln.train.runtime import resolve_device, seed_everything
 

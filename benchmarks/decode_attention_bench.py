@@ -24,11 +24,11 @@ from pathlib import Path
 import torch
 
 from kiln.bench.rotation import copies_beyond_l2, l2_bytes
-from kiln.bench.timing import cuda_graph_of, replay_rounds
 from kiln.llm.config import resolve_model
 from kiln.llm.decode_attention import flash_decode, varlen_rows
 from kiln.llm.engine import default_inductor_options
 from kiln.llm.model import Attention
+from kiln.timing import cuda_graph_of, replay_rounds
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,7 +11,7 @@ arithmetic is negligible and each step's time is what the wrappers, hooks, compi
 and optimizer cost on the host: the part of a step that a GPU cannot hide once it exceeds the GPU's
 own time. Every variant is built the way `kiln train` builds it (kiln.train.assemble.
 build_train_step, compiled, fused AdamW), all in one process and timed interleaved
-(kiln.bench.timing.measure_interleaved), so machine load hits all alike. The tiny blocks would all
+(kiln.timing.measure_interleaved), so machine load hits all alike. The tiny blocks would all
 fit one >= 64 MiB unit, so the FSDP2 variants name their units: `fsdp-unit3` (3 blocks per unit,
 resharded after forward) is kiln's previous default layout on ViT-B/16 and `fsdp-unit6-auto` (2
 units of 6, reshard `auto`, which keeps both models gathered) today's. `fsdp-before` is the layout
@@ -54,7 +54,6 @@ import torch.distributed as dist
 import kiln.distributed.apply as apply_mod
 import kiln.distributed.fsdp as fsdp_mod
 from kiln.bench.results import write_results
-from kiln.bench.timing import measure_interleaved
 from kiln.config import load_config
 from kiln.data import build_data
 from kiln.distributed.local_optim import ShardLocalAdamW
@@ -62,6 +61,7 @@ from kiln.distributed.sharded_norm import clip_grad_norm
 from kiln.models import build_model
 from kiln.monitor.env import collect_env
 from kiln.precision import apply_precision, resolve_precision
+from kiln.timing import measure_interleaved
 from kiln.train.assemble import build_train_step
 
 BASE = ["model.name=vit", "model.kwargs.img_size=32", "model.kwargs.patch_size=8", "model.kwargs.embed_dim=32",

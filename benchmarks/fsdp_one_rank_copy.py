@@ -6,7 +6,7 @@ One process, one rank (gloo on CPU, NCCL with `--device cuda`). kiln's ViT (12 b
 parameters) is sharded as one FSDP2 unit twice, once left to torch and once with
 kiln.distributed.fsdp_one_rank installed; each sample times `calls` rounds of what a unit does every
 step it is gathered: `unshard()`, `wait_for_unshard()` (the part the fused copy replaces) and the
-reshard, the two models interleaved (kiln.bench.timing), for the param dtype of the fp32 and the
+reshard, the two models interleaved (kiln.timing), for the param dtype of the fp32 and the
 bf16-mixed policies. The default widths are tiny, so the figure is the host's; `--embed-dim 768`
 gives ViT-B/16's parameters. The full training step with and without it:
 benchmarks/fsdp_host_overhead.py (variants `*-torch-copy`).
@@ -23,10 +23,10 @@ import torch
 import torch.distributed as dist
 
 from kiln.bench.results import write_results
-from kiln.bench.timing import measure_interleaved
 from kiln.distributed.fsdp_one_rank import fsdp_param_groups, install_one_rank_unshard
 from kiln.models.vit import build_vit
 from kiln.monitor.env import collect_env
+from kiln.timing import measure_interleaved
 
 
 def _unit(fused: bool, param_dtype: torch.dtype | None, embed_dim: int, device: torch.device):

@@ -25,10 +25,10 @@ from matvec_bench import per_step_line  # benchmarks/ is this script's own direc
 from torch import nn
 
 from kiln.bench.rotation import copies_beyond_l2, l2_bytes
-from kiln.bench.timing import cuda_graph_of, replay_rounds
 from kiln.llm.config import resolve_model
 from kiln.llm.quant import target_shapes
 from kiln.llm.quant_torch import Int4WeightOnlyLinear
+from kiln.timing import cuda_graph_of, replay_rounds
 
 
 def layer_bytes(layer: nn.Module) -> int:

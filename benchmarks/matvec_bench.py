@@ -35,10 +35,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kiln.bench.timing import cuda_graph_of, replay_rounds
 from kiln.llm.config import resolve_model
 from kiln.llm.decode_matvec import fused_linear
 from kiln.llm.model import RMSNorm
+from kiln.timing import cuda_graph_of, replay_rounds
 
 L2_BYTES = 50 * 2**20
 

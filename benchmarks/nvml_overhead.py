@@ -1,7 +1,7 @@
 """What does the NVML GPU-health sampler cost the training step?
 
 Builds the step `kiln train` runs (kiln.train.assemble.build_train_step, one fixed batch on the
-device) and times it with kiln.bench.timing in interleaved rounds, with the sampler off, at its
+device) and times it with kiln.timing in interleaved rounds, with the sampler off, at its
 default 1 Hz, and at 20 Hz (20x the default work, to see the per-read cost above the noise).
 Each sample lasts about `--sample-s` seconds so that every sample of an "on" side holds NVML
 reads; the side order rotates every round. The goal for 1 Hz is "below noise": its ratio to
@@ -27,7 +27,6 @@ import time
 import torch
 
 from kiln.bench.results import write_results
-from kiln.bench.timing import measure, time_calls
 from kiln.config import load_config
 from kiln.config.load import config_to_dict
 from kiln.data import build_data
@@ -35,6 +34,7 @@ from kiln.models import build_model
 from kiln.monitor.env import collect_env
 from kiln.monitor.gpu_health import GpuHealthSampler, open_nvml_reader
 from kiln.precision import apply_precision, resolve_precision, tf32_enabled
+from kiln.timing import measure, time_calls
 from kiln.train.assemble import build_train_step
 from kiln.train.runtime import resolve_device, seed_everything
 

@@ -22,12 +22,12 @@ import torch
 import torch.distributed as dist
 
 from kiln.bench.results import write_results
-from kiln.bench.timing import time_calls
 from kiln.config import load_config
 from kiln.data import build_data
 from kiln.models import build_model
 from kiln.monitor.env import collect_env
 from kiln.precision import apply_precision, resolve_precision
+from kiln.timing import time_calls
 from kiln.train.assemble import build_train_step
 from kiln.train.runtime import resolve_device
 

@@ -25,6 +25,8 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+from kiln.signing import UntrustedFileError, config_dir, sign, verify
+
 log = logging.getLogger("kiln.compile")
 
 ARTIFACTS_FILE = "compile_cache.bin"
@@ -141,15 +143,11 @@ def fresh_artifacts() -> Iterator[None]:
 def save_artifacts(path: Path) -> int | None:
     """Write this process's compile artifacts to `path` (atomically); returns how many, or None
     when torch cannot (too old) or there was nothing to save."""
-    from kiln.signing import sign
-
     saved = artifacts_blob()
     if saved is None:
         return None
     signed = sign(saved[0], purpose=_PURPOSE)
     if signed is None:
-        from kiln.signing import config_dir
-
         log.warning("compile cache not saved: no kiln key could be created in %s to sign it with", config_dir())
         return None
     tmp = path.with_name(path.name + ".part")
@@ -163,8 +161,6 @@ def load_artifacts(path: Path) -> int | None:
     there is no file or torch cannot). A file kiln did not sign under this user's key, or one
     torch cannot read, is skipped with a warning: the compile then runs cold, which is slower but
     correct, and nothing in the file has been unpickled."""
-    from kiln.signing import UntrustedFileError, verify
-
     if not path.is_file() or not artifacts_supported():
         return None
     try:

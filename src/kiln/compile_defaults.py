@@ -22,6 +22,7 @@ from dataclasses import dataclass, fields
 
 from kiln.config.schema import CompileConfig, Config
 from kiln.distributed.strategy import wraps_one_rank
+from kiln.models.registry import REGISTRY
 
 
 @dataclass(frozen=True)
@@ -80,8 +81,6 @@ def _user_chose_how(c: CompileConfig) -> bool:
 def measured_shape(cfg: Config) -> dict[str, object]:
     """The run's values of the keys a recipe's `shape` names: model.kwargs with the factory's
     defaults filled in, the batch size and the precision policy."""
-    from kiln.models.registry import REGISTRY
-
     entry = REGISTRY.get(cfg.model.name)
     params = inspect.signature(entry.factory).parameters if entry is not None else {}
     kwargs = {k: p.default for k, p in params.items() if p.default is not inspect.Parameter.empty}

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from kiln.config.errors import ConfigError
+from kiln.cpu.topology import read_topology
 
 
 @dataclass(frozen=True)
@@ -56,8 +57,6 @@ def resolve_precision(name: str, device: torch.device) -> PrecisionPolicy:
 
 def cpu_bf16_native() -> bool:
     """The CPU runs bf16 matmuls natively (AMX, AVX512-BF16, Arm BF16): bf16 autocast pays there."""
-    from kiln.cpu.topology import read_topology
-
     return read_topology().native_bf16
 
 

@@ -7,8 +7,8 @@ import torch
 from kiln.bench.accuracy import compare, tolerance, uses_rng
 from kiln.bench.compile_rows import timing_figures
 from kiln.bench.runner import BenchContext
-from kiln.bench.timing import Timing
 from kiln.config import Config
+from kiln.timing import Timing
 
 
 def test_tolerances_follow_the_harness():

@@ -120,7 +120,7 @@ def test_every_bench_help_shows_defaults(command, capsys):
 def test_help_shows_a_default_once():
     import argparse
 
-    from kiln.cli.main import DefaultsFormatter
+    from kiln.cli.args import DefaultsFormatter
 
     parser = argparse.ArgumentParser(formatter_class=DefaultsFormatter)
     parser.add_argument("--a", type=int, default=3, help="stated (default 3)")
@@ -132,7 +132,7 @@ def test_help_shows_a_default_once():
 
 
 def test_a_second_bench_on_the_same_out_is_refused(tmp_path, bad_input):
-    from kiln.train.rundir import RunDirLock
+    from kiln.outputs import RunDirLock
 
     out = tmp_path / "out"
     with RunDirLock(out):  # a first bench, still measuring, holds its --out

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from kiln.bench.ceilings import measure_ceilings
-from kiln.bench.timing import StepClock
 from kiln.cli.main import main
+from kiln.timing import StepClock
 
 transformers = pytest.importorskip("transformers")
 

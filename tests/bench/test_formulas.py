@@ -20,8 +20,8 @@ from kiln.bench import formulas as f
 from kiln.bench.ceilings import Ceilings
 from kiln.bench.compile_rows import compare_with_plain, timing_figures
 from kiln.bench.gpu_specs import lookup, spec_dtype
-from kiln.bench.timing import Timing
 from kiln.monitor.flops import mfu
+from kiln.timing import Timing
 
 
 def test_formulas_on_known_inputs():

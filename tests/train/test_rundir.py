@@ -14,7 +14,8 @@ from kiln.config import load_config
 from kiln.config.errors import ConfigError
 from kiln.config.identity import config_digest, differences, identity
 from kiln.config.load import save_config
-from kiln.train.rundir import RunDirLock, check_run_dir, no_checkpoint_decision
+from kiln.outputs import RunDirLock
+from kiln.train.rundir import check_run_dir, no_checkpoint_decision
 
 ARGS = [
     "model.kwargs.hidden_size=32", "model.kwargs.num_layers=2", "model.kwargs.num_classes=4",

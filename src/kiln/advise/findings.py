@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from kiln.tables import Adaptive
+
 # ok: nothing to fix; advice: a fix that pays (or could not be measured); info: found, but measured
 # not to pay here; n/a: the check does not apply (e.g. no GPU); error: the check itself failed.
 STATUSES = ("ok", "advice", "info", "n/a", "error")
@@ -57,8 +59,6 @@ def gib(n: int) -> str:
 
 def render(findings: list[Finding], title: str):
     from rich.table import Table
-
-    from kiln.tables import Adaptive
 
     styles = {"ok": "green", "advice": "bold yellow", "info": "cyan", "n/a": "dim", "error": "red"}
     table = Table(title=title, title_justify="left", show_lines=True)

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from kiln.advise.findings import Finding, saved
-from kiln.bench.timing import measure_interleaved
+from kiln.timing import measure_interleaved
 
 FIX = ("convert the model in your factory: `model = model.to(memory_format=torch.channels_last)` (inputs may stay "
        "NCHW: the first convolution switches the format)")

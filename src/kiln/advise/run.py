@@ -11,9 +11,19 @@ from typing import Any
 
 import torch
 
+from kiln.advise import layout, runs, shapes, static
 from kiln.advise.findings import Finding, failed
 from kiln.config.errors import ConfigError
 from kiln.config.schema import Config
+from kiln.cpu.threads import cpu_settings
+from kiln.diagnose.explain import explain_target
+from kiln.diagnose.inputs import inputs_from_spec, to_device
+from kiln.diagnose.target import Target
+from kiln.models import build_model
+from kiln.noise import filtered_fds
+from kiln.precision import apply_precision, autocast, resolve_precision, tf32_enabled
+from kiln.train.runtime import resolve_device, seed_everything
+from kiln.tune.space import config_recipe
 
 log = logging.getLogger("kiln.advise")
 
@@ -35,17 +45,6 @@ def _guard(findings: list[Finding], check: str, title: str, fn: Callable[[], Fin
 
 def advise(cfg: Config, *, measure: bool = True, say: Callable[[str], None] | None = None) -> dict[str, Any]:
     """The advise report (JSON-friendly): the findings, in order, and what they were run on."""
-    from kiln.advise import layout, runs, shapes, static
-    from kiln.cpu.threads import cpu_settings
-    from kiln.diagnose.explain import explain_target
-    from kiln.diagnose.inputs import inputs_from_spec, to_device
-    from kiln.diagnose.target import Target
-    from kiln.models import build_model
-    from kiln.noise import filtered_fds
-    from kiln.precision import apply_precision, autocast, resolve_precision, tf32_enabled
-    from kiln.train.runtime import resolve_device, seed_everything
-    from kiln.tune.space import config_recipe
-
     say = say or (lambda message: None)
     device = resolve_device(cfg.training.device)
     policy = resolve_precision(cfg.precision.policy, device)

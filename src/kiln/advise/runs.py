@@ -13,11 +13,15 @@ from typing import Any
 import torch
 
 from kiln.advise.findings import Finding
+from kiln.bench.accuracy import compare
 from kiln.bench.compile_bench import CompileBenchOptions
 from kiln.bench.ratios import gain_text, on_common_reference
 from kiln.bench.recipes import Recipe
 from kiln.bench.session import BenchSession
 from kiln.config.schema import Config
+from kiln.monitor.records import read_records
+from kiln.precision import cpu_bf16_native
+from kiln.profile.run import profile_run
 from kiln.tune.space import MIN_GAIN  # a change is advised on the rule autotune applies
 
 # The device waits for data more than this share of the step: the loader is the bottleneck.
@@ -30,9 +34,6 @@ def short_profile(cfg: Config, *, steps: int = 10, warmup: int = 3) -> dict[str,
     """A short `kiln profile` of the config (the training step kiln train runs): its summary plus
     the data wait share of the window's metrics record (the profiler's own overhead counts in the
     step there, so the share errs low)."""
-    from kiln.monitor.records import read_records
-    from kiln.profile.run import profile_run
-
     rep = dataclasses.replace
     cfg = rep(cfg, metrics=rep(cfg.metrics, console=False))
     with tempfile.TemporaryDirectory(prefix="kiln-advise-") as tmp:
@@ -134,7 +135,6 @@ def check_launch_bound(cfg: Config, run: dict[str, Any] | None, recipe: Recipe, 
 def bf16_capable(device: torch.device) -> bool:
     if device.type == "cuda":
         return torch.cuda.is_bf16_supported()
-    from kiln.precision import cpu_bf16_native
 
     return cpu_bf16_native()
 
@@ -142,8 +142,6 @@ def bf16_capable(device: torch.device) -> bool:
 def check_precision(cfg: Config, device: torch.device, *, session: BenchSession | None) -> Finding:
     """fp32 (or fp16 with its GradScaler) where bf16 autocast would do; measured as eager rows at
     both precisions, and the bf16 loss trajectory checked against fp32's with bf16's tolerance."""
-    from kiln.bench.accuracy import compare
-
     title = "bf16 where fp32 is used"
     policy = cfg.precision.policy
     if policy.startswith("bf16"):

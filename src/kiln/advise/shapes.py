@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from kiln.advise.findings import Finding, saved
-from kiln.bench.timing import measure_interleaved
+from kiln.timing import measure_interleaved
 
 ALIGN = 8
 MAX_MEASURED = 8

@@ -10,7 +10,10 @@ import torch
 
 from kiln.advise.findings import Finding, gib
 from kiln.config.schema import Config
-from kiln.cpu.load import LoadReading
+from kiln.cpu.load import LoadReading, read_load
+from kiln.cpu.threads import plan_cpu
+from kiln.cpu.topology import process_affinity, read_topology
+from kiln.distributed.strategy import STATE_BUDGET, device_memory_bytes, training_state_bytes
 
 
 def check_graph_breaks(report: dict[str, Any], cfg: Config) -> Finding:
@@ -48,8 +51,6 @@ def check_graph_breaks(report: dict[str, Any], cfg: Config) -> Finding:
 
 def check_strategy(cfg: Config, num_params: int, param_bytes: int, device: torch.device) -> Finding:
     """Would the training state fit DDP (a full replica per device) or need FSDP (sharded)?"""
-    from kiln.distributed.strategy import STATE_BUDGET, device_memory_bytes, training_state_bytes
-
     title = "DDP vs FSDP fit"
     state = training_state_bytes(num_params, param_bytes, cfg.optim.name)
     memory = device_memory_bytes(device)
@@ -83,10 +84,6 @@ def check_strategy(cfg: Config, num_params: int, param_bytes: int, device: torch
 def check_cpu_threads(cfg: Config, load: LoadReading | None | bool = True) -> Finding:
     """Threads and pinning as kiln train would choose them, judged against the machine's load
     (`load`: a reading; True reads it now; None ignores it)."""
-    from kiln.cpu.load import read_load
-    from kiln.cpu.threads import plan_cpu
-    from kiln.cpu.topology import process_affinity, read_topology
-
     title = "CPU threads and pinning"
     if load is True:
         load = read_load()

@@ -21,7 +21,7 @@ import torch
 
 from kiln.bench.formulas import decode_bytes_per_s, matmul_flops, ratio
 from kiln.bench.gpu_specs import lookup, spec_dtype, table_flops
-from kiln.bench.timing import measure
+from kiln.timing import measure
 
 
 @dataclass(frozen=True)

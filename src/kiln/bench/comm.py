@@ -2,7 +2,7 @@
 
 Run on every rank of a process group (`kiln bench comm` starts one through torchrun). For each
 (collective, size): warm up, then the median of `repeats` samples of back-to-back calls
-(kiln.bench.timing), per rank; the slowest rank's median is the figure, since a collective ends when
+(kiln.timing), per rank; the slowest rank's median is the figure, since a collective ends when
 its last participant does. Bandwidths follow nccl-tests' PERFORMANCE.md:
 
     algbw = size / time
@@ -26,9 +26,9 @@ import torch
 import torch.distributed as dist
 
 from kiln.bench.predict import OPS, bus_factor
-from kiln.bench.timing import measure, measure_interleaved
 from kiln.distributed.env import gather_floats
 from kiln.distributed.traffic import StepTraffic
+from kiln.timing import measure, measure_interleaved
 
 # Extra sizes (bytes) around the model's own, so the latency/bandwidth fit spans small and large.
 SWEEP = tuple(4096 * 8**k for k in range(7))  # 4 KiB .. 1 GiB; capped at the largest model size

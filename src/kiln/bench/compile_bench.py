@@ -25,12 +25,12 @@ from kiln.bench.ratios import ratio_text
 from kiln.bench.recipes import Recipe
 from kiln.bench.row_failure import failure
 from kiln.bench.runner import FP64, BenchContext, Started, build_context, release, start_runner
-from kiln.bench.timing import Timing, measure, measure_interleaved
 from kiln.compile import compile_counters, recompiles
 from kiln.compile_cache import artifacts_blob, fresh_artifacts, load_blob
 from kiln.config.schema import Config
 from kiln.cpu.threads import cpu_settings
 from kiln.precision import tf32_enabled
+from kiln.timing import Timing, measure, measure_interleaved
 from kiln.train.capture import WARMUP_STEPS
 from kiln.train.runtime import deterministic_mode, resolve_device
 

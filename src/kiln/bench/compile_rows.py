@@ -13,8 +13,8 @@ from kiln.bench.formulas import peak_fraction, tflops
 from kiln.bench.ratios import annotate
 from kiln.bench.recipes import Recipe, cuda_graph_reason
 from kiln.bench.runner import BenchContext
-from kiln.bench.timing import Timing
 from kiln.config.schema import Config
+from kiln.timing import Timing
 
 # Every row carries these keys (None where a row has no such figure), so consumers see one schema.
 FIGURES = (

@@ -21,6 +21,7 @@ from torch import Tensor, nn
 
 from kiln.compile import compile_function
 from kiln.config.schema import CompileConfig, ModelConfig
+from kiln.models import build_model
 from kiln.train.losses import logits_of
 
 # Keys of model factories that set the number of repeated blocks (kiln mlp/vit, HF configs).
@@ -81,8 +82,6 @@ def teacher_config(model: ModelConfig) -> ModelConfig:
 
 def build_teacher(model: ModelConfig, device: torch.device, seed: int) -> nn.Module:
     """A frozen teacher with its own weights; the global RNG is left where it was."""
-    from kiln.models import build_model
-
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         built = build_model(teacher_config(model))

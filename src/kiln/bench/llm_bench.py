@@ -44,7 +44,6 @@ from kiln.bench.llm_report import write_llm_results
 from kiln.bench.llm_rows import LlmRow, finish_rows
 from kiln.bench.results import refuse_held_results
 from kiln.bench.row_failure import failure
-from kiln.bench.timing import StepClock, measure_interleaved, time_calls
 from kiln.compile import compile_counters
 from kiln.llm.config import resolve_model
 from kiln.llm.hf_model import build_hf_model, hf_available
@@ -58,6 +57,7 @@ from kiln.llm.weights import (
 )
 from kiln.monitor.env import collect_env
 from kiln.monitor.flops import count_step_flops
+from kiln.timing import StepClock, measure_interleaved, time_calls
 from kiln.train.runtime import default_run_dir
 
 Log = Callable[[str], None]

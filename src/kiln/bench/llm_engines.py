@@ -21,7 +21,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from kiln.bench.timing import StepClock
+from kiln.llm.engine import Engine, default_inductor_options
+from kiln.profile.decode import profile_decode
+from kiln.timing import StepClock
 
 ENGINES = ("hf-eager", "hf-compiled", "kiln-eager", "kiln-compiled")
 HF_ENGINES = ("hf-eager", "hf-compiled")
@@ -36,8 +38,6 @@ def kiln_inductor_options(device: torch.device, extra: dict[str, Any] | None, tu
     options over them, and `tuning` deciding where coordinate-descent tuning runs (`decode`: not in
     prefill, whose matmuls are cuBLAS anyway; `off`: nowhere, which also keeps inductor from lowering
     M=1 matmuls to reductions, so decode gets slower)."""
-    from kiln.llm.engine import default_inductor_options
-
     options = {**default_inductor_options(device), **(extra or {})}
     untuned = {**options, "coordinate_descent_tuning": False}
     if tuning == "off":
@@ -49,8 +49,6 @@ class KilnEngine:
     def __init__(self, name: str, model, prompts: list[list[int]], new_tokens: int,
                  inductor_options: dict[str, Any] | None = None, *, prefill: str = "compiled", tuning: str = "full",
                  decode_attention: str = "auto", decode_matvec: str = "auto"):
-        from kiln.llm.engine import Engine
-
         self.name = name
         compiled = name == "kiln-compiled"
         decode_options, prefill_options = kiln_inductor_options(model.embed.weight.device, inductor_options, tuning)
@@ -78,9 +76,7 @@ class KilnEngine:
 
     def profile_decode(self, steps: int, out_dir, *, weight_bytes: int, copy_bytes_per_s: float | None,
                        title: str) -> dict[str, Any]:
-        """A profiled window of decode steps on this engine's request shape (kiln.llm.decode_profile)."""
-        from kiln.llm.decode_profile import profile_decode
-
+        """A profiled window of decode steps on this engine's request shape (kiln.profile.decode)."""
         return profile_decode(self.engine, self.prompts, new_tokens=self.new_tokens, steps=steps, out_dir=out_dir,
                               weight_bytes=weight_bytes, copy_bytes_per_s=copy_bytes_per_s, title=title)
 

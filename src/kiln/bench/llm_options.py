@@ -25,10 +25,10 @@ from kiln.config.load import parse_literal
 from kiln.config.validate import inductor_option_names
 from kiln.llm import decode_attention, decode_matvec
 from kiln.llm.config import preset_names, resolve_model
-from kiln.llm.decode_profile import window_fits
 from kiln.llm.engine import check_lengths
 from kiln.llm.quant import QuantSpec, check_quant, parse_quant
 from kiln.llm.weights import TORCH_DTYPES
+from kiln.profile.decode import window_fits
 from kiln.train.runtime import resolve_device
 
 DTYPES = ("auto", "bf16", "fp16", "fp32")
@@ -177,7 +177,7 @@ class LlmBenchPlan:
     deadline_s: float | None = None
     """No row starts its warm-up after this many seconds of the run (it is `skipped` instead)."""
     profile_decode: int = 0
-    """Decode steps of each kiln row to profile after timing (kiln.llm.decode_profile); 0: none."""
+    """Decode steps of each kiln row to profile after timing (kiln.profile.decode); 0: none."""
     profile_dir: str | None = None
     """Where the decode profiles go (one folder per row); set from the output directory."""
     gpt_fast: str | None = None

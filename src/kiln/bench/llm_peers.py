@@ -12,6 +12,7 @@ import torch
 
 from kiln.bench.ceilings import bandwidth_fractions
 from kiln.bench.formulas import ratio
+from kiln.bench.peers.gpt_fast import ENGINE, prepare, run_rows
 
 
 def _base(o) -> dict[str, Any]:
@@ -21,8 +22,6 @@ def _base(o) -> dict[str, Any]:
 def prepare_peers(bench):
     """gpt-fast's checkpoints (bf16, and int4 through its quantize.py), written before kiln's rows
     are timed so that only its generation runs after them; None without --gpt-fast or a model."""
-    from kiln.bench.peers.gpt_fast import prepare
-
     o = bench.opts
     if not o.gpt_fast or bench.kiln_model is None:
         return None
@@ -33,8 +32,6 @@ def prepare_peers(bench):
 def run_peers(bench, prep) -> list[dict[str, Any]]:
     """gpt-fast's rows, after kiln's are timed (its processes share the GPU with this one's
     models, which sit idle meanwhile); the checkpoints are removed after."""
-    from kiln.bench.peers.gpt_fast import ENGINE, run_rows
-
     o = bench.opts
     if not o.gpt_fast:
         return []

@@ -1,5 +1,5 @@
 """`kiln bench llm --profile-decode N`: after the timed rounds, a profiled window of decode steps
-per kiln row (kiln.llm.decode_profile), in its own folder, with its figures on the row."""
+per kiln row (kiln.profile.decode), in its own folder, with its figures on the row."""
 
 from __future__ import annotations
 

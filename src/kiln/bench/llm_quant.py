@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from kiln.bench.row_failure import failure
+from kiln.data.eval_tokens import read_ppl_tokens
 from kiln.llm.quality import (
     DRIFT_BOUNDS,
     FIDELITY_BOUND,
@@ -24,9 +25,9 @@ from kiln.llm.quality import (
     judge_quantized,
     logit_drift,
     perplexity,
-    read_ppl_tokens,
 )
 from kiln.llm.quant import QuantSpec, bitsandbytes_missing, dequantized_reference, quantize_decoder
+from kiln.llm.tokenizer import find_tokenizer, load_tokenizer
 from kiln.llm.weights import count_bytes, decode_weight_bytes
 
 Log = Callable[[str], None]
@@ -46,7 +47,6 @@ def load_ppl_tokens(path: str | None, source, vocab_size: int) -> list[int] | No
     """The perplexity text as token ids (the model directory's tokenizer for text), or None."""
     if not path:
         return None
-    from kiln.llm.tokenizer import find_tokenizer, load_tokenizer
 
     tokenizer = load_tokenizer(source.directory, "--ppl-file") if find_tokenizer(source.directory) else None
     return read_ppl_tokens(path, tokenizer, vocab_size)

@@ -18,7 +18,7 @@ from kiln.bench.ceilings import Ceilings, bandwidth_fractions
 from kiln.bench.formulas import decode_tok_s, peak_fraction, prefill_tok_s, ratio, request_tok_s, roofline_tok_s, tflops
 from kiln.bench.llm_quant import mark_drift
 from kiln.bench.row_failure import failure
-from kiln.bench.timing import Timing
+from kiln.timing import Timing
 
 
 class LlmRow:

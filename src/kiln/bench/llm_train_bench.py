@@ -27,8 +27,10 @@ from typing import Any
 
 import torch
 
+from kiln.bench.ceilings import matmul_dtype, measure_best_matmul
 from kiln.bench.llm_train_plain import Hyper
-from kiln.bench.timing import Timing
+from kiln.monitor.flops import peak_flops_for_name
+from kiln.timing import Timing
 
 ROW_KINDS = ("kiln", "plain", "torchtitan")
 KILN_RECIPES: dict[str, list[str]] = {
@@ -79,8 +81,6 @@ class TrainLlmOptions:
 def spec_peak(device: torch.device, precision: str) -> tuple[float | None, str]:
     """The GPU's datasheet dense peak at the rows' precision (kiln's table; fp32 on TF32, as kiln
     trains by default) and where it came from."""
-    from kiln.monitor.flops import peak_flops_for_name
-
     if device.type != "cuda":
         return None, "cpu: no datasheet peak"
     return peak_flops_for_name(torch.cuda.get_device_name(device), precision, tf32=True)
@@ -88,8 +88,6 @@ def spec_peak(device: torch.device, precision: str) -> tuple[float | None, str]:
 
 def matmul_peak(device: torch.device, precision: str) -> float:
     """The best matmul FLOP/s measured here at the rows' matrix-unit dtype (several sizes)."""
-    from kiln.bench.ceilings import matmul_dtype, measure_best_matmul
-
     return measure_best_matmul(device, matmul_dtype(precision, True))[0]
 
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kiln.config.load import tomllib
 from kiln.distributed.launch import run_bounded
 
 FLAVOR = "kiln-bench"
@@ -114,8 +115,6 @@ def job_config(job: PeerJob) -> dict[str, Any]:
 def apply_overrides(tables: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """`section.key=value` strings (nested: `quantize.linear.float8.recipe_name=rowwise`) onto the
     job; values are parsed as TOML values (numbers, booleans, lists), else taken as strings."""
-    from kiln.config.load import tomllib
-
     for item in overrides:
         key, sep, raw = item.partition("=")
         path = [part.strip() for part in key.split(".")]

@@ -7,6 +7,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+from kiln.bench.formulas import flops_params
 from kiln.bench.results import markdown_table, write_results
 
 COLUMNS = ["row", "kind", "status", "step_ms", "tokens_per_s", "tflops", "mfu_spec", "mfu_matmul", "peak_mem_gib",
@@ -57,8 +58,6 @@ def _setup(ctx: dict[str, Any], opts) -> list[str]:
 
 
 def fpt_params(ctx: dict[str, Any], opts) -> int:
-    from kiln.bench.formulas import flops_params
-
     return flops_params(opts.hf)
 
 

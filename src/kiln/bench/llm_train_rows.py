@@ -3,7 +3,7 @@ apply path) and the plain transformers loop, each trained for the bench's steps 
 weights on the same batches, timed step by step.
 
 A row is one short training run: the first step (it compiles) is timed on its own, then every
-later step is bracketed by CUDA events in stream order (kiln.bench.timing.StepClock), so the host
+later step is bracketed by CUDA events in stream order (kiln.timing.StepClock), so the host
 never waits on the device mid-run, as in a real training loop. Losses stay on the device until
 the run ends. Step times exclude the first `warmup` steps; the figure is their median.
 """
@@ -20,8 +20,19 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from kiln.bench.timing import StepClock, synchronize, time_calls
+from kiln.bench.llm_train_plain import plain_runner
+from kiln.compile_cache import compile_cache_dir
+from kiln.compile_defaults import apply_measured_defaults
+from kiln.config import load_config
 from kiln.config.schema import Config
+from kiln.distributed.strategy import resolve_strategy
+from kiln.models import build_model
+from kiln.precision import apply_precision, resolve_precision, tf32_enabled
+from kiln.timing import StepClock, synchronize, time_calls
+from kiln.train.assemble import build_train_step
+from kiln.train.attention import attention_backend
+from kiln.train.features import resolve_features
+from kiln.train.runtime import deterministic_mode, resolve_device, seed_everything
 
 
 @dataclass
@@ -114,17 +125,6 @@ def kiln_step(overrides: list[str] | Config, stack: contextlib.ExitStack):
     import copy
     import dataclasses
 
-    from kiln.compile_cache import compile_cache_dir
-    from kiln.compile_defaults import apply_measured_defaults
-    from kiln.config import load_config
-    from kiln.distributed.strategy import resolve_strategy
-    from kiln.models import build_model
-    from kiln.precision import apply_precision, resolve_precision, tf32_enabled
-    from kiln.train.assemble import build_train_step
-    from kiln.train.attention import attention_backend
-    from kiln.train.features import resolve_features
-    from kiln.train.runtime import deterministic_mode, resolve_device, seed_everything
-
     cfg = copy.deepcopy(overrides) if isinstance(overrides, Config) else load_config(None, overrides)
     device = resolve_device(cfg.training.device)
     policy = resolve_precision(cfg.precision.policy, device)
@@ -156,8 +156,6 @@ def kiln_step(overrides: list[str] | Config, stack: contextlib.ExitStack):
 
 
 def plain_step(weights_dir: Path, device: torch.device, hyper, precision: str, compile: bool = True):
-    from kiln.bench.llm_train_plain import plain_runner
-
     autocast = {"bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16}.get(precision)
     return plain_runner(weights_dir, device, hyper, autocast_dtype=autocast, compile=compile)
 

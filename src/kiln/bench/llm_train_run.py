@@ -15,6 +15,8 @@ from kiln.bench import llm_train_data as data
 from kiln.bench import llm_train_peer as peer
 from kiln.bench import llm_train_rows as rows_mod
 from kiln.bench.formulas import flops_per_token
+from kiln.bench.llm_train_plain import write_initial_weights
+from kiln.train.runtime import resolve_device
 
 
 def _vocab(hf: dict[str, Any]) -> data.Vocab:
@@ -98,8 +100,6 @@ def run(opts: tb.TrainLlmOptions, out: Path, log: Callable[[str], None] = print,
         progress: Callable[[list[dict], dict], None] | None = None) -> tuple[list[dict], dict]:
     """All rows; returns (rows, context for the report). `progress(rows, context)` runs after each
     row (the CLI writes the results so far: a call cut short keeps every finished row)."""
-    from kiln.train.runtime import resolve_device
-
     start = time.monotonic()
     device = resolve_device(opts.device)
     data_dir = (opts.data_dir or out / "data").resolve()  # the peer runs in its own directory
@@ -114,7 +114,6 @@ def run(opts: tb.TrainLlmOptions, out: Path, log: Callable[[str], None] = print,
     log(f"corpus: {corpus.documents} documents, {corpus.n_tokens} tokens, vocabulary {vocab.size} ({data_dir})")
     # One transformers initialisation for every row: kiln's rows load it as kiln train loads a model
     # directory (also faster than a random init on the host for billions of parameters).
-    from kiln.bench.llm_train_plain import write_initial_weights
 
     weights_dir = write_initial_weights(opts.hf, data_dir / "init", seed=opts.seed, device=device)
     rows_mod.release(device)

@@ -15,6 +15,7 @@ from typing import Any
 
 from kiln.bench.predict import Phases
 from kiln.bench.scale_analysis import analyse_points, overlap_cost, prediction_rows, topology
+from kiln.bench.scale_report import write_scale_results
 from kiln.config.errors import ConfigError
 from kiln.distributed.traffic import StepTraffic
 
@@ -54,8 +55,6 @@ def point_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def run_offline_prediction(*, points: Path, comm: Path | None, traffic: dict[str, StepTraffic], mode: str,
                            thresholds: dict[int, float], topo, phases: Phases, predict_worlds: list[int],
                            calibrate_at: int | None, device_type: str, out: Path, command: str):
-    from kiln.bench.scale_report import write_scale_results
-
     measured = _read(points, "--points")
     rows = point_rows(measured["results"])
     comm_rows = [r for r in _read(comm, "--comm")["results"] if r.get("kind") in ("comm", "comm_fit", "overlap")] \

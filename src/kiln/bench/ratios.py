@@ -1,6 +1,6 @@
 """How far a timed ratio can be trusted, and the times it is recomputed from.
 
-Every speedup kiln prints is a ratio of two medians timed interleaved (kiln.bench.timing). A
+Every speedup kiln prints is a ratio of two medians timed interleaved (kiln.timing). A
 ratio is shown next to the reference time it divides, so that a reader can recompute it from the
 table; and it is flagged instead of ranked when the samples behind it scatter too widely (a
 loaded machine, thermal throttling, another tenant), or when a figure exceeds a physical

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from kiln.config.errors import ConfigError
 from kiln.config.schema import CHOICES, Config
+from kiln.config.validate import compile_backends, compile_modes, validate_compile
 
 EAGER = "eager"
 PRECISIONS = CHOICES["precision.policy"]
@@ -114,8 +115,6 @@ def _reraise_as_flag(flag: str, exc: ConfigError) -> ConfigError:
 def check_axes(axes: Axes, base: Config, *, eager_only: bool = False) -> None:
     """Raise ConfigError (naming the flag) for any value the installed torch or kiln lacks.
     `eager_only`: the user asked for `--modes eager` alone, so no compile mode is needed."""
-    from kiln.config.validate import compile_backends, validate_compile
-
     for flag, values, valid in (
         ("--precisions", axes.precisions, PRECISIONS),
         ("--scopes", axes.scopes, SCOPES),
@@ -225,8 +224,6 @@ def cuda_graph_reason(recipe: Recipe) -> str | None:
         return "backend cudagraphs records CUDA graphs"
     if recipe.backend == "inductor":
         import torch._inductor
-
-        from kiln.config.validate import compile_modes
 
         options = torch._inductor.list_mode_options().get(recipe.mode, {}) if recipe.mode in compile_modes() else {}
         if options.get("triton.cudagraphs"):

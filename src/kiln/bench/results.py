@@ -12,6 +12,10 @@ import os
 from pathlib import Path
 from typing import Any
 
+from kiln.config.errors import ConfigError
+from kiln.outputs import claim_output_dir, release_output_dir
+from kiln.tables import Adaptive
+
 STATUSES = ("ok", "oom", "error", "accuracy_fail", "skipped")
 
 HELD = ("results.json", "results.md", "best.toml", "points", "comm", "decode_profile")
@@ -22,9 +26,6 @@ def refuse_held_results(out: Path, flag: str = "--out") -> None:
     """ConfigError (exit 2, before any work) when `out` already holds results (a new run never
     overwrites an earlier one's files), cannot be written, or is being written by another live
     kiln process. Creates `out` and holds its lock until this process exits (kiln.outputs)."""
-    from kiln.config.errors import ConfigError
-    from kiln.outputs import claim_output_dir, release_output_dir
-
     if out.exists() and not out.is_dir():
         raise ConfigError(flag, f"{out} exists and is not a directory")
     def refuse_held() -> None:
@@ -135,8 +136,6 @@ def rich_table(rows: list[dict[str, Any]], title: str, shown: list[str], headers
     text, the status coloured; `notes(row)` lines, if given, go dim under their row. Laid out one
     block per row where the terminal is too narrow for the columns (kiln.tables.Adaptive)."""
     from rich.table import Table
-
-    from kiln.tables import Adaptive
 
     table = Table(title=title, title_justify="left")
     for key in shown:

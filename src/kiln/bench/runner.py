@@ -16,16 +16,19 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from kiln.bench.accuracy import uses_rng
+from kiln.bench.ceilings import matmul_dtype, measure_best_matmul, spec_figures
 from kiln.bench.distill import build_teacher, logits_of, loss_builder
 from kiln.bench.plain import PlainLoop
 from kiln.bench.recipes import Recipe, recipe_config
-from kiln.bench.timing import synchronize, time_calls, time_each
 from kiln.compile import apply_compile, compile_counters
 from kiln.config.schema import Config
 from kiln.data import build_data
 from kiln.models import build_model
+from kiln.monitor.flops import count_step_flops
 from kiln.monitor.memory import reset_peak
 from kiln.precision import PrecisionPolicy, apply_precision, resolve_precision, with_precision
+from kiln.timing import synchronize, time_calls, time_each
 from kiln.train.assemble import build_train_step
 from kiln.train.runtime import seed_everything
 
@@ -53,8 +56,6 @@ class BenchContext:
     def matmul_peak(self, precision: str) -> float:
         """The device's best matmul FLOP/s at this precision's matrix-unit dtype (the best of
         several sizes, kiln.bench.ceilings), measured once here."""
-        from kiln.bench.ceilings import matmul_dtype, measure_best_matmul
-
         dtype = matmul_dtype(precision, self.cfg.precision.tf32)
         key = str(dtype)
         if key not in self._peaks:
@@ -64,8 +65,6 @@ class BenchContext:
     def spec_peak(self, precision: str) -> tuple[float | None, str | None]:
         """(the datasheet's dense FLOP/s at this precision's matrix-unit dtype, its source), or
         (None, None) off CUDA or for a GPU kiln.bench.gpu_specs does not list."""
-        from kiln.bench.ceilings import matmul_dtype, spec_figures
-
         figures = spec_figures(self.device, matmul_dtype(precision, self.cfg.precision.tf32), self.cfg.precision.tf32)
         if figures.get("spec_flops_per_s") is None:
             return None, None
@@ -168,8 +167,6 @@ class Runner:
     def count_flops(self) -> int:
         """Model FLOPs of one timed unit on the eager path (kiln.monitor.flops): forward, loss and
         backward of each micro-batch for training, the forward for inference."""
-        from kiln.monitor.flops import count_step_flops
-
         x, y = self.ctx.batches[0]
         if not self.ctx.train:
             with torch.no_grad():
@@ -208,8 +205,6 @@ def start_runner(ctx: BenchContext, recipe: Recipe, *, warmup: int, values: int,
                  policy: PrecisionPolicy | None = None) -> Started:
     """Build, take the first step (timed: it compiles), then `warmup` steps, reading the first
     `values` results. Peak memory is over the warm-up steps, net of what was allocated before."""
-    from kiln.bench.accuracy import uses_rng
-
     device = ctx.device
     gc.collect()  # what the previous row left in reference cycles must not count in (or out of) this one
     base = allocated(device)

@@ -14,13 +14,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kiln.bench.comm import plan_sizes, run_comm, skipped_rows
 from kiln.bench.predict import Phases
 from kiln.bench.scale_analysis import analyse_points, overlap_cost, prediction_rows, topology
 from kiln.bench.scale_plan import ScalePlan, Variant
+from kiln.bench.scale_report import write_scale_results
 from kiln.bench.scale_run import rank_env, run_point, skipped_row
 from kiln.config import load_config
+from kiln.distributed.env import DistEnv, backend_for, destroy_process_group, device_for, init_process_group
 from kiln.distributed.launch import LaunchSpec, launch_kiln
 from kiln.distributed.traffic import StepTraffic, step_traffic
+from kiln.monitor.env import collect_env
+from kiln.train.runtime import default_run_dir
 
 
 @dataclass
@@ -83,8 +88,6 @@ def launch_comm(world: int, out: Path, *, config: str | None, overrides: list[st
 
 
 def comm_skipped(traffic: dict[str, StepTraffic], plan: ScalePlan, reason: str) -> list[dict[str, Any]]:
-    from kiln.bench.comm import plan_sizes, skipped_rows
-
     return skipped_rows(plan_sizes(list(traffic.values()), sweep=False), 1, reason)
 
 
@@ -144,12 +147,6 @@ def comm_worker(cfg, traffic: dict[str, StepTraffic], *, warmup: int, repeats: i
                 out: Path | None, command: str) -> list[dict[str, Any]]:
     """One rank of `kiln bench comm` under torchrun: join the group, measure every size of every
     variant's traffic, leave; rank 0 writes the results (to `out`, or a new run dir)."""
-    from kiln.bench.comm import plan_sizes, run_comm
-    from kiln.bench.scale_report import write_scale_results
-    from kiln.distributed.env import DistEnv, backend_for, destroy_process_group, device_for, init_process_group
-    from kiln.monitor.env import collect_env
-    from kiln.train.runtime import default_run_dir
-
     env = DistEnv.from_env()
     device = device_for(env, cfg.training.device)
     init_process_group(env, device, backend_for(device, cfg.distributed.backend), cfg.distributed.timeout_s)

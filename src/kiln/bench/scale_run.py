@@ -17,6 +17,7 @@ from typing import Any
 
 from kiln.bench.scale_plan import Point
 from kiln.distributed.launch import LaunchSpec, launch_kiln
+from kiln.monitor.records import read_records
 
 LOG_TAIL = 1500
 
@@ -57,7 +58,6 @@ def _last_record(run_dir: Path) -> dict[str, Any]:
     path = run_dir / "metrics.jsonl"
     if not path.exists():
         return {}
-    from kiln.monitor.records import read_records
 
     records = read_records(path)
     return records[-1] if records else {}

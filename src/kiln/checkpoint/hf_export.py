@@ -26,6 +26,8 @@ from kiln.checkpoint.export import find_checkpoint, load_model_weights
 from kiln.checkpoint.layout import read_marker
 from kiln.config.errors import ConfigError
 from kiln.data.tokenizers_io import TOKENIZER_FILES  # the one list of what a tokenizer dir holds
+from kiln.llm.config import config_from_dict
+from kiln.llm.weights import to_hf_state_dict
 
 MODEL_DIR = "model"
 """Under the run dir: the model's config.json and the tokenizer files of its data."""
@@ -78,9 +80,6 @@ def _hf_tensors(tensors: dict[str, torch.Tensor], config: dict[str, Any]) -> dic
     """HF-named tensors: kiln's decoder layout converted, an HF model's state dict as it is (less a
     tied output head, which transformers re-ties on load)."""
     if "embed.weight" in tensors:
-        from kiln.llm.config import config_from_dict
-        from kiln.llm.weights import to_hf_state_dict
-
         return to_hf_state_dict(tensors, config_from_dict(config, "RUN_DIR"))
     if config.get("tie_word_embeddings") and "lm_head.weight" in tensors:
         tensors = {k: v for k, v in tensors.items() if k != "lm_head.weight"}

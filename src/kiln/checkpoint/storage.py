@@ -16,6 +16,9 @@ import os
 import shutil
 from pathlib import Path
 
+from kiln.checkpoint.layout import checkpoint_problem, complete_checkpoints
+from kiln.failure.classify import diagnose, short_error
+
 FULL_BELOW_BYTES = 1 << 20
 """Less free space than this (or than 0.5 % of the filesystem) right after a failed write: full."""
 
@@ -27,8 +30,6 @@ class CheckpointSaveError(RuntimeError):
 
     def __init__(self, step: int, path: Path, cause: BaseException, *, storage: OSError | None = None,
                  rank: int = 0) -> None:
-        from kiln.failure.classify import diagnose, short_error
-
         self.step, self.path, self.cause, self.storage, self.rank = step, Path(path), cause, storage, rank
         # The deciding error, not DCP's wrapper (whose text is every rank's traceback).
         reason = short_error(storage) if storage is not None else diagnose(cause).detail
@@ -39,8 +40,6 @@ def probe_storage(root: Path, error: BaseException | None = None) -> OSError | N
     """The storage's problem under `root` as an OSError with its errno, or None when writing there
     works. Skipped (None) when `error` already names its cause precisely."""
     if error is not None:
-        from kiln.failure.classify import diagnose
-
         if diagnose(error).kind != "error":
             return None
     where = root if root.is_dir() else root.parent
@@ -103,8 +102,6 @@ def newest_intact(root: Path, *, hashes: bool = True) -> Path | None:
     """Newest complete checkpoint under `root`, fully checked (without checksums when `hashes` is
     False), without logging what it skips (the failure message names what was kept; warnings
     about skipped ones would only add noise)."""
-    from kiln.checkpoint.layout import checkpoint_problem, complete_checkpoints
-
     for path in reversed(complete_checkpoints(root)):
         if checkpoint_problem(path, hashes=hashes) is None:
             return path

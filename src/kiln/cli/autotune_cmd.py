@@ -9,7 +9,7 @@ import sys
 
 from kiln.bench.results import refuse_held_results
 from kiln.cli import autotune_llm
-from kiln.cli.main import add_verbose_flag
+from kiln.cli.args import add_verbose_flag
 
 
 def add_parser(sub) -> None:

@@ -9,7 +9,8 @@ import shlex
 import sys
 
 from kiln.bench.results import refuse_held_results
-from kiln.cli.main import DefaultsFormatter, add_verbose_flag
+from kiln.cli.args import DefaultsFormatter, add_verbose_flag
+from kiln.cli.results import show_results
 
 AXES = ("modes", "precisions", "backends", "scopes", "losses", "cudagraphs", "regional", "baselines")
 
@@ -198,16 +199,3 @@ def run_compile(args: argparse.Namespace) -> int:
     written = write_compile_results(out, rows, env=collect_env(), config=config, command=_command(args), title=title)
     show_results(rows, render_table(rows, title), written)
     return 0
-
-
-def show_results(rows: list[dict], renderable, written: dict) -> None:
-    """Print a bench's table and a one-line summary of row statuses and files written."""
-    from rich.console import Console
-
-    console = Console()
-    if not console.is_terminal:  # piped or logged: do not squeeze the table into 80 columns
-        console = Console(width=220)
-    console.print(renderable)
-    counts = {s: sum(r["status"] == s for r in rows) for s in dict.fromkeys(r["status"] for r in rows)}
-    summary = ", ".join(f"{n} {s}" for s, n in counts.items())
-    print(f"kiln: {len(rows)} rows ({summary}); wrote {', '.join(str(p) for p in written.values())}")

@@ -7,8 +7,8 @@ from __future__ import annotations
 import argparse
 import shlex
 
+from kiln.cli.args import add_verbose_flag
 from kiln.cli.llm_args import MODEL_HELP, add_decode_attention_flag, add_decode_matvec_flag, add_quant_flags, split_list
-from kiln.cli.main import add_verbose_flag
 
 
 def add_parser(bsub) -> None:
@@ -109,7 +109,7 @@ def _command(args: argparse.Namespace) -> str:
 def run(args: argparse.Namespace) -> int:
     from kiln.bench.llm_bench import bench_llm
     from kiln.bench.llm_report import render_table
-    from kiln.cli.bench_cmd import show_results
+    from kiln.cli.results import show_results
 
     result = bench_llm(options(args), command=_command(args))  # ConfigError -> exit 2 before any work
     show_results(result.rows, render_table(result.rows, result.title), result.written)

@@ -11,7 +11,7 @@ import shlex
 import sys
 
 from kiln.bench.results import refuse_held_results
-from kiln.cli.main import add_verbose_flag
+from kiln.cli.args import add_verbose_flag
 
 GB = 1e9
 

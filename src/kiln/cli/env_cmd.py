@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from kiln.cli.main import add_verbose_flag
+from kiln.cli.args import add_verbose_flag
 
 
 def add_parser(sub) -> None:

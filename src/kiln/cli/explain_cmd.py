@@ -18,7 +18,7 @@ TARGET_HELP = ("registry name (mlp, vit, hf:llama-tiny), package.module:function
 
 
 def add_target_args(p: argparse.ArgumentParser) -> None:
-    from kiln.cli.main import add_verbose_flag
+    from kiln.cli.args import add_verbose_flag
 
     add_verbose_flag(p)
     p.add_argument("target", metavar="TARGET", help=TARGET_HELP)

@@ -8,7 +8,7 @@ import json
 import os
 from pathlib import Path
 
-from kiln.cli.main import add_verbose_flag
+from kiln.cli.args import add_verbose_flag
 
 
 def add_parser(sub) -> None:

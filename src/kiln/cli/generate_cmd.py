@@ -159,10 +159,10 @@ def plan(args: argparse.Namespace) -> Request:
 def run(args: argparse.Namespace) -> int:
     req = plan(args)  # ConfigError -> exit 2 before the model is built
 
-    from kiln.bench.timing import StepClock
     from kiln.llm.engine import Engine
     from kiln.llm.quant import quantize_decoder
     from kiln.llm.weights import TORCH_DTYPES, build_decoder, decode_weight_bytes, has_weights
+    from kiln.timing import StepClock
 
     model = build_decoder(req.source, device=req.device, dtype=TORCH_DTYPES[req.dtype], seed=args.seed or 0)
     if not has_weights(req.source.directory):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import signal
 
-from kiln.cli.main import add_verbose_flag
+from kiln.cli.args import add_verbose_flag
 
 
 def add_parser(sub) -> None:
@@ -35,8 +35,8 @@ def _launch(args: argparse.Namespace, cfg) -> int:
 
     from kiln.distributed.launch import LaunchSpec, check_launch
     from kiln.failure import RunFailed
+    from kiln.outputs import RunDirLock
     from kiln.train.faults import planned_fault
-    from kiln.train.rundir import RunDirLock
     from kiln.train.runtime import default_run_dir
 
     spec = LaunchSpec(
@@ -75,9 +75,9 @@ def _launch_locked(args: argparse.Namespace, cfg, spec, run_dir, lock) -> int:
     from kiln.distributed.launch import launch, launcher_flags, uses_gpu
     from kiln.failure import RunFailed
     from kiln.monitor.summary import read_summary
+    from kiln.outputs import LOCK_ENV
     from kiln.train.failure import group_report, resume_command
     from kiln.train.preflight import preflight
-    from kiln.train.rundir import LOCK_ENV
 
     preflight(cfg, run_dir, spec.nproc_per_node * spec.nnodes, locked=lock is not None)
     passthrough = (["--verbose"] if args.verbose else []) + (["--config", args.config] if args.config else [])

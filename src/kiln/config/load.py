@@ -22,6 +22,7 @@ if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
+from kiln.config.validate import validate
 
 _TRUE = {"true", "1", "yes", "on"}
 _FALSE = {"false", "0", "no", "off"}
@@ -223,8 +224,6 @@ def apply_override(cfg: Config, assignment: str) -> None:
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
     """Defaults, then the TOML file (if any), then overrides, then validation. Raises ConfigError."""
-    from kiln.config.validate import validate
-
     cfg = Config()
     from_file: set[str] = set()  # dotted keys the file set
     if path is not None:

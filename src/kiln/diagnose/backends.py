@@ -10,6 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kiln.config.errors import ConfigError
+from kiln.config.validate import compile_backends, compile_modes
+from kiln.models.user import load_factory
 
 DEFAULT_LADDER = ("eager", "aot_eager", "aot_eager_decomp_partition", "inductor")
 CROSSREF = "aot_eager_decomp_partition_crossref"
@@ -44,8 +46,6 @@ class Stage:
 
 
 def _load_backend(spec: str) -> Callable:
-    from kiln.models.user import load_factory
-
     try:
         return load_factory(spec)
     except ConfigError as exc:
@@ -55,8 +55,6 @@ def _load_backend(spec: str) -> Callable:
 
 def resolve_backend(name: str) -> str | Callable:
     """A registered backend name (debug backends included) or a `module:function` backend callable."""
-    from kiln.config.validate import compile_backends
-
     name = name.strip()
     if name in compile_backends():
         return name
@@ -68,8 +66,6 @@ def resolve_backend(name: str) -> str | Callable:
 
 
 def check_mode(mode: str | None) -> str | None:
-    from kiln.config.validate import compile_modes
-
     if not mode or mode == "default":
         return None
     modes = compile_modes()

@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from kiln.models.registry import REGISTRY
+
 _SCRIPT = Template('''"""Repro written by `kiln doctor`: $target under backend=$backend_text mode=$mode_text.
 
 Observed with torch $torch_version: $status - $error
@@ -144,8 +146,6 @@ def _config_lines() -> str:
 
 
 def _is_user_factory(spec: str) -> bool:
-    from kiln.models.registry import REGISTRY
-
     return spec not in REGISTRY and ":" in spec and not spec.startswith(("timm:", "hf:"))
 
 

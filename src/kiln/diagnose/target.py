@@ -20,9 +20,13 @@ from typing import Any
 import torch.nn as nn
 
 from kiln.config.errors import ConfigError
+from kiln.config.schema import ModelConfig
 from kiln.diagnose.inputs import SPEC_FORMS, inputs_from_spec, load_input_sets, parse_input_specs
+from kiln.models import build_model
+from kiln.models.factory_args import bind_kwargs
+from kiln.models.registry import REGISTRY
 from kiln.models.spec import CONTRACT_HINT, BuiltModel, InputSpec, make_input_spec, spec_from_example
-from kiln.models.user import as_example_inputs
+from kiln.models.user import as_example_inputs, load_factory
 
 
 @dataclass
@@ -80,9 +84,6 @@ def _interpret(result: Any, spec: str) -> tuple[nn.Module, tuple[Any, ...] | Non
 
 def _call_factory(spec: str, kwargs: dict[str, Any]):
     """Load and call a user factory ourselves: build_model does not keep example inputs."""
-    from kiln.models.factory_args import bind_kwargs
-    from kiln.models.user import load_factory
-
     factory = load_factory(spec)
     resolved = bind_kwargs(factory, kwargs, f"factory {spec!r}")
     result = factory(**resolved)
@@ -93,8 +94,6 @@ def _call_factory(spec: str, kwargs: dict[str, Any]):
 
 
 def _is_user_factory(spec: str) -> bool:
-    from kiln.models.registry import REGISTRY
-
     return spec not in REGISTRY and ":" in spec and not spec.startswith(("timm:", "hf:"))
 
 
@@ -115,9 +114,6 @@ def load_target(
             result, expectations, source = _call_factory(spec, kwargs)
             module, example, input_spec = _interpret(result, spec)
         else:
-            from kiln.config.schema import ModelConfig
-            from kiln.models import build_model
-
             built = build_model(ModelConfig(name=spec, kwargs=kwargs))
             module, example, input_spec, expectations, source = built.module, None, built.input_spec, [], None
     except ConfigError as exc:

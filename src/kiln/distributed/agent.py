@@ -26,6 +26,7 @@ import logging
 import os
 import sys
 
+from kiln.distributed.failures import REPORT_ENV, dump_failures
 from kiln.distributed.signals import SignalRelay, signal_group
 
 
@@ -63,8 +64,6 @@ def main(argv: list[str] | None = None) -> int:
     import torch.distributed.launcher.api as launcher_api
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
-
-    from kiln.distributed.failures import REPORT_ENV, dump_failures
 
     # Until the agent exists, a stop signal is only remembered (the agent passes it on as the ranks start).
     relay = SignalRelay(forward=lambda signum: None)

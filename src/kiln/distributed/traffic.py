@@ -25,6 +25,9 @@ from dataclasses import dataclass
 import torch
 
 from kiln.config.schema import Config
+from kiln.distributed.fsdp import fsdp_units, mixed_precision, reshards_after_forward
+from kiln.models import build_model
+from kiln.precision import resolve_precision
 
 _DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
@@ -89,8 +92,6 @@ def ddp_traffic(model: torch.nn.Module, cfg: Config, grad_bytes: int) -> StepTra
 
 
 def fsdp_traffic(model: torch.nn.Module, blocks: list[torch.nn.Module], cfg: Config, param_bytes: int) -> StepTraffic:
-    from kiln.distributed.fsdp import fsdp_units, reshards_after_forward
-
     d = cfg.distributed
     reduce_bytes = _DTYPE_BYTES[d.fsdp_reduce_dtype]
     units = fsdp_units(model, blocks, cfg.distributed, param_bytes)
@@ -129,10 +130,6 @@ def fsdp_traffic(model: torch.nn.Module, blocks: list[torch.nn.Module], cfg: Con
 def step_traffic(cfg: Config, strategy: str) -> StepTraffic:
     """The collectives of one optimizer step of `cfg`'s model under `strategy` (`ddp` or `fsdp`),
     from a model built on the meta device."""
-    from kiln.distributed.fsdp import mixed_precision
-    from kiln.models import build_model
-    from kiln.precision import resolve_precision
-
     policy = resolve_precision(cfg.precision.policy, torch.device("cpu"))
     try:
         with torch.device("meta"):

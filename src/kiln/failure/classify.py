@@ -17,6 +17,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
+from kiln.models.host_memory import gib, host_memory, training_state_bytes
+
 _DISK_FULL = {errno.ENOSPC, errno.EDQUOT}
 _NO_ACCESS = {errno.EACCES, errno.EPERM, errno.EROFS}
 _WORKER = re.compile(r"DataLoader worker \(pids?\(?s?\)? ?([\d, ]+)\)\s*(?:is killed by signal: ([\w ]+)|exited unexpectedly)")
@@ -171,8 +175,6 @@ def _innermost(chain: list[BaseException]) -> BaseException:
 
 
 def _is_cuda_oom(e: BaseException) -> bool:
-    import torch
-
     oom_types = tuple(t for t in (getattr(torch, "OutOfMemoryError", None),
                                   getattr(torch.cuda, "OutOfMemoryError", None)) if isinstance(t, type))
     return (bool(oom_types) and isinstance(e, oom_types)) or "CUDA out of memory" in str(e)
@@ -182,8 +184,6 @@ def _host_memory_advice(cfg: Any, error: BaseException, model_params: int | None
     """What holds the host's memory, with numbers: the model's state (weights, and on a CPU run its
     gradients and optimizer state) against the host's memory, the allocation that failed, then
     the data loader; the largest first."""
-    from kiln.train.host_memory import gib, host_memory, training_state_bytes
-
     total, _ = host_memory()
     facts, advice = [], []
     asked = re.search(r"allocate (\d+) bytes", str(error))

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from kiln.config.errors import ConfigError
+from kiln.llm.hf_config import PRESETS as HF_PRESETS
 from kiln.llm.presets import PRESETS
 
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
@@ -254,18 +255,14 @@ means one model across commands."""
 def preset_config(name: str) -> dict[str, Any] | None:
     """The `config.json` fields of preset `name`, or None: the public Llama shapes of
     kiln.llm.presets and the tiny test shapes `kiln train model.name=hf:NAME` knows
-    (kiln.models.hf.PRESETS, a superset), so every preset name train accepts means the same model here."""
+    (kiln.llm.hf_config.PRESETS, a superset), so every preset name train accepts means the same model here."""
     if name in PRESETS:
         return dict(PRESETS[name])
-    from kiln.models.hf import PRESETS as TRAIN_PRESETS  # imported late: it needs torch.nn
-
-    return dict(TRAIN_PRESETS[name]) if name in TRAIN_PRESETS else None
+    return dict(HF_PRESETS[name]) if name in HF_PRESETS else None
 
 
 def preset_names() -> list[str]:
-    from kiln.models.hf import PRESETS as TRAIN_PRESETS
-
-    return list(dict.fromkeys([*PRESETS, *TRAIN_PRESETS]))
+    return list(dict.fromkeys([*PRESETS, *HF_PRESETS]))
 
 
 def resolve_model(spec: str, key: str = "--model") -> ModelSource:

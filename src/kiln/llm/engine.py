@@ -25,13 +25,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from kiln.bench.timing import StepClock, time_calls
 from kiln.config.errors import ConfigError
 from kiln.llm.decode_attention import check as check_decode_attention
 from kiln.llm.decode_matvec import check as check_decode_matvec
 from kiln.llm.kernels import use_decode_kernels
 from kiln.llm.model import Decoder, KVCache
 from kiln.llm.sampling import Sampling, check_sampling, sample
+from kiln.timing import StepClock, time_calls
 
 MAX_STOP_TOKENS = 16
 # Decode steps run on a side stream before a CUDA graph is captured (lazy initialisation of

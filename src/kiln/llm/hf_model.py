@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import torch
 
+from kiln.llm.hf_config import dtype_kwarg, import_transformers, make_config
+from kiln.llm.weights import has_weights
+
 
 def build_hf_model(source, *, device: torch.device, dtype: torch.dtype, seed: int):
     """The HF model of `source` (its weights when its directory has them, else random, seeded)."""
-    from kiln.llm.weights import has_weights
-    from kiln.models.hf import dtype_kwarg, import_transformers, make_config
-
     transformers = import_transformers(source.spec)
     config = make_config(source.raw, {}, source.spec)
     kwargs = {"attn_implementation": "sdpa", **dtype_kwarg(transformers, dtype)}

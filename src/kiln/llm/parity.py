@@ -15,6 +15,7 @@ import torch
 
 from kiln.llm.config import ModelSource
 from kiln.llm.engine import Engine
+from kiln.llm.hf_model import build_hf_model
 from kiln.llm.weights import empty_decoder, load_hf_state_dict
 
 LOW_PRECISION_SLACK = 1.5
@@ -34,8 +35,6 @@ def compare_with_hf(source: ModelSource, *, device: torch.device | str, low_dtyp
     """Build HF's model (fp32, seeded random weights or the checkpoint), copy its weights into kiln,
     and compare logits on `positions` random tokens in fp32 and `low_dtype`, then greedy tokens in
     fp32 (kiln's engine, compiled if `compile`, against HF `generate`)."""
-    from kiln.llm.hf_model import build_hf_model
-
     device = torch.device(device)
     config = source.config
     gen = torch.Generator().manual_seed(seed)

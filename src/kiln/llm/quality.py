@@ -33,13 +33,9 @@ while int8 stays at KL ~3e-3: hence quality is judged on real weights only.
 from __future__ import annotations
 
 import math
-import re
-from pathlib import Path
 
 import torch
 from torch import Tensor
-
-from kiln.config.errors import ConfigError
 
 DRIFT_BOUNDS = {"int8": 0.02, "int4": 0.25, "nf4": 0.25}
 """Largest acceptable mean KL(unquantized || quantized), nats per token, per quant kind."""
@@ -114,9 +110,6 @@ def judge_quantized(kind: str, drift: dict[str, float], fidelity_kl: float, *, r
 
 # -- perplexity ------------------------------------------------------------------------------------
 
-_IDS = re.compile(r"[\d\s,]+")
-
-
 def judge_ppl(kind: str, ratio: float) -> tuple[float | None, str | None]:
     """(bound, None when within it else why not) for a quantized model's perplexity ratio."""
     bound = PPL_BOUNDS.get(kind)
@@ -124,54 +117,6 @@ def judge_ppl(kind: str, ratio: float) -> tuple[float | None, str | None]:
         return bound, None
     return bound, f"perplexity {100 * (ratio - 1):+.2f}% against the unquantized model is over the {kind} bound " \
                   f"{100 * (bound - 1):+.0f}%"
-
-
-def read_ppl_tokens(path: str | Path, tokenizer, vocab_size: int, key: str = "--ppl-file") -> list[int]:
-    """Token ids of a perplexity file: whitespace/comma-separated integers as they are, a directory
-    written by `kiln data prepare` (its val.bin), any other text through `tokenizer` (the model's
-    tokenizer.json). ConfigError naming `key` otherwise."""
-    path = Path(path)
-    if path.is_dir():
-        return _prepared_val_tokens(path, vocab_size, key)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(key, f"cannot read {path}: {exc}") from None
-    if not text.strip():
-        raise ConfigError(key, f"{path} is empty")
-    if _IDS.fullmatch(text):
-        ids = [int(t) for t in re.split(r"[\s,]+", text.strip()) if t]
-    elif tokenizer is None:
-        raise ConfigError(key, f"{path} is text and the model has no tokenizer.json to tokenize it: pass --tokenizer "
-                          "DIR, or a file of token ids (integers separated by spaces, commas or newlines)")
-    else:
-        ids = tokenizer.encode(text)
-    bad = next((t for t in ids if not 0 <= t < vocab_size), None)
-    if bad is not None:
-        raise ConfigError(key, f"token id {bad} in {path} is outside the vocabulary [0, {vocab_size})")
-    if len(ids) < 2:
-        raise ConfigError(key, f"{path} has {len(ids)} token(s); perplexity needs at least 2")
-    return ids
-
-
-def _prepared_val_tokens(path: Path, vocab_size: int, key: str) -> list[int]:
-    import numpy as np
-
-    from kiln.data.prepared import is_prepared, read_prepared
-
-    if not is_prepared(path):
-        raise ConfigError(key, f"{path} is a directory without meta.json; pass a text file, a token-id file or a "
-                          "directory written by `kiln data prepare`")
-    prepared = read_prepared(path, key)
-    if prepared.val_path is None:
-        raise ConfigError(key, f"{path} has no validation split (prepared with --val-fraction 0)")
-    ids = np.fromfile(prepared.val_path, dtype=prepared.dtype)
-    if ids.size < 2:
-        raise ConfigError(key, f"{prepared.val_path} has {ids.size} token(s); perplexity needs at least 2")
-    if int(ids.max()) >= vocab_size:
-        raise ConfigError(key, f"token id {int(ids.max())} in {prepared.val_path} is outside the model's vocabulary "
-                          f"[0, {vocab_size}): prepared with another tokenizer")
-    return ids.astype(np.int64).tolist()
 
 
 @torch.inference_mode()

@@ -19,6 +19,10 @@ from typing import Any
 import torch
 
 from kiln.config.errors import ConfigError
+from kiln.llm.config import ModelSource, config_from_dict, resolve_model
+from kiln.llm.model import Decoder
+from kiln.llm.presets import PRESETS
+from kiln.llm.weights import empty_decoder, has_weights, init_random, load_safetensors_dir
 from kiln.models.spec import BuiltModel, InputSpec
 
 # The config.json fields kiln.llm.config reads: what `model.kwargs` may override.
@@ -37,9 +41,6 @@ SPEC_FORMS = ("llama:<preset>", "llama:path/to/config.json", "llama:path/to/hf_m
 
 def llama_source(spec: str, kwargs: dict[str, Any]):
     """The kiln.llm ModelSource `spec` names, with `kwargs` merged into its config fields."""
-    from kiln.llm.config import ModelSource, config_from_dict, resolve_model
-    from kiln.llm.presets import PRESETS
-
     if not spec.strip():
         raise ConfigError("model.name", "'llama:' needs a preset, config.json or model directory after it",
                           (*(f"llama:{p}" for p in PRESETS), *SPEC_FORMS[1:]))
@@ -61,9 +62,6 @@ def build_llama(spec: str, kwargs: dict[str, Any], name: str, device: torch.devi
     `device` (default: the current default device; `meta` gives shapes only, no weights). Random
     weights are drawn on that device: on a GPU in milliseconds, where the host takes tens of
     seconds for a few billion parameters."""
-    from kiln.llm.model import Decoder
-    from kiln.llm.weights import empty_decoder, has_weights, init_random, load_safetensors_dir
-
     source = llama_source(spec, kwargs)
     config = source.config
     target = torch.device(device) if device is not None else torch.get_default_device()

@@ -18,9 +18,15 @@ import torch.nn as nn
 
 from kiln.config.errors import ConfigError
 from kiln.config.schema import CHOICES, ModelConfig
+from kiln.llm.hf_config import PRESETS as HF_PRESETS
+from kiln.llm.presets import PRESETS as LLAMA_PRESETS
 from kiln.models.factory_args import bind_kwargs
+from kiln.models.hf import build_hf
+from kiln.models.llama import build_llama
 from kiln.models.mlp import build_mlp, mlp_input_spec
 from kiln.models.spec import BuiltModel, InputSpec
+from kiln.models.timm_models import build_timm
+from kiln.models.user import build_user
 from kiln.models.vit import build_vit, vit_input_spec
 
 
@@ -65,10 +71,7 @@ NAME_FORMS = ("llama:<preset | config.json | dir>", "timm:<name>", "hf:<preset |
 
 def known_models() -> list[str]:
     """Registry names, kiln's Llama presets and the HF presets, as they are written in `model.name`."""
-    from kiln.llm.presets import PRESETS as LLAMA_PRESETS
-    from kiln.models.hf import PRESETS  # no transformers import: only the table
-
-    return [*REGISTRY, *(f"llama:{p}" for p in LLAMA_PRESETS), *(f"hf:{p}" for p in PRESETS)]
+    return [*REGISTRY, *(f"llama:{p}" for p in LLAMA_PRESETS), *(f"hf:{p}" for p in HF_PRESETS)]
 
 
 def _build_registered(name: str, entry: RegistryEntry, kwargs: dict[str, Any]) -> BuiltModel:
@@ -98,20 +101,12 @@ def build_model(cfg: ModelConfig, device: torch.device | str | None = None) -> B
     if name in REGISTRY:
         built = _build_registered(name, REGISTRY[name], kwargs)
     elif name.startswith("timm:"):
-        from kiln.models.timm_models import build_timm
-
         built = build_timm(name.removeprefix("timm:"), kwargs, name)
     elif name.startswith("hf:"):
-        from kiln.models.hf import build_hf
-
         built = build_hf(name.removeprefix("hf:"), kwargs, name)
     elif name.startswith("llama:"):
-        from kiln.models.llama import build_llama
-
         built = build_llama(name.removeprefix("llama:"), kwargs, name, device)
     elif ":" in name:
-        from kiln.models.user import build_user
-
         built = build_user(name, kwargs)
     else:
         known = known_models()

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from kiln import __version__
 from kiln.cpu.env import cpu_env, cpu_recommendations
 from kiln.monitor.nvml import import_nvml
 
@@ -36,8 +37,6 @@ def _dist_version(name: str) -> str | None:
 
 
 def _kiln_version() -> str:
-    from kiln import __version__
-
     return __version__
 
 

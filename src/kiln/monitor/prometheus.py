@@ -19,7 +19,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from kiln.config.errors import ConfigError
-from kiln.monitor.sinks import MetricsSink
+from kiln.monitor.sink import MetricsSink
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 

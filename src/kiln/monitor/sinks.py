@@ -23,6 +23,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from kiln.config.errors import ConfigError
 from kiln.config.schema import CHOICES, MetricsConfig
+from kiln.monitor.prometheus import PrometheusSink
+from kiln.monitor.records import torn_tail
+from kiln.monitor.sink import MetricsSink
 from kiln.monitor.summary import json_safe
 
 log = logging.getLogger("kiln.monitor")
@@ -31,7 +34,6 @@ __all__ = [
     "ConsoleSink",
     "JsonlSink",
     "MetricsLogger",
-    "MetricsSink",
     "TensorBoardSink",
     "build_sinks",
     "format_record",
@@ -40,20 +42,6 @@ __all__ = [
 ]
 
 _TB_HINT = "tensorboard is not installed: pip install 'kiln[tb]'"
-
-
-class MetricsSink:
-    """One destination for metric records."""
-
-    def log(self, record: Mapping[str, Any]) -> None:
-        raise NotImplementedError
-
-    def close(self) -> None:
-        """Flush and release resources; safe to call twice."""
-
-    def waiting(self, message: str) -> None:
-        """The loop is busy with something long before its next record (the first step's compile):
-        sinks that a person watches say so; the others ignore it."""
 
 
 class JsonlSink(MetricsSink):
@@ -67,8 +55,6 @@ class JsonlSink(MetricsSink):
     """
 
     def __init__(self, path: str | os.PathLike[str]):
-        from kiln.monitor.records import torn_tail
-
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -356,15 +342,11 @@ def build_sinks(cfg: MetricsConfig, run_dir: str | os.PathLike[str], total_steps
     if cfg.console:
         sinks.append(ConsoleSink(total_steps))
     if cfg.prometheus:
-        import logging
-
-        from kiln.monitor.prometheus import PrometheusSink
-
         try:
             prometheus = PrometheusSink(cfg.prometheus_host, cfg.prometheus_port, run=run_dir.name)
         except BaseException:
             MetricsLogger(sinks).close()
             raise
         sinks.append(prometheus)
-        logging.getLogger("kiln.monitor").info("prometheus: serving metrics at %s", prometheus.url)
+        log.info("prometheus: serving metrics at %s", prometheus.url)
     return MetricsLogger(sinks)

@@ -19,6 +19,7 @@ from kiln.config.validate import validate
 from kiln.monitor.summary import write_summary
 from kiln.profile.summary import render_markdown, summarise_trace
 from kiln.profile.window import ProfilerWindow
+from kiln.train.trainer import Trainer
 
 
 def profile_config(cfg: Config, *, steps: int, warmup: int, memory_steps: int) -> Config:
@@ -40,8 +41,6 @@ def profile_config(cfg: Config, *, steps: int, warmup: int, memory_steps: int) -
 
 def profile_run(cfg: Config, out: Path, *, steps: int, warmup: int, memory_steps: int) -> dict[str, Any] | None:
     """Profile and write the summary; returns it (None on ranks other than 0)."""
-    from kiln.train.trainer import Trainer
-
     cfg = profile_config(cfg, steps=steps, warmup=warmup, memory_steps=memory_steps)
     trainer = Trainer(cfg, out)  # bad input exits 2 here, before anything is written
     window = ProfilerWindow(out, trainer.device, warmup=warmup, steps=steps, memory_steps=memory_steps,

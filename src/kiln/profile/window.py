@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from kiln.profile.memory import CudaMemoryHistory, memory_by_category, na
-from kiln.train.runtime import synchronize
+from kiln.timing import synchronize
 
 
 def activities(device: torch.device) -> list:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from kiln.config.errors import ConfigError
+from kiln.monitor.records import BrokenRecordsError, read_records
 
 
 @dataclass
@@ -37,8 +38,6 @@ def _json(path: Path) -> Any:
 
 
 def _records(path: Path) -> list[dict[str, Any]]:
-    from kiln.monitor.records import BrokenRecordsError, read_records
-
     try:
         return read_records(path)  # a torn last line (a killed writer) is dropped, with a warning
     except (OSError, BrokenRecordsError) as exc:

@@ -12,10 +12,14 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from kiln.checkpoint.layout import read_marker
 from kiln.checkpoint.storage import CheckpointSaveError, newest_intact, remove_partial
 from kiln.failure.classify import Diagnosis, causes, diagnose, reason, short_error
 from kiln.failure.report import FailureReport, error_log_name
+from kiln.monitor.records import read_records
+from kiln.monitor.summary import write_summary
 
 
 def resume_command(run_dir: Path, launcher: list[str] | None = None) -> str:
@@ -98,8 +102,6 @@ def _format(error: BaseException) -> str:
 
 
 def _cuda_memory(device: Any) -> str:
-    import torch
-
     if getattr(device, "type", None) != "cuda" or not torch.cuda.is_available():
         return "CUDA memory summary: not a CUDA device in this process"
     try:
@@ -112,8 +114,6 @@ def record_group_failure(run_dir: Path, error: str, failed_rank: int | None,
                          rank_errors: dict[int, str]) -> str:
     """Make summary.json name the job's first failure (rank 0 wrote its own, possibly secondary,
     error; a killed rank 0 wrote none). Returns the phrase for the message."""
-
-    from kiln.monitor.summary import write_summary
 
     path = run_dir / "summary.json"
     try:
@@ -170,8 +170,6 @@ def _where_of_peers(failures: list) -> str:
 def _where_of_metrics(run_dir: Path) -> str:
     """"after step N" from the run's newest metrics record: where a rank that died without a word
     (SIGKILL) stopped, when no peer published a report either (the agent may stop them first)."""
-    from kiln.monitor.records import read_records
-
     try:
         records = read_records(run_dir / "metrics.jsonl", warn=False)
     except (OSError, ValueError):

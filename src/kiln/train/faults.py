@@ -24,6 +24,8 @@ import signal
 import time
 from dataclasses import dataclass
 
+from kiln.config.errors import ConfigError
+
 ONCE = ("kill", "hang", "cuda-oom", "host-oom", "kill-worker")
 
 
@@ -40,8 +42,6 @@ def planned_fault(rank: int) -> Fault | None:
         return None
     who = os.environ.get("KILN_FAULT_RANK")
     if who is not None and not who.isdigit():
-        from kiln.config.errors import ConfigError
-
         raise ConfigError("KILN_FAULT_RANK", f"{who!r} is not a rank number")
     if who is not None and int(who) != rank:
         return None
@@ -51,8 +51,6 @@ def planned_fault(rank: int) -> Fault | None:
         (kind in ONCE and not ms) or (kind == "slow" and ms.replace(".", "", 1).isdigit())
     )
     if not valid:
-        from kiln.config.errors import ConfigError
-
         raise ConfigError("KILN_FAULT", f"{spec!r} is not a fault", [f"{kind}@STEP" for kind in ONCE] + ["slow@STEP:MS"])
     return Fault(kind, int(step), float(ms) if ms else 0.0)
 

@@ -29,12 +29,12 @@ from kiln.monitor.memory import memory_stats, reset_peak
 from kiln.monitor.sinks import first_step_message
 from kiln.monitor.stragglers import StragglerDetector
 from kiln.precision import with_precision
+from kiln.timing import synchronize
 from kiln.train.assemble import build_train_step
 from kiln.train.faults import inject
 from kiln.train.losses import build_eval_fn, build_forward_loss
 from kiln.train.meter import IntervalMeter
 from kiln.train.optim import lr_snapshot
-from kiln.train.runtime import synchronize
 from kiln.train.step import evaluate
 
 log = logging.getLogger("kiln.train")

@@ -8,6 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from kiln.train.cross_entropy import hidden_state_loss
+
 
 def logits_of(output) -> Tensor:
     # HF models return a ModelOutput with .logits; plain modules return the tensor itself.
@@ -48,8 +50,6 @@ def build_forward_loss(model: torch.nn.Module, task: str, ce_kernel: str = "plai
     `ce_kernel` (`chunked`, `liger`): a causal LM's loss from its hidden states through a fused
     linear + cross-entropy (kiln.train.cross_entropy; the model must take `hidden=True`)."""
     if task == "causal_lm" and ce_kernel != "plain":
-        from kiln.train.cross_entropy import hidden_state_loss
-
         return hidden_state_loss(model, ce_kernel)
     if task == "custom":
         return lambda inputs, targets: _own_loss(model(inputs, targets))

@@ -27,7 +27,7 @@ from kiln.monitor.gpu_health import RANK_KEYS, GpuHealthSampler
 from kiln.monitor.memory import memory_stats
 from kiln.monitor.stragglers import StragglerDetector
 from kiln.monitor.summary import StepStats
-from kiln.train.runtime import synchronize
+from kiln.timing import synchronize
 
 
 def scalar(value: torch.Tensor | None) -> float | None:

@@ -8,8 +8,13 @@ from pathlib import Path
 
 import torch
 
+from kiln.compile_defaults import apply_measured_defaults
 from kiln.config.errors import ConfigError
 from kiln.config.schema import Config
+from kiln.data import build_data
+from kiln.distributed.fsdp import fsdp_available
+from kiln.models import build_model
+from kiln.monitor.prometheus import check_bindable
 from kiln.train.rundir import check_run_dir
 
 log = logging.getLogger("kiln.train")
@@ -20,13 +25,10 @@ def preflight(cfg: Config, run_dir: Path, world_size: int = 1, *, locked: bool =
     see kiln.train.rundir; compared after the ranks' measured compile defaults, which resolve
     the same way; `locked`: the caller holds the run dir's lock), the model factory and its arguments (built on the meta device: no memory, no
     compute), file data, and FSDP2 support."""
-    from kiln.compile_defaults import apply_measured_defaults
-
     device = cfg.training.device
     device_type = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else torch.device(device).type
     apply_measured_defaults(cfg, device_type, world_size, launched=True)  # as the ranks will see it
     check_run_dir(run_dir, cfg, cfg.checkpoint.resume, locked=locked)
-    from kiln.models import build_model
 
     try:
         with torch.device("meta"):
@@ -37,16 +39,10 @@ def preflight(cfg: Config, run_dir: Path, world_size: int = 1, *, locked: bool =
         log.debug("preflight: model not built on meta (%s); ranks will check it", exc)
         built = None
     if cfg.data.source != "synthetic":
-        from kiln.data import build_data
-
         build_data(cfg.data, built.input_spec if built else None, device=torch.device("cpu"), seed=cfg.training.seed)
     if cfg.metrics.prometheus:
-        from kiln.monitor.prometheus import check_bindable
-
         check_bindable(cfg.metrics.prometheus_host, cfg.metrics.prometheus_port)
     if cfg.distributed.strategy == "fsdp":
-        from kiln.distributed.fsdp import fsdp_available
-
         if not fsdp_available():
             raise ConfigError("distributed.strategy", f"FSDP2 (fully_shard) is not in torch {torch.__version__}",
                               ("ddp", "auto"))

@@ -38,15 +38,17 @@ from typing import Any
 from kiln.config.errors import ConfigError
 from kiln.config.identity import differences, identity
 from kiln.monitor.summary import read_summary
+from kiln.outputs import lock_holder
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
+from kiln.checkpoint.layout import read_marker
+from kiln.monitor.records import read_records
 
 # Files whose presence means a directory already holds a run that must not be overwritten.
 RUN_MARKERS = ("summary.json", "metrics.jsonl", "checkpoints")
-LOCK_FILE = ".kiln.lock"
 
 @dataclass
 class RunDirState:
@@ -74,121 +76,6 @@ def inspect_run_dir(path: Path) -> RunDirState:
         saved = identity(tomllib.loads((path / "config.toml").read_text(encoding="utf-8")))
     status = (read_summary(path) or {}).get("status")
     return RunDirState(path, held, saved, status)
-
-
-LOCK_ENV = "KILN_RUN_DIR_LOCK"
-"""Set by the `kiln train --nproc-per-node` launcher for its ranks: `PID:PATH` of the lock it holds
-for them, so rank 0 trains under its launcher's lock instead of being refused by it."""
-
-
-def _open_dir(path: Path) -> int:
-    return os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-
-
-def lock_holder(path: Path) -> str | None:
-    """The pid of the live kiln process holding the run dir's lock ("?" when it recorded none),
-    or None when the dir is free. Takes and drops the lock when free; writes nothing."""
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - no advisory locks on this platform
-        return None
-    try:
-        fd = _open_dir(path)
-    except OSError:
-        return None
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            try:
-                return (path / LOCK_FILE).read_text().strip() or "?"
-            except OSError:
-                return "?"
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return None
-    finally:
-        os.close(fd)
-
-
-def held_for_me(path: Path) -> bool:
-    """True when this process's launcher holds `path`'s lock on its behalf (LOCK_ENV names it and
-    the lock is held by that pid)."""
-    pid, _, where = os.environ.get(LOCK_ENV, "").partition(":")
-    if not pid or not where:
-        return False
-    with contextlib.suppress(OSError):
-        if os.path.samefile(where, path):
-            return lock_holder(Path(path)) == pid
-    return False
-
-
-class RunDirLock:
-    """An exclusive advisory lock (flock) on the run dir itself, held by the one process that may
-    write or delete in it: rank 0 of a run, or the launcher of a multi-rank run. The OS drops it
-    when the process dies (SIGKILL included), so a crash never leaves a stale lock; `.kiln.lock`
-    only records the holder's pid for other processes' messages. Taken *before* the run dir is
-    inspected, so two kiln processes never both decide a dir is theirs.
-
-    A dir that did not exist is created to be locked; if the holder releases it with
-    `remove_if_created=True` (bad input, nothing trained) and the dir is empty, it is removed."""
-
-    def __init__(self, path: Path) -> None:
-        self.dir = Path(path)
-        self.path = self.dir / LOCK_FILE
-        self._fd: int | None = None
-        self.created = False
-
-    def acquire(self) -> RunDirLock:
-        try:
-            import fcntl
-        except ImportError:  # pragma: no cover
-            return self
-        if self.dir.exists() and not self.dir.is_dir():
-            raise ConfigError("--run-dir", f"{self.dir} exists and is not a directory")
-        if not self.dir.exists():
-            try:
-                self.dir.mkdir(parents=True)
-                self.created = True
-            except FileExistsError:
-                pass  # another process made it first: the lock decides
-            except OSError as exc:
-                raise ConfigError("--run-dir", f"{self.dir}: cannot create it ({exc.strerror})") from None
-        try:
-            fd = _open_dir(self.dir)
-        except OSError as exc:
-            raise ConfigError("--run-dir", f"{self.dir}: cannot open it ({exc.strerror})") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)
-            pid = lock_holder(self.dir) or "?"
-            raise ConfigError("--run-dir", f"{self.dir} is in use by a running kiln process (pid {pid}); "
-                              "choose another directory") from None
-        self._fd = fd
-        with contextlib.suppress(OSError):  # the pid note is for messages only
-            self.path.write_text(f"{os.getpid()}\n")
-        return self
-
-    def release(self, *, remove_if_created: bool = False) -> None:
-        if self._fd is None:
-            return
-        with contextlib.suppress(OSError):
-            self.path.unlink(missing_ok=True)  # while still holding it
-        if remove_if_created and self.created:
-            with contextlib.suppress(OSError):
-                self.dir.rmdir()  # only if empty: never anything a run wrote
-        os.close(self._fd)  # closing releases the lock
-        self._fd = None
-
-    @property
-    def held(self) -> bool:
-        return self._fd is not None
-
-    def __enter__(self) -> RunDirLock:
-        return self.acquire()
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
 
 
 def check_run_dir(path: Path, config: Any = None, resume: str = "never", *, locked: bool = False) -> str | None:
@@ -233,8 +120,6 @@ def no_checkpoint_decision(path: Path) -> str:
 
 def checkpoint_step(path: Path) -> int:
     """The step a complete checkpoint was saved at (from its completion marker)."""
-    from kiln.checkpoint.layout import read_marker
-
     return int((read_marker(Path(path)) or {}).get("step", -1))
 
 
@@ -250,8 +135,6 @@ def already_complete_summary(path: Path, checkpoint: Path) -> dict[str, Any]:
 def trim_metrics(path: Path, last_step: int) -> None:
     """On resume, drop records past the checkpoint (those steps run again) and a last line a crash
     cut short; rewritten aside and renamed, so a crash here loses nothing."""
-    from kiln.monitor.records import read_records
-
     if not path.exists():
         return
     kept = [r for r in read_records(path) if r.get("step", 0) <= last_step]

@@ -76,8 +76,3 @@ def default_run_dir(model_name: str, root: str | Path = "runs") -> Path:
         n += 1
         path = Path(root) / f"{stamp}-{slug}-{n}"
     return path
-
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)

@@ -41,22 +41,21 @@ from kiln.distributed.numa import bind_to_gpu_numa_node
 from kiln.distributed.strategy import resolve_strategy
 from kiln.failure.report import quiet_child_signals
 from kiln.models import build_model
+from kiln.models.host_memory import check_model_fits
 from kiln.monitor.gpu_health import start_gpu_health
 from kiln.monitor.prometheus import check_bindable
 from kiln.monitor.sinks import build_sinks
+from kiln.outputs import RunDirLock, held_for_me
 from kiln.precision import apply_precision, resolve_precision, tf32_enabled
 from kiln.train.attention import attention_backend
 from kiln.train.faults import planned_fault
 from kiln.train.features import describe_features, resolve_features
 from kiln.train.finish import finish_run, record_end
-from kiln.train.host_memory import check_model_fits
 from kiln.train.loop import TrainLoop
 from kiln.train.rundir import (
-    RunDirLock,
     already_complete_summary,
     check_run_dir,
     checkpoint_step,
-    held_for_me,
     no_checkpoint_decision,
     trim_metrics,
 )

@@ -26,7 +26,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from kiln.bench import llm_train_data as data
+from kiln.bench import llm_train_rows as rows
+from kiln.config.load import apply_override
 from kiln.config.schema import Config
+from kiln.config.validate import validate
+from kiln.models.llama import DEFAULT_SEQ_LEN, llama_source
+from kiln.train.runtime import resolve_device
 from kiln.tune import llm_space as sp
 from kiln.tune.budget import Budget, BudgetExceeded
 
@@ -78,9 +84,6 @@ class LlmTuneResult:
 
 def configure(cfg: Config, candidate: sp.LlmCandidate) -> Config:
     """The config with the candidate's keys (validated as `kiln train` would)."""
-    from kiln.config.load import apply_override
-    from kiln.config.validate import validate
-
     out = copy.deepcopy(cfg)
     for item in candidate.overrides():
         apply_override(out, item)
@@ -92,10 +95,6 @@ class TokenMeasure:
     """Measures a candidate by training it on the synthetic language (one stream for all)."""
 
     def __init__(self, opts: LlmTuneOptions):
-        from kiln.bench import llm_train_data as data
-        from kiln.models.llama import DEFAULT_SEQ_LEN, llama_source
-        from kiln.train.runtime import resolve_device
-
         self.opts = opts
         self.device = resolve_device(opts.cfg.training.device)
         config = llama_source(opts.cfg.model.name.split(":", 1)[1], dict(opts.cfg.model.kwargs)).config
@@ -108,9 +107,6 @@ class TokenMeasure:
         self.stream = data.language_ids(need, vocab, seed=opts.cfg.training.seed).astype("uint32")
 
     def __call__(self, candidate: sp.LlmCandidate) -> dict[str, Any]:
-        from kiln.bench import llm_train_data as data
-        from kiln.bench import llm_train_rows as rows
-
         cfg = configure(self.opts.cfg, candidate)
         cfg.training.steps = max(cfg.training.steps, self.n_steps, cfg.optim.warmup_steps)
         batches = data.batches(self.stream, steps=self.n_steps, batch=candidate.batch, seq_len=self.seq_len,

@@ -9,11 +9,13 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from kiln.bench.compile_report import plot
+from kiln.bench.compile_report import cell_text, plot
+from kiln.bench.ratios import ratio_text
 from kiln.bench.recipes import recipe_config
 from kiln.bench.results import write_results
 from kiln.config.load import dump_toml, load_config
 from kiln.config.schema import Config
+from kiln.tables import Adaptive
 from kiln.tune import space as sp
 from kiln.tune.search import TuneResult, versus_default
 
@@ -125,10 +127,6 @@ def write_evidence(out: Path, result: TuneResult, *, env: dict, config: dict, co
 def render_table(result: TuneResult, title: str):
     from rich.markup import escape
     from rich.table import Table
-
-    from kiln.bench.compile_report import cell_text
-    from kiln.bench.ratios import ratio_text
-    from kiln.tables import Adaptive
 
     table = Table(title=title, title_justify="left")
     shown = ["stage", "candidate", "role", "status", "compile_s", "step_ms", "eager_fp32_step_ms",

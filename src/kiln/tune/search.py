@@ -28,6 +28,7 @@ from kiln.bench.compile_bench import CompileBenchOptions
 from kiln.bench.recipes import Recipe
 from kiln.bench.session import BenchSession
 from kiln.config.schema import Config
+from kiln.train.runtime import resolve_device
 from kiln.tune import space as sp
 from kiln.tune.budget import Budget, BudgetExceeded
 
@@ -341,8 +342,6 @@ class Search:
         return self._result(decided_on)
 
     def _device(self):
-        from kiln.train.runtime import resolve_device
-
         return resolve_device(self.opts.cfg.training.device)
 
     def _round_to_round(self) -> None:

@@ -29,6 +29,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from kiln.config.errors import ConfigError
+from kiln.distributed.launch import run_bounded
+
 ENGINE = "gpt-fast"
 QUANTS = ("none", "int4")
 REQUIRED_FILES = ("generate.py", "model.py", "quantize.py", "tokenizer.py")
@@ -38,8 +41,6 @@ MARK = "KILN_PEER "
 
 def check_checkout(path: str | Path, flag: str = "--gpt-fast") -> Path:
     """The checkout directory, or a ConfigError naming the flag and what is missing."""
-    from kiln.config.errors import ConfigError
-
     root = Path(path)
     missing = [f for f in REQUIRED_FILES if not (root / f).is_file()]
     if not root.is_dir() or missing:
@@ -238,8 +239,6 @@ class Prepared:
 
 
 def _child(cmd: list[str], timeout_s: float) -> tuple[int | None, str, str]:
-    from kiln.distributed.launch import run_bounded
-
     code, out, err = run_bounded(cmd, timeout_s, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     return code, out, err if code is not None else f"timed out after {timeout_s:.0f} s"
 

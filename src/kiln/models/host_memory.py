@@ -14,6 +14,11 @@ import os
 import re
 from pathlib import Path
 
+import torch
+
+from kiln.config.errors import ConfigError
+from kiln.models import build_model
+
 GIB = 1 << 30
 
 
@@ -65,8 +70,6 @@ def check_fits(num_params: int, *, device_type: str, optimizer: str = "adamw", m
                what: str = "model.name") -> None:
     """ConfigError (exit 2) when the model's certain host memory exceeds what this host has
     available, naming both; nothing is built. `KILN_SKIP_MEMORY_CHECK=1` skips the check."""
-    from kiln.config.errors import ConfigError
-
     if os.environ.get("KILN_SKIP_MEMORY_CHECK") == "1":
         return
     total, available = host_memory()
@@ -83,11 +86,6 @@ def check_fits(num_params: int, *, device_type: str, optimizer: str = "adamw", m
 def check_model_fits(model_cfg, device_type: str, optim_cfg) -> None:
     """Count the model's parameters on the meta device (no memory, no compute) and `check_fits`
     them before the real build. A factory that cannot build on meta is left to the real build."""
-    import torch
-
-    from kiln.config.errors import ConfigError
-    from kiln.models import build_model
-
     try:
         with torch.device("meta"):
             num_params = sum(p.numel() for p in build_model(model_cfg).module.parameters())

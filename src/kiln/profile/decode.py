@@ -26,7 +26,7 @@ import torch
 from kiln.llm.engine import GRAPH_WARMUP_STEPS, Engine
 from kiln.profile.trace import cpu_self_times, device_events, idle_gaps, kernel_table, load_trace
 from kiln.profile.window import activities
-from kiln.train.runtime import synchronize
+from kiln.timing import synchronize
 
 GAP_BOUND = 0.15
 """Idle share of the GPU's span above which the verdict names the gaps between kernels."""

@@ -1,4 +1,4 @@
-"""kiln.llm.decode_profile: per-step figures and the verdict from a trace's events (synthetic GPU
+"""kiln.profile.decode: per-step figures and the verdict from a trace's events (synthetic GPU
 timelines with known gaps, kernel times and wall time), and a recorded window on CPU."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kiln.llm.decode_profile import record_decode, render_decode_profile, summarise_decode, window_fits
+from kiln.profile.decode import record_decode, render_decode_profile, summarise_decode, window_fits
 from kiln.profile.trace import load_trace
 
 GB = 10**9

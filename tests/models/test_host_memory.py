@@ -7,8 +7,8 @@ import pytest
 
 from kiln.config import load_config
 from kiln.failure.classify import diagnose
-from kiln.train import host_memory
-from kiln.train.host_memory import GIB, check_fits, training_state_bytes
+from kiln.models import host_memory
+from kiln.models.host_memory import GIB, check_fits, training_state_bytes
 
 
 def test_the_estimate_counts_weights_grads_and_optimizer_state():
