@@ -55,7 +55,7 @@ MEASURED: dict[str, MeasuredRecipe] = {
         "NVIDIA H100 80GB HBM3",
         {"img_size": 224, "patch_size": 16, "embed_dim": 768, "depth": 12, "num_heads": 12, "num_classes": 1000,
          "batch_size": 64, "precision": "bf16-mixed"},
-        "benchmarks/results/h100/speed_vit_best_2026-11-25b",
+        "benchmarks/results/h100/speed_vit_best_repeat",
         "whole-model compile with whole-step capture 21.88 ms/step at bf16-mixed, the fastest accurate recipe at "
         "that precision (plain reduce-overhead 22.77 ms, regional + capture 22.5 ms in speed_vit); it compiles in "
         "~27 s, compile.regional=true in ~4 s",

@@ -39,7 +39,7 @@ def test_vit_defaults_are_the_measured_vit_b16():
     cfg = _cfg("model.name=vit", "data.batch_size=64", "precision.policy=bf16-mixed")
     note = apply_measured_defaults(cfg, "cuda", 1)
     assert cfg.compile.cudagraphs and not cfg.compile.regional
-    assert "speed_vit_best_2026-11-25b" in note and "not the measured shape" not in note
+    assert "speed_vit_best_repeat" in note and "not the measured shape" not in note
 
 
 @pytest.mark.parametrize(("overrides", "device", "world"), [
