@@ -66,6 +66,7 @@ def claim_value(claim: dict, root: Path = ROOT) -> float:
 
 def rounds_to(value: float, figure: str) -> bool:
     """`value` printed at the figure's precision is the figure (half a unit of its last digit)."""
+    figure = figure.replace(",", "")  # thousands separators: 55,372
     decimals = len(figure.split(".")[1]) if "." in figure else 0
     return abs(value - float(figure)) <= 0.5 * 10**-decimals + 1e-9
 
@@ -88,6 +89,7 @@ def test_the_check_fails_on_an_edited_figure_or_a_missing_file(tmp_path):
     (tmp_path / "r.json").write_text(json.dumps({"results": [{"k": "b", "v": 9.0}, {"k": "a", "v": 2.46}]}))
     assert rounds_to(claim_value(claim, tmp_path), "2.5") and not rounds_to(claim_value(claim, tmp_path), "2.4")
     assert not rounds_to(2.56, "2.5") and rounds_to(2.549, "2.5") and rounds_to(368.4, "368")
+    assert rounds_to(55372.2, "55,372") and not rounds_to(55373.6, "55,372")
     ratio = {"num": [{"file": "r.json", "row": 0, "field": "v"}], "den": [{"file": "r.json", "row": 1, "field": "v"}],
              "spec": 2.0, "spec_source": "a datasheet", "scale": 100}
     assert claim_value(ratio, tmp_path) == pytest.approx(9.0 / 2.46 / 2.0 * 100)
