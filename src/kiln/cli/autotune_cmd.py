@@ -7,7 +7,6 @@ import argparse
 import shlex
 import sys
 
-from kiln.bench.results import refuse_held_results
 from kiln.cli import autotune_llm
 from kiln.cli.args import add_verbose_flag
 
@@ -159,15 +158,15 @@ def run(args: argparse.Namespace) -> int:
         return autotune_llm.run(args, llm, _command(args))
     opts, nproc, notes = plan(args)  # ConfigError -> exit 2 before any work
 
-    from pathlib import Path
 
     import torch
     from rich.console import Console
 
+    from kiln.cli.results import claim_results_dir
     from kiln.config.errors import ConfigError
     from kiln.models import build_model
     from kiln.monitor.env import collect_env
-    from kiln.train.runtime import default_run_dir, resolve_device
+    from kiln.train.runtime import resolve_device
     from kiln.tune.output import best_config, changed_keys, evidence_config, render_table, write_best, write_evidence
     from kiln.tune.progress import RichProgress
     from kiln.tune.search import Search
@@ -181,10 +180,7 @@ def run(args: argparse.Namespace) -> int:
         raise
     except Exception:  # a factory that cannot build on meta: build it for real, once
         has_blocks = bool(build_model(cfg.model).blocks)
-    out = Path(args.out) if args.out else default_run_dir(f"autotune-{cfg.model.name}")
-    refuse_held_results(out)
-    out.mkdir(parents=True, exist_ok=True)
-    args.output_dir = out  # a failure's error.log lands with the results
+    out = claim_results_dir(args, f"autotune-{cfg.model.name}")
     device = resolve_device(cfg.training.device)
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     precisions = opts.space.precisions

@@ -101,20 +101,16 @@ def plan(args: argparse.Namespace, cfg):
 def run(args: argparse.Namespace, cfg, command: str) -> int:
     opts, notes = plan(args, cfg)  # ConfigError -> exit 2 before any work
 
-    from pathlib import Path
 
     import torch
 
-    from kiln.bench.results import refuse_held_results
+    from kiln.cli.results import claim_results_dir
     from kiln.monitor.env import collect_env
-    from kiln.train.runtime import default_run_dir, resolve_device
+    from kiln.train.runtime import resolve_device
     from kiln.tune.llm_output import result_rows, write_best, write_evidence
     from kiln.tune.llm_search import LlmSearch
 
-    out = Path(args.out) if args.out else default_run_dir(f"autotune-{cfg.model.name.replace('/', '_')}")
-    refuse_held_results(out)
-    out.mkdir(parents=True, exist_ok=True)
-    args.output_dir = out
+    out = claim_results_dir(args, f"autotune-{cfg.model.name.replace('/', '_')}")
     device = resolve_device(cfg.training.device)
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
 

@@ -8,9 +8,8 @@ import argparse
 import shlex
 import sys
 
-from kiln.bench.results import refuse_held_results
 from kiln.cli.args import DefaultsFormatter, add_verbose_flag
-from kiln.cli.results import show_results
+from kiln.cli.results import claim_results_dir, show_results
 
 AXES = ("modes", "precisions", "backends", "scopes", "losses", "cudagraphs", "regional", "baselines")
 
@@ -163,7 +162,6 @@ def run_compile(args: argparse.Namespace) -> int:
     opts, preset = plan(args)  # ConfigError -> exit 2 before any work
 
     import dataclasses
-    from pathlib import Path
 
     import torch
 
@@ -171,14 +169,11 @@ def run_compile(args: argparse.Namespace) -> int:
     from kiln.bench.compile_bench import run_compile_bench
     from kiln.bench.compile_report import render_table, write_compile_results
     from kiln.monitor.env import collect_env
-    from kiln.train.runtime import default_run_dir, resolve_device
+    from kiln.train.runtime import resolve_device
 
     cfg = opts.cfg
     name = preset.name if preset else cfg.model.name
-    out = Path(args.out) if args.out else default_run_dir(f"bench-compile-{name}")
-    refuse_held_results(out)
-    out.mkdir(parents=True, exist_ok=True)
-    args.output_dir = out  # a failure's error.log lands with the results
+    out = claim_results_dir(args, f"bench-compile-{name}")
     device = resolve_device(cfg.training.device)
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     run = "train" if opts.train else "infer"

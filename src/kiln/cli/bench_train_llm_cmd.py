@@ -166,14 +166,10 @@ def run(args: argparse.Namespace) -> int:
 
     from kiln.bench.llm_train_report import write_report
     from kiln.bench.llm_train_run import run as run_rows
-    from kiln.bench.results import refuse_held_results
+    from kiln.cli.results import claim_results_dir
     from kiln.monitor.env import collect_env
-    from kiln.train.runtime import default_run_dir
 
-    out = Path(args.out) if args.out else default_run_dir(f"bench-train-llm-{Path(args.model).name}")
-    refuse_held_results(out)
-    out.mkdir(parents=True, exist_ok=True)
-    args.output_dir = out
+    out = claim_results_dir(args, f"bench-train-llm-{Path(args.model).name}")
     env, command = collect_env(), shlex.join(["kiln", *sys.argv[1:]])
     rows, ctx = run_rows(opts, out, log=lambda m: print(f"kiln: {m}", file=sys.stderr, flush=True),
                          progress=lambda so_far, c: write_report(out, so_far, c, opts, env=env, command=command))

@@ -1,7 +1,24 @@
-"""How a bench command shows its results on the terminal: the table, then one line of row
-statuses and the files written. Shared by the `kiln bench` subcommands."""
+"""Where a bench or autotune command writes its results, and how it shows them on the terminal:
+the table, then one line of row statuses and the files written. Shared by the `kiln bench` and
+`kiln autotune` subcommands."""
 
 from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from kiln.bench.results import refuse_held_results
+from kiln.train.runtime import default_run_dir
+
+
+def claim_results_dir(args: argparse.Namespace, default_name: str) -> Path:
+    """`--out` (or a new run dir named after `default_name`), refused (exit 2) while another command
+    holds it or when it already holds results, then created; a failure's error.log lands there."""
+    out = Path(args.out) if args.out else default_run_dir(default_name)
+    refuse_held_results(out)
+    out.mkdir(parents=True, exist_ok=True)
+    args.output_dir = out
+    return out
 
 
 def show_results(rows: list[dict], renderable, written: dict) -> None:
