@@ -142,8 +142,8 @@ class RunDirLock:
             try:
                 self.dir.mkdir(parents=True)
                 self.created = True
-            except FileExistsError:
-                pass  # another process made it first: the lock decides
+            except FileExistsError:  # another process made it first: the lock decides
+                self.created = False
             except OSError as exc:
                 raise ConfigError("--run-dir", f"{self.dir}: cannot create it ({exc.strerror})") from None
         try:
