@@ -4,23 +4,9 @@ kiln's words and skipped for the newest intact one, on resume and in `kiln expor
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
-
-ARGS = [
-    "model.kwargs.hidden_size=32", "model.kwargs.num_layers=2", "model.kwargs.num_classes=4",
-    "data.synthetic_samples=256", "data.batch_size=8", "training.steps=12", "training.log_interval=2",
-    "training.device=cpu", "metrics.console=false", "metrics.tensorboard=false", "checkpoint.interval=4",
-]
-
-
-def _kiln(*args, env=None):
-    full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
-    return subprocess.run([sys.executable, "-m", "kiln", *args], capture_output=True, text=True, env=full_env,
-                          timeout=600)
+from tests.train.test_rundir import ARGS, _kiln  # the same tiny seed-MLP run and CLI call
 
 
 def _corrupt(path):
