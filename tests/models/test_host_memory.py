@@ -52,3 +52,27 @@ def test_host_oom_advice_blames_a_huge_model_first(monkeypatch):
     assert advice.index("the model itself is the bulk") < advice.index("data.batch_size")
     small = diagnose(MemoryError(), cfg=cfg, model_params=1000).advice
     assert "the model itself" not in small and "data.batch_size" in small
+
+
+@pytest.mark.parametrize("example", ["torch.randn(4, 8)", "torch.randint(0, 16, (4, 6))"])
+def test_a_user_model_whose_forward_reads_values_is_sized_on_meta_and_checked(tmp_path, monkeypatch, example):
+    """The meta-device count does not run the user's forward (a meta tensor has no values for
+    `.item()` or a branch on them): such a model is neither refused nor left unchecked."""
+    (tmp_path / "valued.py").write_text(
+        "import torch\n"
+        "class M(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.emb = torch.nn.Embedding(16, 8)\n"
+        "        self.lin = torch.nn.Linear(8, 16)\n"
+        "    def forward(self, x):\n"
+        "        if x.abs().max() > 1000:\n"
+        "            raise ValueError('inputs out of range')\n"
+        "        return self.lin(self.emb(x) if x.dtype == torch.long else x[..., :8].float())\n"
+        f"def build():\n    return M(), {example}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    counted = []
+    monkeypatch.setattr(host_memory, "check_fits", lambda n, **kwargs: counted.append(n))
+    cfg = load_config(None, [f"model.name={tmp_path / 'valued.py'}:build", "training.device=cpu"])
+    host_memory.check_model_fits(cfg.model, "cpu", cfg.optim)
+    assert counted == [16 * 8 + 8 * 16 + 16]

@@ -89,6 +89,8 @@ def infer_from_example(
     spec = spec_from_example(x)
     if spec is None:
         return None, None
+    if x.is_meta:  # sized on the meta device (models.host_memory): no values for a forward that reads them
+        return spec, None
     # Two rows tell the output's shape as well as the whole batch, at a fraction of the cost.
     x = x[:2]
     out = _output_tensor(module, (x,), where)
