@@ -131,6 +131,32 @@ def test_compiled_chunk_kernel_is_not_used_under_a_dispatch_mode(monkeypatch):
     assert not cross_entropy._compiled.get("failed")
 
 
+def test_the_chunk_kernel_falls_back_on_a_compiler_failure_but_not_on_out_of_memory(monkeypatch):
+    """A compiler failure switches to the eager kernel for the process; running out of memory is the
+    batch's problem, raised to the caller without retiring the compiled kernel."""
+    from kiln.train import cross_entropy
+
+    logits, targets, valid = torch.randn(4, 8), torch.randint(0, 8, (4,)), torch.ones(4, dtype=torch.bool)
+    for error, raised in ((torch.OutOfMemoryError("CUDA out of memory"), True), (RuntimeError("no Triton"), False)):
+        def failing(*_args, _error=error, **_kwargs):
+            def compiled(*_a):
+                raise _error
+            return compiled
+
+        monkeypatch.setattr(cross_entropy, "_compiled", {})
+        monkeypatch.setattr(torch, "compile", failing)
+        kernel = cross_entropy._chunk_kernel(torch.device("cuda"))
+        if raised:
+            with pytest.raises(torch.OutOfMemoryError):
+                kernel(logits, targets, valid)
+            assert not cross_entropy._compiled.get("failed")
+        else:
+            eager = cross_entropy._chunk_loss_and_grad(logits, targets, valid)
+            for got, want in zip(kernel(logits, targets, valid), eager):
+                torch.testing.assert_close(got, want)
+            assert cross_entropy._compiled.get("failed")
+
+
 def test_chunked_refuses_a_second_backward_instead_of_rescaling_its_gradients():
     h, w, t = _case()
     loss = ChunkedLinearCrossEntropy.apply(h, w, t, 8)

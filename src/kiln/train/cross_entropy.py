@@ -105,6 +105,8 @@ def _chunk_kernel(device: torch.device) -> Callable:
                 return _chunk_loss_and_grad(logits, targets, valid)
             try:
                 return compiled(logits, targets, valid)
+            except torch.OutOfMemoryError:  # the batch does not fit: not a compiler failure, the caller decides
+                raise
             except Exception as exc:  # no Triton, a compiler bug: correct eager code instead
                 _compiled["failed"] = True
                 logging.getLogger("kiln.train").warning(
