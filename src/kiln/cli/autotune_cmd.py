@@ -141,12 +141,13 @@ def plan(args: argparse.Namespace):
 def _command(args: argparse.Namespace) -> str:
     parts = ["kiln", "autotune"]
     for flag in ("config", "budget", "out", "precisions", "modes", "scopes", "nproc_per_node", "steps", "warmup",
-                 "device"):
+                 "device", "batch_sizes", "ac", "float8", "ce_kernels", "compile_scopes", "loss_tol"):
         value = getattr(args, flag)
         if value is not None:
             parts += [f"--{flag.replace('_', '-')}", str(value)]
     parts += [] if args.regional else ["--no-regional"]
     parts += [] if args.capture else ["--no-capture"]
+    parts += ["--rank-noisy"] if args.rank_noisy else []
     return shlex.join(parts + list(args.overrides))
 
 

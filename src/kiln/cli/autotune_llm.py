@@ -89,7 +89,8 @@ def plan(args: argparse.Namespace, cfg):
         raise ConfigError("--loss-tol", f"must be > 0, got {args.loss_tol}")
     configure(cfg, sp.from_config(cfg))  # the config's own settings as a candidate: a key kiln refuses exits here
     ignored = [flag for flag, value in (("--precisions", args.precisions), ("--modes", args.modes),
-                                        ("--scopes", args.scopes), ("--nproc-per-node", args.nproc_per_node))
+                                        ("--scopes", args.scopes), ("--nproc-per-node", args.nproc_per_node),
+                                        ("--rank-noisy", args.rank_noisy or None))
                if value is not None]
     if ignored:
         notes.append(f"{', '.join(ignored)} not used: an LLM config searches the LLM knobs")

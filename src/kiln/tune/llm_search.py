@@ -20,7 +20,6 @@ the warm-up. What does not fit the remaining budget, or cannot run here, is list
 from __future__ import annotations
 
 import copy
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,6 +31,7 @@ from kiln.config.load import apply_override
 from kiln.config.schema import Config
 from kiln.config.validate import validate
 from kiln.models.llama import DEFAULT_SEQ_LEN, llama_source
+from kiln.timing import Timing
 from kiln.train.runtime import resolve_device
 from kiln.tune import llm_space as sp
 from kiln.tune.budget import Budget, BudgetExceeded
@@ -118,7 +118,7 @@ class TokenMeasure:
         run = result["run"]
         if run is not None:
             timed = run.step_s[max(0, self.opts.warmup - 1):] or run.step_s
-            median = statistics.median(timed)
+            median = Timing(tuple(timed)).median_s
             row.update(step_ms=median * 1e3, tokens_per_s=candidate.batch * self.seq_len / median,
                        peak_mem_bytes=run.peak_mem_bytes, first_step_s=run.first_step_s, loss_last=run.losses[-1])
         return row

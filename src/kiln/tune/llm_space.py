@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kiln.config.schema import Config
+from kiln.tune.space import MIN_GAIN
 
 AC_MODES = ("none", "selective", "full")
 FLOAT8 = ("none", "tensorwise", "rowwise")
@@ -23,8 +24,6 @@ COMPILE_SCOPES = ("regional", "whole", "model+loss", "off")
 """regional: each block compiled (compile.regional); whole: the model in one graph; model+loss: the
 model and its loss compiled together; off: eager."""
 KNOBS = ("batch", "ac", "ce", "float8", "compile")
-MIN_GAIN = 0.02
-"""A change is kept only when it is this much faster than the best so far (noise margin)."""
 
 
 @dataclass(frozen=True)
