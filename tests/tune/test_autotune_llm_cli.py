@@ -56,4 +56,5 @@ def test_llm_search_writes_the_winner(tmp_path, tiny, capsys):
     assert best.training.activation_checkpointing == winner["ac"]
     assert best.model.name == tiny[0].split("=", 1)[1]
     assert "## Decision" in (out / "results.md").read_text()
+    assert "--batch-sizes 2,4 --ac none,full --ce-kernels chunked --compile-scopes off" in payload["command"]
     assert "kiln train --config" in captured.out
