@@ -41,6 +41,11 @@ def read_marker(path: Path) -> dict[str, Any] | None:
     return marker if isinstance(marker, dict) else None
 
 
+def checkpoint_step(path: Path) -> int:
+    """The step a complete checkpoint was saved at (from its completion marker), -1 without one."""
+    return int((read_marker(Path(path)) or {}).get("step", -1))
+
+
 def file_digest(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:

@@ -22,7 +22,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from kiln.checkpoint.layout import STEP_DIR, checkpoint_problem, read_marker
+from kiln.checkpoint.layout import STEP_DIR, checkpoint_problem, checkpoint_step
 
 log = logging.getLogger("kiln.checkpoint")
 
@@ -30,16 +30,12 @@ BRANCH_FILE = "branch.json"
 RETIRED_DIR = "retired"
 
 
-def _step(path: Path) -> int:
-    return int((read_marker(path) or {}).get("step", -1))
-
-
 def branch(run_dir: Path, source: Path) -> dict[str, Any]:
     """Make `run_dir` hold only the timeline that continues from checkpoint `source` (see the
     module docstring); returns what was done."""
     run_dir, source = Path(run_dir), Path(source).resolve()
     root = run_dir / "checkpoints"
-    step = _step(source)
+    step = checkpoint_step(source)
     own = source.parent == root.resolve()
     candidates = sorted((p for p in root.iterdir() if STEP_DIR.match(p.name) or p.name.endswith(".tmp")),
                         key=lambda p: p.name) if root.is_dir() else []

@@ -44,7 +44,7 @@ if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
-from kiln.checkpoint.layout import read_marker
+from kiln.checkpoint.layout import checkpoint_step
 from kiln.monitor.records import read_records
 
 # Files whose presence means a directory already holds a run that must not be overwritten.
@@ -116,11 +116,6 @@ def no_checkpoint_decision(path: Path) -> str:
                           "from (checkpoint.save_final=false); choose a new directory")
     return (f"{path} holds an earlier attempt of this run that stopped before its first checkpoint; "
             "starting over from step 0")
-
-
-def checkpoint_step(path: Path) -> int:
-    """The step a complete checkpoint was saved at (from its completion marker)."""
-    return int((read_marker(Path(path)) or {}).get("step", -1))
 
 
 def already_complete_summary(path: Path, checkpoint: Path) -> dict[str, Any]:

@@ -21,6 +21,7 @@ import torch
 
 from kiln.checkpoint import Checkpointer, config_digest
 from kiln.checkpoint.hf_export import save_model_files
+from kiln.checkpoint.layout import checkpoint_step
 from kiln.checkpoint.signals import SignalExit
 from kiln.checkpoint.timeline import branch
 from kiln.compile_cache import compile_cache_dir
@@ -55,7 +56,6 @@ from kiln.train.loop import TrainLoop
 from kiln.train.rundir import (
     already_complete_summary,
     check_run_dir,
-    checkpoint_step,
     no_checkpoint_decision,
     trim_metrics,
 )
