@@ -55,7 +55,7 @@ def claim_output_dir(path: str | Path, flag: str = "--out") -> Path:
     try:
         lock.acquire()
     except ConfigError as exc:
-        raise ConfigError(flag, str(exc).split(": ", 1)[1]) from None
+        raise ConfigError(flag, exc.message, exc.choices) from None
     _held[key] = lock
     atexit.register(lock.release, remove_if_created=True)  # an output dir left empty goes again
     _probe(path, flag, path)
