@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kiln.bench.formulas import peak_fraction, tflops
+from kiln.bench.formulas import peak_fraction, speedup, tflops
 from kiln.bench.ratios import annotate
 from kiln.bench.recipes import Recipe, cuda_graph_reason
 from kiln.bench.runner import BenchContext
@@ -103,11 +103,11 @@ def timing_figures(ctx: BenchContext, row: dict, timings: dict[str, Timing], sid
     eager_s = timings["eager"].median_s
     eager = timings["eager"].as_dict()
     row.update(eager_step_ms=eager_s * 1e3, eager_step_ms_p10=eager["p10_ms"], eager_step_ms_p90=eager["p90_ms"])
-    row["speedup"] = eager_s / step_s if step_s > 0 else None
+    row["speedup"] = speedup(eager_s, step_s)
     fp32 = timings.get("eager_fp32")
     if fp32 is not None:
         row["eager_fp32_step_ms"] = fp32.median_s * 1e3
-        row["speedup_vs_eager_fp32"] = fp32.median_s / step_s if step_s > 0 else None
+        row["speedup_vs_eager_fp32"] = speedup(fp32.median_s, step_s)
     elif row["precision"] == "fp32":
         row["eager_fp32_step_ms"] = row["eager_step_ms"]
         row["speedup_vs_eager_fp32"] = row["speedup"]

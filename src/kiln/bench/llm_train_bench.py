@@ -19,7 +19,6 @@ values).
 
 from __future__ import annotations
 
-import shlex
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -135,10 +134,6 @@ def compare(rows: list[dict[str, Any]], baseline: str | None, tol: float) -> Non
             r["loss_diff_vs_ref"] = diff
             r["loss_check"] = "ok" if abs(diff) <= tol * abs(ref["loss_last"]) else "off"
         r["ref"] = ref["row"]
-
-
-def short_command(argv: list[str]) -> str:
-    return shlex.join(["kiln", "bench", "train-llm", *argv])
 
 
 def deadline_left(start: float, deadline_s: float | None) -> float | None:
