@@ -219,3 +219,11 @@ def test_decode_vs_unquantized_is_the_quantized_rate_over_the_same_engines(tmp_p
     ratios(bench.rows)
     assert bench.rows["kiln-compiled[int4]"].row["decode_vs_unquantized"] == 1.8
     assert "decode_vs_unquantized" not in bench.rows["kiln-compiled"].row
+
+
+def test_within_relative_is_the_tolerance_on_the_reference_magnitude():
+    from kiln.bench.formulas import within_relative
+
+    assert within_relative(2.03, 2.0, 0.02) and within_relative(1.97, 2.0, 0.02) and within_relative(2.0, 2.0, 0.0)
+    assert not within_relative(2.05, 2.0, 0.02) and not within_relative(1.95, 2.0, 0.02)
+    assert within_relative(-1.01, -1.0, 0.02) and not within_relative(0.5, 0.0, 0.5)

@@ -32,6 +32,12 @@ def peak_fraction(flops: float | None, seconds: float | None, peak_flops_per_s: 
     return ratio(ratio(flops, seconds), peak_flops_per_s)
 
 
+def within_relative(value: float, reference: float, tol: float) -> bool:
+    """`value` differs from `reference` by at most `tol` of the reference's magnitude (a final loss
+    against its reference row's)."""
+    return abs(value - reference) <= tol * abs(reference)
+
+
 def decode_steps(new_tokens: int) -> int:
     """Decode steps in a request of `new_tokens`: the first new token comes from the prefill."""
     return max(0, new_tokens - 1)

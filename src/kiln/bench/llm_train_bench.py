@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from kiln.bench.ceilings import matmul_dtype, measure_best_matmul
+from kiln.bench.formulas import peak_fraction, within_relative
 from kiln.bench.llm_train_plain import Hyper
 from kiln.monitor.flops import peak_flops_for_name
 from kiln.timing import Timing
@@ -114,7 +115,8 @@ def figures(row: dict[str, Any], step_s: list[float], warmup: int, tokens_per_st
     row.update(step_ms=median * 1e3, step_ms_p10=timing.quantile_s(0.1) * 1e3,
                step_ms_p90=timing.quantile_s(0.9) * 1e3, timed_steps=len(timed),
                tokens_per_s=tokens_per_step / median, tflops=flops / 1e12,
-               mfu_spec=flops / spec if spec else None, mfu_matmul=flops / matmul if matmul else None)
+               mfu_spec=peak_fraction(fpt * tokens_per_step, median, spec),
+               mfu_matmul=peak_fraction(fpt * tokens_per_step, median, matmul))
 
 
 def compare(rows: list[dict[str, Any]], baseline: str | None, tol: float) -> None:
@@ -132,7 +134,7 @@ def compare(rows: list[dict[str, Any]], baseline: str | None, tol: float) -> Non
         if r.get("loss_last") is not None and ref.get("loss_last") is not None:
             diff = r["loss_last"] - ref["loss_last"]
             r["loss_diff_vs_ref"] = diff
-            r["loss_check"] = "ok" if abs(diff) <= tol * abs(ref["loss_last"]) else "off"
+            r["loss_check"] = "ok" if within_relative(r["loss_last"], ref["loss_last"], tol) else "off"
         r["ref"] = ref["row"]
 
 

@@ -14,6 +14,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from kiln.bench.formulas import within_relative
 from kiln.config.schema import Config
 from kiln.tune.space import MIN_GAIN
 
@@ -110,5 +111,4 @@ def loss_check(row: dict[str, Any], reference: dict[str, Any] | None, tol: float
     float8): the last loss within `tol` (relative); None when there is nothing to compare."""
     if reference is None or reference.get("loss_last") is None or row.get("loss_last") is None:
         return None
-    ref = reference["loss_last"]
-    return "pass" if abs(row["loss_last"] - ref) <= tol * abs(ref) else "fail"
+    return "pass" if within_relative(row["loss_last"], reference["loss_last"], tol) else "fail"
