@@ -25,15 +25,13 @@ import torch
 from kiln.checkpoint.export import find_checkpoint, load_model_weights
 from kiln.checkpoint.layout import read_marker
 from kiln.config.errors import ConfigError
-from kiln.data.tokenizers_io import TOKENIZER_FILES  # the one list of what a tokenizer dir holds
+from kiln.data.prepared import META_FILE
+from kiln.data.tokenizers_io import copy_tokenizer_dir
 from kiln.llm.config import config_from_dict
 from kiln.llm.weights import to_hf_state_dict
 
 MODEL_DIR = "model"
 """Under the run dir: the model's config.json and the tokenizer files of its data."""
-TOKENIZER_META = "meta.json"
-# The files of a Hugging Face tokenizer (fast and slow formats); only these are copied, so a
-# tokenizer directory that also holds data never drags it along.
 # A path ending like a single weights file is a mistake for a directory.
 FILE_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".pkl")
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
@@ -46,7 +44,7 @@ def tokenizer_dir_of(token_path: str | Path) -> Path | None:
     if not token_path:
         return None
     path = Path(token_path)
-    meta = (path if path.is_dir() else path.parent) / TOKENIZER_META
+    meta = (path if path.is_dir() else path.parent) / META_FILE
     try:
         name = json.loads(meta.read_text(encoding="utf-8")).get("tokenizer")
     except (OSError, ValueError, AttributeError):
@@ -64,9 +62,7 @@ def save_model_files(run_dir: Path, hf_config: dict[str, Any], token_path: str |
     (target / "config.json").write_text(json.dumps(hf_config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     tokenizer = tokenizer_dir_of(token_path) if token_path else None
     if tokenizer is not None:
-        for name in TOKENIZER_FILES:
-            if (tokenizer / name).is_file():
-                shutil.copyfile(tokenizer / name, target / name)
+        copy_tokenizer_dir(tokenizer, target)
     return target
 
 
@@ -129,7 +125,6 @@ def export_hf_dir(run_dir: Path, out: Path, *, checkpoint: Path | None = None, r
         seen.add(value.untyped_storage().data_ptr())
         tensors[key] = value
     config = _with_dtype(raw, tensors)
-    extra_files = [name for name in TOKENIZER_FILES if (files / name).is_file()]
     part.mkdir(parents=True)
     try:
         save_file(tensors, str(part / "model.safetensors"), metadata={"format": "pt", "kiln_checkpoint": str(path)})
@@ -137,8 +132,7 @@ def export_hf_dir(run_dir: Path, out: Path, *, checkpoint: Path | None = None, r
         generation = _generation_config(config)
         if generation is not None:
             (part / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n", encoding="utf-8")
-        for name in extra_files:  # the tokenizer's files
-            shutil.copyfile(files / name, part / name)
+        extra_files = copy_tokenizer_dir(files, part)  # the tokenizer's files, never weights
         if out.exists():  # replace: the old export leaves only now, by renames on one filesystem
             old = Path(tempfile.mkdtemp(prefix=out.name + ".old-", dir=out.parent))
             os.replace(out, old / out.name)

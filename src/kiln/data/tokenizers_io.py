@@ -120,11 +120,12 @@ def save_trained(loaded: LoadedTokenizer, directory: Path, model_max_length: int
 
 
 def copy_tokenizer_dir(source: Path, directory: Path) -> list[str]:
-    """Copy the tokenizer files of `source` (never weights) into `directory`; returns their names."""
+    """Copy the tokenizer files of `source` (never weights) into `directory`; returns their names.
+    The copies are new files of this user's (the umask's mode), not the source's mode."""
     directory.mkdir(parents=True, exist_ok=True)
     copied = []
     for name in TOKENIZER_FILES:
         if (source / name).is_file():
-            shutil.copy2(source / name, directory / name)
+            shutil.copyfile(source / name, directory / name)
             copied.append(name)
     return copied
