@@ -8,7 +8,7 @@ import shlex
 import sys
 
 from kiln.cli import autotune_llm
-from kiln.cli.args import add_verbose_flag
+from kiln.cli.args import add_verbose_flag, check_budget, checked_list
 
 
 def add_parser(sub) -> None:
@@ -53,21 +53,6 @@ def add_parser(sub) -> None:
     p.set_defaults(run=run)
 
 
-def _list(flag: str, raw: str | None, valid: tuple[str, ...] | list[str] | None = None) -> list[str] | None:
-    from kiln.bench.recipes import split_values
-    from kiln.config.errors import ConfigError
-
-    if raw is None:
-        return None
-    values = split_values([raw])
-    if not values:
-        raise ConfigError(flag, "needs at least one value", valid)
-    for value in values:
-        if valid is not None and value not in valid:
-            raise ConfigError(flag, f"unknown value {value!r}", valid)
-    return values
-
-
 def plan(args: argparse.Namespace):
     """(TuneOptions, nproc for the strategy stage, notes) from the arguments; ConfigError on bad input."""
     import copy
@@ -83,11 +68,7 @@ def plan(args: argparse.Namespace):
     from kiln.tune.search import TuneOptions
     from kiln.tune.space import SCOPES, Space
 
-    if not args.budget > 0:
-        raise ConfigError("--budget", f"must be > 0 minutes, got {args.budget}")
-    for flag, value, minimum in (("--steps", args.steps, 3), ("--warmup", args.warmup, 0)):
-        if value < minimum:
-            raise ConfigError(flag, f"must be >= {minimum}, got {value}")
+    check_budget(args)
     overrides = list(args.overrides) + ([f"training.device={args.device}"] if args.device else [])
     cfg = load_config(args.config, overrides)
     notes = []
@@ -100,7 +81,7 @@ def plan(args: argparse.Namespace):
             cfg.compile.mode = "default"
     device = resolve_device(cfg.training.device)
     gpu = device.type == "cuda"
-    precisions = _list("--precisions", args.precisions, PRECISIONS)
+    precisions = checked_list("--precisions", args.precisions, PRECISIONS)
     if precisions is None:
         precisions = [cfg.precision.policy]
         if gpu and torch.cuda.is_bf16_supported() and "bf16-mixed" not in precisions:
@@ -111,7 +92,7 @@ def plan(args: argparse.Namespace):
         except ConfigError as exc:
             raise ConfigError("--precisions", str(exc).split(": ", 1)[-1], exc.choices) from None
     available = compile_modes()
-    modes = _list("--modes", args.modes)
+    modes = checked_list("--modes", args.modes)
     if modes is None:
         wanted = ["default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune"] if gpu else [
             "default", "max-autotune-no-cudagraphs"]
@@ -124,7 +105,7 @@ def plan(args: argparse.Namespace):
             validate_compile(probe)
         except ConfigError as exc:  # named after the flag, with torch's list and the seed's typo hint
             raise ConfigError("--modes", str(exc).split(": ", 1)[-1].rsplit(" (valid: ", 1)[0], exc.choices) from None
-    scopes = _list("--scopes", args.scopes, SCOPES) or list(SCOPES)
+    scopes = checked_list("--scopes", args.scopes, SCOPES) or list(SCOPES)
     nproc = args.nproc_per_node
     if nproc is not None and nproc < 1:
         raise ConfigError("--nproc-per-node", f"must be >= 1, got {nproc}")

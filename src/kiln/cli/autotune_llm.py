@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from kiln.cli.args import check_budget, checked_list
 from kiln.config.errors import ConfigError
 
 
@@ -29,17 +30,7 @@ def is_llm(cfg) -> bool:
 
 
 def _values(flag: str, raw: str | None, valid: tuple[str, ...], default: list[str]) -> list[str]:
-    from kiln.bench.recipes import split_values
-
-    if raw is None:
-        return default
-    values = split_values([raw])
-    if not values:
-        raise ConfigError(flag, "needs at least one value", valid)
-    for v in values:
-        if v not in valid:
-            raise ConfigError(flag, f"unknown value {v!r}", valid)
-    return values
+    return checked_list(flag, raw, valid) or default
 
 
 def _float8_here(cfg, device) -> tuple[list[str], str | None]:
@@ -60,11 +51,7 @@ def plan(args: argparse.Namespace, cfg):
     from kiln.tune import llm_space as sp
     from kiln.tune.llm_search import LlmTuneOptions, configure
 
-    if not args.budget > 0:
-        raise ConfigError("--budget", f"must be > 0 minutes, got {args.budget}")
-    for flag, value, minimum in (("--steps", args.steps, 3), ("--warmup", args.warmup, 0)):
-        if value < minimum:
-            raise ConfigError(flag, f"must be >= {minimum}, got {value}")
+    check_budget(args)
     device = resolve_device(cfg.training.device)
     notes = []
     if args.batch_sizes is None:
