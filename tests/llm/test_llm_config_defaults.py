@@ -149,3 +149,17 @@ def test_qwen2_default_window_matches_transformers_past_4096_tokens():
     assert (kiln[:, tail] - hf[:, tail]).abs().max() <= 1e-5 * hf.abs().max()
     unwindowed, _ = _logits(raw, tokens, drop_windows=True)  # the window really matters here
     assert (unwindowed[:, tail] - hf[:, tail]).abs().max() > 1e-3 * hf.abs().max()
+
+
+def test_building_the_transformers_config_leaves_the_fields_it_was_given_as_they_were():
+    """transformers fills defaults into nested dicts in place; kiln hands it copies, so a config.json
+    (or a preset) read after a transformers model was built from it still lacks what it lacked."""
+    import copy
+
+    from kiln.llm.hf_config import make_config
+
+    raw = {**SMALL, **CASES["llama3 rope without original_max_position_embeddings"]}
+    before = copy.deepcopy(raw)
+    make_config(raw, {}, "test")
+    make_config(raw, {"num_hidden_layers": 1}, "test")
+    assert raw == before

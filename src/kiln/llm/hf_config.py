@@ -6,6 +6,7 @@ imported inside the functions with an install hint.
 
 from __future__ import annotations
 
+import copy
 import difflib
 import inspect
 from typing import TYPE_CHECKING, Any
@@ -58,6 +59,9 @@ def make_config(raw: dict[str, Any], kwargs: dict[str, Any], name: str):
     (e.g. llama's head_dim = hidden_size // num_attention_heads) follow an override.
     """
     transformers = import_transformers(name)
+    # transformers writes its own defaults into nested dicts it is given (a llama3 rope_scaling
+    # gains original_max_position_embeddings): each call gets its own copy, so `raw` (a preset, a
+    # caller's config.json) keeps what it said and a later reading of it sees the same fields.
     fields = {k: v for k, v in raw.items() if k != "model_type"}
     model_type = raw["model_type"]
     if "model_type" in kwargs:
@@ -65,7 +69,7 @@ def make_config(raw: dict[str, Any], kwargs: dict[str, Any], name: str):
             "model.kwargs.model_type", "cannot change the architecture; point model.name at another config"
         )
     try:
-        base = transformers.AutoConfig.for_model(model_type, **fields)
+        base = transformers.AutoConfig.for_model(model_type, **copy.deepcopy(fields))
     except ValueError as e:
         known = sorted(transformers.CONFIG_MAPPING.keys())
         if model_type not in known:
@@ -86,7 +90,7 @@ def make_config(raw: dict[str, Any], kwargs: dict[str, Any], name: str):
     if not kwargs:
         return base
     try:
-        return transformers.AutoConfig.for_model(model_type, **{**fields, **kwargs})
+        return transformers.AutoConfig.for_model(model_type, **copy.deepcopy({**fields, **kwargs}))
     except (ValueError, TypeError) as e:
         raise ConfigError("model.kwargs", f"{type(base).__name__} rejected the overrides: {e}") from None
 
