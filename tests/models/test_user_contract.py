@@ -162,6 +162,54 @@ def test_the_shipped_example_serves_explain_and_train_alike() -> None:
     assert torch.is_tensor(built.module(torch.randn(2, 64)))
 
 
+@pytest.mark.parametrize("factory", ["classifier", "lm"])
+def test_built_on_meta_the_spec_is_the_same(project: Path, factory: str) -> None:
+    """bench, advise and autotune size the data from a model built on the meta device: the forward
+    runs there on shapes alone and tells the same classes or vocabulary as the real build."""
+    real = build_model(ModelConfig(name=f"{project}:{factory}"))
+    with torch.device("meta"):
+        meta = build_model(ModelConfig(name=f"{project}:{factory}"))
+    assert meta.input_spec == real.input_spec and meta.task == real.task
+
+
+def test_a_bench_of_a_model_whose_forward_reads_values_builds_its_data(tmp_path: Path) -> None:
+    """A forward that branches on values cannot run on meta: the bench builds the model for real
+    to learn its classes instead of refusing a working model."""
+    from kiln.bench.runner import build_context
+    from kiln.config import load_config
+
+    (tmp_path / "valued.py").write_text(textwrap.dedent(
+        """
+        import torch
+        def build():
+            class M(torch.nn.Module):
+                def __init__(self):
+                    super().__init__()
+                    self.fc = torch.nn.Linear(6, 3)
+                def forward(self, x):
+                    if x.abs().max() > 1e6:
+                        raise ValueError("inputs out of range")
+                    return self.fc(x)
+            return M(), torch.randn(4, 6)
+        """))
+    cfg = load_config(None, [f"model.name={tmp_path / 'valued.py'}:build", "training.device=cpu", "data.batch_size=4"])
+    ctx = build_context(cfg, torch.device("cpu"), train=True, batches=1)
+    (x, y), = ctx.batches
+    assert x.shape == (4, 6) and int(y.max()) < 3
+
+
+def test_the_shipped_example_benches_as_its_docstring_says(tmp_path: Path) -> None:
+    """`kiln bench compile --model examples/my_models.py:build`, eager only."""
+    out = tmp_path / "bench"
+    proc = subprocess.run(
+        [sys.executable, "-m", "kiln", "bench", "compile", "--model", "examples/my_models.py:build",
+         "--modes", "eager", "--precisions", "fp32", "--steps", "3", "--warmup", "1", "--out", str(out),
+         "training.device=cpu", "model.kwargs.width=16"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "synthetic features need" not in proc.stderr
+
+
 def test_doctor_repro_of_the_shipped_example_imports_its_sibling_module(tmp_path: Path) -> None:
     from kiln.diagnose import load_target, run_doctor
 

@@ -95,12 +95,22 @@ class BenchContext:
         self.batches.clear()
 
 
+def _spec_complete(built) -> bool:
+    """Whether a model built on meta told the data everything it needs: its input spec and, for
+    its task, the number of classes or the vocabulary."""
+    spec = built.input_spec
+    return spec is not None and (spec.num_classes is not None or spec.vocab_size is not None)
+
+
 def build_context(cfg: Config, device: torch.device, *, train: bool, batches: int) -> BenchContext:
     """Build the data once (from a model built on the meta device for its input shape)."""
     try:
         with torch.device("meta"):
             built = build_model(cfg.model)
     except Exception:  # a user factory that cannot build on meta: build it for real, once
+        built = None
+    if built is None or not _spec_complete(built):
+        # A user model whose forward reads values tells its classes or vocabulary only for real.
         built = build_model(cfg.model)
     ctx = BenchContext(cfg=cfg, device=device, train=train, task=built.task, model_name=cfg.model.name)
     source = build_data(cfg.data, built.input_spec, device=device, seed=cfg.training.seed)

@@ -89,17 +89,24 @@ def infer_from_example(
     spec = spec_from_example(x)
     if spec is None:
         return None, None
-    if x.is_meta:  # sized on the meta device (models.host_memory): no values for a forward that reads them
-        return spec, None
     # Two rows tell the output's shape as well as the whole batch, at a fraction of the cost.
     x = x[:2]
-    out = _output_tensor(module, (x,), where)
+    if x.is_meta:
+        # Built on the meta device (sizing, a bench's data shapes): the forward propagates shapes
+        # only, and one that reads values (.item(), a branch on x.max()) cannot run there. That
+        # is no fault of the model: the spec stays undecided and the real build checks it.
+        try:
+            out = _output_tensor(module, (x,), where)
+        except ConfigError:
+            return spec, None
+    else:
+        out = _output_tensor(module, (x,), where)
     if out is None or out.dim() < 2 or out.shape[0] != x.shape[0]:
         return spec, None
     if spec.kind in ("features", "images") and out.dim() == 2 and out.shape[1] >= 2 and out.is_floating_point():
         return InputSpec(spec.kind, spec.shape, num_classes=int(out.shape[1])), "classification"
     if (spec.kind == "tokens" and out.dim() == 3 and tuple(out.shape[:2]) == tuple(x.shape)
-            and out.shape[2] >= 2 and int(x.max()) < out.shape[2] and int(x.min()) >= 0):
+            and out.shape[2] >= 2 and (x.is_meta or (int(x.max()) < out.shape[2] and int(x.min()) >= 0))):
         return InputSpec("tokens", spec.shape, vocab_size=int(out.shape[2])), "causal_lm"
     return spec, None
 
