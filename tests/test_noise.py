@@ -68,6 +68,14 @@ warnings.warn_explicit("`_register_pytree_node` is deprecated", FutureWarning, {
 warnings.warn_explicit("your own deprecation", FutureWarning, "/home/me/train.py", 3)
 logging.getLogger("torchao").warning("Skipping import of cpp extensions due to incompatible torch version")
 logging.getLogger("torchao").warning("quantized 12 layers")
+import enum, torch.utils._pytree as pytree
+class Kind(enum.Enum):  # what torchao registers on import: torch logs a deprecation through its own handler
+    A = 1
+    def __eq__(self, other):
+        return self is other
+    def __hash__(self):
+        return 1
+pytree.register_constant(Kind)
 _keep_noise(argparse.Namespace(output_dir={str(tmp_path)!r}))
 """
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
@@ -75,8 +83,10 @@ _keep_noise(argparse.Namespace(output_dir={str(tmp_path)!r}))
     assert proc.returncode == 0, proc.stderr
     assert "your own deprecation" in proc.stderr and "quantized 12 layers" in proc.stderr
     assert "_register_pytree_node" not in proc.stderr and "Skipping import" not in proc.stderr
+    assert "register_constant" not in proc.stderr
     kept = (tmp_path / noise.LOG_NAME).read_text()
     assert "_register_pytree_node" in kept and "torchao WARNING: Skipping import of cpp extensions" in kept
+    assert "torch.utils._pytree WARNING: <enum 'Kind'> is an Enum subclass" in kept
 
 
 def test_native_usdt_lines_leave_the_console_and_the_rest_stays(capfd, monkeypatch):

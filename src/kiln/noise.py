@@ -29,7 +29,10 @@ LOG_NAME = "dependencies.log"
 
 _DEPRECATIONS = (DeprecationWarning, PendingDeprecationWarning, FutureWarning)
 _DEPENDENCY_DIRS = re.compile(r"[/\\](site|dist)-packages[/\\]")
-_DEPENDENCY_LOGGERS = ("torchao", "transformers", "timm", "torch.distributed.elastic", "huggingface_hub")
+# torch.utils._pytree: its deprecations name what another library registers (torchao's enums),
+# written through torch's own log handler, not through warnings.
+_DEPENDENCY_LOGGERS = ("torchao", "transformers", "timm", "torch.distributed.elastic", "huggingface_hub",
+                       "torch.utils._pytree")
 _NOISY_LOG_MESSAGES = re.compile(
     r"Skipping import of cpp extensions|Failed to load .*\.so|incompatible torch version"
     r"|is deprecated|will be removed in|Please use `torch\.utils\._pytree"
@@ -152,8 +155,10 @@ def install() -> None:
     for handler in [logging.lastResort, *logging.getLogger().handlers]:
         if handler is not None:
             handler.addFilter(record_filter)
-    for name in _DEPENDENCY_LOGGERS:  # records of their own handlers (transformers installs one)
-        for handler in logging.getLogger(name).handlers:
+    for name in _DEPENDENCY_LOGGERS:
+        logger = logging.getLogger(name)
+        logger.addFilter(record_filter)  # records logged at it, whichever handler (torch's) writes them
+        for handler in logger.handlers:  # and its children's, through its own handlers (transformers')
             handler.addFilter(record_filter)
 
 
