@@ -44,7 +44,7 @@ def test_compile_chart_has_no_empty_memory_panel_and_labels_each_ratio_with_its_
     assert compile_report.plot(_compile_rows(mem), tmp_path / "c.png", "t") is not None
     axes = figures[-1].axes
     assert len(axes) == panels
-    assert " 7.56x = 82.9/11 ms" in _texts(axes[0])
+    assert " ~7.6x? = 82.9/11 ms" in _texts(axes[0])  # its eager reference moved 566 %: hatched, not ranked
     if mem:
         assert " 300 MiB, 1.00x" in _texts(axes[1])
 

@@ -98,13 +98,33 @@ def _table_text(rows, width):
 @pytest.mark.parametrize("width", [80, 120, 220])
 def test_every_ratio_in_the_table_is_recomputable_from_the_times_beside_it(width):
     """The issue's case: eager 12.461 ms alone, the compiled row 10.971 ms beside an eager run of
-    82.94 ms: the table prints 7.56x next to 82.940, not next to 12.461 only."""
+    82.94 ms: the table prints the ratio next to 82.940, not next to 12.461 only, and, since that
+    reference is 566 % off the eager row, marks it as not comparable instead of ranking it."""
     rows = [_row(mode="eager", ms=12.461, p10=12.3, p90=12.7, eager=12.461, ep10=12.3, ep90=12.7),
             _row(ms=10.971, p10=10.8, p90=11.2, eager=82.94, ep10=80.0, ep90=85.0)]
     text = _table_text(rows, width)
     flat = " ".join(text.split())
-    assert "82.940" in flat and "10.971" in flat and "7.56x" in flat
-    assert f"{82.94 / 10.971:.2f}x" == "7.56x"
+    assert "82.940" in flat and "10.971" in flat and "~7.6x?" in flat and "7.56x" not in flat
+    assert f"{82.94 / 10.971:.1f}" == "7.6"
+    assert "eager reference moved" in flat  # the reason, under the row
+    assert "566% from the eager row's 12.46 ms" in rows[1]["flags"]
+
+
+def test_a_row_whose_eager_reference_holds_still_ranks_and_one_that_moved_is_flagged():
+    """The reference of each row against the eager row of its precision (DRIFT_LIMIT 25 %):
+    20 % off still ranks, 30 % off is flagged; another precision's eager row is not a reference."""
+    eager = _row(mode="eager", ms=10.0, p10=9.9, p90=10.1, eager=10.0, ep10=9.9, ep90=10.1)
+    steady = _row(ms=5.0, p10=4.9, p90=5.1, eager=12.0, ep10=11.9, ep90=12.1)
+    moved = _row(ms=5.0, p10=4.9, p90=5.1, eager=13.0, ep10=12.9, ep90=13.1, mode="reduce-overhead")
+    other = _row(ms=5.0, p10=4.9, p90=5.1, eager=30.0, ep10=29.9, ep90=30.1, precision="bf16-mixed")
+    rows = [eager, steady, moved, other]
+    ratios.mark_reference_drift(rows)
+    for row in rows:
+        ratios.annotate(row)
+    assert steady["eager_drift"] == pytest.approx(0.2) and not steady["noisy"]
+    assert moved["eager_drift"] == pytest.approx(0.3) and moved["noisy"]
+    assert "30% from the eager row's 10 ms" in moved["flags"]
+    assert "eager_drift" not in other and not other["noisy"] and "eager_drift" not in eager
 
 
 def test_a_noisy_row_reads_as_uncertain_with_the_reason_under_it():

@@ -6,7 +6,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from kiln.bench.ratios import annotate, ratio_text
+from kiln.bench.ratios import annotate, mark_reference_drift, ratio_text
 from kiln.bench.results import pyplot, rich_table, write_result_files
 
 # The columns of results.md and of the table on screen, in order.
@@ -57,6 +57,7 @@ def render_table(rows: list[dict[str, Any]], title: str):
     """A rich Table of the rows (times in ms, memory in MiB). Each ratio stands beside the eager
     time it divides (every row is timed interleaved with its own eager run: `vs eager` is
     `eager ms / step ms` of the same row), noisy ratios read `~1.5x?` with the reason under the row."""
+    mark_reference_drift(rows)
     for row in rows:
         annotate(row)
     shown = ["row", "status", "compile_s", "step_ms", "eager_step_ms", "speedup", "speedup_vs_eager_fp32",
@@ -120,6 +121,7 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str, labels: list[str] |
     plt = pyplot()
     if plt is None:
         return None
+    mark_reference_drift(rows)
     for row in rows:
         annotate(row)
     labels = labels or [row_label(r) for r in rows]
@@ -186,6 +188,7 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str, labels: list[str] |
 def write_compile_results(out_dir: str | Path, rows: list[dict[str, Any]], *, env: dict, config: dict,
                           command: str, title: str) -> dict[str, Path]:
     """results.json + results.md (kiln.bench.results) and results.png; returns the paths written."""
+    mark_reference_drift(rows)
     for row in rows:
         annotate(row)
     return write_result_files(out_dir, rows, env=env, config=config, command=command, title=title,

@@ -60,6 +60,11 @@ def ratio_flags(row: dict[str, Any]) -> list[str]:
         if width is not None and width > NOISY_SPREAD:
             flags.append(f"noisy {name}: p10-p90 {p10:.4g}-{p90:.4g} ms is {width:.0%} of its median "
                          f"{median:.4g} ms (limit {NOISY_SPREAD:.0%}): too wide to rank, rerun on a quieter machine")
+    moved = row.get("eager_drift")
+    if isinstance(moved, (int, float)) and moved > DRIFT_LIMIT:
+        flags.append(f"eager reference moved: timed beside this row at {row['eager_step_ms']:.4g} ms, "
+                     f"{moved:.0%} from the eager row's {row['eager_row_ms']:.4g} ms (limit {DRIFT_LIMIT:.0%}): "
+                     "this row's ratio is not comparable with the others'")
     # The ceiling fractions kiln's rows carry (compile rows: FLOP/s; llm rows: prefill FLOP/s and
     # decode bytes/s), each against a measured ceiling and against the datasheet.
     for key, ceiling in CEILING_FRACTIONS:
@@ -68,6 +73,23 @@ def ratio_flags(row: dict[str, Any]) -> list[str]:
             flags.append(f"{value:.0%} of the {ceiling}: above the ceiling, so a measurement problem "
                          "(timing, FLOP count or the ceiling itself), not a result")
     return flags
+
+
+def mark_reference_drift(rows: list[dict[str, Any]]) -> None:
+    """Each row's ratio divides the eager run timed beside it; rows are comparable only while that
+    reference holds still. Sets `eager_row_ms` (the eager row's own median at the row's precision)
+    and `eager_drift` (how far the row's interleaved eager time is from it, `drift`) on every other
+    row of that precision, in place; ratio_flags flags a drift above DRIFT_LIMIT."""
+    baselines = {r.get("precision"): r.get("step_ms") for r in rows
+                 if r.get("mode") == "eager" and r.get("runner", "kiln") == "kiln" and not r.get("cudagraphs")
+                 and r.get("step_ms")}
+    for row in rows:
+        base = baselines.get(row.get("precision"))
+        if base is None or row.get("step_ms") == base and row.get("mode") == "eager":
+            continue
+        moved = drift(row.get("eager_step_ms"), base)
+        if moved is not None:
+            row["eager_row_ms"], row["eager_drift"] = base, moved
 
 
 def annotate(row: dict[str, Any]) -> dict[str, Any]:
