@@ -1,8 +1,8 @@
 """Every reported figure's arithmetic on known inputs, exactly: a changed formula fails here.
 
 Covers kiln.bench.formulas itself, and the places that report through it: the ceilings
-(copy/read bandwidth, matmul FLOP count), compile-bench rows (TFLOP/s, fraction of the best
-matmul and of the datasheet, speedups, plain ratios), LLM-bench rows (decode and request tok/s,
+(copy/read bandwidth, matmul FLOP count), compile-bench rows (TFLOP/s, tokens/s, fraction of the
+best matmul and of the datasheet, speedups, plain ratios), LLM-bench rows (decode and request tok/s,
 roofline fractions, decode-vs-HF, prefill MFU) and the datasheet lookup.
 """
 
@@ -130,6 +130,15 @@ def test_compile_row_figures():
     assert row["spec_source"] == "H100 SXM5: datasheet"
     assert row["eager_step_ms"] == 40.0 and row["speedup"] == 4.0
     assert row["eager_fp32_step_ms"] == 80.0 and row["speedup_vs_eager_fp32"] == 8.0
+    assert "tokens_per_s" not in row  # a model without tokens (the seed MLP) reports none
+
+
+def test_compile_row_tokens_per_s():
+    """A language model's row: tokens per step over the median step time."""
+    ctx = _Ctx(flops_per_step=None, samples_per_step=4, tokens_per_step=4096)
+    row = {"precision": "bf16-mixed"}
+    timing_figures(ctx, row, {"compiled": _timing(0.25), "eager": _timing(0.5)}, "compiled")
+    assert row["tokens_per_s"] == 16384.0 and row["throughput"] == 16.0
 
 
 def test_speedups_against_the_plain_loop():

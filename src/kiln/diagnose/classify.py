@@ -218,6 +218,10 @@ REQUIRES_GRAD = "requires_grad change"
 GLOBAL_STATE = "global state (grad mode / autocast)"
 OBJECT_IDENTITY = "object identity"
 RECOMPILE_OTHER = "other guard"
+RECOMPILE_CATEGORIES = (
+    SHAPE_CHANGE, PYTHON_SCALAR, MATH_CONSTANT, BOOL_FLAG, LIST_LENGTH, ARG_COUNT, CARRIED_VALUE, DTYPE_CHANGE,
+    REQUIRES_GRAD, GLOBAL_STATE, OBJECT_IDENTITY, RECOMPILE_OTHER,
+)
 
 _GUARD_RULES: list[tuple[str, re.Pattern, str]] = [
     (

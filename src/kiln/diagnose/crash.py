@@ -23,7 +23,10 @@ _OP_PATTERNS = (
 _ADVICE = re.compile(r"opcheck|register_fake|fake \(aka meta\)|This error most often|library\.html|Please use `")
 _STRIDE_PAIR = re.compile(r"stride (\d+)==(\d+) at dim=(\d+)")
 _CROSSREF_STRIDES = re.compile(r"Strides are (\([\d, ]*\)) and (\([\d, ]*\))")
+NO_FAKE_IMPL = "no fake implementation"
 FAKE_MISMATCH = "fake implementation disagrees with the kernel"
+CUSTOM_OP = "custom op"
+CRASH_KINDS = (NO_FAKE_IMPL, FAKE_MISMATCH, CUSTOM_OP)
 CROSSREF_MEANING = (
     "the *_crossref stage runs every op on fake tensors (shapes, dtypes and strides only, what the compiler "
     "plans with) and on real tensors, and compares them: a failure there means an op's fake (meta) "
@@ -102,7 +105,7 @@ def explain_crash(exc: BaseException, stage: str) -> dict[str, Any] | None:
     advice = torch_advice(text)
     opcheck = f"check it with `torch.library.opcheck(torch.ops.{op.replace('::', '.')}.default, example_args)`"
     if "no fake impl registered" in text or "There was no fake impl" in text:
-        return {"op": op, "kind": "no fake implementation", "torch_advice": advice,
+        return {"op": op, "kind": NO_FAKE_IMPL, "torch_advice": advice,
                 "diagnosis": f"custom op `{op}` has no fake implementation, so torch.compile cannot trace it "
                              "(it needs the output's shape, dtype and strides without running the kernel)",
                 "fix": f"register one next to the op, then {opcheck}:\n{fake_impl_example(op)}"}
@@ -116,5 +119,5 @@ def explain_crash(exc: BaseException, stage: str) -> dict[str, Any] | None:
                 "fix": "make the fake implementation return exactly what the kernel returns (shape, dtype and "
                        "strides: e.g. `torch.empty_like(x)` when the kernel returns a contiguous tensor like x, not "
                        f"`torch.empty_strided` with other strides); {opcheck}"}
-    return {"op": op, "kind": "custom op", "torch_advice": advice,
+    return {"op": op, "kind": CUSTOM_OP, "torch_advice": advice,
             "diagnosis": f"the failure is in custom op `{op}`", "fix": opcheck}
