@@ -160,6 +160,18 @@ def test_a_model_dir_without_weights_needs_random_weights(model_dir, tmp_path, c
     assert code == 0 and "random weights, the output is noise" in captured.err
 
 
+@pytest.mark.parametrize(("name", "content", "says"), [
+    ("model.safetensors", b"\xc0\x01binary weights", "is a weights file: pass a model directory"),
+    ("config.json", b"\xb9\x00not text", "cannot read"),
+])
+def test_a_weights_file_or_binary_config_is_named_not_a_crash(tmp_path, bad_input, name, content, says):
+    """`kiln export --out m.safetensors` writes a single file; generating from it is a mistake to name
+    (exit 2), as is a config.json that is not text."""
+    path = tmp_path / name
+    path.write_bytes(content)
+    bad_input(["generate", "--model", str(path), "--tokens", "1,2", "--device", "cpu"], ["--model", says])
+
+
 @pytest.mark.parametrize("where", ["dir", "missing_parent", "under_a_file"])
 def test_an_unwritable_json_path_is_refused_before_generating(model_dir, tmp_path, bad_input, where):
     (tmp_path / "file").write_text("x")

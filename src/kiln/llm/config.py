@@ -224,10 +224,14 @@ def config_from_dict(raw: dict[str, Any], key: str = "--model") -> DecoderConfig
 
 
 def read_config_json(path: Path, key: str = "--model") -> dict[str, Any]:
+    if path.suffix in (".safetensors", ".pt", ".bin", ".distcp"):
+        # A weights file alone (`kiln export --out model.safetensors`) says nothing of the model's shape.
+        raise ConfigError(key, f"{path} is a weights file: pass a model directory (config.json beside its "
+                          "*.safetensors, as `kiln export RUN --out DIR` writes) or a config.json")
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ConfigError(key, f"cannot read {path}: {exc}") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(key, f"cannot read {path} as a config.json: {exc}") from None
     if not isinstance(raw, dict):
         raise ConfigError(key, f"{path} is not a config.json object")
     return raw
