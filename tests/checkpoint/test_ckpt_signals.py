@@ -87,6 +87,7 @@ def test_sighup_saves_and_stops_a_one_process_run(tmp_path, tiny_overrides) -> N
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "stopped" and summary["stopped_by"] == "SIGHUP"
     assert (run_dir / "checkpoints" / f"step_{summary['steps']:08d}").is_dir()
+    assert "checkpoint saved: the same command continues the run" in err  # as README says: rerun it
 
 
 @pytest.mark.parametrize("interrupt", [KeyboardInterrupt, lambda: __import__("kiln.checkpoint.signals").checkpoint
