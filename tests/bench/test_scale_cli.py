@@ -32,7 +32,7 @@ def scale_run(tmp_path_factory):
     proc = _kiln("bench", "scale", "--nprocs", "1,2", "--strategies", "ddp,fsdp", "--steps", "8",
                  "--comm-repeats", "3", "--predict-worlds", "16,64", "--out", str(out), *TINY)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    return out, json.loads((out / "results.json").read_text()), proc.stdout
+    return out, json.loads((out / "results.json").read_text()), proc.stdout, proc.stderr
 
 
 def _rows(results, kind, **match):
@@ -40,7 +40,7 @@ def _rows(results, kind, **match):
 
 
 def test_points_ran_through_the_launcher_with_efficiency(scale_run):
-    out, results, stdout = scale_run
+    out, results, stdout, _ = scale_run
     points = _rows(results, "point")
     assert {(r["variant"], r["world"]) for r in points} == {("none", 1), ("ddp", 1), ("ddp", 2), ("fsdp", 1),
                                                            ("fsdp", 2)}
@@ -61,8 +61,20 @@ def test_points_ran_through_the_launcher_with_efficiency(scale_run):
     assert "measured" in stdout and "predicted" in stdout
 
 
+def test_each_phase_is_a_line_on_stderr_as_it_starts(scale_run):
+    """Piped (as here), every phase of the minutes a scale run takes is one line on stderr, in order,
+    and none on stdout, which keeps the table."""
+    _, _, stdout, stderr = scale_run
+    phases = [line for line in stderr.splitlines() if line.startswith("kiln: ")]
+    traffic = next(i for i, line in enumerate(phases) if "measuring each variant's gradient traffic" in line)
+    points = [i for i, line in enumerate(phases) if "] point " in line and "launching its ranks" in line]
+    assert len(points) == 5 and traffic < points[0] and "[1/5]" in phases[points[0]] and "[5/5]" in phases[points[-1]]
+    assert any("measuring collective bandwidth on 2 ranks" in line for line in phases[points[-1]:])
+    assert "launching its ranks" not in stdout
+
+
 def test_collectives_were_measured_at_the_models_sizes(scale_run):
-    _, results, _ = scale_run
+    _, results, _, _ = scale_run
     comm = _rows(results, "comm")
     assert comm and all(r["status"] == "ok" and r["world"] == 2 for r in comm)
     assert {r["op"] for r in comm} == {"all_reduce", "all_gather", "reduce_scatter"}
@@ -78,7 +90,7 @@ def test_collectives_were_measured_at_the_models_sizes(scale_run):
 
 
 def test_predictions_cover_measured_and_larger_worlds(scale_run):
-    out, results, _ = scale_run
+    out, results, _, _ = scale_run
     for strategy in ("ddp", "fsdp"):
         rows = {r["world"]: r for r in _rows(results, "prediction", variant=strategy)}
         assert set(rows) == {2, 16, 64} and all(r["status"] == "ok" for r in rows.values())
@@ -96,7 +108,7 @@ def test_predictions_cover_measured_and_larger_worlds(scale_run):
 
 
 def test_predict_rebuilds_predictions_from_saved_points(scale_run, tmp_path):
-    out, results, _ = scale_run
+    out, results, _, _ = scale_run
     code = main(["bench", "predict", "--points", str(out / "results.json"), "--comm", str(out / "comm" / "results.json"),
                  "--strategies", "ddp", "--calibrate-at", "2", "--device-type", "cpu", "--predict-worlds", "8",
                  "--gpus-per-node", "2", "--out", str(tmp_path / "p"),
