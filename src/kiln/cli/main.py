@@ -102,9 +102,10 @@ def _setup_logging() -> None:
     # Rank 0 tells what it decided (strategy, compile); other ranks speak up only about problems.
     logger.setLevel(logging.INFO if rank in (None, "0") else logging.WARNING)
     logger.propagate = False
-    from kiln.noise import install
+    from kiln import noise
 
-    install()  # dependencies' deprecations and extension notices: to dependencies.log, not the console
+    noise.install()  # dependencies' deprecations and extension notices: to dependencies.log, not the console
+    noise.NOISE.reset()  # this command's messages only, not those of earlier work in this process
 
 
 def _keep_noise(args: argparse.Namespace) -> None:
