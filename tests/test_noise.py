@@ -117,3 +117,16 @@ def test_keep_flushes_per_command(tmp_path, monkeypatch, capsys):
     finally:
         path.unlink()
     assert noise.keep(None) is None  # nothing filtered: nothing said
+
+
+def test_a_command_starts_with_an_empty_log(tmp_path, monkeypatch, capsys):
+    """What was filtered before a command (earlier work in the same process: a notebook, a test's
+    fixtures) is not that command's: its bad-input refusal stays one line."""
+    from kiln.cli.main import main
+
+    kept = NoiseLog()
+    monkeypatch.setattr(noise, "NOISE", kept)
+    kept.write("left over from before the command")
+    assert main(["report", str(tmp_path / "missing")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "does not exist" in err[0], err

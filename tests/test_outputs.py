@@ -40,3 +40,14 @@ def test_a_launcher_holds_the_lock_for_its_rank(tmp_path, monkeypatch):
         assert not held_for_me(tmp_path)  # held, but not by the launcher named
     monkeypatch.delenv(LOCK_ENV)
     assert not held_for_me(tmp_path)
+
+
+def test_held_by_another_counts_only_other_processes(tmp_path):
+    from kiln.outputs import held_by_another
+
+    nested = tmp_path / "run" / "exports" / "model.safetensors"
+    assert held_by_another(nested) is None  # nobody holds anything
+    with RunDirLock(tmp_path / "run"):
+        assert held_by_another(nested) is None  # this process's own run dir is its to write
+    (tmp_path / "run" / LOCK_FILE).write_text("12345\n")  # a note left by a killed holder: no lock
+    assert held_by_another(nested) is None

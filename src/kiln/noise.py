@@ -96,6 +96,15 @@ class NoiseLog:
             self.path = None
             self.count = 0
 
+    def reset(self) -> None:
+        """Start a command's log: forget what was buffered before it. In a CLI process nothing
+        is (install() comes first); where kiln commands run one after another in one process
+        (tests, notebooks), what ran in between is no command's business."""
+        with self._lock:
+            self.path = None
+            self.count = 0
+            self._pending = []
+
     def flush_unattached(self) -> Path | None:
         """Buffered messages of a command with no output directory go to one file per user in the
         temp directory, replaced by each such command (nothing piles up there)."""

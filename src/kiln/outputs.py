@@ -19,6 +19,8 @@ from kiln.config.errors import ConfigError
 
 LOCK_FILE = ".kiln.lock"
 _held: dict[str, object] = {}
+_mine: set[str] = set()
+"""The directories whose RunDirLock this process holds now."""
 
 
 def _probe(directory: Path, flag: str, shown: Path) -> None:
@@ -103,6 +105,31 @@ def lock_holder(path: Path) -> str | None:
         os.close(fd)
 
 
+def held_by_another(path: str | Path) -> tuple[Path, str] | None:
+    """(folder, pid) when `path` or a folder above it is locked by another live kiln process: that
+    process's run or output dir, where this one must not write. None when no lock is held there, or
+    when this process holds it (or its launcher does for it). Reads only: `lock_holder` is asked
+    only of folders holding a `.kiln.lock` note."""
+    path = Path(os.path.abspath(path))
+    for folder in (path, *path.parents):
+        if not (folder / LOCK_FILE).exists():
+            continue
+        if str(folder) in _mine or held_for_me(folder):
+            return None
+        pid = lock_holder(folder)
+        if pid is not None:
+            return folder, pid
+    return None
+
+
+def refuse_held_by_another(path: str | Path, flag: str, hint: str) -> None:
+    """ConfigError (exit 2) naming `flag` when `path` lies in a dir another live kiln process holds."""
+    held = held_by_another(path)
+    if held is not None:
+        where = "" if Path(os.path.abspath(path)) == held[0] else f" is inside {held[0]}, which"
+        raise ConfigError(flag, f"{path}{where} is in use by a running kiln process (pid {held[1]}); {hint}")
+
+
 def held_for_me(path: Path) -> bool:
     """True when this process's launcher holds `path`'s lock on its behalf (LOCK_ENV names it and
     the lock is held by that pid)."""
@@ -158,6 +185,7 @@ class RunDirLock:
             raise ConfigError("--run-dir", f"{self.dir} is in use by a running kiln process (pid {pid}); "
                               "choose another directory") from None
         self._fd = fd
+        _mine.add(os.path.abspath(self.dir))
         with contextlib.suppress(OSError):  # the pid note is for messages only
             self.path.write_text(f"{os.getpid()}\n")
         return self
@@ -172,6 +200,7 @@ class RunDirLock:
                 self.dir.rmdir()  # only if empty: never anything a run wrote
         os.close(self._fd)  # closing releases the lock
         self._fd = None
+        _mine.discard(os.path.abspath(self.dir))
 
     @property
     def held(self) -> bool:

@@ -131,6 +131,25 @@ def test_an_earlier_run_in_out_is_refused_and_kept(tiny, tmp_path, capsys):
     assert (out / "results.json").read_text() == '{"earlier": true}'
 
 
+@pytest.mark.parametrize("where", ["held", "unwritable"])
+def test_an_out_held_or_unwritable_is_refused_before_any_work(tiny, tmp_path, capsys, where):
+    from kiln.outputs import RunDirLock
+
+    out = tmp_path / "out"
+    argv = ["bench", "llm", "--model", str(tiny), "--prompt-len", "8", "--new-tokens", "3", "--device", "cpu"]
+    if where == "held":
+        with RunDirLock(out):  # a first bench, still measuring, holds its --out
+            code = main([*argv, "--out", str(out)])
+        needle = "in use by a running kiln"
+        assert list(out.iterdir()) == []
+    else:
+        (tmp_path / "file").write_text("x")
+        code = main([*argv, "--out", str(tmp_path / "file" / "out")])
+        needle = "cannot create it"
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "--out" in err and needle in err and len(err.splitlines()) == 1, err
+
+
 def test_decode_profile_of_each_kiln_row(tiny, tmp_path):
     out = tmp_path / "bench"
     code = main(["bench", "llm", "--model", str(tiny), "--engines", "hf-eager,kiln-eager,kiln-compiled",

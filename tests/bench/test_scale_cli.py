@@ -164,3 +164,21 @@ def test_an_existing_results_dir_is_not_overwritten(tmp_path, capsys):
     assert main(["bench", "scale", "--out", str(tmp_path), *TINY]) == 2
     assert "--out" in capsys.readouterr().err
     assert (tmp_path / "results.json").read_text() == "{}"
+
+
+def test_an_out_held_by_a_running_bench_is_refused_and_untouched(tmp_path, capsys):
+    from kiln.outputs import RunDirLock
+
+    out = tmp_path / "out"
+    with RunDirLock(out):  # a first bench, still measuring, holds its --out
+        assert main(["bench", "scale", "--out", str(out), *TINY]) == 2
+    err = capsys.readouterr().err
+    assert "--out" in err and "in use by a running kiln" in err and err.count("\n") == 1
+    assert list(out.iterdir()) == []
+
+
+def test_an_out_that_cannot_be_written_is_refused_before_any_work(tmp_path, capsys):
+    (tmp_path / "file").write_text("x")
+    assert main(["bench", "scale", "--out", str(tmp_path / "file" / "out"), *TINY]) == 2
+    err = capsys.readouterr().err
+    assert "--out" in err and "cannot create it" in err and err.count("\n") == 1

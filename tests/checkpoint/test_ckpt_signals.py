@@ -115,3 +115,68 @@ def test_an_interrupt_in_the_middle_of_a_save_is_an_interruption(tmp_path, monke
     assert not isinstance(caught.value, Exception)
     assert not (tmp_path / "checkpoints" / "step_00000002.tmp").exists()
     assert first.is_dir()
+
+
+# A model factory whose import makes every checkpoint write after step 4's block until the process
+# is signalled: the window "in the middle of a save", deterministically. Test-only, via model.name.
+SLOW_SAVE_FACTORY = """
+import os, time
+from torch.distributed.checkpoint.filesystem import FileSystemWriter
+from kiln.models.mlp import build_mlp
+from kiln.models.spec import InputSpec
+
+_write = FileSystemWriter.write_data
+
+def _blocking_write(self, plan, planner):
+    if "step_00000004" not in str(self.path):
+        open(os.environ["KILN_TEST_SAVING"], "w").close()
+        while True:  # until the second signal ends the process
+            time.sleep(0.05)
+    return _write(self, plan, planner)
+
+FileSystemWriter.write_data = _blocking_write
+
+def build(hidden_size=32, num_layers=2, num_classes=4, dropout=0.0):
+    return build_mlp(hidden_size, num_layers, num_classes, dropout), InputSpec("features", (hidden_size,), num_classes=num_classes)
+"""
+
+
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)], ids=["SIGTERM", "SIGINT"])
+def test_a_second_signal_during_a_save_stops_the_cli_at_once(tmp_path, tiny_overrides, sig, code) -> None:
+    """`kiln train`, signalled once (stop after this step, saving) and again while that save writes:
+    exit 128 + the signal, the partial save removed, the step-4 checkpoint kept and named, and no
+    failure advice (the user insisted; nothing is wrong with their model)."""
+    import subprocess
+    import sys
+    import time
+
+    (tmp_path / "slow_save.py").write_text(SLOW_SAVE_FACTORY)
+    saving = tmp_path / "SAVING"
+    run_dir = tmp_path / "run"
+    over = [o for o in tiny_overrides if not o.startswith("training.steps")]
+    proc = subprocess.Popen([sys.executable, "-m", "kiln", "train", "--run-dir", str(run_dir), *over,
+                             f"model.name={tmp_path / 'slow_save.py'}:build", "training.steps=1000000",
+                             "checkpoint.interval=4"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1", "KILN_TEST_SAVING": str(saving)})
+    kept = run_dir / "checkpoints" / "step_00000004"
+    try:
+        deadline = time.monotonic() + 120
+        while not kept.is_dir():  # complete: renamed from step_00000004.tmp
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()[-2000:]
+            time.sleep(0.05)
+        first = time.monotonic()
+        proc.send_signal(sig)  # stop after this step: a save (or the step-8 save already under way)
+        while not saving.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()[-2000:]
+            time.sleep(0.05)
+        time.sleep(max(0.0, first + 1.5 - time.monotonic()))  # past kiln's window for one signal sent twice
+        proc.send_signal(sig)  # again, in the middle of that save: now
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == code, err[-3000:]
+    assert "fix your model" not in err and "your model, data or factory code" not in err, err[-3000:]
+    (said,) = [line for line in err.splitlines() if "interrupted while saving checkpoint" in line]
+    assert f"the newest complete checkpoint, {kept}, is intact" in said, err[-3000:]
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_00000004"]

@@ -84,3 +84,34 @@ def test_a_branch_from_elsewhere_that_crashes_before_its_first_save_resumes_from
     again = Trainer(load_config(str(run / "config.toml"), ["checkpoint.resume=auto"]), run)
     assert again.resume_path == source
     assert again.fit()["status"] == "completed"
+
+
+def _weights(path):
+    return load_model_weights(path)["backbone.0.linear.weight"]
+
+
+def test_retention_after_a_branch_keeps_the_new_timeline_and_never_touches_the_retired_one(tmp_path):
+    """Branch from step 4 with checkpoint.keep=2, crash after step 9: the dir keeps the new
+    timeline's 4 and 8 (not the earlier run's higher-numbered 8 and 12, which sit in retired/,
+    intact); resuming to 12 lets retention drop the new 4, and still nothing in retired/."""
+    run = tmp_path / "run"
+    Trainer(load_config(None, [*ARGS, "checkpoint.keep=3"]), run).fit()
+    ckpts = run / "checkpoints"
+    old = {p.name: _weights(p) for p in ckpts.glob("step_*")}
+    assert sorted(old) == ["step_00000004", "step_00000008", "step_00000012"]
+
+    branched = [*ARGS, "optim.lr=0.01", f"checkpoint.resume={ckpts / 'step_00000004'}"]
+    with pytest.raises(Crash):
+        Trainer(load_config(None, branched), run, step_hook=_crash_at(9)).fit()
+    assert sorted(p.name for p in ckpts.glob("step_*")) == ["step_00000004", "step_00000008"]
+    assert torch.equal(_weights(ckpts / "step_00000004"), old["step_00000004"])  # the branch point
+    assert not torch.equal(_weights(ckpts / "step_00000008"), old["step_00000008"])  # the new timeline's 8
+    (retired,) = (ckpts / "retired").iterdir()
+    assert sorted(p.name for p in retired.glob("step_*")) == ["step_00000008", "step_00000012"]
+
+    assert Trainer(load_config(str(run / "config.toml"), ["checkpoint.resume=auto"]), run).fit()["status"] == "completed"
+    assert sorted(p.name for p in ckpts.glob("step_*")) == ["step_00000008", "step_00000012"]  # keep=2: the new 4 went
+    assert not torch.equal(_weights(ckpts / "step_00000012"), old["step_00000012"])
+    assert [p.name for p in (ckpts / "retired").iterdir()] == [retired.name]
+    for name in ("step_00000008", "step_00000012"):  # never deleted, never rewritten
+        assert torch.equal(_weights(retired / name), old[name]), name

@@ -162,3 +162,16 @@ def test_generic_report_names_the_rank_under_torchrun(tmp_path, monkeypatch):
     assert report.rank == 2 and report.log_name == "error.rank2.log" and report.diagnosis.kind == "disk_full"
     monkeypatch.delenv("RANK")
     assert generic_report(_raised(ValueError("x"))).rank is None
+
+
+def test_a_damaged_records_line_names_the_file_and_line_not_the_users_code():
+    from kiln.monitor.records import BrokenRecordsError
+
+    path = Path("/runs/a b/metrics.jsonl")
+    wrapped = RuntimeError("resume failed")
+    wrapped.__cause__ = BrokenRecordsError(f"{path}:7 is not a JSON record (x)", path=path, line=7)
+    d = diagnose(wrapped, cfg=CFG)
+    assert (d.kind, d.what, d.path) == ("broken_records", "line 7 of metrics.jsonl is damaged", str(path))
+    assert "head -n 6 '/runs/a b/metrics.jsonl'" in d.advice and "mv '/runs/a b/metrics.jsonl'" in d.advice
+    assert "your model" not in d.advice
+    assert diagnose(BrokenRecordsError("x.jsonl:3 is not a JSON record")).kind == "broken_records"

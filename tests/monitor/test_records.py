@@ -69,3 +69,32 @@ def test_a_resumed_run_drops_a_torn_line_and_continues(tmp_path, tiny_overrides,
     assert summary["status"] == "completed"
     assert f"{metrics}: dropped its last line" in caplog.text
     assert [r["step"] for r in read_records(metrics)] == [1, 2, 4, 5, 6, 8]  # the first step after a resume is logged
+
+
+def test_damage_in_the_middle_is_its_own_failure_with_the_line_and_the_way_out(tmp_path, tiny_overrides, capsys):
+    """Resuming a run whose metrics.jsonl is damaged mid-file: exit 1 naming the file and line and
+    what to do (not "your model, data or factory code"); doing it lets the same command resume."""
+    from kiln.cli.main import main
+    from kiln.config import load_config
+    from kiln.train.trainer import Trainer
+
+    over = [*tiny_overrides, "training.steps=8", "training.log_interval=2", "checkpoint.interval=4"]
+    run_dir = tmp_path / "run"
+
+    def crash(step):
+        if step == 6:
+            raise RuntimeError("crash after step 6")
+
+    with pytest.raises(RuntimeError):
+        Trainer(load_config(None, over), run_dir, step_hook=crash).fit()
+    metrics = run_dir / "metrics.jsonl"
+    lines = metrics.read_text().splitlines(keepends=True)
+    metrics.write_text(lines[0] + '{"step": 2, "lo\n' + "".join(lines[2:]))  # line 2 damaged, later ones whole
+    capsys.readouterr()
+    assert main(["train", "--run-dir", str(run_dir), *over]) == 1
+    err = capsys.readouterr().err
+    assert "line 2 of metrics.jsonl is damaged" in err and f"{metrics}:2 is not a JSON record" in err, err
+    assert f"head -n 1 {metrics}" in err and "your model, data or factory code" not in err, err
+    metrics.write_text(lines[0])  # what the advice says: keep the lines before it
+    assert main(["train", "--run-dir", str(run_dir), *over]) == 0
+    assert [r["step"] for r in read_records(metrics)] == [1, 5, 6, 8]

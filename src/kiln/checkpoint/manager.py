@@ -148,8 +148,10 @@ class Checkpointer:
                 interrupted = exc
             storage = self._discard(tmp, None if interrupted else exc) if self.rank == 0 else None
             if interrupted is not None:
-                log.warning("interrupted while saving checkpoint step %d: its partial save was removed; the "
-                            "previous complete checkpoint is intact", step)
+                kept = self.latest_complete()
+                log.warning("interrupted while saving checkpoint step %d: its partial save was removed; %s", step,
+                            f"the newest complete checkpoint, {kept}, is intact: the same command continues from it"
+                            if kept is not None else f"{self.root} holds no complete checkpoint of this run yet")
                 if interrupted is exc:
                     raise
                 raise interrupted from None

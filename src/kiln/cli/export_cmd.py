@@ -25,7 +25,8 @@ def add_parser(sub) -> None:
     p.add_argument("--checkpoint", type=Path, default=None,
                    help="a checkpoint directory (or its name under RUN_DIR/checkpoints); default: newest complete")
     p.add_argument("--out", type=Path, required=True,
-                   help="FILE.safetensors to write, or a new DIR for a Hugging Face model directory (refused if it exists)")
+                   help="FILE.safetensors to write, or a new DIR for a Hugging Face model directory (refused if it exists, "
+                   "or inside a run dir a running kiln process holds)")
     p.add_argument("--force", action="store_true",
                    help="replace --out if it already exists (only once the new export is complete)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
@@ -56,7 +57,10 @@ def respect_umask(out: Path) -> None:
 def run(args: argparse.Namespace) -> int:
     from kiln.checkpoint.export import export_safetensors
     from kiln.checkpoint.hf_export import export_hf_dir
+    from kiln.outputs import refuse_held_by_another
 
+    # A live run's dir is its own: exporting from it is fine, writing into it is not.
+    refuse_held_by_another(args.out, "--out", "write the export elsewhere, or once that run has ended")
     args.output_dir = args.out.parent  # a failure's error.log goes next to the file it was writing
     refuse_existing(args.out, force=args.force)  # before any work: nothing already there is lost
 

@@ -102,16 +102,28 @@ def _setup_logging() -> None:
     # Rank 0 tells what it decided (strategy, compile); other ranks speak up only about problems.
     logger.setLevel(logging.INFO if rank in (None, "0") else logging.WARNING)
     logger.propagate = False
-    from kiln.noise import install
+    from kiln import noise
 
-    install()  # dependencies' deprecations and extension notices: to dependencies.log, not the console
+    noise.install()  # dependencies' deprecations and extension notices: to dependencies.log, not the console
+    noise.NOISE.reset()  # this command's messages only, not those of earlier work in this process
+
+
+def _own_output_dir(args: argparse.Namespace):
+    """The command's output directory (`args.output_dir`, set by a command once the dir is its to
+    write: `kiln train` once it holds the run dir's lock), or None when it has none or another live
+    kiln process holds it: nothing that does not hold a run dir's lock writes in it."""
+    from kiln.outputs import held_by_another
+
+    out = getattr(args, "output_dir", None)
+    return out if out is not None and held_by_another(out) is None else None
 
 
 def _keep_noise(args: argparse.Namespace) -> None:
-    """The filtered dependency messages go to the command's output directory, if it has one."""
+    """The filtered dependency messages go to the command's output directory, if it has one (else
+    to the temp file kiln.noise names on stderr)."""
     from kiln.noise import keep
 
-    keep(getattr(args, "output_dir", None) or getattr(args, "run_dir", None))
+    keep(_own_output_dir(args))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -149,8 +161,7 @@ def _report_failure(exc: Exception, args: argparse.Namespace) -> int:
     with quiet_child_signals():
         # Commands that know their run build the report (train: step, checkpoint, summary); others
         # name their output directory (`args.output_dir`) for the log file.
-        report = exc.report if isinstance(exc, RunFailed) else generic_report(
-            exc, output_dir=getattr(args, "output_dir", None))
+        report = exc.report if isinstance(exc, RunFailed) else generic_report(exc, output_dir=_own_output_dir(args))
         emit(report, verbose=getattr(args, "verbose", False), mode=console_mode(report))
         publish(report)  # for a launcher: this rank's report, complete
         if isinstance(exc, RunFailed) and exc.after_report is not None:

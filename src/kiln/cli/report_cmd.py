@@ -16,15 +16,23 @@ def add_parser(sub) -> None:
         "the table and charts). Writes report.md with report_files/*.png, and report.html with the images inlined.",
     )
     p.add_argument("path", metavar="RUN_DIR|BENCH_DIR", help="a kiln train/profile run dir or a kiln bench --out dir")
-    p.add_argument("--out", help="where to write the report (default: into RUN_DIR|BENCH_DIR)")
+    p.add_argument("--out", help="where to write the report (default: into RUN_DIR|BENCH_DIR; refused while "
+                   "a running kiln process holds that dir)")
     add_verbose_flag(p)
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from kiln.outputs import refuse_held_by_another
     from kiln.report.build import make_report
 
-    args.output_dir = args.out or args.path  # a failure's error.log goes where the report was going
+    path = Path(args.path)
+    target = Path(args.out) if args.out else path.parent if path.is_file() else path
+    # A run or bench still being written is its process's: report on it, but write the report elsewhere.
+    refuse_held_by_another(target, "--out", "pass --out DIR to write the report elsewhere")
+    args.output_dir = target  # a failure's error.log goes where the report was going
 
     written = make_report(args.path, args.out)
     print(f"kiln: wrote {written['html']} and {written['md']} (+ {written['files']}/)")

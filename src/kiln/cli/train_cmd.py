@@ -80,6 +80,7 @@ def _launch_locked(args: argparse.Namespace, cfg, spec, run_dir, lock) -> int:
     from kiln.train.preflight import preflight
 
     preflight(cfg, run_dir, spec.nproc_per_node * spec.nnodes, locked=lock is not None)
+    args.output_dir = run_dir  # checked under the lock: the run's dir, dependencies.log goes there
     passthrough = (["--verbose"] if args.verbose else []) + (["--config", args.config] if args.config else [])
     passthrough += list(args.overrides)
     if spec.max_restarts > 0 and cfg.checkpoint.resume == "never":
@@ -169,7 +170,7 @@ def run(args: argparse.Namespace) -> int:
 
     # Builds model and data: bad paths/names also exit 2 here.
     trainer = Trainer(cfg, args.run_dir, on_failure=publish_early, keep_group_on_failure=True)
-    args.output_dir = trainer.run_dir  # dependencies.log (kiln.noise) lands in the run dir
+    args.output_dir = trainer.run_dir  # built under the run dir's lock: dependencies.log (kiln.noise) lands there
     try:
         summary = trainer.fit()
     except Exception as exc:  # cleaned up, summary written: say what, where, what was kept

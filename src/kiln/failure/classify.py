@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import errno
 import re
+import shlex
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -35,8 +37,8 @@ DETAIL_CHARS = 240
 @dataclass(frozen=True)
 class Diagnosis:
     kind: str
-    """disk_full, no_access, worker_killed, cuda_oom, host_oom, nonfinite, collective_timeout, peer_lost,
-    collective, killed, error."""
+    """disk_full, no_access, worker_killed, cuda_oom, host_oom, nonfinite, broken_records, collective_timeout,
+    peer_lost, collective, killed, error."""
     what: str
     """A few words: "disk full", "CUDA out of memory", ..."""
     detail: str
@@ -155,11 +157,29 @@ def diagnose(exc: BaseException, *, cfg: Any = None, run_dir: Any = None, model_
                              "lower optim.lr or add warm-up (optim.warmup_steps), keep training.grad_clip on, prefer "
                              "bf16-mixed over fp16-mixed, or drop bad updates with training.nonfinite=skip")
     for e in chain:
+        if type(e).__name__ == "BrokenRecordsError":  # kiln.monitor.records
+            return _broken_records(e)
+    for e in chain:
         if _is_distributed(e):
             return _collective(e)
     return Diagnosis("error", "error", short_error(_innermost(chain)),
                      "the full traceback is in the log below; if it points into your model, data or factory "
                      "code, fix it there")
+
+
+def _broken_records(e: BaseException) -> Diagnosis:
+    """A damaged line in the middle of a run's JSON-lines file (metrics.jsonl): the file, not the
+    user's code, is at fault; say which line and how to get past it."""
+    path, line = getattr(e, "path", None), getattr(e, "line", None)
+    if path is None or line is None:
+        return Diagnosis("broken_records", "a damaged records file", short_error(e),
+                         "move the file the error names aside, then run the same command again")
+    name, shown = Path(path).name, shlex.quote(str(path))
+    keep = (f"keep the {line - 1} line(s) before it (head -n {line - 1} {shown} > {shown}.part && "
+            f"mv {shown}.part {shown})") if line > 1 else "remove it"
+    return Diagnosis("broken_records", f"line {line} of {name} is damaged", short_error(e),
+                     f"line {line} of {path} is not a JSON record (the file was damaged or edited): {keep}, or move it aside (mv {shown} {shown}.damaged; the run's records then start "
+                     "afresh), and run the same command again", path=str(path))
 
 
 def _path(e: OSError) -> str | None:

@@ -18,7 +18,11 @@ log = logging.getLogger("kiln.monitor")
 
 
 class BrokenRecordsError(ValueError):
-    """A line that is not a JSON object in the middle of a JSON-lines file."""
+    """A line that is not a JSON object in the middle of a JSON-lines file: `path`, 1-based `line`."""
+
+    def __init__(self, message: str, *, path: Path | None = None, line: int | None = None) -> None:
+        super().__init__(message)
+        self.path, self.line = path, line
 
 
 def read_records(path: Path, *, warn: bool = True) -> list[dict[str, Any]]:
@@ -41,7 +45,7 @@ def read_records(path: Path, *, warn: bool = True) -> list[dict[str, Any]]:
                     log.warning("%s: dropped its last line (%d bytes, cut short by a crash or a full disk)",
                                 path, len(line.encode()))
                 break
-            raise BrokenRecordsError(f"{path}:{n} is not a JSON record ({exc})") from None
+            raise BrokenRecordsError(f"{path}:{n} is not a JSON record ({exc})", path=path, line=n) from None
         records.append(record)
     return records
 
