@@ -220,3 +220,38 @@ def test_quant_entries(entry, needle):
     assert parse_quant("int8", QuantSpec(backend="torch")).backend == "torch"
     with pytest.raises(ConfigError, match=needle):
         parse_quant(entry, QuantSpec())
+
+
+def test_kernel_fidelity_also_runs_decode_sized_calls():
+    """A decode kernel that is wrong only for the few rows of a decode step (prefill-sized inputs
+    dequantize and call a plain matmul, identical to the reference) is caught: fidelity is the worse
+    of the full prompts and their first `decode_rows` tokens."""
+    from kiln.llm.quality import kernel_fidelity
+
+    class Reference(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Embedding(32, 16)
+            self.head = torch.nn.Linear(16, 32)
+
+        def forward(self, tokens):
+            return self.head(self.embed(tokens))
+
+    class WrongOnFewRows(torch.nn.Module):
+        def __init__(self, ref):
+            super().__init__()
+            self.ref = ref
+
+        def forward(self, tokens):
+            out = self.ref(tokens)
+            return out + 3.0 * torch.arange(32.0) / 32 if tokens.numel() <= 8 else out
+
+    torch.manual_seed(0)
+    ref = Reference()
+    prompts = torch.randint(0, 32, (4, 128))
+    bad = kernel_fidelity(WrongOnFewRows(ref), ref, prompts, decode_rows=8)
+    assert bad["fidelity_prompt_kl"] == 0.0 and bad["fidelity_decode_kl"] > 0.05
+    assert bad["fidelity_kl"] == bad["fidelity_decode_kl"] and bad["fidelity_decode_rows"] == 8
+    assert judge_quantized("int4", {"drift_kl": 0.0}, bad["fidelity_kl"], real_weights=False) is not None
+    good = kernel_fidelity(ref, ref, prompts, decode_rows=8)
+    assert good["fidelity_kl"] == 0.0 and good["fidelity_max_abs"] == 0.0

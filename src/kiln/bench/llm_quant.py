@@ -23,11 +23,13 @@ from kiln.llm.quality import (
     drift_prompts,
     judge_ppl,
     judge_quantized,
+    kernel_fidelity,
     logit_drift,
     perplexity,
 )
 from kiln.llm.quant import QuantSpec, bitsandbytes_missing, dequantized_reference, quantize_decoder
 from kiln.llm.tokenizer import find_tokenizer, load_tokenizer
+from kiln.llm.triton_matvec import MAX_ROWS
 from kiln.llm.weights import count_bytes, decode_weight_bytes
 
 Log = Callable[[str], None]
@@ -95,17 +97,16 @@ def measure_quality(variants: dict[str, QuantVariant], base, *, ppl_tokens: list
             if v.spec.kind != "none":
                 drift = logit_drift(v.model, base, prompts)
                 reference = dequantized_reference(base, v.model, v.spec)
-                fidelity = logit_drift(v.model, reference, prompts)
+                fidelity = kernel_fidelity(v.model, reference, prompts, MAX_ROWS)
                 del reference
-                problem = judge_quantized(v.spec.kind, drift, fidelity["drift_kl"], real_weights=real_weights)
-                v.figures.update(drift, fidelity_kl=fidelity["drift_kl"], fidelity_max_abs=fidelity["drift_max_abs"],
-                                 drift_bound=DRIFT_BOUNDS.get(v.spec.kind), fidelity_bound=FIDELITY_BOUND,
+                problem = judge_quantized(v.spec.kind, drift, fidelity["fidelity_kl"], real_weights=real_weights)
+                v.figures.update(drift, **fidelity, drift_bound=DRIFT_BOUNDS.get(v.spec.kind), fidelity_bound=FIDELITY_BOUND,
                                  drift_judged="quality and kernel fidelity" if real_weights else
                                  "kernel fidelity (random weights: quality not judged)",
                                  drift_ok=problem is None, drift_problem=problem)
                 log(f"{entry}: drift KL {drift['drift_kl']:.3g} nats/token (bound {DRIFT_BOUNDS.get(v.spec.kind)}"
                     f"{'' if real_weights else ', not judged: random weights'}), top-1 agreement "
-                    f"{100 * drift['drift_top1']:.1f}%; kernel fidelity KL {fidelity['drift_kl']:.3g} "
+                    f"{100 * drift['drift_top1']:.1f}%; kernel fidelity KL {fidelity['fidelity_kl']:.3g} "
                     f"(bound {FIDELITY_BOUND})")
             if ppl_ref is not None:
                 ppl = ppl_ref if v.spec.kind == "none" else perplexity(v.model, ppl_tokens, context=context,

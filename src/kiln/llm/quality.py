@@ -11,8 +11,9 @@ vocabulary, both models eager:
   (llama.cpp's KLD statistic). This is the figure bounded by `DRIFT_BOUNDS`.
 
 Two checks mark a row. Kernel fidelity, on any weights: the quantized model against its own
-dequantized weights run through plain matmuls (`fidelity_kl` <= `FIDELITY_BOUND`), which catches a
-kernel, packing or layout error on the GPU that CPU tests cannot reach. Quality, on a checkpoint's
+dequantized weights run through plain matmuls (`fidelity_kl` <= `FIDELITY_BOUND`), on the prompts
+and on decode-sized slices of them (`kernel_fidelity`), which catches a kernel, packing or layout
+error on the GPU that CPU tests cannot reach. Quality, on a checkpoint's
 real weights only: `drift_kl` <= `DRIFT_BOUNDS[kind]`, and, when a perplexity text is given, the
 perplexity ratio quantized / unquantized <= `PPL_BOUNDS[kind]`. Random weights (kiln's presets) have no
 structure for the rounding to hide in, so their drift is reported but not judged.
@@ -87,6 +88,20 @@ def logit_drift(model, reference, prompts: Tensor) -> dict[str, float]:
         "drift_kl": max(sums["kl"] / positions, 0.0),
         "drift_positions": positions,
     }
+
+
+def kernel_fidelity(model, reference, prompts: Tensor, decode_rows: int) -> dict[str, float]:
+    """The quantized model against its dequantized reference twice: on the full prompts (prefill
+    shapes, where int4 layers may dequantize and call a plain matmul, identical to the reference)
+    and on their first `decode_rows` tokens, few enough rows per call for the decode kernels
+    (kiln.llm.triton_matvec.MAX_ROWS) to run. `fidelity_kl` / `fidelity_max_abs`: the worse of the
+    two, the figures judged against FIDELITY_BOUND."""
+    full = logit_drift(model, reference, prompts)
+    short = logit_drift(model, reference, prompts[:, :decode_rows])
+    return {"fidelity_kl": max(full["drift_kl"], short["drift_kl"]),
+            "fidelity_max_abs": max(full["drift_max_abs"], short["drift_max_abs"]),
+            "fidelity_prompt_kl": full["drift_kl"], "fidelity_decode_kl": short["drift_kl"],
+            "fidelity_decode_rows": short["drift_positions"] // prompts.shape[0]}
 
 
 def judge_drift(kind: str, drift: dict[str, float]) -> tuple[float | None, bool]:
