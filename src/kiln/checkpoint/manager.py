@@ -47,7 +47,7 @@ from kiln.checkpoint.layout import (
 )
 from kiln.checkpoint.signals import interruption
 from kiln.checkpoint.state import AppState
-from kiln.checkpoint.storage import CheckpointSaveError, discard_partial, remove_partial
+from kiln.checkpoint.storage import CheckpointSaveError, discard_partial, newest_intact, remove_partial
 from kiln.checkpoint.timeline import branch_point
 from kiln.config.errors import ConfigError
 from kiln.config.schema import CheckpointConfig
@@ -148,7 +148,8 @@ class Checkpointer:
                 interrupted = exc
             storage = self._discard(tmp, None if interrupted else exc) if self.rank == 0 else None
             if interrupted is not None:
-                kept = self.latest_complete()
+                # Sizes, not checksums: a second Ctrl-C asks to stop now, not after reading every byte.
+                kept = newest_intact(self.root, hashes=False)
                 log.warning("interrupted while saving checkpoint step %d: its partial save was removed; %s", step,
                             f"the newest complete checkpoint, {kept}, is intact: the same command continues from it"
                             if kept is not None else f"{self.root} holds no complete checkpoint of this run yet")
