@@ -1,11 +1,16 @@
 #!/bin/bash
-# Evidence for kiln's own baselines and ceilings, on one GPU in one call (~8.5 min on an H100):
-#   bash benchmarks/evidence.sh            (PARTS=plain or PARTS=llm runs one half; KILN_QUANT and
-#                                           GPT_FAST_QUANT pick the LLM rows, BUDGET the seconds of steps)
-# 1. plain: the seed MLP (b128 fp32, reduce-overhead) and timm ViT-B/16 (b64 bf16-mixed, default
-#    mode) through `kiln bench compile --baseline plain`, with training.grad_clip=1 and =0, and
-#    benchmarks/plain_crosscheck.py (the same loop without kiln) for both clip values. Compile
-#    rows carry the datasheet and best-matmul fractions and each compiled row's step_ms_alone.
+# Evidence for kiln's own baselines and ceilings on one GPU, each half one device call (~8-9 min each
+# on an H100):
+#   PARTS=plain bash benchmarks/evidence.sh
+#   PARTS=llm BUDGET=560 bash benchmarks/evidence.sh
+# (KILN_QUANT and GPT_FAST_QUANT pick the LLM rows, BUDGET the seconds all steps may take.)
+# 1. plain: timm ViT-B/16 (b64 bf16-mixed, default mode) and the seed MLP (b128 fp32,
+#    reduce-overhead) through `kiln bench compile --baseline plain`, with training.grad_clip=0 and
+#    =1, each bench bracketed by two runs of benchmarks/plain_crosscheck.py (the same loop without
+#    kiln, same clip value, one process each) right before and after it, so a GPU that drifts over
+#    the call moves both sides alike. Compile rows carry the datasheet and best-matmul fractions and
+#    each compiled row's step_ms_alone. nvidia-smi samples SM clock, power and temperature every
+#    second meanwhile ($R/gpu_clocks.csv).
 # 2. llm: `kiln bench llm` on the Llama-3.2-3B shape (prompt 1024, 256 new tokens, prefill eager):
 #    kiln-compiled bf16 and int4@triton beside gpt-fast bf16 and int4 (its own quantize.py) from
 #    the checkout carried at .peers/gpt-fast; the ceilings (read-only stream, copy, best matmul,
@@ -16,30 +21,40 @@ set -uo pipefail
 source benchmarks/device_env.sh
 start=$(date +%s)
 export TORCHAO_FORCE_SKIP_LOADING_SO_FILES=1
-PARTS=${PARTS:-plain,llm}
-BUDGET=${BUDGET:-510}
+PARTS=${PARTS:-plain}
+BUDGET=${BUDGET:-540}
 left() { echo $(( BUDGET - ($(date +%s) - start) )); }
 cap() { local l; l=$(left); echo $(( $1 < l ? $1 : l )); }
 pack() { tar czf "$OUT/evidence.tgz" -C "$R" . 2>/dev/null; }
 python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name())"
 
 if [[ $PARTS == *plain* ]]; then
-  for clip in 1 0; do
-    step mlp_clip$clip timeout "$(cap 70)" python3 -m kiln bench compile --preset seed000-levels --precisions fp32 \
-      --modes reduce-overhead --cudagraphs off --baseline plain --steps 40 --accuracy-steps 0 --warm-cache \
-      --out "$R/mlp_clip$clip" training.grad_clip=$clip
+  nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_throttle_reasons.active \
+    --format=csv -l 1 > "$R/gpu_clocks.csv" 2>/dev/null &
+  smi=$!
+  # One process per script run and clip value (a user's script trains one model), the bench between
+  # two script runs of the same clip value.
+  xcheck() {  # xcheck MODEL MODE CLIP WHEN STEPS SECONDS
+    step "crosscheck_$1_clip$3_$4" timeout "$(cap "$6")" python3 benchmarks/plain_crosscheck.py --model "$1" \
+      --mode "$2" --clip "$3" --steps "$5" --append --out "$R/crosscheck_$4"
+  }
+  for clip in 0 1; do
+    xcheck vit default $clip before 60 60
+    step vit_clip$clip timeout "$(cap 100)" python3 -m kiln bench compile --preset seed001-vit \
+      --model timm:vit_base_patch16_224 --precisions bf16-mixed --modes default --backends inductor --scopes model \
+      --losses task --cudagraphs off --regional off --baseline plain --steps 60 --accuracy-steps 0 --warm-cache \
+      --out "$R/vit_clip$clip" training.grad_clip=$clip
+    xcheck vit default $clip after 60 40
   done
-  step crosscheck_mlp timeout "$(cap 50)" python3 benchmarks/plain_crosscheck.py --model mlp --mode reduce-overhead \
-    --clip 0,1 --steps 40 --out "$R/crosscheck"
   pack
   for clip in 0 1; do
-    step vit_clip$clip timeout "$(cap 90)" python3 -m kiln bench compile --preset seed001-vit \
-      --model timm:vit_base_patch16_224 --precisions bf16-mixed --modes default --backends inductor --scopes model \
-      --losses task --cudagraphs off --regional off --baseline plain --steps 20 --accuracy-steps 0 --warm-cache \
-      --out "$R/vit_clip$clip" training.grad_clip=$clip
+    xcheck mlp reduce-overhead $clip before 200 40
+    step mlp_clip$clip timeout "$(cap 70)" python3 -m kiln bench compile --preset seed000-levels --precisions fp32 \
+      --modes reduce-overhead --cudagraphs off --baseline plain --steps 200 --accuracy-steps 0 --warm-cache \
+      --out "$R/mlp_clip$clip" training.grad_clip=$clip
+    xcheck mlp reduce-overhead $clip after 200 40
   done
-  step crosscheck_vit timeout "$(cap 60)" python3 benchmarks/plain_crosscheck.py --model vit --mode default \
-    --clip 0,1 --steps 20 --out "$R/crosscheck"
+  kill $smi 2>/dev/null
   pack
 fi
 
@@ -57,6 +72,6 @@ if [[ $PARTS == *llm* && $l -gt 120 ]]; then
   pack
 fi
 
-python3 benchmarks/evidence_summary.py "$R" --out "$OUT"
+python3 benchmarks/evidence_summary.py "$R" --out "$OUT" --parts "$PARTS"
 echo "=== done in $(( $(date +%s) - start )) s"
 pack

@@ -1,15 +1,18 @@
 """The figures benchmarks/evidence.sh's outputs stand for, in one JSON and one markdown table.
 
-Reads, under DIR: `<model>_clip<c>/results.json` (kiln bench compile rows), `crosscheck/
-crosscheck_<model>.json` (benchmarks/plain_crosscheck.py) and `llm/results.json` (kiln bench
-llm), and writes DIR/../summary.json and summary.md (or `--out`):
+Reads, under DIR: `<model>_clip<c>/results.json` (kiln bench compile rows), the standalone
+loop's `crosscheck_<model>.json` (benchmarks/plain_crosscheck.py) from `crosscheck_before/` and
+`crosscheck_after/` (the script run before and after the bench: a bracket) or from one
+`crosscheck/`, and `llm/results.json` (kiln bench llm), and writes DIR/../summary.json and
+summary.md (or `--out`):
 - per model and clip value: the bench's plain row (interleaved `step_ms`, and `step_ms_alone`
-  timed back to back) beside the standalone loop's (alone and interleaved with an eager twin),
-  their ratios, and whether the plain row is within 5 % of the standalone loop;
+  timed back to back) beside the standalone loop's (alone and interleaved with an eager twin; in a
+  bracket the mean of its two runs, each run listed, and how far the second moved from the first),
+  and whether the plain row is within 5 % of the standalone loop;
 - the LLM rows (kiln and gpt-fast): tokens/s and the ceiling fractions, with the ceilings.
 Missing inputs are listed, not fatal: a time-boxed run summarizes what it finished.
 
-    python benchmarks/evidence_summary.py DIR [--out OUTDIR]
+    python benchmarks/evidence_summary.py DIR [--out OUTDIR] [--parts plain,llm]
 """
 
 from __future__ import annotations
@@ -37,11 +40,44 @@ def within(a: float | None, b: float | None, tolerance: float = TOLERANCE) -> bo
     return abs(a / b - 1) <= tolerance
 
 
+BRACKET = ("crosscheck_before", "crosscheck_after")
+TIMES = ("step_ms_alone", "step_ms_interleaved")
+
+
+def _mean(values: list) -> float | None:
+    return sum(values) / len(values) if values and None not in values else None
+
+
+def standalone_runs(root: Path, model: str, missing: list[str]) -> dict[float, dict]:
+    """The standalone loop's figures per clip value: one run's (`crosscheck/`), or in a bracket
+    (`crosscheck_before/`, `crosscheck_after/`) the mean of both runs' medians, each run kept under
+    `bracket_<time>` and the second's move from the first under `bracket_drift_<time>` (after /
+    before - 1): a drift near the tolerance says the GPU, not a loop, moved the figures."""
+    name = f"crosscheck_{model}.json"
+    dirs = [d for d in BRACKET if (root / d / name).is_file()]
+    if not dirs:
+        check = _load(root / "crosscheck" / name, missing) or {"runs": []}
+        return {run["grad_clip"]: run for run in check["runs"]}
+    missing += [str(root / d / name) for d in BRACKET if d not in dirs]
+    runs = [{r["grad_clip"]: r for r in _load(root / d / name, missing)["runs"]} for d in dirs]
+    out = {}
+    for clip in set().union(*runs):
+        got = [run[clip] for run in runs if clip in run]
+        entry = {"grad_clip": clip}
+        for key in TIMES:
+            values = [g.get(key) for g in got]
+            entry[key] = _mean(values)
+            entry[f"bracket_{key}"] = values
+            if len(values) == 2 and None not in values:
+                entry[f"bracket_drift_{key}"] = values[1] / values[0] - 1
+        out[clip] = entry
+    return out
+
+
 def plain_rows(root: Path, missing: list[str]) -> list[dict]:
     out = []
     for model in MODELS:
-        check = _load(root / "crosscheck" / f"crosscheck_{model}.json", missing) or {"runs": []}
-        standalone = {run["grad_clip"]: run for run in check["runs"]}
+        standalone = standalone_runs(root, model, missing)
         for clip in (0.0, 1.0):
             bench = _load(root / f"{model}_clip{clip:g}" / "results.json", missing)
             rows = [r for r in (bench or {}).get("results", []) if r["runner"] == "plain" and r["mode"] != "eager"]
@@ -52,6 +88,7 @@ def plain_rows(root: Path, missing: list[str]) -> list[dict]:
                      "bench_eager_step_ms": plain.get("eager_step_ms"),
                      "standalone_step_ms_alone": mine.get("step_ms_alone"),
                      "standalone_step_ms_interleaved": mine.get("step_ms_interleaved"),
+                     **{k: v for k, v in mine.items() if k.startswith("bracket_")},
                      "bench_status": plain.get("status")}
             entry["within_5pct_interleaved"] = within(entry["bench_plain_step_ms"], entry["standalone_step_ms_interleaved"])
             entry["within_5pct_alone"] = within(entry["bench_plain_step_ms_alone"], entry["standalone_step_ms_alone"])
@@ -91,6 +128,14 @@ def markdown(summary: dict) -> str:
                      f"{_fmt(e['standalone_step_ms_interleaved'])} | {_fmt(e['bench_plain_step_ms_alone'])} | "
                      f"{_fmt(e['standalone_step_ms_alone'])} | {_fmt(e['within_5pct_interleaved'])} / "
                      f"{_fmt(e['within_5pct_alone'])} |")
+    bracketed = [e for e in summary["plain"] if e.get("bracket_step_ms_interleaved")]
+    if bracketed:
+        lines += ["", "Standalone figures are the mean of the script's runs before and after the bench "
+                  "(interleaved ms: before / after, drift):", ""]
+        lines += [f"- {e['what']}, clip {e['grad_clip']:g}: "
+                  + " / ".join(_fmt(v) for v in e["bracket_step_ms_interleaved"])
+                  + (f", {e['bracket_drift_step_ms_interleaved']:+.1%}" if "bracket_drift_step_ms_interleaved" in e else "")
+                  for e in bracketed]
     c = summary["llm"].get("ceilings") or {}
     if c:
         spec = (f"; datasheet ({c.get('spec_name')}, {c.get('spec_source')}): {c['spec_bytes_per_s'] / 1e9:.0f} GB/s, "
@@ -113,9 +158,13 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("root", type=Path)
     p.add_argument("--out", type=Path)
+    p.add_argument("--parts", default="plain,llm", help="the halves the call ran (evidence.sh's PARTS): only "
+                   "their inputs are reported missing")
     args = p.parse_args(argv)
+    parts = set(args.parts.split(","))
     missing: list[str] = []
-    summary = {"plain": plain_rows(args.root, missing), "llm": llm(args.root, missing), "missing": missing}
+    summary = {"plain": plain_rows(args.root, missing if "plain" in parts else []),
+               "llm": llm(args.root, missing if "llm" in parts else []), "missing": missing}
     out = args.out or args.root.parent
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(json.dumps(summary, indent=1))

@@ -160,6 +160,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mlp-width", type=int, default=1024, help="seed MLP width (default 1024, the preset's)")
     p.add_argument("--mlp-depth", type=int, default=24, help="seed MLP blocks (default 24, the preset's)")
     p.add_argument("--out", type=Path, required=True, help="directory for crosscheck_<model>.json")
+    p.add_argument("--append", action="store_true",
+                   help="add this call's runs to an existing crosscheck_<model>.json (one process per clip value, "
+                        "as a user's script trains one model: on an H100 the seed MLP's clip value run second in "
+                        "a process read 19-24 %% slower than the same value run first in another)")
     args = p.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     torch.set_float32_matmul_precision("high")  # TF32 for fp32 matmuls, as kiln's precision.tf32=true
@@ -179,7 +183,11 @@ def main(argv: list[str] | None = None) -> int:
         result["runs"].append(run)
         torch._dynamo.reset()
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"crosscheck_{args.model}.json").write_text(json.dumps(result, indent=1))
+    path = args.out / f"crosscheck_{args.model}.json"
+    if args.append and path.is_file():
+        earlier = json.loads(path.read_text())
+        result["runs"] = earlier["runs"] + result["runs"]
+    path.write_text(json.dumps(result, indent=1))
     return 0
 
 

@@ -57,3 +57,28 @@ def test_summary_pairs_bench_plain_rows_with_the_standalone_loop(tmp_path):
     assert mlp[1.0]["within_5pct_alone"] is True
     assert any("vit_clip0" in m for m in got["missing"])
     assert "seed MLP" in (tmp_path / "out" / "summary.md").read_text()
+
+
+def test_summary_brackets_the_bench_between_two_standalone_runs(tmp_path):
+    summary = _load("evidence_summary")
+    for name, inter in (("crosscheck_before", (24.0, 26.0)), ("crosscheck_after", (25.0, 28.6))):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "crosscheck_vit.json").write_text(json.dumps({"runs": [
+            {"grad_clip": 1.0, "step_ms_alone": 30.0, "step_ms_interleaved": inter[1]},
+            {"grad_clip": 0.0, "step_ms_alone": 20.0, "step_ms_interleaved": inter[0]}]}))
+    (tmp_path / "vit_clip0").mkdir()
+    rows = [{"runner": "plain", "mode": "default", "status": "ok", "step_ms": 23.0, "step_ms_alone": 20.0}]
+    (tmp_path / "vit_clip0" / "results.json").write_text(json.dumps({"results": rows}))
+    assert summary.main([str(tmp_path), "--out", str(tmp_path / "out")]) == 0
+    got = json.loads((tmp_path / "out" / "summary.json").read_text())
+    vit = {e["grad_clip"]: e for e in got["plain"] if e["model"] == "vit"}
+    assert vit[0.0]["standalone_step_ms_interleaved"] == 24.5  # the mean of 24.0 and 25.0
+    assert vit[0.0]["bracket_step_ms_interleaved"] == [24.0, 25.0]
+    assert abs(vit[0.0]["bracket_drift_step_ms_interleaved"] - 25.0 / 24.0 + 1) < 1e-12
+    assert vit[0.0]["within_5pct_interleaved"] is False  # 23.0 is 6.1 % under 24.5
+    assert vit[1.0]["standalone_step_ms_interleaved"] == 27.3 and vit[1.0]["bracket_drift_step_ms_interleaved"] > 0.09
+    assert not any("crosscheck_vit" in m for m in got["missing"])  # both bracket runs were there
+    assert any("llm" in m for m in got["missing"])
+    assert summary.main([str(tmp_path), "--out", str(tmp_path / "plain"), "--parts", "plain"]) == 0
+    assert not any("llm" in m for m in json.loads((tmp_path / "plain" / "summary.json").read_text())["missing"])
+    assert "before and after the bench" in (tmp_path / "out" / "summary.md").read_text()
