@@ -8,8 +8,9 @@
 #                                             # recipes, torchtitan; losses compared after 50 steps
 #   PART=long bash benchmarks/train_llm.sh    # ~4 min: the 1B shape at seq 8192, batch 1, 20 steps:
 #                                             # kiln recipes (tokens/s, memory) and the plain loop
-#   PART=float8 bash benchmarks/train_llm.sh  # ~5 min: Llama-3.2-3B shape, seq 2048, batch 4, 100 steps:
-#                                             # kiln bf16 vs float8 tensorwise vs rowwise (torchao)
+#   PART=float8 bash benchmarks/train_llm.sh  # ~5 min: Llama-3.2-3B shape, seq 2048, batch 6
+#                                             # (FLOAT8_BATCH), 100 steps: kiln bf16 vs float8
+#                                             # tensorwise vs rowwise (torchao)
 #   PART=features bash benchmarks/train_llm.sh  # benchmarks/llm_train_features.py on the 1B shape: the
 #                                             # cross-entropy kernels and activation checkpointing modes
 #                                             # each on their own (time, memory, differences)
@@ -20,7 +21,8 @@
 # the peer row; PROFILE=<recipe> runs `kiln profile` on that recipe of the 1b part after it, if the
 # time left allows (its summary lands in $R/profile/). FLOAT8_AC: activation checkpointing of the
 # float8 rows (default selective: the 3B training state alone takes ~51 GB; `full` if selective
-# runs out of memory on an 80 GB GPU).
+# runs out of memory on an 80 GB GPU); FLOAT8_BATCH: its batch size (default 6:
+# results/h100/llm_train/float8_3b; 4 in float8_1b).
 # Needs .whl/ carried (tomli_w, torchao, torchtitan 0.2.2 and its dependencies, liger-kernel). The
 # corpus, tokenizer and initial weights are generated at run time under /tmp (not carried). Every
 # row fails on its own (status error/oom with the reason) and the results are written after each
@@ -77,7 +79,7 @@ run_part() {  # run_part PART SECONDS
     long) args=(--model llama-3.2-1b --seq-len 8192 --batch-size 1 --steps 20 --warmup 5
                 --rows "${ROWS[long]},plain") ;;
     float8) first=${ROWS[float8]%%,*}
-            args=(--model llama-3.2-3b --seq-len 2048 --batch-size 4 --steps 100 --warmup 10
+            args=(--model llama-3.2-3b --seq-len 2048 --batch-size "${FLOAT8_BATCH:-6}" --steps 100 --warmup 10
                   --rows "${ROWS[float8]}" --baseline "$first") ;;
     *) echo "PART must be 1b, long, float8 or features (comma-separated), got '$part'" >&2; return 2 ;;
   esac
