@@ -42,6 +42,7 @@ declare -A RECIPE=(
   [kiln-regional]="compile.enabled=true compile.regional=true"
   [kiln-capture]="compile.enabled=true compile.regional=true compile.cudagraphs=true"
   [kiln-loss]="compile.enabled=true compile.scope=model+loss training.ce_kernel=plain"
+  [kiln-mat]="compile.enabled=true compile.regional=true compile.mode=max-autotune-no-cudagraphs"
   [kiln-liger]="compile.enabled=true compile.regional=true training.ce_kernel=liger"
   [kiln-fsdp-bf16]="compile.enabled=true distributed.strategy=fsdp distributed.fsdp_param_dtype=bf16"
   [kiln-ac]="compile.enabled=true compile.regional=true training.activation_checkpointing=selective"
