@@ -2,7 +2,7 @@
 # Evidence for kiln's own baselines and ceilings on one GPU, each half one device call (~8-9 min each
 # on an H100):
 #   PARTS=plain bash benchmarks/evidence.sh
-#   PARTS=llm BUDGET=560 bash benchmarks/evidence.sh
+#   PARTS=llm BUDGET=555 bash benchmarks/evidence.sh
 # (KILN_QUANT and GPT_FAST_QUANT pick the LLM rows, BUDGET the seconds all steps may take.)
 # 1. plain: timm ViT-B/16 (b64 bf16-mixed, default mode) and the seed MLP (b128 fp32,
 #    reduce-overhead) through `kiln bench compile --baseline plain`, with training.grad_clip=0 and
