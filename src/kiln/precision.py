@@ -1,4 +1,4 @@
-"""Precision policies: fp32 | bf16-mixed | fp16-mixed (with GradScaler) | bf16-true, and TF32.
+"""Precision policies: fp32 | bf16-mixed | fp16-mixed (with GradScaler) | bf16-true | bf16-master, and TF32.
 
 A policy is resolved once per run; the step function asks it for an autocast context and, for
 fp16, a GradScaler. fp16 without loss scaling underflows small gradients to zero, which is why
@@ -29,6 +29,9 @@ class PrecisionPolicy:
     """dtype the model's floating-point parameters are kept in."""
     needs_scaler: bool
     """fp16 gradients need dynamic loss scaling."""
+    master_weights: bool = False
+    """The optimizer keeps fp32 master weights and moments of the low-precision parameters
+    (kiln.train.master_adamw): `bf16-master`."""
 
     @property
     def is_16bit(self) -> bool:
@@ -40,6 +43,9 @@ _POLICIES = {
     "bf16-mixed": PrecisionPolicy("bf16-mixed", torch.bfloat16, torch.float32, False),
     "fp16-mixed": PrecisionPolicy("fp16-mixed", torch.float16, torch.float32, True),
     "bf16-true": PrecisionPolicy("bf16-true", None, torch.bfloat16, False),
+    # bf16 weights and gradients in the model, fp32 masters in the optimizer: the matmuls see the
+    # same bf16 weights as under bf16-mixed without autocast's per-step casts.
+    "bf16-master": PrecisionPolicy("bf16-master", None, torch.bfloat16, False, master_weights=True),
 }
 
 
@@ -71,7 +77,8 @@ def _warn_emulated_bf16() -> None:
 
 
 def apply_precision(model: torch.nn.Module, policy: PrecisionPolicy) -> torch.nn.Module:
-    """Cast parameters for `bf16-true`; mixed policies keep fp32 master weights."""
+    """Cast parameters for `bf16-true` and `bf16-master` (whose optimizer keeps fp32 masters);
+    mixed policies keep fp32 weights."""
     if policy.param_dtype != torch.float32:
         model.to(dtype=policy.param_dtype)
     return model
@@ -87,7 +94,7 @@ def autocast(policy: PrecisionPolicy, device: torch.device, cache: bool = True) 
 
 def with_precision(fn: Callable, policy: PrecisionPolicy, device: torch.device, *, cache: bool = True) -> Callable:
     """Wrap `fn(inputs, targets)` so it runs under the policy: floating inputs are cast to the
-    parameter dtype (bf16-true) and the call runs inside autocast (mixed policies)."""
+    parameter dtype (bf16-true, bf16-master) and the call runs inside autocast (mixed policies)."""
     cast = policy.param_dtype != torch.float32
 
     def run(inputs, targets):

@@ -40,15 +40,16 @@ def _weights(run_dir, out):
     return load_file(str(out))
 
 
-@pytest.mark.parametrize("extra", [[], ["training.activation_checkpointing=selective", "training.ce_kernel=plain"]],
-                         ids=["chunked-ce", "selective-ac-plain-ce"])
+@pytest.mark.parametrize("extra", [[], ["training.activation_checkpointing=selective", "training.ce_kernel=plain"],
+                                   ["precision.policy=bf16-master", "training.grad_clip=0.5"]],
+                         ids=["chunked-ce", "selective-ac-plain-ce", "bf16-master-clipped"])
 def test_trains_and_resumes_bitwise(tmp_path, monkeypatch, extra):
     over = [*BASE, *extra, "checkpoint.interval=4"]
     clean = train(load_config(None, over), tmp_path / "clean")
     assert clean["status"] == "completed" and clean["final_loss"] < clean["first_loss"]
     assert clean["task"] == "causal_lm" and clean["tokens_per_s"] > 0
     features = clean["features"]
-    assert features["ce_kernel"] == ("plain" if extra else "chunked")
+    assert features["ce_kernel"] == ("plain" if "training.ce_kernel=plain" in extra else "chunked")
     assert features["attention"]["kernel"] in ("flash", "math")  # SDPA's CPU kernels
     assert json.loads((tmp_path / "clean" / "model" / "config.json").read_text())["model_type"] == "llama"
 

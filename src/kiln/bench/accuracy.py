@@ -31,10 +31,12 @@ _TOLERANCE = {
     (True, "bf16-mixed"): 1e-2,
     (True, "fp16-mixed"): 1e-2,
     (True, "bf16-true"): 4e-2,
+    (True, "bf16-master"): 1e-2,
     (False, "fp32"): 1e-3,
     (False, "bf16-mixed"): 4e-3,
     (False, "fp16-mixed"): 1e-3,
     (False, "bf16-true"): 1e-2,
+    (False, "bf16-master"): 1e-2,
 }
 
 

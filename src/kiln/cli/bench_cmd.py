@@ -33,7 +33,7 @@ def add_parser(sub) -> None:
     p.add_argument("--preset", help="seed001-vit | seed000-levels (overrides and flags still apply)")
     p.add_argument("--modes", action="append",
                    help="compile modes, e.g. default,reduce-overhead (eager is always the baseline; naming it is allowed)")
-    p.add_argument("--precisions", action="append", help="fp32,bf16-mixed,fp16-mixed,bf16-true")
+    p.add_argument("--precisions", action="append", help="fp32,bf16-mixed,fp16-mixed,bf16-true,bf16-master")
     p.add_argument("--backends", action="append", help="compile backends, e.g. inductor,aot_eager,cudagraphs")
     p.add_argument("--scopes", action="append", help="model,model/loss,model+loss,step")
     p.add_argument("--losses", action="append", help="task (the model's loss), distill (teacher KL + CE)")

@@ -112,7 +112,7 @@ class OptimConfig:
 @dataclass(kw_only=True)
 class PrecisionConfig:
     policy: str = "fp32"
-    """`fp32`, `bf16-mixed` (autocast), `fp16-mixed` (autocast + GradScaler), `bf16-true` (weights in bf16)."""
+    """`fp32`, `bf16-mixed` (autocast), `fp16-mixed` (autocast + GradScaler), `bf16-true` (weights in bf16), `bf16-master` (bf16 weights and gradients, fp32 master weights and AdamW moments in the optimizer: no autocast casts, clipping folded into a fused update; AdamW only, not with compile.cudagraphs, compile.scope=step or FSDP)."""
     tf32: bool = True
     """Allow TF32 tensor cores for fp32 matmuls and convolutions on CUDA."""
     float8: str = "none"
@@ -282,7 +282,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "optim.name": ("adamw", "sgd"),
     "optim.fused": ("auto", "true", "false"),
     "optim.schedule": ("cosine", "linear", "constant"),
-    "precision.policy": ("fp32", "bf16-mixed", "fp16-mixed", "bf16-true"),
+    "precision.policy": ("fp32", "bf16-mixed", "fp16-mixed", "bf16-true", "bf16-master"),
     "compile.dynamic": ("auto", "true", "false"),
     "compile.scope": ("model", "model+loss", "step"),
     "compile.defaults": ("measured", "torch"),

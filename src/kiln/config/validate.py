@@ -135,6 +135,26 @@ def _check_finite(cfg: Config) -> None:
                 raise ConfigError(f"{section.name}.{f.name}", f"must be a finite number, got {value!r}")
 
 
+def _check_master_weights(cfg: Config) -> None:
+    """`precision.policy=bf16-master` runs its own eager AdamW over fp32 masters
+    (kiln.train.master_adamw): what replaces or records that update is refused up front."""
+    if cfg.precision.policy != "bf16-master":
+        return
+    other = ("bf16-mixed", "bf16-true")
+    if cfg.optim.name != "adamw":
+        raise ConfigError("precision.policy", f"bf16-master keeps fp32 masters in its AdamW; optim.name is "
+                          f"{cfg.optim.name!r} (use optim.name=adamw)", other)
+    if cfg.compile.enabled and cfg.compile.cudagraphs:
+        raise ConfigError("precision.policy", "bf16-master's update runs eagerly (host-side LR and bias "
+                          "corrections), so compile.cudagraphs=true cannot record it; turn one of them off", other)
+    if cfg.compile.enabled and cfg.compile.scope == "step":
+        raise ConfigError("precision.policy", "bf16-master's update is its own fused kernel, not traced by "
+                          "torch.compile: use compile.scope=model or model+loss", other)
+    if cfg.distributed.strategy == "fsdp":
+        raise ConfigError("precision.policy", "FSDP2 keeps its own fp32 shards: use precision.policy=bf16-mixed "
+                          "with distributed.fsdp_param_dtype=bf16", other)
+
+
 def validate(cfg: Config, *, check_torch: bool = True) -> None:
     _check_finite(cfg)
     for key, allowed in CHOICES.items():
@@ -204,6 +224,7 @@ def validate(cfg: Config, *, check_torch: bool = True) -> None:
             "optim.warmup_steps",
             f"warm-up ({cfg.optim.warmup_steps}) is longer than training.steps ({cfg.training.steps})",
         )
+    _check_master_weights(cfg)
     dev = cfg.training.device
     if not (dev in ("auto", "cpu", "cuda") or re.fullmatch(r"cuda:[0-9]+", dev)):
         raise ConfigError("training.device", f"unknown device {dev!r}", ("auto", "cpu", "cuda", "cuda:N"))

@@ -59,9 +59,16 @@ def _local_norm(local: list[Tensor], group) -> Tensor:
 
 
 @torch.no_grad()
-def total_norm(grads: list[Tensor]) -> Tensor:
-    """The global 2-norm of `grads` as a plain tensor (float32), whatever their layout."""
+def total_norm(grads: list[Tensor], *, fp32: bool = False) -> Tensor:
+    """The global 2-norm of `grads` as a plain tensor, whatever their layout. `fp32`: computed and
+    returned in float32 whatever the gradients' dtype (torch's get_total_norm returns a bf16 norm of
+    bf16 gradients, too coarse for a clipping coefficient); FSDP2's sharded path always is."""
     sharded = _sharded_locals(grads)
+    if sharded is None and fp32:
+        present = [g for g in grads if g.numel()]
+        if not present:
+            return torch.zeros((), device=grads[0].device if grads else None)
+        return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(present, 2, dtype=torch.float32)))
     if sharded is None:
         norm = torch.nn.utils.get_total_norm(grads, foreach=True)
         full = getattr(norm, "full_tensor", None)

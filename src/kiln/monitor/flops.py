@@ -178,7 +178,7 @@ _GPU_PEAKS: tuple[_GpuPeak, ...] = (
     _GpuPeak("V100", r"v100", None, 125e12, None, 15.7e12),
 )
 
-_POLICIES = ("fp32", "bf16-mixed", "bf16-true", "fp16-mixed")
+_POLICIES = ("fp32", "bf16-mixed", "bf16-true", "bf16-master", "fp16-mixed")
 
 
 def _lookup(name: str) -> _GpuPeak | None:

@@ -11,6 +11,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from kiln.config.errors import ConfigError
 from kiln.config.schema import Config
 from kiln.distributed.apply import apply_parallel
 from kiln.precision import PrecisionPolicy, make_grad_scaler, with_precision
@@ -62,8 +63,11 @@ def build_train_step(
     compiled_update = cfg.compile.enabled and cfg.compile.scope == "step"
     purpose = "compiled" if compiled_update else "captured" if captured else "eager"
     shard_local = strategy == "fsdp" and cfg.distributed.fsdp_local_update
+    if policy.master_weights and strategy == "fsdp":  # distributed.strategy=auto chose FSDP2
+        raise ConfigError("precision.policy", "FSDP2 keeps its own fp32 shards: use precision.policy=bf16-mixed "
+                          "with distributed.fsdp_param_dtype=bf16, or distributed.strategy=ddp", ("bf16-mixed",))
     optimizer = build_optimizer(model, cfg.optim, device, param_dtype=policy.param_dtype, purpose=purpose,
-                                shard_local=shard_local)
+                                shard_local=shard_local, master_weights=policy.master_weights)
     scheduler = build_scheduler(optimizer, cfg.optim, cfg.training.steps)
     scaler = make_grad_scaler(policy, device)
     step = TrainStep(

@@ -36,9 +36,9 @@ def check_float8(recipe: str, device: torch.device, policy_name: str) -> None:
         raise ConfigError("precision.float8", f"{torch.cuda.get_device_name(device)} (compute capability "
                           f"{capability[0]}.{capability[1]}) has no float8 tensor cores; they need >= 8.9 "
                           "(Ada, Hopper)", ("none",))
-    if policy_name not in ("bf16-mixed", "bf16-true"):
+    if policy_name not in ("bf16-mixed", "bf16-true", "bf16-master"):
         raise ConfigError("precision.float8", f"float8 matmuls take bf16 activations; precision.policy is "
-                          f"{policy_name!r}", ("bf16-mixed", "bf16-true"))
+                          f"{policy_name!r}", ("bf16-mixed", "bf16-true", "bf16-master"))
     _import_float8()
 
 

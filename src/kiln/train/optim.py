@@ -8,6 +8,7 @@ import torch
 
 from kiln.config.schema import OptimConfig
 from kiln.distributed.local_optim import ShardLocalAdamW, ShardLocalSGD
+from kiln.train.master_adamw import MasterAdamW
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
@@ -42,6 +43,7 @@ def build_optimizer(
     param_dtype: torch.dtype = torch.float32,
     purpose: str = "eager",
     shard_local: bool = False,
+    master_weights: bool = False,
 ) -> torch.optim.Optimizer:
     """The implementation follows what runs the update (`purpose`):
 
@@ -54,9 +56,15 @@ def build_optimizer(
 
     `lr_as_tensor` keeps the LR in a tensor, so a compiled update does not recompile when the
     schedule changes it and a captured one reads it from the device. `shard_local` (FSDP2, eager
-    update): the same optimizer whose step runs on the local shards (kiln.distributed.local_optim)."""
+    update): the same optimizer whose step runs on the local shards (kiln.distributed.local_optim).
+    `master_weights` (precision.policy=bf16-master): AdamW over fp32 masters of the bf16
+    parameters (kiln.train.master_adamw), eager only; config validation refuses the rest."""
     shard_local = shard_local and purpose == "eager"
     groups = param_groups(model, cfg.weight_decay)
+    if master_weights:
+        if cfg.name != "adamw" or purpose != "eager" or shard_local:
+            raise ValueError("fp32 master weights run kiln's eager AdamW only (see kiln.config.validate)")
+        return MasterAdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps)
     lr_as_tensor = lr_as_tensor or purpose != "eager"
     lr: float | torch.Tensor = torch.tensor(cfg.lr, device=device) if lr_as_tensor else cfg.lr
     capturable = purpose != "eager" and device.type == "cuda"

@@ -67,6 +67,7 @@ class TrainStep:
         self.grad_clip = grad_clip
         self.guard = guard
         self.params = [p for p in model.parameters() if p.requires_grad]
+        self._folds_clip = hasattr(optimizer, "clip_coef")
         # DDP/FSDP: communicate gradients only on the last micro-step of an accumulation.
         self._grad_sync = grad_sync or (lambda is_last: contextlib.nullcontext())
 
@@ -94,7 +95,12 @@ class TrainStep:
     def _norm_and_flag(self, loss: Tensor, want_grad_norm: bool) -> tuple[Tensor | None, Tensor | None]:
         # FSDP2's sharded gradients take the local-shard path (one all-reduce, no DTensor dispatch).
         norm = flag = None
-        if self.grad_clip > 0:
+        if self.grad_clip > 0 and self._folds_clip:
+            # The optimizer scales the gradients inside its update (kiln.train.master_adamw): the
+            # coefficient torch's clip_grad_norm_ would multiply them by, left on the device.
+            norm = total_norm([p.grad for p in self.params if p.grad is not None], fp32=True)
+            self.optimizer.clip_coef = (self.grad_clip / (norm + 1e-6)).clamp(max=1.0)
+        elif self.grad_clip > 0:
             norm = clip_grad_norm(self.params, self.grad_clip)
         elif want_grad_norm or self.guard is not None:
             norm = total_norm([p.grad for p in self.params if p.grad is not None])
@@ -128,6 +134,8 @@ class TrainStep:
             # would recompile it.
             norm, flag = self._norm_fn(loss, want_grad_norm or self._norm_compiled)
             self._apply(flag)
+            if self._folds_clip:
+                self.optimizer.clip_coef = None  # a skipped update must not leave it for the next
         self.optimizer.zero_grad(set_to_none=True)
         return norm, flag
 
