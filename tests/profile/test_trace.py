@@ -35,6 +35,11 @@ def test_kinds():
     assert kinds("Memset (Device)", "gpu_memset") == {"memset"}
     assert kinds("void at::native::elementwise_kernel", "kernel") == {"other"}
     assert kinds("aten::addmm", "cpu_op") >= {"matmul"}
+    # cuDNN's SDPA kernels run wgmma (a matmul pattern) but are attention
+    assert kinds("cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16_knob_26", "kernel") == {"attention"}
+    assert kinds("void flash_fwd_kernel<Flash_fwd_kernel_traits<128>>", "kernel") == {"attention"}
+    assert kinds("aten::_cudnn_attention_backward", "cpu_op") == {"attention"}
+    assert kinds("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NTT", "kernel") == {"matmul"}
 
 
 def test_idle_gaps_are_the_complement_of_the_kernel_union():

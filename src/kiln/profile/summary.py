@@ -8,7 +8,8 @@ from typing import Any
 from kiln.profile.memory import na
 from kiln.profile.trace import cpu_self_times, device_events, idle_gaps, kernel_table, load_trace
 
-KIND_LABELS = {"triton": "Triton kernels", "matmul": "matmul kernels", "communication": "communication",
+KIND_LABELS = {"triton": "Triton kernels", "matmul": "matmul kernels", "attention": "attention kernels",
+               "communication": "communication",
                "memcpy": "memcpy", "memset": "memset", "other": "other kernels"}
 
 
@@ -58,7 +59,8 @@ def render_markdown(s: dict[str, Any]) -> str:
         lines += [f"{gpu['kernels_per_step']:.0f} kernels/step, {gpu['kernel_ms_per_step']:.3f} ms of kernel time/step.",
                   "", "| kind | ms/step | share of kernel time |", "|---|---|---|"]
         lines += [f"| {KIND_LABELS[k]} | {v['ms_per_step']:.3f} | {_pct(v['share'])} |" for k, v in gpu["by_kind"].items()]
-        lines += ["", "Triton matmul templates count as both Triton and matmul.", "",
+        lines += ["", "Triton matmul templates count as both Triton and matmul; fused attention kernels "
+                  "(flash, cuDNN SDPA) as attention only.", "",
                   "## GPU idle gaps between kernels (the launch-bound signature)", "",
                   f"GPU busy {idle['busy_ms_per_step']:.3f} ms/step, **idle {idle['idle_ms_per_step']:.3f} ms/step = "
                   f"{_pct(idle['idle_frac'])} of the GPU timeline** ({idle['gpu_span_ms']:.2f} ms from the first "

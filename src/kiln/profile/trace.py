@@ -23,6 +23,10 @@ DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 TRITON = re.compile(r"^triton_|^triton\b", re.IGNORECASE)
 MATMUL = re.compile(r"gemm|gemv|nvjet|cutlass|xmma|wgmma|cublas|matmul|splitkreduce|triton_tem_fused_\w*mm"
                     r"|\baten::(?:mm|addmm|bmm|baddbmm|matmul|linear|_scaled_mm)\b", re.IGNORECASE)
+# Fused attention (FlashAttention, cuDNN's SDPA, xFormers' fmha, the SDPA ops on the host): their
+# kernels run tensor-core MMAs too (cuDNN's names carry `wgmma`), but count as attention, not matmul,
+# so a profile separates the GEMMs from the attention.
+ATTENTION = re.compile(r"flash|fmha|sdpa|attention|_attn\b|\battn_", re.IGNORECASE)
 COMM = re.compile(r"nccl|gloo|c10d::|all_?reduce|all_?gather|reduce_?scatter|broadcast|sendrecv|all_?to_?all",
                   re.IGNORECASE)
 
@@ -36,7 +40,8 @@ def load_trace(path: str | Path) -> list[dict[str, Any]]:
 
 
 def kinds(name: str, cat: str) -> set[str]:
-    """The kinds a device event counts towards (a Triton matmul template is both)."""
+    """The kinds a device event counts towards (a Triton matmul template is both; a fused
+    attention kernel is attention, not matmul)."""
     if cat == "gpu_memcpy":
         return {"memcpy"}
     if cat == "gpu_memset":
@@ -44,7 +49,9 @@ def kinds(name: str, cat: str) -> set[str]:
     out = set()
     if TRITON.search(name):
         out.add("triton")
-    if MATMUL.search(name):
+    if ATTENTION.search(name):
+        out.add("attention")
+    elif MATMUL.search(name):
         out.add("matmul")
     if COMM.search(name):
         out.add("communication")
@@ -134,7 +141,7 @@ def kernel_table(kernels: list[dict[str, Any]], steps: int, top: int = 15) -> tu
                     "avg_us": sum(d) / len(d), "share": sum(d) / total if total else 0.0}
                    for n, d in by_name.items()), key=lambda r: -r["total_ms"])
     share = {k: {"ms_per_step": by_kind.get(k, 0.0) / 1e3 / steps, "share": by_kind.get(k, 0.0) / total if total else 0.0}
-             for k in ("triton", "matmul", "communication", "memcpy", "memset", "other")}
+             for k in ("triton", "matmul", "attention", "communication", "memcpy", "memset", "other")}
     return rows[:top], {"kernel_ms_per_step": total / 1e3 / steps, "kernels_per_step": len(kernels) / steps,
                         "by_kind": share}
 
@@ -171,4 +178,4 @@ def cpu_self_times(events: Iterable[dict[str, Any]], steps: int, top: int = 15) 
     return {"cpu_self_ms_per_step": total / 1e3 / steps, "top": rows[:top],
             "by_kind": {k: {"ms_per_step": by_kind.get(k, 0.0) / 1e3 / steps,
                             "share": by_kind.get(k, 0.0) / total if total else 0.0}
-                        for k in ("matmul", "communication", "other")}}
+                        for k in ("matmul", "attention", "communication", "other")}}
