@@ -24,6 +24,7 @@ def tiny(tmp_path):
     (["--batch-sizes", "0,2"], ["--batch-sizes", ">= 1"]),
     (["--batch-sizes", "two"], ["--batch-sizes", "integers"]),
     (["--float8", "fp4"], ["--float8", "rowwise"]),
+    (["--precisions", "fp32"], ["--precisions", "bf16-master"]),
     (["--ce-kernels", "fused"], ["--ce-kernels", "chunked"]),
     (["--compile-scopes", "step"], ["--compile-scopes", "regional"]),
     (["--budget", "0"], ["--budget", "> 0"]),
@@ -50,6 +51,7 @@ def test_llm_search_writes_the_winner(tmp_path, tiny, capsys):
     assert {r["stage"] for r in rows} <= {"baseline", "ac", "batch"}
     assert all(r["status"] == "ok" and r["tokens_per_s"] > 0 and r["loss_last"] > 0 for r in rows)
     assert "float8 not searched" in " ".join(payload["config"]["autotune"]["notes"])
+    assert "precision policy not searched" in " ".join(payload["config"]["autotune"]["notes"])
     winner = payload["config"]["autotune"]["winner"]
     best = load_config(out / "best.toml")
     assert best.data.batch_size == winner["batch"]

@@ -21,7 +21,9 @@ def test_candidate_overrides_are_config_keys_kiln_train_loads():
     assert cfg.data.batch_size == 8 and cfg.training.activation_checkpointing == "selective"
     assert cfg.training.ce_kernel == "liger" and cfg.precision.float8 == "rowwise"
     assert cfg.compile.enabled and cfg.compile.scope == "model+loss" and not cfg.compile.regional
-    assert sp.from_config(cfg) == c
+    assert sp.from_config(cfg) == c and cfg.precision.policy == "fp32"  # the default config's, not searched
+    master = c.with_(precision="bf16-master")
+    assert sp.from_config(load_config(None, ["model.name=llama:llama-3.2-1b", *master.overrides()])) == master
     assert sp.from_config(load_config(None, BASE)) == sp.LlmCandidate(4, "none", "chunked", "none", "regional")
     off = sp.LlmCandidate(2, "none", "plain", "none", "off")
     assert sp.from_config(load_config(None, ["model.name=llama:llama-3.2-1b", *off.overrides()])) == off
@@ -34,15 +36,19 @@ def test_stage_candidates_move_one_knob():
     assert [c.ac for c in sp.stage_candidates("ac", best, space)] == ["selective", "full"]
     assert [c.compile for c in sp.stage_candidates("compile", best, space)] == ["whole"]
     assert all(c.with_(float8="none") == best for c in sp.stage_candidates("float8", best, space))
+    assert sp.stage_candidates("precision", best, space) == []  # only the config's policy by default
+    space.precision = ["bf16-mixed", "bf16-master"]
+    mixed = best.with_(precision="bf16-mixed")
+    assert sp.stage_candidates("precision", mixed, space) == [mixed.with_(precision="bf16-master")]
     assert sp.default_batches(4) == [2, 4, 8, 16] and sp.default_batches(1) == [1, 2, 4]
 
 
 class FakeGpu:
     """Tokens/s from a table of effects; out of memory above a batch limit that depends on AC."""
 
-    def __init__(self, fp8_loss=3.0, limit=None):
+    def __init__(self, fp8_loss=3.0, limit=None, master_loss=3.0):
         self.calls = []
-        self.fp8_loss = fp8_loss
+        self.fp8_loss, self.master_loss = fp8_loss, master_loss
         self.limit = limit or {"none": 8, "selective": 16, "full": 32}
 
     def __call__(self, c: sp.LlmCandidate) -> dict:
@@ -54,7 +60,8 @@ class FakeGpu:
         speed *= {"chunked": 1.1, "plain": 1.0, "liger": 1.15}[c.ce]
         speed *= {"none": 1.0, "tensorwise": 1.3, "rowwise": 1.2}[c.float8]
         speed *= {"regional": 1.0, "whole": 1.01, "model+loss": 0.95, "off": 0.5}[c.compile]
-        loss = self.fp8_loss if c.float8 == "tensorwise" else 3.0
+        speed *= {None: 1.0, "bf16-mixed": 1.0, "bf16-master": 1.1, "bf16-true": 1.12}[c.precision]
+        loss = self.fp8_loss if c.float8 == "tensorwise" else self.master_loss if c.precision == "bf16-master" else 3.0
         return {"status": "ok", "tokens_per_s": speed, "step_ms": 1.0, "loss_last": loss, "peak_mem_bytes": 1 << 30}
 
 
@@ -88,6 +95,19 @@ def test_float8_whose_loss_drifts_is_not_the_winner():
     result = LlmSearch(_opts(space), measure=fake, device_type="cuda").run()
     assert result.winner.float8 == "rowwise"  # tensorwise is faster but its loss is 17 % off
     assert any("outside 2%" in n for n in result.notes)
+
+
+@pytest.mark.parametrize(("master_loss", "winner"), [(3.03, "bf16-master"), (3.3, "bf16-mixed")])
+def test_precision_policy_is_kept_only_if_its_loss_stays(master_loss, winner):
+    fake = FakeGpu(master_loss=master_loss)
+    space = sp.LlmSpace(batches=[4], ac=["none"], ce=["chunked"], float8=["none"], compile=["regional"],
+                        precision=["bf16-mixed", "bf16-master"])
+    result = LlmSearch(_opts(space, overrides=["precision.policy=bf16-mixed"]), measure=fake, device_type="cuda").run()
+    assert result.winner.precision == winner  # 10 % faster; a 1 % loss change passes, 10 % does not
+    assert sp.LlmCandidate(4, "none", "chunked", "none", "regional", "bf16-master") in fake.calls
+    trial = next(t for t in result.trials if t.candidate.precision == "bf16-master")
+    assert trial.stage == "precision" and trial.row["accuracy"] == ("pass" if winner == "bf16-master" else "fail")
+    assert any("with bf16-mixed: outside 2%" in n for n in result.notes) == (winner == "bf16-mixed")
 
 
 def test_budget_leaves_what_does_not_fit_as_not_tried():

@@ -30,7 +30,8 @@ def add_parser(sub) -> None:
     p.add_argument("--out", help="output directory (default: runs/<time>-autotune-<model>)")
     p.add_argument("--precisions", metavar="LIST",
                    help="precisions the search may use (a precision change changes the numerics; default: the "
-                        "config's own, plus bf16-mixed on a GPU with bf16)")
+                        "config's own, plus bf16-mixed on a GPU with bf16; for an LLM config: bf16-mixed,bf16-master "
+                        "on a GPU when the config trains bf16 with AdamW)")
     p.add_argument("--modes", metavar="LIST", help="compile modes to search (default: default,reduce-overhead,"
                    "max-autotune-no-cudagraphs,max-autotune on a GPU; default,max-autotune-no-cudagraphs on a CPU)")
     p.add_argument("--scopes", metavar="LIST", help="compile scopes to search: model,model+loss,step (default all)")

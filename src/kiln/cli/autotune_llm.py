@@ -43,6 +43,17 @@ def _float8_here(cfg, device) -> tuple[list[str], str | None]:
     return ["none", "tensorwise", "rowwise"], None
 
 
+def _precisions_here(cfg, device) -> tuple[list[str], str | None]:
+    """bf16-mixed and bf16-master for a bf16 AdamW config on a GPU (what the policy needs, config
+    validation checks the rest per candidate); else the config's own policy only."""
+    if device.type != "cuda":
+        return [], "precision policy not searched: bf16-master pays on a GPU (bf16 on this CPU is emulated)"
+    if cfg.precision.policy not in ("bf16-mixed", "bf16-master") or cfg.optim.name != "adamw":
+        return [], (f"precision policy not searched: the config trains {cfg.precision.policy} with "
+                    f"{cfg.optim.name}; bf16-master replaces bf16-mixed's AdamW")
+    return ["bf16-mixed", "bf16-master"], None
+
+
 def plan(args: argparse.Namespace, cfg):
     """(LlmTuneOptions, notes) for an LLM config; ConfigError on bad input."""
     import importlib.util
@@ -67,15 +78,19 @@ def plan(args: argparse.Namespace, cfg):
     if why and args.float8 is None:
         notes.append(why)
     float8 = _values("--float8", args.float8, sp.FLOAT8, float8_default)
+    precision_default, why = _precisions_here(cfg, device)
+    if why and args.precisions is None:
+        notes.append(why)
+    precision = _values("--precisions", args.precisions, sp.PRECISIONS, precision_default)
     ce_default = ["chunked", "plain"] + (["liger"] if importlib.util.find_spec("liger_kernel") else [])
     space = sp.LlmSpace(batches=batches, ac=_values("--ac", args.ac, sp.AC_MODES, list(sp.AC_MODES)),
                         ce=_values("--ce-kernels", args.ce_kernels, sp.CE_KERNELS, ce_default), float8=float8,
                         compile=_values("--compile-scopes", args.compile_scopes, sp.COMPILE_SCOPES,
-                                        ["regional", "whole"]))
+                                        ["regional", "whole"]), precision=precision)
     if not args.loss_tol > 0:
         raise ConfigError("--loss-tol", f"must be > 0, got {args.loss_tol}")
     configure(cfg, sp.from_config(cfg))  # the config's own settings as a candidate: a key kiln refuses exits here
-    ignored = [flag for flag, value in (("--precisions", args.precisions), ("--modes", args.modes),
+    ignored = [flag for flag, value in (("--modes", args.modes),
                                         ("--scopes", args.scopes), ("--nproc-per-node", args.nproc_per_node),
                                         ("--rank-noisy", args.rank_noisy or None))
                if value is not None]
@@ -106,7 +121,8 @@ def run(args: argparse.Namespace, cfg, command: str) -> int:
         print(f"kiln: {message}", file=sys.stderr, flush=True)
 
     log(f"autotune (LLM) {cfg.model.name} on {where}, budget {args.budget:g} min: batch {opts.space.batches}, "
-        f"ac {opts.space.ac}, ce {opts.space.ce}, float8 {opts.space.float8}, compile {opts.space.compile}")
+        f"ac {opts.space.ac}, ce {opts.space.ce}, precision {opts.space.precision or [cfg.precision.policy]}, "
+        f"float8 {opts.space.float8}, compile {opts.space.compile}")
     for note in notes:
         log(note)
     result = LlmSearch(opts, log=log).run()

@@ -8,9 +8,12 @@ Stages, each on the best candidate so far (a change is kept only when it is MIN_
 4. batch: larger batch sizes in ascending order until one does not fit or is not faster (a batch
    that runs out of memory without checkpointing is tried once more with selective
    checkpointing), then smaller ones;
-5. float8: tensorwise and rowwise (a GPU with float8 tensor cores), accepted only if the loss after
-   the measured steps stays within `loss_tol` of the same candidate in bf16;
-6. compile: the compile scopes (regional, whole model, model + loss).
+5. precision: the other allowed precision policies (bf16-master: bf16 weights, fp32 masters in a
+   fused AdamW), accepted only if the loss after the measured steps stays within `loss_tol` of
+   the same candidate under the previous policy;
+6. float8: tensorwise and rowwise (a GPU with float8 tensor cores), accepted likewise against the
+   same candidate without float8;
+7. compile: the compile scopes (regional, whole model, model + loss).
 Every candidate trains `warmup + steps + 1` steps from the config's initial weights on the same
 tokens (a synthetic language of the model's vocabulary, kiln.bench.llm_train_data), built by
 kiln train's own path (kiln.bench.llm_train_rows.kiln_step); the figure is the median step after
@@ -36,7 +39,7 @@ from kiln.train.runtime import resolve_device
 from kiln.tune import llm_space as sp
 from kiln.tune.budget import Budget, BudgetExceeded
 
-STAGES = ("ce", "ac", "batch", "float8", "compile")
+STAGES = ("ce", "ac", "batch", "precision", "float8", "compile")
 PRIOR_S = {"cuda": 90.0, "cpu": 30.0}
 """Cost of a first candidate before any was measured: a compile and a few steps."""
 
@@ -50,7 +53,8 @@ class LlmTuneOptions:
     """Timed steps per candidate (after `warmup` steps and the first, compiling one)."""
     warmup: int = 3
     loss_tol: float = 0.02
-    """Relative difference of the last loss a float8 candidate may have from its bf16 twin."""
+    """Relative difference of the last loss a precision or float8 candidate may have from its twin
+    under the numerics it replaces."""
 
 
 @dataclass
@@ -210,8 +214,17 @@ class LlmSearch:
                 best = trial
         return best
 
+    def _stage_precision(self, stage: str, best: LlmTrial | None) -> LlmTrial | None:
+        return self._numerics(stage, best, best.candidate.precision if best is not None else "")
+
     def _stage_float8(self, stage: str, best: LlmTrial | None) -> LlmTrial | None:
         if best is None or best.candidate.float8 != "none":
+            return best
+        return self._numerics(stage, best, "bf16 without float8")
+
+    def _numerics(self, stage: str, best: LlmTrial | None, what: str) -> LlmTrial | None:
+        """A stage whose candidates change the numerics: each must keep the loss of `best`."""
+        if best is None:
             return best
         reference = best
         for candidate in sp.stage_candidates(stage, best.candidate, self.opts.space):
@@ -222,7 +235,7 @@ class LlmSearch:
             trial.row["accuracy"] = check
             if check == "fail":
                 self.notes.append(f"{candidate.describe()}: loss {trial.row['loss_last']:.4f} after the measured "
-                                  f"steps, {reference.row['loss_last']:.4f} in bf16: outside {self.opts.loss_tol:.0%}")
+                                  f"steps, {reference.row['loss_last']:.4f} with {what}: outside {self.opts.loss_tol:.0%}")
             if sp.better(trial.row, best.row):
                 best = trial
         return best
