@@ -11,11 +11,14 @@ Imports torch (and timm for the ViT) only. Same settings as the bench's plain ro
 The model is compiled as a user compiles it: `torch.compile(model, mode=MODE)`. Each clip value in
 `--clip` (0: no clipping, else clip_grad_norm_ to it) gets a fresh model, optimizer and schedule.
 
-Timing as the bench does it: the first step (compiles) and `--warmup` steps untimed, then
-`--steps` steps each bracketed by a device synchronize; the figure is the median. Two ways:
-- `alone`: the compiled loop's steps back to back (what a user's script measures);
+Timing as the bench does it, in its order: the first step (compiles) and `--warmup` steps of each
+loop untimed, then `--steps` samples each bracketed by a device synchronize; the figure is the
+median. Two ways, in this order:
 - `interleaved`: each compiled step alternates with one step of an eager twin (same settings,
-  uncompiled), as `kiln bench compile` alternates every recipe with its eager baseline.
+  uncompiled), as `kiln bench compile` alternates every recipe with its eager baseline; with
+  `--fp32-twin` an eager fp32 twin follows in each round, as the bench's fp32 reference does for a
+  bf16 row;
+- `alone`: after one more step, the compiled loop's steps back to back (what a user's script measures).
 
     python benchmarks/plain_crosscheck.py --model mlp --mode reduce-overhead --clip 0,1 --out DIR
 """
@@ -77,13 +80,15 @@ def build(model: str, device: torch.device, batch: int | None = None, width: int
     return net.to(device).train(), [(x.to(device), y.to(device)) for x, y in batches]
 
 
-def make_step(model_name: str, net: nn.Module, clip: float, mode: str | None, device: torch.device):
-    """One optimizer step of the plain loop (a closure over its model, optimizer and schedule)."""
+def make_step(model_name: str, net: nn.Module, clip: float, mode: str | None, device: torch.device,
+              precision: str | None = None):
+    """One optimizer step of the plain loop (a closure over its model, optimizer and schedule);
+    `precision` overrides the model's (fp32: the bench's eager fp32 reference)."""
     s = SHAPES[model_name]
     model = torch.compile(net, mode=mode) if mode else net
     opt = torch.optim.AdamW(net.parameters(), lr=s["lr"], weight_decay=s["weight_decay"], fused=device.type == "cuda")
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: 0.5 * (1 + math.cos(math.pi * min(1.0, k / TOTAL_STEPS))))
-    bf16 = s["precision"] == "bf16-mixed"
+    bf16 = (precision or s["precision"]) == "bf16-mixed"
 
     def step(x, y):
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
@@ -113,40 +118,47 @@ def timed(fn, device: torch.device) -> float:
 
 
 def run_clip(model_name: str, clip: float, mode: str | None, warmup: int, steps: int, device: torch.device,
-             **shape) -> dict:
+             fp32_twin: bool = False, **shape) -> dict:
+    """One clip value, timed in the bench's order: the compiled loop and its eager twin(s) warmed
+    up, `steps` rounds interleaved (eager, compiled[, eager fp32]), then `steps` compiled steps back
+    to back after one more warm-up step."""
     net, batches = build(model_name, device, **shape)
     step = make_step(model_name, net, clip, mode, device)
-    cursor = [0]
-
-    def one(fn=step, c=cursor):
-        x, y = batches[c[0] % len(batches)]
-        c[0] += 1
-        fn(x, y)
-
-    first_s = timed(one, device)
-    for _ in range(warmup):
-        one()
-    alone = [timed(one, device) for _ in range(steps)]
     twin, _ = build(model_name, device, **shape)
     eager_step = make_step(model_name, twin, clip, None, device)
-    eager_cursor = [0]
+    sides = {"eager": eager_step, "compiled": step}
+    if fp32_twin:  # the bench's speedup_vs_eager_fp32 reference, timed in every round of a bf16 row
+        ref, _ = build(model_name, device, **shape)
+        sides["eager_fp32"] = make_step(model_name, ref, clip, None, device,
+                                        precision="fp32")
+    cursors = {name: [0] for name in sides}
 
-    def eager_one():
-        one(eager_step, eager_cursor)
+    def one(name):
+        x, y = batches[cursors[name][0] % len(batches)]
+        cursors[name][0] += 1
+        sides[name](x, y)
 
-    for _ in range(warmup):
-        eager_one()
-    interleaved, eager = [], []
+    first_s = timed(lambda: one("compiled"), device)
+    for name in sides:
+        for _ in range(warmup):
+            one(name)
+    samples = {name: [] for name in sides}
     for _ in range(steps):
-        eager.append(timed(eager_one, device))
-        interleaved.append(timed(one, device))
+        for name in sides:
+            samples[name].append(timed(lambda n=name: one(n), device))
+    one("compiled")
+    alone = [timed(lambda: one("compiled"), device) for _ in range(steps)]
+    sides.clear()  # the models go with their steps
     del net, twin
     if device.type == "cuda":
         torch.cuda.empty_cache()
     ms = lambda xs: statistics.median(xs) * 1e3  # noqa: E731
-    return {"grad_clip": clip, "first_step_s": first_s, "step_ms_alone": ms(alone),
-            "step_ms_interleaved": ms(interleaved), "eager_step_ms_interleaved": ms(eager),
-            "alone_p10_p90_ms": [sorted(alone)[len(alone) // 10] * 1e3, sorted(alone)[(9 * len(alone)) // 10] * 1e3]}
+    run = {"grad_clip": clip, "first_step_s": first_s, "step_ms_alone": ms(alone),
+           "step_ms_interleaved": ms(samples["compiled"]), "eager_step_ms_interleaved": ms(samples["eager"]),
+           "alone_p10_p90_ms": [sorted(alone)[len(alone) // 10] * 1e3, sorted(alone)[(9 * len(alone)) // 10] * 1e3]}
+    if fp32_twin:
+        run["eager_fp32_step_ms_interleaved"] = ms(samples["eager_fp32"])
+    return run
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -158,6 +170,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=4)
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--batch", type=int, help="override the preset's batch size (a CPU smoke run)")
+    p.add_argument("--fp32-twin", action="store_true",
+                   help="also interleave an eager fp32 twin after each compiled step, as `kiln bench compile` "
+                        "times its speedup_vs_eager_fp32 reference in every round of a bf16 row")
     p.add_argument("--mlp-width", type=int, default=1024, help="seed MLP width (default 1024, the preset's)")
     p.add_argument("--mlp-depth", type=int, default=24, help="seed MLP blocks (default 24, the preset's)")
     p.add_argument("--out", type=Path, required=True, help="directory for crosscheck_<model>.json")
@@ -174,11 +189,12 @@ def main(argv: list[str] | None = None) -> int:
               "settings": {**s, "batch": args.batch or s["batch"],
                            **({"mlp_width": args.mlp_width, "mlp_depth": args.mlp_depth} if args.model == "mlp" else {}),
                            "optimizer": "adamw (fused on CUDA)", "schedule": "cosine", "warmup_steps": 0,
-                           "total_steps": TOTAL_STEPS, "tf32": True, "warmup": args.warmup, "steps": args.steps},
+                           "total_steps": TOTAL_STEPS, "tf32": True, "warmup": args.warmup, "steps": args.steps,
+                           "fp32_twin": args.fp32_twin},
               "runs": []}
     for clip in (float(c) for c in args.clip.split(",")):
         run = run_clip(args.model, clip, None if args.mode == "none" else args.mode, args.warmup, args.steps, device,
-                       batch=args.batch, width=args.mlp_width, depth=args.mlp_depth)
+                       fp32_twin=args.fp32_twin, batch=args.batch, width=args.mlp_width, depth=args.mlp_depth)
         print(f"{args.model} {args.mode} clip {clip:g}: alone {run['step_ms_alone']:.3f} ms, interleaved with eager "
               f"{run['step_ms_interleaved']:.3f} ms (eager {run['eager_step_ms_interleaved']:.3f} ms)", flush=True)
         result["runs"].append(run)

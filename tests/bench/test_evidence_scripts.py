@@ -33,6 +33,25 @@ def test_crosscheck_imports_no_kiln_and_times_both_ways(tmp_path):
     assert result["settings"]["schedule"] == "cosine" and result["settings"]["batch"] == 4
     for run in result["runs"]:
         assert run["step_ms_alone"] > 0 and run["step_ms_interleaved"] > 0 and run["eager_step_ms_interleaved"] > 0
+        assert "eager_fp32_step_ms_interleaved" not in run
+
+
+def test_crosscheck_interleaves_an_fp32_twin_in_the_bench_order(tmp_path, monkeypatch):
+    crosscheck = _load("plain_crosscheck")
+    calls: list[str] = []
+    make = crosscheck.make_step
+
+    def spy(model_name, net, clip, mode, device, precision=None):
+        step = make(model_name, net, clip, mode, device, precision)
+        tag = "fp32" if precision == "fp32" else "compiled" if mode else "eager"
+        return lambda x, y: (calls.append(tag), step(x, y))[1]
+
+    monkeypatch.setattr(crosscheck, "make_step", spy)
+    monkeypatch.setattr(crosscheck.torch, "compile", lambda net, mode=None: net)  # no compiler on a CPU smoke run
+    run = crosscheck.run_clip("mlp", 0.0, "default", 1, 3, torch.device("cpu"), fp32_twin=True, batch=4, width=8, depth=1)
+    assert run["eager_fp32_step_ms_interleaved"] > 0
+    # first step, one warm-up step each, three rounds eager -> compiled -> fp32, then one + three alone
+    assert calls == ["compiled", "eager", "compiled", "fp32", *["eager", "compiled", "fp32"] * 3, *["compiled"] * 4]
 
 
 def test_summary_pairs_bench_plain_rows_with_the_standalone_loop(tmp_path):
