@@ -17,7 +17,8 @@
 #   PART=float8,1b KILN_ROWS_1B=kiln-regional,kiln-capture NO_TORCHTITAN=1 PROFILE=kiln-regional \
 #     bash benchmarks/train_llm.sh            # several parts in one call, sharing TOTAL_S (default 530 s)
 #
-# Env: KILN_ROWS_<PART> (1B, LONG, FLOAT8) picks the kiln recipes of a part; NO_TORCHTITAN=1 drops
+# Env: KILN_ROWS_<PART> (1B, LONG, FLOAT8) picks the kiln recipes of a part; BATCH_1B the 1b part's
+# batch size (default 4: results/h100/llm_train/1b; 8 in 1b_batch8); NO_TORCHTITAN=1 drops
 # the peer row; PROFILE=<recipe> runs `kiln profile` on that recipe of the 1b part after it, if the
 # time left allows (its summary lands in $R/profile/). FLOAT8_AC: activation checkpointing of the
 # float8 rows (default selective: the 3B training state alone takes ~51 GB; `full` if selective
@@ -43,6 +44,8 @@ declare -A RECIPE=(
   [kiln-capture]="compile.enabled=true compile.regional=true compile.cudagraphs=true"
   [kiln-loss]="compile.enabled=true compile.scope=model+loss training.ce_kernel=plain"
   [kiln-mat]="compile.enabled=true compile.regional=true compile.mode=max-autotune-no-cudagraphs"
+  [kiln-master]="compile.enabled=true compile.scope=model+loss training.ce_kernel=plain precision.policy=bf16-master"
+  [kiln-master-regional]="compile.enabled=true compile.regional=true precision.policy=bf16-master"
   [kiln-liger]="compile.enabled=true compile.regional=true training.ce_kernel=liger"
   [kiln-fsdp-bf16]="compile.enabled=true distributed.strategy=fsdp distributed.fsdp_param_dtype=bf16"
   [kiln-ac]="compile.enabled=true compile.regional=true training.activation_checkpointing=selective"
@@ -75,7 +78,7 @@ run_part() {  # run_part PART SECONDS
     # torchtitan after the first kiln recipe: a slow compile late in the call must not cost the peer row.
     1b) first=${ROWS[1b]%%,*}; rest=${ROWS[1b]#"$first"}
         rows="plain,$first,torchtitan$rest"; [ -n "${NO_TORCHTITAN:-}" ] && rows="plain,${ROWS[1b]}"
-        args=(--model llama-3.2-1b --seq-len 2048 --batch-size 4 --steps 50 --warmup 10 --rows "$rows"
+        args=(--model llama-3.2-1b --seq-len 2048 --batch-size "${BATCH_1B:-4}" --steps 50 --warmup 10 --rows "$rows"
               --torchtitan-timeout-s 240) ;;
     long) args=(--model llama-3.2-1b --seq-len 8192 --batch-size 1 --steps 20 --warmup 5
                 --rows "${ROWS[long]},plain") ;;
@@ -97,7 +100,7 @@ profile_recipe() {  # kiln profile of one recipe of the 1b part, on its data and
   rm -rf "$out"
   step "profile_$name" timeout "$2" python3 -m kiln profile --steps 8 --warmup 4 --memory-steps 0 --out "$out" \
     "model.name=llama:$data/init" data.source=tokens "data.path=$data/corpus/tokens.bin" data.token_dtype=uint32 \
-    data.seq_len=2048 data.batch_size=4 precision.policy=bf16-mixed optim.betas=[0.9,0.95] optim.weight_decay=0.0 \
+    data.seq_len=2048 data.batch_size="${BATCH_1B:-4}" precision.policy=bf16-mixed optim.betas=[0.9,0.95] optim.weight_decay=0.0 \
     metrics.console=false ${RECIPE[$name]}
   mkdir -p "$R/profile" && cp "$out/profile_summary.md" "$R/profile/" 2>/dev/null
 }
