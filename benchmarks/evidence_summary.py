@@ -9,16 +9,21 @@ summary.md (or `--out`):
   timed back to back) beside the standalone loop's (alone and interleaved with an eager twin; in a
   bracket the mean of its two runs, each run listed, and how far the second moved from the first),
   and whether the plain row is within 5 % of the standalone loop;
-- the LLM rows (kiln and gpt-fast): tokens/s and the ceiling fractions, with the ceilings.
+- the LLM rows (kiln and gpt-fast): tokens/s and the ceiling fractions, with the ceilings;
+- with `--parts repeats`, benchmarks/mlp_noise.sh's layout (`script/crosscheck_mlp.json` holding
+  every script run, `bench_clip<c>_<i>/results.json` each bench run): per clip value each tool's
+  run figures, their medians, the gap between the medians and whether it is within 5 %, and how
+  far the script's own runs spread (largest / smallest - 1).
 Missing inputs are listed, not fatal: a time-boxed run summarizes what it finished.
 
-    python benchmarks/evidence_summary.py DIR [--out OUTDIR] [--parts plain,llm]
+    python benchmarks/evidence_summary.py DIR [--out OUTDIR] [--parts plain,llm,repeats]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -102,6 +107,34 @@ LLM_FIELDS = ("engine", "quant", "status", "decode_tok_s", "request_tok_s", "req
               "peer_commit", "reason")
 
 
+def repeated_runs(root: Path, missing: list[str]) -> list[dict]:
+    """Per clip value: the script's runs and the bench's plain-row runs (mlp_noise.sh), both timings."""
+    script = _load(root / "script" / "crosscheck_mlp.json", missing)
+    if script is None:
+        return []
+    out = []
+    for clip in sorted({run["grad_clip"] for run in script["runs"]}):
+        runs = [run for run in script["runs"] if run["grad_clip"] == clip]
+        benches = []
+        for path in sorted(root.glob(f"bench_clip{clip:g}_*/results.json")):
+            rows = [r for r in json.loads(path.read_text())["results"]
+                    if r.get("runner") == "plain" and r.get("mode") != "eager" and r.get("status") == "ok"]
+            benches += rows[:1]
+        entry = {"model": "mlp", "what": MODELS["mlp"], "grad_clip": clip, "script_runs": len(runs),
+                 "bench_runs": len(benches)}
+        for time, bench_time in (("step_ms_interleaved", "step_ms"), ("step_ms_alone", "step_ms_alone")):
+            mine, theirs = [r[bench_time] for r in benches], [r[time] for r in runs]
+            bench = statistics.median(mine) if mine else None
+            alone = statistics.median(theirs) if theirs else None
+            entry.update({f"bench_{time}": mine, f"script_{time}": theirs, f"bench_median_{time}": bench,
+                          f"script_median_{time}": alone,
+                          f"gap_{time}": bench / alone - 1 if bench is not None and alone else None,
+                          f"within_5pct_{time}": within(bench, alone),
+                          f"script_spread_{time}": max(theirs) / min(theirs) - 1 if theirs else None})
+        out.append(entry)
+    return out
+
+
 def llm(root: Path, missing: list[str]) -> dict:
     bench = _load(root / "llm" / "results.json", missing)
     if bench is None:
@@ -119,10 +152,12 @@ def _fmt(value) -> str:
 
 
 def markdown(summary: dict) -> str:
-    lines = ["# evidence summary", "", "## plain baseline vs a standalone loop (no kiln code)", "",
-             "| model | grad_clip | schedule | bench plain ms (interleaved) | standalone ms (interleaved) | "
-             "bench plain ms (alone) | standalone ms (alone) | within 5% (interleaved / alone) |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["# evidence summary"]
+    if summary["plain"]:
+        lines += ["", "## plain baseline vs a standalone loop (no kiln code)", "",
+                  "| model | grad_clip | schedule | bench plain ms (interleaved) | standalone ms (interleaved) | "
+                  "bench plain ms (alone) | standalone ms (alone) | within 5% (interleaved / alone) |",
+                  "|---|---|---|---|---|---|---|---|"]
     for e in summary["plain"]:
         lines.append(f"| {e['what']} | {e['grad_clip']:g} | {_fmt(e['schedule'])} | {_fmt(e['bench_plain_step_ms'])} | "
                      f"{_fmt(e['standalone_step_ms_interleaved'])} | {_fmt(e['bench_plain_step_ms_alone'])} | "
@@ -136,6 +171,19 @@ def markdown(summary: dict) -> str:
                   + " / ".join(_fmt(v) for v in e["bracket_step_ms_interleaved"])
                   + (f", {e['bracket_drift_step_ms_interleaved']:+.1%}" if "bracket_drift_step_ms_interleaved" in e else "")
                   for e in bracketed]
+    if summary.get("repeats"):
+        lines += ["", "## repeated runs: medians over processes", "",
+                  "| model | grad_clip | runs (script / bench) | bench ms (interleaved) | script ms (interleaved) | gap | "
+                  "bench ms (alone) | script ms (alone) | gap | script's own spread (interleaved / alone) |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        for e in summary["repeats"]:
+            gaps = [f"{e[k]:+.1%}" if e[k] is not None else "-" for k in ("gap_step_ms_interleaved", "gap_step_ms_alone")]
+            spread = " / ".join(f"{e[k]:.0%}" if e[k] is not None else "-"
+                                for k in ("script_spread_step_ms_interleaved", "script_spread_step_ms_alone"))
+            lines.append(f"| {e['what']} | {e['grad_clip']:g} | {e['script_runs']} / {e['bench_runs']} | "
+                         f"{_fmt(e['bench_median_step_ms_interleaved'])} | {_fmt(e['script_median_step_ms_interleaved'])} | "
+                         f"{gaps[0]} | {_fmt(e['bench_median_step_ms_alone'])} | {_fmt(e['script_median_step_ms_alone'])} | "
+                         f"{gaps[1]} | {spread} |")
     c = summary["llm"].get("ceilings") or {}
     if c:
         spec = (f"; datasheet ({c.get('spec_name')}, {c.get('spec_source')}): {c['spec_bytes_per_s'] / 1e9:.0f} GB/s, "
@@ -163,8 +211,10 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     parts = set(args.parts.split(","))
     missing: list[str] = []
-    summary = {"plain": plain_rows(args.root, missing if "plain" in parts else []),
+    summary = {"plain": plain_rows(args.root, missing) if "plain" in parts else [],
                "llm": llm(args.root, missing if "llm" in parts else []), "missing": missing}
+    if "repeats" in parts:
+        summary["repeats"] = repeated_runs(args.root, missing)
     out = args.out or args.root.parent
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(json.dumps(summary, indent=1))

@@ -101,3 +101,25 @@ def test_summary_brackets_the_bench_between_two_standalone_runs(tmp_path):
     assert summary.main([str(tmp_path), "--out", str(tmp_path / "plain"), "--parts", "plain"]) == 0
     assert not any("llm" in m for m in json.loads((tmp_path / "plain" / "summary.json").read_text())["missing"])
     assert "before and after the bench" in (tmp_path / "out" / "summary.md").read_text()
+
+
+def test_repeats_compare_medians_over_processes(tmp_path):
+    summary = _load("evidence_summary")
+    (tmp_path / "script").mkdir()
+    runs = [{"grad_clip": 0.0, "step_ms_alone": a, "step_ms_interleaved": i}
+            for a, i in ((4.0, 5.0), (3.0, 4.0), (3.5, 4.4), (5.0, 6.0))]
+    (tmp_path / "script" / "crosscheck_mlp.json").write_text(json.dumps({"runs": runs}))
+    for n, (inter, alone) in enumerate(((4.5, 3.6), (4.2, 3.7), (9.9, 3.9)), start=1):
+        (tmp_path / f"bench_clip0_{n}").mkdir()
+        rows = [{"runner": "plain", "mode": "eager", "status": "ok", "step_ms": 99.0},
+                {"runner": "plain", "mode": "reduce-overhead", "status": "ok", "step_ms": inter, "step_ms_alone": alone}]
+        (tmp_path / f"bench_clip0_{n}" / "results.json").write_text(json.dumps({"results": rows}))
+    assert summary.main([str(tmp_path), "--parts", "repeats", "--out", str(tmp_path / "out")]) == 0
+    got = json.loads((tmp_path / "out" / "summary.json").read_text())
+    (entry,) = got["repeats"]
+    assert entry["script_runs"] == 4 and entry["bench_runs"] == 3 and got["plain"] == []
+    assert entry["script_median_step_ms_interleaved"] == 4.7 and entry["bench_median_step_ms_interleaved"] == 4.5
+    assert entry["script_median_step_ms_alone"] == 3.75 and entry["bench_median_step_ms_alone"] == 3.7
+    assert abs(entry["gap_step_ms_interleaved"] - (4.5 / 4.7 - 1)) < 1e-12 and entry["within_5pct_step_ms_interleaved"]
+    assert abs(entry["script_spread_step_ms_alone"] - (5.0 / 3.0 - 1)) < 1e-12
+    assert "| 4 / 3 | 4.5 | 4.7 | -4.3% |" in (tmp_path / "out" / "summary.md").read_text()
