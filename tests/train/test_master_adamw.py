@@ -118,6 +118,22 @@ def test_train_step_folds_clipping_into_the_update():
     assert opt.clip_coef is None and all(p.grad is None for p in params)
 
 
+def test_a_skipped_update_leaves_no_clip_coefficient_behind():
+    from kiln.checkpoint.nonfinite import NonFiniteGuard
+
+    model = _bf16_model()
+    params = list(model.parameters())
+    opt = MasterAdamW(_groups(params), use_kernel=False, **HYPER)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    x, y = torch.randn(4, 8).to(torch.bfloat16), torch.randint(0, 3, (4,))
+    nan_loss = lambda a, b: torch.nn.functional.cross_entropy(model(a).float(), b) * float("nan")  # noqa: E731
+    step = TrainStep(model, nan_loss, opt, sched, grad_clip=0.01, guard=NonFiniteGuard("skip", 10))
+    before = [p.detach().clone() for p in params]
+    step([(x, y)])
+    assert opt.clip_coef is None and not opt.state  # the update was dropped, its coefficient with it
+    assert all(p.equal(b) for p, b in zip(params, before))
+
+
 def test_state_dict_round_trip_keeps_fp32_masters():
     model = _bf16_model()
     params = list(model.parameters())
