@@ -46,6 +46,7 @@ declare -A RECIPE=(
   [kiln-mat]="compile.enabled=true compile.regional=true compile.mode=max-autotune-no-cudagraphs"
   [kiln-master]="compile.enabled=true compile.scope=model+loss training.ce_kernel=plain precision.policy=bf16-master"
   [kiln-master-regional]="compile.enabled=true compile.regional=true precision.policy=bf16-master"
+  [kiln-master-chunked]="compile.enabled=true compile.scope=model+loss training.ce_kernel=chunked precision.policy=bf16-master"
   [kiln-master-cdt]="compile.enabled=true compile.scope=model+loss training.ce_kernel=plain precision.policy=bf16-master compile.options.coordinate_descent_tuning=true"
   [kiln-liger]="compile.enabled=true compile.regional=true training.ce_kernel=liger"
   [kiln-fsdp-bf16]="compile.enabled=true distributed.strategy=fsdp distributed.fsdp_param_dtype=bf16"
