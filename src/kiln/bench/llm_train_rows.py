@@ -145,7 +145,7 @@ def kiln_step(overrides: list[str] | Config, stack: contextlib.ExitStack):
     stack.enter_context(compile_cache_dir(cfg.compile.cache_dir if cfg.compile.enabled else "torch"))
     stack.enter_context(attention_backend(cfg.model.attention))
     step_fn = build_train_step(model, built.task, built.blocks, cfg, policy, device, strategy=strategy,
-                               ce_kernel=features["ce_kernel"])
+                               ce_kernel=features["ce_kernel"], swiglu_kernel=features["swiglu_kernel"])
 
     def step(x: Tensor, y: Tensor) -> Tensor:
         return step_fn([(x, y)])[0]

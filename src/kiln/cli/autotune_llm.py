@@ -17,8 +17,8 @@ def add_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--ac", metavar="LIST", help="training.activation_checkpointing: none,selective,full (default all)")
     g.add_argument("--float8", metavar="LIST", help="precision.float8: none,tensorwise,rowwise (default all on a GPU "
                    "with float8 tensor cores and a bf16 policy, else none)")
-    g.add_argument("--ce-kernels", metavar="LIST", help="training.ce_kernel: chunked,liger,plain (default chunked, "
-                   "plain and liger where liger-kernel imports)")
+    g.add_argument("--ce-kernels", metavar="LIST", help="training.ce_kernel: chunked,liger,plain,triton (default "
+                   "chunked and plain, triton on a GPU, liger where liger-kernel imports)")
     g.add_argument("--compile-scopes", metavar="LIST",
                    help="regional (compile.regional), whole (the model), model+loss, off (default regional,whole)")
     g.add_argument("--loss-tol", type=float, default=0.02,
@@ -82,7 +82,8 @@ def plan(args: argparse.Namespace, cfg):
     if why and args.precisions is None:
         notes.append(why)
     precision = _values("--precisions", args.precisions, sp.PRECISIONS, precision_default)
-    ce_default = ["chunked", "plain"] + (["liger"] if importlib.util.find_spec("liger_kernel") else [])
+    ce_default = (["chunked", "plain"] + (["triton"] if device.type == "cuda" else [])
+                  + (["liger"] if importlib.util.find_spec("liger_kernel") else []))
     space = sp.LlmSpace(batches=batches, ac=_values("--ac", args.ac, sp.AC_MODES, list(sp.AC_MODES)),
                         ce=_values("--ce-kernels", args.ce_kernels, sp.CE_KERNELS, ce_default), float8=float8,
                         compile=_values("--compile-scopes", args.compile_scopes, sp.COMPILE_SCOPES,

@@ -82,7 +82,9 @@ class TrainingConfig:
     activation_checkpointing: str = "none"
     """Recompute activations in backward instead of keeping them, per repeated block: `none`, `full` (keep only each block's input), `selective` (keep matmul and attention outputs, recompute the cheap elementwise ops: most of the memory saved for little extra time)."""
     ce_kernel: str = "auto"
-    """Next-token loss of `llama:` models: `plain` (logits, then cross-entropy), `chunked` (kiln's fused linear + cross-entropy over chunks of tokens: never holds [tokens x vocab] fp32 logits, exact gradients), `liger` (Liger-Kernel's fused linear cross-entropy, `pip install 'kiln[kernels]'`), or `auto` (`chunked` for `llama:` models, `plain` for others)."""
+    """Next-token loss of `llama:` models: `plain` (logits, then cross-entropy), `chunked` (kiln's fused linear + cross-entropy over chunks of tokens: never holds [tokens x vocab] fp32 logits, exact gradients), `liger` (Liger-Kernel's fused linear cross-entropy, `pip install 'kiln[kernels]'`), `triton` (logits as `plain`, then kiln's Triton cross-entropy: one pass over the logits forward, one read and write backward, no fp32 copy; any causal LM), or `auto` (`chunked` for `llama:` models, `plain` for others)."""
+    swiglu_kernel: str = "auto"
+    """SwiGLU of `llama:` models: `plain` (PyTorch ops, fused by inductor when compiled), `fused` (kiln's Triton forward and backward kernels; the backward reads gate, up and its gradient once), or `auto` (`fused` on CUDA for `llama:` models, else `plain`)."""
 
 
 @dataclass(kw_only=True)
@@ -275,7 +277,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "model.task": ("auto", "classification", "causal_lm", "custom"),
     "model.attention": ("auto", "flash", "cudnn", "efficient", "math"),
     "training.activation_checkpointing": ("none", "full", "selective"),
-    "training.ce_kernel": ("auto", "plain", "chunked", "liger"),
+    "training.ce_kernel": ("auto", "plain", "chunked", "liger", "triton"),
+    "training.swiglu_kernel": ("auto", "plain", "fused"),
     "precision.float8": ("none", "tensorwise", "rowwise"),
     "training.nonfinite": ("error", "skip"),
     "data.token_dtype": ("uint16", "uint32"),

@@ -21,6 +21,7 @@ from kiln.train.float8 import apply_float8, check_float8
 from kiln.train.losses import build_forward_loss
 from kiln.train.optim import DeviceSchedule, build_optimizer, build_scheduler
 from kiln.train.step import TrainStep
+from kiln.train.swiglu import apply_swiglu_kernel
 
 
 def build_train_step(
@@ -36,6 +37,7 @@ def build_train_step(
     guard=None,
     sync_timer=None,
     ce_kernel: str = "plain",
+    swiglu_kernel: str = "plain",
 ) -> TrainStep | CapturedStep:
     """Compile and parallelise `model` (see kiln.distributed.apply for the order), then build the
     optimizer, LR schedule, grad scaler and the step function around it. `step.model` is the
@@ -45,12 +47,15 @@ def build_train_step(
     compile's distillation loss); it gets the model after compile/parallel wrapping. `guard` (a
     kiln.checkpoint.NonFiniteGuard) flags non-finite steps and, in `skip` mode, drops them.
     `sync_timer` (kiln.distributed.sync_timing.SyncTimer) times the DDP gradient all-reduce wait.
-    `ce_kernel`: the resolved `training.ce_kernel` (kiln.train.cross_entropy.resolve_ce_kernel).
+    `ce_kernel`, `swiglu_kernel`: the resolved `training.ce_kernel` and `training.swiglu_kernel`
+    (kiln.train.features).
 
-    Before compile and parallelism (torchtitan's order): float8 linear layers in the blocks
+    Before compile and parallelism (torchtitan's order): the SwiGLU kernel (kiln.train.swiglu),
+    float8 linear layers in the blocks
     (`precision.float8`, kiln.train.float8), then activation checkpointing of each block
     (`training.activation_checkpointing`, kiln.train.activation_checkpoint)."""
     check_float8(cfg.precision.float8, device, cfg.precision.policy)  # the trainer checked; other callers too
+    apply_swiglu_kernel(model, swiglu_kernel)
     apply_float8(model, blocks, cfg.precision.float8)
     apply_activation_checkpointing(blocks, cfg.training.activation_checkpointing)
     model, grad_sync = apply_parallel(model, blocks, cfg, policy, device, strategy, sync_timer)

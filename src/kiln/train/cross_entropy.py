@@ -1,4 +1,4 @@
-"""Next-token cross-entropy through the output layer, three ways (`training.ce_kernel`).
+"""Next-token cross-entropy through the output layer, four ways (`training.ce_kernel`).
 
 - `plain`: `lm_head` gives the logits [tokens x vocab], then `F.cross_entropy` (under autocast it
   works on an fp32 copy of them). At Llama-3's vocabulary (128,256) and 16,384 tokens a step that
@@ -11,6 +11,9 @@
   (with bf16 matmuls it is rounded to bf16 once per chunk, plain rounds it once).
 - `liger`: Liger-Kernel's fused linear cross-entropy (the same idea in Triton kernels), when the
   `kernels` extra is installed.
+- `triton`: the logits as `plain`, then the loss and its gradient through kiln's Triton kernels
+  (kiln.train.triton_ce): one pass over the logits forward, one read and one write backward, no
+  fp32 copy. Any causal LM (it needs the logits only).
 
 `auto` is `chunked` for models that expose their hidden states (`llama:`), else `plain`: it
 removes the largest activation of an LLM step at no extra matmul, needs no extra package, works
@@ -32,7 +35,7 @@ from torch import Tensor
 
 from kiln.config.errors import ConfigError
 
-KERNELS = ("plain", "chunked", "liger")
+KERNELS = ("plain", "chunked", "liger", "triton")
 IGNORE_INDEX = -100
 LIGER_HINT = "pip install 'kiln[kernels]' (liger-kernel)"
 # Tokens per chunk: as many as keep one chunk's fp32 logits within this many bytes.
@@ -46,9 +49,9 @@ def resolve_ce_kernel(name: str, hidden_states: bool) -> str:
         return "chunked" if hidden_states else "plain"
     if name not in KERNELS:
         raise ConfigError("training.ce_kernel", f"unknown value {name!r}", ("auto", *KERNELS))
-    if name != "plain" and not hidden_states:
+    if name not in ("plain", "triton") and not hidden_states:
         raise ConfigError("training.ce_kernel", f"{name!r} needs a model that gives its hidden states and output "
-                          "layer (model.name=llama:...); this model returns only logits", ("auto", "plain"))
+                          "layer (model.name=llama:...); this model returns only logits", ("auto", "plain", "triton"))
     if name == "liger":
         liger_function()
     return name

@@ -1,9 +1,10 @@
 """The training features applied to a model from outside, checked and resolved before any work.
 
 `resolve_features` turns the config's `model.attention`, `training.ce_kernel`,
-`training.activation_checkpointing` and `precision.float8` into what this run will do (or a
+`training.swiglu_kernel`, `training.activation_checkpointing` and `precision.float8` into what
+this run will do (or a
 ConfigError naming the key, exit 2, before anything is written). The resolved values go to the
-log and to summary.json under `features`; kiln.train.assemble applies float8 and checkpointing,
+log and to summary.json under `features`; kiln.train.assemble applies the SwiGLU kernel, float8 and checkpointing,
 kiln.train.losses the cross-entropy kernel, and the trainer runs the loop under the attention
 kernel.
 """
@@ -20,11 +21,12 @@ from kiln.precision import PrecisionPolicy
 from kiln.train.attention import choose_attention
 from kiln.train.cross_entropy import resolve_ce_kernel
 from kiln.train.float8 import check_float8
+from kiln.train.swiglu import resolve_swiglu_kernel
 
 
 def resolve_features(cfg: Config, built, model: torch.nn.Module, policy: PrecisionPolicy, device: torch.device,
                      train_data) -> dict[str, Any]:
-    """{"attention": {...}, "ce_kernel", "activation_checkpointing", "float8"} for this run.
+    """{"attention": {...}, "ce_kernel", "swiglu_kernel", "activation_checkpointing", "float8"} for this run.
     `built`: the BuiltModel; `model`: its module on the device; `train_data`: the DataSource."""
     check_float8(cfg.precision.float8, device, cfg.precision.policy)
     ac = cfg.training.activation_checkpointing
@@ -35,13 +37,14 @@ def resolve_features(cfg: Config, built, model: torch.nn.Module, policy: Precisi
         raise ConfigError("precision.float8", f"{cfg.model.name} has no repeated blocks whose linear layers "
                           "could run in float8", ("none",))
     ce_kernel = resolve_ce_kernel(cfg.training.ce_kernel, built.hidden_states and built.task == "causal_lm")
+    swiglu_kernel = resolve_swiglu_kernel(cfg.training.swiglu_kernel, model, device)
     tokens, samples = getattr(train_data, "tokens_per_batch", None), getattr(train_data, "samples_per_batch", 0)
     if tokens and samples:
         dtype = policy.autocast_dtype or policy.param_dtype
         attention = choose_attention(model, cfg.model.attention, device=device, dtype=dtype, seq_len=tokens // samples)
     else:
         attention = {"requested": cfg.model.attention, "kernel": None, "expand_kv": False}
-    return {"attention": attention, "ce_kernel": ce_kernel, "activation_checkpointing": ac,
+    return {"attention": attention, "ce_kernel": ce_kernel, "swiglu_kernel": swiglu_kernel, "activation_checkpointing": ac,
             "float8": cfg.precision.float8}
 
 
@@ -52,4 +55,5 @@ def describe_features(features: dict[str, Any]) -> str:
     if att["expand_kv"]:
         kernel += ", key/value heads repeated"
     return (f"attention: {kernel} (model.attention={att['requested']}); cross-entropy: {features['ce_kernel']}; "
+            f"SwiGLU: {features.get('swiglu_kernel', 'plain')}; "
             f"activation checkpointing: {features['activation_checkpointing']}; float8: {features['float8']}")

@@ -85,7 +85,8 @@ class TrainLoop:
         self.sync_timer = SyncTimer(device) if self.multi and cfg.metrics.sync_timing else None
         self.step_fn = build_train_step(t.model, t.built.task, t.built.blocks, cfg, t.policy, device,
                                         strategy=t.strategy, guard=self.guard, sync_timer=self.sync_timer,
-                                        ce_kernel=t.features["ce_kernel"])
+                                        ce_kernel=t.features["ce_kernel"],
+                                        swiglu_kernel=t.features["swiglu_kernel"])
         self.model = self.step_fn.model
         self.eval_fn = with_precision(build_eval_fn(self.model, t.built.task), t.policy, device)
         self.samples_per_step = t.train_data.samples_per_batch * self.accum

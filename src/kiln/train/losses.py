@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from kiln.train.cross_entropy import hidden_state_loss
+from kiln.train.triton_ce import triton_cross_entropy
 
 
 def logits_of(output) -> Tensor:
@@ -48,7 +49,10 @@ def next_token_loss(output, targets: Tensor) -> Tensor:
 def build_forward_loss(model: torch.nn.Module, task: str, ce_kernel: str = "plain") -> Callable[[Tensor, Tensor], Tensor]:
     """A function (inputs, targets) -> scalar loss for the task; `custom` models get both tensors.
     `ce_kernel` (`chunked`, `liger`): a causal LM's loss from its hidden states through a fused
-    linear + cross-entropy (kiln.train.cross_entropy; the model must take `hidden=True`)."""
+    linear + cross-entropy (kiln.train.cross_entropy; the model must take `hidden=True`);
+    `triton`: from its logits through kiln's cross-entropy kernels (kiln.train.triton_ce)."""
+    if task == "causal_lm" and ce_kernel == "triton":
+        return lambda inputs, targets: triton_cross_entropy(logits_of(model(inputs)), targets)
     if task == "causal_lm" and ce_kernel != "plain":
         return hidden_state_loss(model, ce_kernel)
     if task == "custom":

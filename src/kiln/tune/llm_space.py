@@ -21,7 +21,7 @@ from kiln.tune.space import MIN_GAIN
 
 AC_MODES = ("none", "selective", "full")
 FLOAT8 = ("none", "tensorwise", "rowwise")
-CE_KERNELS = ("chunked", "liger", "plain")
+CE_KERNELS = ("chunked", "liger", "plain", "triton")
 COMPILE_SCOPES = ("regional", "whole", "model+loss", "off")
 """regional: each block compiled (compile.regional); whole: the model in one graph; model+loss: the
 model and its loss compiled together; off: eager."""
