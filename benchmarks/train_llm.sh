@@ -45,6 +45,8 @@ declare -A RECIPE=(
   [kiln-loss]="compile.enabled=true compile.scope=model+loss training.ce_kernel=plain"
   [kiln-mat]="compile.enabled=true compile.regional=true compile.mode=max-autotune-no-cudagraphs"
   [kiln-master]="compile.enabled=true compile.scope=model+loss training.ce_kernel=plain precision.policy=bf16-master"
+  [kiln-master-tce]="compile.enabled=true compile.scope=model+loss training.ce_kernel=triton precision.policy=bf16-master"
+  [kiln-master-pswiglu]="compile.enabled=true compile.scope=model+loss training.ce_kernel=plain precision.policy=bf16-master training.swiglu_kernel=plain"
   [kiln-master-regional]="compile.enabled=true compile.regional=true precision.policy=bf16-master"
   [kiln-master-chunked]="compile.enabled=true compile.scope=model+loss training.ce_kernel=chunked precision.policy=bf16-master"
   [kiln-master-cdt]="compile.enabled=true compile.scope=model+loss training.ce_kernel=plain precision.policy=bf16-master compile.options.coordinate_descent_tuning=true"
