@@ -140,3 +140,21 @@ def test_triton_kernels_match_the_reference(dtype, monkeypatch):
     else:
         # the interpreter truncates to bf16 where a GPU rounds to nearest: a few ulps, never more
         assert _ulps(h, ref_h) <= 4 and _ulps(d, ref_d) <= 4
+
+
+@pytest.mark.parametrize("mode", ["full", "selective"])
+def test_activation_checkpointing_recomputes_the_fused_swiglu_exactly(mode):
+    from kiln.train.activation_checkpoint import apply_activation_checkpointing
+
+    window = torch.randint(512, (2, 17), generator=torch.Generator().manual_seed(1))
+    results = []
+    for ac in ("none", mode):
+        torch.manual_seed(0)
+        built = build_model(ModelConfig(name="llama:llama-tiny"))
+        apply_swiglu_kernel(built.module, "fused")
+        apply_activation_checkpointing(built.blocks, ac)
+        loss = build_forward_loss(built.module, "causal_lm")(window[:, :-1], window[:, 1:])
+        loss.backward()
+        results.append((loss.detach(), [p.grad for p in built.module.parameters()]))
+    assert results[1][0].equal(results[0][0])
+    assert all(a.equal(b) for a, b in zip(results[1][1], results[0][1], strict=True))
