@@ -24,7 +24,6 @@ import torch.nn.functional as F
 from kiln.train.swiglu import swiglu
 from kiln.train.triton_ce import triton_cross_entropy
 
-
 REPS = 10  # calls per timed round, queued back to back: the host's launch work hides behind the GPU's
 
 
@@ -154,6 +153,14 @@ def ce_cases(tokens: int, vocab: int, device) -> tuple[dict, dict]:
     return cases, check
 
 
+def copy_rate_tb_s(device) -> float:
+    """Bytes read plus written per second (TB/s) by a copy of 2 GiB into another 2 GiB."""
+    src = torch.empty(2**29, device=device, dtype=torch.float32)
+    dst = torch.empty_like(src)
+    copy = _interleaved({"copy": lambda: dst.copy_(src)}, 20, 3)["copy"]
+    return 2 * src.numel() * 4 / (copy["median_ms"] * 1e-3) / 1e12
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, default=16384)
@@ -163,11 +170,7 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     device = torch.device("cuda")
-    src = torch.empty(2**29, device=device, dtype=torch.float32)  # 2 GiB
-    dst = torch.empty_like(src)
-    copy = _interleaved({"copy": lambda: dst.copy_(src)}, 20, 3)["copy"]
-    copy_tbs = 2 * src.numel() * 4 / (copy["median_ms"] * 1e-3) / 1e12
-    del src, dst
+    copy_tbs = copy_rate_tb_s(device)
     result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "tokens": args.tokens,
               "copy_tb_s": copy_tbs, "cases": {}, "checks": {}}
     for make, size in ((swiglu_cases, args.inner), (ce_cases, args.vocab)):
