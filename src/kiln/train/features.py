@@ -2,11 +2,10 @@
 
 `resolve_features` turns the config's `model.attention`, `training.ce_kernel`,
 `training.swiglu_kernel`, `training.activation_checkpointing` and `precision.float8` into what
-this run will do (or a
-ConfigError naming the key, exit 2, before anything is written). The resolved values go to the
-log and to summary.json under `features`; kiln.train.assemble applies the SwiGLU kernel, float8 and checkpointing,
-kiln.train.losses the cross-entropy kernel, and the trainer runs the loop under the attention
-kernel.
+this run will do (or a ConfigError naming the key, exit 2, before anything is written). The
+resolved values go to the log and to summary.json under `features`; kiln.train.assemble applies
+the SwiGLU kernel, float8 and checkpointing, kiln.train.losses the cross-entropy kernel, and the
+trainer runs the loop under the attention kernel.
 """
 
 from __future__ import annotations
@@ -44,8 +43,8 @@ def resolve_features(cfg: Config, built, model: torch.nn.Module, policy: Precisi
         attention = choose_attention(model, cfg.model.attention, device=device, dtype=dtype, seq_len=tokens // samples)
     else:
         attention = {"requested": cfg.model.attention, "kernel": None, "expand_kv": False}
-    return {"attention": attention, "ce_kernel": ce_kernel, "swiglu_kernel": swiglu_kernel, "activation_checkpointing": ac,
-            "float8": cfg.precision.float8}
+    return {"attention": attention, "ce_kernel": ce_kernel, "swiglu_kernel": swiglu_kernel,
+            "activation_checkpointing": ac, "float8": cfg.precision.float8}
 
 
 def describe_features(features: dict[str, Any]) -> str:
