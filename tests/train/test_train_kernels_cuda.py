@@ -68,3 +68,29 @@ def test_compiled_llama_trains_the_same_with_kiln_kernels():
     torch.testing.assert_close(grads["kiln"][0], grads["plain"][0], rtol=1e-5, atol=1e-5)
     for a, b in zip(grads["kiln"][1], grads["plain"][1], strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_kiln_train_runs_the_fused_swiglu_under_float8_and_selective_checkpointing(tmp_path):
+    """`training.swiglu_kernel=auto` is `fused` on CUDA for every llama: run: here with torchao's
+    float8 linears, selective activation checkpointing and regional compile around it, through
+    `kiln train` itself, training as the plain SwiGLU does."""
+    import json
+
+    from kiln.cli.main import main
+
+    pytest.importorskip("torchao.float8")
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("float8 training needs compute capability 8.9 or newer")
+    final = {}
+    for kernel in ("plain", "auto"):
+        run = tmp_path / kernel
+        code = main(["train", "--run-dir", str(run), "model.name=llama:llama-tiny", "data.seq_len=64",
+                     "data.batch_size=8", "training.steps=8", "precision.policy=bf16-mixed",
+                     "precision.float8=tensorwise", "training.activation_checkpointing=selective",
+                     "compile.enabled=true", "compile.regional=true", f"training.swiglu_kernel={kernel}",
+                     "metrics.console=false", "metrics.tensorboard=false"])
+        assert code == 0
+        summary = json.loads((run / "summary.json").read_text())
+        assert summary["features"]["swiglu_kernel"] == ("plain" if kernel == "plain" else "fused")
+        final[kernel] = summary["final_loss"]
+    assert final["auto"] == pytest.approx(final["plain"], rel=1e-2)
