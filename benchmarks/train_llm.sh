@@ -82,8 +82,9 @@ run_part() {  # run_part PART SECONDS
     # torchtitan after the first kiln recipe: a slow compile late in the call must not cost the peer row.
     1b) first=${ROWS[1b]%%,*}; rest=${ROWS[1b]#"$first"}
         rows="plain,$first,torchtitan$rest"; [ -n "${NO_TORCHTITAN:-}" ] && rows="plain,${ROWS[1b]}"
+        # --untie: the shape torchtitan trains, with or without its row, so calls compare.
         args=(--model llama-3.2-1b --seq-len 2048 --batch-size "${BATCH_1B:-4}" --steps 50 --warmup 10 --rows "$rows"
-              --torchtitan-timeout-s 240) ;;
+              --torchtitan-timeout-s 240 --untie) ;;
     long) args=(--model llama-3.2-1b --seq-len 8192 --batch-size 1 --steps 20 --warmup 5
                 --rows "${ROWS[long]},plain") ;;
     float8) first=${ROWS[float8]%%,*}
