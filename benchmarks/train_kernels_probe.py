@@ -2,8 +2,8 @@
 (`training.swiglu_kernel=fused`, kiln.train.swiglu) and the cross-entropy on the logits
 (`training.ce_kernel=triton`, kiln.train.triton_ce), at the Llama-3.2-1B step's shapes.
 
-Each case times forward + backward (CUDA events around 10 queued calls, interleaved rounds,
-medians), and each of kiln's kernels alone under a few launch configurations (BLOCK, num_warps),
+Each case times forward + backward (kiln.timing.measure_interleaved: 10 queued calls a sample,
+synchronized, cases taken round-robin, medians), and each of kiln's kernels alone under a few launch configurations (BLOCK, num_warps),
 and converts the time to bytes per second against the minimum traffic of the work (SwiGLU: 16
 bytes per h element in bf16, forward 6 + backward 10; cross-entropy: 3 passes over the bf16
 logits, forward 2 + backward 4 bytes per logit) and against a copy measured in the same process.
@@ -16,36 +16,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 
 import torch
 import torch.nn.functional as F
 
+from kiln.timing import measure_interleaved
 from kiln.train.swiglu import swiglu
 from kiln.train.triton_ce import triton_cross_entropy
 
-REPS = 10  # calls per timed round, queued back to back: the host's launch work hides behind the GPU's
+REPS = 10  # calls per timed sample, queued back to back: the host's launch work hides behind the GPU's
 
 
-def _timed(fn) -> float:
-    """Milliseconds per call of `fn`, over REPS calls between two CUDA events."""
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(REPS):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / REPS
-
-
-def _interleaved(cases: dict, rounds: int, warmup: int) -> dict[str, dict]:
-    times: dict[str, list[float]] = {k: [] for k in cases}
-    for i in range(warmup + rounds):
-        for name, fn in cases.items():
-            ms = _timed(fn)
-            if i >= warmup:
-                times[name].append(ms)
-    return {k: {"median_ms": statistics.median(v), "min_ms": min(v), "max_ms": max(v)} for k, v in times.items()}
+def _interleaved(cases: dict, rounds: int, warmup: int, device) -> dict[str, dict]:
+    """Milliseconds per call of each case: kiln.timing's round-robin timer, REPS calls a sample."""
+    timed = measure_interleaved(cases, warmup=warmup, repeats=rounds, calls_per_sample=REPS, device=device)
+    return {k: {**t.as_dict(per=REPS), "min_ms": min(t.samples_s) * 1e3 / REPS,
+                "max_ms": max(t.samples_s) * 1e3 / REPS} for k, t in timed.items()}
 
 
 # (BLOCK, num_warps) tried per kernel; the first is the one kiln ships.
@@ -157,7 +143,7 @@ def copy_rate_tb_s(device) -> float:
     """Bytes read plus written per second (TB/s) by a copy of 2 GiB into another 2 GiB."""
     src = torch.empty(2**29, device=device, dtype=torch.float32)
     dst = torch.empty_like(src)
-    copy = _interleaved({"copy": lambda: dst.copy_(src)}, 20, 3)["copy"]
+    copy = _interleaved({"copy": lambda: dst.copy_(src)}, 20, 3, device)["copy"]
     return 2 * src.numel() * 4 / (copy["median_ms"] * 1e-3) / 1e12
 
 
@@ -175,7 +161,7 @@ def main() -> None:
               "copy_tb_s": copy_tbs, "cases": {}, "checks": {}}
     for make, size in ((swiglu_cases, args.inner), (ce_cases, args.vocab)):
         cases, check = make(args.tokens, size, device)
-        timed = _interleaved({k: fn for k, (fn, _) in cases.items()}, args.rounds, 2)
+        timed = _interleaved({k: fn for k, (fn, _) in cases.items()}, args.rounds, 2, device)
         for name, v in timed.items():
             v["min_bytes"] = cases[name][1]
             v["tb_s_of_min_traffic"] = v["min_bytes"] / (v["median_ms"] * 1e-3) / 1e12
