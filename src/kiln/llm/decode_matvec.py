@@ -35,7 +35,7 @@ def triton_unavailable(device: torch.device, dtype: torch.dtype) -> str | None:
     if dtype not in (torch.float16, torch.bfloat16):
         return f"needs fp16 or bf16 (the model is {str(dtype).replace('torch.', '')})"
     try:
-        import kiln.llm.triton_matvec  # noqa: F401  (registers the kernel's op)
+        import kiln.llm.triton_rows  # noqa: F401  (registers the kernels' ops)
     except ImportError as exc:
         return f"needs Triton, which does not import here ({exc})"
     return None
@@ -53,10 +53,15 @@ def check(choice: str, device: torch.device, dtype: torch.dtype, *, key: str = "
     return choice
 
 
+ROWS_KERNEL_FROM = 2
+"""Rows (batch x tokens) from which a decode step's projections run kiln.llm.triton_rows' kernels,
+which read each weight tile once for all rows; fewer run the one-row kernels."""
+
+
 def _kernel_reads(layer: nn.Module, x: Tensor) -> str | None:
     """Which kiln op reads `layer`'s weight for input x, or None (a layout it does not read)."""
     from kiln.llm.int4_layout import Int4TritonLinear  # Triton is optional
-    from kiln.llm.triton_matvec import MAX_ROWS
+    from kiln.llm.triton_rows import MAX_ROWS
 
     if x.numel() // x.shape[-1] > MAX_ROWS or not (x.is_cuda or interpreting()):
         return None
@@ -85,7 +90,8 @@ def fused_linear(layer: nn.Module, x: Tensor, *, norm: nn.Module | None = None, 
     res = residual.reshape(-1, out) if residual is not None else None
     if reads == "matvec":
         norm_weight, eps = (norm.weight, norm.eps) if norm is not None else (None, 0.0)
-        y = torch.ops.kiln.matvec(rows, layer.weight, layer.bias, norm_weight, eps, silu_mul, res)
+        op = torch.ops.kiln.matvec_rows if rows.shape[0] >= ROWS_KERNEL_FROM else torch.ops.kiln.matvec
+        y = op(rows, layer.weight, layer.bias, norm_weight, eps, silu_mul, res)
     else:
         y = _int4(layer, rows, norm, "silu_mul" if silu_mul else "none", False, res)
         if layer.interleaved:
@@ -114,7 +120,8 @@ def _int4(layer: nn.Module, rows: Tensor, norm: nn.Module | None, prologue: str,
         prologue = "rms" if layer.folded_norm else "rmsnorm"
     norm_weight = norm.weight if norm is not None and not layer.folded_norm else None
     eps = norm.eps if norm is not None else 0.0
-    return torch.ops.kiln.int4_matvec(rows, layer.weight, layer.scale, layer.offset, layer.group_size, layer.bias,
+    op = torch.ops.kiln.int4_rows if rows.shape[0] >= ROWS_KERNEL_FROM else torch.ops.kiln.int4_matvec
+    return op(rows, layer.weight, layer.scale, layer.offset, layer.group_size, layer.bias,
                                       norm_weight, eps, prologue, swiglu, residual)
 
 

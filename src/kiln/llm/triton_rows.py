@@ -1,0 +1,312 @@
+"""kiln's decode projections for several rows at once (a decode step at batch > 1), written in
+Triton: dense bf16/fp16 weights and kiln's int4 layout, with the same fused parts as the one-row
+kernels (kiln.llm.triton_matvec, kiln.llm.triton_int4): an RMSNorm (or a folded norm's 1/rms)
+before, SwiGLU before or (int4, interleaved rows) after, a bias and a residual add after.
+
+A program owns a block of BLOCK_N outputs (and a split of K) for *all* rows: it reads each weight
+tile once, from memory, and multiplies it with the [BLOCK_M, BLOCK_K] tile of every row's input on
+the tensor cores (`tl.dot`, rows padded to BLOCK_M >= 16). The one-row kernels give each row its
+own programs, which at batch B read every weight tile B times (through L2 when they run together),
+so a step's cost grew with the batch; here it is one weight read per step whatever the batch, which
+is what a decode step's roofline assumes. int4 tiles are unpacked and scaled once per program
+(word [r, n] holds inputs 8r..8r+7 of output n) to a [GROUP, BLOCK_N] tile in the model dtype, then
+multiplied like a dense tile.
+
+Splits of K are added in a fixed order by the last program of a block to arrive
+(kiln.llm.triton_matvec._split_sum), so results do not depend on arrival order. With programmatic
+dependent launch (Hopper) a program waits for the previous kernel before reading anything, then
+lets the next kernel be scheduled. Launch settings are autotuned per shape and row bucket
+(BLOCK_M) on the first call; the chosen settings are cached across processes where Triton can.
+Tests run both kernels on CPU through Triton's interpreter.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from kiln.llm.triton_int4 import PROLOGUES
+from kiln.llm.triton_launch import arrival_counters, interpreting, pdl_enabled
+from kiln.llm.triton_matvec import _split_sum, _x_tile
+
+MAX_ROWS = 64
+"""Rows (batch x tokens) up to which the row kernels run; longer inputs (prefill) use the model's
+own matmul."""
+MAX_SPLIT = 4
+
+
+def block_m(rows: int) -> int:
+    """Rows padded to the tensor cores' smallest tile (16), then to a power of two."""
+    return max(16, triton.next_power_of_2(rows))
+
+
+@triton.jit
+def _rows_rstd(X, m, m_ok, stride_xm, eps, K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """1 / rms of each row's K values, [BLOCK_M]."""
+    kk = tl.arange(0, BLOCK_K)
+    squares = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        h = tl.load(X + m[:, None] * stride_xm + (k0 + kk)[None, :], mask=m_ok[:, None] & ((k0 + kk) < K)[None, :],
+                    other=0.0).to(tl.float32)
+        squares += h * h
+    return tl.rsqrt(tl.sum(squares, 1) / K + eps)
+
+
+@triton.jit
+def _rows_x(X, NormW, m, m_ok, k, stride_xm, rstd, K: tl.constexpr, PROLOGUE: tl.constexpr):
+    """The [BLOCK_M, len(k)] input tile in the model dtype, the prologue applied as eager rounds it."""
+    at = X + m[:, None] * stride_xm + k[None, :]
+    x = _x_tile(at, NormW, k[None, :], m_ok[:, None] & (k < K)[None, :], rstd[:, None], K, PROLOGUE)
+    return x.to(X.dtype.element_ty)
+
+
+@triton.jit
+def _rows_epilogue(y, Y, Bias, Res, m, n, n_ok, ok, stride_ym, stride_rm, HAS_BIAS: tl.constexpr,
+                   HAS_RES: tl.constexpr):
+    """+ bias, rounded, + residual, rounded, stored where `ok`."""
+    dtype = Y.dtype.element_ty
+    if HAS_BIAS:
+        y += tl.load(Bias + n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    y = y.to(dtype)
+    if HAS_RES:
+        res = tl.load(Res + m[:, None] * stride_rm + n[None, :], mask=ok, other=0.0)
+        y = (res.to(tl.float32) + y.to(tl.float32)).to(dtype)
+    tl.store(Y + m[:, None] * stride_ym + n[None, :], y, mask=ok)
+
+
+def _dense_rows(X, W, Y, NormW, Bias, Res, Part, Arrived, M, N, eps,
+                stride_xm, stride_wn, stride_ym, stride_rm,
+                K: tl.constexpr, PROLOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
+                PDL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                SPLIT: tl.constexpr, PER_SPLIT: tl.constexpr):
+    pid = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = n < N
+    m = tl.arange(0, BLOCK_M)
+    m_ok = m < M
+    kk = tl.arange(0, BLOCK_K)
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+    rstd = tl.zeros([BLOCK_M], dtype=tl.float32)
+    if PROLOGUE == 1:
+        rstd = _rows_rstd(X, m, m_ok, stride_xm, eps, K, BLOCK_M, BLOCK_K)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    k_lo = pid_k * PER_SPLIT
+    for i in tl.range(0, PER_SPLIT // BLOCK_K):
+        k = k_lo + i * BLOCK_K + kk
+        w = tl.load(W + n[:, None] * stride_wn + k[None, :], mask=n_ok[:, None] & (k < K)[None, :], other=0.0)
+        x = _rows_x(X, NormW, m, m_ok, k, stride_xm, rstd, K, PROLOGUE)
+        acc = tl.dot(x, tl.trans(w), acc)
+    ok = m_ok[:, None] & n_ok[None, :]
+    y, last = _split_sum(acc, Part, Arrived, pid, pid_k, m[:, None], n[None, :], ok, M, N, SPLIT)
+    _rows_epilogue(y, Y, Bias, Res, m, n, n_ok, ok & last, stride_ym, stride_rm, HAS_BIAS, HAS_RES)
+
+
+def _int4_rows(X, Q, Scale, Offset, Y, NormW, Bias, Res, Part, Arrived, M, N, eps,
+               stride_xm, stride_ym, stride_rm,
+               K: tl.constexpr, GROUP: tl.constexpr, PROLOGUE: tl.constexpr, SWIGLU: tl.constexpr,
+               HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, PDL: tl.constexpr,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, PER_SPLIT: tl.constexpr):
+    pid = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    R: tl.constexpr = GROUP // 8
+    GROUPS: tl.constexpr = K // GROUP
+    dtype = X.dtype.element_ty
+    n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = n < N
+    m = tl.arange(0, BLOCK_M)
+    m_ok = m < M
+    r = tl.arange(0, R)
+    shifts = 4 * tl.arange(0, 8)
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+    rstd = tl.zeros([BLOCK_M], dtype=tl.float32)
+    if PROLOGUE == 1 or PROLOGUE == 3:
+        rstd = _rows_rstd(X, m, m_ok, stride_xm, eps, K, BLOCK_M, 128)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    g0 = pid_k * PER_SPLIT
+    for i in tl.range(0, PER_SPLIT):
+        g = g0 + i
+        g_ok = g < GROUPS
+        words = tl.load(Q + (g * R + r)[:, None] * N + n[None, :], mask=g_ok & n_ok[None, :], other=0)
+        q = (words[:, None, :] >> shifts[None, :, None]) & 15  # [R, 8, BLOCK_N]: input 8r + j
+        q = tl.reshape(q, [GROUP, BLOCK_N])
+        scale = tl.load(Scale + g * N + n, mask=g_ok & n_ok, other=0.0).to(tl.float32)
+        offset = tl.load(Offset + g * N + n, mask=g_ok & n_ok, other=0.0).to(tl.float32)
+        w = (q.to(tl.float32) * scale[None, :] + offset[None, :]).to(dtype)  # [GROUP, BLOCK_N]
+        k = g * GROUP + tl.arange(0, GROUP)
+        x = _rows_x(X, NormW, m, m_ok & g_ok, k, stride_xm, rstd, K, PROLOGUE if PROLOGUE != 3 else 0)
+        acc = tl.dot(x, w, acc)
+    ok = m_ok[:, None] & n_ok[None, :]
+    y, last = _split_sum(acc, Part, Arrived, pid, pid_k, m[:, None], n[None, :], ok, M, N, SPLIT)
+    if PROLOGUE == 3:
+        y = y * rstd[:, None]
+    if SWIGLU:  # rows of the weight are gate, up, gate, up, ...: write silu(gate) * up
+        if HAS_BIAS:
+            y += tl.load(Bias + n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+        y = y.to(dtype)
+        gate, up = tl.split(tl.reshape(y, [BLOCK_M, BLOCK_N // 2, 2]))
+        gate = gate.to(tl.float32)
+        act = (gate * tl.sigmoid(gate)).to(dtype).to(tl.float32)
+        act = (act * up.to(tl.float32)).to(dtype)
+        h = pid * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+        tl.store(Y + m[:, None] * stride_ym + h[None, :], act, mask=m_ok[:, None] & (h < N // 2)[None, :] & last)
+    else:
+        _rows_epilogue(y, Y, Bias, Res, m, n, n_ok, ok & last, stride_ym, stride_rm, HAS_BIAS, HAS_RES)
+
+
+DENSE_SETTINGS = [(bn, bk, split, stages) for bn in (32, 64) for bk in (128, 256) for split in (1, 2, 4)
+                  for stages in (3,)]
+"""(BLOCK_N, BLOCK_K, SPLIT, stages) the autotuner may try for dense weights."""
+INT4_SETTINGS = [(bn, split, stages) for bn in (32, 64, 128) for split in (1, 2, 4) for stages in (2,)]
+"""(BLOCK_N, SPLIT, stages) the autotuner may try for int4 weights."""
+INTERPRETED_DENSE = (16, 32, 1)
+INTERPRETED_INT4 = (16, 1)
+_KERNELS: dict[tuple[str, bool], object] = {}
+
+
+def _sms() -> int:
+    return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+
+
+def _prune_dense(configs, named_args, **kwargs):
+    """Settings whose splits leave every program a tile, and with at least one program per SM where any has."""
+    args = {**named_args, **kwargs}
+    valid = [c for c in configs if args["K"] >= c.kwargs["SPLIT"] * c.kwargs["BLOCK_K"]]
+    programs = {id(c): -(-args["N"] // c.kwargs["BLOCK_N"]) * c.kwargs["SPLIT"] for c in valid}
+    floor = min(_sms(), max(programs.values(), default=0))
+    return [c for c in valid if programs[id(c)] >= floor] or configs[:1]
+
+
+def _prune_int4(configs, named_args, **kwargs):
+    args = {**named_args, **kwargs}
+    groups = args["K"] // args["GROUP"]
+    valid = [c for c in configs if c.kwargs["SPLIT"] <= groups and c.kwargs["BLOCK_N"] <= max(32, args["N"])]
+    programs = {id(c): -(-args["N"] // c.kwargs["BLOCK_N"]) * c.kwargs["SPLIT"] for c in valid}
+    floor = min(_sms(), max(programs.values(), default=0))
+    return [c for c in valid if programs[id(c)] >= floor] or configs[:1]
+
+
+def _cached() -> dict:
+    """`cache_results=True` where this Triton has it: chosen settings kept in Triton's cache dir."""
+    return {"cache_results": True} if "cache_results" in inspect.signature(triton.autotune).parameters else {}
+
+
+def _dense_per_split(a) -> int:
+    tiles = -(-a["K"] // a["BLOCK_K"])
+    return -(-tiles // a["SPLIT"]) * a["BLOCK_K"]
+
+
+def _int4_per_split(a) -> int:
+    return -(-(a["K"] // a["GROUP"]) // a["SPLIT"])
+
+
+def _kernel(kind: str):
+    interpret = interpreting()
+    if (kind, interpret) not in _KERNELS:
+        if kind == "dense":
+            jitted = triton.heuristics({"PER_SPLIT": _dense_per_split})(triton.jit(_dense_rows))
+            configs = [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk, "SPLIT": s}, num_warps=4, num_stages=st)
+                       for bn, bk, s, st in DENSE_SETTINGS]
+            key, prune = ["N", "K", "BLOCK_M", "PROLOGUE", "HAS_RES"], _prune_dense
+        else:
+            jitted = triton.heuristics({"PER_SPLIT": _int4_per_split})(triton.jit(_int4_rows))
+            configs = [triton.Config({"BLOCK_N": bn, "SPLIT": s}, num_warps=4, num_stages=st)
+                       for bn, s, st in INT4_SETTINGS]
+            key, prune = ["N", "K", "GROUP", "BLOCK_M", "PROLOGUE", "SWIGLU", "HAS_RES"], _prune_int4
+        _KERNELS[kind, interpret] = jitted if interpret else triton.autotune(
+            configs=configs, key=key, prune_configs_by={"early_config_prune": prune}, **_cached())(jitted)
+    return _KERNELS[kind, interpret]
+
+
+def _run(kind: str, args: tuple, flags: dict, N: int, setting: dict | None) -> None:
+    pdl = flags["PDL"]
+    if pdl:
+        flags["launch_pdl"] = True
+    kernel = _kernel(kind)
+    if setting is not None:
+        kernel = getattr(kernel, "fn", kernel) if hasattr(kernel, "configs") else kernel  # past the autotuner
+        kernel[(triton.cdiv(N, setting["BLOCK_N"]), setting["SPLIT"])](*args, **setting, **flags)
+    else:
+        kernel[lambda meta: (triton.cdiv(N, meta["BLOCK_N"]), meta["SPLIT"])](*args, **flags)
+
+
+def dense_rows(x: Tensor, weight: Tensor, bias: Tensor | None, norm_weight: Tensor | None, eps: float,
+               silu_mul: bool, residual: Tensor | None, setting: list[int] | None = None) -> Tensor:
+    """x [M, K] ([M, 2K] with `silu_mul`), 1 < M <= MAX_ROWS, times weight [N, K]^T -> [M, N], the
+    fused parts as kiln::matvec's. `setting` (BLOCK_N, BLOCK_K, SPLIT[, warps, stages]) skips the
+    autotuner."""
+    x = x.contiguous()
+    M = x.shape[0]
+    N, K = weight.shape
+    y = torch.empty(M, N, dtype=x.dtype, device=x.device)
+    part = torch.empty(MAX_SPLIT * M * N, dtype=torch.float32, device=x.device)
+    res = residual.contiguous() if residual is not None else None
+    args = (x, weight, y, norm_weight, bias, res, part, arrival_counters(x.device, N), M, N, eps, x.stride(0),
+            weight.stride(0), y.stride(0), res.stride(0) if res is not None else 0)
+    flags = {"K": K, "PROLOGUE": 1 if norm_weight is not None else 2 if silu_mul else 0, "HAS_BIAS": bias is not None,
+             "HAS_RES": res is not None, "PDL": pdl_enabled(x.device), "BLOCK_M": block_m(M)}
+    given = setting or (INTERPRETED_DENSE if interpreting() else None)
+    if given is not None:
+        bn, bk, split, warps, stages = (*given, 4, 3)[:5]
+        given = {"BLOCK_N": bn, "BLOCK_K": bk, "SPLIT": split, "num_warps": warps, "num_stages": stages}
+    _run("dense", args, flags, N, given)
+    return y
+
+
+def int4_rows(x: Tensor, packed: Tensor, scale: Tensor, offset: Tensor, group_size: int, bias: Tensor | None,
+              norm_weight: Tensor | None, eps: float, prologue: int, swiglu: bool, residual: Tensor | None,
+              setting: list[int] | None = None) -> Tensor:
+    """kiln::int4_matvec's product for 1 < M <= MAX_ROWS rows (`prologue` as its codes).
+    `setting` (BLOCK_N, SPLIT[, warps, stages]) skips the autotuner."""
+    x = x.contiguous()
+    M = x.shape[0]
+    KW, N = packed.shape
+    y = torch.empty(M, N // 2 if swiglu else N, dtype=x.dtype, device=x.device)
+    part = torch.empty(MAX_SPLIT * M * N, dtype=torch.float32, device=x.device)
+    res = residual.contiguous() if residual is not None else None
+    args = (x, packed, scale, offset, y, norm_weight, bias, res, part, arrival_counters(x.device, N), M, N, eps,
+            x.stride(0), y.stride(0), res.stride(0) if res is not None else 0)
+    flags = {"K": 8 * KW, "GROUP": group_size, "PROLOGUE": prologue, "SWIGLU": swiglu, "HAS_BIAS": bias is not None,
+             "HAS_RES": res is not None, "PDL": pdl_enabled(x.device), "BLOCK_M": block_m(M)}
+    given = setting or (INTERPRETED_INT4 if interpreting() else None)
+    if given is not None:
+        bn, split, warps, stages = (*given, 4, 2)[:4]
+        given = {"BLOCK_N": bn, "SPLIT": split, "num_warps": warps, "num_stages": stages}
+    _run("int4", args, flags, N, given)
+    return y
+
+
+@torch.library.custom_op("kiln::matvec_rows", mutates_args=())
+def matvec_rows(x: Tensor, weight: Tensor, bias: Tensor | None, norm_weight: Tensor | None, eps: float,
+                silu_mul: bool, residual: Tensor | None, setting: list[int] | None = None) -> Tensor:
+    """`dense_rows` as an opaque op for torch.compile (kiln::matvec's arguments)."""
+    return dense_rows(x, weight, bias, norm_weight, eps, silu_mul, residual, setting)
+
+
+@matvec_rows.register_fake
+def _(x, weight, bias, norm_weight, eps, silu_mul, residual, setting=None):
+    return x.new_empty(x.shape[0], weight.shape[0])
+
+
+@torch.library.custom_op("kiln::int4_rows", mutates_args=())
+def int4_rows_op(x: Tensor, packed: Tensor, scale: Tensor, offset: Tensor, group_size: int, bias: Tensor | None = None,
+                 norm_weight: Tensor | None = None, eps: float = 0.0, prologue: str = "none", swiglu: bool = False,
+                 residual: Tensor | None = None, setting: list[int] | None = None) -> Tensor:
+    """`int4_rows` as an opaque op for torch.compile (kiln::int4_matvec's arguments)."""
+    return int4_rows(x, packed, scale, offset, group_size, bias, norm_weight, eps, PROLOGUES[prologue], swiglu,
+                     residual, setting)
+
+
+@int4_rows_op.register_fake
+def _(x, packed, scale, offset, group_size, bias=None, norm_weight=None, eps=0.0, prologue="none", swiglu=False,
+      residual=None, setting=None):
+    return x.new_empty(x.shape[0], packed.shape[1] // 2 if swiglu else packed.shape[1])

@@ -1,0 +1,134 @@
+"""kiln's decode projections for several rows (kiln.llm.triton_rows) on CPU through Triton's
+interpreter: the dense and int4 kernels against the eager math for each fused part (RMSNorm, SwiGLU
+before, the folded norm's scalar and the SwiGLU epilogue, bias, residual), row counts that leave the
+row tile partly empty, partial output blocks and uneven splits; a batched decode step of a model
+with int4@triton weights against its dequantized reference; and which kernel a decode step picks
+by its row count. The kernel tests run in a subprocess (`test_under_interpreter`)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kiln.llm import decode_matvec as dm
+from kiln.llm.model import RMSNorm
+
+from .triton_interpreter import interpreted, not_in_subprocess, rerun_interpreted
+
+tr = pytest.importorskip("kiln.llm.triton_rows", reason="Triton is not installed (pip install 'kiln[test]')")
+ti = pytest.importorskip("kiln.llm.int4_layout")
+
+
+@not_in_subprocess
+def test_under_interpreter():
+    rerun_interpreted(__file__)
+
+
+def test_row_tiles_are_powers_of_two_from_16():
+    assert [tr.block_m(n) for n in (2, 16, 17, 33, 64)] == [16, 16, 32, 64, 64]
+
+
+@interpreted
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("rows,out_f,in_f,part,bias,setting", [
+    (2, 24, 96, "none", False, [16, 32, 1]),
+    (5, 40, 96, "rmsnorm", False, [16, 32, 2]),     # two splits: each computes every row's rms over all of K
+    (3, 17, 80, "silu_mul", True, [16, 32, 3]),     # a partial block, 80 inputs in 3 uneven splits
+    (17, 40, 64, "residual", True, [32, 16, 4]),    # 17 rows: a 32-row tile, half of it padding
+])
+def test_dense_rows_match_the_eager_math(dtype, rows, out_f, in_f, part, bias, setting):
+    torch.manual_seed(out_f + rows)
+    layer = nn.Linear(in_f, out_f, bias=bias).to(dtype)
+    norm = RMSNorm(in_f, 1e-5).to(dtype) if part == "rmsnorm" else None
+    if norm is not None:
+        norm.weight.data.uniform_(0.5, 1.5)
+    x = torch.randn(rows, 2 * in_f if part == "silu_mul" else in_f, dtype=dtype)
+    residual = torch.randn(rows, out_f, dtype=dtype) if part == "residual" else None
+    h = norm(x) if norm is not None else x
+    if part == "silu_mul":
+        gate, up = h.chunk(2, dim=-1)
+        h = F.silu(gate) * up
+    expected = layer(h) if residual is None else residual + layer(h)
+    y = torch.ops.kiln.matvec_rows(x, layer.weight, layer.bias, None if norm is None else norm.weight, 1e-5,
+                                   part == "silu_mul", residual, setting)
+    tol = 1e-5 if dtype == torch.float32 else 2e-3 * float(expected.detach().abs().max())
+    torch.testing.assert_close(y, expected, rtol=tol, atol=tol)
+    from kiln.llm import triton_launch  # every split arrived and the last reset its counter
+
+    assert all(int(c.abs().sum()) == 0 for c in triton_launch._ARRIVED.values())
+
+
+def int4_reference(layer, x, prologue, swiglu, residual, norm_weight):
+    x = x.float()
+    if prologue == "rmsnorm":
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * norm_weight
+    if prologue == "rms":
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5)
+    if prologue == "silu_mul":
+        gate, up = x.chunk(2, dim=-1)
+        x = F.silu(gate) * up
+    bias = None if layer.bias is None else layer.bias.float()
+    y = F.linear(x, layer.dequantize(torch.float32, stored_order=True), bias)
+    if swiglu:
+        gate, up = y.view(y.shape[0], -1, 2).unbind(-1)
+        return F.silu(gate) * up
+    return y if residual is None else y + residual.float()
+
+
+@interpreted
+@pytest.mark.parametrize("out_f,in_f,group,rows,bias,prologue,swiglu,residual,setting", [
+    (40, 256, 32, 2, False, "none", False, False, [16, 1]),      # a partial block
+    (16, 512, 128, 3, True, "none", False, False, [16, 3]),      # 4 groups in 3 uneven splits, a bias
+    (24, 256, 64, 5, False, "rmsnorm", False, True, [32, 2]),    # unfolded norm per x, a residual
+    (24, 128, 32, 2, True, "silu_mul", False, False, [16, 4]),   # SwiGLU of the input halves first
+    (48, 256, 32, 17, False, "rms", True, False, [32, 2]),       # folded norm's scalar; SwiGLU epilogue; 17 rows
+])
+def test_int4_rows_match_the_dequantized_math(out_f, in_f, group, rows, bias, prologue, swiglu, residual, setting):
+    torch.manual_seed(out_f + in_f + rows)
+    layer = ti.Int4TritonLinear.from_linear(nn.Linear(in_f, out_f, bias=bias), group, interleave=swiglu)
+    x = torch.randn(rows, 2 * in_f if prologue == "silu_mul" else in_f)
+    norm_weight = torch.rand(in_f) + 0.5 if prologue == "rmsnorm" else None
+    res = torch.randn(rows, out_f) if residual else None
+    y = torch.ops.kiln.int4_rows(x, layer.weight, layer.scale, layer.offset, group, layer.bias, norm_weight, 1e-5,
+                                 prologue, swiglu, res, setting)
+    expected = int4_reference(layer, x, prologue, swiglu, res, norm_weight)
+    assert y.shape == expected.shape
+    torch.testing.assert_close(y, expected, rtol=1e-4, atol=1e-4)
+    larger = ti.Int4TritonLinear(layer.weight, 1.01 * layer.scale, layer.offset, layer.bias, group_size=group,
+                                 interleaved=swiglu)
+    assert (y - int4_reference(larger, x, prologue, swiglu, res, norm_weight)).abs().max() > 1e-3
+
+
+@interpreted
+def test_batched_decode_with_int4_triton_weights():
+    """Three prompts, left-padded to different lengths: every decode step through the row kernels
+    equals the dequantized reference's."""
+    from kiln.llm.config import config_from_dict
+    from kiln.llm.quant import QuantSpec, quantize_decoder
+    from kiln.llm.weights import random_decoder
+
+    from .conftest import assert_decode_matches_matmul
+    from .test_llm_quant import QUANT_CONFIG
+
+    small = {**QUANT_CONFIG, "vocab_size": 96, "hidden_size": 64, "intermediate_size": 128}
+    model = random_decoder(config_from_dict(small), device="cpu", dtype=torch.float32, seed=0)
+    quantized = quantize_decoder(model, QuantSpec(kind="int4", group_size=32, backend="triton"))
+    tokens = torch.randint(0, 96, (3, 7), generator=torch.Generator().manual_seed(5))
+    assert_decode_matches_matmul(quantized, "matmul", tokens, torch.tensor([0, 2, 3]), prompt=4, matvec="triton",
+                                 tol=1e-4)
+
+
+@interpreted
+def test_decode_steps_pick_the_kernel_by_rows(monkeypatch):
+    calls = []
+    for name in ("matvec", "matvec_rows"):
+        real = getattr(torch.ops.kiln, name)
+        monkeypatch.setattr(torch.ops.kiln, name, lambda *a, _r=real, _n=name: calls.append(_n) or _r(*a))
+    layer = nn.Linear(32, 16)
+    dm.fused_linear(layer, torch.randn(1, 1, 32))
+    dm.fused_linear(layer, torch.randn(dm.ROWS_KERNEL_FROM, 1, 32))
+    assert calls == ["matvec", "matvec_rows"]
+    y = dm.fused_linear(layer, torch.randn(tr.MAX_ROWS + 1, 1, 32))  # longer than the kernels take: F.linear
+    assert calls == ["matvec", "matvec_rows"] and y.shape == (tr.MAX_ROWS + 1, 1, 16)
