@@ -65,6 +65,29 @@ def test_every_engine_side_by_side_on_cpu(tiny, tmp_path):
     assert "kiln bench llm" in (out / "results.md").read_text()
 
 
+def test_several_batch_sizes_in_one_run(tiny, tmp_path):
+    """--batch 1,3: every engine once per batch size, labelled by it, each with the bytes its step
+    reads (weights + the KV cache of its rows), its step time against batch 1, and the batch-3
+    row's first prompt decoding the batch-1 row's tokens (the same prompt)."""
+    out = tmp_path / "bench"
+    code = main(["bench", "llm", "--model", str(tiny), "--engines", "hf-eager,kiln-eager", "--batch", "1,3",
+                 "--prompt-len", "20", "--new-tokens", "6", "--repeats", "1", "--prefill-repeats", "1", "--warmup", "0",
+                 "--device", "cpu", "--out", str(out)])
+    assert code == 0
+    payload = json.loads((out / "results.json").read_text())
+    rows = {r["label"]: r for r in payload["results"]}
+    assert list(rows) == ["hf-eager b1", "kiln-eager b1", "hf-eager b3", "kiln-eager b3"]
+    assert all(r["status"] == "ok" for r in rows.values())
+    one, three = rows["kiln-eager b1"], rows["kiln-eager b3"]
+    assert three["batch"] == 3 and three["kv_bytes_per_step"] == 3 * one["kv_bytes_per_step"]
+    assert three["decode_tok_s_per_seq"] == pytest.approx(three["decode_tok_s"] / 3)
+    assert three["step_vs_batch1"] == pytest.approx(three["decode_step_ms"] / one["decode_step_ms"])
+    assert three["greedy_match_batch1"] == 6 and three["greedy_match"] == 6  # fp32: same tokens as alone, as HF
+    assert three["prefill_flops"] == 3 * one["prefill_flops"]
+    assert payload["config"]["bench"]["batches"] == [1, 3] and "--batch 1,3" in payload["command"]
+    assert "| batch |" in (out / "results.md").read_text()
+
+
 def test_hf_rows_are_skipped_without_transformers(tiny, tmp_path, monkeypatch):
     import kiln.bench.llm_bench as llm_bench
 
@@ -202,7 +225,8 @@ def test_quant_rows_with_quality_and_their_own_roofline(quant_config, tmp_path):
         for key in (*LLM_KEYS, "weight_bytes", "model_bytes", "ppl", "ppl_ratio"):
             assert key in row and (row[key] is not None or key == "peak_mem_bytes"), (row["quant"], key)  # CUDA only
         assert row["roofline_tok_s"] == pytest.approx(
-            payload["config"]["ceilings"]["read_bytes_per_s"] / row["weight_bytes"])
+            payload["config"]["ceilings"]["read_bytes_per_s"] / (row["weight_bytes"] + row["kv_bytes_per_step"]))
+        assert row["step_bytes"] == row["weight_bytes"] + row["kv_bytes_per_step"] and row["kv_bytes_per_step"] > 0
     assert none["weight_bytes"] > 3 * int8["weight_bytes"] > 1.5 * 3 * int4["weight_bytes"]  # fp32 -> 8 -> 4 bits
     assert (int8["quant_kind"], int8["quant_backend"], int4["quant_backend"], int4["group_size"]) == \
         ("int8", "torch", "inductor", 64)

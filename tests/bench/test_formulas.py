@@ -163,7 +163,7 @@ def test_llm_rows_figures(tmp_path):
         "model_type": "llama", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 1,
         "num_attention_heads": 2, "num_key_value_heads": 2, "max_position_embeddings": 64,
         "tie_word_embeddings": True}))
-    bench = LlmBench(LlmBenchPlan(model=str(tmp_path), engines=["hf-compiled", "kiln-compiled"], batch=1,
+    bench = LlmBench(LlmBenchPlan(model=str(tmp_path), engines=["hf-compiled", "kiln-compiled"], batches=(1,),
                                      prompt_len=10, new_tokens=11, device="cpu", dtype="fp32"), log=lambda m: None)
     bench.kiln_model = random_decoder(bench.config, device="cpu", dtype=torch.float32)
     bench.ceilings = _ceil()
@@ -174,6 +174,11 @@ def test_llm_rows_figures(tmp_path):
         r.row["prefill_ms"] = prefill_ms
     rows = {r["engine"]: r for r in bench.finish_rows(flops=4_000_000_000)}
     kiln, hf = rows["kiln-compiled"], rows["hf-compiled"]
+    # A step reads the weights and the KV cache: 1 layer x (k, v) x 2 heads x 16 dims x 4 bytes per slot,
+    # over 10 + 5.5 slots on average (10 decode steps attend 11 .. 20 slots).
+    kv = 2 * 2 * 16 * 4 * (10 + 5.5)
+    assert kiln["kv_bytes_per_step"] == kv
+    wb += kv
     assert kiln["decode_tok_s"] == 10 / 0.5  # median of [0.25, 0.75] = 0.5 s over 10 decode steps
     assert hf["decode_tok_s"] == 10 / 1.0
     assert kiln["request_tok_s"] == 11 / 0.32
@@ -204,12 +209,17 @@ def test_gpt_fast_comparison_uses_the_peer_at_the_same_quant(tmp_path):
     from kiln.bench.llm_peers import finish_peers
 
     peers = finish_peers(bench, [
-        {"engine": "gpt-fast", "quant": "none", "status": "ok", "request_tok_s": 200.0, "weight_bytes": 1_000_000_000},
-        {"engine": "gpt-fast", "quant": "int4", "status": "ok", "request_tok_s": 400.0, "weight_bytes": 500_000_000}])
+        {"engine": "gpt-fast", "quant": "none", "batch": 1, "status": "ok", "request_tok_s": 200.0,
+         "weight_bytes": 1_000_000_000},
+        {"engine": "gpt-fast", "quant": "int4", "batch": 1, "status": "ok", "request_tok_s": 400.0,
+         "weight_bytes": 500_000_000}])
     assert bench.rows["kiln-compiled"].row["request_vs_gpt_fast"] == 1.5
     assert bench.rows["kiln-compiled[int4@triton]"].row["request_vs_gpt_fast"] == 1.5
     assert bench.rows["kiln-compiled[int4@triton]"].row["vs_gpt_fast"] == "gpt-fast[int4]"
-    assert peers[0]["roofline_frac"] == 200e9 / 3e12 and peers[1]["roofline_spec_frac"] == 200e9 / 4e12
+    kv = bench.kv_bytes()[1]  # the KV cache a step reads, as kiln's rows count it
+    assert peers[0]["step_bytes"] == 1_000_000_000 + kv
+    assert peers[0]["roofline_frac"] == (1e9 + kv) * 200 / 3e12
+    assert peers[1]["roofline_spec_frac"] == (5e8 + kv) * 400 / 4e12
 
 
 def test_decode_vs_unquantized_is_the_quantized_rate_over_the_same_engines(tmp_path):
@@ -236,3 +246,47 @@ def test_within_relative_is_the_tolerance_on_the_reference_magnitude():
     assert within_relative(2.03, 2.0, 0.02) and within_relative(1.97, 2.0, 0.02) and within_relative(2.0, 2.0, 0.0)
     assert not within_relative(2.05, 2.0, 0.02) and not within_relative(1.95, 2.0, 0.02)
     assert within_relative(-1.01, -1.0, 0.02) and not within_relative(0.5, 0.0, 0.5)
+
+
+def test_kv_bytes_per_step_is_the_mean_over_the_decode_steps():
+    """Step i of n-1 attends prompt + i slots, capped by a layer's window; k and v of each layer."""
+    per_slot = 3 * 2 * 4 * 8 * 2  # batch 3, k and v, 4 heads, 8 dims, bf16
+    assert f.kv_bytes_per_step(batch=3, prompt_len=100, new_tokens=5, n_layers=2, kv_heads=4, head_dim=8,
+                               dtype_bytes=2) == 2 * per_slot * (101 + 102 + 103 + 104) // 4
+    # layer 0 windowed at 102 slots: 101, 102, 102, 102; layer 1 full
+    assert f.kv_bytes_per_step(batch=3, prompt_len=100, new_tokens=5, n_layers=2, kv_heads=4, head_dim=8,
+                               dtype_bytes=2, windows=(102, None)) == per_slot * (407 + 410) // 4
+    assert f.kv_bytes_per_step(batch=1, prompt_len=9, new_tokens=1, n_layers=1, kv_heads=1, head_dim=1,
+                               dtype_bytes=2) == 0  # one new token: no decode step
+    assert f.roofline_tok_s(3e12, 6_000_000_000 + 1_000_000_000, 16) == 3e12 / 7e9 * 16
+
+
+def test_batched_rows_compare_each_batch_with_its_own_and_with_batch_1(tmp_path):
+    """Rows per batch size: tokens/s in all and per sequence, the step time over the same engine's
+    batch-1 step, prefill FLOPs for B prompts, greedy tokens of the shared first prompt."""
+    import json
+
+    from kiln.bench.llm_bench import LlmBench
+    from kiln.bench.llm_options import LlmBenchPlan
+    from kiln.llm.weights import random_decoder
+
+    (tmp_path / "config.json").write_text(json.dumps({
+        "model_type": "llama", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 1,
+        "num_attention_heads": 2, "num_key_value_heads": 2, "max_position_embeddings": 64}))
+    bench = LlmBench(LlmBenchPlan(model=str(tmp_path), engines=["kiln-compiled"], batches=(1, 4), prompt_len=10,
+                                  new_tokens=11, device="cpu", dtype="fp32"), log=lambda m: None)
+    assert list(bench.rows) == ["kiln-compiled b1", "kiln-compiled b4"] and len(bench.prompts) == 4
+    bench.kiln_model = random_decoder(bench.config, device="cpu", dtype=torch.float32)
+    bench.ceilings = _ceil()
+    for name, decode_s, tokens in (("kiln-compiled b1", 0.5, [[5, 6, 7]]),
+                                   ("kiln-compiled b4", 0.625, [[5, 6, 8], [1], [2], [3]])):
+        r = bench.rows[name]
+        r.decode, r.totals, r.ttft, r.intervals, r.tokens = [decode_s], [1.0], [0.01], [0.02], tokens
+        r.row["prefill_ms"] = 10.0
+    rows = {r["label"]: r for r in bench.finish_rows(flops=1000)}
+    one, four = rows["kiln-compiled b1"], rows["kiln-compiled b4"]
+    assert four["decode_tok_s"] == 4 * 10 / 0.625 and four["decode_tok_s_per_seq"] == 10 / 0.625
+    assert four["decode_step_ms"] == 62.5 and one["decode_step_ms"] == 50.0 and four["step_vs_batch1"] == 1.25
+    assert four["prefill_flops"] == 4000 and one["prefill_flops"] == 1000
+    assert four["kv_bytes_per_step"] == 4 * one["kv_bytes_per_step"]
+    assert four["greedy_match_batch1"] == 2 and "step_vs_batch1" not in one

@@ -35,7 +35,8 @@ def test_a_good_request_becomes_a_resolved_plan(tiny):
     plan = check_options(_opts(tiny, engines=["kiln-eager"], quants=["none", "int8@torch"], inductor=["max_autotune=true"]))
     assert isinstance(plan, LlmBenchPlan)
     assert plan.engines == ["kiln-eager"] and plan.dtype == "fp32" and plan.device == "cpu"
-    assert (plan.batch, plan.prompt_len, plan.new_tokens) == (1, 20, 8)
+    assert (plan.batches, plan.prompt_len, plan.new_tokens) == ((1,), 20, 8)
+    assert check_options(_opts(tiny, batch=[1, 4, 16])).batches == (1, 4, 16)
     assert plan.quants["none"] == QuantSpec() and plan.quants["int8@torch"].kind == "int8"
     assert plan.inductor_options == {"max_autotune": True}
     assert plan.ppl_max_tokens == 16384 and plan.gpt_fast is None
@@ -45,7 +46,7 @@ def test_the_preset_fills_what_is_not_given():
     preset = PRESETS["seed002-llama3b"]
     plan = check_options(LlmBenchOptions(preset=preset.name, device="cpu", new_tokens=4, engines=["kiln-eager"]))
     assert plan.model == preset.model and plan.preset == preset.name
-    assert (plan.batch, plan.prompt_len, plan.new_tokens) == (preset.batch, preset.prompt_len, 4)
+    assert (plan.batches, plan.prompt_len, plan.new_tokens) == ((preset.batch,), preset.prompt_len, 4)
 
 
 @pytest.mark.parametrize(("change", "flag", "needle"), [
@@ -53,7 +54,9 @@ def test_the_preset_fills_what_is_not_given():
     ({"engines": ["kiln-eager", "kiln-eager"]}, "--engines", "twice"),
     ({"preset": "seed003"}, "--preset", "seed002-llama3b"),
     ({"model": None}, "--model", "llama-3.2-1b"),
-    ({"batch": 0}, "--batch", ">= 1"),
+    ({"batch": [0]}, "--batch", ">= 1"),
+    ({"batch": [1, 4, 1]}, "--batch", "twice"),
+    ({"batch": list(range(1, 10))}, "--batch", "at most 8"),
     ({"repeats": 0}, "--repeats", ">= 1"),
     ({"ppl_context": 1}, "--ppl-context", ">= 2"),
     ({"dtype": "fp8"}, "--dtype", "bf16"),
@@ -85,10 +88,10 @@ def test_the_cli_builds_options_without_checking_them(tiny):
     """Bad values pass the CLI's own code untouched: only argparse types and the library judge them."""
     args = build_parser().parse_args([
         "bench", "llm", "--model", str(tiny), "--engines", "vllm,kiln-eager", "--dtype", "fp8", "--device", "gpu",
-        "--batch", "0", "--quant", "int3", "--prefill", "lazy", "--tuning", "max", "--deadline-s", "0",
+        "--batch", "0,4", "--batch", "16", "--quant", "int3", "--prefill", "lazy", "--tuning", "max", "--deadline-s", "0",
         "--inductor", "not-an-option", "--gpt-fast-quant", "int2"])
     opts = bench_llm_cmd.options(args)
-    assert opts == LlmBenchOptions(model=str(tiny), engines=["vllm", "kiln-eager"], dtype="fp8", device="gpu", batch=0,
+    assert opts == LlmBenchOptions(model=str(tiny), engines=["vllm", "kiln-eager"], dtype="fp8", device="gpu", batch=[0, 4, 16],
                                    quants=["int3"], prefill="lazy", tuning="max", deadline_s=0.0,
                                    inductor=["not-an-option"], gpt_fast_quants=["int2"])
     with pytest.raises(ConfigError) as info:

@@ -132,3 +132,17 @@ def test_cumsum_short_scans_equals_cumsum(shape):
 
     x = torch.rand(shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     torch.testing.assert_close(cumsum_short_scans(x), x.cumsum(dim=-1), rtol=1e-12, atol=1e-9)
+
+
+@pytest.mark.parametrize("family", ["llama3-tied", "mistral"])  # mistral: a sliding window shorter than the prompts
+def test_batched_greedy_equals_each_prompt_decoded_alone(checkpoints, family):
+    """Prompts of different lengths in one left-padded batch generate, greedy, exactly the tokens
+    each generates alone (each alone has its own padding: none, or up to its own bucket)."""
+    model = build_decoder(resolve_model(str(checkpoints[family])), device="cpu", dtype=torch.float32)
+    gen = torch.Generator().manual_seed(11)
+    prompts = [torch.randint(3, 96, (n,), generator=gen).tolist() for n in (3, 9, 17, 5)]
+    engine = Engine(model)
+    batched = engine.generate(prompts, max_new_tokens=10)
+    alone = [engine.generate([p], max_new_tokens=10).tokens[0] for p in prompts]
+    assert batched.tokens == alone
+    assert batched.padded_len == 32 and batched.prompt_lens == [3, 9, 17, 5]

@@ -169,10 +169,12 @@ def fractions(value: float | None, measured: float | None, spec: float | None) -
 
 
 def bandwidth_fractions(row: dict, c: Ceilings, batch: int, tok_s: float | None = None) -> None:
-    """A row's decode bandwidth (weight bytes x steps/s at `tok_s`, default its decode tok/s)
-    against the measured read-only stream (`roofline_frac`), the datasheet (`roofline_spec_frac`)
-    and a device copy (`roofline_copy_frac`, the denominator older results used)."""
-    achieved = decode_bytes_per_s(row["weight_bytes"], tok_s if tok_s is not None else row.get("decode_tok_s"), batch)
+    """A row's decode bandwidth (bytes per step x steps/s at `tok_s`, default its decode tok/s;
+    the bytes per step are `step_bytes` where the row has them, the weights and the KV cache, else
+    `weight_bytes`) against the measured read-only stream (`roofline_frac`), the datasheet
+    (`roofline_spec_frac`) and a device copy (`roofline_copy_frac`, the denominator older results used)."""
+    step_bytes = row.get("step_bytes") or row["weight_bytes"]
+    achieved = decode_bytes_per_s(step_bytes, tok_s if tok_s is not None else row.get("decode_tok_s"), batch)
     if achieved is None:
         return
     row.update(achieved_gbs=achieved / 1e9, roofline_frac=ratio(achieved, c.bandwidth),

@@ -59,16 +59,34 @@ def prefill_tok_s(batch: int, prompt_len: int, prefill_s: float | None) -> float
     return ratio(batch * prompt_len, prefill_s)
 
 
-def decode_bytes_per_s(weight_bytes: int, tok_s: float | None, batch: int) -> float | None:
-    """Bytes/s a decode reads: every weight once per step, and a step makes `batch` tokens."""
+def decode_bytes_per_s(step_bytes: int, tok_s: float | None, batch: int) -> float | None:
+    """Bytes/s a decode reads: `step_bytes` (every weight once, and the KV cache) per step, and a
+    step makes `batch` tokens."""
     steps_per_s = ratio(tok_s, batch)
-    return weight_bytes * steps_per_s if steps_per_s is not None else None
+    return step_bytes * steps_per_s if steps_per_s is not None else None
 
 
-def roofline_tok_s(bytes_per_s: float | None, weight_bytes: int, batch: int) -> float | None:
-    """The decode tokens/s a bandwidth allows when only the weights are read."""
-    steps = ratio(bytes_per_s, weight_bytes)
+def roofline_tok_s(bytes_per_s: float | None, step_bytes: int, batch: int) -> float | None:
+    """The decode tokens/s a bandwidth allows when each step reads `step_bytes` (the weights, and
+    the KV cache it attends over: `kv_bytes_per_step`) and makes `batch` tokens."""
+    steps = ratio(bytes_per_s, step_bytes)
     return steps * batch if steps is not None else None
+
+
+def kv_bytes_per_step(*, batch: int, prompt_len: int, new_tokens: int, n_layers: int, kv_heads: int, head_dim: int,
+                      dtype_bytes: int, windows: tuple[int | None, ...] = ()) -> int:
+    """KV-cache bytes a decode step reads, averaged over a request's decode steps: step i (1 .. n-1)
+    attends the prompt and i new tokens (the step's own included), keys and values of every layer,
+    at most its window (`windows`, per layer; empty: none). Exact integer mean (floor)."""
+    steps = decode_steps(new_tokens)
+    if steps == 0:
+        return 0
+    per_slot = batch * 2 * kv_heads * head_dim * dtype_bytes
+    total = 0
+    for layer in range(n_layers):
+        window = windows[layer] if windows else None
+        total += sum(min(prompt_len + i, window) if window else prompt_len + i for i in range(1, steps + 1))
+    return total * per_slot // steps
 
 
 def speedup(base_s: float | None, mine_s: float | None) -> float | None:

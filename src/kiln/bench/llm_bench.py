@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from kiln.bench.ceilings import Ceilings, measure_ceilings
+from kiln.bench.formulas import kv_bytes_per_step
 from kiln.bench.llm_engines import HF_ENGINES, HfEngine, KilnEngine
 from kiln.bench.llm_options import LlmBenchOptions, LlmBenchPlan, check_options
 from kiln.bench.llm_peers import finish_peers, prepare_peers, run_peers
@@ -86,10 +87,13 @@ class LlmBench:
         self.source = resolve_model(opts.model)
         self.config = self.source.config
         gen = torch.Generator().manual_seed(opts.seed)
-        self.prompts = torch.randint(0, self.config.vocab_size, (opts.batch, opts.prompt_len), generator=gen).tolist()
-        base = {"model": opts.model, "dtype": opts.dtype, "batch": opts.batch, "prompt_len": opts.prompt_len,
-                "new_tokens": opts.new_tokens}
-        rows = [LlmRow(e, q, base) for e in opts.engines for q in (opts.quants if e.startswith("kiln") else ["none"])]
+        # One prompt set for every batch size: batch B takes the first B, so the first prompt is the same in all.
+        self.prompts = torch.randint(0, self.config.vocab_size, (max(opts.batches), opts.prompt_len),
+                                     generator=gen).tolist()
+        base = {"model": opts.model, "dtype": opts.dtype, "prompt_len": opts.prompt_len, "new_tokens": opts.new_tokens}
+        several = len(opts.batches) > 1
+        rows = [LlmRow(e, q, {**base, "batch": b}, label_batch=several) for b in opts.batches for e in opts.engines
+                for q in (opts.quants if e.startswith("kiln") else ["none"])]
         self.rows = {r.name: r for r in rows}
         self.hf_model = self.kiln_model = None
         self.variants: dict[str, Any] = {}
@@ -139,7 +143,7 @@ class LlmBench:
         """Logits of both models on the first `positions` prompt tokens (eager, same weights)."""
         if self.hf_model is None or self.kiln_model is None:
             return
-        tokens = torch.tensor(self.prompts, device=self.device)[:, :positions]
+        tokens = torch.tensor(self.prompts[:1], device=self.device)[:, :positions]
         with torch.inference_mode():
             ref = self.hf_model(tokens).logits.float()
             got = self.kiln_model(tokens).float()
@@ -153,9 +157,10 @@ class LlmBench:
 
     # -- phases ---------------------------------------------------------------------------------
     def _make(self, r: LlmRow):
+        prompts = self.prompts[: r.row["batch"]]
         if r.engine_name in HF_ENGINES:
-            return HfEngine(r.engine_name, self.hf_model, self.prompts, self.opts.new_tokens)
-        return KilnEngine(r.engine_name, self.variants[r.quant].model, self.prompts, self.opts.new_tokens,
+            return HfEngine(r.engine_name, self.hf_model, prompts, self.opts.new_tokens)
+        return KilnEngine(r.engine_name, self.variants[r.quant].model, prompts, self.opts.new_tokens,
                           self.opts.inductor_options, prefill=self.opts.prefill, tuning=self.opts.tuning,
                           decode_attention=self.opts.decode_attention, decode_matvec=self.opts.decode_matvec)
 
@@ -224,7 +229,8 @@ class LlmBench:
 
     # -- figures --------------------------------------------------------------------------------
     def prefill_flops(self) -> int | None:
-        tokens = torch.tensor(self.prompts, device=self.device)
+        """One prompt's prefill FLOPs (a batch of B prompts of one length does B times as many)."""
+        tokens = torch.tensor(self.prompts[:1], device=self.device)
         with torch.inference_mode():
             if self.kiln_model is not None:
                 return count_step_flops(lambda: self.kiln_model(tokens, last_only=True), device=self.device)
@@ -237,8 +243,15 @@ class LlmBench:
         weight_bytes = decode_weight_bytes(self.kiln_model) if self.kiln_model is not None else (
             _param_bytes(self.hf_model) - (0 if self.config.tie_embeddings else
                                             self.config.vocab_size * self.config.dim * self.dtype.itemsize))
-        return finish_rows(self.rows, self.opts, self.ceilings, flops=flops, weight_bytes=weight_bytes,
-                           model_bytes=_param_bytes(self.kiln_model or self.hf_model), parity=self.parity)
+        return finish_rows(self.rows, self.opts, self.ceilings, prompt_flops=flops, weight_bytes=weight_bytes,
+                           kv_bytes=self.kv_bytes(), model_bytes=_param_bytes(self.kiln_model or self.hf_model), parity=self.parity)
+
+    def kv_bytes(self) -> dict[int, int]:
+        """Batch size -> KV-cache bytes a decode step reads, averaged over the request (kiln.bench.formulas)."""
+        c, o = self.config, self.opts
+        return {b: kv_bytes_per_step(batch=b, prompt_len=o.prompt_len, new_tokens=o.new_tokens, n_layers=c.n_layers,
+                                     kv_heads=c.n_kv_heads, head_dim=c.head_dim, dtype_bytes=self.dtype.itemsize,
+                                     windows=c.windows) for b in o.batches}
 
     # -- the run --------------------------------------------------------------------------------
     def run_kiln_rows(self) -> None:
@@ -324,7 +337,8 @@ def bench_llm(opts: LlmBenchOptions, *, command: str, log: Log = _stderr) -> Llm
     device = torch.device(plan.device)
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     quant = f", quant {','.join(plan.quants)}" if list(plan.quants) != ["none"] else ""
-    title = (f"kiln bench llm: {plan.model} ({plan.dtype}, batch {plan.batch}, prompt {plan.prompt_len}, "
+    batches = ",".join(map(str, plan.batches))
+    title = (f"kiln bench llm: {plan.model} ({plan.dtype}, batch {batches}, prompt {plan.prompt_len}, "
              f"{plan.new_tokens} new tokens{quant}, {where})")
     rows, context = run_llm_bench(plan, log)
     config = {"bench": dataclasses.asdict(plan), **context}

@@ -55,7 +55,9 @@ PRESETS = {
         description="Llama-3.2-3B shape, bf16, batch 1, prompt 1024, 256 new tokens: HF eager/compiled vs kiln",
         model="llama-3.2-3b", batch=1, prompt_len=1024, new_tokens=256),
 }
-DEFAULT_SIZES = {"batch": 1, "prompt_len": 1024, "new_tokens": 256}
+DEFAULT_SIZES = {"prompt_len": 1024, "new_tokens": 256}
+MAX_BATCHES = 8
+"""Batch sizes one run may measure (each is a row per engine, with its own warm-up)."""
 
 
 @dataclass
@@ -68,8 +70,8 @@ class LlmBenchOptions:
     """--preset: a name in PRESETS (its model, sizes and engines; fields given here still apply)."""
     engines: list[str] = field(default_factory=list)
     """--engines: engines in ENGINES, each once; empty takes the preset's or all of them."""
-    batch: int | None = None
-    """--batch: prompts per request; None takes the preset's or 1."""
+    batch: list[int] = field(default_factory=list)
+    """--batch: batch sizes (prompts per request), one row per engine and batch; empty takes the preset's or 1."""
     prompt_len: int | None = None
     """--prompt-len: prompt tokens; None takes the preset's or 1024."""
     new_tokens: int | None = None
@@ -134,8 +136,8 @@ class LlmBenchPlan:
     """Preset, config.json or model directory (kiln.llm.config.resolve_model)."""
     engines: list[str] = field(default_factory=lambda: list(ENGINES))
     """Engines to run, in order."""
-    batch: int = 1
-    """Prompts per request."""
+    batches: tuple[int, ...] = (1,)
+    """Batch sizes (prompts per request), in the order given; each engine runs once per batch."""
     prompt_len: int = 1024
     """Prompt tokens."""
     new_tokens: int = 256
@@ -208,7 +210,8 @@ def check_options(opts: LlmBenchOptions) -> LlmBenchPlan:
         raise ConfigError("--engines", f"an engine is listed twice: {','.join(engines)}")
     sizes = {key: getattr(opts, key) if getattr(opts, key) is not None else
              (getattr(preset, key) if preset else default) for key, default in DEFAULT_SIZES.items()}
-    minimums = {"--batch": (sizes["batch"], 1), "--prompt-len": (sizes["prompt_len"], 1),
+    batches = _batches(opts.batch, preset)
+    minimums = {"--prompt-len": (sizes["prompt_len"], 1),
                 "--new-tokens": (sizes["new_tokens"], 1), "--warmup": (opts.warmup, 0), "--repeats": (opts.repeats, 1),
                 "--prefill-repeats": (opts.prefill_repeats, 1), "--ppl-context": (opts.ppl_context, 2),
                 "--ppl-tokens": (opts.ppl_tokens, 2), "--profile-decode": (opts.profile_decode, 0)}
@@ -250,7 +253,20 @@ def check_options(opts: LlmBenchOptions) -> LlmBenchPlan:
                         ppl_max_tokens=opts.ppl_tokens, prefill=opts.prefill, tuning=opts.tuning,
                         decode_attention=opts.decode_attention, decode_matvec=opts.decode_matvec,
                         deadline_s=opts.deadline_s, profile_decode=opts.profile_decode,
-                        **_gpt_fast(opts, config, sizes["batch"]), **sizes)
+                        batches=batches, **_gpt_fast(opts, config), **sizes)
+
+
+def _batches(given: list[int], preset: LlmPreset | None) -> tuple[int, ...]:
+    """--batch's sizes (the preset's or 1 when none is given); each >= 1, none twice, at most MAX_BATCHES."""
+    batches = tuple(given) or ((preset.batch,) if preset else (1,))
+    bad = next((b for b in batches if isinstance(b, bool) or not isinstance(b, int) or b < 1), None)
+    if bad is not None:
+        raise ConfigError("--batch", f"batch sizes must be integers >= 1, got {bad!r}")
+    if len(set(batches)) != len(batches):
+        raise ConfigError("--batch", f"a batch size is listed twice: {','.join(map(str, batches))}")
+    if len(batches) > MAX_BATCHES:
+        raise ConfigError("--batch", f"at most {MAX_BATCHES} batch sizes in one run, got {len(batches)}")
+    return batches
 
 
 def _preset(name: str | None) -> LlmPreset | None:
@@ -309,7 +325,7 @@ def quant_specs(entries: list[str], defaults: QuantSpec, config, device: torch.d
     return specs
 
 
-def _gpt_fast(opts: LlmBenchOptions, config, batch: int) -> dict[str, Any]:
+def _gpt_fast(opts: LlmBenchOptions, config) -> dict[str, Any]:
     """The plan's gpt-fast fields, checked; empty without --gpt-fast."""
     if not opts.gpt_fast:
         return {}
@@ -318,8 +334,6 @@ def _gpt_fast(opts: LlmBenchOptions, config, batch: int) -> dict[str, Any]:
     if not quants:
         raise ConfigError("--gpt-fast-quant", "unknown gpt-fast quantization '(none given)'", GPT_FAST_QUANTS)
     _one_of("--gpt-fast-quant", "gpt-fast quantization", list(quants), GPT_FAST_QUANTS)
-    if batch != 1:
-        raise ConfigError("--batch", f"gpt-fast rows run batch 1 (its benchmark mode); got --batch {batch}")
     _positive("--end-by-s", opts.end_by_s)
     _positive("--gpt-fast-timeout-s", opts.gpt_fast_timeout_s)
     group = opts.group_size or 128

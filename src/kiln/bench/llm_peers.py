@@ -15,8 +15,8 @@ from kiln.bench.formulas import ratio
 from kiln.bench.peers.gpt_fast import ENGINE, prepare, run_rows
 
 
-def _base(o) -> dict[str, Any]:
-    return {"model": o.model, "dtype": o.dtype, "batch": o.batch, "prompt_len": o.prompt_len, "new_tokens": o.new_tokens}
+def _base(o, batch: int) -> dict[str, Any]:
+    return {"model": o.model, "dtype": o.dtype, "batch": batch, "prompt_len": o.prompt_len, "new_tokens": o.new_tokens}
 
 
 def prepare_peers(bench):
@@ -30,41 +30,52 @@ def prepare_peers(bench):
 
 
 def run_peers(bench, prep) -> list[dict[str, Any]]:
-    """gpt-fast's rows, after kiln's are timed (its processes share the GPU with this one's
-    models, which sit idle meanwhile); the checkpoints are removed after."""
+    """gpt-fast's rows, one per quant and batch size (its `batch_size`), after kiln's are timed (its
+    processes share the GPU with this one's models, which sit idle meanwhile); the checkpoints are
+    removed after."""
     o = bench.opts
     if not o.gpt_fast:
         return []
-    base = _base(o)
+    several = len(o.batches) > 1
     if prep is None:
-        return [{"engine": ENGINE, "quant": q, **base, "status": "skipped", "reason": "kiln's model could not be built"}
-                for q in o.gpt_fast_quants]
+        return [{"engine": ENGINE, "quant": q, **_base(o, b), "status": "skipped",
+                 "reason": "kiln's model could not be built"} for b in o.batches for q in o.gpt_fast_quants]
+    rows = []
     try:
         gc.collect()
         if bench.device.type == "cuda":
             torch.cuda.empty_cache()
-        budget = o.gpt_fast_timeout_s
-        if o.end_by_s is not None:
-            budget = min(budget, o.end_by_s - (time.perf_counter() - bench.started))
-        rows = run_rows(prep, quants=o.gpt_fast_quants, prompt_len=o.prompt_len, new_tokens=o.new_tokens,
-                        samples=max(o.repeats, 2), group_size=o.gpt_fast_group_size, device=str(bench.device),
-                        timeout_s=budget, log=bench.log)
+        started = time.perf_counter()
+        for batch in o.batches:  # the timeout is for all of gpt-fast's rows together
+            budget = o.gpt_fast_timeout_s - (time.perf_counter() - started)
+            if o.end_by_s is not None:
+                budget = min(budget, o.end_by_s - (time.perf_counter() - bench.started))
+            found = run_rows(prep, quants=o.gpt_fast_quants, prompt_len=o.prompt_len, new_tokens=o.new_tokens,
+                             samples=max(o.repeats, 2), group_size=o.gpt_fast_group_size, device=str(bench.device),
+                             timeout_s=budget, batch=batch, log=bench.log)
+            for row in found:
+                label = ENGINE if row["quant"] == "none" else f"{ENGINE}[{row['quant']}]"
+                rows.append({**_base(o, batch), **row, "label": label + (f" b{batch}" if several else "")})
     finally:
         prep.close()
-    return [{**base, **row} for row in rows]
+    return rows
 
 
 def finish_peers(bench, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Bandwidth fractions of the peers' rows (from their whole-request tokens/s: gpt-fast
-    reports no decode-only figure) and each kiln row's speed against the peer at its quant."""
+    reports no decode-only figure; the bytes per step include the KV cache as kiln's rows do) and
+    each kiln row's speed against the peer at its quant and batch size."""
     c = bench.ceilings
+    kv = bench.kv_bytes()
     for row in rows:
         if row.get("status") == "ok" and row.get("weight_bytes"):
             row["roofline_basis"] = "request_tok_s"
-            bandwidth_fractions(row, c, bench.opts.batch, tok_s=row["request_tok_s"])
-    peer = {row["quant"]: row for row in rows if row.get("status") == "ok" and row.get("request_tok_s")}
+            row["kv_bytes_per_step"] = kv[row["batch"]]
+            row["step_bytes"] = row["weight_bytes"] + row["kv_bytes_per_step"]
+            bandwidth_fractions(row, c, row["batch"], tok_s=row["request_tok_s"])
+    peer = {(row["quant"], row["batch"]): row for row in rows if row.get("status") == "ok" and row.get("request_tok_s")}
     for r in bench.rows.values():
-        other = peer.get("int4" if r.quant.startswith("int4") else r.quant)
+        other = peer.get(("int4" if r.quant.startswith("int4") else r.quant, r.row["batch"]))
         if other is not None and r.row.get("request_tok_s"):
             r.row.update(vs_gpt_fast=f"gpt-fast[{other['quant']}]",
                          request_vs_gpt_fast=ratio(r.row["request_tok_s"], other["request_tok_s"]))

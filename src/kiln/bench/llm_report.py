@@ -11,9 +11,9 @@ from kiln.bench.results import pyplot, rich_table, write_result_files
 
 # Columns of results.md, in order (results.json rows carry more: variants, parity, bytes, ...).
 COLUMNS = [
-    "engine", "quant", "status", "ttft_ms", "prefill_ms", "prefill_tok_s", "prefill_tflops", "prefill_peak_frac",
-    "decode_tok_s", "token_ms_p50", "token_ms_p90", "achieved_gbs", "roofline_frac", "decode_vs_hf",
-    "prefill_vs_hf", "decode_vs_unquantized", "peak_mem_bytes", "weight_bytes", "quant_backend", "group_size",
+    "engine", "quant", "batch", "status", "ttft_ms", "prefill_ms", "prefill_tok_s", "prefill_tflops", "prefill_peak_frac",
+    "decode_tok_s", "decode_tok_s_per_seq", "decode_step_ms", "step_vs_batch1", "greedy_match_batch1", "token_ms_p50", "token_ms_p90", "achieved_gbs", "roofline_frac", "decode_vs_hf",
+    "prefill_vs_hf", "decode_vs_unquantized", "peak_mem_bytes", "weight_bytes", "kv_bytes_per_step", "quant_backend", "group_size",
     "drift_kl", "drift_top1", "drift_max_abs", "drift_mean_abs", "drift_ok", "ppl", "ppl_ratio", "warmup_s", "compile_s",
     "compiles", "greedy_match", "profile_ms_per_step", "profile_kernels_per_step", "profile_idle_frac",
     "profile_busy_bandwidth_frac", "profile", "reason",
@@ -25,7 +25,10 @@ COLUMNS[COLUMNS.index("roofline_frac") + 1:COLUMNS.index("roofline_frac") + 1] =
 
 
 def row_label(row: dict[str, Any]) -> str:
-    """engine, or engine[quant] for a quantized row."""
+    """The row's own label (with its batch size in a run of several), else engine, or engine[quant]
+    for a quantized row."""
+    if row.get("label"):
+        return row["label"]
     quant = row.get("quant") or "none"
     return row["engine"] if quant == "none" else f"{row['engine']}[{quant}]"
 
@@ -43,7 +46,7 @@ def _cell(key: str, value: Any) -> str:
         return f"{value / 2**30:.2f} GiB"
     if key.endswith("_frac"):
         return f"{100 * value:.1f}%"
-    if key.endswith(("_vs_hf", "_vs_unquantized", "_vs_gpt_fast")):
+    if key.endswith(("_vs_hf", "_vs_unquantized", "_vs_gpt_fast", "_vs_batch1")):
         return f"{value:.2f}x"
     if key.endswith("_s") and not key.endswith("tok_s"):
         return f"{value:.1f}"
@@ -66,6 +69,8 @@ def render_table(rows: list[dict[str, Any]], title: str):
             "decode_vs_unquantized", "weight_bytes", "drift_kl", "drift_top1"]
     if any(row.get("ppl") for row in rows):
         shown[shown.index("peak_mem_bytes"):shown.index("peak_mem_bytes")] = ["ppl", "ppl_ratio"]
+    if len({row.get("batch") for row in rows}) > 1:  # several batch sizes: the step time and its growth
+        shown[shown.index("token_ms_p50"):shown.index("token_ms_p50") + 1] = ["decode_step_ms", "step_vs_batch1"]
     if any(row.get("roofline_spec_frac") is not None for row in rows):
         shown.insert(shown.index("roofline_frac") + 1, "roofline_spec_frac")
     if any(row.get("peer_commit") for row in rows):  # peers count tokens/s over the whole request
@@ -76,7 +81,7 @@ def render_table(rows: list[dict[str, Any]], title: str):
                "decode_vs_unquantized": "vs unquantized", "weight_bytes": "weights", "drift_kl": "drift KL",
                "drift_top1": "top-1 agree", "ppl_ratio": "ppl ratio", "peak_mem_bytes": "peak mem",
                "warmup_s": "warm-up s", "roofline_spec_frac": "of datasheet BW", "request_tok_s": "request tok/s",
-               "request_vs_gpt_fast": "vs gpt-fast"}
+               "request_vs_gpt_fast": "vs gpt-fast", "decode_step_ms": "ms/step", "step_vs_batch1": "step vs b1"}
     table = rich_table(rows, title, shown, headers,  # escape: rich would read "[int8]" as markup
                        lambda key, row: escape(row_label(row)) if key == "label" else _cell(key, row.get(key)))
     notes = [f"{row_label(row)}: {extra}" for row in rows

@@ -8,7 +8,14 @@ import argparse
 import shlex
 
 from kiln.cli.args import add_verbose_flag
-from kiln.cli.llm_args import MODEL_HELP, add_decode_attention_flag, add_decode_matvec_flag, add_quant_flags, split_list
+from kiln.cli.llm_args import (
+    MODEL_HELP,
+    add_decode_attention_flag,
+    add_decode_matvec_flag,
+    add_quant_flags,
+    int_list,
+    split_list,
+)
 
 
 def add_parser(bsub) -> None:
@@ -26,7 +33,9 @@ def add_parser(bsub) -> None:
     p.add_argument("--model", help=MODEL_HELP)
     p.add_argument("--preset", help="seed002-llama3b (its model and sizes; flags given still apply)")
     p.add_argument("--engines", action="append", help="comma-separated: hf-eager,hf-compiled,kiln-eager,kiln-compiled")
-    p.add_argument("--batch", type=int, help="prompts per request (default 1)")
+    p.add_argument("--batch", action="append", type=int_list, help="batch sizes (prompts per request), comma-separated, e.g. "
+                   "1,4,16,64: every engine runs once per batch size, each row with its roofline for the weights "
+                   "and the KV cache a step reads (default 1)")
     p.add_argument("--prompt-len", type=int, help="prompt tokens (default 1024)")
     p.add_argument("--new-tokens", type=int, help="tokens generated per request (default 256)")
     p.add_argument("--device", default="auto", help="auto (CUDA if present), cpu, cuda, cuda:N")
@@ -74,7 +83,8 @@ def options(args: argparse.Namespace):
     from kiln.bench.llm_options import LlmBenchOptions
 
     return LlmBenchOptions(
-        model=args.model, preset=args.preset, engines=split_list(args.engines), batch=args.batch,
+        model=args.model, preset=args.preset, engines=split_list(args.engines),
+        batch=[b for chunk in args.batch or [] for b in chunk],
         prompt_len=args.prompt_len, new_tokens=args.new_tokens, device=args.device, dtype=args.dtype,
         warmup=args.warmup, repeats=args.repeats, prefill_repeats=args.prefill_repeats, seed=args.seed,
         inductor=list(args.inductor or []), quants=split_list(args.quant), group_size=args.group_size,
@@ -91,7 +101,7 @@ def _command(args: argparse.Namespace) -> str:
     defaults = {"quant_backend": "torchao", "quant_lm_head": "on", "ppl_context": 1024, "ppl_tokens": 16384,
                 "prefill": "compiled", "tuning": "full", "profile_decode": 0, "decode_attention": "auto",
                 "decode_matvec": "auto", "gpt_fast_quant": "none,int4", "gpt_fast_timeout_s": 600.0}
-    for flag in ("model", "preset", "batch", "prompt_len", "new_tokens", "device", "dtype", "warmup", "repeats",
+    for flag in ("model", "preset", "prompt_len", "new_tokens", "device", "dtype", "warmup", "repeats",
                  "prefill_repeats", "seed", "group_size", "quant_backend", "quant_lm_head", "ppl_file", "ppl_context",
                  "ppl_tokens", "prefill", "tuning", "decode_attention", "decode_matvec", "deadline_s", "profile_decode", "out",
                  "gpt_fast", "gpt_fast_quant", "gpt_fast_timeout_s", "end_by_s"):
@@ -101,6 +111,8 @@ def _command(args: argparse.Namespace) -> str:
     for flag in ("engines", "quant"):
         if getattr(args, flag):
             parts += [f"--{flag}", ",".join(split_list(getattr(args, flag)))]
+    if args.batch:
+        parts += ["--batch", ",".join(str(b) for chunk in args.batch for b in chunk)]
     for option in args.inductor or []:
         parts += ["--inductor", option]
     return shlex.join(parts)

@@ -73,6 +73,14 @@ def split_list(values: list[str] | None) -> list[str]:
     return [v.strip() for chunk in values or [] for v in chunk.split(",") if v.strip()]
 
 
+def int_list(text: str) -> list[int]:
+    """An argparse type: comma-separated integers (`1,4,16`); anything else is argparse's usage error."""
+    try:
+        return [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
 def parse_ids(text: str, flag: str) -> list[int]:
     try:
         ids = [int(t) for t in text.replace(" ", ",").split(",") if t]

@@ -145,11 +145,14 @@ class PeerRun:
     samples: int = 3
     group_size: int = 128
     device: str = "cuda"
+    batch: int = 1
+    """gpt-fast's `batch_size` (it repeats the prompt in every row)."""
 
     def command(self) -> list[str]:
         cmd = [sys.executable, "-m", "kiln.bench.peers.gpt_fast_child", "--checkout", str(self.checkout),
                "--checkpoint", str(self.checkpoint), "--prompt-len", str(self.prompt_len),
-               "--new-tokens", str(self.new_tokens), "--samples", str(self.samples), "--device", self.device]
+               "--new-tokens", str(self.new_tokens), "--samples", str(self.samples), "--device", self.device,
+               "--batch", str(self.batch)]
         return cmd
 
 
@@ -210,8 +213,10 @@ def run_row(run: PeerRun, timeout_s: float) -> dict[str, Any]:
         row.update(status="error", reason=f"exit {code}: {_tail(err or out)}")
         return row
     # gpt-fast prints the seconds to 2 decimals and tokens/s to 2 decimals: the rate is the finer figure.
-    row["request_tok_s"] = statistics.median(row["peer_tok_s_samples"])
-    row["generate_s"] = request_seconds(run.new_tokens, row["request_tok_s"])
+    # Its tokens/s are one sequence's (new tokens per row over the request); a batch makes `batch` times as many.
+    per_sequence = statistics.median(row["peer_tok_s_samples"])
+    row["request_tok_s"] = per_sequence * run.batch
+    row["generate_s"] = request_seconds(run.new_tokens, per_sequence)
     return row
 
 
@@ -279,7 +284,7 @@ def prepare(model, checkout: Path, *, quants: tuple[str, ...], group_size: int, 
 
 
 def run_rows(prep: Prepared, *, quants: tuple[str, ...], prompt_len: int, new_tokens: int, samples: int,
-             group_size: int, device: str, timeout_s: float, log=print) -> list[dict[str, Any]]:
+             group_size: int, device: str, timeout_s: float, batch: int = 1, log=print) -> list[dict[str, Any]]:
     """One gpt-fast row per quant, each its own subprocess, within `timeout_s` together; every row
     records gpt-fast's commit, and a quant whose checkpoint could not be made keeps that error."""
     import time
@@ -297,8 +302,8 @@ def run_rows(prep: Prepared, *, quants: tuple[str, ...], prompt_len: int, new_to
             rows.append({**base, "status": "skipped", "reason": f"not started: {left:.0f} s left of gpt-fast's time"})
             continue
         run = PeerRun(Path(prep.base["peer_checkout"]), prep.checkpoints[quant], quant, prompt_len, new_tokens, samples,
-                      group_size, device)
-        log(f"gpt-fast[{quant}]: running ({left:.0f} s left)")
+                      group_size, device, batch)
+        log(f"gpt-fast[{quant}] batch {batch}: running ({left:.0f} s left)")
         row = {**base, **run_row(run, left)}
         log(f"gpt-fast[{quant}]: {row['status']}"
             + (f" {row['request_tok_s']:.1f} tok/s" if row.get("request_tok_s") else f": {row['reason']}"))

@@ -119,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quantize-int4", type=int, metavar="GROUP",
                    help="only write gpt-fast's int4 checkpoint (its quantize.py, group size GROUP) and exit")
     p.add_argument("--device", default="cuda")
+    p.add_argument("--batch", type=int, default=1, help="gpt-fast's batch_size (generation runs)")
     args = p.parse_args(argv)
     if not args.quantize_int4 and (args.prompt_len is None or args.new_tokens is None):
         p.error("a generation run needs --prompt-len and --new-tokens")
@@ -136,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     generate = importlib.import_module("generate")
     generate.get_tokenizer = _Tokenizer
     print(MARK + json.dumps(info), flush=True)
-    generate.main(prompt=args.prompt_len, num_samples=args.samples, max_new_tokens=args.new_tokens, batch_size=1,
+    generate.main(prompt=args.prompt_len, num_samples=args.samples, max_new_tokens=args.new_tokens, batch_size=args.batch,
                   checkpoint_path=checkpoint, compile=args.device.startswith("cuda"), device=args.device)
     return 0
 
