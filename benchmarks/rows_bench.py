@@ -6,6 +6,8 @@ w_gate_up and lm_head; SwiGLU before w_down; the residual add after wo and w_dow
 - `matvec`: kiln.llm.triton_matvec, the one-row kernel (programs per row), rows <= its MAX_ROWS;
 - `rows`: kiln.llm.triton_rows, one weight read for all rows (`tl.dot`);
 - with `--int4`, group 128: `int4 matvec` (kiln.llm.triton_int4, per row) and `int4 rows`.
+With `--sweep`, also every launch setting of the row kernels (`rows BN/BK/SPLIT`, `int4 rows BN/SPLIT`),
+each in its own CUDA graph: the settings the autotuner chooses from, timed as the model runs them.
 
 Each variant is captured as back-to-back calls cycling over enough weight copies to miss L2, in one
 CUDA graph, replayed `--repeats` times with variants interleaved; figures are the median us per call
@@ -21,6 +23,7 @@ import argparse
 import json
 import statistics
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -34,13 +37,24 @@ sys.path.insert(0, str(Path(__file__).parent))
 from matvec_bench import L2_BYTES, eager, projections  # noqa: E402  (the same shapes and reference math)
 
 
-def variants_for(rows: int, int4: bool) -> list[str]:
+def variants_for(rows: int, int4: bool, sweep: bool) -> list[str]:
     from kiln.llm.triton_matvec import MAX_ROWS
+    from kiln.llm.triton_rows import DENSE_SETTINGS, INT4_SETTINGS
 
     names = ["cublas", "rows"] + (["matvec"] if rows <= MAX_ROWS else [])
+    if sweep:
+        names += [f"rows {bn}/{bk}/{split}" for bn, bk, split, _ in DENSE_SETTINGS]
     if int4:
         names += ["int4 rows"] + (["int4 matvec"] if rows <= MAX_ROWS else [])
+        if sweep:
+            names += [f"int4 rows {bn}/{split}" for bn, split, _ in INT4_SETTINGS]
     return names
+
+
+def _setting(variant: str) -> list[int] | None:
+    """The launch setting a swept variant names (`rows 64/256/2` -> [64, 256, 2]), else None."""
+    tail = variant.rsplit(" ", 1)[-1]
+    return [int(v) for v in tail.split("/")] if "/" in tail else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -51,6 +65,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--calls", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--int4", action="store_true")
+    ap.add_argument("--sweep", action="store_true", help="also every launch setting of the row kernels")
+    ap.add_argument("--budget-s", type=float, default=None,
+                    help="prepare no new (projection, rows) case after this many seconds; time and write what is ready")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("rows_bench: needs a CUDA device", file=sys.stderr)
@@ -64,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     eps = config.norm_eps
     row_counts = [int(r) for r in args.rows.split(",")]
     graphs, meta, alive = {}, {}, []
+    started, skipped = time.perf_counter(), []
     for name, out_f, in_f, prologue, residual in projections(config):
         wbytes = out_f * in_f * 2
         copies = max(2, min(args.calls, -(-3 * L2_BYTES // wbytes)))
@@ -77,6 +95,9 @@ def main(argv: list[str] | None = None) -> int:
                 own[w.data_ptr()] = Int4TritonLinear.from_linear(lin, 128)
         alive.append((ws, norm_w, own))
         for m in row_counts:
+            if args.budget_s is not None and time.perf_counter() - started > args.budget_s:
+                skipped.append(f"{name} rows={m}")
+                continue
             x = torch.randn(m, 2 * in_f if prologue == "silu_mul" else in_f, device=dev, dtype=dt)
             res = torch.randn(m, out_f, device=dev, dtype=dt) if residual else None
             alive.append((x, res))
@@ -86,17 +107,19 @@ def main(argv: list[str] | None = None) -> int:
                 "cublas": lambda w, x=x[:, :in_f]: F.linear(x, w),
                 "matvec": lambda w, p=prologue, x=x, r=res, nw=norm_w: torch.ops.kiln.matvec(
                     x, w, None, nw, eps, p == "silu_mul", r),
-                "rows": lambda w, p=prologue, x=x, r=res, nw=norm_w: torch.ops.kiln.matvec_rows(
-                    x, w, None, nw, eps, p == "silu_mul", r),
+                "rows": lambda w, st=None, p=prologue, x=x, r=res, nw=norm_w: torch.ops.kiln.matvec_rows(
+                    x, w, None, nw, eps, p == "silu_mul", r, st),
             }
             if own:
                 for variant, op in (("int4 matvec", torch.ops.kiln.int4_matvec), ("int4 rows", torch.ops.kiln.int4_rows)):
-                    fns[variant] = lambda w, p=prologue, x=x, r=res, op=op, nw=norm_w, o=own: op(
+                    fns[variant] = lambda w, st=None, p=prologue, x=x, r=res, op=op, nw=norm_w, o=own: op(
                         x, o[w.data_ptr()].weight, o[w.data_ptr()].scale, o[w.data_ptr()].offset, 128, None,
                         nw, eps, "rmsnorm" if nw is not None else "silu_mul" if p == "silu_mul" else "none",
-                        False, r)
-            for variant in variants_for(m, bool(own)):
-                fn = fns[variant]
+                        False, r, st)
+            for variant in variants_for(m, bool(own), args.sweep):
+                base, setting = variant.rsplit(" ", 1)[0] if _setting(variant) else variant, _setting(variant)
+                fn = fns[base] if setting is None else (
+                    lambda w, f=fns[base], st=setting: f(w, st))
                 y = fn(ws[0])  # autotunes here, outside the graph
                 err = None if variant == "cublas" else float((y.float() - exact).abs().max() / exact.abs().max())
                 calls = [lambda fn=fn, w=w: fn(w) for w in ws]
@@ -120,10 +143,16 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     env = {"model": args.model, "torch": torch.__version__, "gpu": torch.cuda.get_device_name(), "repeats": args.repeats,
-           "command": "python " + " ".join(sys.argv)}
+           "command": "python " + " ".join(sys.argv), "skipped_over_budget": skipped}
     (out / "results.json").write_text(json.dumps({"config": env, "results": results, "autotuned": tuned}, indent=2,
                                                  default=str) + "\n")
-    names = list(dict.fromkeys(r["variant"] for r in results))
+    names = [n for n in dict.fromkeys(r["variant"] for r in results) if _setting(n) is None]
+    best = {}  # (projection, rows, kernel) -> the fastest swept setting
+    for r in results:
+        if _setting(r["variant"]) is not None:
+            key = (r["projection"], r["rows"], r["variant"].rsplit(" ", 1)[0])
+            if key not in best or r["us_per_call"] < best[key]["us_per_call"]:
+                best[key] = r
     lines = [f"# Decode projections by rows: {args.model}, bf16, {env['gpu']} (us per call; GB/s of weight bytes)", "",
              "| projection | rows | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
     for (name, m) in dict.fromkeys((r["projection"], r["rows"]) for r in results):
@@ -132,9 +161,13 @@ def main(argv: list[str] | None = None) -> int:
             r = next((r for r in results if r["projection"] == name and r["rows"] == m and r["variant"] == v), None)
             cells.append("-" if r is None else f"{r['us_per_call']:.1f} ({r['gb_per_s']:.0f})")
         lines.append(f"| {name} | {m} | " + " | ".join(cells) + " |")
+    if best:
+        lines += ["", "Fastest swept setting per projection, rows and kernel (us per call, GB/s):", ""]
+        lines += [f"- {k[0]} rows={k[1]} {k[2]}: {v['variant'].rsplit(' ', 1)[1]} {v['us_per_call']:.1f} us "
+                  f"({v['gb_per_s']:.0f} GB/s)" for k, v in best.items()]
     lines += ["", "Max rel err vs fp32 (int4 includes the quantization error): " + "; ".join(
         f"{r['projection']} r{r['rows']} {r['variant']} {r['rel_err']:.2g}" for r in results if r["rel_err"] is not None
-        and r["rel_err"] > 0.02), "", f"Command: `{env['command']}`; torch {torch.__version__}."]
+        and r["rel_err"] > 0.02), "", "Not prepared within --budget-s: " + (", ".join(skipped) or "none"), "", f"Command: `{env['command']}`; torch {torch.__version__}."]
     (out / "results.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

@@ -213,12 +213,12 @@ def _kernel(kind: str):
     interpret = interpreting()
     if (kind, interpret) not in _KERNELS:
         if kind == "dense":
-            jitted = triton.heuristics({"PER_SPLIT": _dense_per_split})(triton.jit(_dense_rows))
+            jitted = triton.heuristics({"PER_SPLIT": _dense_per_split})(triton.jit(_dense_rows, do_not_specialize=["M"]))
             configs = [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk, "SPLIT": s}, num_warps=4, num_stages=st)
                        for bn, bk, s, st in DENSE_SETTINGS]
             key, prune = ["N", "K", "BLOCK_M", "PROLOGUE", "HAS_RES"], _prune_dense
         else:
-            jitted = triton.heuristics({"PER_SPLIT": _int4_per_split})(triton.jit(_int4_rows))
+            jitted = triton.heuristics({"PER_SPLIT": _int4_per_split})(triton.jit(_int4_rows, do_not_specialize=["M"]))
             configs = [triton.Config({"BLOCK_N": bn, "SPLIT": s}, num_warps=4, num_stages=st)
                        for bn, s, st in INT4_SETTINGS]
             key, prune = ["N", "K", "GROUP", "BLOCK_M", "PROLOGUE", "SWIGLU", "HAS_RES"], _prune_int4

@@ -1,0 +1,50 @@
+#!/bin/bash
+# Decoding at batch > 1 on one GPU, from the repo root of the device machine:
+#   PART=rows,bench bash benchmarks/decode_batch.sh     # parts comma-separated, run in order
+# Parts (Llama-3.2-3B shape, random weights, bf16):
+#   rows    benchmarks/rows_bench.py --sweep --int4 at ROWS (default 1,4,8,16,64): every projection through
+#           cuBLAS, the one-row kernels and the row kernels with every launch setting, each in its own CUDA
+#           graph -> $R/rows (~4-5 min)
+#   bench   kiln bench llm --engines kiln-compiled at BATCHES (default 1,4,16,64) and QUANT (default
+#           none,int4@triton), prompt 512, 128 new tokens, with gpt-fast's rows beside them when a checkout
+#           is carried at .peers/gpt-fast (GPT_FAST=0 leaves them out) -> $R/bench (what is left of ~9 min)
+#           BENCH_S caps this part's seconds (default: what is left).
+#   matvec-inductor  the same bench with --decode-matvec inductor (projections by cuBLAS/inductor, the
+#           path batch > 8 took before kiln.llm.triton_rows) -> $R/bench_inductor
+# Each part packs $OUT/decode_batch.tgz after each step; the call's time box is BUDGET_S (default 570 s).
+set -uo pipefail
+VALID="rows bench matvec-inductor"
+[ -n "${PART:-}" ] || { echo "decode_batch.sh: PART is required (${VALID// /, })" >&2; exit 2; }
+for part in ${PART//,/ }; do
+  [[ " $VALID " == *" $part "* ]] || { echo "decode_batch.sh: unknown PART '$part' (${VALID// /, })" >&2; exit 2; }
+done
+source benchmarks/device_env.sh
+export TORCHAO_FORCE_SKIP_LOADING_SO_FILES=1
+BUDGET_S=${BUDGET_S:-570}
+left() { echo $(( BUDGET_S - ($(date +%s) - start) )); }
+pack() { tar czf "$OUT/decode_batch.tgz" -C "$R" .; }
+COMMON=(--model llama-3.2-3b --prompt-len 512 --new-tokens 128 --tuning decode --repeats 3 --engines kiln-compiled)
+
+for part in ${PART//,/ }; do
+  case $part in
+    rows)
+      cap=$(left)
+      step rows timeout "$cap" python3 benchmarks/rows_bench.py --sweep --int4 --rows "${ROWS:-1,4,8,16,64}" \
+        --budget-s $(( cap - 90 )) \
+        --out "$R/rows" ;;
+    bench)
+      peer=()
+      if [ "${GPT_FAST:-1}" = 1 ] && [ -f .peers/gpt-fast/generate.py ]; then
+        peer=(--gpt-fast .peers/gpt-fast --gpt-fast-quant none,int4 --gpt-fast-timeout-s $(( $(left) / 3 )))
+      fi
+      cap=$(left); [ "$cap" -gt "${BENCH_S:-$cap}" ] && cap=$BENCH_S
+      step bench timeout "$cap" python3 -m kiln bench llm "${COMMON[@]}" --batch "${BATCHES:-1,4,16,64}" \
+        --quant "${QUANT:-none,int4@triton}" --deadline-s $(( cap * 2 / 3 )) --end-by-s $(( cap - 20 )) "${peer[@]}" \
+        --out "$R/bench" ;;
+    matvec-inductor)
+      cap=$(left)
+      step bench_inductor timeout "$cap" python3 -m kiln bench llm "${COMMON[@]}" --batch "${BATCHES:-1,16}" \
+        --quant none --decode-matvec inductor --deadline-s $(( cap * 2 / 3 )) --out "$R/bench_inductor" ;;
+  esac
+  pack
+done
