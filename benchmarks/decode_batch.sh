@@ -4,7 +4,7 @@
 # Parts (Llama-3.2-3B shape, random weights, bf16):
 #   rows    benchmarks/rows_bench.py --sweep --int4 at ROWS (default 1,4,8,16,64): every projection through
 #           cuBLAS, the one-row kernels and the row kernels with every launch setting, each in its own CUDA
-#           graph -> $R/rows (~4-5 min)
+#           graph -> $R/rows (ROWS_S caps its seconds; it prepares no new case in its last 90)
 #   bench   kiln bench llm --engines kiln-compiled at BATCHES (default 1,4,16,64) and QUANT (default
 #           none,int4@triton), prompt 512, 128 new tokens, with gpt-fast's rows beside them when a checkout
 #           is carried at .peers/gpt-fast (GPT_FAST=0 leaves them out) -> $R/bench (what is left of ~9 min)
@@ -28,7 +28,7 @@ COMMON=(--model llama-3.2-3b --prompt-len 512 --new-tokens 128 --tuning decode -
 for part in ${PART//,/ }; do
   case $part in
     rows)
-      cap=$(left)
+      cap=$(left); [ "$cap" -gt "${ROWS_S:-$cap}" ] && cap=$ROWS_S
       step rows timeout "$cap" python3 benchmarks/rows_bench.py --sweep --int4 --rows "${ROWS:-1,4,8,16,64}" \
         --budget-s $(( cap - 90 )) \
         --out "$R/rows" ;;
