@@ -31,6 +31,13 @@ from kiln.llm.model import Attention
 from kiln.timing import cuda_graph_of, replay_rounds
 
 
+def attn_inv_freq(config, dev):
+    """The RoPE frequencies [D / 2] (fp32) the fused op rotates with (kiln.llm.rope's)."""
+    from kiln.llm.rope import inv_frequencies
+
+    return inv_frequencies(config.rope, config.head_dim, dev).float()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
@@ -39,6 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--layers", type=int, default=28,
                     help="calls per graph replay, at least (more where 3x the L2 cache needs more K/V copies)")
     ap.add_argument("--repeats", type=int, default=30)
+    ap.add_argument("--batch", type=int, default=1, help="rows attending at once (each over all --slots)")
+    ap.add_argument("--rope", action="store_true", help="also the fused RoPE + cache write + attention op "
+                    "(kiln::decode_attention_rope, what a Llama decode step runs) at each launch setting")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("decode_attention_bench: needs a CUDA device", file=sys.stderr)
@@ -46,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     import kiln.llm.triton_decode as td
 
     config = resolve_model(args.model).config
-    B, S, H, Hkv, D = 1, args.slots, config.n_heads, config.n_kv_heads, config.head_dim
+    B, S, H, Hkv, D = args.batch, args.slots, config.n_heads, config.n_kv_heads, config.head_dim
     dev, dtype = torch.device("cuda"), torch.bfloat16
     gen = torch.Generator(device=dev).manual_seed(0)
     q = torch.randn(B, 1, H, D, device=dev, dtype=dtype, generator=gen)
@@ -80,11 +90,29 @@ def main(argv: list[str] | None = None) -> int:
             return td.triton_decode(q, k, v, pad, pos, scale, None)
 
         variants[name] = run
+        if args.rope and name == next(iter(settings)):  # once: kiln's own choice (launch_settings)
+            qkv0 = torch.randn(B, 1, (H + 2 * Hkv) * D, device=dev, dtype=dtype, generator=gen)
+
+            def run_auto(k, v, qkv=qkv0, inv_freq=attn_inv_freq(config, dev)):
+                td.BLOCK_S, td.TARGET_PROGRAMS, td.NUM_WARPS = None, 256, None
+                return td.triton_decode_rope(qkv, inv_freq, k, v, pad, pos, scale, None, H)
+
+            variants["rope kiln's choice " + "/".join(map(str, td.launch_settings(B, Hkv, S)))] = run_auto
+        if args.rope:  # the projection's output, rotated and written into the cache by the kernel itself
+            qkv = torch.randn(B, 1, (H + 2 * Hkv) * D, device=dev, dtype=dtype, generator=gen)
+            inv_freq = attn_inv_freq(config, dev)
+            settings[f"rope {name}"] = (block, target, warps)
+
+            def run_rope(k, v, block=block, target=target, warps=warps, qkv=qkv, inv_freq=inv_freq):
+                td.BLOCK_S, td.TARGET_PROGRAMS, td.NUM_WARPS = block, target, warps
+                return td.triton_decode_rope(qkv, inv_freq, k, v, pad, pos, scale, None, H)
+
+            variants[f"rope {name}"] = run_rope
     graphs, errors = {}, {}
     for name, fn in variants.items():
         out = fn(k, v).float()
         out = fn(k, v).float()  # a second call too: the first of a compiled variant also tunes it
-        errors[name] = float((out - reference).abs().max())
+        errors[name] = float((out - reference).abs().max()) if not name.startswith("rope") else None
         graphs[name] = cuda_graph_of(lambda fn=fn: [fn(*kv) for kv in kvs], 1)
     times = {name: [ms * 1000 / calls for ms in samples]
              for name, samples in replay_rounds(graphs, args.repeats).items()}
@@ -95,8 +123,8 @@ def main(argv: list[str] | None = None) -> int:
                "max_abs_vs_eager_fp32": errors[name]}
         if name in settings:
             block, target, warps = settings[name]
-            td.BLOCK_S, td.TARGET_PROGRAMS = block, target
-            row.update(block=block, target=target, warps=warps, chunks=td.chunking(B, Hkv, S)[1])
+            td.TARGET_PROGRAMS = target
+            row.update(block=block, target=target, warps=warps, chunks=td.chunking(B, Hkv, S, block)[1])
         results.append(row)
     results.sort(key=lambda r: r["us_per_call"])
     out = Path(args.out)
@@ -107,7 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     (out / "results.json").write_text(json.dumps({"config": meta, "results": results}, indent=2) + "\n")
     lines = [f"# Decode attention, one layer: {args.model} shape, batch {B}, {S} slots, bf16, {meta['gpu']}", "",
              "| variant | us/call | K+V GB/s | max abs vs eager fp32 |", "|---|---|---|---|"]
-    lines += [f"| {r['variant']} | {r['us_per_call']:.2f} | {r['kv_gb_per_s']:.0f} | {r['max_abs_vs_eager_fp32']:.3g} |"
+    lines += [f"| {r['variant']} | {r['us_per_call']:.2f} | {r['kv_gb_per_s']:.0f} | "
+              f"{'-' if r['max_abs_vs_eager_fp32'] is None else format(r['max_abs_vs_eager_fp32'], '.3g')} |"
               for r in results]
     lines += ["", f"Command: `python {' '.join(sys.argv)}`; torch {torch.__version__}."]
     (out / "results.md").write_text("\n".join(lines) + "\n")

@@ -69,8 +69,20 @@ def test_chunking_fills_the_gpu_in_whole_blocks():
     assert td.chunking(1, 8, 1280) == (64, 20)  # 20 chunks x 8 heads: 160 programs of one block each
     assert td.chunking(1, 8, 8192) == (256, 32)
     assert td.chunking(32, 8, 1280) == (1280, 1)  # a big batch fills the GPU by itself
-    per_chunk, chunks = td.chunking(2, 4, 100)
-    assert per_chunk % td.BLOCK_S == 0 and per_chunk * chunks >= 100 > per_chunk * (chunks - 1)
+    per_chunk, chunks = td.chunking(2, 4, 100, 32)
+    assert per_chunk % 32 == 0 and per_chunk * chunks >= 100 > per_chunk * (chunks - 1)
+
+
+def test_launch_settings_never_loop_with_two_warps():
+    """One block per program where that fills the GPU (smallest block first, 2 warps); a program that
+    loops over blocks gets 4 warps (with 2 its tiles spill: 20x slower at batch 16 on an H100)."""
+    assert td.launch_settings(1, 8, 1280) == (64, 64, 20, 2)   # the batch-1 setting measured before
+    assert td.launch_settings(1, 8, 640) == (32, 32, 20, 2)
+    assert td.launch_settings(16, 8, 640) == (64, 320, 2, 4)
+    for batch in (1, 2, 4, 8, 16, 32, 64):
+        for capacity in (100, 640, 1280, 8192):
+            block, per_chunk, chunks, warps = td.launch_settings(batch, 8, capacity)
+            assert per_chunk * chunks >= capacity and (warps == 4 or per_chunk == block)
 
 
 @interpreted

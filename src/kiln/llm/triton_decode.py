@@ -44,22 +44,40 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from kiln.llm.triton_launch import arrival_counters, interpreting, pdl_enabled
 
-# Launch settings: the fastest of benchmarks/decode_attention_bench.py's sweep on an H100.
-BLOCK_S = 64
-"""Key slots per inner iteration (and the granularity of a chunk)."""
 TARGET_PROGRAMS = 256
 """Programs to aim for per step (~2 per SM on an H100's 132): chunks = this / (B * Hkv), at most
 one per block of slots."""
-NUM_WARPS = 2
+BLOCK_S: int | None = None
+"""Key slots per inner iteration (and the granularity of a chunk); None: `launch_settings` chooses.
+Set (with NUM_WARPS) by benchmarks/decode_attention_bench.py's sweep."""
+NUM_WARPS: int | None = None
+"""Warps per program; None: `launch_settings` chooses."""
 
 
-def chunking(batch: int, kv_heads: int, capacity: int) -> tuple[int, int]:
+def chunking(batch: int, kv_heads: int, capacity: int, block: int = 64) -> tuple[int, int]:
     """(slots per chunk, chunks) for a cache of `capacity` slots: enough chunks that batch * kv_heads
-    * chunks programs fill the GPU, each a whole number of BLOCK_S-slot blocks."""
-    blocks = -(-capacity // BLOCK_S)
+    * chunks programs fill the GPU, each a whole number of `block`-slot blocks."""
+    blocks = -(-capacity // block)
     want = max(1, -(-TARGET_PROGRAMS // (batch * kv_heads)))
-    per_chunk = -(-blocks // min(blocks, want)) * BLOCK_S
+    per_chunk = -(-blocks // min(blocks, want)) * block
     return per_chunk, -(-capacity // per_chunk)
+
+
+def launch_settings(batch: int, kv_heads: int, capacity: int) -> tuple[int, int, int, int]:
+    """(block, slots per chunk, chunks, warps). Where the GPU fills with programs of one block each
+    (a small batch), the smallest such block (32 or 64 slots) with 2 warps; where a program must
+    loop over several blocks (a larger batch), 64-slot blocks with 4 warps: with 2 warps a looping
+    program's current and next key/value tiles do not fit in registers, and on an H100 it ran 20x
+    slower (benchmarks/decode_attention_bench.py --batch 16)."""
+    if BLOCK_S is not None:
+        per_chunk, chunks = chunking(batch, kv_heads, capacity, BLOCK_S)
+        return BLOCK_S, per_chunk, chunks, NUM_WARPS or (2 if per_chunk == BLOCK_S else 4)
+    for block in (32, 64):
+        per_chunk, chunks = chunking(batch, kv_heads, capacity, block)
+        if per_chunk == block:
+            return block, per_chunk, chunks, NUM_WARPS or 2
+    per_chunk, chunks = chunking(batch, kv_heads, capacity, 64)
+    return 64, per_chunk, chunks, NUM_WARPS or 4
 
 
 @triton.jit
@@ -202,7 +220,7 @@ def _launch(q: Tensor | None, qkv_rows: Tensor | None, inv_freq: Tensor | None, 
     S, Hkv, D = cache_k.shape[1], cache_k.shape[2], cache_k.shape[3]
     B, H = (qkv_rows.shape[0], heads) if q is None else q.shape[:2]
     ref = qkv_rows if q is None else q
-    per_chunk, chunks = chunking(B, Hkv, S)
+    block, per_chunk, chunks, warps = launch_settings(B, Hkv, S)
     part = torch.empty(B, H, chunks, D, dtype=torch.float32, device=ref.device)
     lse = torch.empty(B, H, chunks, dtype=torch.float32, device=ref.device)
     y = torch.empty(B, H, D, dtype=ref.dtype, device=ref.device)
@@ -218,8 +236,8 @@ def _launch(q: Tensor | None, qkv_rows: Tensor | None, inv_freq: Tensor | None, 
         part.stride(0), part.stride(1), part.stride(2), lse.stride(0), lse.stride(1), y.stride(0), y.stride(1),
         scale, window, Hkv,
         G=group, BLOCK_G=max(16, triton.next_power_of_2(group)), D=D, BLOCK_D=triton.next_power_of_2(D),
-        CHUNK=per_chunk, CHUNKS=chunks, BLOCK_C=triton.next_power_of_2(chunks), BLOCK=BLOCK_S, HAS_START=start is not None,
-        ROPE=rope, PDL=pdl, num_warps=NUM_WARPS, num_stages=2, **({"launch_pdl": True} if pdl else {}))
+        CHUNK=per_chunk, CHUNKS=chunks, BLOCK_C=triton.next_power_of_2(chunks), BLOCK=block, HAS_START=start is not None,
+        ROPE=rope, PDL=pdl, num_warps=warps, num_stages=2, **({"launch_pdl": True} if pdl else {}))
     return y
 
 

@@ -8,9 +8,10 @@ tile once, from memory, and multiplies it with the [BLOCK_M, BLOCK_K] tile of ev
 the tensor cores (`tl.dot`, rows padded to BLOCK_M >= 16). The one-row kernels give each row its
 own programs, which at batch B read every weight tile B times (through L2 when they run together),
 so a step's cost grew with the batch; here it is one weight read per step whatever the batch, which
-is what a decode step's roofline assumes. int4 tiles are unpacked and scaled once per program
-(word [r, n] holds inputs 8r..8r+7 of output n) to a [GROUP, BLOCK_N] tile in the model dtype, then
-multiplied like a dense tile.
+is what a decode step's roofline assumes. int4 words (word [r, n] holds inputs 8r..8r+7 of output
+n) are read once per program; each of a word's eight nibbles is one [rows, GROUP/8] x [GROUP/8,
+BLOCK_N] product with the matching inputs (the nibbles exact in the model dtype), and a group's
+scale and offset are applied once per output: scale * sum q x + offset * sum x.
 
 Splits of K are added in a fixed order by the last program of a block to arrive
 (kiln.llm.triton_matvec._split_sum), so results do not depend on arrival order. With programmatic
@@ -116,15 +117,16 @@ def _int4_rows(X, Q, Scale, Offset, Y, NormW, Bias, Res, Part, Arrived, M, N, ep
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, PER_SPLIT: tl.constexpr):
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
-    R: tl.constexpr = GROUP // 8
+    R: tl.constexpr = GROUP // 8  # word rows per group
+    RP: tl.constexpr = max(16, R)  # padded to the tensor cores' smallest K
     GROUPS: tl.constexpr = K // GROUP
     dtype = X.dtype.element_ty
     n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < N
     m = tl.arange(0, BLOCK_M)
     m_ok = m < M
-    r = tl.arange(0, R)
-    shifts = 4 * tl.arange(0, 8)
+    r = tl.arange(0, RP)
+    r_ok = r < R
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
@@ -136,15 +138,22 @@ def _int4_rows(X, Q, Scale, Offset, Y, NormW, Bias, Res, Part, Arrived, M, N, ep
     for i in tl.range(0, PER_SPLIT):
         g = g0 + i
         g_ok = g < GROUPS
-        words = tl.load(Q + (g * R + r)[:, None] * N + n[None, :], mask=g_ok & n_ok[None, :], other=0)
-        q = (words[:, None, :] >> shifts[None, :, None]) & 15  # [R, 8, BLOCK_N]: input 8r + j
-        q = tl.reshape(q, [GROUP, BLOCK_N])
+        words = tl.load(Q + (g * R + r)[:, None] * N + n[None, :], mask=g_ok & r_ok[:, None] & n_ok[None, :], other=0)
+        # Per group: y = scale * sum_k q_k x_k + offset * sum_k x_k. Nibble j of word row r is input
+        # 8r + j: one product per nibble of the [RP, BLOCK_N] words (q exact in the model dtype),
+        # the scale and offset applied once per group and output.
+        part = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        xsum = tl.zeros([BLOCK_M], dtype=tl.float32)
+        for j in tl.static_range(8):
+            k = g * GROUP + 8 * r + j
+            x = _rows_x(X, NormW, m, m_ok & g_ok, tl.where(r_ok, k, K), stride_xm, rstd, K,
+                        PROLOGUE if PROLOGUE != 3 else 0)  # [BLOCK_M, RP]; padded word rows read as 0
+            q = ((words >> (4 * j)) & 15).to(dtype)
+            part = tl.dot(x, q, part)
+            xsum += tl.sum(x.to(tl.float32), 1)
         scale = tl.load(Scale + g * N + n, mask=g_ok & n_ok, other=0.0).to(tl.float32)
         offset = tl.load(Offset + g * N + n, mask=g_ok & n_ok, other=0.0).to(tl.float32)
-        w = (q.to(tl.float32) * scale[None, :] + offset[None, :]).to(dtype)  # [GROUP, BLOCK_N]
-        k = g * GROUP + tl.arange(0, GROUP)
-        x = _rows_x(X, NormW, m, m_ok & g_ok, k, stride_xm, rstd, K, PROLOGUE if PROLOGUE != 3 else 0)
-        acc = tl.dot(x, w, acc)
+        acc += part * scale[None, :] + xsum[:, None] * offset[None, :]
     ok = m_ok[:, None] & n_ok[None, :]
     y, last = _split_sum(acc, Part, Arrived, pid, pid_k, m[:, None], n[None, :], ok, M, N, SPLIT)
     if PROLOGUE == 3:
