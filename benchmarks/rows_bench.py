@@ -4,10 +4,10 @@ w_gate_up and lm_head; SwiGLU before w_down; the residual add after wo and w_dow
 
 - `cublas`: `F.linear` alone (no fused work), the library's skinny GEMM;
 - `matvec`: kiln.llm.triton_matvec, the one-row kernel (programs per row), rows <= its MAX_ROWS;
-- `rows`: kiln.llm.triton_rows, one weight read for all rows (`tl.dot`);
-- with `--int4`, group 128: `int4 matvec` (kiln.llm.triton_int4, per row) and `int4 rows`.
-With `--sweep`, also every launch setting of the row kernels (`rows BN/BK/SPLIT`, `int4 rows BN/SPLIT`),
-each in its own CUDA graph: the settings the autotuner chooses from, timed as the model runs them.
+- with `--int4`, group 128: `int4 matvec` (kiln.llm.triton_int4, per row) and `int4 rows`
+  (kiln.llm.triton_rows, one weight read for all rows, `tl.dot`).
+With `--sweep`, also every launch setting of the int4 row kernel (`int4 rows BN/SPLIT`), each in its
+own CUDA graph: the settings the autotuner chooses from, timed as the model runs them.
 
 Each variant is captured as back-to-back calls cycling over enough weight copies to miss L2, in one
 CUDA graph, replayed `--repeats` times with variants interleaved; figures are the median us per call
@@ -39,11 +39,9 @@ from matvec_bench import L2_BYTES, eager, projections  # noqa: E402  (the same s
 
 def variants_for(rows: int, int4: bool, sweep: bool) -> list[str]:
     from kiln.llm.triton_matvec import MAX_ROWS
-    from kiln.llm.triton_rows import DENSE_SETTINGS, INT4_SETTINGS
+    from kiln.llm.triton_rows import INT4_SETTINGS
 
-    names = ["cublas", "rows"] + (["matvec"] if rows <= MAX_ROWS else [])
-    if sweep:
-        names += [f"rows {bn}/{bk}/{split}" for bn, bk, split, _ in DENSE_SETTINGS]
+    names = ["cublas"] + (["matvec"] if rows <= MAX_ROWS else [])
     if int4:
         names += ["int4 rows"] + (["int4 matvec"] if rows <= MAX_ROWS else [])
         if sweep:
@@ -52,7 +50,7 @@ def variants_for(rows: int, int4: bool, sweep: bool) -> list[str]:
 
 
 def _setting(variant: str) -> list[int] | None:
-    """The launch setting a swept variant names (`rows 64/256/2` -> [64, 256, 2]), else None."""
+    """The launch setting a swept variant names (`int4 rows 64/2` -> [64, 2]), else None."""
     tail = variant.rsplit(" ", 1)[-1]
     return [int(v) for v in tail.split("/")] if "/" in tail else None
 
@@ -107,8 +105,6 @@ def main(argv: list[str] | None = None) -> int:
                 "cublas": lambda w, x=x[:, :in_f]: F.linear(x, w),
                 "matvec": lambda w, p=prologue, x=x, r=res, nw=norm_w: torch.ops.kiln.matvec(
                     x, w, None, nw, eps, p == "silu_mul", r),
-                "rows": lambda w, st=None, p=prologue, x=x, r=res, nw=norm_w: torch.ops.kiln.matvec_rows(
-                    x, w, None, nw, eps, p == "silu_mul", r, st),
             }
             if own:
                 for variant, op in (("int4 matvec", torch.ops.kiln.int4_matvec), ("int4 rows", torch.ops.kiln.int4_rows)):
@@ -138,8 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         results.append({"projection": name, "rows": m, "variant": variant, **info, "us_per_call": us,
                         "us_p10": statistics.quantiles(samples, n=10)[0], "us_p90": statistics.quantiles(samples, n=10)[-1],
                         "gb_per_s": info["weight_bytes"] / us / 1e3})
-    tuned = {kind: {str(k): str(v) for k, v in getattr(triton_rows._kernel(kind), "cache", {}).items()}
-             for kind in ("dense", "int4")}
+    tuned = {str(k): str(v) for k, v in getattr(triton_rows._kernel(), "cache", {}).items()}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     env = {"model": args.model, "torch": torch.__version__, "gpu": torch.cuda.get_device_name(), "repeats": args.repeats,

@@ -1,9 +1,9 @@
-"""kiln's decode projections for several rows (kiln.llm.triton_rows) on CPU through Triton's
-interpreter: the dense and int4 kernels against the eager math for each fused part (RMSNorm, SwiGLU
-before, the folded norm's scalar and the SwiGLU epilogue, bias, residual), row counts that leave the
-row tile partly empty, partial output blocks and uneven splits; a batched decode step of a model
-with int4@triton weights against its dequantized reference; and which kernel a decode step picks
-by its row count. The kernel tests run in a subprocess (`test_under_interpreter`)."""
+"""kiln's int4 decode projections for several rows (kiln.llm.triton_rows) on CPU through Triton's
+interpreter: the kernel against the dequantized math for each fused part (RMSNorm, SwiGLU before,
+the folded norm's scalar and the SwiGLU epilogue, bias, residual), row counts that leave the row
+tile partly empty, partial output blocks and uneven splits; a batched decode step of a model with
+int4@triton weights against its dequantized reference; and which kernel a decode step picks by its
+row count. The kernel tests run in a subprocess (`test_under_interpreter`)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from kiln.llm import decode_matvec as dm
-from kiln.llm.model import RMSNorm
 
 from .triton_interpreter import interpreted, not_in_subprocess, rerun_interpreted
 
@@ -28,36 +27,6 @@ def test_under_interpreter():
 
 def test_row_tiles_are_powers_of_two_from_16():
     assert [tr.block_m(n) for n in (2, 16, 17, 33, 64)] == [16, 16, 32, 64, 64]
-
-
-@interpreted
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize("rows,out_f,in_f,part,bias,setting", [
-    (2, 24, 96, "none", False, [16, 32, 1]),
-    (5, 40, 96, "rmsnorm", False, [16, 32, 2]),     # two splits: each computes every row's rms over all of K
-    (3, 17, 80, "silu_mul", True, [16, 32, 3]),     # a partial block, 80 inputs in 3 uneven splits
-    (17, 40, 64, "residual", True, [32, 16, 4]),    # 17 rows: a 32-row tile, half of it padding
-])
-def test_dense_rows_match_the_eager_math(dtype, rows, out_f, in_f, part, bias, setting):
-    torch.manual_seed(out_f + rows)
-    layer = nn.Linear(in_f, out_f, bias=bias).to(dtype)
-    norm = RMSNorm(in_f, 1e-5).to(dtype) if part == "rmsnorm" else None
-    if norm is not None:
-        norm.weight.data.uniform_(0.5, 1.5)
-    x = torch.randn(rows, 2 * in_f if part == "silu_mul" else in_f, dtype=dtype)
-    residual = torch.randn(rows, out_f, dtype=dtype) if part == "residual" else None
-    h = norm(x) if norm is not None else x
-    if part == "silu_mul":
-        gate, up = h.chunk(2, dim=-1)
-        h = F.silu(gate) * up
-    expected = layer(h) if residual is None else residual + layer(h)
-    y = torch.ops.kiln.matvec_rows(x, layer.weight, layer.bias, None if norm is None else norm.weight, 1e-5,
-                                   part == "silu_mul", residual, setting)
-    tol = 1e-5 if dtype == torch.float32 else 2e-3 * float(expected.detach().abs().max())
-    torch.testing.assert_close(y, expected, rtol=tol, atol=tol)
-    from kiln.llm import triton_launch  # every split arrived and the last reset its counter
-
-    assert all(int(c.abs().sum()) == 0 for c in triton_launch._ARRIVED.values())
 
 
 def int4_reference(layer, x, prologue, swiglu, residual, norm_weight):
@@ -122,13 +91,16 @@ def test_batched_decode_with_int4_triton_weights():
 
 @interpreted
 def test_decode_steps_pick_the_kernel_by_rows(monkeypatch):
+    """One row: the one-row kernels; several: int4 weights through the row kernel, dense weights
+    through the model's own matmul; more rows than the kernels take (prefill): the plain layer."""
     calls = []
-    for name in ("matvec", "matvec_rows"):
+    for name in ("matvec", "int4_matvec", "int4_rows"):
         real = getattr(torch.ops.kiln, name)
         monkeypatch.setattr(torch.ops.kiln, name, lambda *a, _r=real, _n=name: calls.append(_n) or _r(*a))
-    layer = nn.Linear(32, 16)
-    dm.fused_linear(layer, torch.randn(1, 1, 32))
-    dm.fused_linear(layer, torch.randn(dm.ROWS_KERNEL_FROM, 1, 32))
-    assert calls == ["matvec", "matvec_rows"]
-    y = dm.fused_linear(layer, torch.randn(tr.MAX_ROWS + 1, 1, 32))  # longer than the kernels take: F.linear
-    assert calls == ["matvec", "matvec_rows"] and y.shape == (tr.MAX_ROWS + 1, 1, 16)
+    dense = nn.Linear(64, 32)
+    int4 = ti.Int4TritonLinear.from_linear(nn.Linear(64, 32), 32)
+    for layer in (dense, int4):
+        for rows in (1, dm.ROWS_KERNEL_FROM, tr.MAX_ROWS + 1):
+            y = dm.fused_linear(layer, torch.randn(rows, 1, 64))
+            assert y.shape == (rows, 1, 32)
+    assert calls == ["matvec", "int4_matvec", "int4_rows"]

@@ -54,19 +54,22 @@ def check(choice: str, device: torch.device, dtype: torch.dtype, *, key: str = "
 
 
 ROWS_KERNEL_FROM = 2
-"""Rows (batch x tokens) from which a decode step's projections run kiln.llm.triton_rows' kernels,
-which read each weight tile once for all rows; fewer run the one-row kernels."""
+"""Rows (batch x tokens) from which a decode step's projections leave the one-row kernels: int4
+weights go to kiln.llm.triton_rows' kernel (one weight read for all rows), dense weights to the
+model's own matmul (cuBLAS), which read them at least as fast on most of an H100's decode shapes."""
 
 
 def _kernel_reads(layer: nn.Module, x: Tensor) -> str | None:
-    """Which kiln op reads `layer`'s weight for input x, or None (a layout it does not read)."""
+    """Which kiln op reads `layer`'s weight for input x, or None (the model's own matmul: a layout
+    kiln's kernels do not read, dense weights at several rows, or more rows than they take)."""
     from kiln.llm.int4_layout import Int4TritonLinear  # Triton is optional
     from kiln.llm.triton_rows import MAX_ROWS
 
-    if x.numel() // x.shape[-1] > MAX_ROWS or not (x.is_cuda or interpreting()):
+    rows = x.numel() // x.shape[-1]
+    if rows > MAX_ROWS or not (x.is_cuda or interpreting()):
         return None
     if type(layer) is nn.Linear and type(layer.weight) in (Tensor, nn.Parameter) and layer.weight.dtype == x.dtype:
-        return "matvec"  # a plain weight (torchao swaps in tensor subclasses that keep nn.Linear)
+        return "matvec" if rows < ROWS_KERNEL_FROM else None  # a plain weight (torchao's subclasses keep nn.Linear)
     if isinstance(layer, Int4TritonLinear):
         return "int4"
     return None
@@ -90,8 +93,7 @@ def fused_linear(layer: nn.Module, x: Tensor, *, norm: nn.Module | None = None, 
     res = residual.reshape(-1, out) if residual is not None else None
     if reads == "matvec":
         norm_weight, eps = (norm.weight, norm.eps) if norm is not None else (None, 0.0)
-        op = torch.ops.kiln.matvec_rows if rows.shape[0] >= ROWS_KERNEL_FROM else torch.ops.kiln.matvec
-        y = op(rows, layer.weight, layer.bias, norm_weight, eps, silu_mul, res)
+        y = torch.ops.kiln.matvec(rows, layer.weight, layer.bias, norm_weight, eps, silu_mul, res)
     else:
         y = _int4(layer, rows, norm, "silu_mul" if silu_mul else "none", False, res)
         if layer.interleaved:

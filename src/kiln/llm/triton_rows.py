@@ -1,24 +1,26 @@
-"""kiln's decode projections for several rows at once (a decode step at batch > 1), written in
-Triton: dense bf16/fp16 weights and kiln's int4 layout, with the same fused parts as the one-row
-kernels (kiln.llm.triton_matvec, kiln.llm.triton_int4): an RMSNorm (or a folded norm's 1/rms)
-before, SwiGLU before or (int4, interleaved rows) after, a bias and a residual add after.
+"""kiln's int4 decode projections for several rows at once (a decode step at batch > 1), written
+in Triton, with the same fused parts as the one-row int4 kernel (kiln.llm.triton_int4): an RMSNorm
+(or a folded norm's 1/rms) or a SwiGLU before, the SwiGLU of interleaved gate/up rows after, a bias
+and a residual add after.
 
 A program owns a block of BLOCK_N outputs (and a split of K) for *all* rows: it reads each weight
-tile once, from memory, and multiplies it with the [BLOCK_M, BLOCK_K] tile of every row's input on
-the tensor cores (`tl.dot`, rows padded to BLOCK_M >= 16). The one-row kernels give each row its
-own programs, which at batch B read every weight tile B times (through L2 when they run together),
-so a step's cost grew with the batch; here it is one weight read per step whatever the batch, which
-is what a decode step's roofline assumes. int4 words (word [r, n] holds inputs 8r..8r+7 of output
-n) are read once per program; each of a word's eight nibbles is one [rows, GROUP/8] x [GROUP/8,
-BLOCK_N] product with the matching inputs (the nibbles exact in the model dtype), and a group's
-scale and offset are applied once per output: scale * sum q x + offset * sum x.
+tile once and multiplies it with every row's inputs on the tensor cores (`tl.dot`, rows padded to
+BLOCK_M >= 16). The one-row kernel gives each row its own programs, which at batch B read and
+unpack every weight tile B times, so a step's cost grew with the batch. int4 words (word [r, n]
+holds inputs 8r..8r+7 of output n) are unpacked to a [GROUP, BLOCK_N] tile of q (exact in the model
+dtype), one product with the inputs per group, and a group's scale and offset are applied once per
+output: scale * sum q x + offset * sum x.
+
+Dense (bf16/fp16) weights at batch > 1 take the model's own matmul (cuBLAS) instead: a Triton
+kernel of this design was slower than cuBLAS on three of the 3B shape's five projections on an
+H100 (benchmarks/results/h100/llm/decode_batch).
 
 Splits of K are added in a fixed order by the last program of a block to arrive
 (kiln.llm.triton_matvec._split_sum), so results do not depend on arrival order. With programmatic
 dependent launch (Hopper) a program waits for the previous kernel before reading anything, then
 lets the next kernel be scheduled. Launch settings are autotuned per shape and row bucket
 (BLOCK_M) on the first call; the chosen settings are cached across processes where Triton can.
-Tests run both kernels on CPU through Triton's interpreter.
+Tests run the kernel on CPU through Triton's interpreter.
 """
 
 from __future__ import annotations
@@ -36,8 +38,8 @@ from kiln.llm.triton_launch import arrival_counters, interpreting, pdl_enabled
 from kiln.llm.triton_matvec import _split_sum, _x_tile
 
 MAX_ROWS = 64
-"""Rows (batch x tokens) up to which the row kernels run; longer inputs (prefill) use the model's
-own matmul."""
+"""Rows (batch x tokens) up to which the row kernel runs; longer inputs (prefill) use the layer's
+dequantized matmul."""
 MAX_SPLIT = 4
 
 
@@ -80,36 +82,6 @@ def _rows_epilogue(y, Y, Bias, Res, m, n, n_ok, ok, stride_ym, stride_rm, HAS_BI
     tl.store(Y + m[:, None] * stride_ym + n[None, :], y, mask=ok)
 
 
-def _dense_rows(X, W, Y, NormW, Bias, Res, Part, Arrived, M, N, eps,
-                stride_xm, stride_wn, stride_ym, stride_rm,
-                K: tl.constexpr, PROLOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
-                PDL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                SPLIT: tl.constexpr, PER_SPLIT: tl.constexpr):
-    pid = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = n < N
-    m = tl.arange(0, BLOCK_M)
-    m_ok = m < M
-    kk = tl.arange(0, BLOCK_K)
-    if PDL:
-        gdc_wait()
-        gdc_launch_dependents()
-    rstd = tl.zeros([BLOCK_M], dtype=tl.float32)
-    if PROLOGUE == 1:
-        rstd = _rows_rstd(X, m, m_ok, stride_xm, eps, K, BLOCK_M, BLOCK_K)
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    k_lo = pid_k * PER_SPLIT
-    for i in tl.range(0, PER_SPLIT // BLOCK_K):
-        k = k_lo + i * BLOCK_K + kk
-        w = tl.load(W + n[:, None] * stride_wn + k[None, :], mask=n_ok[:, None] & (k < K)[None, :], other=0.0)
-        x = _rows_x(X, NormW, m, m_ok, k, stride_xm, rstd, K, PROLOGUE)
-        acc = tl.dot(x, tl.trans(w), acc)
-    ok = m_ok[:, None] & n_ok[None, :]
-    y, last = _split_sum(acc, Part, Arrived, pid, pid_k, m[:, None], n[None, :], ok, M, N, SPLIT)
-    _rows_epilogue(y, Y, Bias, Res, m, n, n_ok, ok & last, stride_ym, stride_rm, HAS_BIAS, HAS_RES)
-
-
 def _int4_rows(X, Q, Scale, Offset, Y, NormW, Bias, Res, Part, Arrived, M, N, eps,
                stride_xm, stride_ym, stride_rm,
                K: tl.constexpr, GROUP: tl.constexpr, PROLOGUE: tl.constexpr, SWIGLU: tl.constexpr,
@@ -118,7 +90,7 @@ def _int4_rows(X, Q, Scale, Offset, Y, NormW, Bias, Res, Part, Arrived, M, N, ep
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
     R: tl.constexpr = GROUP // 8  # word rows per group
-    RP: tl.constexpr = max(16, R)  # padded to the tensor cores' smallest K
+    RP: tl.constexpr = max(2, R)  # 8 RP >= 16: the tensor cores' smallest K
     GROUPS: tl.constexpr = K // GROUP
     dtype = X.dtype.element_ty
     n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -127,6 +99,7 @@ def _int4_rows(X, Q, Scale, Offset, Y, NormW, Bias, Res, Part, Arrived, M, N, ep
     m_ok = m < M
     r = tl.arange(0, RP)
     r_ok = r < R
+    shifts = 4 * tl.arange(0, 8)
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
@@ -139,18 +112,16 @@ def _int4_rows(X, Q, Scale, Offset, Y, NormW, Bias, Res, Part, Arrived, M, N, ep
         g = g0 + i
         g_ok = g < GROUPS
         words = tl.load(Q + (g * R + r)[:, None] * N + n[None, :], mask=g_ok & r_ok[:, None] & n_ok[None, :], other=0)
-        # Per group: y = scale * sum_k q_k x_k + offset * sum_k x_k. Nibble j of word row r is input
-        # 8r + j: one product per nibble of the [RP, BLOCK_N] words (q exact in the model dtype),
-        # the scale and offset applied once per group and output.
-        part = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        xsum = tl.zeros([BLOCK_M], dtype=tl.float32)
-        for j in tl.static_range(8):
-            k = g * GROUP + 8 * r + j
-            x = _rows_x(X, NormW, m, m_ok & g_ok, tl.where(r_ok, k, K), stride_xm, rstd, K,
-                        PROLOGUE if PROLOGUE != 3 else 0)  # [BLOCK_M, RP]; padded word rows read as 0
-            q = ((words >> (4 * j)) & 15).to(dtype)
-            part = tl.dot(x, q, part)
-            xsum += tl.sum(x.to(tl.float32), 1)
+        # Per group: y = scale * sum_k q_k x_k + offset * sum_k x_k: the words unpacked to a [GROUP,
+        # BLOCK_N] tile of q (word row r, nibble j: input 8r + j), one product with the inputs, the
+        # scale and offset applied once per group and output.
+        q = (words[:, None, :] >> shifts[None, :, None]) & 15  # [RP, 8, BLOCK_N]: input 8r + j
+        q = tl.reshape(q, [8 * RP, BLOCK_N]).to(dtype)  # exact in the model dtype
+        k = g * GROUP + tl.arange(0, 8 * RP)
+        x = _rows_x(X, NormW, m, m_ok & g_ok, tl.where(k < g * GROUP + GROUP, k, K), stride_xm, rstd, K,
+                    PROLOGUE if PROLOGUE != 3 else 0)  # [BLOCK_M, 8 RP]; the padding reads as 0
+        part = tl.dot(x, q)
+        xsum = tl.sum(x.to(tl.float32), 1)
         scale = tl.load(Scale + g * N + n, mask=g_ok & n_ok, other=0.0).to(tl.float32)
         offset = tl.load(Offset + g * N + n, mask=g_ok & n_ok, other=0.0).to(tl.float32)
         acc += part * scale[None, :] + xsum[:, None] * offset[None, :]
@@ -172,27 +143,14 @@ def _int4_rows(X, Q, Scale, Offset, Y, NormW, Bias, Res, Part, Arrived, M, N, ep
         _rows_epilogue(y, Y, Bias, Res, m, n, n_ok, ok & last, stride_ym, stride_rm, HAS_BIAS, HAS_RES)
 
 
-DENSE_SETTINGS = [(bn, bk, split, stages) for bn in (32, 64) for bk in (128, 256) for split in (1, 2, 4)
-                  for stages in (3,)]
-"""(BLOCK_N, BLOCK_K, SPLIT, stages) the autotuner may try for dense weights."""
 INT4_SETTINGS = [(bn, split, stages) for bn in (32, 64, 128) for split in (1, 2, 4) for stages in (2,)]
 """(BLOCK_N, SPLIT, stages) the autotuner may try for int4 weights."""
-INTERPRETED_DENSE = (16, 32, 1)
 INTERPRETED_INT4 = (16, 1)
-_KERNELS: dict[tuple[str, bool], object] = {}
+_KERNELS: dict[bool, object] = {}
 
 
 def _sms() -> int:
     return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
-
-
-def _prune_dense(configs, named_args, **kwargs):
-    """Settings whose splits leave every program a tile, and with at least one program per SM where any has."""
-    args = {**named_args, **kwargs}
-    valid = [c for c in configs if args["K"] >= c.kwargs["SPLIT"] * c.kwargs["BLOCK_K"]]
-    programs = {id(c): -(-args["N"] // c.kwargs["BLOCK_N"]) * c.kwargs["SPLIT"] for c in valid}
-    floor = min(_sms(), max(programs.values(), default=0))
-    return [c for c in valid if programs[id(c)] >= floor] or configs[:1]
 
 
 def _prune_int4(configs, named_args, **kwargs):
@@ -209,66 +167,30 @@ def _cached() -> dict:
     return {"cache_results": True} if "cache_results" in inspect.signature(triton.autotune).parameters else {}
 
 
-def _dense_per_split(a) -> int:
-    tiles = -(-a["K"] // a["BLOCK_K"])
-    return -(-tiles // a["SPLIT"]) * a["BLOCK_K"]
-
-
 def _int4_per_split(a) -> int:
     return -(-(a["K"] // a["GROUP"]) // a["SPLIT"])
 
 
-def _kernel(kind: str):
+def _kernel():
     interpret = interpreting()
-    if (kind, interpret) not in _KERNELS:
-        if kind == "dense":
-            jitted = triton.heuristics({"PER_SPLIT": _dense_per_split})(triton.jit(_dense_rows, do_not_specialize=["M"]))
-            configs = [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk, "SPLIT": s}, num_warps=4, num_stages=st)
-                       for bn, bk, s, st in DENSE_SETTINGS]
-            key, prune = ["N", "K", "BLOCK_M", "PROLOGUE", "HAS_RES"], _prune_dense
-        else:
-            jitted = triton.heuristics({"PER_SPLIT": _int4_per_split})(triton.jit(_int4_rows, do_not_specialize=["M"]))
-            configs = [triton.Config({"BLOCK_N": bn, "SPLIT": s}, num_warps=4, num_stages=st)
-                       for bn, s, st in INT4_SETTINGS]
-            key, prune = ["N", "K", "GROUP", "BLOCK_M", "PROLOGUE", "SWIGLU", "HAS_RES"], _prune_int4
-        _KERNELS[kind, interpret] = jitted if interpret else triton.autotune(
-            configs=configs, key=key, prune_configs_by={"early_config_prune": prune}, **_cached())(jitted)
-    return _KERNELS[kind, interpret]
+    if interpret not in _KERNELS:
+        jitted = triton.heuristics({"PER_SPLIT": _int4_per_split})(triton.jit(_int4_rows, do_not_specialize=["M"]))
+        configs = [triton.Config({"BLOCK_N": bn, "SPLIT": s}, num_warps=4, num_stages=st) for bn, s, st in INT4_SETTINGS]
+        _KERNELS[interpret] = jitted if interpret else triton.autotune(
+            configs=configs, key=["N", "K", "GROUP", "BLOCK_M", "PROLOGUE", "SWIGLU", "HAS_RES"],
+            prune_configs_by={"early_config_prune": _prune_int4}, **_cached())(jitted)
+    return _KERNELS[interpret]
 
 
-def _run(kind: str, args: tuple, flags: dict, N: int, setting: dict | None) -> None:
-    pdl = flags["PDL"]
-    if pdl:
+def _run(args: tuple, flags: dict, N: int, setting: dict | None) -> None:
+    if flags["PDL"]:
         flags["launch_pdl"] = True
-    kernel = _kernel(kind)
+    kernel = _kernel()
     if setting is not None:
         kernel = getattr(kernel, "fn", kernel) if hasattr(kernel, "configs") else kernel  # past the autotuner
         kernel[(triton.cdiv(N, setting["BLOCK_N"]), setting["SPLIT"])](*args, **setting, **flags)
     else:
         kernel[lambda meta: (triton.cdiv(N, meta["BLOCK_N"]), meta["SPLIT"])](*args, **flags)
-
-
-def dense_rows(x: Tensor, weight: Tensor, bias: Tensor | None, norm_weight: Tensor | None, eps: float,
-               silu_mul: bool, residual: Tensor | None, setting: list[int] | None = None) -> Tensor:
-    """x [M, K] ([M, 2K] with `silu_mul`), 1 < M <= MAX_ROWS, times weight [N, K]^T -> [M, N], the
-    fused parts as kiln::matvec's. `setting` (BLOCK_N, BLOCK_K, SPLIT[, warps, stages]) skips the
-    autotuner."""
-    x = x.contiguous()
-    M = x.shape[0]
-    N, K = weight.shape
-    y = torch.empty(M, N, dtype=x.dtype, device=x.device)
-    part = torch.empty(MAX_SPLIT * M * N, dtype=torch.float32, device=x.device)
-    res = residual.contiguous() if residual is not None else None
-    args = (x, weight, y, norm_weight, bias, res, part, arrival_counters(x.device, N), M, N, eps, x.stride(0),
-            weight.stride(0), y.stride(0), res.stride(0) if res is not None else 0)
-    flags = {"K": K, "PROLOGUE": 1 if norm_weight is not None else 2 if silu_mul else 0, "HAS_BIAS": bias is not None,
-             "HAS_RES": res is not None, "PDL": pdl_enabled(x.device), "BLOCK_M": block_m(M)}
-    given = setting or (INTERPRETED_DENSE if interpreting() else None)
-    if given is not None:
-        bn, bk, split, warps, stages = (*given, 4, 3)[:5]
-        given = {"BLOCK_N": bn, "BLOCK_K": bk, "SPLIT": split, "num_warps": warps, "num_stages": stages}
-    _run("dense", args, flags, N, given)
-    return y
 
 
 def int4_rows(x: Tensor, packed: Tensor, scale: Tensor, offset: Tensor, group_size: int, bias: Tensor | None,
@@ -290,20 +212,8 @@ def int4_rows(x: Tensor, packed: Tensor, scale: Tensor, offset: Tensor, group_si
     if given is not None:
         bn, split, warps, stages = (*given, 4, 2)[:4]
         given = {"BLOCK_N": bn, "SPLIT": split, "num_warps": warps, "num_stages": stages}
-    _run("int4", args, flags, N, given)
+    _run(args, flags, N, given)
     return y
-
-
-@torch.library.custom_op("kiln::matvec_rows", mutates_args=())
-def matvec_rows(x: Tensor, weight: Tensor, bias: Tensor | None, norm_weight: Tensor | None, eps: float,
-                silu_mul: bool, residual: Tensor | None, setting: list[int] | None = None) -> Tensor:
-    """`dense_rows` as an opaque op for torch.compile (kiln::matvec's arguments)."""
-    return dense_rows(x, weight, bias, norm_weight, eps, silu_mul, residual, setting)
-
-
-@matvec_rows.register_fake
-def _(x, weight, bias, norm_weight, eps, silu_mul, residual, setting=None):
-    return x.new_empty(x.shape[0], weight.shape[0])
 
 
 @torch.library.custom_op("kiln::int4_rows", mutates_args=())
