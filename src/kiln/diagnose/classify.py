@@ -22,10 +22,14 @@ DISABLED = "torch.compiler.disable'd function"
 GENERATOR = "next() on a generator"
 COLLECTIVE = "collective or side effect"
 DYNAMIC_SHAPE = "dynamic shape"
+RECURRENT = "recurrent module (RNN/GRU/LSTM)"
+PY_SORT = "Python sorted()/min()/max() over tensors"
+AUTOGRAD_IN_FORWARD = "torch.autograd.grad in forward"
+TORCH_GENERATOR = "torch.Generator passed to a random op"
 OTHER = "other"
 BREAK_CATEGORIES = (
     DATA_DEPENDENT_BRANCH, SCALAR_OUTPUT, PRINT_LOGGING, UNSUPPORTED_CALL, NUMPY, PY_RANDOM, DISABLED, GENERATOR,
-    COLLECTIVE, DYNAMIC_SHAPE, OTHER,
+    COLLECTIVE, DYNAMIC_SHAPE, RECURRENT, PY_SORT, AUTOGRAD_IN_FORWARD, TORCH_GENERATOR, OTHER,
 )
 
 BREAK_HINTS = {
@@ -35,9 +39,8 @@ BREAK_HINTS = {
         "outside the model."
     ),
     SCALAR_OUTPUT: (
-        "Keep the value as a 0-d tensor instead of calling `.item()`/`.tolist()`; if a Python number is needed, set "
-        "`torch._dynamo.config.capture_scalar_outputs = True` (traced as an unbacked symbol), or return the tensor "
-        "and read it after the step (logging once per N steps, not inside forward)."
+        "Keep the value as a 0-d tensor instead of calling `.item()`/`.tolist()` (tensor ops take it as it is), or "
+        "return the tensor and read it after the step (logging once per N steps, not inside forward)."
     ),
     PRINT_LOGGING: (
         "Move the print/log out of forward (log the returned tensors after the step), guard it with "
@@ -76,9 +79,29 @@ BREAK_HINTS = {
         "`torch.compiler.disable`."
     ),
     DYNAMIC_SHAPE: (
-        "The output shape depends on tensor values (nonzero, unique, boolean masking): set "
-        "`torch._dynamo.config.capture_dynamic_output_shape_ops = True`, or keep shapes static "
-        "(`torch.where` with a mask, `torch.nonzero_static`)."
+        "The output shape depends on tensor values (nonzero, unique, boolean masking): keep shapes static "
+        "(`torch.where` with a mask, `torch.nonzero_static(x, size=N)`)."
+    ),
+    RECURRENT: (
+        "torch.compile does not trace `nn.RNN`/`nn.GRU`/`nn.LSTM`: the layer runs eagerly (it is one fused kernel "
+        "call already), and everything traced around it is split into separate graphs. Compile the parts around it "
+        "instead of the whole model (e.g. `model.encoder.compile()`), or replace the layer by a traceable one."
+    ),
+    PY_SORT: (
+        "Python's `sorted()`/`min()`/`max()` compare tensors one pair at a time in Python, which torch cannot "
+        "trace: do it as one tensor op. Stack the keys (`keys = torch.stack([key(t) for t in items])`), then "
+        "`order = torch.argsort(keys)` (or `torch.sort`) / `i = torch.argmax(keys)` (or `argmin`), and index the "
+        "stacked items with it: `torch.stack(items)[order]`."
+    ),
+    AUTOGRAD_IN_FORWARD: (
+        "A gradient taken inside forward (`torch.autograd.grad`, `requires_grad_()`) is not traced by default: use "
+        "`torch.func` (`torch.func.grad`, `jacrev`, `vjp`), which torch.compile traces, or compile only the "
+        "function whose gradient is taken and call `torch.autograd.grad` outside the compiled code."
+    ),
+    TORCH_GENERATOR: (
+        "A `torch.Generator` object cannot go into a graph, so the random op runs eagerly between two graphs. Draw "
+        "from the default generator instead (seed it with `torch.manual_seed` outside the model; compiled random "
+        "ops follow it), or draw the random tensor outside forward with your generator and pass it in."
     ),
     OTHER: "Read torch's explanation above; `@torch.compiler.disable` on the offending helper makes the boundary explicit.",
 }
@@ -88,6 +111,18 @@ _NUMPY_CODE = re.compile(r"\bnp\.|\bnumpy\b|\.numpy\(\)")
 
 _RULES: list[tuple[str, re.Pattern, re.Pattern | None]] = [
     # (category, pattern on torch's reason, pattern on the user's source line)
+    (RECURRENT, re.compile(r"RNN, GRU, or LSTM|allow_rnn", re.I), re.compile(r"\b(rnn|gru|lstm)\b", re.I)),
+    (
+        PY_SORT,
+        re.compile(r"sort with non-constant key|_call_min_max|handle op (min|max)\b|BuiltinVariable\((sorted|min|max)\)"),
+        re.compile(r"\b(sorted|min|max)\("),
+    ),
+    (
+        AUTOGRAD_IN_FORWARD,
+        re.compile(r"torch\.autograd\.grad|trace_autograd_ops|requires_grad_\(\)", re.I),
+        re.compile(r"\bautograd\.grad\(|\.requires_grad_\("),
+    ),
+    (TORCH_GENERATOR, re.compile(r"Variable\(Generator\)|torch\.Generator"), re.compile(r"\bgenerator\s*=")),
     (
         COLLECTIVE,
         re.compile(r"torch\.distributed|c10d|ProcessGroup|collective|async_op|all_reduce|all_gather|barrier", re.I),
@@ -145,8 +180,18 @@ _RULES: list[tuple[str, re.Pattern, re.Pattern | None]] = [
 ]
 
 
+_GAVE_UP = "Graph break encountered:"
+
+
+def real_reason(reason: str) -> str:
+    """torch's reason without its "Failed to handle graph break gracefully. Skipping the function"
+    wrapper (the frame was skipped), which would otherwise read as a generic skipped call."""
+    return reason.split(_GAVE_UP, 1)[1].strip() if _GAVE_UP in (reason or "") else (reason or "")
+
+
 def classify_break(reason: str, code: str) -> str:
     """The category of a graph break: torch's reason first, the source line as fallback."""
+    reason = real_reason(reason)
     if _COLLECTIVE_CODE.search(code or ""):
         # torch often words a failing collective as a generic skipped call (e.g. `dist.barrier()`).
         return COLLECTIVE
@@ -171,6 +216,9 @@ def break_hint(category: str, reason: str, code: str) -> str:
     """The fix for a break, made concrete for the user's line where kiln knows the replacement:
     the torch call for a NumPy or `random` function, the name of a disabled helper."""
     hint = BREAK_HINTS[category]
+    if category in (UNSUPPORTED_CALL, OTHER):
+        said = torch_words(reason)
+        return (f"torch says: {said} " if said else "") + hint
     if category == NUMPY:
         return numpy_advice(reason, code) + hint
     if category == PY_RANDOM:
@@ -182,9 +230,22 @@ def break_hint(category: str, reason: str, code: str) -> str:
     return hint
 
 
+_GENERIC_HINT = re.compile(r"report an issue|difficult to debug|write Dynamo tracing rules", re.I)
+
+
+def torch_words(reason: str) -> str:
+    """torch's explanation and its own specific hints, one line, for a break kiln has no better words for."""
+    parts = []
+    for ln in real_reason(reason).splitlines():
+        s = ln.strip()
+        if s.startswith(("Explanation:", "Hint:")) and not _GENERIC_HINT.search(s):
+            parts.append(s.split(":", 1)[1].strip().rstrip(".") + ".")
+    return " ".join(parts) or (headline(reason).rstrip(".") + "." if reason else "")
+
+
 def headline(reason: str) -> str:
     """torch's one-line title of a reason (2.13: the gb_type line; older: the first line)."""
-    lines = [ln.strip() for ln in (reason or "").splitlines() if ln.strip()]
+    lines = [ln.strip() for ln in real_reason(reason).splitlines() if ln.strip()]
     skip = ("Encountered graph break when attempting", "Graph Break Reason:")
     for ln in lines:
         if not ln.startswith(skip):
@@ -195,7 +256,7 @@ def headline(reason: str) -> str:
 def explanation(reason: str) -> str:
     """torch's own explanation and hints, without the developer debug context and links."""
     keep = []
-    for ln in (reason or "").splitlines():
+    for ln in real_reason(reason).splitlines():
         s = ln.strip()
         if s.startswith(("Developer debug context", "For more details")):
             continue

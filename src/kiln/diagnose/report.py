@@ -28,8 +28,9 @@ def _where(file: str | None, line: int | None) -> str:
 def _summary_line(r: dict[str, Any]) -> Text:
     text = Text()
     text.append(f"{r['target']}", style="bold")
-    text.append(f"  torch {r['torch']}, backend {r['backend']}{', --train' if r['train'] else ''}, inputs "
-                f"{' '.join(r['inputs'])} ({r['input_source']})\n")
+    text.append(f"  torch {r['torch']}, backend {r['backend']}, inputs {' '.join(r['inputs'])} ({r['input_source']})\n")
+    if r.get("mode"):
+        text.append(f"run as: {r['mode']}\n", style="dim")
     if r.get("clean"):
         text.append("clean: no graph breaks and no recompiles on these inputs", style="bold green")
         text.append(f" ({r['graph_count']} graph(s), ops per graph {r['ops_per_graph']})")
@@ -46,7 +47,13 @@ def _summary_line(r: dict[str, Any]) -> Text:
     else:
         b = r.get("fullgraph_blocker") or {}
         where = f" at {_where(b.get('file'), b.get('line'))}" if b.get("file") else ""
-        text.append(f"\nfullgraph=True: fails (first blocker: {b.get('category', 'the run failed')}{where})", style="red")
+        text.append(f"\nfullgraph=True: not one graph (first blocker: {b.get('category', 'the run failed')}{where})",
+                    style="red")
+        if b.get("note"):
+            text.append(f"\n  {b['note']}", style="dim")
+    for frame in r.get("eager_frames", []):
+        text.append(f"\nran eagerly after a break at {_where(frame['file'], frame['break_line'])}: {frame['cost']}",
+                    style="red")
     return text
 
 
@@ -63,7 +70,11 @@ def _breaks_table(breaks: list[dict[str, Any]]) -> Adaptive:
         category = b["category"] + ("\n(whole function ran eagerly)" if b.get("frame_skipped") else "")
         if b.get("count", 1) > 1:
             category += f"\n({b['count']} times per forward)"
-        table.add_row(str(i), category, where, b["explanation"] or b["reason"], b["hint"])
+        fix = Text(b["hint"])
+        if b.get("tried"):
+            fix.append(f"\n[{'verified' if b['tried']['verified'] else 'tried, not offered'}: {b['tried']['fix']}]",
+                       style="green" if b["tried"]["verified"] else "dim")
+        table.add_row(str(i), category, where, b["explanation"] or b["reason"], fix)
     return Adaptive(table, keep=("where",), title_column=2)
 
 
