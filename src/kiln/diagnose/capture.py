@@ -86,10 +86,23 @@ def op_name(node: torch.fx.Node) -> str:
     return f"{module}.{name}"
 
 
+@dataclass
+class Specialization:
+    """A dynamic size that user code forced back to one value (torch's `dynamic` log: `Eq(s0, 16)
+    [guard added]` at the user's line): the line that makes a changing size recompile."""
+
+    source: str
+    """torch's name of the size, e.g. `L['x'].size()[1]`."""
+    value: str
+    place: Place
+
+
 class DynamoCapture:
     """What one diagnosis saw; filled while `capture_dynamo()` is active."""
 
     def __init__(self) -> None:
+        self.specializations: list[Specialization] = []
+        self._symbols: dict[str, str] = {}
         self.graphs: list[GraphInfo] = []
         self.breaks: list[RawBreak] = []
         self.recompiles: list[RawRecompile] = []
@@ -155,6 +168,17 @@ class DynamoCapture:
         failures = getattr(dynamo_utils, "guard_failures", {})
         for code, reasons in list(failures.items()):
             self.recompiles.extend(_group_recompiles(code, list(reasons)))
+
+    def on_shape_log(self, record: logging.LogRecord) -> None:
+        """torch.fx.experimental.symbolic_shapes INFO records: symbols made, and guards that pin one."""
+        msg, args = str(record.msg), record.args if isinstance(record.args, tuple) else ()
+        if msg.startswith("create_symbol %s = %s for %s") and len(args) >= 3:
+            self._symbols[str(args[0])] = str(args[2])
+        elif "[guard added]" in msg and len(args) >= 3:
+            m = re.fullmatch(r"Eq\((s\d+), (-?\d+)\)", str(args[1]))
+            place = place_from_comment("value  # " + str(args[2]))
+            if m and m[1] in self._symbols and place is not None:
+                self.specializations.append(Specialization(self._symbols[m[1]], m[2], place))
 
     @staticmethod
     def recompile_counts() -> dict[int, int]:
@@ -223,7 +247,7 @@ _GUARD_COMMENT = re.compile(r"\s#\s(?P<code>.*?)\s+#\s(?P<file>\S+):(?P<line>\d+
 
 def _resolve_file(shown: str, code: Any) -> str:
     """torch shortens the path in a guard's comment (`...mp/proj/model.py`): find the real file."""
-    if code.co_filename.endswith(shown):
+    if code is not None and code.co_filename.endswith(shown):
         return code.co_filename
     if os.path.isfile(shown):
         return shown
@@ -234,18 +258,22 @@ def _resolve_file(shown: str, code: Any) -> str:
     return shown
 
 
+def place_from_comment(text: str, code: Any = None) -> Place | None:
+    """The user line torch writes as a comment after a guard or a shape log (`... # code  # file:line in fn`)."""
+    m = _GUARD_COMMENT.search(text)
+    if not m:
+        return None
+    file, line = _resolve_file(m["file"], code), int(m["line"])
+    return Place(file, line, source_line(file, line) or m["code"].strip(), m["func"]) if is_user_file(file) else None
+
+
 def guard_place(guard_line: str, stack: str, code: Any) -> Place:
     """Where a failing guard comes from: the innermost user frame of torch's "User stack trace"; else
     the source line torch writes as a comment after the guard (`guard  # code  # file:line in fn`);
     else the first line of the function that recompiled."""
-    place = place_from_text(stack) if stack else None
+    place = (place_from_text(stack) if stack else None) or place_from_comment(guard_line, code)
     if place is not None:
         return place
-    m = _GUARD_COMMENT.search(guard_line)
-    if m:
-        file, line = _resolve_file(m["file"], code), int(m["line"])
-        if is_user_file(file):
-            return Place(file, line, source_line(file, line) or m["code"].strip(), m["func"])
     file, line = code.co_filename, code.co_firstlineno
     return Place(file, line, source_line(file, line), code.co_name)
 
@@ -321,6 +349,35 @@ def _graph_break_log(sink: list[str]) -> Iterator[None]:
             log.propagate = propagate
 
 
+class _CallbackHandler(logging.Handler):
+    def __init__(self, callback: Callable[[logging.LogRecord], None]) -> None:
+        super().__init__(logging.INFO)
+        self.callback = callback
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.callback(record)
+        except Exception:  # a log format kiln does not know must not break the diagnosis
+            return
+
+
+@contextlib.contextmanager
+def _shape_log(capture: DynamoCapture) -> Iterator[None]:
+    """Listen to torch's `dynamic` log (symbols and the guards that specialise them) without printing it."""
+    log = logging.getLogger("torch.fx.experimental.symbolic_shapes")
+    handler = _CallbackHandler(capture.on_shape_log)
+    saved = (log.level, log.propagate)
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    log.addHandler(handler)
+    try:
+        yield
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(saved[0])
+        log.propagate = saved[1]
+
+
 @contextlib.contextmanager
 def capture_dynamo() -> Iterator[DynamoCapture]:
     """Start from a clean dynamo state (torch.compiler.reset), record, and reset again on exit so the
@@ -328,7 +385,7 @@ def capture_dynamo() -> Iterator[DynamoCapture]:
     capture = DynamoCapture()
     torch.compiler.reset()
     try:
-        with quiet_torch(), _graph_break_log(capture.log_messages):
+        with quiet_torch(), _graph_break_log(capture.log_messages), _shape_log(capture):
             yield capture
             capture.collect()
     finally:

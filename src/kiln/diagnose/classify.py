@@ -10,7 +10,32 @@ from __future__ import annotations
 
 import re
 
+from kiln.diagnose import guards
 from kiln.diagnose.equivalents import RANDOM_CALL, numpy_advice, random_advice
+
+# The recompile kinds (guards.py) are kiln.diagnose.classify's names too.
+from kiln.diagnose.guards import (  # noqa: F401
+    _GUARD_RULES,
+    ARG_COUNT,
+    BOOL_FLAG,
+    CARRIED_VALUE,
+    CONTAINER_KEYS,
+    DTYPE_CHANGE,
+    GLOBAL_STATE,
+    LIST_LENGTH,
+    MATH_CONSTANT,
+    MODULE_ATTRIBUTE,
+    OBJECT_IDENTITY,
+    PYTHON_SCALAR,
+    RECOMPILE_CATEGORIES,
+    RECOMPILE_OTHER,
+    REQUIRES_GRAD,
+    SHAPE_CHANGE,
+    SIZE_SPECIALIZED,
+    STRING_VALUE,
+    classify_guard,
+    user_guard,
+)
 
 DATA_DEPENDENT_BRANCH = "data-dependent branch"
 SCALAR_OUTPUT = "scalar output (.item())"
@@ -67,12 +92,7 @@ BREAK_HINTS = {
         "If the function only calls torch ops, remove the decorator; if one part cannot be traced, move the "
         "decorator onto that part alone."
     ),
-    GENERATOR: (
-        "torch cannot step a Python generator kept on the module, so forward breaks at `next()` on every call and "
-        "the value it yields is baked into the code after the break (a recompile per new value). Precompute the "
-        "values (e.g. a buffer `torch.tensor(values)` indexed by a step-counter tensor), or call `next()` outside "
-        "the model and pass the value in as a tensor argument."
-    ),
+    GENERATOR: guards.GENERATOR_HINT,
     COLLECTIVE: (
         "Keep communication out of forward (DDP/FSDP hooks do it), use synchronous functional collectives "
         "(`torch.distributed._functional_collectives`, no `async_op=True`), or isolate the call behind "
@@ -180,13 +200,13 @@ _RULES: list[tuple[str, re.Pattern, re.Pattern | None]] = [
 ]
 
 
-_GAVE_UP = "Graph break encountered:"
+_gave_up = "Graph break encountered:"
 
 
 def real_reason(reason: str) -> str:
     """torch's reason without its "Failed to handle graph break gracefully. Skipping the function"
     wrapper (the frame was skipped), which would otherwise read as a generic skipped call."""
-    return reason.split(_GAVE_UP, 1)[1].strip() if _GAVE_UP in (reason or "") else (reason or "")
+    return reason.split(_gave_up, 1)[1].strip() if _gave_up in (reason or "") else (reason or "")
 
 
 def classify_break(reason: str, code: str) -> str:
@@ -263,133 +283,3 @@ def explanation(reason: str) -> str:
         if s.startswith(("Explanation:", "Hint:")):
             keep.append(s)
     return "\n".join(keep) or headline(reason)
-
-
-# --- recompiles ---------------------------------------------------------------------------------
-
-SHAPE_CHANGE = "shape change"
-PYTHON_SCALAR = "python scalar value"
-MATH_CONSTANT = "value fixed by math.*"
-BOOL_FLAG = "bool flag (mode switch)"
-LIST_LENGTH = "list attribute mutated in forward"
-ARG_COUNT = "number of *args"
-CARRIED_VALUE = "value carried across a graph break"
-DTYPE_CHANGE = "dtype change"
-REQUIRES_GRAD = "requires_grad change"
-GLOBAL_STATE = "global state (grad mode / autocast)"
-OBJECT_IDENTITY = "object identity"
-RECOMPILE_OTHER = "other guard"
-RECOMPILE_CATEGORIES = (
-    SHAPE_CHANGE, PYTHON_SCALAR, MATH_CONSTANT, BOOL_FLAG, LIST_LENGTH, ARG_COUNT, CARRIED_VALUE, DTYPE_CHANGE,
-    REQUIRES_GRAD, GLOBAL_STATE, OBJECT_IDENTITY, RECOMPILE_OTHER,
-)
-
-_GUARD_RULES: list[tuple[str, re.Pattern, str]] = [
-    (
-        SHAPE_CHANGE,
-        re.compile(r"size mismatch|stride mismatch|\.size\(\)|\.shape\b|sizes\(\)", re.I),
-        "A tensor's shape changed. torch marks that dimension dynamic after this first recompile (automatic dynamic "
-        "shapes) unless dynamic=False; to skip the specialised first graph, call "
-        "`torch._dynamo.mark_dynamic(x, dim)` on the input before the first call or compile with dynamic=True; "
-        "or pad/bucket inputs to a few fixed sizes.",
-    ),
-    (
-        DTYPE_CHANGE,
-        re.compile(r"dtype mismatch|dtype", re.I),
-        "The input dtype changed, and each dtype gets its own graph: cast inputs to one dtype before the compiled "
-        "call, or accept one cached graph per dtype (each counts against torch._dynamo.config.recompile_limit).",
-    ),
-    (
-        REQUIRES_GRAD,
-        re.compile(r"requires_grad", re.I),
-        "An input's requires_grad changed (e.g. training vs evaluation): one graph per setting is expected; detach "
-        "inputs consistently if the change was accidental.",
-    ),
-    (
-        GLOBAL_STATE,
-        re.compile(r"GLOBAL_STATE|grad_mode|autocast|torch_function_mode", re.I),
-        "Global state differed between calls (grad mode, autocast, ...): each combination compiles once; run "
-        "inference under the same context every time (e.g. always `torch.inference_mode()`).",
-    ),
-    (
-        OBJECT_IDENTITY,
-        re.compile(r"___check_obj_id|ID_MATCH|\bid\(|___check_type_id|TYPE_MATCH", re.I),
-        "A different Python object (a new module, function or class instance) was passed: create it once, "
-        "outside the loop, and reuse it.",
-    ),
-    (
-        PYTHON_SCALAR,
-        re.compile(r"(==|!=)\s*-?\d|\bL\[.*\]\s*==", re.I),
-        "A Python number argument changed and was baked into the graph as a constant: pass it as a tensor "
-        "(`torch.tensor(value)`), or let torch treat it as dynamic after this recompile (automatic dynamic for "
-        "ints/floats; `torch._dynamo.config.specialize_float=False` for floats on older torch).",
-    ),
-]
-
-
-_NAMED = re.compile(r"[LG]\['([^']+)'\]")
-_STACK = re.compile(r"___stack\d+")
-
-
-def user_guard(guard: str) -> str:
-    """torch's guard with `L['x']` written as `x`, as the user wrote it."""
-    return _NAMED.sub(r"\1", guard or "")
-
-
-def _specific_guard(guard: str, code: str, varargs: str | None) -> tuple[str, str] | None:
-    """Guards whose fix depends on what the guarded value is, not only on the guard's form."""
-    if _STACK.search(guard):
-        hint = ("torch guards a value it carries from the code before a graph break into the code after it "
-                "(`___stackN` is its internal name: a value computed just before the break). It changed between calls, "
-                "so the code after the break recompiles each time; fix the graph break on this line (see the graph "
-                "breaks table) and this recompile goes with it.")
-        if re.search(r"\bnext\(", code or ""):
-            hint += " Here it is the value of `next()` on a generator: " + BREAK_HINTS[GENERATOR]
-        return CARRIED_VALUE, hint
-    m = re.search(r"len\((\w+)\)", guard)
-    if m and m[1] == (varargs or "args"):
-        return ARG_COUNT, (
-            f"forward takes `*{m[1]}` and was called with a different number of them: each count is a new graph "
-            "(and counts against torch._dynamo.config.recompile_limit). Stack the inputs into one tensor (one "
-            "argument with a batch or `views` dimension, which dynamic shapes handle), or pad to a fixed count; "
-            "if only a few counts occur, accept one graph per count.")
-    m = re.search(r"(?:len\((self(?:\.\w+)+)\)|^not (self(?:\.\w+)+)$)", guard)
-    if m:
-        attr = m[1] or m[2]
-        return LIST_LENGTH, (
-            f"`{attr}` is a Python list that forward changes (e.g. `.append`) and torch guards on its length, so "
-            "every call recompiles until the recompile limit, then runs eagerly. Return the values from forward "
-            "and collect them outside the compiled model, or keep a preallocated tensor buffer "
-            "(`self.register_buffer`) and write into it at an index tensor.")
-    m = re.search(r"^([\w.]+) (?:==|is) (True|False)$", guard) or re.search(r"___check_obj_id\(([\w.]+),", guard)
-    if m and (m.lastindex == 2 or re.search(rf"^\s*(el)?if (not )?{re.escape(m[1])}\s*:", code or "")):
-        # Older torch guards a bool by identity (True and False are singletons) on its `if` line.
-        return BOOL_FLAG, (
-            f"`{m[1]}` is a bool that switches forward between modes; each value is its own graph (one recompile "
-            "per mode, expected). Compile one function per mode (e.g. a compiled model per value, or "
-            "`functools.partial(model, flag=True)`), or, when the condition is data, use `torch.cond(pred, "
-            "true_fn, false_fn, operands)` to keep both branches in one graph.")
-    math_args = " ".join(re.findall(r"\bmath\.\w+\(([^)]*)\)", code or ""))
-    names = [n for n in re.findall(r"[A-Za-z_][\w.]*", guard) if n.split(".")[-1] in re.findall(r"\w+", math_args)]
-    if "==" in guard and names:
-        return MATH_CONSTANT, (
-            f"`{names[0]}` goes through a `math.*` call on this line, which needs a Python number, so torch bakes "
-            "its value into the graph as a constant and every new value recompiles; dynamic shapes cannot help. "
-            f"Use torch ops on a tensor instead: pass `{names[0]}` as a 0-d tensor and call `torch.exp` / "
-            "`torch.log` / `torch.sqrt` ... on it.")
-    return None
-
-
-def classify_guard(guard: str, code: str = "", varargs: str | None = None) -> tuple[str, str]:
-    """(category, fix) for a failing guard; `code` is the user's source line, `varargs` the name of
-    the recompiled function's `*args` parameter."""
-    specific = _specific_guard(user_guard(guard).strip(), code, varargs)
-    if specific:
-        return specific
-    for category, pattern, hint in _GUARD_RULES:
-        if pattern.search(guard or ""):
-            return category, hint
-    return RECOMPILE_OTHER, (
-        "A guard on this input failed; see the guard text. `TORCH_LOGS=recompiles_verbose` shows every guard that "
-        "failed; if the value is meant to vary, make it a tensor input."
-    )

@@ -22,7 +22,7 @@ from kiln.diagnose.crash import explain_crash
 from kiln.diagnose.expectations import compare_breaks
 from kiln.diagnose.frames import function_span, place_from_exception
 from kiln.diagnose.inputs import describe_inputs, to_device
-from kiln.diagnose.recompiles import probe_results, recompile_dicts
+from kiln.diagnose.recompiles import observe, probe_results, recompile_dicts
 from kiln.diagnose.runtime import (
     FORWARD_WITH_GRAD,
     EagerFailure,
@@ -177,8 +177,10 @@ def compile_runs(module, runs: list[Variant], backend: str, mode: RunMode, print
     return CompiledRuns(cap, log, main_graphs, main_backward, counts_after)
 
 
-def _checked_mode(module, base, train: bool | None, printed: list[str]) -> tuple[RunMode, bool]:
-    """(how to call the target, whether it needs a process group), from one eager call."""
+def _checked_mode(module, base, train: bool | None, printed: list[str], notes: list[str]) -> tuple[RunMode, bool]:
+    """(how to call the target, whether it needs a process group), from one eager call. A training-mode
+    module whose backward cannot run (outputs without grad, an op without an autograd formula) is
+    explained forward-only with autograd on, and the report says why."""
     mode = run_mode(module, train)
     try:
         return mode, eager_check(module, base, mode.train, printed, grad=mode.grad)
@@ -186,6 +188,14 @@ def _checked_mode(module, base, train: bool | None, printed: list[str]) -> tuple
         if train is not None:
             raise EagerFailure("--train: the model's outputs do not require grad (nothing to backpropagate)") from None
         return FORWARD_WITH_GRAD, eager_check(module, base, False, printed, grad=True)
+    except EagerFailure as exc:
+        if train is not None or not mode.train:
+            raise
+        pg_needed = eager_check(module, base, False, printed, grad=True)  # forward alone fails too: raise that
+        notes.append(f"backward fails without compile ({first_line(exc.__cause__ or exc)}): explained forward only, "
+                     "with autograd on; fix backward (or pass --train) to see the training graphs")
+        return RunMode(False, True, "the module is in training mode, but its backward fails without compile: "
+                                    "forward with autograd on"), pg_needed
 
 
 def _fullgraph_verdict(blocker: dict[str, Any] | None, breaks: list[dict[str, Any]], run_ok: bool):
@@ -227,7 +237,7 @@ def explain_target(
     runs = [Variant("example", base), Variant("example again", base)]
     runs += [Variant(f"input set {i}", to_device(s, device)) for i, s in enumerate(target.input_sets[1:], 1)]
 
-    mode, pg_needed = _checked_mode(module, base, train, printed)
+    mode, pg_needed = _checked_mode(module, base, train, printed, notes)
     backend = backend or ("aot_eager" if mode.train else "eager")
     with single_process_group(pg_needed) as made_pg:
         if made_pg:
@@ -259,6 +269,7 @@ def explain_target(
         probe_reports, probe_problems = probe_results(
             [(runs[i], rcs) for i, rcs in enumerate(per_run) if is_probe[i]], every_call)
         recompiles = recompile_dicts(own) + probe_problems
+        observe(recompiles + [d for p in probe_reports for d in p["recompiles"]], cap.recompiles, cap.specializations)
         if verify:
             rerun = functools.partial(compile_runs, module, backend=backend, mode=mode, printed=printed)
             verify_fixes(module, breaks, [b.reason for b in cap.breaks], recompiles, runs, rerun)

@@ -8,6 +8,7 @@ kind is expected (automatic dynamic shapes) and whose later changes show whether
 from __future__ import annotations
 
 import re
+from collections import Counter
 from typing import Any
 
 from kiln.diagnose import classify
@@ -94,3 +95,69 @@ def probe_results(probes: list[tuple[Variant, list]], every_call: bool = False
         reports.append({"vary": kind, "variants": [v.label for v, _ in calls], "expected": not later,
                         "verdict": verdict, "recompiles": first + later})
     return reports, problems
+
+
+_SIZE_GUARD = re.compile(r"tensor '(?:L\[')?(\w+)(?:'\])?' size mismatch at index (\d+)")
+_USE = (
+    (re.compile(r"\bnot in\b|\bin\s+[\w.]+\s*:|\[\s*\w+\s*\]"), "a dict lookup keyed by it: a cache per size",
+     "Build the cached tensor once for the largest size (a buffer made in `__init__`) and slice it to the size "
+     "here (`table[:n]`), which torch traces with a symbolic n; or compute it with tensor ops each call."),
+    (re.compile(r"\brange\("), "a loop count: the loop is unrolled per size",
+     "Replace the loop by tensor ops over that dimension (a batched op, `torch.cumsum`, a mask)."),
+    (re.compile(r"^\s*(if|elif|while|assert)\b"), "a Python branch on it",
+     "Branch on tensor data (`torch.where`) or make the branch independent of the size."),
+)
+
+
+def _subject(guard: str) -> str:
+    """What a guard is about, without the value: `L['x'].size()[1]` for a size, else the guard's left side."""
+    m = _SIZE_GUARD.search(guard)
+    if m:
+        return f"L['{m[1]}'].size()[{m[2]}]"
+    return re.split(r"\s(?:==|!=|is)\s|\. expected", guard, maxsplit=1)[0].strip()
+
+
+def _pinned_hint(name: str, dim: str, code: str, times: int) -> str:
+    why, fix = "a Python computation that needs its exact value", (
+        "Keep the size symbolic on that line (tensor ops on the size instead of `int()`, `math.*` or dict keys).")
+    for pattern, use, use_fix in _USE:
+        if pattern.search(code or ""):
+            why, fix = use, use_fix
+            break
+    return (f"torch made dimension {dim} of `{name}` dynamic after its first change, but this line uses the size as a "
+            f"Python value ({why}), which pins it to one size again: {times} recompiles for this dimension so far, and "
+            "every new size recompiles (until torch._dynamo.config.recompile_limit, then forward runs eagerly). "
+            f"{fix} Or pad inputs to a few fixed sizes (one graph each).")
+
+
+def observe(dicts: list[dict[str, Any]], raw_all: list, specializations: list) -> None:
+    """Fit each recompile's place and hint to what torch did: how often the same value recompiled, and
+    whether a dynamic size was pinned again by a user line (that line is then the cause, not the guard's)."""
+    times = Counter(_subject(r.guard) for r in raw_all)
+    placed = {}
+    for d in dicts:  # a later recompile of the same value may come from torch's code only (no user line)
+        if d["code"] and not d["code"].startswith("def "):
+            placed.setdefault(_subject(d["torch_guard"]), d)
+    for d in dicts:
+        subject = _subject(d["torch_guard"])
+        better = placed.get(subject)
+        if better is not None and (d["code"] or "").startswith("def "):
+            d.update(file=better["file"], line=better["line"], code=better["code"])
+            d["category"], d["hint"] = classify.classify_guard(d["torch_guard"], better["code"], None)
+        d["times"] = n = times[subject]
+        if d["category"] == classify.SHAPE_CHANGE:
+            pinned = [s for s in specializations if s.source == subject]
+            m = _SIZE_GUARD.search(d["torch_guard"])
+            if pinned:
+                place = pinned[-1].place
+                d.update(category=classify.SIZE_SPECIALIZED, file=place.file, line=place.line, code=place.code,
+                         function=place.function, hint=_pinned_hint(m[1], m[2], place.code, n))
+            elif n >= 2:
+                d["hint"] = (f"Dimension {m[2]} of `{m[1]}` recompiled {n} times: torch's automatic dynamic shapes did "
+                             "not take (compiled with dynamic=False, or torch.compiler settings that disable it). "
+                             "Pad or bucket inputs to a few fixed sizes, or see below whether mark_dynamic works.")
+        elif d["category"] in (classify.PYTHON_SCALAR, classify.MODULE_ATTRIBUTE) and n >= 2:
+            d["hint"] = d["hint"].replace(
+                "On its first change torch recompiles and treats the number as dynamic (automatic dynamic for ints "
+                "and floats), so one recompile is expected.",
+                f"It recompiled {n} times: torch did not make it dynamic, every new value is a new graph.")

@@ -47,7 +47,8 @@ def _summary_line(r: dict[str, Any]) -> Text:
     else:
         b = r.get("fullgraph_blocker") or {}
         where = f" at {_where(b.get('file'), b.get('line'))}" if b.get("file") else ""
-        text.append(f"\nfullgraph=True: not one graph (first blocker: {b.get('category', 'the run failed')}{where})",
+        verdict = "compiles, but not as one graph as you run it" if b.get("fullgraph_compiles") else "fails"
+        text.append(f"\nfullgraph=True: {verdict} (first blocker: {b.get('category', 'the run failed')}{where})",
                     style="red")
         if b.get("note"):
             text.append(f"\n  {b['note']}", style="dim")

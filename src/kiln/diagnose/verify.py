@@ -78,6 +78,15 @@ def shape_fix(guard: str, forward: Callable) -> Fix | None:
     return Fix(f"torch._dynamo.mark_dynamic({m[1]}, {m[2]})", mark=(index, int(m[2])))
 
 
+def recompile_fix(rc: dict[str, Any], forward: Callable) -> Fix | None:
+    """mark_dynamic for a size guard; letting ints on modules be dynamic for a module attribute."""
+    if rc["category"] in (classify.SHAPE_CHANGE, classify.SIZE_SPECIALIZED):
+        return shape_fix(rc["torch_guard"], forward)
+    if rc["category"] == classify.MODULE_ATTRIBUTE and re.search(r"(==|!=) -?\d+$", rc["torch_guard"]):
+        return _flag("allow_unspec_int_on_nn_module")
+    return None
+
+
 def _marked(runs: list[Variant], mark: tuple[int, int]) -> list[Variant]:
     out = []
     for run in runs:
@@ -107,8 +116,11 @@ def _break_gone(done, brk: dict[str, Any]) -> bool:
 
 
 def _recompile_gone(done, rc: dict[str, Any]) -> bool:
-    """No recompile on the same tensor dimension is left."""
+    """No recompile on the same tensor dimension (or the same guarded value) is left."""
     m = _SIZE_GUARD.search(rc["torch_guard"])
+    if m is None:
+        left = rc["torch_guard"].split(" ")[0]
+        return not any(r.guard.split(" ")[0] == left for r in done.cap.recompiles)
     return not any((g := _SIZE_GUARD.search(r.guard)) and g.groups() == m.groups() for r in done.cap.recompiles)
 
 
@@ -142,7 +154,7 @@ def verify_fixes(module: torch.nn.Module, breaks: list[dict[str, Any]], reasons:
             done, error = attempt(fix, runs[:2])
             _record(brk, fix, done, error, done is not None and _break_gone(done, brk), "break")
     for rc in recompiles:
-        fix = shape_fix(rc["torch_guard"], module.forward) if rc["category"] == classify.SHAPE_CHANGE else None
+        fix = recompile_fix(rc, module.forward)
         if fix is not None:
             done, error = attempt(fix, runs)
             _record(rc, fix, done, error, done is not None and _recompile_gone(done, rc), "recompile")
