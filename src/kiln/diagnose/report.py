@@ -166,6 +166,8 @@ def render_fullgraph(r: dict[str, Any]) -> Group:
                 style="red")
     head.append(f"  {b.get('code', '')}\n", style="cyan")
     head.append(f"  torch: {b.get('reason', '')}\n  fix: {b.get('hint', '')}")
+    if b.get("note"):
+        head.append(f"\n  note: {b['note']}", style="dim")
     parts: list[Any] = [head]
     first_break = r["breaks"][0] if r.get("breaks") else None
     if first_break and (first_break["file"], first_break["line"]) != (b.get("file"), b.get("line")):

@@ -1,0 +1,55 @@
+"""kiln doctor details: a fake implementation with the wrong *shape* is reported as a shape mismatch, and
+a config the bisector blamed is reported as the setting that fixes it, re-run to verify."""
+
+from __future__ import annotations
+
+import pytest
+
+from kiln.diagnose import load_target, run_doctor
+from kiln.diagnose.bisect import _summary, config_change, verify_config
+from kiln.diagnose.crash import _mismatch
+
+from .conftest import CORPUS, statement_line
+
+OPS = CORPUS / "custom_ops.py"
+
+
+def test_fake_with_the_wrong_shape_is_a_shape_mismatch_in_the_crossref_stage(tmp_path):
+    stage = "aot_eager_decomp_partition_crossref"
+    report = run_doctor(load_target(f"{OPS}:pooled"), stages=[stage], out_dir=tmp_path, repro=False)
+    first = report["first_failure"]
+    assert first["status"] == "crash" and first["op"] == "kiln_corpus::pool_pairs" and first["mismatch"] == "shape"
+    assert first["where"]["line"] == statement_line(OPS, "h = pool_pairs(self.fc(x))")
+    assert "another shape than its real kernel returns" in first["diagnosis"]
+    assert "[2, 16] vs [4, 16]" in first["diagnosis"] and "stride" not in first["diagnosis"].lower()
+    assert "output shape the kernel returns" in first["fix"]
+
+
+def test_inductor_size_assertion_reads_as_shape_and_stride_assertion_as_strides():
+    what, note = _mismatch("AssertionError: expected size 2==4, stride 16==16 at dim=0")
+    assert what == "shape" and note == " (size at dim 0: 2 in the real output, 4 in the fake)"
+    what, note = _mismatch("AssertionError: expected size 4==4, stride 16==1 at dim=0")
+    assert what == "strides" and "(16,), the fake implementation said (1,)" in note
+    assert _mismatch("Dtypes torch.float32 and torch.float16 are not equal")[0] == "dtype"
+
+
+@pytest.mark.parametrize(("subsystem", "setting"), [
+    ("inductor_emulate_precision_casts", "torch._inductor.config.emulate_precision_casts = True"),
+    ("inductor_layout_optimization", "torch._inductor.config.layout_optimization = False"),
+])
+def test_a_bisected_config_is_reported_as_the_value_that_fixes_it(subsystem, setting):
+    result = {"backend": "inductor", "subsystem": subsystem, "bisect_number": 0, "debug_info": subsystem}
+    summary = _summary(result)
+    assert f"setting `{setting}` fixes it" in summary and "turning it off" not in summary
+    assert config_change(subsystem)["setting"] == setting
+    assert config_change("lowerings") is None
+
+
+def test_the_config_fix_is_re_run_before_it_is_called_verified():
+    import torch._inductor.config as inductor_config
+
+    change = config_change("inductor_emulate_precision_casts")
+    tried = verify_config(lambda: inductor_config.emulate_precision_casts, change)
+    assert tried["verified"] is True and tried["fix"] == change["setting"]
+    assert inductor_config.emulate_precision_casts is False  # patched only while re-running
+    assert verify_config(lambda: False, change)["verified"] is False
