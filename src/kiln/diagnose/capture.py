@@ -24,6 +24,7 @@ import re
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -249,13 +250,11 @@ def _resolve_file(shown: str, code: Any) -> str:
     """torch shortens the path in a guard's comment (`...mp/proj/model.py`): find the real file."""
     if code is not None and code.co_filename.endswith(shown):
         return code.co_filename
-    if os.path.isfile(shown):
-        return shown
     for module in list(sys.modules.values()):
         file = getattr(module, "__file__", None) or ""
         if file.endswith(shown):
             return file
-    return shown
+    return str(Path(shown).resolve()) if os.path.isfile(shown) else shown
 
 
 def place_from_comment(text: str, code: Any = None) -> Place | None:

@@ -115,6 +115,8 @@ def _mismatch(text: str) -> tuple[str, str]:
     return "metadata", ""
 
 
+_DIFFERENT = {"shape": "a different shape", "strides": "different strides", "dtype": "a different dtype",
+              "metadata": "other metadata"}
 _MISMATCH_FIX = {
     "shape": "make the fake implementation compute the output shape the kernel returns (e.g. "
              "`x.new_empty((x.shape[0] // 2, x.shape[1]))` for a kernel that halves the rows, not `torch.empty_like(x)` "
@@ -145,7 +147,7 @@ def explain_crash(exc: BaseException, stage: str) -> dict[str, Any] | None:
                  "inductor planned its buffers from the op's fake output, and the real output does not match")
         what, note = _mismatch(text)
         return {"op": op, "kind": FAKE_MISMATCH, "torch_advice": advice, "mismatch": what,
-                "diagnosis": f"custom op `{op}`: its fake implementation reports another {what} than its real "
+                "diagnosis": f"custom op `{op}`: its fake implementation reports {_DIFFERENT[what]} than its real "
                              f"kernel returns{note}; {where}",
                 "fix": f"{_MISMATCH_FIX[what]}; {opcheck}"}
     return {"op": op, "kind": CUSTOM_OP, "torch_advice": advice,

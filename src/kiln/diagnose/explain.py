@@ -1,10 +1,12 @@
 """`kiln explain`: graphs, graph breaks (where, why, how to fix), recompiles, ops per graph.
 
-The target runs once eagerly (a model that fails without compile is not a compile problem), then
-compiled with a recording backend on the example inputs (twice: a recompile on an identical call
-is the model's own), the user's further input sets and the `--vary` variants, and once with
-fullgraph=True for the fullgraph verdict. The default backend is `eager` (dynamo only: breaks and
-recompiles are dynamo's), `aot_eager` with --train so the backward graphs are seen as well.
+The target runs as the user runs it (a training-mode module forward and backward, an eval-mode one
+forward without autograd; `--train`/`--no-train` decide instead): once eagerly (a model that fails
+without compile is not a compile problem), then compiled with a recording backend on the example
+inputs (twice: a recompile on an identical call is the model's own), the user's further input sets
+and the `--vary` variants, and once with fullgraph=True. The backend is `eager` (dynamo only: breaks
+and recompiles are dynamo's), `aot_eager` when backward runs, so the backward graphs are seen too.
+Each mechanical fix is then tried by re-running the calls with it (diagnose/verify.py).
 """
 
 from __future__ import annotations
