@@ -34,9 +34,10 @@ def test_an_eval_mode_module_runs_forward_only_and_the_backward_break_is_not_its
     assert report["breaks"] == [] and report["fullgraph_ok"] is True
 
 
-def test_no_train_forces_forward_without_autograd():
-    report = explain_target(load_target(f"{GRADS}:build"), vary=[], train=False)
-    assert report["breaks"] == [] and report["backend"] == "eager"
+def test_no_train_forces_forward_without_autograd(capsys):
+    assert main(["explain", f"{GRADS}:build", "--no-vary", "--no-train", "--json", "-"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["breaks"] == [] and report["backend"] == "eager" and report["mode"].startswith("--no-train")
 
 
 def test_a_gradient_hook_registered_in_forward_is_found_at_its_line():

@@ -364,17 +364,16 @@ class _CallbackHandler(logging.Handler):
 def _shape_log(capture: DynamoCapture) -> Iterator[None]:
     """Listen to torch's `dynamic` log (symbols and the guards that specialise them) without printing it."""
     log = logging.getLogger("torch.fx.experimental.symbolic_shapes")
-    handler = _CallbackHandler(capture.on_shape_log)
-    saved = (log.level, log.propagate)
+    saved = (log.level, log.propagate, list(log.handlers))
     log.setLevel(logging.INFO)
     log.propagate = False
-    log.addHandler(handler)
+    log.handlers = [_CallbackHandler(capture.on_shape_log)]  # torch's own handler would print them all
     try:
         yield
     finally:
-        log.removeHandler(handler)
         log.setLevel(saved[0])
         log.propagate = saved[1]
+        log.handlers = saved[2]
 
 
 @contextlib.contextmanager

@@ -154,13 +154,22 @@ def to_device(inputs: tuple[Any, ...], device: torch.device | str) -> tuple[Any,
     return tuple(tree_map(lambda x: x.to(device) if isinstance(x, torch.Tensor) else x, list(inputs)))
 
 
+class _Shown(str):
+    def __repr__(self) -> str:
+        return str(self)
+
+
+def _tensor_text(x: torch.Tensor) -> str:
+    return f"{str(x.dtype).removeprefix('torch.')}{list(x.shape)}"
+
+
 def describe_inputs(inputs: tuple[Any, ...]) -> list[str]:
-    """Short text per input for reports: `float32[4, 3, 32, 32]` or `float=0.5`."""
+    """Short text per input for reports: `float32[4, 3, 32, 32]`, `float=0.5`, `dict={'bias': float32[16]}`."""
     out = []
     for x in inputs:
         if isinstance(x, torch.Tensor):
-            out.append(f"{str(x.dtype).removeprefix('torch.')}{list(x.shape)}")
+            out.append(_tensor_text(x))
         else:
-            shown = repr(x)
+            shown = repr(tree_map(lambda v: _Shown(_tensor_text(v)) if isinstance(v, torch.Tensor) else v, x))
             out.append(f"{type(x).__name__}={shown if len(shown) <= 60 else shown[:57] + '...'}")
     return out

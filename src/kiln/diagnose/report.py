@@ -71,11 +71,7 @@ def _breaks_table(breaks: list[dict[str, Any]]) -> Adaptive:
         category = b["category"] + ("\n(whole function ran eagerly)" if b.get("frame_skipped") else "")
         if b.get("count", 1) > 1:
             category += f"\n({b['count']} times per forward)"
-        fix = Text(b["hint"])
-        if b.get("tried"):
-            fix.append(f"\n[{'verified' if b['tried']['verified'] else 'tried, not offered'}: {b['tried']['fix']}]",
-                       style="green" if b["tried"]["verified"] else "dim")
-        table.add_row(str(i), category, where, b["explanation"] or b["reason"], fix)
+        table.add_row(str(i), category, where, b["explanation"] or b["reason"], b["hint"])
     return Adaptive(table, keep=("where",), title_column=2)
 
 
@@ -97,6 +93,8 @@ def _recompiles_table(recompiles: list[dict[str, Any]]) -> Adaptive:
         if len(rows) > 1:
             where.append(f"\n+ {len(rows) - 1} more function(s) after graph breaks: "
                          + ", ".join(f"line {r['line']}" for r in rows[1:]), style="dim")
+        if first.get("times", 0) > 1:
+            where.append(f"\n({first['times']} recompiles of this value)", style="dim")
         table.add_row(str(i), Text(f"[{category}]\n{guard}"), where, first["hint"])
     return Adaptive(table, keep=("where",), title_column=2)
 

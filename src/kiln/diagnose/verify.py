@@ -10,9 +10,11 @@ a hint is advice: code changes kiln cannot make for the user.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import logging
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -99,11 +101,23 @@ def _marked(runs: list[Variant], mark: tuple[int, int]) -> list[Variant]:
     return out
 
 
+@contextlib.contextmanager
+def _quiet_guard_errors() -> Iterator[None]:
+    """torch logs the guard it could not build (a mark_dynamic the code contradicts) as an ERROR before it
+    raises; that failure is the answer kiln is after, so its log is not shown."""
+    log = logging.getLogger("torch._guards")
+    saved, log.disabled = log.disabled, True
+    try:
+        yield
+    finally:
+        log.disabled = saved
+
+
 def _attempt(fix: Fix, runs: list[Variant], rerun: Rerun):
     """(the re-run, None) or (None, why it failed)."""
     try:
         calls = _marked(runs, fix.mark) if fix.mark else runs
-        with torch._dynamo.config.patch(**fix.config):
+        with torch._dynamo.config.patch(**fix.config), _quiet_guard_errors():
             done = rerun(calls)
     except Exception as exc:  # e.g. mark_dynamic on a dimension the code specialises
         return None, first_line(exc)
