@@ -54,3 +54,18 @@ def test_the_config_fix_is_re_run_before_it_is_called_verified():
     assert tried["verified"] is True and tried["fix"] == change["setting"]
     assert inductor_config.emulate_precision_casts is False  # patched only while re-running
     assert verify_config(lambda: False, change)["verified"] is False
+
+
+def test_doctor_and_its_repro_take_python_value_inputs(tmp_path):
+    """A dataclass among the inputs: doctor runs, and its repro script loads the inputs back and reproduces."""
+    import subprocess
+    import sys
+
+    from .conftest import PLANTED
+
+    report = run_doctor(load_target(f"{CORPUS / 'task_heads.py'}:build"), stages=["eager"],
+                        backends=[f"{PLANTED}:drift_backend"], out_dir=tmp_path)
+    assert report["first_failure"]["status"] == "accuracy_fail"
+    assert "weights_only=False" in open(report["repro"]).read()
+    proc = subprocess.run([sys.executable, report["repro"]], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 1 and "reproduced: accuracy failure" in proc.stdout, proc.stdout + proc.stderr[-2000:]

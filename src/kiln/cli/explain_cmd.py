@@ -14,7 +14,7 @@ from typing import Any
 from kiln.config.errors import ConfigError
 
 TARGET_HELP = ("registry name (mlp, vit, hf:llama-tiny), package.module:function or path/to/file.py:function; "
-               "the function returns an nn.Module or (module, example_inputs)")
+               "the function returns an nn.Module or (module, example_inputs), inputs being any Python values")
 
 
 def add_target_args(p: argparse.ArgumentParser) -> None:
@@ -25,7 +25,8 @@ def add_target_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--input", action="append", metavar="SPEC", dest="inputs",
                    help="one per forward argument: 8x3x224x224, float16:4x16, int64[0,512):2x32, float=0.5")
     p.add_argument("--inputs-from", metavar="FILE",
-                   help=".pt with a tensor, a tuple of inputs, or a list of input tuples (one per call), or .npy")
+                   help=".pt with a tensor, a tuple of inputs, or a list of input tuples (one per call), .npy, or "
+                        "file.py:function returning the same as Python values (strings, dicts, dataclasses)")
     p.add_argument("--kwarg", action="append", metavar="KEY=VALUE", default=[],
                    help="keyword argument for the model factory (value parsed as JSON, else a string)")
     p.add_argument("--train", action=argparse.BooleanOptionalAction, default=None,

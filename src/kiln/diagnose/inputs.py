@@ -5,7 +5,9 @@ SPEC grammar (one `--input` per positional argument of forward, in order):
     float16:4x16             a dtype, then the shape
     int64[0,512):2x32        integers drawn from [lo, hi); floats with a range are uniform in it
     float=0.5 / int=3        a Python scalar argument
-Inputs are drawn from a fixed seed, so two runs of a diagnosis see the same numbers.
+Inputs are drawn from a fixed seed, so two runs of a diagnosis see the same numbers. `--inputs-from`
+and a factory's example inputs may hold any Python value (strings, dicts, dataclasses), passed to
+forward as they are.
 """
 
 from __future__ import annotations
