@@ -77,3 +77,28 @@ def test_guard_kinds_from_the_guard_and_the_line():
     assert category == classify.MODULE_ATTRIBUTE and "forward changes it on this line" in hint
     assert classify.classify_guard("L['self'].step == 3", "y = x * self.step")[0] == classify.MODULE_ATTRIBUTE
     assert "make it a tensor" not in classify.classify_guard("something odd")[1]
+
+
+def test_hitting_the_recompile_limit_is_said_and_a_higher_limit_is_verified():
+    path = CORPUS / "dataset_heads.py"
+    report = explain_target(load_target(f"{path}:build", inputs_from=f"{path}:calls"))
+    (hit,) = report["recompile_limit_hits"]
+    assert hit["function"] == "forward" and hit["limit"] == "recompile_limit" and hit["value"] == 8
+    assert len(report["recompiles"]) == 8
+    rc = report["recompiles"][-1]
+    assert rc["category"] == classify.STRING_VALUE
+    assert rc["line"] == statement_line(path, "return self.heads[dataset](")
+    assert "runs `forward` eagerly" in rc["hint"]
+    assert rc["tried"]["verified"] is True and rc["tried"]["fix"].startswith("torch._dynamo.config.recompile_limit = ")
+    assert "Verified: with `torch._dynamo.config.recompile_limit = " in rc["hint"]
+
+
+def test_a_higher_limit_is_not_offered_for_a_value_that_changes_every_call():
+    from kiln.diagnose.recompiles import mark_limit_hits
+
+    rc = {"function": "forward", "category": classify.MODULE_ATTRIBUTE, "hint": "h."}
+    mark_limit_hits([rc], [{"function": "forward", "limit": "recompile_limit", "value": 8}])
+    assert "only delays that" in rc["hint"]
+    from kiln.diagnose.verify import recompile_fix
+
+    assert recompile_fix({**rc, "torch_guard": "L['self'].step == 3.5"}, lambda x: x, 12) is None

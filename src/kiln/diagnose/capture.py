@@ -9,7 +9,9 @@ Three sources, because none sees everything (checked on torch 2.6 .. 2.13):
 - the `graph_breaks` log artifact (TORCH_LOGS=graph_breaks) also names breaks after which dynamo
   gave up on the whole function ("graph break in loop", frame skipped: it then runs eagerly).
 Recompiles come from `torch._dynamo.utils.guard_failures`, which dynamo fills on every cache miss
-(the data behind TORCH_LOGS=recompiles).
+(the data behind TORCH_LOGS=recompiles); the `dynamic` log names the user line that pins a dynamic
+size to one value (the cause of a size recompile), and convert_frame warns when a function hits the
+recompile limit (it then runs eagerly for new values).
 These are internals (see "torch.compile Troubleshooting" in the PyTorch docs for the public log
 switches); each is read with a fallback, so a torch that renames one loses that source only.
 """
@@ -31,6 +33,7 @@ import torch
 
 from kiln.diagnose.frames import Place, is_user_file, place_from_summaries, place_from_text, source_line
 from kiln.diagnose.runtime import quiet_torch
+from kiln.diagnose.torch_logs import graph_break_log, listen
 
 _SKIP_MARKERS = ("Skipping the function", "results in a skip", "skip tracing the frame", "frame skipped")
 
@@ -103,6 +106,8 @@ class DynamoCapture:
 
     def __init__(self) -> None:
         self.specializations: list[Specialization] = []
+        self.limit_hits: list[dict[str, Any]] = []
+        """torch's "hit config.recompile_limit" warnings: that function runs eagerly for new values from then on."""
         self._symbols: dict[str, str] = {}
         self.graphs: list[GraphInfo] = []
         self.breaks: list[RawBreak] = []
@@ -180,6 +185,14 @@ class DynamoCapture:
             place = place_from_comment("value  # " + str(args[2]))
             if m and m[1] in self._symbols and place is not None:
                 self.specializations.append(Specialization(self._symbols[m[1]], m[2], place))
+
+    def on_convert_log(self, record: logging.LogRecord) -> None:
+        """torch._dynamo.convert_frame warnings: a recompile limit hit (the frame then runs eagerly)."""
+        args = record.args if isinstance(record.args, tuple) else ()
+        if str(record.msg).startswith("torch._dynamo hit config.") and len(args) >= 3:
+            m = re.match(r"'(\w+)' \((.*):(\d+)\)", str(args[2]))
+            self.limit_hits.append({"limit": str(args[0]), "value": args[1], "function": m[1] if m else str(args[2]),
+                                    "file": m[2] if m else None, "line": int(m[3]) if m else None})
 
     @staticmethod
     def recompile_counts() -> dict[int, int]:
@@ -309,73 +322,6 @@ def _group_recompiles(code: Any, reasons: list[str]) -> list[RawRecompile]:
     return out
 
 
-class _ListHandler(logging.Handler):
-    def __init__(self, sink: list[str]) -> None:
-        super().__init__(logging.DEBUG)
-        self.sink = sink
-
-    def emit(self, record: logging.LogRecord) -> None:
-        try:
-            text = record.getMessage()
-        except Exception:  # a malformed record must not break the diagnosis
-            return
-        if record.exc_info and record.exc_info[1] is not None:
-            text += f"\nGraph Break Reason: {record.exc_info[1]}"
-        self.sink.append(text)
-
-
-@contextlib.contextmanager
-def _graph_break_log(sink: list[str]) -> Iterator[None]:
-    """Listen to the `graph_breaks` artifact loggers without printing them; restore them after."""
-    import torch._dynamo.convert_frame  # noqa: F401  (creates the artifact loggers)
-    import torch._dynamo.symbolic_convert  # noqa: F401
-
-    names = [n for n in logging.root.manager.loggerDict if n.startswith("torch.") and n.endswith(".__graph_breaks")]
-    handler = _ListHandler(sink)
-    saved = []
-    for name in names:
-        log = logging.getLogger(name)
-        saved.append((log, log.level, log.propagate))
-        log.setLevel(logging.DEBUG)
-        log.propagate = False
-        log.addHandler(handler)
-    try:
-        yield
-    finally:
-        for log, level, propagate in saved:
-            log.removeHandler(handler)
-            log.setLevel(level)
-            log.propagate = propagate
-
-
-class _CallbackHandler(logging.Handler):
-    def __init__(self, callback: Callable[[logging.LogRecord], None]) -> None:
-        super().__init__(logging.INFO)
-        self.callback = callback
-
-    def emit(self, record: logging.LogRecord) -> None:
-        try:
-            self.callback(record)
-        except Exception:  # a log format kiln does not know must not break the diagnosis
-            return
-
-
-@contextlib.contextmanager
-def _shape_log(capture: DynamoCapture) -> Iterator[None]:
-    """Listen to torch's `dynamic` log (symbols and the guards that specialise them) without printing it."""
-    log = logging.getLogger("torch.fx.experimental.symbolic_shapes")
-    saved = (log.level, log.propagate, list(log.handlers))
-    log.setLevel(logging.INFO)
-    log.propagate = False
-    log.handlers = [_CallbackHandler(capture.on_shape_log)]  # torch's own handler would print them all
-    try:
-        yield
-    finally:
-        log.setLevel(saved[0])
-        log.propagate = saved[1]
-        log.handlers = saved[2]
-
-
 @contextlib.contextmanager
 def capture_dynamo() -> Iterator[DynamoCapture]:
     """Start from a clean dynamo state (torch.compiler.reset), record, and reset again on exit so the
@@ -383,7 +329,9 @@ def capture_dynamo() -> Iterator[DynamoCapture]:
     capture = DynamoCapture()
     torch.compiler.reset()
     try:
-        with quiet_torch(), _graph_break_log(capture.log_messages), _shape_log(capture):
+        with (quiet_torch(), graph_break_log(capture.log_messages),
+              listen("torch.fx.experimental.symbolic_shapes", capture.on_shape_log),  # torch's `dynamic` log
+              listen("torch._dynamo.convert_frame", capture.on_convert_log)):
             yield capture
             capture.collect()
     finally:

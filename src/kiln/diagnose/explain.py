@@ -24,7 +24,7 @@ from kiln.diagnose.crash import explain_crash
 from kiln.diagnose.expectations import compare_breaks
 from kiln.diagnose.frames import function_span, place_from_exception
 from kiln.diagnose.inputs import describe_inputs, to_device
-from kiln.diagnose.recompiles import observe, probe_results, recompile_dicts
+from kiln.diagnose.recompiles import mark_limit_hits, observe, probe_results, recompile_dicts
 from kiln.diagnose.runtime import (
     FORWARD_WITH_GRAD,
     EagerFailure,
@@ -271,7 +271,9 @@ def explain_target(
         probe_reports, probe_problems = probe_results(
             [(runs[i], rcs) for i, rcs in enumerate(per_run) if is_probe[i]], every_call)
         recompiles = recompile_dicts(own) + probe_problems
-        observe(recompiles + [d for p in probe_reports for d in p["recompiles"]], cap.recompiles, cap.specializations)
+        shown = recompiles + [d for p in probe_reports for d in p["recompiles"]]
+        observe(shown, cap.recompiles, cap.specializations)
+        mark_limit_hits(shown, cap.limit_hits)
         if verify:
             rerun = functools.partial(compile_runs, module, backend=backend, mode=mode, printed=printed)
             verify_fixes(module, breaks, [b.reason for b in cap.breaks], recompiles, runs, rerun)
@@ -302,6 +304,7 @@ def explain_target(
         "fullgraph_blocker": blocker,
         "frames_skipped": sum(1 for b in breaks if b["frame_skipped"]),
         "eager_frames": eager_frames(breaks),
+        "recompile_limit_hits": cap.limit_hits,
         "runs": done.log,
         "seed_expectations": compare_breaks(target.expectations, target.source_file, breaks, cap.graphs),
         "printed_chars": sum(len(p) for p in printed),

@@ -161,3 +161,21 @@ def observe(dicts: list[dict[str, Any]], raw_all: list, specializations: list) -
                 "On its first change torch recompiles and treats the number as dynamic (automatic dynamic for ints "
                 "and floats), so one recompile is expected.",
                 f"It recompiled {n} times: torch did not make it dynamic, every new value is a new graph.")
+
+
+BOUNDED = (classify.STRING_VALUE, classify.BOOL_FLAG, classify.ARG_COUNT, classify.CONTAINER_KEYS,
+           classify.DTYPE_CHANGE, classify.REQUIRES_GRAD, classify.GLOBAL_STATE, classify.SHAPE_CHANGE)
+"""Kinds with a few values at most (one graph each): a higher recompile limit keeps them all compiled."""
+
+
+def mark_limit_hits(dicts: list[dict[str, Any]], hits: list[dict[str, Any]]) -> None:
+    """Say on each recompile of a function that hit torch's recompile limit that it now runs eagerly."""
+    for d in dicts:
+        hit = next((h for h in hits if h["function"] == d["function"]), None)
+        if hit is None:
+            continue
+        d["limit_hit"] = hit
+        d["hint"] += (f" torch hit torch._dynamo.config.{hit['limit']} ({hit['value']}) on `{hit['function']}`: from "
+                      f"then on, a call that matches none of its graphs runs `{hit['function']}` eagerly.")
+        if d["category"] not in BOUNDED:
+            d["hint"] += " Raising the limit only delays that: every new value compiles again."

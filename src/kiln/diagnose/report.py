@@ -52,6 +52,10 @@ def _summary_line(r: dict[str, Any]) -> Text:
                     style="red")
         if b.get("note"):
             text.append(f"\n  {b['note']}", style="dim")
+    for hit in r.get("recompile_limit_hits", []):
+        text.append(f"\nrecompile limit hit: `{hit['function']}` ({_where(hit['file'], hit['line'])}) reached "
+                    f"torch._dynamo.config.{hit['limit']} ({hit['value']}); calls matching none of its graphs run it "
+                    "eagerly", style="red")
     for frame in r.get("eager_frames", []):
         text.append(f"\nran eagerly after a break at {_where(frame['file'], frame['break_line'])}: {frame['cost']}",
                     style="red")

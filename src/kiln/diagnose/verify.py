@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from kiln.diagnose import classify
+from kiln.diagnose.recompiles import BOUNDED
 from kiln.diagnose.runtime import first_line
 from kiln.diagnose.vary import Variant
 
@@ -80,8 +81,12 @@ def shape_fix(guard: str, forward: Callable) -> Fix | None:
     return Fix(f"torch._dynamo.mark_dynamic({m[1]}, {m[2]})", mark=(index, int(m[2])))
 
 
-def recompile_fix(rc: dict[str, Any], forward: Callable) -> Fix | None:
-    """mark_dynamic for a size guard; letting ints on modules be dynamic for a module attribute."""
+def recompile_fix(rc: dict[str, Any], forward: Callable, calls: int) -> Fix | None:
+    """A higher recompile limit where torch hit it on a value with few settings; mark_dynamic for a size
+    guard; letting ints on modules be dynamic for a module attribute."""
+    if rc.get("limit_hit") and rc["category"] in BOUNDED:
+        limit = max(calls + 1, 2 * int(rc["limit_hit"]["value"]))
+        return Fix(f"torch._dynamo.config.{rc['limit_hit']['limit']} = {limit}", {rc["limit_hit"]["limit"]: limit})
     if rc["category"] in (classify.SHAPE_CHANGE, classify.SIZE_SPECIALIZED):
         return shape_fix(rc["torch_guard"], forward)
     if rc["category"] == classify.MODULE_ATTRIBUTE and re.search(r"(==|!=) -?\d+$", rc["torch_guard"]):
@@ -168,7 +173,11 @@ def verify_fixes(module: torch.nn.Module, breaks: list[dict[str, Any]], reasons:
             done, error = attempt(fix, runs[:2])
             _record(brk, fix, done, error, done is not None and _break_gone(done, brk), "break")
     for rc in recompiles:
-        fix = recompile_fix(rc, module.forward)
-        if fix is not None:
-            done, error = attempt(fix, runs)
+        fix = recompile_fix(rc, module.forward, len(runs))
+        if fix is None:
+            continue
+        done, error = attempt(fix, runs)
+        if rc.get("limit_hit") and rc["limit_hit"]["limit"] in fix.config:
+            _record(rc, fix, done, error, done is not None and not done.cap.limit_hits, "eager fallback at the limit")
+        else:
             _record(rc, fix, done, error, done is not None and _recompile_gone(done, rc), "recompile")
