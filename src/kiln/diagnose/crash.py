@@ -98,11 +98,9 @@ def _mismatch(text: str) -> tuple[str, str]:
         sizes = [f"dim {d[4]}: {d[0]} in the real output, {d[1]} in the fake" for d in dims if d[0] != d[1]]
         if sizes:
             return "shape", f" (size at {'; '.join(sizes)})"
-        for what, (real_i, fake_i) in (("strides", (2, 3)),):
-            if any(d[real_i] != d[fake_i] for d in dims):
-                real = tuple(d[real_i] for d in dims)
-                fake = tuple(d[fake_i] for d in dims)
-                return what, f" (the real kernel returned {what} {real}, the fake implementation said {fake})"
+        if any(d[2] != d[3] for d in dims):
+            real, fake = tuple(d[2] for d in dims), tuple(d[3] for d in dims)
+            return "strides", f" (the real kernel returned strides {real}, the fake implementation said {fake})"
     pairs = _STRIDE_PAIR.findall(text)
     if pairs:
         real = tuple(int(a) for a, _, _ in pairs)

@@ -97,7 +97,7 @@ def probe_results(probes: list[tuple[Variant, list]], every_call: bool = False
     return reports, problems
 
 
-_SIZE_GUARD = re.compile(r"tensor '(?:L\[')?(\w+)(?:'\])?' size mismatch at index (\d+)")
+SIZE_GUARD = re.compile(r"tensor '(?:L\[')?(\w+)(?:'\])?' size mismatch at index (\d+)")
 _USE = (
     (re.compile(r"\bnot in\b|\bin\s+[\w.]+\s*:|\[\s*\w+\s*\]"), "a dict lookup keyed by it: a cache per size",
      "Build the cached tensor once for the largest size (a buffer made in `__init__`) and slice it to the size "
@@ -111,7 +111,7 @@ _USE = (
 
 def _subject(guard: str) -> str:
     """What a guard is about, without the value: `L['x'].size()[1]` for a size, else the guard's left side."""
-    m = _SIZE_GUARD.search(guard)
+    m = SIZE_GUARD.search(guard)
     if m:
         return f"L['{m[1]}'].size()[{m[2]}]"
     return re.split(r"\s(?:==|!=|is)\s|\. expected", guard, maxsplit=1)[0].strip()
@@ -147,7 +147,7 @@ def observe(dicts: list[dict[str, Any]], raw_all: list, specializations: list) -
         d["times"] = n = times[subject]
         if d["category"] == classify.SHAPE_CHANGE:
             pinned = [s for s in specializations if s.source == subject]
-            m = _SIZE_GUARD.search(d["torch_guard"])
+            m = SIZE_GUARD.search(d["torch_guard"])
             if pinned:
                 place = pinned[-1].place
                 d.update(category=classify.SIZE_SPECIALIZED, file=place.file, line=place.line, code=place.code,

@@ -2,8 +2,9 @@
 keep the hint only if the problem is gone.
 
 Mechanical fixes are `torch._dynamo.config` flags (the ones kiln knows per break kind, and any flag
-torch's own hint names, e.g. `allow_rnn`, `trace_autograd_ops`) and `torch._dynamo.mark_dynamic` on
-the input dimension a shape guard names. Each break or recompile gets a `tried` entry (the fix,
+torch's own hint names, e.g. `allow_rnn`, `trace_autograd_ops`), a higher `recompile_limit` where
+torch hit it on a value with a few settings, and `torch._dynamo.mark_dynamic` on the input
+dimension a shape guard names. (doctor's bisected inductor config is re-run in bisect.py.) Each break or recompile gets a `tried` entry (the fix,
 `verified` true/false, what happened); the hint says "verified" or leaves the fix out. The rest of
 a hint is advice: code changes kiln cannot make for the user.
 """
@@ -21,7 +22,7 @@ from typing import Any
 import torch
 
 from kiln.diagnose import classify
-from kiln.diagnose.recompiles import BOUNDED
+from kiln.diagnose.recompiles import BOUNDED, SIZE_GUARD
 from kiln.diagnose.runtime import first_line
 from kiln.diagnose.vary import Variant
 
@@ -47,7 +48,6 @@ BREAK_FIXES = {
     classify.AUTOGRAD_IN_FORWARD: _flag("trace_autograd_ops"),
 }
 _TORCH_FLAG = re.compile(r"torch\._dynamo\.config\.(\w+)`?\s*(?:=|to)\s*`?(True|False)")
-_SIZE_GUARD = re.compile(r"tensor '(?:L\[')?(\w+)(?:'\])?' size mismatch at index (\d+)")
 
 Rerun = Callable[[list[Variant]], Any]
 """Compile the target afresh and make these calls (explain.compile_runs, bound to the target)."""
@@ -74,7 +74,7 @@ def _arg_index(forward: Callable, name: str) -> int | None:
 
 def shape_fix(guard: str, forward: Callable) -> Fix | None:
     """`mark_dynamic(arg, dim)` for a guard `tensor 'x' size mismatch at index d` on an argument of forward."""
-    m = _SIZE_GUARD.search(guard or "")
+    m = SIZE_GUARD.search(guard or "")
     index = _arg_index(forward, m[1]) if m else None
     if index is None:
         return None
@@ -136,11 +136,11 @@ def _break_gone(done, brk: dict[str, Any]) -> bool:
 
 def _recompile_gone(done, rc: dict[str, Any]) -> bool:
     """No recompile on the same tensor dimension (or the same guarded value) is left."""
-    m = _SIZE_GUARD.search(rc["torch_guard"])
+    m = SIZE_GUARD.search(rc["torch_guard"])
     if m is None:
         left = rc["torch_guard"].split(" ")[0]
         return not any(r.guard.split(" ")[0] == left for r in done.cap.recompiles)
-    return not any((g := _SIZE_GUARD.search(r.guard)) and g.groups() == m.groups() for r in done.cap.recompiles)
+    return not any((g := SIZE_GUARD.search(r.guard)) and g.groups() == m.groups() for r in done.cap.recompiles)
 
 
 def _record(item: dict[str, Any], fix: Fix, done, error: str | None, gone: bool, what: str) -> None:
