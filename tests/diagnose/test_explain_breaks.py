@@ -29,11 +29,13 @@ def test_planted_break_is_named_with_place_and_category(factory, tag, category):
     brk = hits[0]
     assert brk["category"] == category
     assert f"# planted: {tag}" in brk["code"]
-    assert brk["hint"] == classify.BREAK_HINTS[category] or brk["hint"].endswith(classify.BREAK_HINTS[category])
+    assert classify.BREAK_HINTS[category] in brk["hint"]
     assert brk["reason"] and brk["explanation"]  # torch's own words are kept
     assert report["graph_break_count"] >= 1
-    # The verdict is torch's own fullgraph=True compile (recent torch captures `.item()` there).
-    assert report["fullgraph_ok"] == _fullgraph_compiles(factory)
+    # Not one graph, since a break is listed; whether fullgraph=True itself compiles is torch's own
+    # compile (recent torch captures `.item()` there) and is said beside the verdict.
+    assert report["fullgraph_ok"] is False
+    assert report["fullgraph_blocker"].get("fullgraph_compiles", False) == _fullgraph_compiles(factory)
 
 
 def _fullgraph_compiles(factory: str) -> bool:
@@ -78,7 +80,7 @@ def test_clean_model_has_one_graph_and_no_breaks():
     assert report["ops_per_graph"][0] >= 1
 
 
-def test_train_records_backward_graphs():
+def test_train_records_backward_graphs():  # also the default for a module in training mode
     report = explain_target(load_target(target("clean")), vary=[], train=True)
     assert report["backend"] == "aot_eager"
     assert report["backward_ops_per_graph"] and report["backward_ops_per_graph"][0] > 0

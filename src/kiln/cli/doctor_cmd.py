@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     stages = [s.strip() for s in args.stages.split(",") if s.strip()] if args.stages else None
     build_ladder(stages, args.mode, args.backend)  # bad names exit 2 before the model is built
     target = load_target(args.target, parse_kwargs(args.kwarg), args.inputs, args.inputs_from)
-    report = run_doctor(target, stages=stages, mode=args.mode, backends=args.backend, train=args.train,
+    report = run_doctor(target, stages=stages, mode=args.mode, backends=args.backend, train=bool(args.train),
                         tol=args.tol, device=device, bisect=not args.no_bisect, out_dir=args.out,
                         repro=not args.no_repro)
     emit(report, args.json, render_doctor)

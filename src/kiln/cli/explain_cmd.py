@@ -14,7 +14,7 @@ from typing import Any
 from kiln.config.errors import ConfigError
 
 TARGET_HELP = ("registry name (mlp, vit, hf:llama-tiny), package.module:function or path/to/file.py:function; "
-               "the function returns an nn.Module or (module, example_inputs)")
+               "the function returns an nn.Module or (module, example_inputs), inputs being any Python values")
 
 
 def add_target_args(p: argparse.ArgumentParser) -> None:
@@ -25,10 +25,13 @@ def add_target_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--input", action="append", metavar="SPEC", dest="inputs",
                    help="one per forward argument: 8x3x224x224, float16:4x16, int64[0,512):2x32, float=0.5")
     p.add_argument("--inputs-from", metavar="FILE",
-                   help=".pt with a tensor, a tuple of inputs, or a list of input tuples (one per call), or .npy")
+                   help=".pt with a tensor, a tuple of inputs, or a list of input tuples (one per call), .npy, or "
+                        "file.py:function returning the same as Python values (strings, dicts, dataclasses)")
     p.add_argument("--kwarg", action="append", metavar="KEY=VALUE", default=[],
                    help="keyword argument for the model factory (value parsed as JSON, else a string)")
-    p.add_argument("--train", action="store_true", help="also run backward (loss = sum of the outputs)")
+    p.add_argument("--train", action=argparse.BooleanOptionalAction, default=None,
+                   help="run forward and backward (loss = sum of the outputs); --no-train: forward only, autograd off "
+                        "(explain's default: as the module's own mode says; doctor's: forward only)")
     p.add_argument("--device", default="cpu", help="device to run on (default cpu)")
     p.add_argument("--json", metavar="FILE", help="write the report as JSON to FILE ('-' for stdout, no table)")
 
@@ -93,6 +96,8 @@ def add_parser(sub) -> None:
     p.add_argument("--no-vary", action="store_true", help="call with the example inputs only")
     p.add_argument("--backend", default=None,
                    help="backend behind the recorder (default eager; aot_eager with --train, to see backward graphs)")
+    p.add_argument("--no-verify", action="store_true",
+                   help="do not re-run the check with each mechanical fix (config flag, mark_dynamic) applied")
     p.add_argument("--fullgraph-check", action="store_true",
                    help="show only whether torch.compile(fullgraph=True) works, naming the first blocker, and exit 1 "
                         "when it does not (the full report gives the same verdict)")
@@ -111,7 +116,8 @@ def run(args: argparse.Namespace) -> int:
     if args.backend:
         resolve_backend(args.backend)  # ConfigError (exit 2) for an unknown name
     target = load_target(args.target, parse_kwargs(args.kwarg), args.inputs, args.inputs_from)
-    report = explain_target(target, backend=args.backend, train=args.train, vary=vary, device=device)
+    report = explain_target(target, backend=args.backend, train=args.train, vary=vary, device=device,
+                            verify=not args.no_verify)
     emit(report, args.json, render_fullgraph if args.fullgraph_check else render_explain)
     if args.fullgraph_check and not report["fullgraph_ok"]:
         b = report["fullgraph_blocker"] or {}

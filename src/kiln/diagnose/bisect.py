@@ -46,10 +46,53 @@ def bisect_inductor(check: Callable[[], bool]) -> dict[str, Any]:
         "log": log.getvalue(),
     }
     out["summary"] = _summary(out)
+    change = config_change(out["subsystem"])
+    if change is not None:
+        out["config_change"] = change
+        out["tried"] = verify_config(check, change)
+        out["summary"] += f"; {out['tried']['result']}"
     return out
 
 
+_CONFIG_MODULES = {"inductor": "torch._inductor.config", "aot_eager_decomp_partition": "torch._functorch.config"}
+
+
+def config_change(subsystem: str | None) -> dict[str, Any] | None:
+    """The config setting torch's bisector changed when it blamed `subsystem` (one of its ConfigChange
+    entries: a field set *to* a value, which is the fix), or None for a pass or lowering subsystem."""
+    try:
+        from torch._inductor.compiler_bisector import BACKENDS, ConfigChange
+    except ImportError:
+        return None
+    for subsystems in BACKENDS.values():
+        for sub in subsystems:
+            if isinstance(sub, ConfigChange) and sub.name == subsystem:
+                module = _CONFIG_MODULES.get(sub.config_name, sub.config_name)
+                return {"module": module, "field": sub.config_field, "value": sub.config_value,
+                        "setting": f"{module}.{sub.config_field} = {sub.config_value}"}
+    return None
+
+
+def verify_config(check: Callable[[], bool], change: dict[str, Any]) -> dict[str, Any]:
+    """Re-run `check` with the config change applied: verified when the result is then good."""
+    import importlib
+
+    config = importlib.import_module(change["module"])
+    try:
+        with config.patch({change["field"]: change["value"]}):
+            good = check()
+    except Exception as exc:  # a config torch no longer has
+        return {"fix": change["setting"], "verified": False, "result": f"not verified: {type(exc).__name__}: {exc}"}
+    result = ("verified: kiln re-ran the stage with it and the result matches eager" if good else
+              "not verified: kiln re-ran the stage with it and it still fails")
+    return {"fix": change["setting"], "verified": good, "result": result}
+
+
 def _summary(r: dict[str, Any]) -> str:
+    change = config_change(r["subsystem"])
+    if change is not None:
+        # torch's ConfigChange: the bisector *set* the field to this value and that fixed it.
+        return f"{r['backend']}: setting `{change['setting']}` fixes it (torch's bisector changed that one setting)"
     if not r["subsystem"]:
         if r["backend"] != "inductor":
             # The bisector's backend list includes stages the ladder does not run (e.g. the crossref one).

@@ -9,7 +9,9 @@ Three sources, because none sees everything (checked on torch 2.6 .. 2.13):
 - the `graph_breaks` log artifact (TORCH_LOGS=graph_breaks) also names breaks after which dynamo
   gave up on the whole function ("graph break in loop", frame skipped: it then runs eagerly).
 Recompiles come from `torch._dynamo.utils.guard_failures`, which dynamo fills on every cache miss
-(the data behind TORCH_LOGS=recompiles).
+(the data behind TORCH_LOGS=recompiles); the `dynamic` log names the user line that pins a dynamic
+size to one value (the cause of a size recompile), and convert_frame warns when a function hits the
+recompile limit (it then runs eagerly for new values).
 These are internals (see "torch.compile Troubleshooting" in the PyTorch docs for the public log
 switches); each is read with a fallback, so a torch that renames one loses that source only.
 """
@@ -24,12 +26,14 @@ import re
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from kiln.diagnose.frames import Place, is_user_file, place_from_summaries, place_from_text, source_line
 from kiln.diagnose.runtime import quiet_torch
+from kiln.diagnose.torch_logs import graph_break_log, listen
 
 _SKIP_MARKERS = ("Skipping the function", "results in a skip", "skip tracing the frame", "frame skipped")
 
@@ -86,10 +90,25 @@ def op_name(node: torch.fx.Node) -> str:
     return f"{module}.{name}"
 
 
+@dataclass
+class Specialization:
+    """A dynamic size that user code forced back to one value (torch's `dynamic` log: `Eq(s0, 16)
+    [guard added]` at the user's line): the line that makes a changing size recompile."""
+
+    source: str
+    """torch's name of the size, e.g. `L['x'].size()[1]`."""
+    value: str
+    place: Place
+
+
 class DynamoCapture:
     """What one diagnosis saw; filled while `capture_dynamo()` is active."""
 
     def __init__(self) -> None:
+        self.specializations: list[Specialization] = []
+        self.limit_hits: list[dict[str, Any]] = []
+        """torch's "hit config.recompile_limit" warnings: that function runs eagerly for new values from then on."""
+        self._symbols: dict[str, str] = {}
         self.graphs: list[GraphInfo] = []
         self.breaks: list[RawBreak] = []
         self.recompiles: list[RawRecompile] = []
@@ -155,6 +174,25 @@ class DynamoCapture:
         failures = getattr(dynamo_utils, "guard_failures", {})
         for code, reasons in list(failures.items()):
             self.recompiles.extend(_group_recompiles(code, list(reasons)))
+
+    def on_shape_log(self, record: logging.LogRecord) -> None:
+        """torch.fx.experimental.symbolic_shapes INFO records: symbols made, and guards that pin one."""
+        msg, args = str(record.msg), record.args if isinstance(record.args, tuple) else ()
+        if msg.startswith("create_symbol %s = %s for %s") and len(args) >= 3:
+            self._symbols[str(args[0])] = str(args[2])
+        elif "[guard added]" in msg and len(args) >= 3:
+            m = re.fullmatch(r"Eq\((s\d+), (-?\d+)\)", str(args[1]))
+            place = place_from_comment("value  # " + str(args[2]))
+            if m and m[1] in self._symbols and place is not None:
+                self.specializations.append(Specialization(self._symbols[m[1]], m[2], place))
+
+    def on_convert_log(self, record: logging.LogRecord) -> None:
+        """torch._dynamo.convert_frame warnings: a recompile limit hit (the frame then runs eagerly)."""
+        args = record.args if isinstance(record.args, tuple) else ()
+        if str(record.msg).startswith("torch._dynamo hit config.") and len(args) >= 3:
+            m = re.match(r"'(\w+)' \((.*):(\d+)\)", str(args[2]))
+            self.limit_hits.append({"limit": str(args[0]), "value": args[1], "function": m[1] if m else str(args[2]),
+                                    "file": m[2] if m else None, "line": int(m[3]) if m else None})
 
     @staticmethod
     def recompile_counts() -> dict[int, int]:
@@ -223,29 +261,31 @@ _GUARD_COMMENT = re.compile(r"\s#\s(?P<code>.*?)\s+#\s(?P<file>\S+):(?P<line>\d+
 
 def _resolve_file(shown: str, code: Any) -> str:
     """torch shortens the path in a guard's comment (`...mp/proj/model.py`): find the real file."""
-    if code.co_filename.endswith(shown):
+    if code is not None and code.co_filename.endswith(shown):
         return code.co_filename
-    if os.path.isfile(shown):
-        return shown
     for module in list(sys.modules.values()):
         file = getattr(module, "__file__", None) or ""
         if file.endswith(shown):
             return file
-    return shown
+    return str(Path(shown).resolve()) if os.path.isfile(shown) else shown
+
+
+def place_from_comment(text: str, code: Any = None) -> Place | None:
+    """The user line torch writes as a comment after a guard or a shape log (`... # code  # file:line in fn`)."""
+    m = _GUARD_COMMENT.search(text)
+    if not m:
+        return None
+    file, line = _resolve_file(m["file"], code), int(m["line"])
+    return Place(file, line, source_line(file, line) or m["code"].strip(), m["func"]) if is_user_file(file) else None
 
 
 def guard_place(guard_line: str, stack: str, code: Any) -> Place:
     """Where a failing guard comes from: the innermost user frame of torch's "User stack trace"; else
     the source line torch writes as a comment after the guard (`guard  # code  # file:line in fn`);
     else the first line of the function that recompiled."""
-    place = place_from_text(stack) if stack else None
+    place = (place_from_text(stack) if stack else None) or place_from_comment(guard_line, code)
     if place is not None:
         return place
-    m = _GUARD_COMMENT.search(guard_line)
-    if m:
-        file, line = _resolve_file(m["file"], code), int(m["line"])
-        if is_user_file(file):
-            return Place(file, line, source_line(file, line) or m["code"].strip(), m["func"])
     file, line = code.co_filename, code.co_firstlineno
     return Place(file, line, source_line(file, line), code.co_name)
 
@@ -282,45 +322,6 @@ def _group_recompiles(code: Any, reasons: list[str]) -> list[RawRecompile]:
     return out
 
 
-class _ListHandler(logging.Handler):
-    def __init__(self, sink: list[str]) -> None:
-        super().__init__(logging.DEBUG)
-        self.sink = sink
-
-    def emit(self, record: logging.LogRecord) -> None:
-        try:
-            text = record.getMessage()
-        except Exception:  # a malformed record must not break the diagnosis
-            return
-        if record.exc_info and record.exc_info[1] is not None:
-            text += f"\nGraph Break Reason: {record.exc_info[1]}"
-        self.sink.append(text)
-
-
-@contextlib.contextmanager
-def _graph_break_log(sink: list[str]) -> Iterator[None]:
-    """Listen to the `graph_breaks` artifact loggers without printing them; restore them after."""
-    import torch._dynamo.convert_frame  # noqa: F401  (creates the artifact loggers)
-    import torch._dynamo.symbolic_convert  # noqa: F401
-
-    names = [n for n in logging.root.manager.loggerDict if n.startswith("torch.") and n.endswith(".__graph_breaks")]
-    handler = _ListHandler(sink)
-    saved = []
-    for name in names:
-        log = logging.getLogger(name)
-        saved.append((log, log.level, log.propagate))
-        log.setLevel(logging.DEBUG)
-        log.propagate = False
-        log.addHandler(handler)
-    try:
-        yield
-    finally:
-        for log, level, propagate in saved:
-            log.removeHandler(handler)
-            log.setLevel(level)
-            log.propagate = propagate
-
-
 @contextlib.contextmanager
 def capture_dynamo() -> Iterator[DynamoCapture]:
     """Start from a clean dynamo state (torch.compiler.reset), record, and reset again on exit so the
@@ -328,7 +329,9 @@ def capture_dynamo() -> Iterator[DynamoCapture]:
     capture = DynamoCapture()
     torch.compiler.reset()
     try:
-        with quiet_torch(), _graph_break_log(capture.log_messages):
+        with (quiet_torch(), graph_break_log(capture.log_messages),
+              listen("torch.fx.experimental.symbolic_shapes", capture.on_shape_log),  # torch's `dynamic` log
+              listen("torch._dynamo.convert_frame", capture.on_convert_log)):
             yield capture
             capture.collect()
     finally:

@@ -10,7 +10,32 @@ from __future__ import annotations
 
 import re
 
+from kiln.diagnose import guards
 from kiln.diagnose.equivalents import RANDOM_CALL, numpy_advice, random_advice
+
+# The recompile kinds (guards.py) are kiln.diagnose.classify's names too.
+from kiln.diagnose.guards import (  # noqa: F401
+    _GUARD_RULES,
+    ARG_COUNT,
+    BOOL_FLAG,
+    CARRIED_VALUE,
+    CONTAINER_KEYS,
+    DTYPE_CHANGE,
+    GLOBAL_STATE,
+    LIST_LENGTH,
+    MATH_CONSTANT,
+    MODULE_ATTRIBUTE,
+    OBJECT_IDENTITY,
+    PYTHON_SCALAR,
+    RECOMPILE_CATEGORIES,
+    RECOMPILE_OTHER,
+    REQUIRES_GRAD,
+    SHAPE_CHANGE,
+    SIZE_SPECIALIZED,
+    STRING_VALUE,
+    classify_guard,
+    user_guard,
+)
 
 DATA_DEPENDENT_BRANCH = "data-dependent branch"
 SCALAR_OUTPUT = "scalar output (.item())"
@@ -22,10 +47,14 @@ DISABLED = "torch.compiler.disable'd function"
 GENERATOR = "next() on a generator"
 COLLECTIVE = "collective or side effect"
 DYNAMIC_SHAPE = "dynamic shape"
+RECURRENT = "recurrent module (RNN/GRU/LSTM)"
+PY_SORT = "Python sorted()/min()/max() over tensors"
+AUTOGRAD_IN_FORWARD = "torch.autograd.grad in forward"
+TORCH_GENERATOR = "torch.Generator passed to a random op"
 OTHER = "other"
 BREAK_CATEGORIES = (
     DATA_DEPENDENT_BRANCH, SCALAR_OUTPUT, PRINT_LOGGING, UNSUPPORTED_CALL, NUMPY, PY_RANDOM, DISABLED, GENERATOR,
-    COLLECTIVE, DYNAMIC_SHAPE, OTHER,
+    COLLECTIVE, DYNAMIC_SHAPE, RECURRENT, PY_SORT, AUTOGRAD_IN_FORWARD, TORCH_GENERATOR, OTHER,
 )
 
 BREAK_HINTS = {
@@ -35,9 +64,8 @@ BREAK_HINTS = {
         "outside the model."
     ),
     SCALAR_OUTPUT: (
-        "Keep the value as a 0-d tensor instead of calling `.item()`/`.tolist()`; if a Python number is needed, set "
-        "`torch._dynamo.config.capture_scalar_outputs = True` (traced as an unbacked symbol), or return the tensor "
-        "and read it after the step (logging once per N steps, not inside forward)."
+        "Keep the value as a 0-d tensor instead of calling `.item()`/`.tolist()` (tensor ops take it as it is), or "
+        "return the tensor and read it after the step (logging once per N steps, not inside forward)."
     ),
     PRINT_LOGGING: (
         "Move the print/log out of forward (log the returned tensors after the step), guard it with "
@@ -64,21 +92,36 @@ BREAK_HINTS = {
         "If the function only calls torch ops, remove the decorator; if one part cannot be traced, move the "
         "decorator onto that part alone."
     ),
-    GENERATOR: (
-        "torch cannot step a Python generator kept on the module, so forward breaks at `next()` on every call and "
-        "the value it yields is baked into the code after the break (a recompile per new value). Precompute the "
-        "values (e.g. a buffer `torch.tensor(values)` indexed by a step-counter tensor), or call `next()` outside "
-        "the model and pass the value in as a tensor argument."
-    ),
+    GENERATOR: guards.GENERATOR_HINT,
     COLLECTIVE: (
         "Keep communication out of forward (DDP/FSDP hooks do it), use synchronous functional collectives "
         "(`torch.distributed._functional_collectives`, no `async_op=True`), or isolate the call behind "
         "`torch.compiler.disable`."
     ),
     DYNAMIC_SHAPE: (
-        "The output shape depends on tensor values (nonzero, unique, boolean masking): set "
-        "`torch._dynamo.config.capture_dynamic_output_shape_ops = True`, or keep shapes static "
-        "(`torch.where` with a mask, `torch.nonzero_static`)."
+        "The output shape depends on tensor values (nonzero, unique, boolean masking): keep shapes static "
+        "(`torch.where` with a mask, `torch.nonzero_static(x, size=N)`)."
+    ),
+    RECURRENT: (
+        "torch.compile does not trace `nn.RNN`/`nn.GRU`/`nn.LSTM`: the layer runs eagerly (it is one fused kernel "
+        "call already), and everything traced around it is split into separate graphs. Compile the parts around it "
+        "instead of the whole model (e.g. `model.encoder.compile()`), or replace the layer by a traceable one."
+    ),
+    PY_SORT: (
+        "Python's `sorted()`/`min()`/`max()` compare tensors one pair at a time in Python, which torch cannot "
+        "trace: do it as one tensor op. Stack the keys (`keys = torch.stack([key(t) for t in items])`), then "
+        "`order = torch.argsort(keys)` (or `torch.sort`) / `i = torch.argmax(keys)` (or `argmin`), and index the "
+        "stacked items with it: `torch.stack(items)[order]`."
+    ),
+    AUTOGRAD_IN_FORWARD: (
+        "A gradient taken inside forward (`torch.autograd.grad`, `requires_grad_()`) is not traced by default: use "
+        "`torch.func` (`torch.func.grad`, `jacrev`, `vjp`), which torch.compile traces, or compile only the "
+        "function whose gradient is taken and call `torch.autograd.grad` outside the compiled code."
+    ),
+    TORCH_GENERATOR: (
+        "A `torch.Generator` object cannot go into a graph, so the random op runs eagerly between two graphs. Draw "
+        "from the default generator instead (seed it with `torch.manual_seed` outside the model; compiled random "
+        "ops follow it), or draw the random tensor outside forward with your generator and pass it in."
     ),
     OTHER: "Read torch's explanation above; `@torch.compiler.disable` on the offending helper makes the boundary explicit.",
 }
@@ -88,6 +131,18 @@ _NUMPY_CODE = re.compile(r"\bnp\.|\bnumpy\b|\.numpy\(\)")
 
 _RULES: list[tuple[str, re.Pattern, re.Pattern | None]] = [
     # (category, pattern on torch's reason, pattern on the user's source line)
+    (RECURRENT, re.compile(r"RNN, GRU, or LSTM|allow_rnn", re.I), re.compile(r"\b(rnn|gru|lstm)\b", re.I)),
+    (
+        PY_SORT,
+        re.compile(r"sort with non-constant key|_call_min_max|handle op (min|max)\b|BuiltinVariable\((sorted|min|max)\)"),
+        re.compile(r"\b(sorted|min|max)\("),
+    ),
+    (
+        AUTOGRAD_IN_FORWARD,
+        re.compile(r"torch\.autograd\.grad|trace_autograd_ops|requires_grad_\(\)", re.I),
+        re.compile(r"\bautograd\.grad\(|\.requires_grad_\("),
+    ),
+    (TORCH_GENERATOR, re.compile(r"Variable\(Generator\)|torch\.Generator"), re.compile(r"\bgenerator\s*=")),
     (
         COLLECTIVE,
         re.compile(r"torch\.distributed|c10d|ProcessGroup|collective|async_op|all_reduce|all_gather|barrier", re.I),
@@ -145,8 +200,18 @@ _RULES: list[tuple[str, re.Pattern, re.Pattern | None]] = [
 ]
 
 
+_gave_up = "Graph break encountered:"
+
+
+def real_reason(reason: str) -> str:
+    """torch's reason without its "Failed to handle graph break gracefully. Skipping the function"
+    wrapper (the frame was skipped), which would otherwise read as a generic skipped call."""
+    return reason.split(_gave_up, 1)[1].strip() if _gave_up in (reason or "") else (reason or "")
+
+
 def classify_break(reason: str, code: str) -> str:
     """The category of a graph break: torch's reason first, the source line as fallback."""
+    reason = real_reason(reason)
     if _COLLECTIVE_CODE.search(code or ""):
         # torch often words a failing collective as a generic skipped call (e.g. `dist.barrier()`).
         return COLLECTIVE
@@ -171,6 +236,9 @@ def break_hint(category: str, reason: str, code: str) -> str:
     """The fix for a break, made concrete for the user's line where kiln knows the replacement:
     the torch call for a NumPy or `random` function, the name of a disabled helper."""
     hint = BREAK_HINTS[category]
+    if category in (UNSUPPORTED_CALL, OTHER):
+        said = torch_words(reason)
+        return (f"torch says: {said} " if said else "") + hint
     if category == NUMPY:
         return numpy_advice(reason, code) + hint
     if category == PY_RANDOM:
@@ -182,9 +250,22 @@ def break_hint(category: str, reason: str, code: str) -> str:
     return hint
 
 
+_GENERIC_HINT = re.compile(r"report an issue|difficult to debug|write Dynamo tracing rules", re.I)
+
+
+def torch_words(reason: str) -> str:
+    """torch's explanation and its own specific hints, one line, for a break kiln has no better words for."""
+    parts = []
+    for ln in real_reason(reason).splitlines():
+        s = ln.strip()
+        if s.startswith(("Explanation:", "Hint:")) and not _GENERIC_HINT.search(s):
+            parts.append(s.split(":", 1)[1].strip().rstrip(".") + ".")
+    return " ".join(parts) or (headline(reason).rstrip(".") + "." if reason else "")
+
+
 def headline(reason: str) -> str:
     """torch's one-line title of a reason (2.13: the gb_type line; older: the first line)."""
-    lines = [ln.strip() for ln in (reason or "").splitlines() if ln.strip()]
+    lines = [ln.strip() for ln in real_reason(reason).splitlines() if ln.strip()]
     skip = ("Encountered graph break when attempting", "Graph Break Reason:")
     for ln in lines:
         if not ln.startswith(skip):
@@ -195,140 +276,10 @@ def headline(reason: str) -> str:
 def explanation(reason: str) -> str:
     """torch's own explanation and hints, without the developer debug context and links."""
     keep = []
-    for ln in (reason or "").splitlines():
+    for ln in real_reason(reason).splitlines():
         s = ln.strip()
         if s.startswith(("Developer debug context", "For more details")):
             continue
         if s.startswith(("Explanation:", "Hint:")):
             keep.append(s)
     return "\n".join(keep) or headline(reason)
-
-
-# --- recompiles ---------------------------------------------------------------------------------
-
-SHAPE_CHANGE = "shape change"
-PYTHON_SCALAR = "python scalar value"
-MATH_CONSTANT = "value fixed by math.*"
-BOOL_FLAG = "bool flag (mode switch)"
-LIST_LENGTH = "list attribute mutated in forward"
-ARG_COUNT = "number of *args"
-CARRIED_VALUE = "value carried across a graph break"
-DTYPE_CHANGE = "dtype change"
-REQUIRES_GRAD = "requires_grad change"
-GLOBAL_STATE = "global state (grad mode / autocast)"
-OBJECT_IDENTITY = "object identity"
-RECOMPILE_OTHER = "other guard"
-RECOMPILE_CATEGORIES = (
-    SHAPE_CHANGE, PYTHON_SCALAR, MATH_CONSTANT, BOOL_FLAG, LIST_LENGTH, ARG_COUNT, CARRIED_VALUE, DTYPE_CHANGE,
-    REQUIRES_GRAD, GLOBAL_STATE, OBJECT_IDENTITY, RECOMPILE_OTHER,
-)
-
-_GUARD_RULES: list[tuple[str, re.Pattern, str]] = [
-    (
-        SHAPE_CHANGE,
-        re.compile(r"size mismatch|stride mismatch|\.size\(\)|\.shape\b|sizes\(\)", re.I),
-        "A tensor's shape changed. torch marks that dimension dynamic after this first recompile (automatic dynamic "
-        "shapes) unless dynamic=False; to skip the specialised first graph, call "
-        "`torch._dynamo.mark_dynamic(x, dim)` on the input before the first call or compile with dynamic=True; "
-        "or pad/bucket inputs to a few fixed sizes.",
-    ),
-    (
-        DTYPE_CHANGE,
-        re.compile(r"dtype mismatch|dtype", re.I),
-        "The input dtype changed, and each dtype gets its own graph: cast inputs to one dtype before the compiled "
-        "call, or accept one cached graph per dtype (each counts against torch._dynamo.config.recompile_limit).",
-    ),
-    (
-        REQUIRES_GRAD,
-        re.compile(r"requires_grad", re.I),
-        "An input's requires_grad changed (e.g. training vs evaluation): one graph per setting is expected; detach "
-        "inputs consistently if the change was accidental.",
-    ),
-    (
-        GLOBAL_STATE,
-        re.compile(r"GLOBAL_STATE|grad_mode|autocast|torch_function_mode", re.I),
-        "Global state differed between calls (grad mode, autocast, ...): each combination compiles once; run "
-        "inference under the same context every time (e.g. always `torch.inference_mode()`).",
-    ),
-    (
-        OBJECT_IDENTITY,
-        re.compile(r"___check_obj_id|ID_MATCH|\bid\(|___check_type_id|TYPE_MATCH", re.I),
-        "A different Python object (a new module, function or class instance) was passed: create it once, "
-        "outside the loop, and reuse it.",
-    ),
-    (
-        PYTHON_SCALAR,
-        re.compile(r"(==|!=)\s*-?\d|\bL\[.*\]\s*==", re.I),
-        "A Python number argument changed and was baked into the graph as a constant: pass it as a tensor "
-        "(`torch.tensor(value)`), or let torch treat it as dynamic after this recompile (automatic dynamic for "
-        "ints/floats; `torch._dynamo.config.specialize_float=False` for floats on older torch).",
-    ),
-]
-
-
-_NAMED = re.compile(r"[LG]\['([^']+)'\]")
-_STACK = re.compile(r"___stack\d+")
-
-
-def user_guard(guard: str) -> str:
-    """torch's guard with `L['x']` written as `x`, as the user wrote it."""
-    return _NAMED.sub(r"\1", guard or "")
-
-
-def _specific_guard(guard: str, code: str, varargs: str | None) -> tuple[str, str] | None:
-    """Guards whose fix depends on what the guarded value is, not only on the guard's form."""
-    if _STACK.search(guard):
-        hint = ("torch guards a value it carries from the code before a graph break into the code after it "
-                "(`___stackN` is its internal name: a value computed just before the break). It changed between calls, "
-                "so the code after the break recompiles each time; fix the graph break on this line (see the graph "
-                "breaks table) and this recompile goes with it.")
-        if re.search(r"\bnext\(", code or ""):
-            hint += " Here it is the value of `next()` on a generator: " + BREAK_HINTS[GENERATOR]
-        return CARRIED_VALUE, hint
-    m = re.search(r"len\((\w+)\)", guard)
-    if m and m[1] == (varargs or "args"):
-        return ARG_COUNT, (
-            f"forward takes `*{m[1]}` and was called with a different number of them: each count is a new graph "
-            "(and counts against torch._dynamo.config.recompile_limit). Stack the inputs into one tensor (one "
-            "argument with a batch or `views` dimension, which dynamic shapes handle), or pad to a fixed count; "
-            "if only a few counts occur, accept one graph per count.")
-    m = re.search(r"(?:len\((self(?:\.\w+)+)\)|^not (self(?:\.\w+)+)$)", guard)
-    if m:
-        attr = m[1] or m[2]
-        return LIST_LENGTH, (
-            f"`{attr}` is a Python list that forward changes (e.g. `.append`) and torch guards on its length, so "
-            "every call recompiles until the recompile limit, then runs eagerly. Return the values from forward "
-            "and collect them outside the compiled model, or keep a preallocated tensor buffer "
-            "(`self.register_buffer`) and write into it at an index tensor.")
-    m = re.search(r"^([\w.]+) (?:==|is) (True|False)$", guard) or re.search(r"___check_obj_id\(([\w.]+),", guard)
-    if m and (m.lastindex == 2 or re.search(rf"^\s*(el)?if (not )?{re.escape(m[1])}\s*:", code or "")):
-        # Older torch guards a bool by identity (True and False are singletons) on its `if` line.
-        return BOOL_FLAG, (
-            f"`{m[1]}` is a bool that switches forward between modes; each value is its own graph (one recompile "
-            "per mode, expected). Compile one function per mode (e.g. a compiled model per value, or "
-            "`functools.partial(model, flag=True)`), or, when the condition is data, use `torch.cond(pred, "
-            "true_fn, false_fn, operands)` to keep both branches in one graph.")
-    math_args = " ".join(re.findall(r"\bmath\.\w+\(([^)]*)\)", code or ""))
-    names = [n for n in re.findall(r"[A-Za-z_][\w.]*", guard) if n.split(".")[-1] in re.findall(r"\w+", math_args)]
-    if "==" in guard and names:
-        return MATH_CONSTANT, (
-            f"`{names[0]}` goes through a `math.*` call on this line, which needs a Python number, so torch bakes "
-            "its value into the graph as a constant and every new value recompiles; dynamic shapes cannot help. "
-            f"Use torch ops on a tensor instead: pass `{names[0]}` as a 0-d tensor and call `torch.exp` / "
-            "`torch.log` / `torch.sqrt` ... on it.")
-    return None
-
-
-def classify_guard(guard: str, code: str = "", varargs: str | None = None) -> tuple[str, str]:
-    """(category, fix) for a failing guard; `code` is the user's source line, `varargs` the name of
-    the recompiled function's `*args` parameter."""
-    specific = _specific_guard(user_guard(guard).strip(), code, varargs)
-    if specific:
-        return specific
-    for category, pattern, hint in _GUARD_RULES:
-        if pattern.search(guard or ""):
-            return category, hint
-    return RECOMPILE_OTHER, (
-        "A guard on this input failed; see the guard text. `TORCH_LOGS=recompiles_verbose` shows every guard that "
-        "failed; if the value is meant to vary, make it a tensor input."
-    )

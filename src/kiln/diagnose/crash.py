@@ -1,7 +1,7 @@
 """Why a compile stage crashed, when the cause is a custom op: which op, where the user calls it, and the fix.
 
 Inductor plans buffers from each op's fake (meta) output, so a custom op whose fake implementation
-reports other strides than its real kernel fails at run time inside inductor's generated code
+reports another shape, strides or dtype than its real kernel fails at run time inside inductor's generated code
 (`assert_size_stride`), far from the user's line; the `*_crossref` backends run every op on fake
 and real tensors and fail where they disagree; an op without any fake implementation fails at
 trace time. torch's own advice (`torch.library.opcheck`, `register_fake`) is kept verbatim.
@@ -22,7 +22,10 @@ _OP_PATTERNS = (
 )
 _ADVICE = re.compile(r"opcheck|register_fake|fake \(aka meta\)|This error most often|library\.html|Please use `")
 _STRIDE_PAIR = re.compile(r"stride (\d+)==(\d+) at dim=(\d+)")
+_SIZE_STRIDE = re.compile(r"size (\d+)==(\d+), stride (\d+)==(\d+) at dim=(\d+)")
 _CROSSREF_STRIDES = re.compile(r"Strides are (\([\d, ]*\)) and (\([\d, ]*\))")
+_CROSSREF_SHAPES = re.compile(r"Shapes (?:torch\.Size\()?(\[[\d, ]*\])\)? and (?:torch\.Size\()?(\[[\d, ]*\])\)? are not equal")
+_CROSSREF_DTYPES = re.compile(r"Dtypes (torch\.\w+) and (torch\.\w+) are not equal")
 NO_FAKE_IMPL = "no fake implementation"
 FAKE_MISMATCH = "fake implementation disagrees with the kernel"
 CUSTOM_OP = "custom op"
@@ -86,14 +89,41 @@ def fake_impl_example(op: str) -> str:
     return f'@torch.library.register_fake("{op}")\ndef _({", ".join(names)}):\n    return {body}'
 
 
-def _stride_note(text: str) -> str:
+def _mismatch(text: str) -> tuple[str, str]:
+    """(what differs: `shape`, `strides` or `dtype`, a note with both values) from inductor's
+    `assert_size_stride` (`expected size R==F, stride R==F at dim=d`, the real kernel's value first)
+    or the crossref check (`Shapes A and B are not equal`, `Strides are A and B`)."""
+    dims = [tuple(int(v) for v in m) for m in _SIZE_STRIDE.findall(text)]
+    if dims:
+        sizes = [f"dim {d[4]}: {d[0]} in the real output, {d[1]} in the fake" for d in dims if d[0] != d[1]]
+        if sizes:
+            return "shape", f" (size at {'; '.join(sizes)})"
+        if any(d[2] != d[3] for d in dims):
+            real, fake = tuple(d[2] for d in dims), tuple(d[3] for d in dims)
+            return "strides", f" (the real kernel returned strides {real}, the fake implementation said {fake})"
     pairs = _STRIDE_PAIR.findall(text)
     if pairs:
         real = tuple(int(a) for a, _, _ in pairs)
         fake = tuple(int(b) for _, b, _ in pairs)
-        return f" (the real kernel returned strides {real}, the fake implementation said {fake})"
-    m = _CROSSREF_STRIDES.search(text)
-    return f" (strides {m[1]} vs {m[2]})" if m else ""
+        return "strides", f" (the real kernel returned strides {real}, the fake implementation said {fake})"
+    for what, pattern in (("shape", _CROSSREF_SHAPES), ("strides", _CROSSREF_STRIDES), ("dtype", _CROSSREF_DTYPES)):
+        m = pattern.search(text)
+        if m:
+            return what, f" ({what} {m[1]} vs {m[2]})"
+    return "metadata", ""
+
+
+_DIFFERENT = {"shape": "a different shape", "strides": "different strides", "dtype": "a different dtype",
+              "metadata": "other metadata"}
+_MISMATCH_FIX = {
+    "shape": "make the fake implementation compute the output shape the kernel returns (e.g. "
+             "`x.new_empty((x.shape[0] // 2, x.shape[1]))` for a kernel that halves the rows, not `torch.empty_like(x)` "
+             "when the shape changes)",
+    "strides": "make the fake implementation return the strides the kernel returns (e.g. `torch.empty_like(x)` when "
+               "the kernel returns a contiguous tensor like x, not `torch.empty_strided` with other strides)",
+    "dtype": "make the fake implementation return the kernel's dtype (`dtype=` of the real output)",
+    "metadata": "make the fake implementation return exactly what the kernel returns (shape, dtype and strides)",
+}
 
 
 def explain_crash(exc: BaseException, stage: str) -> dict[str, Any] | None:
@@ -113,11 +143,10 @@ def explain_crash(exc: BaseException, stage: str) -> dict[str, Any] | None:
     if crossref or "assert_size_stride" in text or "expected size" in text or "mismatched tensor metadata" in text:
         where = (f"stage {stage}: {CROSSREF_MEANING}" if crossref else
                  "inductor planned its buffers from the op's fake output, and the real output does not match")
-        return {"op": op, "kind": FAKE_MISMATCH, "torch_advice": advice,
-                "diagnosis": f"custom op `{op}`: its fake implementation reports other metadata than its real "
-                             f"kernel returns{_stride_note(text)}; {where}",
-                "fix": "make the fake implementation return exactly what the kernel returns (shape, dtype and "
-                       "strides: e.g. `torch.empty_like(x)` when the kernel returns a contiguous tensor like x, not "
-                       f"`torch.empty_strided` with other strides); {opcheck}"}
+        what, note = _mismatch(text)
+        return {"op": op, "kind": FAKE_MISMATCH, "torch_advice": advice, "mismatch": what,
+                "diagnosis": f"custom op `{op}`: its fake implementation reports {_DIFFERENT[what]} than its real "
+                             f"kernel returns{note}; {where}",
+                "fix": f"{_MISMATCH_FIX[what]}; {opcheck}"}
     return {"op": op, "kind": CUSTOM_OP, "torch_advice": advice,
             "diagnosis": f"the failure is in custom op `{op}`", "fix": opcheck}

@@ -1,16 +1,19 @@
 """`kiln explain`: graphs, graph breaks (where, why, how to fix), recompiles, ops per graph.
 
-The target runs once eagerly (a model that fails without compile is not a compile problem), then
-compiled with a recording backend on the example inputs (twice: a recompile on an identical call
-is the model's own), the user's further input sets and the `--vary` variants, and once with
-fullgraph=True for the fullgraph verdict. The default backend is `eager` (dynamo only: breaks and
-recompiles are dynamo's), `aot_eager` with --train so the backward graphs are seen as well.
+The target runs as the user runs it (a training-mode module forward and backward, an eval-mode one
+forward without autograd; `--train`/`--no-train` decide instead): once eagerly (a model that fails
+without compile is not a compile problem), then compiled with a recording backend on the example
+inputs (twice: a recompile on an identical call is the model's own), the user's further input sets
+and the `--vary` variants, and once with fullgraph=True. The backend is `eager` (dynamo only: breaks
+and recompiles are dynamo's), `aot_eager` when backward runs, so the backward graphs are seen too.
+Each mechanical fix is then tried by re-running the calls with it (diagnose/verify.py).
 """
 
 from __future__ import annotations
 
 import contextlib
-import re
+import functools
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -19,11 +22,24 @@ from kiln.diagnose import classify
 from kiln.diagnose.capture import DynamoCapture, RawBreak, capture_dynamo
 from kiln.diagnose.crash import explain_crash
 from kiln.diagnose.expectations import compare_breaks
-from kiln.diagnose.frames import place_from_exception, source_line
+from kiln.diagnose.frames import function_span, place_from_exception
 from kiln.diagnose.inputs import describe_inputs, to_device
-from kiln.diagnose.runtime import call, eager_check, first_line, quiet_stdout, single_process_group
+from kiln.diagnose.recompiles import mark_limit_hits, observe, probe_results, recompile_dicts
+from kiln.diagnose.runtime import (
+    FORWARD_WITH_GRAD,
+    EagerFailure,
+    NothingToBackprop,
+    RunMode,
+    call,
+    eager_check,
+    first_line,
+    quiet_stdout,
+    run_mode,
+    single_process_group,
+)
 from kiln.diagnose.target import Target
 from kiln.diagnose.vary import DEFAULT_VARY, Variant, make_variants
+from kiln.diagnose.verify import verify_fixes
 
 _COLLECTIVE_OPS = ("_c10d_functional", "c10d", "all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")
 COLLECTIVE_IN_GRAPH_HINT = (
@@ -39,8 +55,10 @@ def _break_dict(raw: RawBreak) -> dict[str, Any]:
     category = classify.classify_break(raw.reason, code)
     hint = classify.break_hint(category, raw.reason, code)
     if raw.frame_skipped:
-        hint = ("torch gave up on the whole function after this break (a break inside a loop or a `with` block "
-                "cannot be resumed), so all of it runs eagerly. ") + hint
+        name = f"`{place.function}`" if place and place.function else "the function"
+        hint = (f"torch gave up on {name} at this break (it cannot resume after it: inside a loop, a `with` block, "
+                f"or a call it cannot trace), so all of {name} runs eagerly on every call: none of its ops are "
+                "compiled or fused, only functions it calls are compiled on their own. ") + hint
     return {
         "category": category,
         "reason": classify.headline(raw.reason),
@@ -55,86 +73,20 @@ def _break_dict(raw: RawBreak) -> dict[str, Any]:
     }
 
 
-_RESUME = re.compile(r"torch_dynamo_resume_in_(\w+?)_at_(\d+)$")
-
-
-def _shown_guard(rc) -> str:
-    """The guard in the user's terms: `L['x']` as `x`, torch's `___stackN` as the value it stands for."""
-    guard = classify.user_guard(rc.guard)
-    m = _RESUME.match(rc.function)
-    where = f" at line {m[2]}" if m else ""
-    return re.sub(r"___stack\d+", f"(value carried across the graph break{where})", guard)
-
-
-def _recompile_dicts(recompiles: list, source: str = "your inputs") -> list[dict[str, Any]]:
+def eager_frames(breaks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The functions torch gave up on after a break (frame skipped): each runs eagerly in full on every
+    call, which is the cost of that break beyond the break itself."""
     out = []
-    for rc in recompiles:
-        place = rc.place
-        code = place.code if place else ""
-        resume = _RESUME.match(rc.function)
-        if resume and place:
-            # A guard in the code after a graph break: the line that broke says what the value is.
-            code = source_line(place.file, int(resume[2])) or code
-        category, hint = classify.classify_guard(rc.guard, code, rc.varargs)
-        out.append({
-            "reason": rc.reason,
-            "guard": _shown_guard(rc),
-            "torch_guard": rc.guard,
-            "category": category,
-            "file": place.file if place else None,
-            "line": place.line if place else None,
-            "code": place.code if place else "",
-            "function": rc.function,
-            "hint": hint,
-            "entries_checked": rc.entries_checked,
-            "source": source,
-        })
-    return out
-
-
-_PROBE_TOPICS = {"batch": "your batch size changes", "scalars": "your Python number arguments change",
-                 "dtype": "your input dtypes change", "autocast": "you call it under autocast"}
-
-
-def _topic(kind: str) -> str:
-    return _PROBE_TOPICS.get(kind, f"dimension {kind[3:]} of your inputs changes" if kind.startswith("dim") else kind)
-
-
-def _probe_results(probes: list[tuple[Variant, list]], every_call: bool = False
-                   ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(probe reports, problems) from the `--vary` calls kiln made, grouped by kind.
-
-    The first change of a kind is expected to recompile once (per compiled function) and, for
-    sizes and numbers, to leave a dynamic graph behind (automatic dynamic shapes); a later change
-    that recompiles again means every new value recompiles, a problem the user's run would meet
-    if that input changes. Those recompiles are returned as problems; the rest is the probe's.
-    With `every_call` (the same inputs already recompiled) the probes cannot tell anything: their
-    recompiles are the model's own, not the changed input's, and are not reported as problems."""
-    by_kind: dict[str, list[tuple[Variant, list]]] = {}
-    for variant, rcs in probes:
-        by_kind.setdefault(variant.label.split("=", 1)[0], []).append((variant, rcs))
-    reports, problems = [], []
-    for kind, calls in by_kind.items():
-        first = _recompile_dicts(calls[0][1], f"--vary {calls[0][0].label}")
-        later = [d for variant, rcs in calls[1:] for d in _recompile_dicts(rcs, f"--vary {variant.label}")]
-        topic = _topic(kind)
-        if every_call and (first or later):
-            verdict = f"if {topic}: not judged, the model recompiles on every call even with the same inputs"
-            reports.append({"vary": kind, "variants": [v.label for v, _ in calls], "expected": True,
-                            "verdict": verdict, "recompiles": first + later})
+    for b in breaks:
+        if not (b["frame_skipped"] and b["file"]):
             continue
-        if later:
-            verdict = f"if {topic}: every new value recompiles (see the recompiles table)"
-            problems += later
-        elif not first:
-            verdict = f"if {topic}: no recompile"
-        elif len(calls) == 1:
-            verdict = f"if {topic}: one recompile (expected)"
-        else:
-            verdict = f"if {topic}: one recompile, then a dynamic graph (expected)"
-        reports.append({"vary": kind, "variants": [v.label for v, _ in calls], "expected": not later,
-                        "verdict": verdict, "recompiles": first + later})
-    return reports, problems
+        first, last = function_span(b["file"], b["line"]) or (b["line"], b["line"])
+        name = b["function"] or "?"
+        out.append({"function": name, "file": b["file"], "first_line": first, "last_line": last,
+                    "break_line": b["line"],
+                    "cost": f"all of `{name}` (lines {first}-{last}) runs eagerly on every call: its ops are not "
+                            "compiled or fused; functions it calls are compiled on their own"})
+    return out
 
 
 def _graph_dicts(capture: DynamoCapture) -> list[dict[str, Any]]:
@@ -163,11 +115,11 @@ def _collectives(capture: DynamoCapture) -> list[dict[str, Any]]:
     return found
 
 
-def _run(fn, variant: Variant, train: bool, printed: list[str]):
+def _run(fn, variant: Variant, mode: RunMode, printed: list[str]):
     ctx = torch.autocast(_device_type(variant.inputs), dtype=torch.bfloat16) if variant.autocast else (
         contextlib.nullcontext())
     with quiet_stdout(printed), ctx:
-        return call(fn, variant.inputs, train)
+        return call(fn, variant.inputs, mode.train, grad=mode.grad)
 
 
 def _device_type(inputs: tuple[Any, ...]) -> str:
@@ -177,12 +129,12 @@ def _device_type(inputs: tuple[Any, ...]) -> str:
     return "cpu"
 
 
-def _fullgraph_blocker(module, inputs, backend: str, train: bool, printed: list[str]) -> dict[str, Any] | None:
+def _fullgraph_blocker(module, inputs, backend: str, mode: RunMode, printed: list[str]) -> dict[str, Any] | None:
     """Compile with fullgraph=True: None if it traces as one graph, else the first blocker."""
     with capture_dynamo():
         try:
             with quiet_stdout(printed):
-                call(torch.compile(module, backend=backend, fullgraph=True), inputs, train)
+                call(torch.compile(module, backend=backend, fullgraph=True), inputs, mode.train, grad=mode.grad)
             return None
         except Exception as exc:
             place = place_from_exception(exc)
@@ -191,16 +143,87 @@ def _fullgraph_blocker(module, inputs, backend: str, train: bool, printed: list[
             return brk
 
 
+@dataclass
+class CompiledRuns:
+    """What one compile of the target over a list of calls showed."""
+
+    cap: DynamoCapture
+    log: list[dict[str, Any]]
+    main_graphs: int
+    main_backward: int
+    counts_after: list[dict[int, int]]
+    """Recompiles per code object after each call."""
+
+
+def compile_runs(module, runs: list[Variant], backend: str, mode: RunMode, printed: list[str]) -> CompiledRuns:
+    """Compile the module once with the recording backend and make every call of `runs` in order."""
+    log: list[dict[str, Any]] = []
+    main_graphs = main_backward = 0
+    counts_after: list[dict[int, int]] = []
+    with capture_dynamo() as cap:
+        compiled = torch.compile(module, backend=cap.backend(backend, mode.train))
+        for i, variant in enumerate(runs):
+            entry: dict[str, Any] = {"label": variant.label, "inputs": describe_inputs(variant.inputs), "status": "ok"}
+            try:
+                _run(compiled, variant, mode, printed)
+            except Exception as exc:
+                place = place_from_exception(exc)
+                entry.update(status="error", error=first_line(exc), **(place.as_dict() if place else {}))
+                entry.update(explain_crash(exc, backend) or {})  # a custom op at fault: why and the fix
+            if i == 0:
+                main_graphs = sum(1 for g in cap.graphs if g.kind == "dynamo")
+                main_backward = sum(1 for g in cap.graphs if g.kind == "aot_backward")
+            counts_after.append(cap.recompile_counts())
+            cap.mark()
+            log.append(entry)
+    return CompiledRuns(cap, log, main_graphs, main_backward, counts_after)
+
+
+def _checked_mode(module, base, train: bool | None, printed: list[str], notes: list[str]) -> tuple[RunMode, bool]:
+    """(how to call the target, whether it needs a process group), from one eager call. A training-mode
+    module whose backward cannot run (outputs without grad, an op without an autograd formula) is
+    explained forward-only with autograd on, and the report says why."""
+    mode = run_mode(module, train)
+    try:
+        return mode, eager_check(module, base, mode.train, printed, grad=mode.grad)
+    except NothingToBackprop:
+        if train is not None:
+            raise EagerFailure("--train: the model's outputs do not require grad (nothing to backpropagate)") from None
+        return FORWARD_WITH_GRAD, eager_check(module, base, False, printed, grad=True)
+    except EagerFailure as exc:
+        if train is not None or not mode.train:
+            raise
+        pg_needed = eager_check(module, base, False, printed, grad=True)  # forward alone fails too: raise that
+        notes.append(f"backward fails without compile ({first_line(exc.__cause__ or exc)}): explained forward only, "
+                     "with autograd on; fix backward (or pass --train) to see the training graphs")
+        return RunMode(False, True, "the module is in training mode, but its backward fails without compile: "
+                                    "forward with autograd on"), pg_needed
+
+
+def _fullgraph_verdict(blocker: dict[str, Any] | None, breaks: list[dict[str, Any]], run_ok: bool):
+    """(one graph?, the blocker to show): one graph only when fullgraph=True compiles *and* the model
+    as run has no break; a break that fullgraph=True traces anyway (it captures `.item()`, for one)
+    is still the first blocker of the graph the user gets."""
+    if blocker is None and breaks:
+        blocker = {**breaks[0], "fullgraph_compiles": True, "note": (
+            "torch.compile(fullgraph=True) traces this line differently and compiles, but the compile you run "
+            "(without fullgraph) breaks here; fix the break and both agree")}
+    return blocker is None and run_ok, blocker
+
+
 def explain_target(
     target: Target,
     *,
     backend: str | None = None,
-    train: bool = False,
+    train: bool | None = None,
     vary: list[tuple[str, list[int] | None]] | None = None,
     device: str = "cpu",
+    verify: bool = True,
 ) -> dict[str, Any]:
-    """The explain report as a dict (the JSON keys of `kiln explain --json`, plus details)."""
-    backend = backend or ("aot_eager" if train else "eager")
+    """The explain report as a dict (the JSON keys of `kiln explain --json`, plus details).
+
+    `train` None runs the module as the user does (training mode: forward and backward; eval mode:
+    forward without autograd); `verify` re-runs the check with each mechanical fix applied."""
     module = target.module.to(device)
     base = to_device(target.inputs, device)
     printed: list[str] = []
@@ -216,71 +239,63 @@ def explain_target(
     runs = [Variant("example", base), Variant("example again", base)]
     runs += [Variant(f"input set {i}", to_device(s, device)) for i, s in enumerate(target.input_sets[1:], 1)]
 
-    pg_needed = eager_check(module, base, train, printed)
+    mode, pg_needed = _checked_mode(module, base, train, printed, notes)
+    backend = backend or ("aot_eager" if mode.train else "eager")
     with single_process_group(pg_needed) as made_pg:
         if made_pg:
             notes.append("the model calls torch.distributed: diagnosed inside a 1-process gloo group")
-            eager_check(module, base, train, printed)
+            eager_check(module, base, mode.train, printed, grad=mode.grad)
         for variant in variants:
             # A variant the model rejects without compile (e.g. float64 inputs, float32 weights) says
             # nothing about compilation: leave it out, and say so.
             try:
-                _run(module, variant, train, printed)
+                _run(module, variant, mode, printed)
                 runs.append(variant)
             except Exception as exc:
                 notes.append(f"--vary {variant.label} left out: the model rejects it without compile ({first_line(exc)})")
-        run_log: list[dict[str, Any]] = []
-        main_graphs = main_backward = 0
-        counts_after: list[dict[int, int]] = []  # recompiles per code object after each call
-        with capture_dynamo() as cap:
-            compiled = torch.compile(module, backend=cap.backend(backend, train))
-            for i, variant in enumerate(runs):
-                entry: dict[str, Any] = {"label": variant.label, "inputs": describe_inputs(variant.inputs), "status": "ok"}
-                try:
-                    _run(compiled, variant, train, printed)
-                except Exception as exc:
-                    place = place_from_exception(exc)
-                    entry.update(status="error", error=first_line(exc), **(place.as_dict() if place else {}))
-                    entry.update(explain_crash(exc, backend) or {})  # a custom op at fault: why and the fix
-                if i == 0:
-                    main_graphs = sum(1 for g in cap.graphs if g.kind == "dynamo")
-                    main_backward = sum(1 for g in cap.graphs if g.kind == "aot_backward")
-                counts_after.append(cap.recompile_counts())
-                cap.mark()
-                run_log.append(entry)
+        done = compile_runs(module, runs, backend, mode, printed)
+        cap = done.cap
         # Always the real fullgraph=True compile, so the verdict is the one --fullgraph-check gives
         # (the first break is not always the blocker: fullgraph traces `.item()` differently).
-        blocker = _fullgraph_blocker(module, base, backend, train, printed)
+        blocker = _fullgraph_blocker(module, base, backend, mode, printed)
 
-    breaks = [_break_dict(b) for b in cap.breaks]
-    # Which call caused each recompile: the user's own inputs, or a --vary probe of kiln's.
-    per_run: list[list] = [[] for _ in runs]
-    for rc in cap.recompiles:
-        i = next((i for i, c in enumerate(counts_after) if c.get(rc.code_id, 0) > rc.ordinal), len(runs) - 1)
-        per_run[i].append(rc)
-    is_probe = [any(run is v for v in variants) for run in runs]
-    own = [rc for i, rcs in enumerate(per_run) if not is_probe[i] for rc in rcs]
-    every_call = bool(per_run[1])
-    probe_reports, probe_problems = _probe_results([(runs[i], rcs) for i, rcs in enumerate(per_run) if is_probe[i]],
-                                                   every_call)
-    recompiles = _recompile_dicts(own) + probe_problems
+        breaks = [_break_dict(b) for b in cap.breaks]
+        # Which call caused each recompile: the user's own inputs, or a --vary probe of kiln's.
+        per_run: list[list] = [[] for _ in runs]
+        for rc in cap.recompiles:
+            i = next((i for i, c in enumerate(done.counts_after) if c.get(rc.code_id, 0) > rc.ordinal), len(runs) - 1)
+            per_run[i].append(rc)
+        is_probe = [any(run is v for v in variants) for run in runs]
+        own = [rc for i, rcs in enumerate(per_run) if not is_probe[i] for rc in rcs]
+        every_call = bool(per_run[1])
+        probe_reports, probe_problems = probe_results(
+            [(runs[i], rcs) for i, rcs in enumerate(per_run) if is_probe[i]], every_call)
+        recompiles = recompile_dicts(own) + probe_problems
+        shown = recompiles + [d for p in probe_reports for d in p["recompiles"]]
+        observe(shown, cap.recompiles, cap.specializations)
+        mark_limit_hits(shown, cap.limit_hits)
+        if verify:
+            rerun = functools.partial(compile_runs, module, backend=backend, mode=mode, printed=printed)
+            verify_fixes(module, breaks, [b.reason for b in cap.breaks], recompiles, runs, rerun)
     dynamo_graphs = [g for g in cap.graphs if g.kind == "dynamo"]
-    fullgraph_ok = blocker is None and run_log[0]["status"] == "ok"
+    fullgraph_ok, blocker = _fullgraph_verdict(blocker, breaks, done.log[0]["status"] == "ok")
     result: dict[str, Any] = {
         "target": target.spec,
         "torch": torch.__version__,
         "backend": backend,
-        "train": train,
+        "train": mode.train,
+        "autograd": mode.grad,
+        "mode": mode.why,
         "device": str(device),
         "input_source": target.input_source,
         "inputs": describe_inputs(base),
-        "graph_count": main_graphs,
+        "graph_count": done.main_graphs,
         "graph_break_count": len(breaks),
         "breaks": breaks,
         "recompiles": recompiles,
         "probes": probe_reports,
-        "clean": not breaks and not recompiles and all(run["status"] == "ok" for run in run_log),
-        "ops_per_graph": [len(g.ops) for g in dynamo_graphs[:main_graphs]],
+        "clean": not breaks and not recompiles and all(run["status"] == "ok" for run in done.log),
+        "ops_per_graph": [len(g.ops) for g in dynamo_graphs[:done.main_graphs]],
         "graphs": _graph_dicts(cap),
         "graphs_compiled_total": len(dynamo_graphs),
         "collectives": _collectives(cap),
@@ -288,11 +303,14 @@ def explain_target(
         "fullgraph_checked": True,
         "fullgraph_blocker": blocker,
         "frames_skipped": sum(1 for b in breaks if b["frame_skipped"]),
-        "runs": run_log,
+        "eager_frames": eager_frames(breaks),
+        "recompile_limit_hits": cap.limit_hits,
+        "runs": done.log,
         "seed_expectations": compare_breaks(target.expectations, target.source_file, breaks, cap.graphs),
         "printed_chars": sum(len(p) for p in printed),
         "notes": notes,
     }
-    if train:
-        result["backward_ops_per_graph"] = [len(g.ops) for g in cap.graphs if g.kind == "aot_backward"][:main_backward]
+    if mode.train:
+        result["backward_ops_per_graph"] = [
+            len(g.ops) for g in cap.graphs if g.kind == "aot_backward"][:done.main_backward]
     return result

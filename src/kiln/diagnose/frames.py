@@ -103,3 +103,19 @@ def place_from_exception(exc: BaseException) -> Place | None:
             return place
     tb = traceback.extract_tb(exc.__traceback__) if exc.__traceback__ else []
     return place_from_summaries(list(tb))
+
+
+def function_span(file: str, line: int) -> tuple[int, int] | None:
+    """(first, last) line of the innermost function in `file` that contains `line`."""
+    import ast
+
+    try:
+        tree = ast.parse(Path(file).read_text())
+    except (OSError, SyntaxError, ValueError):
+        return None
+    best = None
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.lineno <= line <= (node.end_lineno or 0):
+            if best is None or node.lineno >= best[0]:
+                best = (node.lineno, node.end_lineno or node.lineno)
+    return best

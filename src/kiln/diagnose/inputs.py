@@ -5,7 +5,9 @@ SPEC grammar (one `--input` per positional argument of forward, in order):
     float16:4x16             a dtype, then the shape
     int64[0,512):2x32        integers drawn from [lo, hi); floats with a range are uniform in it
     float=0.5 / int=3        a Python scalar argument
-Inputs are drawn from a fixed seed, so two runs of a diagnosis see the same numbers.
+Inputs are drawn from a fixed seed, so two runs of a diagnosis see the same numbers. `--inputs-from`
+and a factory's example inputs may hold any Python value (strings, dicts, dataclasses), passed to
+forward as they are.
 """
 
 from __future__ import annotations
@@ -15,11 +17,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.utils._pytree import tree_map
 
 from kiln.config.errors import ConfigError
+from kiln.imports import load_callable
 from kiln.models.spec import InputSpec
 
 DTYPES = ("float32", "float16", "bfloat16", "float64", "int64", "int32", "int16", "int8", "uint8", "bool")
+INPUTS_FROM_FORMS = ("calls.pt", "inputs.npy", "make_inputs.py:calls")
 SPEC_FORMS = ("8x3x224x224", "float16:4x16", "int64[0,512):2x32", "float=0.5", "int=3")
 DEFAULT_BATCH = 4
 """Batch size of inputs made from an InputSpec; not 1, which torch specializes on (0/1 specialization)."""
@@ -95,49 +100,78 @@ def inputs_from_spec(spec: InputSpec, batch: int = DEFAULT_BATCH) -> tuple[torch
     return (_make_tensor(torch.float32, shape, None, None, seed=0),)
 
 
-def _as_input_set(value: Any, where: str) -> tuple[Any, ...]:
-    if isinstance(value, torch.Tensor):
-        return (value,)
-    if isinstance(value, (tuple, list)) and value and all(
-        isinstance(v, (torch.Tensor, int, float, bool)) for v in value
-    ):
+def as_input_set(value: Any) -> tuple[Any, ...]:
+    """forward's positional arguments from one example: a tuple or list is the arguments (tensors or any
+    Python values: strings, dicts, dataclasses), anything else is the one argument."""
+    if isinstance(value, (tuple, list)):
         return tuple(value)
-    raise ConfigError(
-        "--inputs-from", f"{where}: expected a tensor, a tuple of tensors/scalars, or a list of such tuples"
-    )
+    return (value,)
+
+
+def _load_python_sets(spec: str) -> Any:
+    """`--inputs-from file.py:function`: the function returns what a .pt file would hold, as Python
+    values (a dataclass or any object that torch.load's weights_only mode refuses)."""
+    fn = load_callable(spec, "--inputs-from")
+    try:
+        return fn()
+    except Exception as exc:
+        raise ConfigError("--inputs-from", f"{spec}: the function failed: {type(exc).__name__}: {exc}") from None
 
 
 def load_input_sets(path: str) -> list[tuple[Any, ...]]:
     """`--inputs-from FILE`: a .pt file (tensor, tuple of inputs, or a list of input tuples, one per
-    call) or a .npy array. Several input sets are called in order, which is how recompiles show."""
-    file = Path(path).expanduser()
-    if not file.is_file():
-        raise ConfigError("--inputs-from", f"file not found: {file}")
-    if file.suffix == ".npy":
-        import numpy as np
+    call), a .npy array, or `file.py:function` returning the same as Python values. Several input
+    sets are called in order, which is how recompiles show."""
+    if path.endswith(".py") or ".py:" in path:
+        data = _load_python_sets(path)
+        file = Path(path.split(":", 1)[0])
+    else:
+        file = Path(path).expanduser()
+        if not file.is_file():
+            raise ConfigError("--inputs-from", f"file not found: {file}")
+        if file.suffix == ".npy":
+            import numpy as np
 
-        return [(torch.from_numpy(np.load(file)),)]
-    try:
-        data = torch.load(file, map_location="cpu", weights_only=True)
-    except Exception as exc:  # unpickling errors come in many types
-        raise ConfigError("--inputs-from", f"cannot load {file}: {type(exc).__name__}: {exc}") from None
+            return [(torch.from_numpy(np.load(file)),)]
+        try:
+            data = torch.load(file, map_location="cpu", weights_only=True)
+        except Exception as exc:  # unpickling errors come in many types
+            raise ConfigError("--inputs-from", f"cannot load {file} with torch.load(weights_only=True): "
+                              f"{first_line_of(exc)}; for Python objects (dataclasses, ...) give "
+                              "`--inputs-from file.py:function` returning them", INPUTS_FROM_FORMS) from None
     if isinstance(data, list) and data and all(isinstance(d, (tuple, list, torch.Tensor)) for d in data):
         if all(isinstance(d, torch.Tensor) for d in data):
             return [tuple(data)]  # a list of tensors is one call with several arguments
-        return [_as_input_set(d, f"{file} item {i}") for i, d in enumerate(data)]
-    return [_as_input_set(data, str(file))]
+        return [as_input_set(d) for d in data]
+    return [as_input_set(data)]
+
+
+def first_line_of(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"
 
 
 def to_device(inputs: tuple[Any, ...], device: torch.device | str) -> tuple[Any, ...]:
-    return tuple(x.to(device) if isinstance(x, torch.Tensor) else x for x in inputs)
+    """Tensors moved, also inside lists, tuples and dicts; other values as they are."""
+    return tuple(tree_map(lambda x: x.to(device) if isinstance(x, torch.Tensor) else x, list(inputs)))
+
+
+class _Shown(str):
+    def __repr__(self) -> str:
+        return str(self)
+
+
+def _tensor_text(x: torch.Tensor) -> str:
+    return f"{str(x.dtype).removeprefix('torch.')}{list(x.shape)}"
 
 
 def describe_inputs(inputs: tuple[Any, ...]) -> list[str]:
-    """Short text per input for reports: `float32[4, 3, 32, 32]` or `float=0.5`."""
+    """Short text per input for reports: `float32[4, 3, 32, 32]`, `float=0.5`, `dict={'bias': float32[16]}`."""
     out = []
     for x in inputs:
         if isinstance(x, torch.Tensor):
-            out.append(f"{str(x.dtype).removeprefix('torch.')}{list(x.shape)}")
+            out.append(_tensor_text(x))
         else:
-            out.append(f"{type(x).__name__}={x!r}")
+            shown = repr(tree_map(lambda v: _Shown(_tensor_text(v)) if isinstance(v, torch.Tensor) else v, x))
+            out.append(f"{type(x).__name__}={shown if len(shown) <= 60 else shown[:57] + '...'}")
     return out

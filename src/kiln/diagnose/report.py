@@ -28,8 +28,9 @@ def _where(file: str | None, line: int | None) -> str:
 def _summary_line(r: dict[str, Any]) -> Text:
     text = Text()
     text.append(f"{r['target']}", style="bold")
-    text.append(f"  torch {r['torch']}, backend {r['backend']}{', --train' if r['train'] else ''}, inputs "
-                f"{' '.join(r['inputs'])} ({r['input_source']})\n")
+    text.append(f"  torch {r['torch']}, backend {r['backend']}, inputs {' '.join(r['inputs'])} ({r['input_source']})\n")
+    if r.get("mode"):
+        text.append(f"run as: {r['mode']}\n", style="dim")
     if r.get("clean"):
         text.append("clean: no graph breaks and no recompiles on these inputs", style="bold green")
         text.append(f" ({r['graph_count']} graph(s), ops per graph {r['ops_per_graph']})")
@@ -46,7 +47,18 @@ def _summary_line(r: dict[str, Any]) -> Text:
     else:
         b = r.get("fullgraph_blocker") or {}
         where = f" at {_where(b.get('file'), b.get('line'))}" if b.get("file") else ""
-        text.append(f"\nfullgraph=True: fails (first blocker: {b.get('category', 'the run failed')}{where})", style="red")
+        verdict = "compiles, but not as one graph as you run it" if b.get("fullgraph_compiles") else "fails"
+        text.append(f"\nfullgraph=True: {verdict} (first blocker: {b.get('category', 'the run failed')}{where})",
+                    style="red")
+        if b.get("note"):
+            text.append(f"\n  {b['note']}", style="dim")
+    for hit in r.get("recompile_limit_hits", []):
+        text.append(f"\nrecompile limit hit: `{hit['function']}` ({_where(hit['file'], hit['line'])}) reached "
+                    f"torch._dynamo.config.{hit['limit']} ({hit['value']}); calls matching none of its graphs run it "
+                    "eagerly", style="red")
+    for frame in r.get("eager_frames", []):
+        text.append(f"\nran eagerly after a break at {_where(frame['file'], frame['break_line'])}: {frame['cost']}",
+                    style="red")
     return text
 
 
@@ -85,6 +97,8 @@ def _recompiles_table(recompiles: list[dict[str, Any]]) -> Adaptive:
         if len(rows) > 1:
             where.append(f"\n+ {len(rows) - 1} more function(s) after graph breaks: "
                          + ", ".join(f"line {r['line']}" for r in rows[1:]), style="dim")
+        if first.get("times", 0) > 1:
+            where.append(f"\n({first['times']} recompiles of this value)", style="dim")
         table.add_row(str(i), Text(f"[{category}]\n{guard}"), where, first["hint"])
     return Adaptive(table, keep=("where",), title_column=2)
 
@@ -154,6 +168,8 @@ def render_fullgraph(r: dict[str, Any]) -> Group:
                 style="red")
     head.append(f"  {b.get('code', '')}\n", style="cyan")
     head.append(f"  torch: {b.get('reason', '')}\n  fix: {b.get('hint', '')}")
+    if b.get("note"):
+        head.append(f"\n  note: {b['note']}", style="dim")
     parts: list[Any] = [head]
     first_break = r["breaks"][0] if r.get("breaks") else None
     if first_break and (first_break["file"], first_break["line"]) != (b.get("file"), b.get("line")):

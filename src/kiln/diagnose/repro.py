@@ -12,6 +12,7 @@ from string import Template
 from typing import Any
 
 import torch
+from torch.utils._pytree import tree_map
 
 from kiln.models.registry import REGISTRY
 
@@ -22,6 +23,7 @@ Run: python $script_name   (exit status 1: reproduced; 0: not reproduced; 2: the
 """
 
 import copy
+import hashlib
 import importlib
 import importlib.util
 import sys
@@ -45,16 +47,24 @@ TRAIN = $train
 TOL = $tol
 # The model calls torch.distributed in forward: run it in a 1-process gloo group, as kiln doctor did.
 NEEDS_PROCESS_GROUP = $needs_pg
-INPUTS = torch.load(Path(__file__).with_name($inputs_name), weights_only=True)
+
+
+def load_inputs():
+    """The inputs kiln doctor used; weights_only=False only when they hold Python objects of yours (a
+    dataclass) that kiln saved, which load once the model's module is loaded."""
+    return torch.load(Path(__file__).with_name($inputs_name), weights_only=$weights_only)
 
 
 def load_by_path(ref):
     where, _, name = ref.rpartition(":")
     if where.endswith(".py") or "/" in where:
-        sys.path.insert(0, str(Path(where).parent))  # as `python file.py` would: its sibling modules import
-        spec = importlib.util.spec_from_file_location("repro_target", where)
+        path = Path(where).resolve()
+        sys.path.insert(0, str(path.parent))  # as `python file.py` would: its sibling modules import
+        # The module name kiln gave the file, so objects pickled from it (inputs) load back.
+        mod_name = f"kiln_user_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:10]}"
+        spec = importlib.util.spec_from_file_location(mod_name, path)
         module = importlib.util.module_from_spec(spec)
-        sys.modules["repro_target"] = module
+        sys.modules[mod_name] = module
         spec.loader.exec_module(module)
     else:
         module = importlib.import_module(where)
@@ -83,15 +93,16 @@ def upcast(x):
 
 
 def references():
-    """(model, eager results, float64 results): what the compiled run is judged against."""
+    """(model, inputs, eager results, float64 results): what the compiled run is judged against."""
     torch.manual_seed(0)
     model = load_model().eval()
-    eager = run(copy.deepcopy(model), INPUTS)
+    inputs = load_inputs()
+    eager = run(copy.deepcopy(model), inputs)
     try:
-        fp64 = run(copy.deepcopy(model).double(), tuple(upcast(x) for x in INPUTS))
+        fp64 = run(copy.deepcopy(model).double(), tuple(upcast(x) for x in inputs))
     except Exception:  # no float64 kernel for some op: judge against eager alone, as kiln doctor does
         fp64 = {n: None for n in eager}
-    return model, eager, fp64
+    return model, inputs, eager, fp64
 
 
 def main():
@@ -100,7 +111,7 @@ def main():
     if NEEDS_PROCESS_GROUP and not torch.distributed.is_initialized():
         torch.distributed.init_process_group("gloo", store=torch.distributed.HashStore(), rank=0, world_size=1)
     try:
-        model, eager, fp64 = references()
+        model, inputs, eager, fp64 = references()
         backend = load_by_path(BACKEND) if ":" in BACKEND else BACKEND
     except Exception as exc:
         print(f"could not set up the repro (not the compiler's failure): {type(exc).__name__}: {exc}")
@@ -109,7 +120,7 @@ def main():
     torch._inductor.config.fallback_random = True
     torch.manual_seed(0)
     try:
-        compiled = run(torch.compile(copy.deepcopy(model), backend=backend, mode=MODE), INPUTS)
+        compiled = run(torch.compile(copy.deepcopy(model), backend=backend, mode=MODE), inputs)
     except Exception:
         traceback.print_exc()
         print(f"reproduced: backend {BACKEND!r} crashed")
@@ -181,7 +192,13 @@ def write_repro(
     out.mkdir(parents=True, exist_ok=True)
     script = out / f"kiln_repro_{label}.py"
     inputs_file = out / f"kiln_repro_{label}_inputs.pt"
-    torch.save(tuple(x.detach().cpu() if isinstance(x, torch.Tensor) else x for x in inputs), inputs_file)
+    torch.save(tuple(tree_map(lambda x: x.detach().cpu() if isinstance(x, torch.Tensor) else x, list(inputs))),
+               inputs_file)
+    try:  # inputs may hold any Python value; a dataclass needs the full unpickler to load back
+        torch.load(inputs_file, weights_only=True)
+        weights_only = True
+    except Exception:  # unpickling errors come in many types
+        weights_only = False
     target = _absolute_target(target_spec)
     script.write_text(_SCRIPT.substitute(
         target=target,
@@ -201,5 +218,6 @@ def write_repro(
         config_lines=_config_lines(),
         load_body=_USER_LOAD if _is_user_factory(target_spec) else _KILN_LOAD,
         needs_pg=repr(bool(needs_process_group)),
+        weights_only=repr(weights_only),
     ))
     return script

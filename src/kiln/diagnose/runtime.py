@@ -8,6 +8,7 @@ import io
 import logging
 import warnings
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -51,19 +52,25 @@ def quiet_torch() -> Iterator[None]:
             h.removeFilter(drop)
 
 
+class NothingToBackprop(RuntimeError):
+    """The outputs need no grad: a training-mode module kiln runs forward-only, with autograd on."""
+
+
 def loss_of(output: Any) -> torch.Tensor:
     """`--train` backpropagates the sum of every floating-point output that needs grad."""
     parts = [t.float().sum() for t in tree_leaves(output) if isinstance(t, torch.Tensor) and t.requires_grad]
     if not parts:
-        raise RuntimeError("--train: the model's outputs do not require grad (nothing to backpropagate)")
+        raise NothingToBackprop("--train: the model's outputs do not require grad (nothing to backpropagate)")
     return torch.stack(parts).sum()
 
 
-def call(fn: Callable, inputs: tuple[Any, ...], train: bool, module: nn.Module | None = None):
-    """Run forward (and backward with `train`); returns (outputs, {param name: grad})."""
+def call(fn: Callable, inputs: tuple[Any, ...], train: bool, module: nn.Module | None = None,
+         grad: bool | None = None):
+    """Run forward (and backward with `train`); returns (outputs, {param name: grad}). Autograd is on
+    with `train`, or when `grad` says so (a training-mode module run forward-only)."""
     if module is not None:
         module.zero_grad(set_to_none=True)
-    with torch.set_grad_enabled(train):
+    with torch.set_grad_enabled(train if grad is None else grad):
         out = fn(*inputs)
         grads: dict[str, torch.Tensor] = {}
         if train:
@@ -73,16 +80,42 @@ def call(fn: Callable, inputs: tuple[Any, ...], train: bool, module: nn.Module |
     return out, grads
 
 
+@dataclass(frozen=True)
+class RunMode:
+    """How the target is called: backward too (`train`), autograd on in forward (`grad`), and why."""
+
+    train: bool
+    grad: bool
+    why: str
+
+
+def run_mode(module: nn.Module, train: bool | None) -> RunMode:
+    """`--train` / `--no-train` as given; else as the user runs the module: a module in training mode
+    (nn.Module's default) runs forward and backward, one in eval mode forward with autograd off."""
+    if train is not None:
+        return RunMode(train, train, "--train: forward and backward" if train else "--no-train: forward only, autograd off")
+    if module.training:
+        return RunMode(True, True, "the module is in training mode: forward and backward, as a training step runs it")
+    return RunMode(False, False, "the module is in eval mode: forward only, autograd off, as inference runs it")
+
+
+FORWARD_WITH_GRAD = RunMode(False, True, "the module is in training mode but its outputs need no grad: forward "
+                                         "with autograd on, no backward")
+
+
 class EagerFailure(RuntimeError):
     """The target fails without torch.compile: not a compile problem; fix that first (exit 1)."""
 
 
-def eager_check(module: nn.Module, inputs: tuple[Any, ...], train: bool, printed: list[str]) -> bool:
+def eager_check(module: nn.Module, inputs: tuple[Any, ...], train: bool, printed: list[str],
+                grad: bool | None = None) -> bool:
     """Run once without compile; True when it failed only for want of a process group."""
     try:
         with quiet_stdout(printed):
-            call(module, inputs, train)
+            call(module, inputs, train, grad=grad)
         return False
+    except NothingToBackprop:
+        raise
     except Exception as exc:
         if not needs_process_group(exc):
             raise EagerFailure(f"the model fails without torch.compile: {first_line(exc)}") from exc

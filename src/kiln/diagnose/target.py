@@ -2,8 +2,9 @@
 
 TARGET is what `kiln train` takes as `model.name` (a registry name, `timm:`/`hf:` forms,
 `package.module:function`, `path/to/file.py:function`); for `kiln explain`/`doctor` the function may
-also return `(module, example_inputs)`, example_inputs being a tensor or a tuple of tensors and
-Python scalars (the positional arguments of forward). Inputs come, first found wins, from
+also return `(module, example_inputs)`, example_inputs being a tensor or a tuple of forward's
+positional arguments: tensors and any Python values (a string naming a task, a dict, a dataclass),
+called as the user calls forward. Inputs come, first found wins, from
 `--inputs-from`, `--input`, the factory's example inputs, or the model's InputSpec.
 
 A factory's module may declare `KILN_SEED_EXPECTATIONS` (see diagnose/expectations.py): what an
@@ -21,12 +22,12 @@ import torch.nn as nn
 
 from kiln.config.errors import ConfigError
 from kiln.config.schema import ModelConfig
-from kiln.diagnose.inputs import SPEC_FORMS, inputs_from_spec, load_input_sets, parse_input_specs
+from kiln.diagnose.inputs import SPEC_FORMS, as_input_set, inputs_from_spec, load_input_sets, parse_input_specs
 from kiln.models import build_model
 from kiln.models.factory_args import bind_kwargs
 from kiln.models.registry import REGISTRY
 from kiln.models.spec import CONTRACT_HINT, BuiltModel, InputSpec, make_input_spec, spec_from_example
-from kiln.models.user import as_example_inputs, load_factory
+from kiln.models.user import load_factory
 
 
 @dataclass
@@ -70,15 +71,15 @@ def _interpret(result: Any, spec: str) -> tuple[nn.Module, tuple[Any, ...] | Non
         return result, None, None
     if isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], nn.Module):
         module, extra = result
-        inputs = as_example_inputs(extra)
-        if inputs is not None:
-            return module, inputs, spec_from_example(inputs[0])
         if isinstance(extra, (InputSpec, Mapping)):
             return module, None, make_input_spec(extra, where)
+        inputs = as_input_set(extra) if extra is not None else None
+        if inputs:
+            return module, inputs, spec_from_example(inputs[0])
     raise ConfigError(
         "TARGET",
         f"{where} returned {type(result).__name__}; expected an nn.Module, (module, example_inputs) with a tensor "
-        "or a tuple of tensors, (module, InputSpec or dict) or a BuiltModel",
+        "or a tuple of forward's arguments (any Python values), (module, InputSpec or dict) or a BuiltModel",
     )
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.utils._pytree import tree_leaves, tree_map
 
 from kiln.config.errors import ConfigError
 
@@ -57,15 +58,17 @@ def _resize(t: torch.Tensor, dim: int, size: int) -> torch.Tensor:
 
 
 def _dim_variants(base: tuple[Any, ...], dim: int, sizes: list[int] | None, label: str) -> list[Variant]:
-    tensors = [x for x in base if isinstance(x, torch.Tensor) and x.dim() > dim]
+    """Every tensor with that dimension resized, also tensors inside lists, tuples and dicts."""
+    tensors = [x for x in tree_leaves(list(base)) if isinstance(x, torch.Tensor) and x.dim() > dim]
     if not tensors:
         return []
     current = tensors[0].shape[dim]
     sizes = [s for s in (sizes or [current * 2, current * 3]) if s != current]
     out = []
     for size in sizes:
-        inputs = tuple(_resize(x, dim, size) if isinstance(x, torch.Tensor) and x.dim() > dim else x for x in base)
-        out.append(Variant(f"{label}={size}", inputs))
+        inputs = tree_map(lambda x, size=size: _resize(x, dim, size) if isinstance(x, torch.Tensor) and x.dim() > dim
+                          else x, list(base))
+        out.append(Variant(f"{label}={size}", tuple(inputs)))
     return out
 
 

@@ -1,5 +1,6 @@
 """Custom ops as a user writes them with torch.library: a gated activation whose fake implementation
-declares the wrong layout, and a clamp op registered without any fake implementation."""
+declares the wrong layout, a clamp op registered without any fake implementation, and a pooling op
+whose fake implementation declares the wrong shape."""
 
 from __future__ import annotations
 
@@ -52,3 +53,29 @@ def gated():
 def clamped():
     torch.manual_seed(0)
     return ClampedHead(), torch.randn(4, 16)
+
+
+@torch.library.custom_op("kiln_corpus::pool_pairs", mutates_args=())
+def pool_pairs(x: torch.Tensor) -> torch.Tensor:
+    return x.reshape(x.shape[0] // 2, 2, x.shape[1]).mean(1)
+
+
+@pool_pairs.register_fake
+def _(x):
+    # Copied from an elementwise op: the real kernel halves the rows.
+    return torch.empty_like(x)
+
+
+class PairPool(nn.Module):
+    def __init__(self, dim: int = 16) -> None:
+        super().__init__()
+        self.fc = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = pool_pairs(self.fc(x))
+        return h.relu()
+
+
+def pooled():
+    torch.manual_seed(0)
+    return PairPool(), torch.randn(4, 16)
