@@ -8,7 +8,8 @@
 #   bench   kiln bench llm --engines kiln-compiled at BATCHES (default 1,4,16,64) and QUANT (default
 #           none,int4@triton), prompt 512, 128 new tokens, with gpt-fast's rows beside them when a checkout
 #           is carried at .peers/gpt-fast (GPT_FAST=0 leaves them out) -> $R/bench (what is left of ~9 min)
-#           BENCH_S caps this part's seconds (default: what is left).
+#           BENCH_S caps this part's seconds (default: what is left); PREFILL=eager skips the prefill
+#           compiles (shorter warm-up, eager TTFT).
 #   matvec-inductor  the same bench with --decode-matvec inductor (projections by cuBLAS/inductor, the
 #           path batch > 8 took before kiln.llm.triton_rows) -> $R/bench_inductor
 # Each part packs $OUT/decode_batch.tgz after each step; the call's time box is BUDGET_S (default 570 s).
@@ -23,7 +24,8 @@ export TORCHAO_FORCE_SKIP_LOADING_SO_FILES=1
 BUDGET_S=${BUDGET_S:-570}
 left() { echo $(( BUDGET_S - ($(date +%s) - start) )); }
 pack() { tar czf "$OUT/decode_batch.tgz" -C "$R" .; }
-COMMON=(--model llama-3.2-3b --prompt-len 512 --new-tokens 128 --tuning decode --repeats 3 --engines kiln-compiled)
+COMMON=(--model llama-3.2-3b --prompt-len 512 --new-tokens 128 --tuning decode --prefill "${PREFILL:-compiled}" --repeats 3
+        --engines kiln-compiled)
 
 for part in ${PART//,/ }; do
   case $part in
