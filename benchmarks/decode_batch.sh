@@ -10,11 +10,13 @@
 #           is carried at .peers/gpt-fast (GPT_FAST=0 leaves them out) -> $R/bench (what is left of ~9 min)
 #           BENCH_S caps this part's seconds (default: what is left); PREFILL=eager skips the prefill
 #           compiles (shorter warm-up, eager TTFT).
+#   base    kiln-compiled at batch 1 (bf16) from the source tree at .ab/base/src (an earlier commit, carried),
+#           then from this tree, one process each in the same call: the A/B of a change on the batch-1 path -> $R/ab_*
 #   matvec-inductor  the same bench with --decode-matvec inductor (projections by cuBLAS/inductor, the
 #           path batch > 8 took before kiln.llm.triton_rows) -> $R/bench_inductor
 # Each part packs $OUT/decode_batch.tgz after each step; the call's time box is BUDGET_S (default 570 s).
 set -uo pipefail
-VALID="rows bench matvec-inductor"
+VALID="rows bench base matvec-inductor"
 [ -n "${PART:-}" ] || { echo "decode_batch.sh: PART is required (${VALID// /, })" >&2; exit 2; }
 for part in ${PART//,/ }; do
   [[ " $VALID " == *" $part "* ]] || { echo "decode_batch.sh: unknown PART '$part' (${VALID// /, })" >&2; exit 2; }
@@ -37,12 +39,18 @@ for part in ${PART//,/ }; do
     bench)
       peer=()
       if [ "${GPT_FAST:-1}" = 1 ] && [ -f .peers/gpt-fast/generate.py ]; then
-        peer=(--gpt-fast .peers/gpt-fast --gpt-fast-quant none,int4 --gpt-fast-timeout-s $(( $(left) / 3 )))
+        peer=(--gpt-fast .peers/gpt-fast --gpt-fast-quant none,int4 --gpt-fast-timeout-s "${GPT_FAST_S:-$(( $(left) / 2 ))}")
       fi
       cap=$(left); [ "$cap" -gt "${BENCH_S:-$cap}" ] && cap=$BENCH_S
       step bench timeout "$cap" python3 -m kiln bench llm "${COMMON[@]}" --batch "${BATCHES:-1,4,16,64}" \
         --quant "${QUANT:-none,int4@triton}" --deadline-s $(( cap * 2 / 3 )) --end-by-s $(( cap - 20 )) "${peer[@]}" \
         --out "$R/bench" ;;
+    base)
+      for side in base new; do
+        src=src; [ $side = base ] && src=.ab/base/src
+        step "ab_$side" env PYTHONPATH="$PWD/$src:${PYTHONPATH#$PWD/src:}" timeout 150 python3 -m kiln bench llm \
+          "${COMMON[@]}" --batch 1 --quant none --out "$R/ab_$side"
+      done ;;
     matvec-inductor)
       cap=$(left)
       step bench_inductor timeout "$cap" python3 -m kiln bench llm "${COMMON[@]}" --batch "${BATCHES:-1,16}" \
