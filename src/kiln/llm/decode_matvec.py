@@ -9,7 +9,9 @@ kernels of their own. With int4@triton weights (kiln.llm.triton_int4) the norms'
 folded into the projections and the SwiGLU is the gate/up kernel's epilogue. Projections the
 kernel does not read (torchao's int4 and int8 layouts, bitsandbytes) keep their own matmul with
 the norm, SwiGLU and residual add computed around it, which is what `inductor` does for every
-projection. kiln.llm.kernels.use_decode_kernels swaps these calls into a model's decode steps.
+projection. At several rows (batch > 1) dense projections take the model's own matmul with the
+same work around it, and int4@triton ones kiln.llm.triton_rows' kernel (`ROWS_KERNEL_FROM`).
+kiln.llm.kernels.use_decode_kernels swaps these calls into a model's decode steps.
 
 `auto`, the default, is `triton` where it runs (CUDA, fp16/bf16), else `inductor`. Measurements:
 benchmarks/results/h100/llm/decode_matvec.
