@@ -113,3 +113,40 @@ def test_a_live_run_holds_the_dir(tmp_path):
         with pytest.raises(ConfigError, match="in use"):
             RunDirLock(tmp_path).__enter__()
     assert check_run_dir(tmp_path, cfg, "auto") is None  # released: the dir holds no run
+
+
+def test_without_run_dir_the_same_command_continues_the_stopped_run(tmp_path):
+    """A run without --run-dir stopped by Ctrl-C says the same command continues it, and it does:
+    the rerun finds the unfinished run of this config under runs/ (not a new timestamped dir).
+    A completed run, or another config, starts a new dir."""
+    import signal
+    import time
+
+    cmd = [sys.executable, "-m", "kiln", "train", *ARGS, "training.steps=60", "checkpoint.interval=0"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "KILN_FAULT": "slow@1:100"}  # ~6 s of steps to interrupt
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.monotonic() + 120
+    while not [p for p in (tmp_path / "runs").glob("*/metrics.jsonl") if p.read_text().count("\n") >= 2]:
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-2000:]
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    stopped = json.loads((run_dir / "summary.json").read_text())
+    assert stopped["status"] == "stopped" and stopped["steps"] < 60
+    assert f"the same command continues the run in {run_dir.relative_to(tmp_path)}" in err
+
+    again = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, env={**env, "KILN_FAULT": ""},
+                           timeout=600)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "continuing the unfinished run of this config" in again.stderr
+    assert [p.name for p in (tmp_path / "runs").iterdir()] == [run_dir.name]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["steps"] == 60
+    assert summary["resumed_from"].endswith(f"step_{stopped['steps']:08d}")
+
+    fresh = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, env={**env, "KILN_FAULT": ""},
+                           timeout=600)  # the run is complete: a new run, in a new dir
+    assert fresh.returncode == 0, fresh.stderr[-2000:]
+    assert len(list((tmp_path / "runs").iterdir())) == 2 and "continuing" not in fresh.stderr

@@ -138,8 +138,9 @@ class TrainLoop:
                     self.trainer.checkpointer.save(tcfg.steps, self.app, final=True)
                     self.compile_cache.save()
         if self.stopped_by is not None and self.trainer.dist.is_main:  # every rank saved; one line says so
-            log.warning("stopped by %s after step %d; checkpoint saved: the same command continues the run "
-                        "(checkpoint.resume=auto, the default)", self.stopped_by, self.app.progress["step"])
+            log.warning("stopped by %s after step %d; checkpoint saved: the same command continues the run in %s "
+                        "(as does adding --run-dir %s; checkpoint.resume=auto, the default)", self.stopped_by,
+                        self.app.progress["step"], self.trainer.run_dir, self.trainer.run_dir)
         return self.summary()
 
     def one_step(self, step: int, stop: StopOnSignal) -> bool:

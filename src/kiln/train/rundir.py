@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,7 +46,9 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 from kiln.checkpoint.layout import checkpoint_step
+from kiln.checkpoint.storage import newest_intact
 from kiln.monitor.records import read_records
+from kiln.train.runtime import DEFAULT_RUNS_ROOT, default_run_dir, run_slug
 
 # Files whose presence means a directory already holds a run that must not be overwritten.
 RUN_MARKERS = ("summary.json", "metrics.jsonl", "checkpoints")
@@ -105,6 +108,41 @@ def check_run_dir(path: Path, config: Any = None, resume: str = "never", *, lock
         raise ConfigError("--run-dir", f"{path} holds a run of another config ({shown}); choose a new directory, "
                           "or pass checkpoint.resume=<one of its checkpoints> to start from it with this config")
     return "same config"
+
+
+def find_unfinished_run(config: Any, root: Path, slug: str) -> Path | None:
+    """The newest default run dir under `root` (`<stamp>-<slug>[-N]`, as kiln.train.runtime names
+    them) holding an unfinished run of this config with a complete checkpoint, and not in use: what
+    a rerun of a command without --run-dir continues, as it promised when the run stopped. None when
+    there is none (then the rerun starts a new run dir)."""
+    if not root.is_dir():
+        return None
+    pattern = re.compile(rf"(\d{{8}}-\d{{6}})-{re.escape(slug)}(?:-(\d+))?")
+    found = [(m.group(1), int(m.group(2) or 1), p) for p in root.iterdir() if (m := pattern.fullmatch(p.name))]
+    want = identity(config)
+    for _, _, path in sorted(found, reverse=True):
+        if not path.is_dir():
+            continue
+        state = inspect_run_dir(path)
+        if state.status == "completed" or state.saved_identity is None or differences(state.saved_identity, want):
+            continue
+        if newest_intact(path / "checkpoints", hashes=False) is None or lock_holder(path) is not None:
+            continue
+        return path
+    return None
+
+
+def choose_run_dir(config: Any, run_dir: str | Path | None) -> tuple[Path, bool]:
+    """(run dir, whether it continues an unfinished run found under runs/): --run-dir when given;
+    else, with `checkpoint.resume=auto`, the newest unfinished run of this config (so rerunning
+    the same command continues it), else a new timestamped dir."""
+    if run_dir is not None:
+        return Path(run_dir), False
+    if config.checkpoint.resume == "auto":
+        found = find_unfinished_run(config, Path(DEFAULT_RUNS_ROOT), run_slug(config.model.name))
+        if found is not None:
+            return found, True
+    return default_run_dir(config.model.name), False
 
 
 def no_checkpoint_decision(path: Path) -> str:

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from kiln.checkpoint import Checkpointer, config_digest
-from kiln.checkpoint.hf_export import save_model_files
+from kiln.checkpoint.hf_export import save_model_files, tokenizer_dir_of
 from kiln.checkpoint.layout import checkpoint_step
 from kiln.checkpoint.signals import SignalExit
 from kiln.checkpoint.timeline import branch
@@ -31,6 +31,7 @@ from kiln.config.load import save_config
 from kiln.config.schema import Config
 from kiln.cpu.threads import configure_cpu
 from kiln.data import build_data
+from kiln.data.special_tokens import align_config
 from kiln.distributed.env import (
     DistEnv,
     backend_for,
@@ -56,11 +57,11 @@ from kiln.train.loop import TrainLoop
 from kiln.train.rundir import (
     already_complete_summary,
     check_run_dir,
+    choose_run_dir,
     no_checkpoint_decision,
     trim_metrics,
 )
 from kiln.train.runtime import (
-    default_run_dir,
     deterministic_mode,
     resolve_device,
     seed_everything,
@@ -100,9 +101,12 @@ class Trainer:
                                        if self.device.type == "cuda" else None)
         if note and self.dist.is_main:
             log.info(note)
-        self.run_dir = Path(run_dir) if run_dir is not None else default_run_dir(cfg.model.name)
         if multi and run_dir is None:
             raise ConfigError("--run-dir", "several ranks need one run dir chosen up front; pass --run-dir")
+        self.run_dir, continuing = choose_run_dir(cfg, run_dir)
+        if continuing and self.dist.is_main:
+            log.info("continuing the unfinished run of this config in %s (pass --run-dir NEW_DIR to start a new "
+                     "run instead)", self.run_dir)
         # The run dir's lock before any look at the dir, held until `fit` ends: two kiln processes
         # never both decide a dir is theirs. Rank 0 holds it (or its launcher, for it).
         self._lock = RunDirLock(self.run_dir)
@@ -126,6 +130,12 @@ class Trainer:
         check_model_fits(cfg.model, self.device.type, cfg.optim)  # before building a model the host cannot hold
         seed_everything(cfg.training.seed)  # same seed on every rank: identical initial weights
         built = build_model(cfg.model, device=self.device)
+        if built.hf_config is not None and cfg.data.source == "tokens":  # the data's BOS/EOS, not a preset's
+            built.hf_config, changed = align_config(built.hf_config, tokenizer_dir_of(cfg.data.path),
+                                                    explicit=cfg.model.kwargs)
+            if changed and self.dist.is_main:
+                log.info("special tokens from the data's tokenizer: %s",
+                         ", ".join(f"{k} {old} -> {new}" for k, (old, new) in changed.items()))
         self.built = built
         if self.resume_path is not None:  # a checkpoint of another model is bad input: exit 2, nothing written
             self.checkpointer.check_model(self.resume_path, built.module)
