@@ -150,3 +150,32 @@ def test_without_run_dir_the_same_command_continues_the_stopped_run(tmp_path):
                            timeout=600)  # the run is complete: a new run, in a new dir
     assert fresh.returncode == 0, fresh.stderr[-2000:]
     assert len(list((tmp_path / "runs").iterdir())) == 2 and "continuing" not in fresh.stderr
+
+
+def test_a_finished_run_trains_longer_with_its_schedule_continuing(tmp_path, caplog):
+    """Raising training.steps in a finished run's dir continues it from its last checkpoint; the LR
+    does not jump back up the cosine: the extra steps run at the LR the run ended with."""
+    import logging
+
+    from kiln.train.trainer import train
+
+    run_dir = tmp_path / "run"
+    base = [a for a in ARGS if not a.startswith(("training.steps", "training.log_interval"))]
+    base += ["training.log_interval=1", "optim.lr=1e-3", "optim.min_lr_ratio=0.1"]
+    assert train(load_config(None, [*base, "training.steps=12"]), run_dir)["status"] == "completed"
+    with caplog.at_level(logging.INFO, logger="kiln"):
+        summary = train(load_config(None, [*base, "training.steps=20"]), run_dir)
+    assert summary["status"] == "completed" and summary["steps"] == 20
+    assert summary["resumed_from"].endswith("step_00000012")
+    assert "training.steps 12 -> 20" in caplog.text and "steps 13-20 run at its final LR 0.0001" in caplog.text
+    lrs = {r["step"]: r["lr"] for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())}
+    assert sorted(lrs) == list(range(1, 21))
+    assert lrs[1] == pytest.approx(1e-3) and lrs[12] > 1e-4
+    assert all(lrs[s] == pytest.approx(1e-4) for s in range(13, 21))  # no jump back up
+    assert "decay_steps = 12" in (run_dir / "config.toml").read_text()
+
+    before = _snapshot(run_dir)  # the same longer command again: complete, nothing touched
+    assert train(load_config(None, [*base, "training.steps=20"]), run_dir)["already_complete"]
+    assert _snapshot(run_dir) == before
+    with pytest.raises(ConfigError, match="training.steps: 20 -> 8"):  # fewer steps: another run
+        check_run_dir(run_dir, load_config(None, [*base, "training.steps=8"]), "auto")

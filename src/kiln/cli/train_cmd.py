@@ -190,7 +190,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if summary.get("already_complete"):
         print(f"kiln: {trainer.run_dir} already holds the completed run of this config ({summary['steps']} steps); "
-              "nothing to do. Choose a new --run-dir to train again.")
+              "nothing to do. Raise training.steps to train it longer, or choose a new --run-dir to train again.")
         return 0
     if not under_kiln_launcher():  # the kiln launcher prints this line once for the job
         print(summary_line(summary, trainer.run_dir))

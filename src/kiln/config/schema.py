@@ -109,6 +109,8 @@ class OptimConfig:
     """Linear warm-up steps from 0 to `lr`."""
     min_lr_ratio: float = 0.1
     """Final LR as a fraction of `lr` for `cosine` and `linear`."""
+    decay_steps: int = 0
+    """Steps the warm-up + decay spans; 0 = `training.steps`. Past it the LR stays at its final value. Training a finished run longer (a higher `training.steps` in its run dir) keeps the run's span, so the extra steps continue at the LR the run ended with instead of jumping back up the curve."""
 
 
 @dataclass(kw_only=True)

@@ -58,6 +58,7 @@ from kiln.train.rundir import (
     already_complete_summary,
     check_run_dir,
     choose_run_dir,
+    continue_schedule,
     no_checkpoint_decision,
     trim_metrics,
 )
@@ -181,12 +182,19 @@ class Trainer:
         note = "restart" if restarting else check_run_dir(self.run_dir, self.cfg, resume, locked=True)
         if resume == "auto" and note is None:
             return None, False  # nothing there yet: a fresh start
+        if note in ("same config", "longer", "restart"):  # the run's LR schedule continues, never restarts
+            said = continue_schedule(self.run_dir, self.cfg)
+            self.checkpointer.digest = config_digest(self.cfg)
+            if said and self.dist.is_main:
+                log.info(said)
         path = self.checkpointer.resolve_resume(resume)
         if path is not None and resume == "auto" and checkpoint_step(path) >= self.cfg.training.steps:
             return path, True
-        if note == "same config":
+        if note in ("same config", "longer"):
             if path is None:
                 log.warning(no_checkpoint_decision(self.run_dir))
+            elif note == "longer":
+                log.info("%s holds this run with fewer steps: continuing it from %s", self.run_dir, path.name)
             else:
                 log.info("%s holds an unfinished run of this config: continuing it", self.run_dir)
         return path, False
