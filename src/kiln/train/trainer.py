@@ -43,7 +43,6 @@ from kiln.distributed.numa import bind_to_gpu_numa_node
 from kiln.distributed.strategy import resolve_strategy
 from kiln.failure.report import quiet_child_signals
 from kiln.models import build_model
-from kiln.models.host_memory import check_model_fits
 from kiln.monitor.gpu_health import start_gpu_health
 from kiln.monitor.prometheus import check_bindable
 from kiln.monitor.sinks import build_sinks
@@ -54,6 +53,7 @@ from kiln.train.faults import planned_fault
 from kiln.train.features import describe_features, resolve_features
 from kiln.train.finish import finish_run, record_end
 from kiln.train.loop import TrainLoop
+from kiln.train.memory_plan import check_run_fits
 from kiln.train.rundir import (
     already_complete_summary,
     check_run_dir,
@@ -128,7 +128,7 @@ class Trainer:
         self.checkpointer = Checkpointer(self.run_dir, cfg.checkpoint, rank=self.dist.rank,
                                          world_size=self.dist.world_size, config_digest=config_digest(cfg))
         self.resume_path, self.already_complete = self._resolve_run_dir()
-        check_model_fits(cfg.model, self.device.type, cfg.optim)  # before building a model the host cannot hold
+        check_run_fits(cfg, self.device.type)  # before building a model (or a batch) the host cannot hold
         seed_everything(cfg.training.seed)  # same seed on every rank: identical initial weights
         built = build_model(cfg.model, device=self.device)
         if built.hf_config is not None and cfg.data.source == "tokens":  # the data's BOS/EOS, not a preset's
