@@ -150,3 +150,23 @@ def test_words_after_flags_for_a_command_without_overrides_are_bad_input(capsys)
         main(["env", "--json", "extra=1"])
     assert exc.value.code == 2
     assert "extra=1" in capsys.readouterr().err
+
+
+def test_version_and_help_start_without_torch():
+    """`kiln --version` says the version; `kiln --help` (every command's parser) imports no torch,
+    as docs/architecture.md promises, so both answer at once."""
+    import subprocess
+    import sys
+
+    import kiln
+
+    code = ("import sys\nfrom kiln.cli.main import main\n"
+            "try:\n    main([sys.argv[1]])\nexcept SystemExit as exc:\n    assert exc.code == 0, exc.code\n"
+            "heavy = sorted(m for m in ('torch', 'numpy', 'transformers') if m in sys.modules)\n"
+            "print('imported:', heavy)\n")
+    for flag in ("--version", "--help"):
+        out = subprocess.run([sys.executable, "-c", code, flag], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        assert "imported: []" in out.stdout, (flag, out.stdout[-300:])
+        if flag == "--version":
+            assert out.stdout.startswith(f"kiln {kiln.__version__}\n")

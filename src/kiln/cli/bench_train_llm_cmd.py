@@ -14,7 +14,7 @@ PEERS = ("plain", "torchtitan")
 
 
 def add_parser(bsub) -> None:
-    from kiln.bench.llm_train_bench import KILN_RECIPES
+    from kiln.bench.llm_train_recipes import KILN_RECIPES
 
     p = bsub.add_parser(
         "train-llm",
@@ -84,8 +84,9 @@ def parse_recipe(text: str):
 
 def plan(args: argparse.Namespace):
     """TrainLlmOptions from the arguments; ConfigError on any bad input."""
-    from kiln.bench.llm_train_bench import KILN_RECIPES, RowSpec, TrainLlmOptions
+    from kiln.bench.llm_train_bench import RowSpec, TrainLlmOptions
     from kiln.bench.llm_train_plain import Hyper
+    from kiln.bench.llm_train_recipes import KILN_RECIPES
     from kiln.bench.recipes import split_values
     from kiln.config import load_config
     from kiln.llm.config import resolve_model

@@ -37,7 +37,10 @@ def build_parser() -> argparse.ArgumentParser:
         train_cmd,
     )
 
+    from kiln import __version__
+
     parser = _Parser(prog="kiln", description="Fast PyTorch training and inference, with evidence.")
+    parser.add_argument("--version", action="version", version=f"kiln {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     train_cmd.add_parser(sub)
     env_cmd.add_parser(sub)

@@ -24,6 +24,7 @@ from kiln.checkpoint.hf_export import save_model_files, tokenizer_dir_of
 from kiln.checkpoint.layout import checkpoint_step
 from kiln.checkpoint.signals import SignalExit
 from kiln.checkpoint.timeline import branch
+from kiln.compile import cuda_graph_mode_note
 from kiln.compile_cache import compile_cache_dir
 from kiln.compile_defaults import apply_measured_defaults
 from kiln.config.errors import ConfigError
@@ -158,6 +159,8 @@ class Trainer:
         if cfg.compile.enabled and cfg.compile.regional and not built.blocks:
             raise ConfigError("compile.regional", f"{cfg.model.name} has no repeated blocks to compile one by one")
         self.features = resolve_features(cfg, built, self.model, self.policy, self.device, self.train_data)
+        if (mode_note := cuda_graph_mode_note(cfg.compile, self.device.type)) and self.dist.is_main:
+            log.warning(mode_note)
         if cfg.metrics.prometheus and self.dist.is_main:
             check_bindable(cfg.metrics.prometheus_host, cfg.metrics.prometheus_port)
         # Where a failure happened, for its report: step `_step` began, `_steps_done` finished.
