@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -170,3 +171,20 @@ def test_version_and_help_start_without_torch():
         assert "imported: []" in out.stdout, (flag, out.stdout[-300:])
         if flag == "--version":
             assert out.stdout.startswith(f"kiln {kiln.__version__}\n")
+
+
+def test_doctor_writes_its_repro_into_a_run_dir_not_the_current_directory(tmp_path, monkeypatch, capsys):
+    """Without --out, a failing stage's repro script goes to runs/<time>-doctor-<target>/ (named in
+    the report), leaving the directory the user runs kiln from (often their source tree) as it was."""
+    from tests.diagnose.conftest import PLANTED
+
+    monkeypatch.chdir(tmp_path)
+    report = tmp_path / "doctor.json"
+    code = main(["doctor", f"{PLANTED}:relu_net", "--stages", "eager", "--backend", f"{PLANTED}:drift_backend",
+                 "--no-bisect", "--json", str(report)])
+    assert code == 1, capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["doctor.json", "runs"]
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    assert run_dir.name.endswith("-doctor-relu_net")
+    repro = json.loads(report.read_text())["repro"]
+    assert repro is not None and Path(repro).parent.resolve() == run_dir.resolve()
