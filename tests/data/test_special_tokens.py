@@ -75,3 +75,19 @@ def test_an_older_runs_export_takes_the_tokenizers_ids_and_generate_checks_them(
            "--compile", "off"]
     bad_input(gen, ["--model", "'</s>' (id 2)", "stops at [5]", "--stop-tokens 2", "kiln export"])
     assert main([*gen, "--stop-tokens", "2"]) == 0
+
+
+def test_a_vocabulary_smaller_than_the_datas_names_the_setting_that_fixes_it(tmp_path, capsys):
+    from tests.data.test_prepare import english
+
+    (tmp_path / "book.txt").write_text(english(100, 1), encoding="utf-8")
+    prepared = tmp_path / "prepared"
+    assert main(["data", "prepare", str(tmp_path / "book.txt"), "--train-bpe", "300", "--out", str(prepared)]) == 0
+    run = tmp_path / "run"
+    code = main(["train", *BASE, "model.name=llama:llama-tiny", "model.kwargs.vocab_size=280", "data.source=tokens",
+                 f"data.path={prepared}", "--run-dir", str(run)])
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("kiln: error:")]
+    assert code == 2 and len(errors) == 1, errors
+    assert errors[0].startswith("kiln: error: model.kwargs.vocab_size: the model's vocabulary has 280 tokens")
+    assert "set model.kwargs.vocab_size=300 (or more)" in errors[0]
+    assert not run.exists()
