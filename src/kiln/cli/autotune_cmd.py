@@ -145,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
     from rich.console import Console
 
-    from kiln.cli.results import claim_results_dir
+    from kiln.cli.results import claim_results_dir, stopped_line
     from kiln.config.errors import ConfigError
     from kiln.models import build_model
     from kiln.monitor.env import collect_env
@@ -175,7 +175,7 @@ def run(args: argparse.Namespace) -> int:
     with RichProgress(opts.budget_s) as progress:
         search = Search(opts, has_blocks=has_blocks, log=progress.log, progress=progress)
         result = search.run()
-        if nproc:
+        if nproc and not result.stop_reason:
             from kiln.tune.strategy import strategy_stage
 
             strategy_stage(result, opts, nproc, out, log=progress.log)
@@ -202,4 +202,6 @@ def run(args: argparse.Namespace) -> int:
           f" ({verdict}); {len(result.trials)} rows measured in {result.elapsed_s / 60:.1f} min, "
           f"{len(result.not_tried)} not tried; wrote {path}, {', '.join(str(p) for p in written)}")
     print(f"kiln: train with it: kiln train --config {path}")
+    if line := stopped_line(result, out):
+        print(line, file=sys.stderr)
     return 0

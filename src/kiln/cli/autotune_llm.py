@@ -108,7 +108,7 @@ def run(args: argparse.Namespace, cfg, command: str) -> int:
 
     import torch
 
-    from kiln.cli.results import claim_results_dir
+    from kiln.cli.results import claim_results_dir, stopped_line
     from kiln.monitor.env import collect_env
     from kiln.train.runtime import resolve_device
     from kiln.tune.llm_output import result_rows, write_best, write_evidence
@@ -140,4 +140,6 @@ def run(args: argparse.Namespace, cfg, command: str) -> int:
           + f"; {len(result.trials)} rows measured in {result.elapsed_s / 60:.1f} min, {len(result.not_tried)} not "
           f"tried; wrote {path}, {', '.join(str(p) for p in written)}")
     print(f"kiln: train with it: kiln train --config {path}")
+    if line := stopped_line(result, out):
+        print(line, file=sys.stderr)
     return 0

@@ -32,3 +32,12 @@ def show_results(rows: list[dict], renderable, written: dict) -> None:
     counts = {s: sum(r["status"] == s for r in rows) for s in dict.fromkeys(r["status"] for r in rows)}
     summary = ", ".join(f"{n} {s}" for s, n in counts.items())
     print(f"kiln: {len(rows)} rows ({summary}); wrote {', '.join(str(p) for p in written.values())}")
+
+
+def stopped_line(result, out: Path) -> str | None:
+    """The line an autotune search stopped early ends with: why, and that what it measured is kept."""
+    if not getattr(result, "stop_reason", None):
+        return None
+    measured = sum(1 for t in result.trials if t.row.get("status") != "skipped")
+    return (f"kiln: stopped early ({result.stop_reason}): the {measured} rows measured are kept in {out}; "
+            f"{len(result.not_tried)} candidates were not tried (listed there, with why)")

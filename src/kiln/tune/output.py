@@ -167,5 +167,5 @@ def evidence_config(cfg: Config, opts, result: TuneResult, changes: dict[str, tu
                          "default": dataclasses.asdict(result.default), "speedup_vs_default": result.speedup_vs_default,
                          "changes": {k: list(v) for k, v in changes.items()},
                          "not_tried": [{k: v for k, v in n.items() if k != "fields"} for n in result.not_tried],
-                         "notes": result.notes, "stopped_early": result.stopped_early,
+                         "notes": result.notes, "stopped_early": result.stopped_early, "stop_reason": result.stop_reason,
                          "strategy": result.extra.get("strategy")}}
