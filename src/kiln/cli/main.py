@@ -22,6 +22,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from kiln import __version__
     from kiln.cli import (
         advise_cmd,
         autotune_cmd,
@@ -36,8 +37,6 @@ def build_parser() -> argparse.ArgumentParser:
         report_cmd,
         train_cmd,
     )
-
-    from kiln import __version__
 
     parser = _Parser(prog="kiln", description="Fast PyTorch training and inference, with evidence.")
     parser.add_argument("--version", action="version", version=f"kiln {__version__}")

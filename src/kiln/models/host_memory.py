@@ -15,8 +15,6 @@ import os
 import re
 from pathlib import Path
 
-import torch
-
 from kiln.config.errors import ConfigError
 
 GIB = 1 << 30
