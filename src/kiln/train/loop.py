@@ -137,7 +137,9 @@ class TrainLoop:
                 if cfg.checkpoint.save_final:
                     self.trainer.checkpointer.save(tcfg.steps, self.app, final=True)
                     self.compile_cache.save()
-        if self.stopped_by is not None and self.trainer.dist.is_main:  # every rank saved; one line says so
+        if self.stopped_by is not None and self.trainer.dist.is_main and cfg.checkpoint.resume == "never":
+            log.warning("stopped by %s after step %d", self.stopped_by, self.app.progress["step"])  # nothing resumes
+        elif self.stopped_by is not None and self.trainer.dist.is_main:  # every rank saved; one line says so
             log.warning("stopped by %s after step %d; checkpoint saved: the same command continues the run in %s "
                         "(as does adding --run-dir %s; checkpoint.resume=auto, the default)", self.stopped_by,
                         self.app.progress["step"], self.trainer.run_dir, self.trainer.run_dir)
