@@ -167,13 +167,17 @@ def run(args: argparse.Namespace) -> int:
 
     from kiln.bench.llm_train_report import write_report
     from kiln.bench.llm_train_run import run as run_rows
-    from kiln.cli.results import claim_results_dir
+    from kiln.cli.results import claim_results_dir, remove_scratch_on_interrupt
     from kiln.monitor.env import collect_env
 
     out = claim_results_dir(args, f"bench-train-llm-{Path(args.model).name}")
     env, command = collect_env(), shlex.join(["kiln", *sys.argv[1:]])
-    rows, ctx = run_rows(opts, out, log=lambda m: print(f"kiln: {m}", file=sys.stderr, flush=True),
-                         progress=lambda so_far, c: write_report(out, so_far, c, opts, env=env, command=command))
+    try:
+        rows, ctx = run_rows(opts, out, log=lambda m: print(f"kiln: {m}", file=sys.stderr, flush=True),
+                             progress=lambda so_far, c: write_report(out, so_far, c, opts, env=env, command=command))
+    except KeyboardInterrupt:  # the rows written so far stay; the corpus and initial weights are scratch
+        remove_scratch_on_interrupt(out, [out / "data"] if opts.data_dir is None else [])
+        raise
     written = write_report(out, rows, ctx, opts, env=env, command=command)
     print(written["table"])
     counts = {s: sum(r["status"] == s for r in rows) for s in dict.fromkeys(r["status"] for r in rows)}

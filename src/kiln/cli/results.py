@@ -5,6 +5,7 @@ the table, then one line of row statuses and the files written. Shared by the `k
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 
@@ -41,3 +42,25 @@ def stopped_line(result, out: Path) -> str | None:
     measured = sum(1 for t in result.trials if t.row.get("status") != "skipped")
     return (f"kiln: stopped early ({result.stop_reason}): the {measured} rows measured are kept in {out}; "
             f"{len(result.not_tried)} candidates were not tried (listed there, with why)")
+
+
+def remove_scratch_on_interrupt(out: Path, scratch: list[Path]) -> None:
+    """After Ctrl-C: remove what is only scratch (initial weights, corpora, the checkpoints of a
+    point's training run; paths this command created under `out`) and say what was kept and
+    removed; the results written so far stay. The caller re-raises the interruption (exit 130)."""
+    import shutil
+
+    def size(path: Path) -> int:
+        if path.is_file():
+            return path.stat().st_size
+        return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
+
+    removed = []
+    for path in scratch:
+        if path.exists() and out.resolve() in path.resolve().parents:
+            freed = size(path)
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(f"{path} ({freed / 2**30:.2f} GiB)")
+    kept = [p.name for p in (out / "results.json", out / "results.md") if p.exists()]
+    said = f"kept {', '.join(kept)} (the rows finished before it) in {out}" if kept else "no row had finished"
+    print(f"kiln: interrupted: {said}; removed scratch: {', '.join(removed) or 'none'}", file=sys.stderr, flush=True)
