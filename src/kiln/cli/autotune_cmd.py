@@ -64,7 +64,7 @@ def plan(args: argparse.Namespace):
     from kiln.config import load_config
     from kiln.config.errors import ConfigError
     from kiln.config.validate import compile_modes, validate_compile
-    from kiln.precision import resolve_precision
+    from kiln.precision import cpu_bf16_native, resolve_precision
     from kiln.train.runtime import resolve_device
     from kiln.tune.search import TuneOptions
     from kiln.tune.space import SCOPES, Space
@@ -83,9 +83,10 @@ def plan(args: argparse.Namespace):
     device = resolve_device(cfg.training.device)
     gpu = device.type == "cuda"
     precisions = checked_list("--precisions", args.precisions, PRECISIONS)
-    if precisions is None:
+    if precisions is None:  # bf16 where it runs natively: a GPU with bf16, a CPU with AMX / AVX512-BF16
         precisions = [cfg.precision.policy]
-        if gpu and torch.cuda.is_bf16_supported() and "bf16-mixed" not in precisions:
+        native = torch.cuda.is_bf16_supported() if gpu else cpu_bf16_native()
+        if native and "bf16-mixed" not in precisions:
             precisions.append("bf16-mixed")
     for precision in precisions:
         try:

@@ -39,7 +39,9 @@ from kiln.train.runtime import resolve_device
 from kiln.tune import llm_space as sp
 from kiln.tune.budget import BUDGET_SPENT, INTERRUPTED, Budget
 
-STAGES = ("ce", "ac", "batch", "precision", "float8", "compile")
+# The large levers first (precision and compile: 1.5x together where the others gave 1.06x), so a
+# budget that runs out leaves the small ones untried, not them.
+STAGES = ("precision", "compile", "ce", "ac", "batch", "float8")
 PRIOR_S = {"cuda": 90.0, "cpu": 30.0}
 """Cost of a first candidate before any was measured: a compile and a few steps."""
 
