@@ -247,6 +247,10 @@ class MetricsConfig:
     """Address the Prometheus endpoint binds to (loopback by default: not reachable from other machines)."""
     prometheus_port: int = 9464
     """Port of the Prometheus endpoint; 0 picks a free port (logged at start)."""
+    tracker: str = "none"
+    """Experiment tracker that also gets the run's config and metrics (rank 0): `none`, `mlflow` (`MLFLOW_TRACKING_URI`, else the SQLite store RUN_DIR/mlflow.db; `pip install 'kiln[mlflow]'`) or `wandb` (its `WANDB_*` settings, `WANDB_MODE=offline` to stay local; `pip install 'kiln[wandb]'`)."""
+    tracker_project: str = ""
+    """The tracker's experiment (MLflow) or project (W&B); empty: `kiln`."""
 
 
 @dataclass(kw_only=True)
@@ -300,6 +304,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "distributed.compile_strategy": ("auto", "whole", "per_block"),
     "cpu.bind": ("none", "cores", "numa"),
     "metrics.tensorboard": ("auto", "true", "false"),
+    "metrics.tracker": ("none", "mlflow", "wandb"),
 }
 
 # Built-in data sources; anything else must look like `module:function`.

@@ -10,6 +10,7 @@ summary.json). One process and N torchrun ranks run the same code.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import time
@@ -47,6 +48,7 @@ from kiln.models import build_model
 from kiln.monitor.gpu_health import start_gpu_health
 from kiln.monitor.prometheus import check_bindable
 from kiln.monitor.sinks import build_sinks
+from kiln.monitor.trackers import check_tracker
 from kiln.outputs import RunDirLock, held_for_me
 from kiln.precision import apply_precision, resolve_precision, tf32_enabled
 from kiln.train.attention import attention_backend
@@ -161,6 +163,7 @@ class Trainer:
         self.features = resolve_features(cfg, built, self.model, self.policy, self.device, self.train_data)
         if (mode_note := cuda_graph_mode_note(cfg.compile, self.device.type)) and self.dist.is_main:
             log.warning(mode_note)
+        check_tracker(cfg.metrics.tracker)  # a tracker that is not installed: exit 2 before any work
         if cfg.metrics.prometheus and self.dist.is_main:
             check_bindable(cfg.metrics.prometheus_host, cfg.metrics.prometheus_port)
         # Where a failure happened, for its report: step `_step` began, `_steps_done` finished.
@@ -217,7 +220,8 @@ class Trainer:
         lock.callback(self._lock.release)
         if main:
             self._open_run_dir()
-        sinks = build_sinks(cfg.metrics, self.run_dir, cfg.training.steps, is_main=main)
+        sinks = build_sinks(cfg.metrics, self.run_dir, cfg.training.steps, is_main=main,
+                            run_config=dataclasses.asdict(cfg))
         self._health = start_gpu_health(cfg.metrics.gpu_health, self.device, cfg.metrics.gpu_health_period_s)
         summary: dict[str, Any] = {"status": "running", "steps": 0, "run_dir": str(self.run_dir)}
         started = time.perf_counter()
