@@ -89,5 +89,5 @@ def test_a_vocabulary_smaller_than_the_datas_names_the_setting_that_fixes_it(tmp
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("kiln: error:")]
     assert code == 2 and len(errors) == 1, errors
     assert errors[0].startswith("kiln: error: model.kwargs.vocab_size: the model's vocabulary has 280 tokens")
-    assert "set model.kwargs.vocab_size=300 (or more)" in errors[0]
+    assert "set model.kwargs.vocab_size=300 (or more; llama: and hf: models)" in errors[0]
     assert not run.exists()
