@@ -47,6 +47,9 @@ class FakeSession:
                 "compile_s": self.compile_s * compile_factor(recipe) if ok else None,
                 "accuracy": "pass" if recipe.compiled or recipe.cudagraphs else None}
 
+    def has_eager(self, precision, loss="task"):
+        return False
+
     def eager(self, precision, loss="task"):
         return self._row(Recipe.eager(precision)), types.SimpleNamespace(uses_rng=False)
 

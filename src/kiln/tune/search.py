@@ -170,7 +170,8 @@ class Search:
             self._skip(recipe, "CUDA graphs need a CUDA device", stage)
             return None
         label = sp.describe(recipe)
-        self.progress.started(stage, label)  # the first row at a precision also measures its eager reference
+        if not self.session.has_eager(recipe.precision):  # every row's reference, measured once: say so
+            self.progress.started(stage, f"eager {recipe.precision} reference of the rows")
         eager, stop = self._within_budget(lambda: self.session.eager(recipe.precision)[1])
         if stop is not None:
             self._end_row(recipe, stage, label, {"status": "skipped", "reason": stop}, 0.0)
@@ -183,6 +184,7 @@ class Search:
             left = max(0.0, self.budget.left)
             self._skip(recipe, f"estimated {estimate:.0f} s, {left:.0f} s of the budget left", stage)
             return None
+        self.progress.started(stage, label)
         start = time.monotonic()
         row, stop = self._within_budget(lambda: self.session.measure(recipe, retime=warm))
         if stop is not None:
