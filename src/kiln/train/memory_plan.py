@@ -3,9 +3,10 @@ in seconds) of a run that cannot fit, naming the setting that would.
 
 The kernel's OOM killer otherwise finds out after minutes (of compiling, of building weights) and
 leaves no message. The estimate is built on the meta device, so it costs no memory and no
-compute: the model's parameters, then one forward + loss of a micro-batch of meta tensors under
-autograd's saved-tensor hooks, which see every activation backward will read (its real shapes,
-per repeated block). On top of the weights: gradients and optimizer state in the policy's dtypes,
+compute: the model's parameters, then one forward of a micro-batch of meta tensors under autograd's
+saved-tensor hooks, which see every activation backward will read (its real shapes, per repeated
+block), plus the loss's fp32 log-softmax of the logits. Only kiln's own models (the registry,
+`llama:`, `hf:`, `timm:`) run that forward: a user's may do host work or have side effects. On top of the weights: gradients and optimizer state in the policy's dtypes,
 the activations (only each block's input under `training.activation_checkpointing`, plus the one
 block recomputed at a time), and the largest saved tensor once more for its gradient. Not counted:
 what torch.compile itself takes while compiling, allocator slack, DataLoader workers; so a run that
@@ -25,10 +26,10 @@ from kiln.config.schema import Config
 from kiln.data.base import resolve_seq_len
 from kiln.models import build_model
 from kiln.models.host_memory import gib, host_memory, optimizer_slots
+from kiln.models.registry import REGISTRY
 from kiln.models.spec import BuiltModel
 from kiln.precision import resolve_precision
 from kiln.train.cross_entropy import resolve_ce_kernel
-from kiln.train.losses import build_forward_loss
 
 SKIP_ENV = "KILN_SKIP_MEMORY_CHECK"
 # Settings that only pay on a GPU: named when a config holding them is refused on a CPU.
@@ -85,6 +86,7 @@ def saved_activations(built: BuiltModel, cfg: Config, dtype: torch.dtype) -> Act
     acts = Activations(per_block=[0] * len(built.blocks))
     seen: set[int] = set()
     where = [-1]  # index of the block running, -1 outside
+    square = batch[1].shape[-1] if spec_kind(built) == "tokens" else None  # the sequence length
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         base = t._base if t._base is not None else t
@@ -115,18 +117,22 @@ def saved_activations(built: BuiltModel, cfg: Config, dtype: torch.dtype) -> Act
         handles.append(block.register_forward_pre_hook(enter(i)))
         handles.append(block.register_forward_hook(leave))
     ce_kernel = resolve_ce_kernel(cfg.training.ce_kernel, built.hidden_states and built.task == "causal_lm")
-    if ce_kernel in ("chunked", "liger"):  # a fused linear + cross-entropy holds the hidden states, not logits
-        def loss_fn(inputs, targets):
-            return model(inputs, hidden=True).sum()
-    else:
-        loss_fn = build_forward_loss(model, built.task, "plain")
     inputs, targets = batch
-    square = targets.shape[-1] if spec_kind(built) == "tokens" else None
     if dtype != torch.float32 and inputs.is_floating_point():
         inputs = inputs.to(dtype)
     try:
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            loss_fn(inputs, targets)
+            if built.task == "custom":  # the model computes its own loss
+                model(inputs, targets)
+            elif ce_kernel in ("chunked", "liger"):  # a fused linear + cross-entropy: hidden states, no logits
+                model(inputs, hidden=True)
+            else:  # the loss keeps log-softmax of the logits, in fp32: as large as fp32 logits
+                output = model(inputs)
+                logits = output if isinstance(output, torch.Tensor) else getattr(output, "logits", None)
+                if isinstance(logits, torch.Tensor):
+                    size = logits.numel() * 4
+                    acts.outside += size
+                    acts.largest = max(acts.largest, size)
     except Exception:
         return None
     finally:
@@ -167,7 +173,9 @@ def plan_host_memory(cfg: Config, device_type: str) -> HostPlan | None:
     parts = {"weights": num * width, "gradients": num * width,
              "optimizer state": num * (slots * (4 if policy.master_weights else width) + (4 if policy.master_weights
                                                                                             else 0))}
-    acts = saved_activations(built, cfg, policy.param_dtype)
+    # Kiln's own models only: a user's forward may do host work, or have side effects, even on meta.
+    own = cfg.model.name in REGISTRY or cfg.model.name.startswith(("llama:", "hf:", "timm:"))
+    acts = saved_activations(built, cfg, policy.param_dtype) if own else None
     per_sample = 0
     if acts is not None:
         activations = acts.total(cfg.training.activation_checkpointing)
