@@ -31,6 +31,7 @@ from kiln.config.schema import Config
 from kiln.train.runtime import resolve_device
 from kiln.tune import space as sp
 from kiln.tune.budget import BUDGET_SPENT, INTERRUPTED, Budget
+from kiln.tune.space import versus_default
 
 
 class Progress(Protocol):
@@ -406,12 +407,3 @@ class Search:
                               "it passed the accuracy check over the first steps; compare a real run's loss curve too")
         return TuneResult(self.trials, self.default, winner, winner_trial, default, self.not_tried, self.notes,
                           decided_on, self.budget.elapsed, self.stopped, self.stop_reason if self.stopped else None)
-
-
-def versus_default(trials: list[Trial], trial: Trial, default: Recipe, fallback: Trial | None) -> float | None:
-    """How many times faster `trial` is than the config's own recipe, as every table row and the
-    decision read it: against the default's row of the same stage when there is one (confirm
-    rows by their own medians), else against `fallback` (the default's first row) by ratios to
-    eager fp32."""
-    mine = next((t for t in trials if t.recipe == default and t.stage == trial.stage), fallback)
-    return trial.faster_than(mine) if mine is not None else None
