@@ -65,6 +65,19 @@ def apply_compile(model: torch.nn.Module, cfg: CompileConfig, blocks: list[torch
     return model
 
 
+def cuda_graph_mode_note(cfg: CompileConfig, device_type: str) -> str | None:
+    """What a compile mode that records CUDA graphs (reduce-overhead, max-autotune) does off CUDA:
+    the graphs are skipped, so it compiles as the mode without them; None when that does not apply."""
+    if not cfg.enabled or device_type == "cuda" or cfg.backend not in ("", "inductor") or not cfg.mode:
+        return None
+    import torch._inductor
+
+    if not torch._inductor.list_mode_options().get(cfg.mode, {}).get("triton.cudagraphs"):
+        return None
+    return (f"compile.mode={cfg.mode} records CUDA graphs, which a {device_type.upper()} run has none of: it compiles "
+            f"here without them (kiln bench compile skips such recipes off CUDA as CUDA-only)")
+
+
 def compile_function(fn: Callable, cfg: CompileConfig) -> Callable:
     return torch.compile(fn, **compile_kwargs(cfg))
 

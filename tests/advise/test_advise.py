@@ -97,3 +97,22 @@ def test_bad_input_exits_2_with_one_line(tmp_path, bad_input, args, needles):
     out = tmp_path / "a.json"
     bad_input(["advise", "--json", str(out), *args], needles)
     assert not out.exists()
+
+
+def test_ctrl_c_stops_advise_not_only_its_inner_run(tmp_path, capsys):
+    """Ctrl-C during the short profiled run: advise stops there (not only that run, which would
+    print that "the same command continues" its temporary dir), keeps the findings made before it,
+    lists the rest as not run and says so."""
+    data = str(Path(__file__).with_name("interrupting.py"))
+    out = tmp_path / "advise.json"
+    code = main(["advise", "--json", str(out), f"{PLANTED}:aligned", *CPU, f"data.source={data}:interrupting_data",
+                 "data.num_workers=0", "data.shuffle=false"])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    report = json.loads(out.read_text())
+    by = {f["check"]: f for f in report["findings"]}
+    assert report["interrupted"] is True
+    assert by["graph_breaks"]["status"] == "ok" and by["strategy"]["status"] != "n/a"  # made before: kept
+    for check in ("data_loader", "alignment", "precision", "launch_bound"):
+        assert by[check]["status"] == "n/a" and "interrupted (Ctrl-C)" in by[check]["finding"], check
+    assert "stopped by Ctrl-C" in err and "same command continues" not in err

@@ -62,3 +62,30 @@ def test_rows_train_the_same_model_on_the_same_tokens(tmp_path, tiny_config, cap
     md = (out / "results.md").read_text()
     assert "| kiln-eager | kiln | ok |" in md and "FLOPs/token" in md
     assert "4 rows (3 ok, 1 error)" in capsys.readouterr().out
+
+
+def test_ctrl_c_keeps_the_finished_rows_and_removes_the_scratch(tmp_path, tiny_config, monkeypatch, capsys):
+    """Ctrl-C during the second row: results.json keeps the first; OUT/data (the corpus and initial
+    weights, gigabytes for a real model) is removed, and the message says both."""
+    from kiln.bench import llm_train_run
+
+    real = llm_train_run._in_process
+    calls = []
+
+    def second_interrupted(spec, opts, ctx, batches):
+        calls.append(spec.name)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(spec, opts, ctx, batches)
+
+    monkeypatch.setattr(llm_train_run, "_in_process", second_interrupted)
+    out = tmp_path / "out"
+    code = main(["bench", "train-llm", "--model", tiny_config, "--seq-len", "16", "--batch-size", "2",
+                 "--steps", "4", "--warmup", "1", "--lr-warmup", "2", "--precision", "fp32", "--device", "cpu",
+                 "--no-plain-compile", "--rows", "plain,kiln-eager", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 130
+    assert [r["row"] for r in json.loads((out / "results.json").read_text())["results"]] == ["plain"]
+    assert not (out / "data").exists()
+    assert f"kiln: interrupted: kept results.json, results.md (the rows finished before it) in {out}" in err
+    assert f"removed scratch: {out / 'data'} (" in err

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -150,3 +151,40 @@ def test_words_after_flags_for_a_command_without_overrides_are_bad_input(capsys)
         main(["env", "--json", "extra=1"])
     assert exc.value.code == 2
     assert "extra=1" in capsys.readouterr().err
+
+
+def test_version_and_help_start_without_torch():
+    """`kiln --version` says the version; `kiln --help` (every command's parser) imports no torch,
+    as docs/architecture.md promises, so both answer at once."""
+    import subprocess
+    import sys
+
+    import kiln
+
+    code = ("import sys\nfrom kiln.cli.main import main\n"
+            "try:\n    main([sys.argv[1]])\nexcept SystemExit as exc:\n    assert exc.code == 0, exc.code\n"
+            "heavy = sorted(m for m in ('torch', 'numpy', 'transformers') if m in sys.modules)\n"
+            "print('imported:', heavy)\n")
+    for flag in ("--version", "--help"):
+        out = subprocess.run([sys.executable, "-c", code, flag], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        assert "imported: []" in out.stdout, (flag, out.stdout[-300:])
+        if flag == "--version":
+            assert out.stdout.startswith(f"kiln {kiln.__version__}\n")
+
+
+def test_doctor_writes_its_repro_into_a_run_dir_not_the_current_directory(tmp_path, monkeypatch, capsys):
+    """Without --out, a failing stage's repro script goes to runs/<time>-doctor-<target>/ (named in
+    the report), leaving the directory the user runs kiln from (often their source tree) as it was."""
+    from tests.diagnose.conftest import PLANTED
+
+    monkeypatch.chdir(tmp_path)
+    report = tmp_path / "doctor.json"
+    code = main(["doctor", f"{PLANTED}:relu_net", "--stages", "eager", "--backend", f"{PLANTED}:drift_backend",
+                 "--no-bisect", "--json", str(report)])
+    assert code == 1, capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["doctor.json", "runs"]
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    assert run_dir.name.endswith("-doctor-relu_net")
+    repro = json.loads(report.read_text())["repro"]
+    assert repro is not None and Path(repro).parent.resolve() == run_dir.resolve()

@@ -179,3 +179,11 @@ def test_an_unwritable_json_path_is_refused_before_generating(model_dir, tmp_pat
               "under_a_file": tmp_path / "file" / "out.json"}[where]
     bad_input(["generate", "--model", str(model_dir), "--tokens", "1,2,3", "--max-new-tokens", "2", "--device", "cpu",
                "--json", str(target)], ["--json", str(target)])
+
+
+def test_a_run_dir_given_as_model_is_told_to_export_first(tmp_path, bad_input):
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "config.toml").write_text("[model]\nname = 'llama:llama-tiny'\n")
+    bad_input(["generate", "--model", str(run), "--prompt", "hi"],
+              ["--model", "is a kiln run dir", f"kiln export {run} --out {run / 'hf'}"])

@@ -89,6 +89,7 @@ LOWER_BOUNDS = [
     ("optim.momentum", "0", "-0.1"),
     ("optim.warmup_steps", "0", "-1"),
     ("optim.min_lr_ratio", "0", "-0.1"),
+    ("optim.decay_steps", "0", "-1"),
     ("metrics.peak_tflops", "0", "-1"),
     ("training.nonfinite_max_skips", "1", "0"),
     ("distributed.ddp_bucket_cap_mb", "0.001", "0"),
@@ -196,6 +197,10 @@ def test_warmup_longer_than_training():
     err = error_of("training.steps=10", "optim.warmup_steps=11")
     assert err.key == "optim.warmup_steps"
     assert "training.steps" in str(err)
+    # With a schedule span of its own (a run trained longer), the warm-up fits in that span.
+    check("training.steps=20", "optim.decay_steps=10", "optim.warmup_steps=10")
+    err = error_of("training.steps=20", "optim.decay_steps=10", "optim.warmup_steps=11")
+    assert err.key == "optim.warmup_steps" and "optim.decay_steps: 10" in str(err)
 
 
 @pytest.mark.parametrize("device", ["auto", "cpu", "cuda", "cuda:0", "cuda:12"])

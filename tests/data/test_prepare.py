@@ -153,7 +153,8 @@ def test_train_reads_a_prepared_directory(corpus):
     assert x[0].tolist() == tokens[:16].tolist() and y[0].tolist() == tokens[1:17].tolist()
     assert train.batches_per_epoch == (meta.meta["splits"]["train"]["tokens"] - 1) // 16 // 2
     small = type("S", (), {"kind": "tokens", "shape": (16,), "vocab_size": 256, "num_classes": None})()
-    with pytest.raises(ConfigError, match="data.path.*vocabulary of 320 tokens"):
+    with pytest.raises(ConfigError, match=r"vocabulary has 256 tokens but data.path=.* was tokenized with 320: set "
+                                          r"model.kwargs.vocab_size=320"):
         build_data(cfg, small, device="cpu", seed=0)
 
 

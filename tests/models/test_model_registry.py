@@ -36,7 +36,16 @@ def test_task_override_builtin() -> None:
 
 def test_timm_missing(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "timm", None)  # timm is not installable here; force the path
-    with pytest.raises(ConfigError, match=r"model\.name.*timm.*kiln\[vision\]"):
+    import torch
+
+    # A CPU build of torch (this test machine's) is told to take torchvision's CPU wheel, not the
+    # extra whose PyPI torchvision breaks it; a CUDA build is told the extra.
+    monkeypatch.setattr(torch.version, "cuda", None)
+    monkeypatch.setattr(torch.version, "hip", None)
+    with pytest.raises(ConfigError, match=r"model\.name.*timm.*download\.pytorch\.org/whl/cpu.*pip install timm"):
+        build_model(ModelConfig(name="timm:vit_base_patch16_224"))
+    monkeypatch.setattr(torch.version, "cuda", "12.8")
+    with pytest.raises(ConfigError, match=r"model\.name.*timm.*pip install 'kiln\[vision\]'$"):
         build_model(ModelConfig(name="timm:vit_base_patch16_224"))
 
 

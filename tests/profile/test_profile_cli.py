@@ -37,6 +37,16 @@ def test_cpu_profile_writes_trace_and_summary(tmp_path, capsys):
     assert "## Memory" in md and "parameter" in md
 
 
+def test_the_profilers_native_usdt_lines_stay_off_the_console(tmp_path, capfd):
+    """torch's profiler prints `USDT:` probe lines from native code at start and stop: they go to
+    the output dir's dependencies.log, not between kiln's lines."""
+    out = tmp_path / "prof"
+    assert main(["profile", "--out", str(out), "--steps", "2", "--warmup", "1", "--memory-steps", "0", *TINY]) == 0
+    captured = capfd.readouterr()
+    assert "USDT" not in captured.out + captured.err
+    assert "profiled 2 steps" in captured.out + captured.err
+
+
 @pytest.mark.parametrize(("args", "needle"), [
     (["--steps", "0"], "--steps"),
     (["--warmup", "0"], "--warmup"),

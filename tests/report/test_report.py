@@ -147,3 +147,57 @@ def test_a_resumed_runs_report_names_its_segments_and_whole_wall_time(tmp_path):
     assert ("| resumed | 2 segments: steps 1-4 (stopped, SIGTERM, 12.5 s); steps 5-8 (completed, 7.5 s) |"
             in md), md
     assert "| loss (first → final) | 2.0000 → 0.2500 |" in md
+
+
+def test_the_validation_table_says_what_it_shows_and_keeps_the_best_pass():
+    from kiln.report.build import validation_blocks
+    from kiln.report.render import Para, Table
+
+    recs = [{"step": 10 * i, "loss": 3.0, "eval_loss": 3.0 - 0.01 * i} for i in range(1, 21)]
+    recs[13]["eval_loss"] = 1.0  # the best pass, at step 140: not one of the 12 evenly spaced
+    _, para, table = validation_blocks(recs)
+    assert isinstance(para, Para) and isinstance(table, Table)
+    assert "13 of the 20 eval passes" in para.text and "best eval loss, 1.0000, was at step 140" in para.text
+    best = [row for row in table.rows if row[-1] == "best eval loss"]
+    assert [row[0] for row in best] == [140]
+    _, para, table = validation_blocks(recs[:5])
+    assert "each of the 5 eval passes" in para.text and len(table.rows) == 5
+
+
+def test_an_autotune_report_keeps_stage_and_role_and_marks_the_winner(tmp_path):
+    rows = [{"stage": "baseline", "candidate": "fp32 default/model", "role": "default", "status": "ok",
+             "step_ms": 2.0, "speedup_vs_eager_fp32": 1.5, "mode": "default", "speedup": 1.5},
+            {"stage": "confirm", "candidate": "fp32 default/model", "role": "winner", "status": "ok",
+             "step_ms": 1.9, "speedup_vs_eager_fp32": 1.6, "mode": "default", "speedup": 1.6,
+             "reason": None, "flags": "round to round: 2.0 ms in stage baseline, 1.9 ms in confirm " * 3},
+            {"stage": "modes", "candidate": "fp32 max-autotune/model", "role": "", "status": "skipped",
+             "reason": "not tried: estimated 900 s, 12 s of the budget left"}]
+    (tmp_path / "results.json").write_text(json.dumps({"env": {}, "config": {}, "command": "kiln autotune",
+                                                       "results": rows}))
+    assert main(["report", str(tmp_path)]) == 0
+    html = (tmp_path / "report.html").read_text()
+    md = (tmp_path / "report.md").read_text()
+    header = next(line for line in md.splitlines() if line.startswith("| #"))
+    assert header.startswith("| # | stage | candidate | role | status")
+    assert "reason" not in header and "flags" not in header  # long text goes under the table
+    assert '<td class="winner">winner</td>' in html
+    assert "2. fp32 default/model [confirm] WINNER: round to round" in md
+    assert "3. fp32 max-autotune/model [modes]: not tried: estimated 900 s" in md
+
+
+def test_a_killed_runs_report_reads_its_config_and_records(tmp_path):
+    """A run killed before summary.json (the OOM killer): the report says so, and takes compile and
+    precision from config.toml and the losses from metrics.jsonl instead of saying "compile off"."""
+    run_dir = tmp_path / "run"
+    over = ["model.kwargs.hidden_size=32", "model.kwargs.num_layers=2", "data.batch_size=8", "training.steps=6",
+            "training.log_interval=2", "training.device=cpu", "metrics.console=false", "metrics.tensorboard=false"]
+    train(load_config(None, over), run_dir)
+    (run_dir / "summary.json").unlink()
+    text = (run_dir / "config.toml").read_text().replace("[compile]\nenabled = false", "[compile]\nenabled = true")
+    (run_dir / "config.toml").write_text(text)
+    assert main(["report", str(run_dir)]) == 0
+    md = (run_dir / "report.md").read_text()
+    assert "No summary.json: the run was killed" in md
+    assert "status killed or running (no summary.json), 6 steps" in md and "compile default/model" in md
+    assert "compile off" not in md
+    assert re.search(r"\| loss \(first → final\) \| \d\.\d{4} → \d\.\d{4} \|", md)

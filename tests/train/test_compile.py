@@ -133,3 +133,18 @@ def test_compile_cache_dir_context(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "users"))
     with compile_cache_dir("") as used:  # the user's own setting wins
         assert used == tmp_path / "users"
+
+
+def test_a_cuda_graph_mode_off_cuda_is_said_not_silent():
+    """compile.mode=reduce-overhead on a CPU: kiln train says it compiles without CUDA graphs (kiln
+    bench compile skips the recipe there), instead of running it silently as if it applied."""
+    from kiln.compile import cuda_graph_mode_note
+    from kiln.config import load_config
+
+    def note(*over, device="cpu"):
+        return cuda_graph_mode_note(load_config(None, ["compile.enabled=true", *over]).compile, device)
+
+    assert "compile.mode=reduce-overhead records CUDA graphs" in note("compile.mode=reduce-overhead")
+    assert note("compile.mode=max-autotune") is not None
+    assert note("compile.mode=reduce-overhead", device="cuda") is None
+    assert note("compile.mode=default") is None and note("compile.mode=max-autotune-no-cudagraphs") is None

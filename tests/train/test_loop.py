@@ -60,3 +60,33 @@ def test_flops_are_counted_per_step_with_gradient_accumulation(tmp_path, tiny_ov
     trainer.cfg.metrics.mfu = False
     assert count_flops(trainer, batch) is None
     trainer.leave_group()
+
+
+def test_a_classifiers_flops_are_counted_on_two_samples_and_equal_the_whole_batchs(tmp_path, tiny_overrides):
+    """Counting on two samples (seconds, not a CPU minute of the whole batch under the counter)
+    gives the whole batch's count: a classifier's FLOPs are per sample."""
+    from kiln.monitor.flops import count_step_flops
+    from kiln.precision import with_precision
+    from kiln.train.losses import build_forward_loss
+
+    trainer, loop, _ = _loop(tmp_path, tiny_overrides)
+    inputs, targets = batch = next(iter(trainer.train_data))
+    forward_loss = with_precision(build_forward_loss(trainer.model, "classification"), trainer.policy, trainer.device)
+    whole = count_step_flops(lambda: forward_loss(inputs, targets).backward(), device=trainer.device,
+                             module=trainer.model)
+    trainer.model.zero_grad(set_to_none=True)
+    assert inputs.shape[0] == 16 and count_flops(trainer, batch) == whole > 0
+    trainer.leave_group()
+
+
+def test_piped_console_says_what_each_phase_before_the_first_record_does(tmp_path, tiny_overrides, capsys):
+    """With the console piped (no terminal), a line says each phase before the first record: the
+    FLOP count, building the step, the compile, so a minute of work is never silent."""
+    from kiln.cli.main import main
+
+    over = [o for o in tiny_overrides if not o.startswith("metrics.console")]
+    assert main(["train", "--run-dir", str(tmp_path / "run"), *over, "training.steps=2", "metrics.console=true"]) == 0
+    out = capsys.readouterr().out  # the console sink's lines go to stdout
+    phases = ["counting the training step's FLOPs", "building the training step", "step 1/2"]
+    positions = [out.find(p) for p in phases]
+    assert all(p >= 0 for p in positions) and positions == sorted(positions), out[-2000:]

@@ -113,3 +113,69 @@ def test_a_live_run_holds_the_dir(tmp_path):
         with pytest.raises(ConfigError, match="in use"):
             RunDirLock(tmp_path).__enter__()
     assert check_run_dir(tmp_path, cfg, "auto") is None  # released: the dir holds no run
+
+
+def test_without_run_dir_the_same_command_continues_the_stopped_run(tmp_path):
+    """A run without --run-dir stopped by Ctrl-C says the same command continues it, and it does:
+    the rerun finds the unfinished run of this config under runs/ (not a new timestamped dir).
+    A completed run, or another config, starts a new dir."""
+    import signal
+    import time
+
+    cmd = [sys.executable, "-m", "kiln", "train", *ARGS, "training.steps=60", "checkpoint.interval=0"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "KILN_FAULT": "slow@1:100"}  # ~6 s of steps to interrupt
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.monotonic() + 120
+    while not [p for p in (tmp_path / "runs").glob("*/metrics.jsonl") if p.read_text().count("\n") >= 2]:
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-2000:]
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    stopped = json.loads((run_dir / "summary.json").read_text())
+    assert stopped["status"] == "stopped" and stopped["steps"] < 60
+    assert f"the same command continues the run in {run_dir.relative_to(tmp_path)}" in err
+
+    again = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, env={**env, "KILN_FAULT": ""},
+                           timeout=600)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "continuing the unfinished run of this config" in again.stderr
+    assert [p.name for p in (tmp_path / "runs").iterdir()] == [run_dir.name]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["steps"] == 60
+    assert summary["resumed_from"].endswith(f"step_{stopped['steps']:08d}")
+
+    fresh = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, env={**env, "KILN_FAULT": ""},
+                           timeout=600)  # the run is complete: a new run, in a new dir
+    assert fresh.returncode == 0, fresh.stderr[-2000:]
+    assert len(list((tmp_path / "runs").iterdir())) == 2 and "continuing" not in fresh.stderr
+
+
+def test_a_finished_run_trains_longer_with_its_schedule_continuing(tmp_path, caplog):
+    """Raising training.steps in a finished run's dir continues it from its last checkpoint; the LR
+    does not jump back up the cosine: the extra steps run at the LR the run ended with."""
+    import logging
+
+    from kiln.train.trainer import train
+
+    run_dir = tmp_path / "run"
+    base = [a for a in ARGS if not a.startswith(("training.steps", "training.log_interval"))]
+    base += ["training.log_interval=1", "optim.lr=1e-3", "optim.min_lr_ratio=0.1"]
+    assert train(load_config(None, [*base, "training.steps=12"]), run_dir)["status"] == "completed"
+    with caplog.at_level(logging.INFO, logger="kiln"):
+        summary = train(load_config(None, [*base, "training.steps=20"]), run_dir)
+    assert summary["status"] == "completed" and summary["steps"] == 20
+    assert summary["resumed_from"].endswith("step_00000012")
+    assert "training.steps 12 -> 20" in caplog.text and "steps 13-20 run at its final LR 0.0001" in caplog.text
+    lrs = {r["step"]: r["lr"] for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())}
+    assert sorted(lrs) == list(range(1, 21))
+    assert lrs[1] == pytest.approx(1e-3) and lrs[12] > 1e-4
+    assert all(lrs[s] == pytest.approx(1e-4) for s in range(13, 21))  # no jump back up
+    assert "decay_steps = 12" in (run_dir / "config.toml").read_text()
+
+    before = _snapshot(run_dir)  # the same longer command again: complete, nothing touched
+    assert train(load_config(None, [*base, "training.steps=20"]), run_dir)["already_complete"]
+    assert _snapshot(run_dir) == before
+    with pytest.raises(ConfigError, match="training.steps: 20 -> 8"):  # fewer steps: another run
+        check_run_dir(run_dir, load_config(None, [*base, "training.steps=8"]), "auto")

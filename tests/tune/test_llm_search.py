@@ -136,3 +136,34 @@ def test_best_toml_holds_the_winning_keys(tmp_path):
     assert best.model == opts.cfg.model and best.optim == opts.cfg.optim
     assert best_config(opts.cfg, result).data.batch_size == 8
     assert "winner: b8" in path.read_text().splitlines()[1]
+
+
+def test_precision_and_compile_are_searched_before_the_small_knobs():
+    """The large levers first: a budget that runs out leaves ce/ac/batch untried, not compile (an
+    LLM autotune on a CPU spent its budget on them and picked 1.06x where compile + bf16 gave 1.5x)."""
+    fake = FakeGpu()
+    space = sp.LlmSpace(batches=[4, 8], ac=["none", "selective"], ce=["chunked", "plain"], float8=["none"],
+                        compile=["off", "regional"], precision=["bf16-mixed"])
+    result = LlmSearch(_opts(space, overrides=["compile.enabled=false"]), measure=fake, device_type="cpu").run()
+    stages = list(dict.fromkeys(t.stage for t in result.trials))
+    assert stages[:3] == ["baseline", "precision", "compile"]
+    assert result.winner.compile == "regional"  # compile wins (bf16-mixed: no faster in this fake)
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_bf16_is_searched_on_a_cpu_that_runs_it_natively(monkeypatch, native):
+    """`kiln env` and `kiln advise` say bf16 pays on a CPU with AMX / AVX512-BF16: autotune searches it
+    there (both searches), and says why not on a CPU that would emulate it."""
+    import kiln.precision
+    from kiln.cli import autotune_cmd, autotune_llm
+    from kiln.cli.main import build_parser, parse_args
+
+    monkeypatch.setattr(kiln.precision, "cpu_bf16_native", lambda: native)
+    monkeypatch.setattr(kiln.precision, "_warn_emulated_bf16", lambda: None)
+    args = parse_args(build_parser(), ["autotune", "training.device=cpu"])
+    opts, _, _ = autotune_cmd.plan(args)
+    assert ("bf16-mixed" in opts.space.precisions) is native
+    cfg = load_config(None, BASE)
+    searched, why = autotune_llm._precisions_here(cfg, __import__("torch").device("cpu"))
+    assert searched == (["bf16-mixed"] if native else [])
+    assert (why is None) if native else "no native bf16" in why

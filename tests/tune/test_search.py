@@ -47,6 +47,9 @@ class FakeSession:
                 "compile_s": self.compile_s * compile_factor(recipe) if ok else None,
                 "accuracy": "pass" if recipe.compiled or recipe.cudagraphs else None}
 
+    def has_eager(self, precision, loss="task"):
+        return False
+
     def eager(self, precision, loss="task"):
         return self._row(Recipe.eager(precision)), types.SimpleNamespace(uses_rng=False)
 
@@ -367,3 +370,53 @@ def test_the_table_shows_noisy_ratios_as_uncertain_with_their_flags(width):
     console.print(render_table(result, "kiln autotune: test"))
     flat = " ".join(console.export_text().replace("│", " ").split())
     assert "~1.5x?" in flat and "noisy step: planted" in flat and "1.50x" not in flat
+
+
+def test_a_slow_eager_baseline_is_stopped_at_the_budget_not_after_it():
+    """The eager reference is measured inside the budget's hard stop too: a 10-minute budget on a
+    CPU where one eager row takes 25 minutes stops at 10, with the rows and reasons kept."""
+    class SlowEager(FakeSession):
+        def eager(self, precision, loss="task"):
+            time.sleep(30)  # cut short by the budget's alarm
+            return super().eager(precision, loss)
+
+    session = SlowEager({"fp32 eager": 1.0}, "cpu")
+    opts = TuneOptions(cfg=BASE, space=sp.Space(["fp32"], ["default"]), budget_s=1.0)
+    started = time.monotonic()
+    result = Search(opts, has_blocks=False, session_factory=session).run()
+    assert time.monotonic() - started < 10
+    assert result.stop_reason == "time budget spent" and session.measured == []
+    (first,) = [t for t in result.trials]
+    assert first.row["status"] == "skipped" and "budget" in first.row["reason"]
+    assert result.not_tried and all("the search stopped: time budget spent" in n["reason"] for n in result.not_tried)
+
+
+def test_ctrl_c_stops_the_search_and_keeps_what_was_measured():
+    speeds = {"fp32 eager": 1.0, "fp32 default/model": 1.5, "fp32 reduce-overhead/model": 2.0}
+    session = FakeSession(speeds, "cpu")
+    measure = session.measure
+
+    def interrupted_third(recipe, retime=False):
+        if len(session.measured) == 2:
+            raise KeyboardInterrupt
+        return measure(recipe, retime)
+
+    session.measure = interrupted_third
+    opts = TuneOptions(cfg=BASE, space=sp.Space(["fp32"], ["default", "reduce-overhead"]), budget_s=600)
+    result = Search(opts, has_blocks=True, session_factory=session).run()
+    assert result.stop_reason == "interrupted (Ctrl-C)"
+    ok = [t for t in result.trials if t.row["status"] == "ok"]
+    assert len(ok) == 2 and any(t.row["reason"] == "interrupted (Ctrl-C) during this row" for t in result.trials)
+    assert any("the search stopped: interrupted (Ctrl-C)" in n["reason"] for n in result.not_tried)
+    assert len(session.measured) == 2  # nothing measured after the interruption
+    assert any("rows measured before it are kept" in n for n in result.notes)
+
+
+def test_piped_progress_says_when_each_row_starts(capsys):
+    from kiln.tune.progress import RichProgress
+
+    with RichProgress(600) as progress:  # stderr is not a terminal here, as when piped
+        progress.planned(3)
+        progress.started("baseline", "fp32 eager")
+    err = capsys.readouterr().err
+    assert "[baseline] fp32 eager: measuring (row 1 of 3" in err

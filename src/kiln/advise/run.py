@@ -32,12 +32,24 @@ def _compute_dtype(policy) -> torch.dtype:
     return policy.autocast_dtype or policy.param_dtype
 
 
-def _guard(findings: list[Finding], check: str, title: str, fn: Callable[[], Finding], say: Callable[[str], None]):
+INTERRUPTED = "interrupted (Ctrl-C)"
+
+
+def _guard(findings: list[Finding], check: str, title: str, fn: Callable[[], Finding], say: Callable[[str], None],
+           stop: dict[str, bool]):
+    """Run one check into `findings`; after a Ctrl-C (`stop["interrupted"]`) the rest are listed as
+    not run, the findings made so far are kept."""
+    if stop["interrupted"]:
+        findings.append(Finding(check, title, "n/a", f"not run: {INTERRUPTED}"))
+        return
     say(f"checking {title}")
     try:
         findings.append(fn())
     except ConfigError:
         raise
+    except KeyboardInterrupt:
+        stop["interrupted"] = True
+        findings.append(Finding(check, title, "n/a", f"{INTERRUPTED} during this check"))
     except Exception as exc:  # one broken check must not hide the others
         log.debug("advise check %s failed", check, exc_info=True)
         findings.append(failed(check, title, exc))
@@ -61,6 +73,7 @@ def advise(cfg: Config, *, measure: bool = True, say: Callable[[str], None] | No
     if policy.param_dtype != torch.float32:
         inputs = tuple(x.to(policy.param_dtype) if x.is_floating_point() else x for x in inputs)
     findings: list[Finding] = []
+    stop = {"interrupted": False}
     cpu = cpu_settings(cfg.cpu) if device.type == "cpu" else contextlib.nullcontext()
     with tf32_enabled(cfg.precision.tf32), cpu:
         def forward() -> Any:
@@ -69,46 +82,54 @@ def advise(cfg: Config, *, measure: bool = True, say: Callable[[str], None] | No
 
         gemms: list = []
         _guard(findings, "graph_breaks", "graph breaks (torch.compile)", lambda: static.check_graph_breaks(
-            explain_target(Target(cfg.model.name, module, [inputs], "config"), vary=[], device=str(device)), cfg), say)
+            explain_target(Target(cfg.model.name, module, [inputs], "config"), vary=[], device=str(device)), cfg), say, stop)
         num_params = sum(p.numel() for p in module.parameters())
         param_bytes = torch.finfo(policy.param_dtype).bits // 8
         _guard(findings, "strategy", "DDP vs FSDP fit",
-               lambda: static.check_strategy(cfg, num_params, param_bytes, device), say)
+               lambda: static.check_strategy(cfg, num_params, param_bytes, device), say, stop)
         if device.type == "cpu":
-            _guard(findings, "cpu_threads", "CPU threads and pinning", lambda: static.check_cpu_threads(cfg), say)
+            _guard(findings, "cpu_threads", "CPU threads and pinning", lambda: static.check_cpu_threads(cfg), say, stop)
         run: dict[str, Any] | None = None
-        if measure:
-            say("a short profiled training run of the config")
+        if measure and not stop["interrupted"]:
+            say("a short profiled training run of the config (in a temporary directory, removed after)")
             try:
                 with filtered_fds():  # the profiler's native `USDT:` lines go to dependencies.log
                     run = runs.short_profile(cfg)
             except ConfigError:
                 raise
+            except KeyboardInterrupt:  # the whole of advise stops, not only its inner run
+                stop["interrupted"] = True
             except Exception as exc:
                 findings.append(failed("data_loader", "data loader keeps up", exc))
         if run is not None:
-            _guard(findings, "data_loader", "data loader keeps up", lambda: runs.check_data_loader(cfg, run), say)
+            _guard(findings, "data_loader", "data loader keeps up", lambda: runs.check_data_loader(cfg, run), say, stop)
         elif not any(f.check == "data_loader" for f in findings):
-            findings.append(Finding("data_loader", "data loader keeps up", "n/a", "needs a short training run (--measure)"))
+            why = f"not run: {INTERRUPTED}" if stop["interrupted"] else "needs a short training run (--measure)"
+            findings.append(Finding("data_loader", "data loader keeps up", "n/a", why))
         recipe, blocks = config_recipe(cfg), bool(built.blocks)
-        with runs.measuring_session(cfg, recipe, blocks) if measure else contextlib.nullcontext() as session:
+        measuring = measure and not stop["interrupted"]
+        with runs.measuring_session(cfg, recipe, blocks) if measuring else contextlib.nullcontext() as session:
             step_s = None
             if session is not None:  # the eager step at the config's precision: the scale of the GEMM gains
-                row = session.eager(cfg.precision.policy)[0]
-                step_s = row["step_ms"] / 1e3 if row.get("step_ms") else None
+                say("the eager step at the config's precision (every measured gain's scale)")
+                try:
+                    row = session.eager(cfg.precision.policy)[0]
+                    step_s = row["step_ms"] / 1e3 if row.get("step_ms") else None
+                except KeyboardInterrupt:
+                    stop["interrupted"] = True
 
             def alignment() -> Finding:
                 gemms.extend(shapes.collect_gemms(module, inputs, forward))
                 return shapes.check_alignment(gemms, dtype=_compute_dtype(policy), device=device, measure=measure,
                                               step_s=step_s)
 
-            _guard(findings, "alignment", "tensor-core shapes (dims multiple of 8)", alignment, say)
+            _guard(findings, "alignment", "tensor-core shapes (dims multiple of 8)", alignment, say, stop)
             _guard(findings, "channels_last", "channels-last for convolutions", lambda: layout.check_channels_last(
-                module, inputs, device=device, measure=measure, context=lambda: autocast(policy, device)), say)
+                module, inputs, device=device, measure=measure, context=lambda: autocast(policy, device)), say, stop)
             _guard(findings, "precision", "bf16 where fp32 is used",
-                   lambda: runs.check_precision(cfg, device, session=session), say)
+                   lambda: runs.check_precision(cfg, device, session=session), say, stop)
             _guard(findings, "launch_bound", "launch-bound steps (CUDA graphs)", lambda: runs.check_launch_bound(
-                cfg, run, recipe, device, has_blocks=blocks, session=session), say)
+                cfg, run, recipe, device, has_blocks=blocks, session=session), say, stop)
     order = ["alignment", "precision", "channels_last", "data_loader", "graph_breaks", "launch_bound", "strategy",
              "cpu_threads"]
     findings.sort(key=lambda f: order.index(f.check) if f.check in order else len(order))
@@ -123,5 +144,6 @@ def advise(cfg: Config, *, measure: bool = True, say: Callable[[str], None] | No
         "torch": torch.__version__,
         "step_ms": (run or {}).get("run_step_ms"),
         "counts": counts,
+        "interrupted": stop["interrupted"],
         "findings": [f.as_dict() for f in findings],
     }

@@ -37,6 +37,7 @@ import torch
 from kiln.bench.ceilings import Ceilings, measure_ceilings
 from kiln.bench.formulas import kv_bytes_per_step
 from kiln.bench.llm_engines import HF_ENGINES, HfEngine, KilnEngine
+from kiln.bench.llm_memory import check_bench_fits
 from kiln.bench.llm_options import LlmBenchOptions, LlmBenchPlan, check_options
 from kiln.bench.llm_peers import finish_peers, prepare_peers, run_peers
 from kiln.bench.llm_profile import profile_rows
@@ -330,6 +331,7 @@ def bench_llm(opts: LlmBenchOptions, *, command: str, log: Log = _stderr) -> Llm
     """Check `opts` (ConfigError before any work), run the bench and write its results under
     `opts.out` (default runs/<time>-bench-llm-<name>); `command` is recorded with them."""
     plan = check_options(opts)
+    check_bench_fits(plan)  # every model it builds, before the first: the host's OOM killer leaves no message
     name = plan.preset or Path(plan.model).name
     out = Path(opts.out) if opts.out else default_run_dir(f"bench-llm-{name}")
     refuse_held_results(out)

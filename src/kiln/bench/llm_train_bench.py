@@ -33,13 +33,6 @@ from kiln.monitor.flops import peak_flops_for_name
 from kiln.timing import Timing
 
 ROW_KINDS = ("kiln", "plain", "torchtitan")
-KILN_RECIPES: dict[str, list[str]] = {
-    # What a user gets from `kiln train` with compile on: kiln's measured defaults for the family.
-    "kiln": ["compile.enabled=true"],
-    "kiln-eager": ["compile.enabled=false"],
-    "kiln-regional": ["compile.enabled=true", "compile.regional=true"],
-}
-"""Built-in kiln recipes: overrides on top of the bench's base config (`--recipe` adds more)."""
 
 
 @dataclass(frozen=True)

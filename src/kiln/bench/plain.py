@@ -26,7 +26,7 @@ from kiln.compile import compile_kwargs
 from kiln.config.schema import Config
 from kiln.precision import PrecisionPolicy, autocast, make_grad_scaler
 from kiln.train.losses import build_forward_loss
-from kiln.train.optim import build_scheduler
+from kiln.train.optim import build_scheduler, schedule_steps
 
 
 def plain_step(model: torch.nn.Module, task: str, cfg: Config, policy: PrecisionPolicy,
@@ -44,7 +44,7 @@ def plain_step(model: torch.nn.Module, task: str, cfg: Config, policy: Precision
     else:
         opt = torch.optim.AdamW(model.parameters(), lr=o.lr, betas=tuple(o.betas), eps=o.eps,
                                 weight_decay=o.weight_decay, fused=fused)
-    sched = build_scheduler(opt, o, cfg.training.steps)
+    sched = build_scheduler(opt, o, schedule_steps(cfg))
     scaler = make_grad_scaler(policy, device)
     loss_of = build_forward_loss(model, task)
     clip = cfg.training.grad_clip

@@ -68,6 +68,10 @@ class BenchSession:
     def context(self):
         return self.matrix.ctx
 
+    def has_eager(self, precision: str, loss: str = "task") -> bool:
+        """Whether the eager baseline at `precision` was measured already (the next `eager` is free)."""
+        return (loss, precision) in self._eager
+
     def eager(self, precision: str, loss: str = "task") -> tuple[dict[str, Any], Started | None]:
         """The eager baseline row at `precision` (measured once, interleaved with eager fp32)."""
         key = (loss, precision)

@@ -26,6 +26,7 @@ from kiln.checkpoint.export import find_checkpoint, load_model_weights
 from kiln.checkpoint.layout import read_marker
 from kiln.config.errors import ConfigError
 from kiln.data.prepared import META_FILE
+from kiln.data.special_tokens import align_config
 from kiln.data.tokenizers_io import copy_tokenizer_dir
 from kiln.llm.config import config_from_dict
 from kiln.llm.weights import to_hf_state_dict
@@ -67,7 +68,8 @@ def save_model_files(run_dir: Path, hf_config: dict[str, Any], token_path: str |
 
 
 def _generation_config(config: dict[str, Any]) -> dict[str, Any] | None:
-    """BOS/EOS ids for generation_config.json, when the config names them."""
+    """BOS/EOS/pad ids for generation_config.json, when the config names them (the tokenizer's, see
+    kiln.data.special_tokens)."""
     fields = {k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if config.get(k) is not None}
     return fields or None
 
@@ -117,7 +119,9 @@ def export_hf_dir(run_dir: Path, out: Path, *, checkpoint: Path | None = None, r
         raise ConfigError("RUN_DIR", f"{run_dir}: has no {MODEL_DIR}/config.json (only runs of llama: and hf: "
                           "causal LMs record one); export the weights alone with --out FILE.safetensors")
     path = find_checkpoint(run_dir, checkpoint)
-    raw = json.loads((files / "config.json").read_text(encoding="utf-8"))
+    # The tokenizer's BOS/EOS/pad ids win over the config's: the model learned the data's (a run of
+    # an older kiln recorded its preset's, at which generation would stop mid-text).
+    raw, special_changes = align_config(json.loads((files / "config.json").read_text(encoding="utf-8")), files)
     tensors, seen = {}, set()
     for key, value in _hf_tensors(load_model_weights(path), raw).items():
         if value.untyped_storage().data_ptr() in seen or not value.is_contiguous():
@@ -146,4 +150,5 @@ def export_hf_dir(run_dir: Path, out: Path, *, checkpoint: Path | None = None, r
     marker = read_marker(path) or {}
     return {"checkpoint": str(path), "step": marker.get("step"), "out": str(out), "format": "hf",
             "tensors": len(tensors), "parameters": sum(t.numel() for t in tensors.values()),
-            "tokenizer_files": extra_files, "bytes": (out / "model.safetensors").stat().st_size}
+            "tokenizer_files": extra_files, "bytes": (out / "model.safetensors").stat().st_size,
+            "special_tokens": {k: {"config": old, "tokenizer": new} for k, (old, new) in special_changes.items()}}

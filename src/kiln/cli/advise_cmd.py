@@ -76,4 +76,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json != "-":
         counts = ", ".join(f"{n} {s}" for s, n in report["counts"].items())
         print(f"kiln: {len(findings)} checks ({counts})")
+    if report.get("interrupted"):
+        not_run = sum(1 for f in findings if f.finding.startswith("not run: interrupted"))
+        print(f"kiln: advise: stopped by Ctrl-C: the findings made before it are above, {not_run} checks not run; "
+              "the short profiled run's temporary directory was removed", file=sys.stderr)
     return 0

@@ -64,7 +64,7 @@ def plan(args: argparse.Namespace):
     from kiln.config import load_config
     from kiln.config.errors import ConfigError
     from kiln.config.validate import compile_modes, validate_compile
-    from kiln.precision import resolve_precision
+    from kiln.precision import cpu_bf16_native, resolve_precision
     from kiln.train.runtime import resolve_device
     from kiln.tune.search import TuneOptions
     from kiln.tune.space import SCOPES, Space
@@ -83,9 +83,10 @@ def plan(args: argparse.Namespace):
     device = resolve_device(cfg.training.device)
     gpu = device.type == "cuda"
     precisions = checked_list("--precisions", args.precisions, PRECISIONS)
-    if precisions is None:
+    if precisions is None:  # bf16 where it runs natively: a GPU with bf16, a CPU with AMX / AVX512-BF16
         precisions = [cfg.precision.policy]
-        if gpu and torch.cuda.is_bf16_supported() and "bf16-mixed" not in precisions:
+        native = torch.cuda.is_bf16_supported() if gpu else cpu_bf16_native()
+        if native and "bf16-mixed" not in precisions:
             precisions.append("bf16-mixed")
     for precision in precisions:
         try:
@@ -145,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
     from rich.console import Console
 
-    from kiln.cli.results import claim_results_dir
+    from kiln.cli.results import claim_results_dir, stopped_line
     from kiln.config.errors import ConfigError
     from kiln.models import build_model
     from kiln.monitor.env import collect_env
@@ -175,7 +176,7 @@ def run(args: argparse.Namespace) -> int:
     with RichProgress(opts.budget_s) as progress:
         search = Search(opts, has_blocks=has_blocks, log=progress.log, progress=progress)
         result = search.run()
-        if nproc:
+        if nproc and not result.stop_reason:
             from kiln.tune.strategy import strategy_stage
 
             strategy_stage(result, opts, nproc, out, log=progress.log)
@@ -202,4 +203,6 @@ def run(args: argparse.Namespace) -> int:
           f" ({verdict}); {len(result.trials)} rows measured in {result.elapsed_s / 60:.1f} min, "
           f"{len(result.not_tried)} not tried; wrote {path}, {', '.join(str(p) for p in written)}")
     print(f"kiln: train with it: kiln train --config {path}")
+    if line := stopped_line(result, out):
+        print(line, file=sys.stderr)
     return 0

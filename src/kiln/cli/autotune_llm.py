@@ -45,9 +45,16 @@ def _float8_here(cfg, device) -> tuple[list[str], str | None]:
 
 def _precisions_here(cfg, device) -> tuple[list[str], str | None]:
     """bf16-mixed and bf16-master for a bf16 AdamW config on a GPU (what the policy needs, config
-    validation checks the rest per candidate); else the config's own policy only."""
+    validation checks the rest per candidate); bf16-mixed on a CPU with native bf16 (as `kiln env`
+    and `kiln advise` find it pays there); else the config's own policy only."""
     if device.type != "cuda":
-        return [], "precision policy not searched: bf16-master pays on a GPU (bf16 on this CPU is emulated)"
+        from kiln.precision import cpu_bf16_native
+
+        if not cpu_bf16_native():
+            return [], "precision policy not searched: this CPU has no native bf16 (AMX, AVX512-BF16): it is emulated"
+        if cfg.precision.policy in ("fp32", "bf16-mixed"):  # bf16-master's fused update is a GPU kernel
+            return ["bf16-mixed"], None
+        return [], f"precision policy not searched: the config trains {cfg.precision.policy}"
     if cfg.precision.policy not in ("bf16-mixed", "bf16-master") or cfg.optim.name != "adamw":
         return [], (f"precision policy not searched: the config trains {cfg.precision.policy} with "
                     f"{cfg.optim.name}; bf16-master replaces bf16-mixed's AdamW")
@@ -108,7 +115,7 @@ def run(args: argparse.Namespace, cfg, command: str) -> int:
 
     import torch
 
-    from kiln.cli.results import claim_results_dir
+    from kiln.cli.results import claim_results_dir, stopped_line
     from kiln.monitor.env import collect_env
     from kiln.train.runtime import resolve_device
     from kiln.tune.llm_output import result_rows, write_best, write_evidence
@@ -140,4 +147,6 @@ def run(args: argparse.Namespace, cfg, command: str) -> int:
           + f"; {len(result.trials)} rows measured in {result.elapsed_s / 60:.1f} min, {len(result.not_tried)} not "
           f"tried; wrote {path}, {', '.join(str(p) for p in written)}")
     print(f"kiln: train with it: kiln train --config {path}")
+    if line := stopped_line(result, out):
+        print(line, file=sys.stderr)
     return 0

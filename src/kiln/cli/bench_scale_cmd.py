@@ -273,8 +273,14 @@ def _run_and_write(opts, out, name: str, cfg) -> int:
 
     from kiln.activity import Activity
 
-    with Activity() as activity:  # what runs now, on stderr: points take a while each
-        rows = run_scale_bench(opts, out, on_rows=save, phase=activity.phase)
+    try:
+        with Activity() as activity:  # what runs now, on stderr: points take a while each
+            rows = run_scale_bench(opts, out, on_rows=save, phase=activity.phase)
+    except KeyboardInterrupt:  # the points written so far stay; their training checkpoints are scratch
+        from kiln.cli.results import remove_scratch_on_interrupt
+
+        remove_scratch_on_interrupt(out, sorted((out / "points").glob("*/checkpoints")))
+        raise
     _print(rows, title, save(rows, png=True))
     return 0
 

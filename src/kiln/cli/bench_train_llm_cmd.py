@@ -14,7 +14,7 @@ PEERS = ("plain", "torchtitan")
 
 
 def add_parser(bsub) -> None:
-    from kiln.bench.llm_train_bench import KILN_RECIPES
+    from kiln.bench.llm_train_recipes import KILN_RECIPES
 
     p = bsub.add_parser(
         "train-llm",
@@ -84,8 +84,9 @@ def parse_recipe(text: str):
 
 def plan(args: argparse.Namespace):
     """TrainLlmOptions from the arguments; ConfigError on any bad input."""
-    from kiln.bench.llm_train_bench import KILN_RECIPES, RowSpec, TrainLlmOptions
+    from kiln.bench.llm_train_bench import RowSpec, TrainLlmOptions
     from kiln.bench.llm_train_plain import Hyper
+    from kiln.bench.llm_train_recipes import KILN_RECIPES
     from kiln.bench.recipes import split_values
     from kiln.config import load_config
     from kiln.llm.config import resolve_model
@@ -166,13 +167,17 @@ def run(args: argparse.Namespace) -> int:
 
     from kiln.bench.llm_train_report import write_report
     from kiln.bench.llm_train_run import run as run_rows
-    from kiln.cli.results import claim_results_dir
+    from kiln.cli.results import claim_results_dir, remove_scratch_on_interrupt
     from kiln.monitor.env import collect_env
 
     out = claim_results_dir(args, f"bench-train-llm-{Path(args.model).name}")
     env, command = collect_env(), shlex.join(["kiln", *sys.argv[1:]])
-    rows, ctx = run_rows(opts, out, log=lambda m: print(f"kiln: {m}", file=sys.stderr, flush=True),
-                         progress=lambda so_far, c: write_report(out, so_far, c, opts, env=env, command=command))
+    try:
+        rows, ctx = run_rows(opts, out, log=lambda m: print(f"kiln: {m}", file=sys.stderr, flush=True),
+                             progress=lambda so_far, c: write_report(out, so_far, c, opts, env=env, command=command))
+    except KeyboardInterrupt:  # the rows written so far stay; the corpus and initial weights are scratch
+        remove_scratch_on_interrupt(out, [out / "data"] if opts.data_dir is None else [])
+        raise
     written = write_report(out, rows, ctx, opts, env=env, command=command)
     print(written["table"])
     counts = {s: sum(r["status"] == s for r in rows) for s in dict.fromkeys(r["status"] for r in rows)}

@@ -27,8 +27,19 @@ def add_parser(sub) -> None:
     p.add_argument("--tol", type=float, help="harness tolerance (default 1e-4; 1e-3 with --train)")
     p.add_argument("--no-bisect", action="store_true", help="do not run torch's CompilerBisector on inductor failures")
     p.add_argument("--no-repro", action="store_true", help="do not write a repro script")
-    p.add_argument("--out", default=".", help="directory for the repro script (default: current directory)")
+    p.add_argument("--out", help="directory for the repro script (default: runs/<time>-doctor-<target>, created only "
+                   "when a stage fails and a repro is written)")
     p.set_defaults(run=run)
+
+
+def _out_dir(args: argparse.Namespace):
+    """--out, or a new run dir named after the target: never the current directory, which may be a
+    source tree (the repro's files would land among the user's own)."""
+    from pathlib import Path
+
+    from kiln.train.runtime import default_run_dir
+
+    return Path(args.out) if args.out else default_run_dir(f"doctor-{args.target.rsplit(':', 1)[-1]}")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -42,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     build_ladder(stages, args.mode, args.backend)  # bad names exit 2 before the model is built
     target = load_target(args.target, parse_kwargs(args.kwarg), args.inputs, args.inputs_from)
     report = run_doctor(target, stages=stages, mode=args.mode, backends=args.backend, train=bool(args.train),
-                        tol=args.tol, device=device, bisect=not args.no_bisect, out_dir=args.out,
+                        tol=args.tol, device=device, bisect=not args.no_bisect, out_dir=_out_dir(args),
                         repro=not args.no_repro)
     emit(report, args.json, render_doctor)
     first = report["first_failure"]

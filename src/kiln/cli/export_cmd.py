@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from pathlib import Path
 
 from kiln.cli.args import add_verbose_flag
@@ -74,4 +75,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(f"exported {summary['tensors']} tensors ({summary['parameters']:,} values) of {summary['checkpoint']} "
               f"(step {summary['step']}) to {summary['out']}")
+        for field, ids in summary.get("special_tokens", {}).items():
+            print(f"kiln: {field} {ids['tokenizer']} from the run's tokenizer (its model/config.json said "
+                  f"{ids['config']})", file=sys.stderr)
     return 0

@@ -107,6 +107,19 @@ def _prompts(args: argparse.Namespace, tokenizer_dir: Path | None) -> tuple[list
     return [tokenizer.encode(t) for t in texts], texts, tokenizer
 
 
+def _check_tokenizer_eos(directory: Path, stops: list[int], key: str) -> None:
+    """The model's stop tokens must include its tokenizer's end-of-text: otherwise generation runs past
+    the real end, or stops at an ordinary token (an export whose config kept a preset's ids)."""
+    from kiln.data.special_tokens import agrees, special_tokens
+
+    eos = special_tokens(directory).get("eos_token_id")
+    if eos is not None and not agrees(stops, eos[1]):
+        raise ConfigError(key, f"{directory}: the tokenizer ends text with {eos[0]!r} (id {eos[1]}) but the model "
+                          f"stops at {stops or 'nothing'} (generation_config.json / config.json eos_token_id); "
+                          f"re-export the run (`kiln export RUN_DIR --out DIR --force` takes the tokenizer's ids), "
+                          f"or pass --stop-tokens {eos[1]}")
+
+
 def plan(args: argparse.Namespace) -> Request:
     from kiln.llm.config import resolve_model
     from kiln.llm.engine import MAX_STOP_TOKENS, check_lengths
@@ -144,6 +157,8 @@ def plan(args: argparse.Namespace) -> Request:
         stops = parse_ids(args.stop_tokens, "--stop-tokens")
     else:
         stops = generation_stop_tokens(source.directory, config.eos_token_ids)
+        if tokenizer is not None:
+            _check_tokenizer_eos(tokenizer.path.parent, stops, "--tokenizer" if args.tokenizer else "--model")
     if len(set(stops)) > MAX_STOP_TOKENS:
         raise ConfigError("--stop-tokens", f"at most {MAX_STOP_TOKENS} stop tokens, got {len(set(stops))}")
     compile_on = args.compile == "on" or (args.compile == "auto" and device.type == "cuda")

@@ -22,6 +22,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from kiln import __version__
     from kiln.cli import (
         advise_cmd,
         autotune_cmd,
@@ -38,6 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     parser = _Parser(prog="kiln", description="Fast PyTorch training and inference, with evidence.")
+    parser.add_argument("--version", action="version", version=f"kiln {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     train_cmd.add_parser(sub)
     env_cmd.add_parser(sub)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import signal
+import sys
 
 from kiln.cli.args import add_verbose_flag
 
@@ -31,13 +32,11 @@ def add_parser(sub) -> None:
 
 
 def _launch(args: argparse.Namespace, cfg) -> int:
-    from pathlib import Path
-
     from kiln.distributed.launch import LaunchSpec, check_launch
     from kiln.failure import RunFailed
     from kiln.outputs import RunDirLock
     from kiln.train.faults import planned_fault
-    from kiln.train.runtime import default_run_dir
+    from kiln.train.rundir import choose_run_dir
 
     spec = LaunchSpec(
         nproc_per_node=args.nproc_per_node if args.nproc_per_node is not None else 1,
@@ -47,7 +46,10 @@ def _launch(args: argparse.Namespace, cfg) -> int:
         max_restarts=args.max_restarts,
         rdzv_wait_s=args.rdzv_wait,
     )
-    run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(cfg.model.name)
+    run_dir, continuing = choose_run_dir(cfg, args.run_dir)
+    if continuing:
+        print(f"kiln: continuing the unfinished run of this config in {run_dir} (pass --run-dir NEW_DIR to start a "
+              "new run instead)", file=sys.stderr)
     check_launch(spec, cfg.training.device)
     planned_fault(0)  # a malformed KILN_FAULT is bad input, before the run dir is created
     # Node rank 0's launcher holds the run dir's lock for its ranks from before the checks until the
@@ -188,7 +190,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if summary.get("already_complete"):
         print(f"kiln: {trainer.run_dir} already holds the completed run of this config ({summary['steps']} steps); "
-              "nothing to do. Choose a new --run-dir to train again.")
+              "nothing to do. Raise training.steps to train it longer, or choose a new --run-dir to train again.")
         return 0
     if not under_kiln_launcher():  # the kiln launcher prints this line once for the job
         print(summary_line(summary, trainer.run_dir))

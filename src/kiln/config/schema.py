@@ -109,6 +109,8 @@ class OptimConfig:
     """Linear warm-up steps from 0 to `lr`."""
     min_lr_ratio: float = 0.1
     """Final LR as a fraction of `lr` for `cosine` and `linear`."""
+    decay_steps: int = 0
+    """Steps the warm-up + decay spans; 0 = `training.steps`. Past it the LR stays at its final value. Training a finished run longer (a higher `training.steps` in its run dir) keeps the run's span, so the extra steps continue at the LR the run ended with instead of jumping back up the curve."""
 
 
 @dataclass(kw_only=True)
@@ -245,6 +247,10 @@ class MetricsConfig:
     """Address the Prometheus endpoint binds to (loopback by default: not reachable from other machines)."""
     prometheus_port: int = 9464
     """Port of the Prometheus endpoint; 0 picks a free port (logged at start)."""
+    tracker: str = "none"
+    """Experiment tracker that also gets the run's config and metrics (rank 0): `none`, `mlflow` (`MLFLOW_TRACKING_URI`, else the SQLite store RUN_DIR/mlflow.db; `pip install 'kiln[mlflow]'`) or `wandb` (its `WANDB_*` settings, `WANDB_MODE=offline` to stay local; `pip install 'kiln[wandb]'`)."""
+    tracker_project: str = ""
+    """The tracker's experiment (MLflow) or project (W&B); empty: `kiln`."""
 
 
 @dataclass(kw_only=True)
@@ -298,6 +304,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "distributed.compile_strategy": ("auto", "whole", "per_block"),
     "cpu.bind": ("none", "cores", "numa"),
     "metrics.tensorboard": ("auto", "true", "false"),
+    "metrics.tracker": ("none", "mlflow", "wandb"),
 }
 
 # Built-in data sources; anything else must look like `module:function`.

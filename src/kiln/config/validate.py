@@ -190,6 +190,7 @@ def validate(cfg: Config, *, check_torch: bool = True) -> None:
         ("optim.momentum", 0),
         ("optim.warmup_steps", 0),
         ("optim.min_lr_ratio", 0),
+        ("optim.decay_steps", 0),
         ("metrics.peak_tflops", 0),
         ("training.nonfinite_max_skips", 1),
         ("distributed.ddp_bucket_cap_mb", 1e-3),
@@ -219,10 +220,12 @@ def validate(cfg: Config, *, check_torch: bool = True) -> None:
         raise ConfigError("optim.min_lr_ratio", f"must be between 0 and 1, got {cfg.optim.min_lr_ratio!r}")
     if len(cfg.optim.betas) != 2 or not all(0 <= b < 1 for b in cfg.optim.betas):
         raise ConfigError("optim.betas", f"must be two numbers in [0, 1), got {cfg.optim.betas!r}")
-    if cfg.optim.warmup_steps > cfg.training.steps:
+    if cfg.optim.warmup_steps > (cfg.optim.decay_steps or cfg.training.steps):
         raise ConfigError(
             "optim.warmup_steps",
-            f"warm-up ({cfg.optim.warmup_steps}) is longer than training.steps ({cfg.training.steps})",
+            f"warm-up ({cfg.optim.warmup_steps}) is longer than the schedule "
+            f"({'optim.decay_steps' if cfg.optim.decay_steps else 'training.steps'}: "
+            f"{cfg.optim.decay_steps or cfg.training.steps})",
         )
     _check_master_weights(cfg)
     dev = cfg.training.device

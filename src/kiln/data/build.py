@@ -123,8 +123,9 @@ def _token_file(path: str, key: str, train: bool, vocab_size: int | None, token_
     prepared = read_prepared(path, key)
     meta_vocab = prepared.meta.get("vocab_size")
     if vocab_size and isinstance(meta_vocab, int) and meta_vocab > vocab_size:
-        raise ConfigError(key, f"{path} was tokenized with a vocabulary of {meta_vocab} tokens; the model's "
-                          f"vocab_size is {vocab_size} (it must be at least that)")
+        raise ConfigError("model.kwargs.vocab_size", f"the model's vocabulary has {vocab_size} tokens but {key}={path} "
+                          f"was tokenized with {meta_vocab}: set model.kwargs.vocab_size={meta_vocab} (or more; llama: "
+                          "and hf: models) for this data")
     split = prepared.train_path if train else prepared.val_path
     return (str(split) if split is not None else ""), prepared.dtype
 

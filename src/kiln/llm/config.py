@@ -281,6 +281,9 @@ def resolve_model(spec: str, key: str = "--model") -> ModelSource:
     elif path.is_dir():
         cfg = path / "config.json"
         if not cfg.is_file():
+            if (path / "config.toml").is_file() and (path / "checkpoints").is_dir():  # `kiln train`'s run dir
+                raise ConfigError(key, f"{path} is a kiln run dir, not a model directory: export it first "
+                                  f"(kiln export {path} --out {path / 'hf'}), then pass {path / 'hf'}")
             raise ConfigError(key, f"directory {path.resolve()} has no config.json")
         source = ModelSource(spec, read_config_json(cfg, key), path)
     elif path.is_file():

@@ -2,10 +2,11 @@
 cannot fit (an 8B fp32 model on a 23 GiB machine is otherwise killed by the kernel's OOM killer,
 which leaves no message).
 
-The estimate counts what is certain, not activations: the parameters as built (fp32, the dtype
-kiln builds in), and for a CPU run the gradients and optimizer state as well (AdamW: two fp32
-moments per parameter; SGD with momentum: one). A model built on the host and then moved to a GPU
-still passes through host memory once, as its fp32 parameters.
+`check_fits` counts what is certain for a number of parameters: the parameters as built (fp32,
+the dtype kiln builds in), and for a CPU run the gradients and optimizer state as well (AdamW:
+two fp32 moments per parameter; SGD with momentum: one). A model built on the host and then moved
+to a GPU still passes through host memory once, as its fp32 parameters. A training run's whole
+estimate, activations included, is kiln.train.memory_plan's.
 """
 
 from __future__ import annotations
@@ -14,10 +15,7 @@ import os
 import re
 from pathlib import Path
 
-import torch
-
 from kiln.config.errors import ConfigError
-from kiln.models import build_model
 
 GIB = 1 << 30
 
@@ -81,16 +79,3 @@ def check_fits(num_params: int, *, device_type: str, optimizer: str = "adamw", m
         raise ConfigError(what, f"{num_params / 1e9:.2f}B parameters need at least {gib(need)} of host memory "
                           f"({parts}); this host has {gib(available)} available of {gib(total)}: use a smaller "
                           "model or a machine with more memory (KILN_SKIP_MEMORY_CHECK=1 tries anyway)")
-
-
-def check_model_fits(model_cfg, device_type: str, optim_cfg) -> None:
-    """Count the model's parameters on the meta device (no memory, no compute) and `check_fits`
-    them before the real build. A factory that cannot build on meta is left to the real build."""
-    try:
-        with torch.device("meta"):
-            num_params = sum(p.numel() for p in build_model(model_cfg).module.parameters())
-    except ConfigError:
-        raise
-    except Exception:
-        return
-    check_fits(num_params, device_type=device_type, optimizer=optim_cfg.name, momentum=optim_cfg.momentum)

@@ -16,6 +16,16 @@ from kiln.models.blocks import find_repeated_blocks
 from kiln.models.spec import BuiltModel, InputSpec
 
 INSTALL_HINT = "pip install 'kiln[vision]'"
+# PyPI's torchvision wheels (timm needs torchvision) are CUDA builds that break a CPU-only torch.
+CPU_INSTALL_HINT = ("this torch is a CPU build: pip install torchvision --index-url https://download.pytorch.org/whl/cpu, "
+                    "then pip install timm (not 'kiln[vision]': PyPI's torchvision is a CUDA build that breaks CPU torch)")
+
+
+def install_hint() -> str:
+    """How to install timm for this torch: the extra on a CUDA build, torchvision's CPU wheel first otherwise."""
+    import torch
+
+    return INSTALL_HINT if torch.version.cuda or torch.version.hip else CPU_INSTALL_HINT
 
 
 def _image_shape(model: nn.Module, kwargs: dict[str, Any]) -> tuple[int, int, int]:
@@ -36,7 +46,7 @@ def build_timm(model_name: str, kwargs: dict[str, Any], name: str) -> BuiltModel
     try:
         import timm
     except ImportError as e:
-        raise ConfigError("model.name", f"{name!r} needs timm, which is not installed ({e}); {INSTALL_HINT}") from None
+        raise ConfigError("model.name", f"{name!r} needs timm, which is not installed ({e}); {install_hint()}") from None
     if not timm.is_model(model_name):
         close = difflib.get_close_matches(model_name, timm.list_models(), n=8, cutoff=0.5)
         raise ConfigError(

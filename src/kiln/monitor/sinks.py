@@ -25,8 +25,9 @@ from kiln.config.errors import ConfigError
 from kiln.config.schema import CHOICES, MetricsConfig
 from kiln.monitor.prometheus import PrometheusSink
 from kiln.monitor.records import torn_tail
-from kiln.monitor.sink import MetricsSink
+from kiln.monitor.sink import MetricsSink, scalars
 from kiln.monitor.summary import json_safe
+from kiln.monitor.trackers import build_tracker
 
 log = logging.getLogger("kiln.monitor")
 
@@ -86,21 +87,6 @@ class JsonlSink(MetricsSink):
 def tensorboard_importable() -> bool:
     """Whether the `tensorboard` package is installed (found without importing it: imports are slow)."""
     return importlib.util.find_spec("tensorboard") is not None
-
-
-def scalars(record: Mapping[str, Any]) -> Iterable[tuple[str, float]]:
-    """(tag, value) for every number in a record: numeric keys as they are, per-rank lists
-    (`*_ranks`) as `key/rank_N`. bool is an int subclass but not a metric worth a chart; strings
-    and other lists (`stragglers`, throttle reason names) are labels, counted elsewhere."""
-    for key, value in record.items():
-        if key == "step" or isinstance(value, bool):
-            continue
-        if isinstance(value, (int, float)):
-            yield key, value
-        elif key.endswith("_ranks") and isinstance(value, (list, tuple)):
-            for rank, item in enumerate(value):
-                if isinstance(item, (int, float)) and not isinstance(item, bool):
-                    yield f"{key}/rank_{rank}", item
 
 
 class TensorBoardSink(MetricsSink):
@@ -314,8 +300,10 @@ class MetricsLogger:
         self.close()
 
 
-def build_sinks(cfg: MetricsConfig, run_dir: str | os.PathLike[str], total_steps: int, is_main: bool) -> MetricsLogger:
-    """The sinks `cfg` asks for, writing under `run_dir` (`metrics.jsonl`, `tb/`).
+def build_sinks(cfg: MetricsConfig, run_dir: str | os.PathLike[str], total_steps: int, is_main: bool,
+                run_config: Mapping[str, Any] | None = None) -> MetricsLogger:
+    """The sinks `cfg` asks for, writing under `run_dir` (`metrics.jsonl`, `tb/`); `run_config` (the
+    run's whole config) goes to an experiment tracker (`metrics.tracker`) as its parameters.
 
     Call before training starts, so `tensorboard = "true"` without tensorboard fails at once with
     a ConfigError. That check runs on every rank: if only rank 0 failed, the others would wait in
@@ -349,4 +337,11 @@ def build_sinks(cfg: MetricsConfig, run_dir: str | os.PathLike[str], total_steps
             raise
         sinks.append(prometheus)
         log.info("prometheus: serving metrics at %s", prometheus.url)
+    if cfg.tracker != "none":
+        try:
+            sinks.append(build_tracker(cfg.tracker, run_dir, cfg.tracker_project, run_config or {}))
+        except BaseException:
+            MetricsLogger(sinks).close()
+            raise
+        log.info("%s: logging this run's metrics (project %s)", cfg.tracker, cfg.tracker_project or "kiln")
     return MetricsLogger(sinks)

@@ -50,6 +50,8 @@ def profile_run(cfg: Config, out: Path, *, steps: int, warmup: int, memory_steps
         run = trainer.fit()
     finally:
         window.close()
+    if run.get("stopped_by"):  # Ctrl-C (or SIGTERM) in the window: the profile stops, not only its run
+        raise KeyboardInterrupt(f"stopped by {run['stopped_by']} after step {run.get('steps')}")
     if not trainer.dist.is_main:
         return None
     c = cfg.compile

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from kiln.noise import filtered_fds
 from kiln.profile.memory import CudaMemoryHistory, memory_by_category, na
 from kiln.timing import synchronize
 
@@ -28,6 +29,13 @@ def activities(device: torch.device) -> list:
     if device.type == "cuda":
         acts.append(ProfilerActivity.CUDA)
     return acts
+
+
+def _quiet(call) -> None:
+    """Start or stop the profiler with its native `USDT:` probe lines sent to dependencies.log, not
+    the console (kiln.noise); other output passes through."""
+    with filtered_fds():
+        call()
 
 
 class ProfilerWindow:
@@ -63,31 +71,31 @@ class ProfilerWindow:
             self._prof = profile(activities=activities(self.device),
                                  schedule=schedule(wait=0, warmup=1, active=self.steps, repeat=1),
                                  on_trace_ready=lambda p: p.export_chrome_trace(str(self.trace_path)))
-            self._prof.start()
+            _quiet(self._prof.start)
         elif step == self.first_active - 1:
             synchronize(self.device)
+            _quiet(self._prof.step)  # the schedule starts recording here (a native `USDT:` line)
             self._started = time.perf_counter()
-            self._prof.step()
         elif self.first_active <= step < self.last_active:
             self._prof.step()
         elif step == self.last_active:
             synchronize(self.device)
             self.window_s = time.perf_counter() - self._started
-            self._prof.step()  # the window's last step: the schedule saves the trace
-            self._prof.stop()
+            _quiet(self._prof.step)  # the window's last step: the schedule saves the trace
+            _quiet(self._prof.stop)
             self._prof = None
             if self.last_memory > self.last_active:
                 try:
                     self._history.start()
                     self._prof = profile(activities=activities(self.device), profile_memory=True,
                                          record_shapes=True, with_stack=True)
-                    self._prof.start()
+                    _quiet(self._prof.start)
                 except Exception as exc:  # the timing results stand; memory is reported as missing
                     self._memory_failed(exc)
         elif step == self.last_memory and self._prof is not None:
             synchronize(self.device)
             try:
-                self._prof.stop()
+                _quiet(self._prof.stop)
                 self.memory = {"by_category": memory_by_category(self._prof, self.device),
                                "cuda_snapshot": self._history.stop(self.snapshot_path)}
             except Exception as exc:
@@ -102,11 +110,11 @@ class ProfilerWindow:
             self._history.active = False
         if self._prof is not None:
             with contextlib.suppress(Exception):  # already failed; stopping is best effort
-                self._prof.stop()
+                _quiet(self._prof.stop)
             self._prof = None
 
     def close(self) -> None:
         """Stops a profiler left running by a failed run (nothing is exported then)."""
         if self._prof is not None:
-            self._prof.stop()
+            _quiet(self._prof.stop)
             self._prof = None

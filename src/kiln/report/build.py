@@ -20,6 +20,10 @@ KIND_COLUMNS = {
                 "peak_mem_bytes", "graph_breaks", "recompiles", "accuracy", "noisy"],
     "scale": ["strategy", "world", "status", "throughput", "throughput_per_device", "efficiency"],
     "llm": ["engine", "quant", "status", "prefill_tok_s", "decode_tok_s", "ttft_ms", "peak_mem_bytes", "roofline_frac"],
+    # kiln autotune (recipes or LLM knobs): each row's stage and role, so the same candidate measured
+    # in two stages reads as two rows and the winner is marked.
+    "autotune": ["stage", "candidate", "role", "status", "compile_s", "step_ms", "speedup_vs_eager_fp32",
+                 "tokens_per_s", "speedup_vs_default", "peak_mem_bytes", "peak_mem_gib", "loss_last", "accuracy"],
 }
 # Figures worth a chart, in order, with the axis label and a reference line where one means something.
 CHART_KEYS = [
@@ -52,10 +56,13 @@ def _mib(v: Any) -> str | None:
 
 
 def run_blocks(data: RunData) -> tuple[str, list[Block]]:
-    s, recs = data.summary, data.records
+    s, recs = data.summary or summary_from_records(data), data.records
     title = f"kiln run report: {data.path.name}"
     blocks: list[Block] = [Heading(title, 1)]
     comp = s.get("compile") or {}
+    if not data.summary:
+        blocks.append(Para("No summary.json: the run was killed (an OOM kill or SIGKILL leaves none) or is still "
+                           "running. The figures below come from its config.toml and metrics.jsonl."))
     blocks.append(Para(
         f"Run dir `{data.path}`: status {s.get('status', 'unknown')}, {s.get('steps', len(recs))} steps, "
         f"model on {s.get('device_name') or s.get('device') or '?'}, precision {s.get('precision', '?')}, compile "
@@ -116,19 +123,41 @@ def run_blocks(data: RunData) -> tuple[str, list[Block]]:
     return title, blocks
 
 
+def summary_from_records(data: RunData) -> dict[str, Any]:
+    """What a run without summary.json can still say: its config's precision and compile settings,
+    steps and losses from its records."""
+    cfg = data.config or {}
+    recs = [r for r in data.records if _num(r.get("loss"))]
+    comp = cfg.get("compile") or {}
+    out: dict[str, Any] = {
+        "status": "killed or running (no summary.json)",
+        "steps": max((r.get("step", 0) for r in data.records), default=0),
+        "precision": (cfg.get("precision") or {}).get("policy", "?"),
+        "compile": {"enabled": bool(comp.get("enabled")), "mode": comp.get("mode") or "default",
+                    "scope": comp.get("scope", "model")},
+        "device": (cfg.get("training") or {}).get("device"),
+    }
+    if recs:
+        out.update(first_loss=recs[0]["loss"], final_loss=recs[-1]["loss"])
+    return out
+
+
 def validation_blocks(recs: list[dict[str, Any]], most: int = 12) -> list[Block]:
-    """The held-out loss (and perplexity, for language models) at each eval pass: up to `most`
-    rows, evenly spaced, the first and last always shown."""
-    evals = [r for r in recs if _num(r.get("eval_loss"))]
-    if not evals:
+    """The held-out loss (and perplexity, for language models) of the eval passes: all of them, or
+    `most` evenly spaced (the first and last always) plus the pass with the best eval loss; the
+    text says which."""
+    every = [r for r in recs if _num(r.get("eval_loss"))]
+    if not every:
         return []
-    if len(evals) > most:
-        picks = sorted({round(i * (len(evals) - 1) / (most - 1)) for i in range(most)})
-        evals = [evals[i] for i in picks]
+    best = min(every, key=lambda r: r["eval_loss"])
+    evals = every
+    if len(every) > most:
+        picks = {round(i * (len(every) - 1) / (most - 1)) for i in range(most)} | {every.index(best)}
+        evals = [every[i] for i in sorted(picks)]
     has_ppl = any(_num(r.get("eval_perplexity")) for r in evals)
     has_acc = any(_num(r.get("eval_accuracy")) for r in evals)
     columns = ["step", "train loss", "eval loss"] + (["eval perplexity"] if has_ppl else []) + (
-        ["eval accuracy"] if has_acc else [])
+        ["eval accuracy"] if has_acc else []) + [""]
     rows = []
     for r in evals:
         row = [r.get("step"), _fmt(r.get("loss")), _fmt(r["eval_loss"])]
@@ -136,9 +165,12 @@ def validation_blocks(recs: list[dict[str, Any]], most: int = 12) -> list[Block]
             row.append(f"{r['eval_perplexity']:,.2f}" if _num(r.get("eval_perplexity")) else "")
         if has_acc:
             row.append(_fmt(r.get("eval_accuracy")) if _num(r.get("eval_accuracy")) else "")
-        rows.append(row)
-    return [Heading("Validation"), Para("Loss on the held-out data at each eval pass (`training.eval_interval`, "
-                                        "`training.eval_steps` batches each); perplexity = exp(eval loss)."),
+        rows.append([*row, "best eval loss" if r is best else ""])
+    shown = (f"each of the {len(every)} eval passes" if evals is every else
+             f"{len(evals)} of the {len(every)} eval passes (evenly spaced, the first, the last and the best)")
+    return [Heading("Validation"), Para(f"Loss on the held-out data: {shown} (`training.eval_interval`, "
+                                        "`training.eval_steps` batches each); perplexity = exp(eval loss). The best "
+                                        f"eval loss, {_fmt(best['eval_loss'])}, was at step {best.get('step')}."),
             Table(columns, rows)]
 
 
@@ -175,6 +207,8 @@ def profile_blocks(p: dict[str, Any]) -> list[Block]:
 
 def bench_kind(rows: list[dict[str, Any]]) -> str:
     keys = set().union(*(r.keys() for r in rows)) if rows else set()
+    if {"stage", "candidate", "role"} <= keys:
+        return "autotune"
     if "speedup" in keys and "mode" in keys:
         return "compile"
     if {"world", "efficiency"} <= keys:
@@ -192,10 +226,21 @@ def bench_columns(rows: list[dict[str, Any]], kind: str) -> list[str]:
         ident = [k for k in scalar if k not in IDENTITY_SKIP and any(isinstance(r.get(k), str) for r in rows)]
         nums = [k for k in scalar if any(_num(r.get(k)) for r in rows)]
         cols = ident + ["status"] + [k for k in nums if k not in ident][: max(4, 14 - len(ident))]
-    return [c for c in cols if c in present] + [c for c in ("reason", "flags") if any(r.get(c) for r in rows)]
+    return [c for c in cols if c in present]
+
+
+def row_notes(rows: list[dict[str, Any]], labels: list[str]) -> list[Block]:
+    """Each row's reason and flags as a numbered list under the table, not as table columns: long
+    text in a cell makes a wide table with tall rows (horizontal scrolling)."""
+    lines = [f"{i}. {label}: " + "; ".join(str(r[c]) for c in ("reason", "flags") if r.get(c))
+             for i, (r, label) in enumerate(zip(rows, labels), 1) if r.get("reason") or r.get("flags")]
+    return [Heading("Row notes", 3), Para("\n".join(lines))] if lines else []
 
 
 def row_labels(rows: list[dict[str, Any]], columns: list[str], kind: str = "generic") -> list[str]:
+    if kind == "autotune":
+        return [f"{r.get('candidate')} [{r.get('stage')}]" + (" WINNER" if r.get("role") == "winner" else "")
+                for r in rows]
     ident = LABEL_COLUMNS.get(kind) or [c for c in columns if c not in IDENTITY_SKIP
                                         and not any(_num(r.get(c)) for r in rows)]
     varying = [c for c in ident if len({str(r.get(c)) for r in rows}) > 1] or ident[:1]
@@ -218,9 +263,10 @@ def bench_blocks(data: BenchData) -> tuple[str, list[Block]]:
     if data.command:
         blocks.append(Para(f"Command: `{data.command}`"))
     columns = bench_columns(rows, kind)
-    table = [[_mib(r.get(c)) if c.endswith("_bytes") and _num(r.get(c)) else r.get(c) for c in columns] for r in rows]
-    blocks += [Heading("Results"), Table(columns, table)]
+    table = [[i, *(_mib(r.get(c)) if c.endswith("_bytes") and _num(r.get(c)) else r.get(c) for c in columns)]
+             for i, r in enumerate(rows, 1)]
     labels = row_labels(rows, columns, kind)
+    blocks += [Heading("Results"), Table(["#", *columns], table), *row_notes(rows, labels)]
     notes = [r.get("status", "") if r.get("status") != "ok" else "" for r in rows]
     charts: list[Block] = []
     if kind == "scale":

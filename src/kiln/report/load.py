@@ -4,6 +4,7 @@ or a bench results dir (results.json following the results contract, docs/archit
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,8 @@ class RunData:
     records: list[dict[str, Any]]
     summary: dict[str, Any]
     profile: dict[str, Any] | None = None
+    config: dict[str, Any] | None = None
+    """The run's config.toml (what a run killed before its summary.json is reported from)."""
 
 
 @dataclass
@@ -35,6 +38,18 @@ def _json(path: Path) -> Any:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as exc:
         raise ConfigError("RUN_DIR", f"{path} is not readable JSON ({exc})") from None
+
+
+def _toml(path: Path) -> dict[str, Any] | None:
+    """A run's config.toml, or None when it is missing or unreadable (the report says less then)."""
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - exercised on 3.10 only
+        import tomli as tomllib
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
 
 
 def _records(path: Path) -> list[dict[str, Any]]:
@@ -62,6 +77,6 @@ def load(path: str | Path) -> RunData | BenchData:
         records = _records(metrics) if metrics.exists() else []
         profile = path / "profile_summary.json"
         return RunData(path, records, _json(summary) if summary.exists() else {},
-                       _json(profile) if profile.exists() else None)
+                       _json(profile) if profile.exists() else None, _toml(path / "config.toml"))
     raise ConfigError("RUN_DIR", f"{path} holds neither a run (metrics.jsonl, summary.json) nor bench results "
                       "(results.json)")

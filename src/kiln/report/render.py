@@ -79,6 +79,9 @@ figcaption { font-size: 13px; color: #57606a; }
 code { background: #f6f8fa; padding: 1px 4px; border-radius: 4px; }
 .scroll { overflow-x: auto; }
 .status-ok { color: #1a7f37; } .status-bad { color: #cf222e; }
+td.num { white-space: nowrap; text-align: right; font-variant-numeric: tabular-nums; }
+td.winner { font-weight: bold; color: #1a7f37; }
+td { max-width: 32em; }
 """
 
 
@@ -94,7 +97,7 @@ def to_html(blocks: list[Block], title: str) -> str:
         if isinstance(b, Heading):
             body.append(f"<h{b.level}>{_inline(b.text)}</h{b.level}>")
         elif isinstance(b, Para):
-            body.append(f"<p>{_inline(b.text)}</p>")
+            body.append(f"<p>{'<br>'.join(_inline(line) for line in b.text.splitlines())}</p>")
         elif isinstance(b, Table):
             head = "".join(f"<th>{html.escape(h)}</th>" for h in b.headers)
             rows = []
@@ -104,6 +107,10 @@ def to_html(blocks: list[Block], title: str) -> str:
                     css = ""
                     if h == "status":
                         css = ' class="status-ok"' if c == "ok" else ' class="status-bad"'
+                    elif h == "role" and c == "winner":
+                        css = ' class="winner"'
+                    elif isinstance(c, (int, float)) and not isinstance(c, bool):
+                        css = ' class="num"'
                     cells.append(f"<td{css}>{html.escape(cell(c))}</td>")
                 rows.append("<tr>" + "".join(cells) + "</tr>")
             body.append(f'<div class="scroll"><table><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody>'

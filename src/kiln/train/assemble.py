@@ -19,7 +19,7 @@ from kiln.train.activation_checkpoint import apply_activation_checkpointing
 from kiln.train.capture import CapturedStep, capture_problem, scaler_problem
 from kiln.train.float8 import apply_float8, check_float8
 from kiln.train.losses import build_forward_loss
-from kiln.train.optim import DeviceSchedule, build_optimizer, build_scheduler
+from kiln.train.optim import DeviceSchedule, build_optimizer, build_scheduler, schedule_steps
 from kiln.train.step import TrainStep
 from kiln.train.swiglu import apply_swiglu_kernel
 
@@ -73,7 +73,8 @@ def build_train_step(
                           "with distributed.fsdp_param_dtype=bf16, or distributed.strategy=ddp", ("bf16-mixed",))
     optimizer = build_optimizer(model, cfg.optim, device, param_dtype=policy.param_dtype, purpose=purpose,
                                 shard_local=shard_local, master_weights=policy.master_weights)
-    scheduler = build_scheduler(optimizer, cfg.optim, cfg.training.steps)
+    horizon = schedule_steps(cfg)
+    scheduler = build_scheduler(optimizer, cfg.optim, horizon)
     scaler = make_grad_scaler(policy, device)
     step = TrainStep(
         model,
@@ -89,5 +90,5 @@ def build_train_step(
     if not cfg.compile.cudagraphs:
         return step
     reason = reason or scaler_problem(optimizer, scaler)
-    schedule = DeviceSchedule(optimizer, scheduler, cfg.optim, cfg.training.steps) if reason is None else None
+    schedule = DeviceSchedule(optimizer, scheduler, cfg.optim, horizon) if reason is None else None
     return CapturedStep(step, schedule, reason=reason)

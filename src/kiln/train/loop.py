@@ -42,9 +42,10 @@ log = logging.getLogger("kiln.train")
 
 def count_flops(trainer, batch) -> int | None:
     """FLOPs of one optimizer step on one device, counted on the eager, unwrapped model (with the
-    run's cross-entropy kernel, whose matmuls are those of plain logits + cross-entropy). A causal
-    LM's FLOPs are all per sequence: one is counted and scaled by the batch, so counting needs no
-    more memory than a step of one sequence (a run may fit only thanks to checkpointing)."""
+    run's cross-entropy kernel, whose matmuls are those of plain logits + cross-entropy). The FLOPs
+    of a causal LM or a classifier are per sample: one sequence (two samples for a classifier, so
+    batch norm still trains) is counted and scaled by the batch, so counting takes a fraction of a
+    step's time and memory (a CPU step of a large batch takes a minute under the counter)."""
     cfg = trainer.cfg
     if not cfg.metrics.mfu:
         return None
@@ -52,16 +53,16 @@ def count_flops(trainer, batch) -> int | None:
     forward_loss = with_precision(build_forward_loss(trainer.model, task, trainer.features["ce_kernel"]),
                                   trainer.policy, trainer.device)
     inputs, targets = batch
-    per_sequence = task == "causal_lm" and inputs.shape[0] > 1
-    scale = inputs.shape[0] if per_sequence else 1
-    if per_sequence:
-        inputs, targets = inputs[:1], targets[:1]
+    batch_size = inputs.shape[0]
+    counted = {"causal_lm": 1, "classification": 2}.get(task, batch_size)
+    counted = min(counted, batch_size)
+    inputs, targets = inputs[:counted], targets[:counted]
     try:
         flops = count_step_flops(lambda: forward_loss(inputs, targets).backward(),
                                  device=trainer.device, module=trainer.model)
     finally:
         trainer.model.zero_grad(set_to_none=True)
-    return flops * scale * cfg.training.grad_accum_steps
+    return flops * batch_size // counted * cfg.training.grad_accum_steps
 
 
 class TrainLoop:
@@ -77,7 +78,10 @@ class TrainLoop:
         t.model.train()
         self.data_iter = iter(t.train_data)
         self.pending = [next(self.data_iter)]
+        if cfg.metrics.mfu:  # an eager step of a sample or two under torch's FLOP counter: seconds on a CPU
+            sinks.waiting("counting the training step's FLOPs (for MFU; metrics.mfu=false skips it)")
         flops_per_step = count_flops(t, self.pending[0])
+        sinks.waiting("building the training step (precision, parallelism, optimizer)")
         peak, self.peak_source = peak_flops(device, cfg.precision.policy, cfg.metrics.peak_tflops,
                                             tf32=cfg.precision.tf32)
         self.guard = NonFiniteGuard(tcfg.nonfinite, tcfg.nonfinite_max_skips, device=device, window=tcfg.log_interval)
@@ -137,9 +141,12 @@ class TrainLoop:
                 if cfg.checkpoint.save_final:
                     self.trainer.checkpointer.save(tcfg.steps, self.app, final=True)
                     self.compile_cache.save()
-        if self.stopped_by is not None and self.trainer.dist.is_main:  # every rank saved; one line says so
-            log.warning("stopped by %s after step %d; checkpoint saved: the same command continues the run "
-                        "(checkpoint.resume=auto, the default)", self.stopped_by, self.app.progress["step"])
+        if self.stopped_by is not None and self.trainer.dist.is_main and cfg.checkpoint.resume == "never":
+            log.warning("stopped by %s after step %d", self.stopped_by, self.app.progress["step"])  # nothing resumes
+        elif self.stopped_by is not None and self.trainer.dist.is_main:  # every rank saved; one line says so
+            log.warning("stopped by %s after step %d; checkpoint saved: the same command continues the run in %s "
+                        "(as does adding --run-dir %s; checkpoint.resume=auto, the default)", self.stopped_by,
+                        self.app.progress["step"], self.trainer.run_dir, self.trainer.run_dir)
         return self.summary()
 
     def one_step(self, step: int, stop: StopOnSignal) -> bool:

@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from kiln.config.schema import OptimConfig
+from kiln.config.schema import Config, OptimConfig
 from kiln.distributed.local_optim import ShardLocalAdamW, ShardLocalSGD
 from kiln.train.master_adamw import MasterAdamW
 
@@ -146,6 +146,11 @@ class DeviceSchedule:
     def host_step(self) -> None:
         """Keep the host scheduler's count in step with the device (no device work)."""
         self.scheduler.last_epoch += 1
+
+
+def schedule_steps(cfg: Config) -> int:
+    """The steps the LR schedule spans: `optim.decay_steps`, or `training.steps` when it is 0."""
+    return cfg.optim.decay_steps or cfg.training.steps
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, total_steps: int):

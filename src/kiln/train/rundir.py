@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,7 +46,9 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 from kiln.checkpoint.layout import checkpoint_step
+from kiln.checkpoint.storage import newest_intact
 from kiln.monitor.records import read_records
+from kiln.train.runtime import DEFAULT_RUNS_ROOT, default_run_dir, run_slug
 
 # Files whose presence means a directory already holds a run that must not be overwritten.
 RUN_MARKERS = ("summary.json", "metrics.jsonl", "checkpoints")
@@ -99,12 +102,85 @@ def check_run_dir(path: Path, config: Any = None, resume: str = "never", *, lock
     if state.saved_identity is None:
         raise ConfigError("--run-dir", f"{path} holds a run ({held}) but no readable config.toml to compare this "
                           "config with; choose a new directory, or pass checkpoint.resume=<its checkpoint dir>")
-    diff = differences(state.saved_identity, identity(config))
-    if diff:
+    diff, longer = compare(state.saved_identity, config)
+    if [d for d in diff if not (longer and d.startswith("training.steps:"))]:
         shown = "; ".join(diff[:6]) + (f"; +{len(diff) - 6} more" if len(diff) > 6 else "")
         raise ConfigError("--run-dir", f"{path} holds a run of another config ({shown}); choose a new directory, "
                           "or pass checkpoint.resume=<one of its checkpoints> to start from it with this config")
-    return "same config"
+    return "longer" if longer else "same config"
+
+
+def compare(saved: dict[str, Any], config: Any) -> tuple[list[str], bool]:
+    """(the differences of `config` from a run dir's saved identity, whether it raises training.steps),
+    `optim.decay_steps` compared as the span it means (`continuation_identities`)."""
+    saved, current = continuation_identities(saved, identity(config))
+    return differences(saved, current), current.get("training.steps", 0) > saved.get("training.steps", 0)
+
+
+def schedule_span(saved: dict[str, Any]) -> int:
+    """The steps a saved run's LR schedule spans (kiln.train.optim.schedule_steps of its config)."""
+    return int(saved.get("optim.decay_steps") or saved.get("training.steps") or 0)
+
+
+def continuation_identities(saved: dict[str, Any], current: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Both identities with `optim.decay_steps` as the span it means. For a rerun in the run dir
+    (as many steps or more), 0 means the run's own span: its schedule continues, never restarts."""
+    span = schedule_span(saved)
+    mine = current.get("optim.decay_steps") or (
+        span if current.get("training.steps", 0) >= saved.get("training.steps", 0) else current.get("training.steps"))
+    return {**saved, "optim.decay_steps": span}, {**current, "optim.decay_steps": mine}
+
+
+def continue_schedule(path: Path, config: Any) -> str | None:
+    """Give `config` the span of the run saved in `path` when it leaves `optim.decay_steps` at 0 (see
+    `continuation_identities`); returns what that means for the LR when the run is trained longer."""
+    saved = inspect_run_dir(path).saved_identity or {}
+    span = schedule_span(saved)
+    if config.optim.decay_steps or not span or span == config.training.steps:
+        return None
+    config.optim.decay_steps = span
+    opt = config.optim
+    final = opt.lr if opt.schedule == "constant" else opt.lr * opt.min_lr_ratio
+    before = int(saved.get("training.steps") or 0)
+    if config.training.steps <= before:
+        return None  # a rerun of the run (as trained longer before): nothing new to say
+    return (f"training.steps {before} -> {config.training.steps}: training the run longer; its {opt.schedule} LR "
+            f"schedule spans steps 1-{span} (optim.decay_steps={span}), so steps {max(span, before) + 1}-{config.training.steps} "
+            f"run at its final LR {final:.3g}")
+
+
+def find_unfinished_run(config: Any, root: Path, slug: str) -> Path | None:
+    """The newest default run dir under `root` (`<stamp>-<slug>[-N]`, as kiln.train.runtime names
+    them) holding an unfinished run of this config with a complete checkpoint, and not in use: what
+    a rerun of a command without --run-dir continues, as it promised when the run stopped. None when
+    there is none (then the rerun starts a new run dir)."""
+    if not root.is_dir():
+        return None
+    pattern = re.compile(rf"(\d{{8}}-\d{{6}})-{re.escape(slug)}(?:-(\d+))?")
+    found = [(m.group(1), int(m.group(2) or 1), p) for p in root.iterdir() if (m := pattern.fullmatch(p.name))]
+    for _, _, path in sorted(found, reverse=True):
+        if not path.is_dir():
+            continue
+        state = inspect_run_dir(path)
+        if state.status == "completed" or state.saved_identity is None or compare(state.saved_identity, config)[0]:
+            continue
+        if newest_intact(path / "checkpoints", hashes=False) is None or lock_holder(path) is not None:
+            continue
+        return path
+    return None
+
+
+def choose_run_dir(config: Any, run_dir: str | Path | None) -> tuple[Path, bool]:
+    """(run dir, whether it continues an unfinished run found under runs/): --run-dir when given;
+    else, with `checkpoint.resume=auto`, the newest unfinished run of this config (so rerunning
+    the same command continues it), else a new timestamped dir."""
+    if run_dir is not None:
+        return Path(run_dir), False
+    if config.checkpoint.resume == "auto":
+        found = find_unfinished_run(config, Path(DEFAULT_RUNS_ROOT), run_slug(config.model.name))
+        if found is not None:
+            return found, True
+    return default_run_dir(config.model.name), False
 
 
 def no_checkpoint_decision(path: Path) -> str:

@@ -67,8 +67,18 @@ def deterministic_mode(enabled: bool) -> Iterator[None]:
             os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
 
 
-def default_run_dir(model_name: str, root: str | Path = "runs") -> Path:
-    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", model_name).strip("-")[:40] or "model"
+DEFAULT_RUNS_ROOT = "runs"
+"""Where runs without --run-dir go: runs/<YYYYmmdd-HHMMSS>-<model>[-N]."""
+
+
+def run_slug(model_name: str) -> str:
+    """The model part of a default run dir's name."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", model_name).strip("-")[:40] or "model"
+
+
+def default_run_dir(model_name: str, root: str | Path = DEFAULT_RUNS_ROOT) -> Path:
+    """A new timestamped run dir for a run without --run-dir."""
+    slug = run_slug(model_name)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     path = Path(root) / f"{stamp}-{slug}"
     n = 1

@@ -10,6 +10,7 @@ summary.json). One process and N torchrun ranks run the same code.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import time
@@ -20,10 +21,11 @@ from typing import Any
 import torch
 
 from kiln.checkpoint import Checkpointer, config_digest
-from kiln.checkpoint.hf_export import save_model_files
+from kiln.checkpoint.hf_export import save_model_files, tokenizer_dir_of
 from kiln.checkpoint.layout import checkpoint_step
 from kiln.checkpoint.signals import SignalExit
 from kiln.checkpoint.timeline import branch
+from kiln.compile import cuda_graph_mode_note
 from kiln.compile_cache import compile_cache_dir
 from kiln.compile_defaults import apply_measured_defaults
 from kiln.config.errors import ConfigError
@@ -31,6 +33,7 @@ from kiln.config.load import save_config
 from kiln.config.schema import Config
 from kiln.cpu.threads import configure_cpu
 from kiln.data import build_data
+from kiln.data.special_tokens import align_config
 from kiln.distributed.env import (
     DistEnv,
     backend_for,
@@ -42,10 +45,10 @@ from kiln.distributed.numa import bind_to_gpu_numa_node
 from kiln.distributed.strategy import resolve_strategy
 from kiln.failure.report import quiet_child_signals
 from kiln.models import build_model
-from kiln.models.host_memory import check_model_fits
 from kiln.monitor.gpu_health import start_gpu_health
 from kiln.monitor.prometheus import check_bindable
 from kiln.monitor.sinks import build_sinks
+from kiln.monitor.trackers import check_tracker
 from kiln.outputs import RunDirLock, held_for_me
 from kiln.precision import apply_precision, resolve_precision, tf32_enabled
 from kiln.train.attention import attention_backend
@@ -53,14 +56,16 @@ from kiln.train.faults import planned_fault
 from kiln.train.features import describe_features, resolve_features
 from kiln.train.finish import finish_run, record_end
 from kiln.train.loop import TrainLoop
+from kiln.train.memory_plan import check_run_fits
 from kiln.train.rundir import (
     already_complete_summary,
     check_run_dir,
+    choose_run_dir,
+    continue_schedule,
     no_checkpoint_decision,
     trim_metrics,
 )
 from kiln.train.runtime import (
-    default_run_dir,
     deterministic_mode,
     resolve_device,
     seed_everything,
@@ -100,9 +105,12 @@ class Trainer:
                                        if self.device.type == "cuda" else None)
         if note and self.dist.is_main:
             log.info(note)
-        self.run_dir = Path(run_dir) if run_dir is not None else default_run_dir(cfg.model.name)
         if multi and run_dir is None:
             raise ConfigError("--run-dir", "several ranks need one run dir chosen up front; pass --run-dir")
+        self.run_dir, continuing = choose_run_dir(cfg, run_dir)
+        if continuing and self.dist.is_main:
+            log.info("continuing the unfinished run of this config in %s (pass --run-dir NEW_DIR to start a new "
+                     "run instead)", self.run_dir)
         # The run dir's lock before any look at the dir, held until `fit` ends: two kiln processes
         # never both decide a dir is theirs. Rank 0 holds it (or its launcher, for it).
         self._lock = RunDirLock(self.run_dir)
@@ -123,9 +131,15 @@ class Trainer:
         self.checkpointer = Checkpointer(self.run_dir, cfg.checkpoint, rank=self.dist.rank,
                                          world_size=self.dist.world_size, config_digest=config_digest(cfg))
         self.resume_path, self.already_complete = self._resolve_run_dir()
-        check_model_fits(cfg.model, self.device.type, cfg.optim)  # before building a model the host cannot hold
+        check_run_fits(cfg, self.device.type)  # before building a model (or a batch) the host cannot hold
         seed_everything(cfg.training.seed)  # same seed on every rank: identical initial weights
         built = build_model(cfg.model, device=self.device)
+        if built.hf_config is not None and cfg.data.source == "tokens":  # the data's BOS/EOS, not a preset's
+            built.hf_config, changed = align_config(built.hf_config, tokenizer_dir_of(cfg.data.path),
+                                                    explicit=cfg.model.kwargs)
+            if changed and self.dist.is_main:
+                log.info("special tokens from the data's tokenizer: %s",
+                         ", ".join(f"{k} {old} -> {new}" for k, (old, new) in changed.items()))
         self.built = built
         if self.resume_path is not None:  # a checkpoint of another model is bad input: exit 2, nothing written
             self.checkpointer.check_model(self.resume_path, built.module)
@@ -147,6 +161,9 @@ class Trainer:
         if cfg.compile.enabled and cfg.compile.regional and not built.blocks:
             raise ConfigError("compile.regional", f"{cfg.model.name} has no repeated blocks to compile one by one")
         self.features = resolve_features(cfg, built, self.model, self.policy, self.device, self.train_data)
+        if (mode_note := cuda_graph_mode_note(cfg.compile, self.device.type)) and self.dist.is_main:
+            log.warning(mode_note)
+        check_tracker(cfg.metrics.tracker)  # a tracker that is not installed: exit 2 before any work
         if cfg.metrics.prometheus and self.dist.is_main:
             check_bindable(cfg.metrics.prometheus_host, cfg.metrics.prometheus_port)
         # Where a failure happened, for its report: step `_step` began, `_steps_done` finished.
@@ -171,12 +188,19 @@ class Trainer:
         note = "restart" if restarting else check_run_dir(self.run_dir, self.cfg, resume, locked=True)
         if resume == "auto" and note is None:
             return None, False  # nothing there yet: a fresh start
+        if note in ("same config", "longer", "restart"):  # the run's LR schedule continues, never restarts
+            said = continue_schedule(self.run_dir, self.cfg)
+            self.checkpointer.digest = config_digest(self.cfg)
+            if said and self.dist.is_main:
+                log.info(said)
         path = self.checkpointer.resolve_resume(resume)
         if path is not None and resume == "auto" and checkpoint_step(path) >= self.cfg.training.steps:
             return path, True
-        if note == "same config":
+        if note in ("same config", "longer"):
             if path is None:
                 log.warning(no_checkpoint_decision(self.run_dir))
+            elif note == "longer":
+                log.info("%s holds this run with fewer steps: continuing it from %s", self.run_dir, path.name)
             else:
                 log.info("%s holds an unfinished run of this config: continuing it", self.run_dir)
         return path, False
@@ -196,7 +220,8 @@ class Trainer:
         lock.callback(self._lock.release)
         if main:
             self._open_run_dir()
-        sinks = build_sinks(cfg.metrics, self.run_dir, cfg.training.steps, is_main=main)
+        sinks = build_sinks(cfg.metrics, self.run_dir, cfg.training.steps, is_main=main,
+                            run_config=dataclasses.asdict(cfg))
         self._health = start_gpu_health(cfg.metrics.gpu_health, self.device, cfg.metrics.gpu_health_period_s)
         summary: dict[str, Any] = {"status": "running", "steps": 0, "run_dir": str(self.run_dir)}
         started = time.perf_counter()

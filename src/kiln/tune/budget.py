@@ -15,8 +15,9 @@ import contextlib
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from kiln.bench.recipes import Recipe
 
@@ -35,6 +36,10 @@ def compile_factor(recipe: Recipe) -> float:
     if recipe.backend not in (None, "inductor"):
         factor *= 0.5
     return factor * (REGIONAL_FACTOR if recipe.regional else 1.0)
+
+
+INTERRUPTED = "interrupted (Ctrl-C)"
+BUDGET_SPENT = "time budget spent"
 
 
 class BudgetExceeded(Exception):
@@ -89,6 +94,17 @@ class Budget:
         """Before any compile was seen the estimate is only a prior: the first compile starts when
         half of it fits (the hard stop still ends it in time), or nothing could ever be learned."""
         return not self._compile_per_factor and 0.5 * seconds <= self.left
+
+    def within(self, work: Callable[[], Any], grace_s: float = 0.0) -> tuple[Any, str | None]:
+        """(work(), None), or (None, why it stopped): the budget's end (`hard_stop`: the budget is a
+        promise, kept to the second) or Ctrl-C. Both end a search; the rows measured before stay."""
+        try:
+            with self.hard_stop(grace_s):
+                return work(), None
+        except BudgetExceeded as exc:
+            return None, str(exc)
+        except KeyboardInterrupt:
+            return None, f"{INTERRUPTED} during this row"
 
     @contextlib.contextmanager
     def hard_stop(self, grace_s: float) -> Iterator[None]:

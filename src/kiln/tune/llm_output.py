@@ -65,7 +65,8 @@ def write_evidence(out: Path, base: Config, result: LlmTuneResult, opts, *, env:
                            "default": dataclasses.asdict(result.default),
                            "speedup_vs_default": result.speedup_vs_default,
                            "changes": {k: list(v) for k, v in changes.items()}, "not_tried": result.not_tried,
-                           "notes": result.notes, "stopped_early": result.stopped_early}}
+                           "notes": result.notes, "stopped_early": result.stopped_early,
+                           "stop_reason": result.stop_reason}}
     lines = ["## Decision", "", f"- winner: {result.winner.describe()}"]
     if result.speedup_vs_default:
         lines.append(f"- {result.speedup_vs_default:.2f}x the tokens/s of the config's own settings "

@@ -17,7 +17,8 @@ from kiln.config.load import dump_toml, load_config
 from kiln.config.schema import Config
 from kiln.tables import Adaptive
 from kiln.tune import space as sp
-from kiln.tune.search import TuneResult, versus_default
+from kiln.tune.search import TuneResult
+from kiln.tune.space import versus_default
 
 COLUMNS = ["stage", "candidate", "role", "status", "compile_s", "step_ms", "step_ms_p10", "step_ms_p90",
            "eager_fp32_step_ms", "speedup_vs_eager_fp32", "speedup_vs_default", "throughput", "tflops", "peak_frac",
@@ -167,5 +168,5 @@ def evidence_config(cfg: Config, opts, result: TuneResult, changes: dict[str, tu
                          "default": dataclasses.asdict(result.default), "speedup_vs_default": result.speedup_vs_default,
                          "changes": {k: list(v) for k, v in changes.items()},
                          "not_tried": [{k: v for k, v in n.items() if k != "fields"} for n in result.not_tried],
-                         "notes": result.notes, "stopped_early": result.stopped_early,
+                         "notes": result.notes, "stopped_early": result.stopped_early, "stop_reason": result.stop_reason,
                          "strategy": result.extra.get("strategy")}}

@@ -1,4 +1,6 @@
-"""The progress display of `kiln autotune`: a rich progress bar on stderr and one line per candidate."""
+"""The progress display of `kiln autotune`: a rich progress bar on stderr and one line per candidate;
+piped or logged (no terminal, so no bar), also one line when a candidate starts, so a row that
+takes minutes never leaves the output silent."""
 
 from __future__ import annotations
 
@@ -30,6 +32,10 @@ class RichProgress:
 
     def started(self, stage: str, label: str) -> None:
         self.bar.update(self.task, description=f"{stage}: {label}")
+        if not self.bar.console.is_terminal:
+            task = self.bar.tasks[0]
+            self.log(f"[{stage}] {label}: measuring (row {int(task.completed) + 1} of {int(task.total or 0)}, "
+                     f"{task.elapsed or 0:.0f} s in)")
 
     def finished(self, stage: str, label: str, row, best: str | None) -> None:
         self.bar.update(self.task, advance=1, description=f"{stage}: best so far {best or '-'}")

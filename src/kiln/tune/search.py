@@ -30,7 +30,8 @@ from kiln.bench.session import BenchSession
 from kiln.config.schema import Config
 from kiln.train.runtime import resolve_device
 from kiln.tune import space as sp
-from kiln.tune.budget import Budget, BudgetExceeded
+from kiln.tune.budget import BUDGET_SPENT, INTERRUPTED, Budget
+from kiln.tune.space import versus_default
 
 
 class Progress(Protocol):
@@ -98,6 +99,8 @@ class TuneResult:
     """`confirm` (the confirm stage's rows) or `search` (no time was left to confirm)."""
     elapsed_s: float
     stopped_early: bool = False
+    stop_reason: str | None = None
+    """Why the search stopped early (the budget, or Ctrl-C), None when it ran through."""
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -124,6 +127,7 @@ class Search:
         self.not_tried: list[dict[str, str]] = []
         self.notes: list[str] = []
         self.stopped = False
+        self.stop_reason = BUDGET_SPENT
         self.session: BenchSession | None = None
         self.budget: Budget | None = None
         self.live_precisions: list[str] = list(self.space.precisions)
@@ -157,7 +161,7 @@ class Search:
         """Measure one row unless it cannot run here, was measured in this stage already, or does
         not fit the budget; returns its trial (None when it was not measured)."""
         if self.stopped:
-            self._skip(recipe, "the search stopped: time budget spent", stage)
+            self._skip(recipe, f"the search stopped: {self.stop_reason}", stage)
             return None
         done = self._tried(recipe, stage) if warm else self._tried(recipe)
         if done is not None:
@@ -166,7 +170,13 @@ class Search:
         if sp.uses_cuda_graphs(recipe) and not self._on_gpu():
             self._skip(recipe, "CUDA graphs need a CUDA device", stage)
             return None
-        eager = self.session.eager(recipe.precision)[1]
+        label = sp.describe(recipe)
+        if not self.session.has_eager(recipe.precision):  # every row's reference, measured once: say so
+            self.progress.started(stage, f"eager {recipe.precision} reference of the rows")
+        eager, stop = self._within_budget(lambda: self.session.eager(recipe.precision)[1])
+        if stop is not None:
+            self._end_row(recipe, stage, label, {"status": "skipped", "reason": stop}, 0.0)
+            return None
         if warm:  # compiled before in this search: its graphs come from the session's cache
             estimate = self.budget.estimate(Recipe.eager(recipe.precision)) + 0.25 * self.budget.compile_estimate(recipe)
         else:
@@ -175,20 +185,30 @@ class Search:
             left = max(0.0, self.budget.left)
             self._skip(recipe, f"estimated {estimate:.0f} s, {left:.0f} s of the budget left", stage)
             return None
-        label = sp.describe(recipe)
         self.progress.started(stage, label)
         start = time.monotonic()
-        try:
-            with self.budget.hard_stop(grace_s=max(20.0, 0.1 * self.budget.seconds)):
-                row = self.session.measure(recipe, retime=warm)
-        except BudgetExceeded as exc:
-            row = {"status": "skipped", "reason": str(exc)}
+        row, stop = self._within_budget(lambda: self.session.measure(recipe, retime=warm))
+        if stop is not None:
+            row = {"status": "skipped", "reason": stop}
         if "BudgetExceeded" in str(row.get("reason") or ""):
             row.update(status="skipped", reason=row["reason"].split("BudgetExceeded: ", 1)[-1])
         if row.get("status") == "skipped" and "budget" in str(row.get("reason")):
             self.stopped = True
         wall = time.monotonic() - start
         self.budget.observe(recipe, row, wall, recompiled=bool(eager and eager.uses_rng and recipe.compiled and not warm))
+        return self._end_row(recipe, stage, label, row, wall)
+
+    def _within_budget(self, work: Callable[[], Any]) -> tuple[Any, str | None]:
+        """`Budget.within`, the search stopped (and why) when it stops the work."""
+        result, stop = self.budget.within(work)
+        if stop is not None:
+            self.stopped = True
+            self.stop_reason = INTERRUPTED if stop.startswith(INTERRUPTED) else BUDGET_SPENT
+            if self.stop_reason == INTERRUPTED:
+                self.notes.append("interrupted (Ctrl-C): the rows measured before it are kept; the rest were not tried")
+        return result, stop
+
+    def _end_row(self, recipe: Recipe, stage: str, label: str, row: dict[str, Any], wall: float) -> Trial:
         trial = Trial(recipe, stage, row, wall)
         self.trials.append(trial)
         best = self.best()
@@ -386,13 +406,4 @@ class Search:
             self.notes.append(f"the winner runs in {winner.precision} where the config used {self.default.precision}: "
                               "it passed the accuracy check over the first steps; compare a real run's loss curve too")
         return TuneResult(self.trials, self.default, winner, winner_trial, default, self.not_tried, self.notes,
-                          decided_on, self.budget.elapsed, self.stopped)
-
-
-def versus_default(trials: list[Trial], trial: Trial, default: Recipe, fallback: Trial | None) -> float | None:
-    """How many times faster `trial` is than the config's own recipe, as every table row and the
-    decision read it: against the default's row of the same stage when there is one (confirm
-    rows by their own medians), else against `fallback` (the default's first row) by ratios to
-    eager fp32."""
-    mine = next((t for t in trials if t.recipe == default and t.stage == trial.stage), fallback)
-    return trial.faster_than(mine) if mine is not None else None
+                          decided_on, self.budget.elapsed, self.stopped, self.stop_reason if self.stopped else None)

@@ -159,3 +159,12 @@ def recipe_fields(recipe: Recipe) -> dict[str, Any]:
     return {"precision": recipe.precision, "loss": recipe.loss, "mode": recipe.mode, "backend": recipe.backend,
             "scope": recipe.scope, "runner": recipe.runner, "cudagraphs": recipe.cudagraphs,
             "regional": recipe.regional}
+
+
+def versus_default(trials: list[Any], trial: Any, default: Recipe, fallback: Any | None) -> float | None:
+    """How many times faster `trial` is than the config's own recipe, as every table row and the
+    decision read it: against the default's row of the same stage when there is one (confirm
+    rows by their own medians), else against `fallback` (the default's first row) by ratios to
+    eager fp32."""
+    mine = next((t for t in trials if t.recipe == default and t.stage == trial.stage), fallback)
+    return trial.faster_than(mine) if mine is not None else None
