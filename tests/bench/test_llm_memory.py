@@ -28,9 +28,9 @@ def test_the_seed002_preset_is_refused_on_a_cpu_in_seconds(tmp_path, monkeypatch
 
 
 def test_the_estimate_counts_each_model_built():
-    both = check_options(LlmBenchOptions(model="llama-tiny", device="cpu", dtype="fp32", batch=2, prompt_len=16,
+    both = check_options(LlmBenchOptions(model="llama-tiny", device="cpu", dtype="fp32", batch=[2], prompt_len=16,
                                          new_tokens=8))
-    kiln_only = check_options(LlmBenchOptions(model="llama-tiny", device="cpu", dtype="fp32", batch=2,
+    kiln_only = check_options(LlmBenchOptions(model="llama-tiny", device="cpu", dtype="fp32", batch=[2],
                                               prompt_len=16, new_tokens=8, engines=["kiln-eager"]))
     parts, alone = bench_host_bytes(both), bench_host_bytes(kiln_only)
     assert parts["transformers model"] == parts["kiln model"] == alone["kiln model"] > 0
@@ -39,3 +39,13 @@ def test_the_estimate_counts_each_model_built():
     assert alone["KV caches (1 engines)"] == 2 * 24 * 2 * 2 * 2 * 16 * 4
     assert parts["KV caches (4 engines)"] == 4 * alone["KV caches (1 engines)"]
     assert parts["prefill logits"] == 2 * 16 * 512 * 4
+
+
+def test_each_batch_size_adds_its_caches():
+    """--batch 2,4: every engine keeps a cache per batch size (6 rows of 24 tokens); the prefill
+    logits of the largest batch."""
+    plan = check_options(LlmBenchOptions(model="llama-tiny", device="cpu", dtype="fp32", batch=[2, 4], prompt_len=16,
+                                         new_tokens=8, engines=["kiln-eager"]))
+    parts = bench_host_bytes(plan)
+    assert parts["KV caches (1 engines)"] == 6 * 24 * 2 * 2 * 2 * 16 * 4
+    assert parts["prefill logits"] == 4 * 16 * 512 * 4

@@ -3,7 +3,7 @@ is built, and the refusal (exit 2, in seconds) of a bench the host cannot hold.
 
 A bench builds several models at once: the transformers model for the `hf-*` rows, kiln's decoder
 (a copy of the same weights) for the `kiln-*` rows, and a quantized copy per `--quant` entry.
-On top of them each engine keeps a KV cache of batch x (prompt + new tokens), and a prefill holds
+On top of them each engine keeps a KV cache of batch x (prompt + new tokens) per batch size, and a prefill holds
 the prompt's fp32 logits. On a GPU these live in device memory (the GPU reports its own OOM);
 on a CPU they are all host memory, and a 3B model in fp32 twice over is killed by the kernel.
 """
@@ -45,10 +45,11 @@ def bench_host_bytes(plan: LlmBenchPlan) -> dict[str, int]:
     for name, spec in plan.quants.items():
         if spec.kind != "none":
             parts[f"{name} copy"] = int(weights / width * QUANT_BITS.get(spec.kind, 8.5) / 8)
-    tokens = plan.batch * (plan.prompt_len + plan.new_tokens)
+    # Every engine keeps a cache per batch size it runs (its rows are built one after the other, and kept).
+    tokens = sum(plan.batches) * (plan.prompt_len + plan.new_tokens)
     cache = tokens * config.n_layers * 2 * config.n_kv_heads * config.head_dim * width
     parts[f"KV caches ({len(plan.engines)} engines)"] = cache * len(plan.engines)
-    parts["prefill logits"] = plan.batch * plan.prompt_len * config.vocab_size * 4
+    parts["prefill logits"] = max(plan.batches) * plan.prompt_len * config.vocab_size * 4
     return parts
 
 
