@@ -187,3 +187,27 @@ def test_a_run_dir_given_as_model_is_told_to_export_first(tmp_path, bad_input):
     (run / "config.toml").write_text("[model]\nname = 'llama:llama-tiny'\n")
     bad_input(["generate", "--model", str(run), "--prompt", "hi"],
               ["--model", "is a kiln run dir", f"kiln export {run} --out {run / 'hf'}"])
+
+
+def test_a_compiled_request_says_it_compiles_and_what_took_how_long(model_dir, capsys, monkeypatch):
+    """Before the first call: a line saying it compiles; after: the seconds per compiled variant
+    (prefill, decode). The engine's own compile is replaced by recorded seconds: compiling on a
+    2-core CPU would cost the suite half a minute."""
+    from kiln.llm import engine as engine_module
+
+    class Recorded(engine_module.Engine):
+        def __init__(self, model, **kwargs):
+            super().__init__(model, **{**kwargs, "compile": False})
+
+        def generate(self, *args, **kwargs):
+            out = super().generate(*args, **kwargs)
+            self.compiled = {"prefill[b1,len16,cap26,greedy]": 1.5, "decode[b1,cap26,greedy]": 2.25}
+            return out
+
+    monkeypatch.setattr(engine_module, "Engine", Recorded)
+    code = main(["generate", "--model", str(model_dir), "--tokens", "1,17,33,8", "--max-new-tokens", "4",
+                 "--ignore-eos", "--device", "cpu", "--compile", "on"])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert err.index("compiling prefill and decode") < err.index("TTFT")
+    assert "includes compiling, 3.8 s: prefill 1.5 s, decode 2.2 s" in err

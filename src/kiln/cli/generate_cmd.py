@@ -190,6 +190,9 @@ def run(args: argparse.Namespace) -> int:
     engine = Engine(model, compile=req.compile, decode_attention=args.decode_attention,
                     decode_matvec=args.decode_matvec)
     clock = StepClock(req.device)
+    if req.compile:
+        print("kiln: compiling prefill and decode for this request's shape (first call; Triton's and inductor's "
+              "caches make a later process faster)", file=sys.stderr, flush=True)
     out = engine.generate(req.prompts, max_new_tokens=args.max_new_tokens, sampling=req.sampling,
                           stop_tokens=req.stop_tokens, seed=args.seed, max_seq_len=args.max_seq_len, clock=clock)
     marks = clock.marks_s()
@@ -201,7 +204,9 @@ def run(args: argparse.Namespace) -> int:
     new = sum(len(t) for t in out.tokens)
     decode_s = marks[-1] - marks[0]
     rate = f", decode {len(req.prompts) * out.steps / decode_s:.1f} tok/s" if out.steps and decode_s > 0 else ""
-    compiled = f" (first call: includes compiling, {sum(engine.compiled.values()):.1f} s)" if engine.compiled else ""
+    compiled = (f" (first call: includes compiling, {sum(engine.compiled.values()):.1f} s: "
+                + ", ".join(f"{name.split('[')[0]} {seconds:.1f} s" for name, seconds in engine.compiled.items()) + ")"
+                if engine.compiled else "")
     quant = f", {req.quant.describe()}" if req.quant.kind != "none" else ""
     print(f"kiln: {new} tokens, TTFT {marks[0] * 1e3:.1f} ms{rate}{compiled} ({req.device}, {req.dtype}{quant})",
           file=sys.stderr)
