@@ -116,3 +116,33 @@ def test_ctrl_c_stops_advise_not_only_its_inner_run(tmp_path, capsys):
     for check in ("data_loader", "alignment", "precision", "launch_bound"):
         assert by[check]["status"] == "n/a" and "interrupted (Ctrl-C)" in by[check]["finding"], check
     assert "stopped by Ctrl-C" in err and "same command continues" not in err
+
+
+def test_budget_stops_new_checks_and_keeps_what_was_found(tmp_path, capsys, monkeypatch):
+    """--budget 1: the first check runs past the minute (a clock advanced by it), so every later
+    check is listed as not run, the first one's finding is kept, and the command says so (exit 0)."""
+    import types
+
+    from kiln.advise import run as advise_run
+    from kiln.advise import static
+
+    clock = [0.0]
+    monkeypatch.setattr(advise_run, "time", types.SimpleNamespace(monotonic=lambda: clock[0]))
+    real = static.check_graph_breaks
+
+    def slow_graph_breaks(*args, **kwargs):
+        clock[0] += 120.0  # two minutes pass in the first check
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(static, "check_graph_breaks", slow_graph_breaks)
+    report, by = _advise(tmp_path, "aligned", "--budget", "1")
+    err = capsys.readouterr().err
+    assert report["over_budget"] is True and report["budget_min"] == 1.0 and report["interrupted"] is False
+    assert by["graph_breaks"]["status"] == "ok"
+    assert by["strategy"]["status"] == "n/a" and "not run: over the --budget" in by["strategy"]["finding"]
+    assert "stopped at its --budget of 1 min" in err
+
+
+def test_a_budget_not_above_zero_is_refused(tmp_path, bad_input):
+    bad_input(["advise", "--json", str(tmp_path / "a.json"), "--no-measure", f"{PLANTED}:aligned", *CPU,
+               "--budget", "0"], ["--budget", "> 0"])

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -33,14 +34,26 @@ def _compute_dtype(policy) -> torch.dtype:
 
 
 INTERRUPTED = "interrupted (Ctrl-C)"
+OVER_BUDGET = "over the --budget"
+
+
+def _stopped(stop: dict[str, Any]) -> str | None:
+    """Why no further check starts: a Ctrl-C, or the budget's deadline passed; None to go on."""
+    if stop["interrupted"]:
+        return INTERRUPTED
+    if stop["deadline"] is not None and time.monotonic() > stop["deadline"]:
+        stop["over_budget"] = True
+        return OVER_BUDGET
+    return None
 
 
 def _guard(findings: list[Finding], check: str, title: str, fn: Callable[[], Finding], say: Callable[[str], None],
-           stop: dict[str, bool]):
-    """Run one check into `findings`; after a Ctrl-C (`stop["interrupted"]`) the rest are listed as
-    not run, the findings made so far are kept."""
-    if stop["interrupted"]:
-        findings.append(Finding(check, title, "n/a", f"not run: {INTERRUPTED}"))
+           stop: dict[str, Any]):
+    """Run one check into `findings`; after a Ctrl-C or past the budget the rest are listed as not
+    run (a check already running finishes), the findings made so far are kept."""
+    why = _stopped(stop)
+    if why is not None:
+        findings.append(Finding(check, title, "n/a", f"not run: {why}"))
         return
     say(f"checking {title}")
     try:
@@ -55,8 +68,14 @@ def _guard(findings: list[Finding], check: str, title: str, fn: Callable[[], Fin
         findings.append(failed(check, title, exc))
 
 
-def advise(cfg: Config, *, measure: bool = True, say: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """The advise report (JSON-friendly): the findings, in order, and what they were run on."""
+def advise(cfg: Config, *, measure: bool = True, say: Callable[[str], None] | None = None,
+           budget_min: float | None = None) -> dict[str, Any]:
+    """The advise report (JSON-friendly): the findings, in order, and what they were run on.
+    `budget_min`: no check starts after this many minutes (from the call); those left are listed as
+    not run."""
+    if budget_min is not None and not budget_min > 0:
+        raise ConfigError("--budget", f"minutes must be > 0, got {budget_min}")
+    started = time.monotonic()
     say = say or (lambda message: None)
     device = resolve_device(cfg.training.device)
     policy = resolve_precision(cfg.precision.policy, device)
@@ -73,7 +92,8 @@ def advise(cfg: Config, *, measure: bool = True, say: Callable[[str], None] | No
     if policy.param_dtype != torch.float32:
         inputs = tuple(x.to(policy.param_dtype) if x.is_floating_point() else x for x in inputs)
     findings: list[Finding] = []
-    stop = {"interrupted": False}
+    stop: dict[str, Any] = {"interrupted": False, "over_budget": False,
+                            "deadline": started + 60 * budget_min if budget_min is not None else None}
     cpu = cpu_settings(cfg.cpu) if device.type == "cpu" else contextlib.nullcontext()
     with tf32_enabled(cfg.precision.tf32), cpu:
         def forward() -> Any:
@@ -90,7 +110,7 @@ def advise(cfg: Config, *, measure: bool = True, say: Callable[[str], None] | No
         if device.type == "cpu":
             _guard(findings, "cpu_threads", "CPU threads and pinning", lambda: static.check_cpu_threads(cfg), say, stop)
         run: dict[str, Any] | None = None
-        if measure and not stop["interrupted"]:
+        if measure and _stopped(stop) is None:
             say("a short profiled training run of the config (in a temporary directory, removed after)")
             try:
                 with filtered_fds():  # the profiler's native `USDT:` lines go to dependencies.log
@@ -104,10 +124,10 @@ def advise(cfg: Config, *, measure: bool = True, say: Callable[[str], None] | No
         if run is not None:
             _guard(findings, "data_loader", "data loader keeps up", lambda: runs.check_data_loader(cfg, run), say, stop)
         elif not any(f.check == "data_loader" for f in findings):
-            why = f"not run: {INTERRUPTED}" if stop["interrupted"] else "needs a short training run (--measure)"
+            why = f"not run: {_stopped(stop)}" if _stopped(stop) else "needs a short training run (--measure)"
             findings.append(Finding("data_loader", "data loader keeps up", "n/a", why))
         recipe, blocks = config_recipe(cfg), bool(built.blocks)
-        measuring = measure and not stop["interrupted"]
+        measuring = measure and _stopped(stop) is None
         with runs.measuring_session(cfg, recipe, blocks) if measuring else contextlib.nullcontext() as session:
             step_s = None
             if session is not None:  # the eager step at the config's precision: the scale of the GEMM gains
@@ -145,5 +165,7 @@ def advise(cfg: Config, *, measure: bool = True, say: Callable[[str], None] | No
         "step_ms": (run or {}).get("run_step_ms"),
         "counts": counts,
         "interrupted": stop["interrupted"],
+        "over_budget": stop["over_budget"],
+        "budget_min": budget_min,
         "findings": [f.as_dict() for f in findings],
     }

@@ -25,6 +25,9 @@ def add_parser(sub) -> None:
                    help="time what can be timed: a short profiled run, padded GEMMs, channels-last, bf16, capture "
                         "(default); --no-measure runs the static checks only")
     p.add_argument("--device", help="same as training.device=... (auto, cpu, cuda, cuda:N)")
+    p.add_argument("--budget", type=float, metavar="MIN",
+                   help="start no check after MIN minutes; the checks left are listed as not run (a check already "
+                        "running finishes)")
     p.add_argument("words", nargs="*", metavar="[TARGET] [KEY=VALUE ...]",
                    help="TARGET, the model: registry name (mlp, vit), package.module:function or path/to/file.py:function "
                         "(default: the config's model.name); then config overrides, after --config")
@@ -66,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     from kiln.advise.run import advise
 
     try:
-        report = advise(cfg, measure=args.measure, say=say)
+        report = advise(cfg, measure=args.measure, say=say, budget_min=args.budget)
     except ConfigError as exc:
         raise retarget(exc) from None
     findings = [Finding(**f) for f in report["findings"]]
@@ -76,6 +79,10 @@ def run(args: argparse.Namespace) -> int:
     if args.json != "-":
         counts = ", ".join(f"{n} {s}" for s, n in report["counts"].items())
         print(f"kiln: {len(findings)} checks ({counts})")
+    if report.get("over_budget"):
+        not_run = sum(1 for f in findings if f.finding.startswith("not run: over the --budget"))
+        print(f"kiln: advise: stopped at its --budget of {args.budget:g} min: the findings made before it are above, "
+              f"{not_run} checks not run", file=sys.stderr)
     if report.get("interrupted"):
         not_run = sum(1 for f in findings if f.finding.startswith("not run: interrupted"))
         print(f"kiln: advise: stopped by Ctrl-C: the findings made before it are above, {not_run} checks not run; "
