@@ -25,6 +25,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+from kiln.safe_io import write_atomic
 from kiln.signing import UntrustedFileError, config_dir, sign, verify
 
 log = logging.getLogger("kiln.compile")
@@ -150,9 +151,7 @@ def save_artifacts(path: Path) -> int | None:
     if signed is None:
         log.warning("compile cache not saved: no kiln key could be created in %s to sign it with", config_dir())
         return None
-    tmp = path.with_name(path.name + ".part")
-    tmp.write_bytes(signed)
-    os.replace(tmp, path)
+    write_atomic(path, signed)
     return saved[1]
 
 

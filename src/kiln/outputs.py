@@ -16,6 +16,7 @@ import tempfile
 from pathlib import Path
 
 from kiln.config.errors import ConfigError
+from kiln.safe_io import LinkRefused, open_truncate, read_text, refuse_links
 
 LOCK_FILE = ".kiln.lock"
 _held: dict[str, object] = {}
@@ -96,7 +97,7 @@ def lock_holder(path: Path) -> str | None:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             try:
-                return (path / LOCK_FILE).read_text().strip() or "?"
+                return read_text(path / LOCK_FILE, 64, errors="replace").strip() or "?"
             except OSError:
                 return "?"
         fcntl.flock(fd, fcntl.LOCK_UN)
@@ -184,17 +185,23 @@ class RunDirLock:
             pid = lock_holder(self.dir) or "?"
             raise ConfigError("--run-dir", f"{self.dir} is in use by a running kiln process (pid {pid}); "
                               "choose another directory") from None
+        try:  # a link or a special file anywhere in the dir: refused before anything is written
+            refuse_links(self.dir)
+        except LinkRefused:
+            os.close(fd)
+            raise
         self._fd = fd
         _mine.add(os.path.abspath(self.dir))
         with contextlib.suppress(OSError):  # the pid note is for messages only
-            self.path.write_text(f"{os.getpid()}\n")
+            with os.fdopen(open_truncate(self.path), "w") as note:
+                note.write(f"{os.getpid()}\n")
         return self
 
     def release(self, *, remove_if_created: bool = False) -> None:
         if self._fd is None:
             return
         with contextlib.suppress(OSError):
-            self.path.unlink(missing_ok=True)  # while still holding it
+            self.path.unlink(missing_ok=True)  # while still holding it (a name: a link is never followed)
         if remove_if_created and self.created:
             with contextlib.suppress(OSError):
                 self.dir.rmdir()  # only if empty: never anything a run wrote

@@ -11,17 +11,19 @@ reader in kiln.checkpoint.dcp_io).
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from kiln.checkpoint.dcp_io import APP_KEY, dcp_load, read_metadata
-from kiln.checkpoint.layout import checkpoint_problem, latest_complete, read_marker
+from kiln.checkpoint.dcp_io import APP_KEY, CheckpointReadError, dcp_load, read_metadata
+from kiln.checkpoint.layout import checkpoint_problem, checkpoint_step, latest_complete, read_marker
 from kiln.config.errors import ConfigError
 
 MODEL_PREFIX = f"{APP_KEY}.model."
+log = logging.getLogger("kiln.checkpoint")
 
 
 def find_checkpoint(run_dir: Path, checkpoint: Path | None = None) -> Path:
@@ -61,6 +63,22 @@ def load_model_weights(path: Path) -> dict[str, torch.Tensor]:
     return {key[len(MODEL_PREFIX):]: tensor for key, tensor in wanted.items()}
 
 
+def readable_weights(run_dir: Path, checkpoint: Path | None = None) -> tuple[Path, dict[str, torch.Tensor]]:
+    """(checkpoint, its model weights): `checkpoint` as given, else the newest complete checkpoint of
+    `run_dir` whose data can be read; one that cannot is skipped with a warning naming it and why."""
+    path = find_checkpoint(run_dir, checkpoint)
+    while True:
+        try:
+            return path, load_model_weights(path)
+        except CheckpointReadError as exc:
+            older = None if checkpoint is not None else latest_complete(
+                Path(run_dir) / "checkpoints", before=checkpoint_step(path))
+            if older is None:
+                raise
+            log.warning("skipping checkpoint %s: %s; exporting the older %s", path, exc, older)
+            path = older
+
+
 def export_safetensors(run_dir: Path, out: Path, *, checkpoint: Path | None = None) -> dict[str, Any]:
     """Write the model of the newest complete checkpoint (or `checkpoint`) to `out`; returns a summary."""
     try:
@@ -72,8 +90,7 @@ def export_safetensors(run_dir: Path, out: Path, *, checkpoint: Path | None = No
         raise ConfigError("--out", f"{out}: must end in .safetensors")
     if out.exists() and out.is_dir():
         raise ConfigError("--out", f"{out}: is a directory")
-    path = find_checkpoint(run_dir, checkpoint)
-    tensors = load_model_weights(path)
+    path, tensors = readable_weights(run_dir, checkpoint)
     # safetensors refuses tensors sharing storage and wants contiguous ones; DCP fills separate
     # buffers, but views of one buffer could still come through, so make each its own.
     seen: set[int] = set()

@@ -22,13 +22,14 @@ from typing import Any
 
 import torch
 
-from kiln.checkpoint.export import find_checkpoint, load_model_weights
+from kiln.checkpoint.export import readable_weights
 from kiln.checkpoint.layout import read_marker
 from kiln.config.errors import ConfigError
 from kiln.data.prepared import META_FILE
 from kiln.data.tokenizers_io import copy_tokenizer_dir
 from kiln.llm.config import config_from_dict
 from kiln.llm.weights import to_hf_state_dict
+from kiln.safe_io import read_json
 
 MODEL_DIR = "model"
 """Under the run dir: the model's config.json and the tokenizer files of its data."""
@@ -116,10 +117,15 @@ def export_hf_dir(run_dir: Path, out: Path, *, checkpoint: Path | None = None, r
     if not (files / "config.json").is_file():
         raise ConfigError("RUN_DIR", f"{run_dir}: has no {MODEL_DIR}/config.json (only runs of llama: and hf: "
                           "causal LMs record one); export the weights alone with --out FILE.safetensors")
-    path = find_checkpoint(run_dir, checkpoint)
-    raw = json.loads((files / "config.json").read_text(encoding="utf-8"))
+    try:
+        raw = read_json(files / "config.json", 16 << 20)
+    except (OSError, ValueError) as exc:
+        raise ConfigError("RUN_DIR", f"{files / 'config.json'}: cannot be read ({getattr(exc, 'strerror', None) or exc})") from None
+    if not isinstance(raw, dict):
+        raise ConfigError("RUN_DIR", f"{files / 'config.json'}: not a JSON object")
+    path, weights = readable_weights(run_dir, checkpoint)
     tensors, seen = {}, set()
-    for key, value in _hf_tensors(load_model_weights(path), raw).items():
+    for key, value in _hf_tensors(weights, raw).items():
         if value.untyped_storage().data_ptr() in seen or not value.is_contiguous():
             value = value.contiguous().clone()  # safetensors stores no shared or strided views
         seen.add(value.untyped_storage().data_ptr())

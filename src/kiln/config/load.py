@@ -23,6 +23,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 from kiln.config.validate import validate
+from kiln.safe_io import write_atomic
 
 _TRUE = {"true", "1", "yes", "on"}
 _FALSE = {"false", "0", "no", "off"}
@@ -270,4 +271,4 @@ def dump_toml(cfg: Config) -> str:
 
 
 def save_config(cfg: Config, path: str | Path) -> None:
-    Path(path).write_text(dump_toml(cfg), encoding="utf-8")
+    write_atomic(path, dump_toml(cfg))

@@ -113,7 +113,10 @@ class TrainLoop:
         """Load the compile cache (before the first step compiles: a warm start) and the checkpoint."""
         t = self.trainer
         self.compile_cache.load()
-        report = t.checkpointer.load(t.resume_path, self.app)
+        report = t.checkpointer.load_readable(t.resume_path, self.app, fall_back=not t.branching)
+        if report.path != t.resume_path:  # a newer one could not be read: its steps run again
+            t.resume_path = report.path
+            self.sinks.cut_after(report.step)
         self.start = int(self.app.progress.get("step", report.step)) + 1
         t._step = t._steps_done = self.start - 1
         t._start = self.start

@@ -28,8 +28,6 @@ deletes nothing in the dir.
 from __future__ import annotations
 
 import contextlib
-import json
-import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,7 +43,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 from kiln.checkpoint.layout import checkpoint_step
-from kiln.monitor.records import read_records
+from kiln.monitor.records import keep_through
 
 # Files whose presence means a directory already holds a run that must not be overwritten.
 RUN_MARKERS = ("summary.json", "metrics.jsonl", "checkpoints")
@@ -132,7 +130,4 @@ def trim_metrics(path: Path, last_step: int) -> None:
     cut short; rewritten aside and renamed, so a crash here loses nothing."""
     if not path.exists():
         return
-    kept = [r for r in read_records(path) if r.get("step", 0) <= last_step]
-    tmp = path.with_name(path.name + ".part")
-    tmp.write_text("".join(json.dumps(r, allow_nan=False) + "\n" for r in kept), encoding="utf-8")
-    os.replace(tmp, path)
+    keep_through(path, last_step)

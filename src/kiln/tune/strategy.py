@@ -16,6 +16,7 @@ from typing import Any
 
 from kiln.bench.recipes import recipe_config
 from kiln.config.load import save_config
+from kiln.safe_io import write_atomic
 from kiln.tune import space as sp
 from kiln.tune.search import TuneOptions, TuneResult
 
@@ -82,7 +83,7 @@ def strategy_stage(result: TuneResult, opts: TuneOptions, nproc: int, out: Path,
             reason = (proc.stderr.strip().splitlines() or ["failed"])[0] if code else None
         except subprocess.TimeoutExpired as exc:
             code, text, reason = 1, str(exc), "stopped: the time budget ran out"
-        (run_dir / "train.log").write_text(text, encoding="utf-8")
+        write_atomic(run_dir / "train.log", text)
         row = _row(strategy, nproc, label, run_dir / "run", code, reason)
         rows.append(row)
         log(f"[strategy] {label} {strategy} x{nproc}: {row['status']}"
