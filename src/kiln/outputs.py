@@ -24,7 +24,7 @@ _mine: set[str] = set()
 """The directories whose RunDirLock this process holds now."""
 
 
-def _probe(directory: Path, flag: str, shown: Path) -> None:
+def probe_writable(directory: Path, flag: str, shown: Path) -> None:
     try:
         fd, name = tempfile.mkstemp(dir=directory, prefix=".kiln-write-probe-")
     except OSError as exc:
@@ -43,7 +43,7 @@ def check_writable_file(path: str | Path, flag: str) -> Path:
     parent = path.parent if str(path.parent) else Path(".")
     if not parent.is_dir():
         raise ConfigError(flag, f"{path}: its directory {parent} does not exist")
-    _probe(parent, flag, path)
+    probe_writable(parent, flag, path)
     return path
 
 
@@ -61,7 +61,7 @@ def claim_output_dir(path: str | Path, flag: str = "--out") -> Path:
         raise ConfigError(flag, exc.message, exc.choices) from None
     _held[key] = lock
     atexit.register(lock.release, remove_if_created=True)  # an output dir left empty goes again
-    _probe(path, flag, path)
+    probe_writable(path, flag, path)
     return path
 
 

@@ -117,12 +117,12 @@ def _open_existing_or_new(path: Path, flags: int, mode: int) -> int:
     return fd
 
 
-def open_append(path: str | os.PathLike[str], mode: int = 0o644) -> int:
+def open_append(path: str | os.PathLike[str], mode: int = 0o666) -> int:
     """A file descriptor appending to the regular file `path` (created if absent), never through a link."""
     return _open_existing_or_new(Path(path), os.O_WRONLY | os.O_APPEND, mode)
 
 
-def open_truncate(path: str | os.PathLike[str], mode: int = 0o644) -> int:
+def open_truncate(path: str | os.PathLike[str], mode: int = 0o666) -> int:
     """A file descriptor writing the regular file `path` from its start (created if absent, emptied
     only once it is known to be a regular file), never through a link."""
     fd = _open_existing_or_new(Path(path), os.O_WRONLY, mode)
@@ -136,7 +136,7 @@ def append_text(path: str | os.PathLike[str], text: str) -> None:
 
 
 def write_atomic(path: str | os.PathLike[str], data: bytes | str, *, durable: bool = False,
-                 mode: int = 0o644) -> None:
+                 mode: int = 0o666) -> None:
     """Replace `path` with `data`: a temporary created beside it (O_EXCL: a planted name is never
     opened) renamed over it, so readers see the old file or the new. `durable` fsyncs first."""
     path = Path(path)

@@ -23,7 +23,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 from kiln.config.validate import validate
-from kiln.safe_io import write_atomic
+from kiln import safe_io  # (module, not name: safe_io imports config.errors, which loads this package)
 
 _TRUE = {"true", "1", "yes", "on"}
 _FALSE = {"false", "0", "no", "off"}
@@ -271,4 +271,4 @@ def dump_toml(cfg: Config) -> str:
 
 
 def save_config(cfg: Config, path: str | Path) -> None:
-    write_atomic(path, dump_toml(cfg))
+    safe_io.write_atomic(path, dump_toml(cfg))

@@ -58,7 +58,7 @@ class JsonlSink(MetricsSink):
     def __init__(self, path: str | os.PathLike[str]):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._fd: int | None = open_append(self.path)
+        self._fd: int | None = open_append(self.path, 0o644)
         torn = torn_tail(self.path)
         if torn:
             os.ftruncate(self._fd, os.fstat(self._fd).st_size - torn)
@@ -83,7 +83,7 @@ class JsonlSink(MetricsSink):
         was opened): rewritten aside, then appended to again."""
         self.close()
         keep_through(self.path, step)
-        self._fd = open_append(self.path)
+        self._fd = open_append(self.path, 0o644)
 
     def close(self) -> None:
         if self._fd is not None:

@@ -58,7 +58,7 @@ def write_summary(path: str | os.PathLike[str], summary: Mapping[str, Any]) -> N
     for stale in target.parent.glob(f".{target.name}.*.part"):
         stale.unlink(missing_ok=True)  # removes a name (a planted link too), never what it points at
     # fsync before the rename so a power loss cannot leave an empty file under the real name.
-    write_atomic(target, text, durable=True, mode=0o666)
+    write_atomic(target, text, durable=True)
 
 
 class StepStats:
