@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fnmatch
 import json
 import logging
 import os
@@ -80,11 +81,20 @@ def check_target(path: str | os.PathLike[str]) -> None:
         raise LinkRefused(path, describe(Path(path), mode))
 
 
-def refuse_links(root: str | os.PathLike[str], *, limit: int = SCAN_LIMIT) -> None:
+CHECKPOINT_ENTRIES = ("checkpoints/step_*", "checkpoints/retired")
+"""Left to kiln.checkpoint.layout by `refuse_links`: kiln never writes into a saved checkpoint, and a
+checkpoint holding a link or a special file is skipped for an older one (a leftover `.tmp` link
+removed), not the whole run refused."""
+
+
+def refuse_links(root: str | os.PathLike[str], *, prune: tuple[str, ...] = CHECKPOINT_ENTRIES,
+                 limit: int = SCAN_LIMIT) -> None:
     """LinkRefused naming the first link or special file anywhere under directory `root` (which may
-    itself be a link: the user named it). Nothing under it is followed."""
+    itself be a link: the user named it), except at entries matching `prune` (relative posix
+    patterns). Nothing under it is followed."""
     seen = 0
-    stack = [Path(root)]
+    root = Path(root)
+    stack = [root]
     while stack and seen < limit:
         folder = stack.pop()
         try:
@@ -93,6 +103,9 @@ def refuse_links(root: str | os.PathLike[str], *, limit: int = SCAN_LIMIT) -> No
             continue  # unreadable: the command's own reads and writes say so
         for entry in entries:
             seen += 1
+            rel = Path(entry.path).relative_to(root).as_posix()
+            if any(fnmatch.fnmatchcase(rel, pattern) for pattern in prune):
+                continue
             mode = entry.stat(follow_symlinks=False).st_mode
             if stat.S_ISDIR(mode):
                 stack.append(Path(entry.path))

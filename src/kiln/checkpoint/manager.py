@@ -166,7 +166,9 @@ class Checkpointer:
     def _save(self, step: int, app_state: AppState, tmp: Path, target: Path, *, final: bool, block: bool) -> None:
         if self.rank == 0:
             self.root.mkdir(parents=True, exist_ok=True)
-            if tmp.exists():  # left by a crashed save of this step
+            if tmp.is_symlink() or tmp.is_file():  # not kiln's: only the name goes, never what it names
+                tmp.unlink()
+            elif tmp.exists():  # left by a crashed save of this step
                 shutil.rmtree(tmp)
         self._barrier()
         tmp.mkdir(parents=True, exist_ok=True)

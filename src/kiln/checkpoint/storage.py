@@ -94,7 +94,11 @@ def remove_partial(root: Path) -> list[Path]:
     they hold space). Only while no save is running. Returns what it removed."""
     removed = []
     for tmp in sorted(root.glob("step_*.tmp")) if root.is_dir() else []:
-        if tmp.is_dir():
+        if tmp.is_symlink():  # the name goes, never what it points at
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+                removed.append(tmp)
+        elif tmp.is_dir():
             shutil.rmtree(tmp, ignore_errors=True)
             if not tmp.exists():
                 removed.append(tmp)

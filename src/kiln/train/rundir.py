@@ -35,6 +35,7 @@ from typing import Any
 
 from kiln.config.errors import ConfigError
 from kiln.config.identity import differences, identity
+from kiln.config.load import CONFIG_LIMIT
 from kiln.monitor.summary import read_summary
 from kiln.outputs import lock_holder
 
@@ -44,6 +45,7 @@ else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 from kiln.checkpoint.layout import checkpoint_step
 from kiln.monitor.records import keep_through
+from kiln.safe_io import read_text
 
 # Files whose presence means a directory already holds a run that must not be overwritten.
 RUN_MARKERS = ("summary.json", "metrics.jsonl", "checkpoints")
@@ -71,7 +73,7 @@ def inspect_run_dir(path: Path) -> RunDirState:
     held = [m for m in RUN_MARKERS if (path / m).exists()]
     saved = status = None
     with contextlib.suppress(OSError, ValueError):  # unreadable: treated as absent, and said so
-        saved = identity(tomllib.loads((path / "config.toml").read_text(encoding="utf-8")))
+        saved = identity(tomllib.loads(read_text(path / "config.toml", CONFIG_LIMIT)))
     status = (read_summary(path) or {}).get("status")
     return RunDirState(path, held, saved, status)
 
