@@ -57,6 +57,8 @@ def claim_output_dir(path: str | Path, flag: str = "--out") -> Path:
     lock = RunDirLock(path)
     try:
         lock.acquire()
+    except LinkRefused:
+        raise  # names the link itself
     except ConfigError as exc:
         raise ConfigError(flag, exc.message, exc.choices) from None
     _held[key] = lock

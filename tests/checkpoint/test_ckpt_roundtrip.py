@@ -127,10 +127,10 @@ def test_async_save_failure_surfaces_in_wait(tmp_path: Path, monkeypatch) -> Non
     ck.save(1, run.app)
     ck.wait()
 
-    def no_marker(path, data):
+    def no_marker(path, data, **kwargs):
         raise OSError("no space left on device")
 
-    monkeypatch.setattr(manager, "_write_json_durably", no_marker)
+    monkeypatch.setattr(manager, "write_json", no_marker)
     ck.save(2, run.app)  # returns at once; the failure happens in the background
     with pytest.raises(CheckpointSaveError, match="checkpoint save of step 2 .* failed: OSError: no space left"):
         ck.wait()

@@ -62,7 +62,7 @@ def marker_status(path: Path) -> tuple[dict[str, Any] | None, str | None]:
     try:
         marker = read_json(path / MARKER, MARKER_LIMIT)
     except FileNotFoundError:
-        return None, f"no completion marker ({MARKER})"
+        return None, f"no valid completion marker ({MARKER})"
     except OSError as exc:
         return None, f"completion marker {MARKER} {exc.strerror or exc}"
     except ValueError as exc:

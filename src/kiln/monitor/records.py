@@ -14,7 +14,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from kiln.safe_io import MiB, read_bytes, write_atomic
+from kiln.safe_io import MiB, check_target, read_bytes, write_atomic
 
 log = logging.getLogger("kiln.monitor")
 
@@ -59,6 +59,7 @@ def read_records(path: Path, *, warn: bool = True) -> list[dict[str, Any]]:
 def keep_through(path: Path, last_step: int) -> None:
     """Rewrite `path` without the records past `last_step` (and a last line a crash cut short),
     aside and renamed, so a crash here loses nothing."""
+    check_target(path)  # a link is refused (LinkRefused), not read through
     kept = [r for r in read_records(path) if r.get("step", 0) <= last_step]
     write_atomic(path, "".join(json.dumps(r, allow_nan=False) + "\n" for r in kept))
 

@@ -7,7 +7,8 @@ from typing import Any
 
 from kiln.report import plots
 from kiln.report.load import BenchData, RunData, load
-from kiln.report.render import Block, Heading, Image, Para, Table, write_report
+from kiln.report.render import REPORT_FILES, Block, Heading, Image, Para, Table, write_report
+from kiln.safe_io import check_target
 from kiln.train.segments import describe_segments
 
 MIB = 2**20
@@ -251,5 +252,8 @@ def make_report(path: str | Path, out: str | Path | None = None) -> dict[str, Pa
     """Read a run or bench dir and write report.md (+ report_files/) and report.html into `out`
     (default: the dir itself)."""
     data = load(path)
+    target = Path(out) if out is not None else data.path
+    for name in REPORT_FILES:  # a link where the report goes: refused before any work (exit 2)
+        check_target(target / name)
     title, blocks = run_blocks(data) if isinstance(data, RunData) else bench_blocks(data)
-    return write_report(blocks, Path(out) if out is not None else data.path, title)
+    return write_report(blocks, target, title)

@@ -12,6 +12,9 @@ from typing import Any
 from kiln.bench.results import format_cell
 from kiln.safe_io import write_atomic
 
+REPORT_FILES = ("report.md", "report.html")
+"""What `kiln report` writes into its output dir (and report_files/, its PNGs)."""
+
 
 @dataclass
 class Heading:
