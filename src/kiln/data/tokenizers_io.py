@@ -22,6 +22,8 @@ INSTALL_HINT = "pip install 'kiln[llm]' (or: pip install tokenizers)"
 END_OF_TEXT = "<|endoftext|>"
 # Smallest trained vocabulary: the 256 byte symbols plus the special token.
 MIN_BPE_VOCAB = 257
+MAX_BPE_VOCAB = 1 << 24
+"""The largest BPE `--train-bpe` trains: token ids stay far inside the u32 the tokenizers library uses."""
 # Files that make up a Hugging Face tokenizer directory (weights and model configs are not copied).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
                    "vocab.json", "merges.txt", "vocab.txt", "tokenizer.model", "chat_template.jinja",
