@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
-from kiln.checkpoint.compat import check_model_keys, prune_template
+from kiln.checkpoint.compat import check_model_keys, prune_template, unused_optimizer_state
 from kiln.checkpoint.dcp_io import (
     APP_KEY,
     CheckpointReadError,
@@ -348,10 +348,13 @@ class Checkpointer:
 
         check_model_keys(path, tensor_shapes(metadata, f"{APP_KEY}.model."), app_state.model_shapes(), present)
         template = app_state.load_template(saved_world)
+        unused = unused_optimizer_state(template, present)
         template = prune_template(path, template, present)
         dcp_load({APP_KEY: template}, path, process_group=self.group)
         app_state.config_hyperparameters = bool(self.digest) and marker.get("config_digest") not in (None, self.digest)
         app_state.load_state_dict(template)
+        if unused is not None:
+            app_state.notes.append(unused)
         for note in app_state.notes:
             log.warning("resume from %s: %s", path, note)
         self.last_saved_step = None
