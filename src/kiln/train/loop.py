@@ -132,7 +132,10 @@ class TrainLoop:
         if cfg.compile.enabled or cfg.compile.cudagraphs:  # else minutes of silence before the first record
             self.sinks.waiting(first_step_message(cfg.compile, self.start, tcfg.steps))
         self.meter.restart_clock()
-        with StopOnSignal() as stop:
+        # Several ranks agree on a stop at log steps only (the vote is a collective), so say when.
+        when = (f"at the next log step (training.log_interval={tcfg.log_interval}: the ranks agree on a stop there)"
+                if self.trainer.dist.world_size > 1 else "after this step")
+        with StopOnSignal(when=when) as stop:
             for step in range(self.start, tcfg.steps + 1):
                 if not self.one_step(step, stop):
                     break
