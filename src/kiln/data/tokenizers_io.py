@@ -10,13 +10,13 @@ special token, `<|endoftext|>`, which ends every document and serves as BOS/EOS/
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from kiln.config.errors import ConfigError
+from kiln.safe_io import read_bytes, write_atomic
 
 INSTALL_HINT = "pip install 'kiln[llm]' (or: pip install tokenizers)"
 END_OF_TEXT = "<|endoftext|>"
@@ -121,13 +121,17 @@ def save_trained(loaded: LoadedTokenizer, directory: Path, model_max_length: int
     (directory / "special_tokens_map.json").write_text(json.dumps(special, indent=2) + "\n", encoding="utf-8")
 
 
+TOKENIZER_FILE_LIMIT = 1 << 30
+"""The largest tokenizer file kiln copies (a 256k-token vocabulary's tokenizer.json is tens of MiB)."""
+
+
 def copy_tokenizer_dir(source: Path, directory: Path) -> list[str]:
     """Copy the tokenizer files of `source` (never weights) into `directory`; returns their names.
     The copies are new files of this user's (the umask's mode), not the source's mode."""
     directory.mkdir(parents=True, exist_ok=True)
     copied = []
     for name in TOKENIZER_FILES:
-        if (source / name).is_file():
-            shutil.copyfile(source / name, directory / name)
+        if (source / name).is_file():  # a regular file (through a link: followed, and logged)
+            write_atomic(directory / name, read_bytes(source / name, TOKENIZER_FILE_LIMIT, follow=True))
             copied.append(name)
     return copied
