@@ -48,7 +48,7 @@ def tokenizer_dir_of(token_path: str | Path) -> Path | None:
     path = Path(token_path)
     meta = (path if path.is_dir() else path.parent) / META_FILE
     try:
-        name = json.loads(meta.read_text(encoding="utf-8")).get("tokenizer")
+        name = read_json(meta, 16 << 20, follow=True).get("tokenizer")
     except (OSError, ValueError, AttributeError):
         return None
     if not isinstance(name, str) or not name:
