@@ -143,6 +143,19 @@ def open_truncate(path: str | os.PathLike[str], mode: int = 0o666) -> int:
     return fd
 
 
+def _umask() -> int:
+    """The process's umask, read without changing it where Linux tells (a save finishes in a
+    background thread: setting the umask to read it would race the threads creating files)."""
+    with contextlib.suppress(OSError, ValueError):
+        with open("/proc/self/status", encoding="ascii", errors="replace") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    umask = os.umask(0o022)
+    os.umask(umask)
+    return umask
+
+
 def append_text(path: str | os.PathLike[str], text: str) -> None:
     with os.fdopen(open_append(path), "a", encoding="utf-8") as f:
         f.write(text)
@@ -162,9 +175,7 @@ def write_atomic(path: str | os.PathLike[str], data: bytes | str, *, durable: bo
             f.flush()
             if durable:
                 os.fsync(f.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, mode & ~umask)
+        os.chmod(tmp, mode & ~_umask())  # mkstemp makes it 0600; a new file gets mode less the umask
         check_target(path)
         os.replace(tmp, path)  # rename replaces a name, it never writes through one
     except BaseException:
