@@ -89,9 +89,8 @@ class StopOnSignal:
                 raise KeyboardInterrupt
             raise SignalExit(128 + signum)
         self.received = signum
-        log.warning("%s received: stopping %s (a checkpoint is saved first); send it again to stop without "
-                    "it (a save in progress ends when its current write returns)", signal.Signals(signum).name,
-                    self.when)
+        log.warning("%s received: stopping %s (a checkpoint is saved first); send it again to stop at once",
+                    signal.Signals(signum).name, self.when)
 
     def stop_requested(self) -> bool:
         """True once a signal arrived (this process only; see `any_rank` to agree across ranks)."""
