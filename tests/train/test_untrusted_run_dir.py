@@ -52,28 +52,23 @@ def _names_written(run: Path) -> list[str]:
     return sorted(str(p.relative_to(run)) for p in run.rglob("*") if p.is_file())
 
 
-def test_the_enumeration_covers_what_a_run_writes(trained):
+# Every name kiln writes in a run dir outside its saved checkpoints: what a tiny run writes (checked
+# below), and what other paths write (the lock's pid note, the dependency log, the compile cache, a
+# branch record, a report, TensorBoard's dir, an LM run's model files, the temporaries that older
+# kiln wrote before renaming).
+PLANTED = ["config.toml", "metrics.jsonl", "summary.json", "error.log", ".kiln.lock", "dependencies.log",
+           "compile_cache.bin", "checkpoints/branch.json", "metrics.jsonl.part", "checkpoints/branch.json.part",
+           "compile_cache.bin.part", "report.md", "tb", "model"]
+
+
+def test_the_planted_names_cover_what_a_run_writes(trained):
     written = _names_written(trained)
     assert {"config.toml", "metrics.jsonl", "summary.json", "error.log",
             "checkpoints/step_00000008/kiln_complete.json"} <= set(written)
-    outside = [name for name in written if not name.startswith("checkpoints/step_")]
-    assert set(outside) <= set(_planted_names())  # every name a run writes outside its checkpoints is planted below
+    assert {name for name in written if not name.startswith("checkpoints/step_")} <= set(PLANTED)
 
 
-# Every file a tiny run wrote, and the names kiln writes on other paths (the lock's pid note, a
-# failure's error.log, the dependency log, the compile cache, a branch record, the temporaries
-# that older kiln wrote before renaming).
-EXTRA = [".kiln.lock", "error.log", "dependencies.log", "compile_cache.bin", "checkpoints/branch.json",
-         "metrics.jsonl.part", "checkpoints/branch.json.part", "compile_cache.bin.part", "report.md",
-         "tb", "model"]
-
-
-def _planted_names() -> list[str]:
-    fixed = ["config.toml", "metrics.jsonl", "summary.json"]
-    return fixed + EXTRA
-
-
-@pytest.mark.parametrize("name", _planted_names())
+@pytest.mark.parametrize("name", PLANTED)
 def test_a_link_at_any_name_kiln_writes_is_refused_and_its_target_kept(copy, tmp_path, capsys, name):
     victim = tmp_path / "victim"
     victim.write_text(VICTIM)
