@@ -129,12 +129,14 @@ def _resumed_from(run: Path) -> str:
     ["__0_0.distcp"],
     {"fifo": {"bytes": 0, "sha256": "0" * 64}},
 ])
-def test_a_marker_naming_what_kiln_never_wrote_skips_to_the_older_checkpoint(copy, caplog, files):
+def test_a_marker_naming_what_kiln_never_wrote_skips_to_the_older_checkpoint(copy, tmp_path, caplog, files):
     newest = copy / "checkpoints" / "step_00000008"
     if "fifo" in files:
         os.mkfifo(newest / "fifo")
     _remark(newest, files=files)
     started = time.monotonic()
+    assert main(["export", str(copy), "--out", str(tmp_path / "m.safetensors")]) == 0
+    assert json.loads((tmp_path / "m.kiln_export.json").read_text())["step"] == 4
     assert _train(copy) == 0
     assert time.monotonic() - started < 120
     assert _resumed_from(copy).endswith("step_00000004")
