@@ -157,3 +157,15 @@ def test_a_report_is_never_written_through_a_link(planted, capsys):
     link = plant("report.md")
     assert main(["report", str(directory)]) == 2
     assert f"{link}: is a symbolic link" in capsys.readouterr().err
+
+
+def test_a_hard_link_is_refused_for_appends_and_by_the_scan(tmp_path):
+    victim = tmp_path / "victim"
+    victim.write_text(VICTIM)
+    (tmp_path / "run").mkdir()
+    os.link(victim, tmp_path / "run" / "metrics.jsonl")
+    with pytest.raises(LinkRefused, match="is a hard link"):
+        append_text(tmp_path / "run" / "metrics.jsonl", "more")
+    with pytest.raises(LinkRefused, match="metrics.jsonl: is a hard link"):
+        refuse_links(tmp_path / "run")
+    assert victim.read_text() == VICTIM

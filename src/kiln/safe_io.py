@@ -106,11 +106,13 @@ def refuse_links(root: str | os.PathLike[str], *, prune: tuple[str, ...] = CHECK
             rel = Path(entry.path).relative_to(root).as_posix()
             if any(fnmatch.fnmatchcase(rel, pattern) for pattern in prune):
                 continue
-            mode = entry.stat(follow_symlinks=False).st_mode
-            if stat.S_ISDIR(mode):
+            info = entry.stat(follow_symlinks=False)
+            if stat.S_ISDIR(info.st_mode):
                 stack.append(Path(entry.path))
-            elif not stat.S_ISREG(mode):
-                raise LinkRefused(entry.path, describe(Path(entry.path), mode))
+            elif not stat.S_ISREG(info.st_mode):
+                raise LinkRefused(entry.path, describe(Path(entry.path), info.st_mode))
+            elif info.st_nlink > 1:  # a hard link: appending to it would write to its other names too
+                raise LinkRefused(entry.path, f"is a hard link ({info.st_nlink} names)")
 
 
 def _open_existing_or_new(path: Path, flags: int, mode: int) -> int:
@@ -122,9 +124,10 @@ def _open_existing_or_new(path: Path, flags: int, mode: int) -> int:
             raise LinkRefused(path, describe(path, os.lstat(path).st_mode)) from None
         raise
     info = os.fstat(fd)
-    if not stat.S_ISREG(info.st_mode):
+    if not stat.S_ISREG(info.st_mode) or info.st_nlink > 1:
         os.close(fd)
-        raise LinkRefused(path, describe(path, info.st_mode))
+        raise LinkRefused(path, describe(path, info.st_mode) if not stat.S_ISREG(info.st_mode)
+                          else f"is a hard link ({info.st_nlink} names)")
     if _NONBLOCK:
         os.set_blocking(fd, True)
     return fd
