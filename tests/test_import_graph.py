@@ -39,7 +39,7 @@ else:  # pragma: no cover - exercised on 3.10 only
 REPO = Path(__file__).resolve().parents[1]
 SRC = REPO / "src"
 
-LEAF = ("__init__", "config", "imports", "signing", "noise", "tables", "activity", "timing", "outputs")
+LEAF = ("__init__", "config", "imports", "signing", "noise", "tables", "activity", "timing", "outputs", "safe_io")
 ROOMS: tuple[tuple[str, ...], ...] = (
     LEAF,
     ("cpu",),

@@ -21,8 +21,23 @@ def test_a_readable_key_is_not_a_secret(tmp_path, monkeypatch):
     monkeypatch.setenv("KILN_CONFIG_DIR", str(tmp_path))
     signed = sign(b"payload", purpose=b"t")
     (tmp_path / KEY_FILE).chmod(0o644)
-    with pytest.raises(UntrustedFileError, match="no kiln key"):
+    with pytest.raises(UntrustedFileError, match=r"is readable or writable by others \(mode 644\).*chmod 600"):
         verify(signed, purpose=b"t")
+
+
+def test_a_malformed_key_is_named_as_malformed_not_as_missing(tmp_path, monkeypatch, caplog):
+    from kiln.compile_cache import save_artifacts  # noqa: F401  (its warning uses key_problem)
+    from kiln.signing import key_problem
+
+    monkeypatch.setenv("KILN_CONFIG_DIR", str(tmp_path))
+    (tmp_path / KEY_FILE).write_bytes(b"short")
+    (tmp_path / KEY_FILE).chmod(0o600)
+    assert sign(b"payload", purpose=b"t") is None  # never replaced behind the user's back
+    assert "is malformed (5 bytes, not 32)" in key_problem()
+    with pytest.raises(UntrustedFileError, match="is malformed"):
+        verify(b"x" * 40, purpose=b"t")
+    (tmp_path / KEY_FILE).unlink()
+    assert "no kiln key in" in key_problem()
 
 
 def test_verify_refuses_altered_bytes_another_purpose_and_another_key(tmp_path, monkeypatch):

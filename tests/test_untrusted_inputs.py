@@ -103,4 +103,7 @@ def test_run_dir_bookkeeping_files_are_plain_data(tmp_path, canary):
     (step / "kiln_complete.json").write_bytes(blob)
     (tmp_path / "checkpoints" / "branch.json").write_bytes(blob)
     assert "marker" in checkpoint_problem(step)
-    assert branch_point(tmp_path / "checkpoints") is None
+    from kiln.config.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="branch.json: cannot be read"):  # refused, never a restart
+        branch_point(tmp_path / "checkpoints")

@@ -25,7 +25,8 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from kiln.signing import UntrustedFileError, config_dir, sign, verify
+from kiln.safe_io import write_atomic
+from kiln.signing import UntrustedFileError, config_dir, key_problem, sign, verify
 
 log = logging.getLogger("kiln.compile")
 
@@ -148,11 +149,9 @@ def save_artifacts(path: Path) -> int | None:
         return None
     signed = sign(saved[0], purpose=_PURPOSE)
     if signed is None:
-        log.warning("compile cache not saved: no kiln key could be created in %s to sign it with", config_dir())
+        log.warning("compile cache not saved: %s", key_problem() or f"no kiln key could be created in {config_dir()}")
         return None
-    tmp = path.with_name(path.name + ".part")
-    tmp.write_bytes(signed)
-    os.replace(tmp, path)
+    write_atomic(path, signed)
     return saved[1]
 
 

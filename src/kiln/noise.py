@@ -25,6 +25,8 @@ import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
+from kiln.safe_io import LinkRefused, append_text
+
 LOG_NAME = "dependencies.log"
 
 _DEPRECATIONS = (DeprecationWarning, PendingDeprecationWarning, FutureWarning)
@@ -73,9 +75,8 @@ class NoiseLog:
                 self._pending.append(text)
                 return
             try:
-                with open(self.path, "a", encoding="utf-8") as f:
-                    f.write(text)
-            except OSError:
+                append_text(self.path, text)
+            except (OSError, LinkRefused):
                 self._pending.append(text)
 
     def attach(self, directory: str | os.PathLike[str]) -> Path:
@@ -86,8 +87,7 @@ class NoiseLog:
             pending, self._pending = self._pending, []
         if pending:
             path.parent.mkdir(parents=True, exist_ok=True)
-            with open(path, "a", encoding="utf-8") as f:
-                f.writelines(pending)
+            append_text(path, "".join(pending))
         return path
 
     def detach(self) -> None:

@@ -16,6 +16,7 @@ import tempfile
 from pathlib import Path
 
 from kiln.config.errors import ConfigError
+from kiln.safe_io import LinkRefused, open_truncate, read_text, refuse_links
 
 LOCK_FILE = ".kiln.lock"
 _held: dict[str, object] = {}
@@ -23,7 +24,7 @@ _mine: set[str] = set()
 """The directories whose RunDirLock this process holds now."""
 
 
-def _probe(directory: Path, flag: str, shown: Path) -> None:
+def probe_writable(directory: Path, flag: str, shown: Path) -> None:
     try:
         fd, name = tempfile.mkstemp(dir=directory, prefix=".kiln-write-probe-")
     except OSError as exc:
@@ -42,7 +43,7 @@ def check_writable_file(path: str | Path, flag: str) -> Path:
     parent = path.parent if str(path.parent) else Path(".")
     if not parent.is_dir():
         raise ConfigError(flag, f"{path}: its directory {parent} does not exist")
-    _probe(parent, flag, path)
+    probe_writable(parent, flag, path)
     return path
 
 
@@ -56,11 +57,13 @@ def claim_output_dir(path: str | Path, flag: str = "--out") -> Path:
     lock = RunDirLock(path)
     try:
         lock.acquire()
+    except LinkRefused:
+        raise  # names the link itself
     except ConfigError as exc:
         raise ConfigError(flag, exc.message, exc.choices) from None
     _held[key] = lock
     atexit.register(lock.release, remove_if_created=True)  # an output dir left empty goes again
-    _probe(path, flag, path)
+    probe_writable(path, flag, path)
     return path
 
 
@@ -96,7 +99,7 @@ def lock_holder(path: Path) -> str | None:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             try:
-                return (path / LOCK_FILE).read_text().strip() or "?"
+                return read_text(path / LOCK_FILE, 64, errors="replace").strip() or "?"
             except OSError:
                 return "?"
         fcntl.flock(fd, fcntl.LOCK_UN)
@@ -184,17 +187,23 @@ class RunDirLock:
             pid = lock_holder(self.dir) or "?"
             raise ConfigError("--run-dir", f"{self.dir} is in use by a running kiln process (pid {pid}); "
                               "choose another directory") from None
+        try:  # a link or a special file anywhere in the dir: refused before anything is written
+            refuse_links(self.dir)
+        except LinkRefused:
+            os.close(fd)
+            raise
         self._fd = fd
         _mine.add(os.path.abspath(self.dir))
         with contextlib.suppress(OSError):  # the pid note is for messages only
-            self.path.write_text(f"{os.getpid()}\n")
+            with os.fdopen(open_truncate(self.path), "w") as note:
+                note.write(f"{os.getpid()}\n")
         return self
 
     def release(self, *, remove_if_created: bool = False) -> None:
         if self._fd is None:
             return
         with contextlib.suppress(OSError):
-            self.path.unlink(missing_ok=True)  # while still holding it
+            self.path.unlink(missing_ok=True)  # while still holding it (a name: a link is never followed)
         if remove_if_created and self.created:
             with contextlib.suppress(OSError):
                 self.dir.rmdir()  # only if empty: never anything a run wrote

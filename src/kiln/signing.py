@@ -60,14 +60,38 @@ def secret_key(*, create: bool = True) -> bytes | None:
 
 
 def _read_key(path: Path) -> bytes | None:
+    return _key_and_problem(path)[0]
+
+
+def _key_and_problem(path: Path) -> tuple[bytes | None, str | None]:
+    """(the key, None), or (None, why `path` is no usable key: absent, shared, malformed)."""
     try:
-        info = path.stat()
-        if info.st_mode & (stat.S_IRWXG | stat.S_IRWXO) or (hasattr(os, "getuid") and info.st_uid != os.getuid()):
-            return None  # others could read (forge) or replace it: not a secret
-        key = path.read_bytes()
-    except OSError:
-        return None
-    return key if len(key) == _KEY_BYTES else None
+        info = path.lstat()
+    except FileNotFoundError:
+        return None, f"no kiln key in {path.parent}"
+    except OSError as exc:
+        return None, f"kiln key {path} cannot be read ({exc.strerror or exc})"
+    if not stat.S_ISREG(info.st_mode):
+        return None, f"kiln key {path} is not a regular file (a link?); remove it and kiln makes a new one"
+    if info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):  # others could read (forge) or replace it: not a secret
+        return None, (f"kiln key {path} is readable or writable by others (mode {stat.S_IMODE(info.st_mode):o}), "
+                      f"so it is no secret: chmod 600 {path}, or remove it and kiln makes a new one")
+    if hasattr(os, "getuid") and info.st_uid != os.getuid():
+        return None, f"kiln key {path} belongs to another user (uid {info.st_uid}); remove it or set KILN_CONFIG_DIR"
+    try:
+        with open(path, "rb") as f:
+            key = f.read(_KEY_BYTES + 1)
+    except OSError as exc:
+        return None, f"kiln key {path} cannot be read ({exc.strerror or exc})"
+    if len(key) != _KEY_BYTES:
+        return None, (f"kiln key {path} is malformed ({len(key)}{'+' if len(key) > _KEY_BYTES else ''} bytes, "
+                      f"not {_KEY_BYTES}): remove it and kiln makes a new one")
+    return key, None
+
+
+def key_problem() -> str | None:
+    """Why this user has no usable kiln key (for messages), or None when it has one."""
+    return _key_and_problem(config_dir() / KEY_FILE)[1]
 
 
 def sign(payload: bytes, *, purpose: bytes) -> bytes | None:
@@ -81,9 +105,9 @@ def sign(payload: bytes, *, purpose: bytes) -> bytes | None:
 def verify(signed: bytes, *, purpose: bytes) -> bytes:
     """The payload of `signed` when its tag verifies under this user's key; else UntrustedFileError
     (nothing of the payload has been interpreted)."""
-    key = secret_key(create=False)
+    key, problem = _key_and_problem(config_dir() / KEY_FILE)
     if key is None:
-        raise UntrustedFileError(f"no kiln key in {config_dir()} to authenticate it with")
+        raise UntrustedFileError(f"{problem}: nothing can be authenticated with it")
     if len(signed) < _TAG_BYTES:
         raise UntrustedFileError("too short to carry kiln's signature")
     tag, payload = signed[:_TAG_BYTES], signed[_TAG_BYTES:]

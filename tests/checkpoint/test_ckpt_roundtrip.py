@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from kiln.checkpoint import CheckpointSaveError
+from kiln.checkpoint import AppState, CheckpointSaveError
 from kiln.checkpoint.layout import MARKER, latest_complete
 from kiln.config.errors import ConfigError
 
@@ -127,10 +127,10 @@ def test_async_save_failure_surfaces_in_wait(tmp_path: Path, monkeypatch) -> Non
     ck.save(1, run.app)
     ck.wait()
 
-    def no_marker(path, data):
+    def no_marker(path, data, **kwargs):
         raise OSError("no space left on device")
 
-    monkeypatch.setattr(manager, "_write_json_durably", no_marker)
+    monkeypatch.setattr(manager, "write_json", no_marker)
     ck.save(2, run.app)  # returns at once; the failure happens in the background
     with pytest.raises(CheckpointSaveError, match="checkpoint save of step 2 .* failed: OSError: no space left"):
         ck.wait()
@@ -269,3 +269,25 @@ def test_load_never_unpickles_code(tmp_path: Path, monkeypatch) -> None:
         checkpointer(tmp_path).resolve_resume(str(saved))
     assert checkpointer(tmp_path).resolve_resume("auto") is None
     assert not witness.exists()
+
+
+def test_resuming_fp32_masters_under_another_optimizer_says_they_are_not_loaded(tmp_path: Path, caplog) -> None:
+    """A bf16-master checkpoint resumed with another precision policy's optimizer: its fp32 masters
+    have no place there; the resume says so instead of dropping them silently."""
+    from kiln.train.master_adamw import MasterAdamW
+
+    def app(optimizer_cls, **kw):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 4).to(torch.bfloat16)
+        optimizer = optimizer_cls(model.parameters(), lr=0.1, **kw)
+        model(torch.ones(2, 4, dtype=torch.bfloat16)).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        return AppState(model, optimizer)
+
+    path = checkpointer(tmp_path).save(1, app(MasterAdamW, use_kernel=False))
+    same = checkpointer(tmp_path).load(path, app(MasterAdamW, use_kernel=False))
+    assert not any("not loaded" in note for note in same.notes)
+    other = checkpointer(tmp_path).load(path, app(torch.optim.AdamW))
+    assert any("optimizer state master is not used" in note and "precision.policy=bf16-master" in note
+               for note in other.notes), other.notes

@@ -119,8 +119,10 @@ def test_an_interrupt_in_the_middle_of_a_save_is_an_interruption(tmp_path, monke
 
 # A model factory whose import makes every checkpoint write after step 4's block until the process
 # is signalled: the window "in the middle of a save", deterministically. Test-only, via model.name.
+# The write also leaves a thread busy for minutes, as a writer thread still in the middle of a large
+# tensor is when the main thread takes the signal: stopping "at once" must not wait for it.
 SLOW_SAVE_FACTORY = """
-import os, time
+import os, threading, time
 from torch.distributed.checkpoint.filesystem import FileSystemWriter
 from kiln.models.mlp import build_mlp
 from kiln.models.spec import InputSpec
@@ -129,6 +131,7 @@ _write = FileSystemWriter.write_data
 
 def _blocking_write(self, plan, planner):
     if "step_00000004" not in str(self.path):
+        threading.Thread(target=time.sleep, args=(600,)).start()  # not a daemon: exit would wait for it
         open(os.environ["KILN_TEST_SAVING"], "w").close()
         while True:  # until the second signal ends the process
             time.sleep(0.05)
@@ -171,11 +174,14 @@ def test_a_second_signal_during_a_save_stops_the_cli_at_once(tmp_path, tiny_over
             time.sleep(0.05)
         time.sleep(max(0.0, first + 1.5 - time.monotonic()))  # past kiln's window for one signal sent twice
         proc.send_signal(sig)  # again, in the middle of that save: now
+        second = time.monotonic()
         _, err = proc.communicate(timeout=120)
+        stopped_after = time.monotonic() - second
     finally:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == code, err[-3000:]
+    assert stopped_after < 60, f"the process lingered {stopped_after:.0f} s after the second signal"
     assert "fix your model" not in err and "your model, data or factory code" not in err, err[-3000:]
     (said,) = [line for line in err.splitlines() if "interrupted while saving checkpoint" in line]
     assert f"the newest complete checkpoint, {kept}, is intact" in said, err[-3000:]

@@ -163,23 +163,32 @@ def test_bad_outputs_and_runs_exit_2(tmp_path, capsys):
     assert (existing / "keep.txt").read_text() == "mine"
 
 
-def test_a_leftover_part_directory_is_refused_not_removed(tmp_path, capsys):
+def test_a_directory_named_like_a_part_is_never_touched(tmp_path, capsys):
+    """The export is written under a fresh temporary name: a `hf.part` of the user's (or a link
+    planted there) is neither used nor removed."""
     run_dir = _run(tmp_path, "run", "model.name=llama:llama-tiny", "data.synthetic_samples=16")
     part = tmp_path / "hf.part"
     part.mkdir()
     (part / "mine.txt").write_text("keep")
-    assert main(["export", str(run_dir), "--out", str(tmp_path / "hf")]) == 2
-    assert "hf.part exists" in capsys.readouterr().err
-    assert (part / "mine.txt").read_text() == "keep" and not (tmp_path / "hf").exists()
+    assert main(["export", str(run_dir), "--out", str(tmp_path / "hf")]) == 0
+    assert sorted(p.name for p in part.iterdir()) == ["mine.txt"] and (tmp_path / "hf" / "config.json").is_file()
 
 
-def test_force_replaces_an_existing_export_directory_whole(tmp_path, capsys):
+def test_force_replaces_an_earlier_export_directory_whole_and_nothing_else(tmp_path, capsys):
     run_dir = _run(tmp_path, "forced", "model.name=llama:llama-tiny", "data.synthetic_samples=16")
     out = tmp_path / "hf"
     out.mkdir()
-    (out / "stale.txt").write_text("another export's file")
+    (out / "stale.txt").write_text("the user's file")
     assert main(["export", str(run_dir), "--out", str(out)]) == 2  # refused without --force, untouched
-    assert (out / "stale.txt").is_file()
+    assert main(["export", str(run_dir), "--out", str(out), "--force"]) == 2  # not a kiln export: refused
+    assert "is not an earlier kiln export (it holds what a kiln export never writes (stale.txt))" in capsys.readouterr().err
+    assert sorted(p.name for p in out.iterdir()) == ["stale.txt"]
+    (out / "stale.txt").unlink()
+    out.rmdir()
+    assert main(["export", str(run_dir), "--out", str(out)]) == 0
+    (out / "config.json").write_text("{}")  # an earlier export, whatever became of its config
+    capsys.readouterr()
     assert main(["export", str(run_dir), "--out", str(out), "--force"]) == 0
-    assert (out / "config.json").is_file() and not (out / "stale.txt").exists()
+    assert f"the earlier export at {out} was replaced" in capsys.readouterr().out
+    assert json.loads((out / "config.json").read_text()) != {}
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("hf")) == ["hf"]  # no .part, no old copy

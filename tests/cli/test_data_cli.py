@@ -60,6 +60,7 @@ def _bad_inputs(tmp_path, text):
         "dir without text": ([tmp_path / "nodocs", "--train-bpe", 300], "nodocs holds no text files"),
         "vocab over dtype": ([text, "--train-bpe", 70000, "--dtype", "uint16"], "--dtype: .*70000 tokens does not fit"),
         "vocab too small": ([text, "--train-bpe", 100], "--train-bpe: .*at least 257"),
+        "vocab too large": ([text, "--train-bpe", 99999999999], "--train-bpe: 99999999999 tokens is more than the"),
         "val fraction": ([text, "--train-bpe", 300, "--val-fraction", 1.5], "--val-fraction"),
         "no tokenizer dir": ([text, "--tokenizer", tmp_path / "nodir"], "--tokenizer: no such directory"),
         "tokenizer dir without json": ([text, "--tokenizer", tmp_path / "full"], "--tokenizer: .*no tokenizer.json"),
@@ -67,7 +68,7 @@ def _bad_inputs(tmp_path, text):
 
 
 CASES = ("missing", "empty", "blank", "binary", "not utf-8", "bad jsonl", "no field", "not a string",
-         "dir without text", "vocab over dtype", "vocab too small", "val fraction", "no tokenizer dir",
+         "dir without text", "vocab over dtype", "vocab too small", "vocab too large", "val fraction", "no tokenizer dir",
          "tokenizer dir without json")
 
 

@@ -63,3 +63,15 @@ def test_directories_expand_recursively_and_once(tmp_path):
         (tmp_path / name).write_text("x")
     files = text_sources.collect_files([str(tmp_path / "d"), str(tmp_path / "d" / "a.txt")])
     assert [f.relative_to(tmp_path).as_posix() for f in files] == ["d/a.txt", "d/sub/b.md", "d/sub/c.jsonl"]
+
+
+def test_a_corpus_file_read_through_a_link_is_said(tmp_path, caplog):
+    (tmp_path / "elsewhere.txt").write_text("outside the corpus\n")
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "a.txt").write_text("inside\n")
+    (tmp_path / "d" / "b.txt").symlink_to(tmp_path / "elsewhere.txt")
+    with caplog.at_level("INFO", logger="kiln.data"):
+        files = text_sources.collect_files([str(tmp_path / "d")])
+    assert [f.name for f in files] == ["a.txt", "b.txt"]
+    assert f"reading {tmp_path / 'd' / 'b.txt'} through a link: it is {tmp_path / 'elsewhere.txt'}" in caplog.text
+    assert "a.txt" not in caplog.text

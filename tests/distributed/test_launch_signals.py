@@ -53,6 +53,8 @@ def test_a_signal_stops_every_rank_with_a_checkpoint(tmp_path, signum, to_group)
     name = signal.Signals(signum).name
     assert proc.returncode == 0, err[-3000:]
     assert "Traceback" not in err and "SignalException" not in err, err[-3000:]
+    # The ranks agree on a stop at log steps: the message says so, not "after this step".
+    assert "stopping at the next log step (training.log_interval=" in err and "stopping after this step" not in err
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "stopped" and summary["stopped_by"] == name
     checkpoint = run_dir / "checkpoints" / f"step_{summary['steps']:08d}"

@@ -90,3 +90,51 @@ def test_casting_the_model_keeps_rotary_frequencies_fp32(checkpoints):
     assert rotary.inv_freq.dtype == torch.float32
     assert torch.equal(rotary.inv_freq, inv_frequencies(rotary.rope, rotary.head_dim))
     assert model.lm_head.weight is model.embed.weight and model.embed.weight.dtype == torch.bfloat16
+
+
+def test_a_projection_of_the_wrong_shape_is_named_not_a_torch_error(checkpoints, tmp_path):
+    d = _copy(checkpoints["llama-untied"], tmp_path / "m")
+    tensors = _tensors(d)
+    tensors["model.layers.0.self_attn.k_proj.weight"] = tensors["model.layers.0.self_attn.k_proj.weight"][:, :16].clone()
+    save_file(tensors, str(d / "model.safetensors"))
+    with pytest.raises(ConfigError, match=r"k_proj.weight \(32, 16\).*cannot be fused"):
+        build_decoder(resolve_model(str(d)), device="cpu", dtype=torch.float32)
+
+
+def test_an_integer_weight_is_refused_not_cast(checkpoints, tmp_path):
+    d = _copy(checkpoints["llama-untied"], tmp_path / "m")
+    tensors = _tensors(d)
+    tensors["model.layers.0.self_attn.q_proj.weight"] = torch.ones_like(tensors["model.layers.0.self_attn.q_proj.weight"],
+                                                                         dtype=torch.int8)
+    save_file(tensors, str(d / "model.safetensors"))
+    with pytest.raises(ConfigError, match=r"q_proj.weight is torch.int8, not a floating-point weight"):
+        build_decoder(resolve_model(str(d)), device="cpu", dtype=torch.float32)
+
+
+def test_a_directory_with_pickled_weights_only_never_gets_random_weights(checkpoints, tmp_path):
+    d = _copy(checkpoints["llama-untied"], tmp_path / "m")
+    (d / "model.safetensors").rename(d / "pytorch_model.bin")
+    with pytest.raises(ConfigError, match="pytorch_model\\*.bin weights only: kiln loads safetensors only"):
+        resolve_model(f"llama:{d}", key="model.name")
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("num_hidden_layers", 10**9, "more than the 1024 kiln accepts"),
+    ("hidden_size", 10**12, "more than the"),
+    ("rms_norm_eps", "1e-5", "'rms_norm_eps' must be a positive number below 1.0"),
+    ("rms_norm_eps", -1e-5, "'rms_norm_eps' must be a positive number"),
+    ("rope_theta", "10000", "'rope_theta' must be a positive number"),
+    ("rope_theta", -1.0, "'rope_theta' must be a positive number"),
+    ("sliding_window", -6, "'sliding_window' must be a positive integer"),
+    ("sliding_window", "6", "'sliding_window' must be a positive integer"),
+])
+def test_config_json_values_are_validated(checkpoints, tmp_path, field, value, message):
+    d = _copy(checkpoints["mistral"], tmp_path / "m")
+    config = json.loads((d / "config.json").read_text())
+    config[field] = value
+    for spelling in ("rope_scaling", "rope_parameters"):  # transformers 4.x / 5.x: theta may sit inside
+        if isinstance(config.get(spelling), dict) and field in config[spelling]:
+            config[spelling][field] = value
+    (d / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ConfigError, match=message):
+        resolve_model(str(d))

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 from typing import Any
 
 from kiln.config.errors import ConfigError
 from kiln.outputs import claim_output_dir, release_output_dir
+from kiln.safe_io import write_atomic
 from kiln.tables import Adaptive
 
 STATUSES = ("ok", "oom", "error", "accuracy_fail", "skipped")
@@ -75,9 +75,7 @@ def write_results(out_dir: str | Path, *, env: dict, config: dict, results: list
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     payload = {"env": env, "config": config, "command": command, "results": results}
-    tmp = out / "results.json.tmp"
-    tmp.write_text(json.dumps(payload, indent=2, default=str) + "\n", encoding="utf-8")
-    os.replace(tmp, out / "results.json")
+    write_atomic(out / "results.json", json.dumps(payload, indent=2, default=str) + "\n")
     gpus = ", ".join(g.get("name", "?") for g in env.get("gpus", []) or []) or "none"
     tables = [markdown_table(results, columns), ""] if sections is None else [
         part for heading, rows, cols in sections if rows for part in (f"## {heading}", "", markdown_table(rows, cols), "")]
@@ -92,7 +90,7 @@ def write_results(out_dir: str | Path, *, env: dict, config: dict, results: list
         f"driver {env.get('driver')}, python {env.get('python')}, CPU {env.get('cpu')}",
         "",
     ]
-    (out / "results.md").write_text("\n".join(md), encoding="utf-8")
+    write_atomic(out / "results.md", "\n".join(md))
     return out / "results.json"
 
 

@@ -31,6 +31,23 @@ def check_model_keys(path: Path, saved: dict[str, tuple[int, ...]], current: dic
     raise ConfigError("checkpoint.resume", f"{path}: checkpoint does not match the model: {', '.join(parts)}")
 
 
+def unused_optimizer_state(template: dict[str, Any], present: set[str]) -> str | None:
+    """A note naming the optimizer state the checkpoint holds and this optimizer has no place for
+    (bf16-master's fp32 `master` weights resumed under another precision policy): it is not loaded,
+    and saying so beats dropping it silently. None when everything saved is used."""
+    state_prefix = f"{APP_KEY}.optim.state."
+    states = template.get("optim", {}).get("state", {})
+    wanted = set(flat_keys(states, state_prefix[:-1]))
+    kinds = sorted({k[len(f"{state_prefix}{fqn}."):] for fqn in states for k in present
+                    if k.startswith(f"{state_prefix}{fqn}.") and k not in wanted})
+    if not kinds:
+        return None
+    masters = " (fp32 master weights of precision.policy=bf16-master: training continues from the "
+    masters += "lower-precision parameters; resume with precision.policy=bf16-master to keep them)"
+    return (f"the checkpoint's optimizer state {', '.join(kinds)} is not used by this run's optimizer and was not "
+            f"loaded{masters if 'master' in kinds else ''}")
+
+
 def prune_template(path: Path, template: dict[str, Any], present: set[str]) -> dict[str, Any]:
     """Keep the entries the checkpoint has. The model was checked exactly; optimizer state of a
     parameter the checkpoint has state for must match key by key (else: another optimizer);

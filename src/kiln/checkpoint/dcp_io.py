@@ -20,7 +20,7 @@ import io
 import pickle
 import warnings
 from collections.abc import Iterable, Iterator, Mapping
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import torch
@@ -28,10 +28,14 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
 
+from kiln.safe_io import open_read, regular_file_problem
+
 APP_KEY = "app"
 """The one top-level key of every kiln checkpoint: `dcp.save({"app": AppState})`, so tensor keys read
 `app.model.<fqn>`, `app.optim.state.<fqn>.exp_avg`, ..."""
 
+METADATA_LIMIT = 1 << 30
+"""The largest `.metadata` kiln reads (a model of billions of parameters needs megabytes)."""
 _METADATA_MODULES = ("torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem")
 _PATH_CLASSES = {"PosixPath", "WindowsPath", "PurePosixPath", "PureWindowsPath"}
 
@@ -86,7 +90,7 @@ class SafeFileSystemReader(dcp.FileSystemReader):
     metadata files (which kiln never writes)."""
 
     def read_metadata(self) -> Metadata:  # type: ignore[override]
-        with open(Path(self.path) / ".metadata", "rb") as f:
+        with open_read(Path(self.path) / ".metadata", METADATA_LIMIT) as f:  # a regular file, bounded
             metadata = _MetadataUnpickler(f).load()
         if not isinstance(metadata, Metadata):
             raise UnsafeCheckpointError(f"{self.path}/.metadata does not hold DCP metadata")
@@ -143,6 +147,14 @@ def dcp_load(state_dict: dict[str, Any], path: Path, *, process_group=None, no_d
         raise CheckpointReadError(f"reading checkpoint {path} failed: {_first_cause(exc)}") from exc
 
 
+def inside(rel: object) -> bool:
+    """`rel` is a plain relative name under its directory (no absolute path, no `..`)."""
+    if not isinstance(rel, str) or not rel or "\0" in rel:
+        return False
+    parts = PurePosixPath(rel).parts
+    return not PurePosixPath(rel).is_absolute() and ".." not in parts and "\\" not in rel
+
+
 def check_files(path: Path, metadata: Metadata) -> str | None:
     """Why the data files of a checkpoint cannot be complete (missing/truncated), or None.
     A stat per file: catches a checkpoint whose files were cut short without reading them."""
@@ -155,8 +167,13 @@ def check_files(path: Path, metadata: Metadata) -> str | None:
         needed[rel] = max(needed.get(rel, 0), end)
     for rel, end in sorted(needed.items()):
         file = path / rel
-        if not file.is_file():
+        if not inside(rel):
+            return f"metadata names a data file outside the checkpoint ({rel!r})"
+        if not file.exists() and not file.is_symlink():
             return f"data file {rel} is missing"
+        problem = regular_file_problem(file)
+        if problem is not None:
+            return f"data file {rel} {problem}"
         if file.stat().st_size < end:
             return f"data file {rel} is truncated ({file.stat().st_size} < {end} bytes)"
     return None

@@ -10,18 +10,22 @@ reader in kiln.checkpoint.dcp_io).
 
 from __future__ import annotations
 
-import json
+import logging
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from kiln.checkpoint.dcp_io import APP_KEY, dcp_load, read_metadata
-from kiln.checkpoint.layout import checkpoint_problem, latest_complete, read_marker
+from kiln.checkpoint.dcp_io import APP_KEY, CheckpointReadError, dcp_load, read_metadata
+from kiln.checkpoint.export_target import check_export_target
+from kiln.checkpoint.layout import checkpoint_problem, checkpoint_step, latest_complete, read_marker
 from kiln.config.errors import ConfigError
+from kiln.safe_io import check_target, write_json
 
 MODEL_PREFIX = f"{APP_KEY}.model."
+log = logging.getLogger("kiln.checkpoint")
 
 
 def find_checkpoint(run_dir: Path, checkpoint: Path | None = None) -> Path:
@@ -61,19 +65,39 @@ def load_model_weights(path: Path) -> dict[str, torch.Tensor]:
     return {key[len(MODEL_PREFIX):]: tensor for key, tensor in wanted.items()}
 
 
-def export_safetensors(run_dir: Path, out: Path, *, checkpoint: Path | None = None) -> dict[str, Any]:
-    """Write the model of the newest complete checkpoint (or `checkpoint`) to `out`; returns a summary."""
+def readable_weights(run_dir: Path, checkpoint: Path | None = None) -> tuple[Path, dict[str, torch.Tensor]]:
+    """(checkpoint, its model weights): `checkpoint` as given, else the newest complete checkpoint of
+    `run_dir` whose data can be read; one that cannot is skipped with a warning naming it and why."""
+    path = find_checkpoint(run_dir, checkpoint)
+    while True:
+        try:
+            return path, load_model_weights(path)
+        except CheckpointReadError as exc:
+            older = None if checkpoint is not None else latest_complete(
+                Path(run_dir) / "checkpoints", before=checkpoint_step(path))
+            if older is None:
+                raise
+            log.warning("skipping checkpoint %s: %s; exporting the older %s", path, exc, older)
+            path = older
+
+
+def export_safetensors(run_dir: Path, out: Path, *, checkpoint: Path | None = None,
+                       replace: bool = False) -> dict[str, Any]:
+    """Write the model of the newest readable complete checkpoint (or `checkpoint`) to `out`; returns
+    a summary. An existing `out` is refused, or with `replace` replaced when it is an earlier kiln
+    export (kiln.checkpoint.export_target)."""
     try:
         from safetensors.torch import save_file
     except ImportError:
         raise ConfigError("kiln export", "needs safetensors: pip install 'kiln[llm]' (or safetensors)") from None
-    out = Path(out)
+    out = Path(os.path.abspath(out))
     if out.suffix != ".safetensors":
         raise ConfigError("--out", f"{out}: must end in .safetensors")
     if out.exists() and out.is_dir():
         raise ConfigError("--out", f"{out}: is a directory")
-    path = find_checkpoint(run_dir, checkpoint)
-    tensors = load_model_weights(path)
+    check_export_target(run_dir, out, checkpoint=checkpoint, force=replace)
+    check_target(out.with_name(out.stem + ".kiln_export.json"))
+    path, tensors = readable_weights(run_dir, checkpoint)
     # safetensors refuses tensors sharing storage and wants contiguous ones; DCP fills separate
     # buffers, but views of one buffer could still come through, so make each its own.
     seen: set[int] = set()
@@ -85,15 +109,17 @@ def export_safetensors(run_dir: Path, out: Path, *, checkpoint: Path | None = No
     marker = read_marker(path) or {}
     header = {"format": "pt", "kiln_checkpoint": str(path), "kiln_step": str(marker.get("step", "")),
               "torch": torch.__version__}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    part = out.with_name(out.name + ".part")
+    fd, part = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".part", dir=out.parent)  # O_EXCL: ours
+    os.close(fd)
+    replaced = f"the earlier export at {out} was replaced" if out.exists() else None
     try:
-        save_file(tensors, str(part), metadata=header)
+        save_file(tensors, part, metadata=header)
         os.replace(part, out)  # a reader never sees half a file
     except BaseException:
-        part.unlink(missing_ok=True)  # a full disk must not keep half a file (and its space)
+        Path(part).unlink(missing_ok=True)  # a full disk must not keep half a file (and its space)
         raise
     summary = {"checkpoint": str(path), "step": marker.get("step"), "out": str(out), "tensors": len(tensors),
-               "parameters": sum(t.numel() for t in tensors.values()), "bytes": out.stat().st_size}
-    out.with_name(out.stem + ".kiln_export.json").write_text(json.dumps(summary, indent=2) + "\n")
+               "parameters": sum(t.numel() for t in tensors.values()), "bytes": out.stat().st_size,
+               "replaced": replaced}
+    write_json(out.with_name(out.stem + ".kiln_export.json"), summary)
     return summary

@@ -22,7 +22,8 @@ from typing import Any
 
 import torch
 
-from kiln.checkpoint.export import find_checkpoint, load_model_weights
+from kiln.checkpoint.export import readable_weights
+from kiln.checkpoint.export_target import check_export_target
 from kiln.checkpoint.layout import read_marker
 from kiln.config.errors import ConfigError
 from kiln.data.prepared import META_FILE
@@ -30,6 +31,7 @@ from kiln.data.special_tokens import align_config
 from kiln.data.tokenizers_io import copy_tokenizer_dir
 from kiln.llm.config import config_from_dict
 from kiln.llm.weights import to_hf_state_dict
+from kiln.safe_io import read_json, write_atomic, write_json
 
 MODEL_DIR = "model"
 """Under the run dir: the model's config.json and the tokenizer files of its data."""
@@ -47,7 +49,7 @@ def tokenizer_dir_of(token_path: str | Path) -> Path | None:
     path = Path(token_path)
     meta = (path if path.is_dir() else path.parent) / META_FILE
     try:
-        name = json.loads(meta.read_text(encoding="utf-8")).get("tokenizer")
+        name = read_json(meta, 16 << 20, follow=True).get("tokenizer")
     except (OSError, ValueError, AttributeError):
         return None
     if not isinstance(name, str) or not name:
@@ -60,7 +62,7 @@ def save_model_files(run_dir: Path, hf_config: dict[str, Any], token_path: str |
     """Write RUN_DIR/model/config.json and copy the data's tokenizer files beside it."""
     target = Path(run_dir) / MODEL_DIR
     target.mkdir(parents=True, exist_ok=True)
-    (target / "config.json").write_text(json.dumps(hf_config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    write_atomic(target / "config.json", json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
     tokenizer = tokenizer_dir_of(token_path) if token_path else None
     if tokenizer is not None:
         copy_tokenizer_dir(tokenizer, target)
@@ -97,58 +99,73 @@ def _with_dtype(config: dict[str, Any], tensors: dict[str, torch.Tensor]) -> dic
     return config
 
 
+def _swap_in(part: Path, out: Path) -> str:
+    """Put the complete export `part` at `out` in place of the earlier export there (checked by
+    check_export_target); returns what was done, for the report. A failure says where the earlier
+    export is."""
+    old = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=out.parent))
+    os.replace(out, old / out.name)
+    try:
+        os.replace(part, out)
+    except OSError as exc:
+        raise OSError(exc.errno, f"could not move the new export into place ({exc.strerror}); the earlier "
+                      f"export is kept at {old / out.name}", str(out)) from exc
+    shutil.rmtree(old)
+    return f"the earlier export at {out} was replaced (removed)"
+
+
 def export_hf_dir(run_dir: Path, out: Path, *, checkpoint: Path | None = None, replace: bool = False) -> dict[str, Any]:
     """Write RUN_DIR's newest complete checkpoint (or `checkpoint`) as an HF model directory `out`.
-    An existing `out` is refused, or with `replace` swapped out only once the new one is complete."""
+    An existing `out` is refused, or with `replace`, when it is an earlier kiln export, swapped out
+    only once the new one is complete (kiln.checkpoint.export_target)."""
     try:
         from safetensors.torch import save_file
     except ImportError:
         raise ConfigError("kiln export", "needs safetensors: pip install 'kiln[llm]' (or safetensors)") from None
-    run_dir, out = Path(run_dir), Path(out)
-    part = out.with_name(out.name + ".part")
+    run_dir, out = Path(run_dir), Path(os.path.abspath(out))
     if out.suffix in FILE_SUFFIXES:
         raise ConfigError("--out", f"{out}: must end in .safetensors (one file) or name a directory (a Hugging "
                           "Face model directory)")
-    if out.exists() and not replace:
-        raise ConfigError("--out", f"{out}: already exists; name a new directory")
-    if part.exists():  # never removed here: it may hold something of the user's
-        raise ConfigError("--out", f"{part} exists (an export that stopped half-way?); remove it or choose "
-                          "another directory")
+    check_export_target(run_dir, out, checkpoint=checkpoint, force=replace)
     files = run_dir / MODEL_DIR
     if not (files / "config.json").is_file():
         raise ConfigError("RUN_DIR", f"{run_dir}: has no {MODEL_DIR}/config.json (only runs of llama: and hf: "
                           "causal LMs record one); export the weights alone with --out FILE.safetensors")
-    path = find_checkpoint(run_dir, checkpoint)
+    try:
+        raw = read_json(files / "config.json", 16 << 20)
+    except (OSError, ValueError) as exc:
+        raise ConfigError("RUN_DIR", f"{files / 'config.json'}: cannot be read ({getattr(exc, 'strerror', None) or exc})") from None
+    if not isinstance(raw, dict):
+        raise ConfigError("RUN_DIR", f"{files / 'config.json'}: not a JSON object")
     # The tokenizer's BOS/EOS/pad ids win over the config's: the model learned the data's (a run of
     # an older kiln recorded its preset's, at which generation would stop mid-text).
-    raw, special_changes = align_config(json.loads((files / "config.json").read_text(encoding="utf-8")), files)
+    raw, special_changes = align_config(raw, files)
+    path, weights = readable_weights(run_dir, checkpoint)
     tensors, seen = {}, set()
-    for key, value in _hf_tensors(load_model_weights(path), raw).items():
+    for key, value in _hf_tensors(weights, raw).items():
         if value.untyped_storage().data_ptr() in seen or not value.is_contiguous():
             value = value.contiguous().clone()  # safetensors stores no shared or strided views
         seen.add(value.untyped_storage().data_ptr())
         tensors[key] = value
     config = _with_dtype(raw, tensors)
-    part.mkdir(parents=True)
+    part = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".part", dir=out.parent))  # new: nothing planted
+    replaced = None
     try:
         save_file(tensors, str(part / "model.safetensors"), metadata={"format": "pt", "kiln_checkpoint": str(path)})
-        (part / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        write_atomic(part / "config.json", json.dumps(config, indent=2, sort_keys=True) + "\n")
         generation = _generation_config(config)
         if generation is not None:
-            (part / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n", encoding="utf-8")
+            write_json(part / "generation_config.json", generation)
         extra_files = copy_tokenizer_dir(files, part)  # the tokenizer's files, never weights
         if out.exists():  # replace: the old export leaves only now, by renames on one filesystem
-            old = Path(tempfile.mkdtemp(prefix=out.name + ".old-", dir=out.parent))
-            os.replace(out, old / out.name)
-            os.replace(part, out)
-            shutil.rmtree(old)
+            replaced = _swap_in(part, out)
         else:
             os.replace(part, out)  # a reader never sees half a directory
     except BaseException:
         shutil.rmtree(part, ignore_errors=True)  # ours: created above
         raise
     marker = read_marker(path) or {}
-    return {"checkpoint": str(path), "step": marker.get("step"), "out": str(out), "format": "hf",
+    return {"checkpoint": str(path), "step": marker.get("step"), "out": str(out), "format": "hf", "replaced": replaced,
             "tensors": len(tensors), "parameters": sum(t.numel() for t in tensors.values()),
             "tokenizer_files": extra_files, "bytes": (out / "model.safetensors").stat().st_size,
             "special_tokens": {k: {"config": old, "tokenizer": new} for k, (old, new) in special_changes.items()}}

@@ -16,29 +16,65 @@ failure reports.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import re
 from pathlib import Path
 from typing import Any
 
-from kiln.checkpoint.dcp_io import check_files, read_metadata
+from kiln.checkpoint.dcp_io import check_files, inside, read_metadata
+from kiln.safe_io import describe, open_read, read_json, regular_file_problem
 
 log = logging.getLogger("kiln.checkpoint")
 
 MARKER = "kiln_complete.json"
+MARKER_LIMIT = 64 << 20
+"""The largest completion marker kiln reads (one line per file of the checkpoint)."""
 FORMAT_VERSION = 2
 _CHUNK = 8 << 20
 _verified: dict[tuple[str, int, int], str | None] = {}  # (marker path, its mtime, size) -> problem
 STEP_DIR = re.compile(r"^step_(\d{8,})$")
 
 
-def read_marker(path: Path) -> dict[str, Any] | None:
-    try:
-        marker = json.loads((path / MARKER).read_text())
-    except (OSError, ValueError):
+def marker_problem(marker: Any) -> str | None:
+    """Why a parsed completion marker does not have the shape kiln writes, or None: `step` an int,
+    `files` (format 2) a map of plain relative names to {"bytes": int, "sha256": str}."""
+    if not isinstance(marker, dict):
+        return "not a JSON object"
+    if not isinstance(marker.get("step"), int) or isinstance(marker.get("step"), bool):
+        return f"its step is {marker.get('step')!r}, not a number"
+    files = marker.get("files")
+    if files is None:
         return None
-    return marker if isinstance(marker, dict) else None
+    if not isinstance(files, dict):
+        return f"its files entry is {type(files).__name__}, not an object"
+    for rel, entry in files.items():
+        if not inside(rel):
+            return f"it lists {rel!r}, not a file inside the checkpoint"
+        if not (isinstance(entry, dict) and isinstance(entry.get("bytes"), int) and not isinstance(entry["bytes"], bool)
+                and isinstance(entry.get("sha256"), str)):
+            return f"its entry for {rel} is {entry!r}, not {{\"bytes\": int, \"sha256\": str}}"
+    return None
+
+
+def marker_status(path: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """(the completion marker of checkpoint `path`, None) or (None, why it is unusable). Read as
+    untrusted input: a regular file, bounded, of the shape kiln writes."""
+    try:
+        marker = read_json(path / MARKER, MARKER_LIMIT)
+    except FileNotFoundError:
+        return None, f"no valid completion marker ({MARKER})"
+    except OSError as exc:
+        return None, f"completion marker {MARKER} {exc.strerror or exc}"
+    except ValueError as exc:
+        return None, f"completion marker {MARKER} is not JSON ({exc})"
+    problem = marker_problem(marker)
+    if problem is not None:
+        return None, f"completion marker {MARKER} is malformed: {problem}"
+    return marker, None
+
+
+def read_marker(path: Path) -> dict[str, Any] | None:
+    return marker_status(Path(path))[0]
 
 
 def checkpoint_step(path: Path) -> int:
@@ -48,7 +84,7 @@ def checkpoint_step(path: Path) -> int:
 
 def file_digest(path: Path) -> str:
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with open_read(path, 1 << 62) as f:  # a regular file, never a FIFO or a device
         while chunk := f.read(_CHUNK):
             h.update(chunk)
     return h.hexdigest()
@@ -80,6 +116,10 @@ def content_problem(path: Path, marker: dict[str, Any], *, hashes: bool = True) 
     for rel, expected in sorted(files.items()):
         file = path / rel
         try:
+            kind = regular_file_problem(file)
+            if kind is not None:
+                problem = f"data file {rel} {kind}"
+                break
             size = file.stat().st_size
             if isinstance(expected.get("bytes"), int) and size < expected["bytes"]:
                 problem = f"data file {rel} is truncated ({size} < {expected['bytes']} bytes)"
@@ -100,13 +140,15 @@ def checkpoint_problem(path: Path, *, hashes: bool = True) -> str | None:
     """Why `path` is not a complete kiln checkpoint, or None when it is. `hashes=False` skips reading
     the data files for their checksums (sizes are still checked): for a message about a checkpoint
     this process's ranks have just written, not for one about to be loaded."""
+    if path.is_symlink():
+        return describe(path, path.lstat().st_mode)
     if not path.is_dir():
         return "not a directory"
     if path.name.endswith(".tmp"):
         return "its save did not finish (.tmp)"
-    marker = read_marker(path)
+    marker, problem = marker_status(path)
     if marker is None:
-        return f"no valid completion marker ({MARKER})"
+        return problem
     match = STEP_DIR.match(path.name)
     if match and marker.get("step") != int(match.group(1)):
         return f"marker says step {marker.get('step')}, directory says {int(match.group(1))}"
@@ -120,9 +162,10 @@ def checkpoint_problem(path: Path, *, hashes: bool = True) -> str | None:
     return check_files(path, metadata)
 
 
-def latest_complete(root: Path, *, ignore: Path | None = None) -> Path | None:
-    """Newest complete checkpoint under `root` (a `checkpoints/` dir); warns naming each newer
-    incomplete or corrupt one it skips, and every leftover `.tmp` (other than `ignore`)."""
+def latest_complete(root: Path, *, ignore: Path | None = None, before: int | None = None) -> Path | None:
+    """Newest complete checkpoint under `root` (a `checkpoints/` dir), older than step `before`
+    when given; warns naming each newer incomplete or corrupt one it skips, and every leftover
+    `.tmp` (other than `ignore`)."""
     if not root.is_dir():
         return None
     for tmp in sorted(root.glob("step_*.tmp")):
@@ -131,7 +174,9 @@ def latest_complete(root: Path, *, ignore: Path | None = None) -> Path | None:
     candidates = sorted(
         ((int(m.group(1)), p) for p in root.iterdir() if (m := STEP_DIR.match(p.name))), reverse=True
     )
-    for _, path in candidates:
+    for step, path in candidates:
+        if before is not None and step >= before:
+            continue
         problem = checkpoint_problem(path)
         if problem is None:
             return path

@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
-import json
 import logging
 import os
 import shutil
@@ -22,15 +21,15 @@ import threading
 import time
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
-from kiln.checkpoint.compat import check_model_keys, prune_template
+from kiln.checkpoint.compat import check_model_keys, prune_template, unused_optimizer_state
 from kiln.checkpoint.dcp_io import (
     APP_KEY,
+    CheckpointReadError,
     dcp_load,
     quiet_single_process,
     read_metadata,
@@ -40,6 +39,7 @@ from kiln.checkpoint.layout import (
     FORMAT_VERSION,
     MARKER,
     checkpoint_problem,
+    checkpoint_step,
     complete_checkpoints,
     content_manifest,
     latest_complete,
@@ -51,6 +51,7 @@ from kiln.checkpoint.storage import CheckpointSaveError, discard_partial, newest
 from kiln.checkpoint.timeline import branch_point
 from kiln.config.errors import ConfigError
 from kiln.config.schema import CheckpointConfig
+from kiln.safe_io import write_json
 
 log = logging.getLogger("kiln.checkpoint")
 
@@ -61,6 +62,8 @@ class LoadReport:
     step: int
     saved_world_size: int
     notes: list[str]
+    skipped: list[str] = dataclasses.field(default_factory=list)
+    """Newer checkpoints passed over because their data could not be read (`load_readable`)."""
 
 
 class Checkpointer:
@@ -163,7 +166,9 @@ class Checkpointer:
     def _save(self, step: int, app_state: AppState, tmp: Path, target: Path, *, final: bool, block: bool) -> None:
         if self.rank == 0:
             self.root.mkdir(parents=True, exist_ok=True)
-            if tmp.exists():  # left by a crashed save of this step
+            if tmp.is_symlink() or tmp.is_file():  # not kiln's: only the name goes, never what it names
+                tmp.unlink()
+            elif tmp.exists():  # left by a crashed save of this step
                 shutil.rmtree(tmp)
         self._barrier()
         tmp.mkdir(parents=True, exist_ok=True)
@@ -257,7 +262,7 @@ class Checkpointer:
             meta = {**meta, "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                     "save_s": round(time.perf_counter() - started, 3)}
             meta["files"] = content_manifest(tmp)  # checked before every load (layout.content_problem)
-            _write_json_durably(tmp / MARKER, meta)
+            write_json(tmp / MARKER, meta, durable=True)
             if target.exists():  # an older timeline's checkpoint of this step (resumed from an earlier one)
                 old = target.with_name(target.name + ".old.tmp")
                 os.replace(target, old)
@@ -308,6 +313,24 @@ class Checkpointer:
         current = {k: tuple(v.shape) for k, v in model.state_dict().items() if isinstance(v, torch.Tensor)}
         check_model_keys(path, tensor_shapes(metadata, f"{APP_KEY}.model."), current, set(metadata.state_dict_metadata))
 
+    def load_readable(self, path: Path, app_state: AppState, *, fall_back: bool) -> LoadReport:
+        """`load(path)`; with `fall_back` (auto resume) a checkpoint whose data cannot be read is
+        skipped, with a warning naming it and why, for the newest older one that loads. The report's
+        `skipped` lists what was passed over."""
+        skipped: list[str] = []
+        while True:
+            try:
+                report = self.load(path, app_state)
+                report.skipped = skipped
+                return report
+            except CheckpointReadError as exc:
+                older = latest_complete(self.root, before=checkpoint_step(path)) if fall_back else None
+                if older is None:
+                    raise
+                log.warning("skipping checkpoint %s: %s; resuming from the older %s", path, exc, older)
+                skipped.append(f"{path}: {exc}")
+                path = older
+
     def load(self, path: Path, app_state: AppState) -> LoadReport:
         """Restore `app_state` from the complete checkpoint `path`.
 
@@ -325,25 +348,18 @@ class Checkpointer:
 
         check_model_keys(path, tensor_shapes(metadata, f"{APP_KEY}.model."), app_state.model_shapes(), present)
         template = app_state.load_template(saved_world)
+        unused = unused_optimizer_state(template, present)
         template = prune_template(path, template, present)
         dcp_load({APP_KEY: template}, path, process_group=self.group)
         app_state.config_hyperparameters = bool(self.digest) and marker.get("config_digest") not in (None, self.digest)
         app_state.load_state_dict(template)
+        if unused is not None:
+            app_state.notes.append(unused)
         for note in app_state.notes:
             log.warning("resume from %s: %s", path, note)
         self.last_saved_step = None
         return LoadReport(path=path, step=int(marker.get("step", app_state.progress.get("step", 0))),
                           saved_world_size=saved_world, notes=list(app_state.notes))
-
-
-def _write_json_durably(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(path.name + ".part")
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=2)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def _fsync_dir(path: Path) -> None:

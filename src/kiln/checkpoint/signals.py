@@ -57,8 +57,10 @@ def interruption(exc: BaseException) -> BaseException | None:
 class StopOnSignal:
     """Context manager: while active, SIGTERM/SIGINT/SIGHUP set a flag instead of ending the process."""
 
-    def __init__(self, signals: tuple[int, ...] = DEFAULT_SIGNALS) -> None:
+    def __init__(self, signals: tuple[int, ...] = DEFAULT_SIGNALS, when: str = "after this step") -> None:
         self.signals = signals
+        self.when = when
+        """When the stop happens, for the message: a job of several ranks agrees on it at log steps."""
         self.received: int | None = None
         self._last: tuple[int, float] | None = None
         self._previous: dict[int, Any] = {}
@@ -87,8 +89,8 @@ class StopOnSignal:
                 raise KeyboardInterrupt
             raise SignalExit(128 + signum)
         self.received = signum
-        log.warning("%s received: stopping after this step (a checkpoint is saved first); send it again to "
-                    "stop at once", signal.Signals(signum).name)
+        log.warning("%s received: stopping %s (a checkpoint is saved first); send it again to stop at once",
+                    signal.Signals(signum).name, self.when)
 
     def stop_requested(self) -> bool:
         """True once a signal arrived (this process only; see `any_rank` to agree across ranks)."""

@@ -14,6 +14,7 @@ import contextlib
 import errno
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 from kiln.checkpoint.layout import checkpoint_problem, complete_checkpoints
@@ -50,17 +51,19 @@ def probe_storage(root: Path, error: BaseException | None = None) -> OSError | N
     if usage.free < max(FULL_BELOW_BYTES, usage.total // 200):
         return OSError(errno.ENOSPC, f"No space left on device ({_size(usage.free)} free of {_size(usage.total)})",
                        str(where))
-    probe = where / f".kiln_write_probe_{os.getpid()}"
+    probe: str | None = None
     try:
-        with open(probe, "wb") as f:
+        fd, probe = tempfile.mkstemp(dir=where, prefix=".kiln_write_probe_")  # O_EXCL: a fresh file
+        with os.fdopen(fd, "wb") as f:
             f.write(b"\0" * 4096)
             f.flush()
             os.fsync(f.fileno())
     except OSError as exc:
         return exc
     finally:
-        with contextlib.suppress(OSError):  # a probe that cannot be removed is a 4 KiB footnote
-            probe.unlink(missing_ok=True)
+        if probe is not None:
+            with contextlib.suppress(OSError):  # a probe that cannot be removed is a 4 KiB footnote
+                os.unlink(probe)
     return None
 
 
@@ -91,7 +94,11 @@ def remove_partial(root: Path) -> list[Path]:
     they hold space). Only while no save is running. Returns what it removed."""
     removed = []
     for tmp in sorted(root.glob("step_*.tmp")) if root.is_dir() else []:
-        if tmp.is_dir():
+        if tmp.is_symlink():  # the name goes, never what it points at
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+                removed.append(tmp)
+        elif tmp.is_dir():
             shutil.rmtree(tmp, ignore_errors=True)
             if not tmp.exists():
                 removed.append(tmp)

@@ -16,13 +16,14 @@ holds one timeline: the new one. Before the first step, rank 0 (holding the run 
 from __future__ import annotations
 
 import datetime
-import json
 import logging
 import os
 from pathlib import Path
 from typing import Any
 
 from kiln.checkpoint.layout import STEP_DIR, checkpoint_problem, checkpoint_step
+from kiln.config.errors import ConfigError
+from kiln.safe_io import read_json, write_json
 
 log = logging.getLogger("kiln.checkpoint")
 
@@ -53,30 +54,39 @@ def branch(run_dir: Path, source: Path) -> dict[str, Any]:
         if not own and metrics.exists():
             os.replace(metrics, dest / metrics.name)
             moved.append(metrics.name)
-        (dest / "retired.json").write_text(json.dumps(
-            {"reason": f"the run was branched from {source} (step {step}) with checkpoint.resume",
-             "moved": moved}, indent=2) + "\n")
+        write_json(dest / "retired.json", {
+            "reason": f"the run was branched from {source} (step {step}) with checkpoint.resume", "moved": moved})
         log.warning("branching from %s (step %d): %s of the earlier timeline moved to %s; auto resume, "
                     "checkpoint.keep and kiln export ignore it (delete it when no longer needed)",
                     source, step, ", ".join(moved), dest)
     root.mkdir(parents=True, exist_ok=True)
     record = {"from": str(source), "step": step,
               "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
-    tmp = root / (BRANCH_FILE + ".part")
-    tmp.write_text(json.dumps(record, indent=2) + "\n")
-    os.replace(tmp, root / BRANCH_FILE)
+    write_json(root / BRANCH_FILE, record)
     return {**record, "retired": moved}
 
 
 def branch_point(root: Path) -> Path | None:
-    """The checkpoint the run in `root`'s run dir branched from, when it is still complete."""
-    try:
-        record = json.loads((Path(root) / BRANCH_FILE).read_text())
-        source = Path(record["from"])
-    except (OSError, ValueError, KeyError, TypeError):
+    """The checkpoint the run in `root`'s run dir branched from, None when it never branched.
+    A branch record kiln cannot use (unreadable, not the shape it writes) or whose checkpoint is
+    no longer complete is bad input (ConfigError): starting over from step 0 instead would discard
+    the branch silently."""
+    path = Path(root) / BRANCH_FILE
+    if not path.exists() and not path.is_symlink():
         return None
+    try:
+        record = read_json(path, 1 << 20)
+        source = Path(record["from"]) if isinstance(record, dict) and isinstance(record.get("from"), str) else None
+    except (OSError, ValueError) as exc:
+        raise ConfigError(str(path), f"cannot be read ({getattr(exc, 'strerror', None) or exc}); {_FIX}") from None
+    if source is None or not isinstance(record.get("step"), int):
+        raise ConfigError(str(path), f"is not a branch record kiln wrote (want {{\"from\": PATH, \"step\": N}}); {_FIX}")
     problem = checkpoint_problem(source)
     if problem is not None:
-        log.warning("the run branched from %s, which is no longer a complete checkpoint: %s", source, problem)
-        return None
+        raise ConfigError(str(path), f"the run branched from {source}, which is no longer a complete checkpoint "
+                          f"({problem}); {_FIX}")
     return source
+
+
+_FIX = ("the run has no checkpoint of its own yet: pass checkpoint.resume=PATH to branch again, or "
+        "checkpoint.resume=never with a new run dir to start over")

@@ -27,22 +27,14 @@ def add_parser(sub) -> None:
                    help="a checkpoint directory (or its name under RUN_DIR/checkpoints); default: newest complete")
     p.add_argument("--out", type=Path, required=True,
                    help="FILE.safetensors to write, or a new DIR for a Hugging Face model directory (refused if it exists, "
-                   "or inside a run dir a running kiln process holds)")
+                   "if it is, holds or lies inside RUN_DIR or --checkpoint, or inside a run dir a running kiln process "
+                   "holds)")
     p.add_argument("--force", action="store_true",
-                   help="replace --out if it already exists (only once the new export is complete)")
+                   help="replace --out if it holds an earlier kiln export (only once the new export is complete; "
+                   "anything else there is refused)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     add_verbose_flag(p)
     p.set_defaults(run=run)
-
-
-def refuse_existing(out: Path, *, force: bool) -> None:
-    """ConfigError (exit 2) when `out` exists and `--force` was not given: another run's export
-    must not be replaced silently."""
-    from kiln.config.errors import ConfigError
-
-    if (out.exists() or out.is_symlink()) and not force:
-        kind = "directory" if out.is_dir() else "file"
-        raise ConfigError("--out", f"{out} already exists (a {kind}); choose another path, or pass --force to replace it")
 
 
 def respect_umask(out: Path) -> None:
@@ -62,11 +54,12 @@ def run(args: argparse.Namespace) -> int:
 
     # A live run's dir is its own: exporting from it is fine, writing into it is not.
     refuse_held_by_another(args.out, "--out", "write the export elsewhere, or once that run has ended")
+    args.out = Path(os.path.abspath(args.out))  # `--out .` names the current directory, not ""
     args.output_dir = args.out.parent  # a failure's error.log goes next to the file it was writing
-    refuse_existing(args.out, force=args.force)  # before any work: nothing already there is lost
 
+    # Both check --out before any work (kiln.checkpoint.export_target): nothing already there is lost.
     if args.out.suffix == ".safetensors":
-        summary = export_safetensors(args.run_dir, args.out, checkpoint=args.checkpoint)
+        summary = export_safetensors(args.run_dir, args.out, checkpoint=args.checkpoint, replace=args.force)
     else:
         summary = export_hf_dir(args.run_dir, args.out, checkpoint=args.checkpoint, replace=args.force)
     respect_umask(args.out)
@@ -78,4 +71,6 @@ def run(args: argparse.Namespace) -> int:
         for field, ids in summary.get("special_tokens", {}).items():
             print(f"kiln: {field} {ids['tokenizer']} from the run's tokenizer (its model/config.json said "
                   f"{ids['config']})", file=sys.stderr)
+        if summary.get("replaced"):
+            print(summary["replaced"])
     return 0

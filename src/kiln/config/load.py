@@ -22,8 +22,11 @@ if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
+from kiln import safe_io  # (module, not name: safe_io imports config.errors, which loads this package)
 from kiln.config.validate import validate
 
+CONFIG_LIMIT = 4 << 20
+"""The largest config file kiln reads."""
 _TRUE = {"true", "1", "yes", "on"}
 _FALSE = {"false", "0", "no", "off"}
 
@@ -231,7 +234,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         if not p.is_file():
             raise ConfigError(str(path), "config file not found")
         try:
-            text = p.read_text(encoding="utf-8-sig")  # -sig: files saved by editors that add a BOM
+            # -sig: files saved by editors that add a BOM; bounded: a config is KiBs, never /dev/zero's endless bytes
+            text = safe_io.read_bytes(p, CONFIG_LIMIT, follow=True).decode("utf-8-sig")
         except UnicodeDecodeError as exc:
             raise ConfigError(str(path), f"not valid TOML (not UTF-8): {exc}") from None
         except OSError as exc:
@@ -270,4 +274,4 @@ def dump_toml(cfg: Config) -> str:
 
 
 def save_config(cfg: Config, path: str | Path) -> None:
-    Path(path).write_text(dump_toml(cfg), encoding="utf-8")
+    safe_io.write_atomic(path, dump_toml(cfg))

@@ -86,6 +86,9 @@ def check_options(opts: PrepareOptions, progress: Progress | None = None) -> Che
         if opts.train_bpe < tokenizers_io.MIN_BPE_VOCAB:
             raise ConfigError("--train-bpe", f"a byte-level BPE needs at least {tokenizers_io.MIN_BPE_VOCAB} tokens "
                               f"(256 bytes + <|endoftext|>), got {opts.train_bpe}")
+        if opts.train_bpe > tokenizers_io.MAX_BPE_VOCAB:  # the trainer would abort the process, leaving files
+            raise ConfigError("--train-bpe", f"{opts.train_bpe} tokens is more than the {tokenizers_io.MAX_BPE_VOCAB} "
+                              "kiln trains (published BPE vocabularies hold up to a few hundred thousand)")
         layout.dtype_for(opts.train_bpe, opts.dtype)  # a vocabulary that cannot fit is refused now
         dtype = None if opts.dtype == "auto" else opts.dtype
     _check_out(opts.out)

@@ -13,7 +13,6 @@ Exports of a model trained on DIR copy `tokenizer` from here, so the two stay on
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +22,7 @@ import numpy as np
 
 from kiln.config.errors import ConfigError
 from kiln.data.files import TOKEN_DTYPES
+from kiln.safe_io import read_json
 
 FORMAT = "kiln-tokens"
 VERSION = 1
@@ -79,7 +79,7 @@ def read_prepared(path: str | Path, key: str = "data.path") -> PreparedTokens:
     directory = Path(path)
     meta_path = directory / META_FILE
     try:
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        meta = read_json(meta_path, 16 << 20, follow=True)
     except (OSError, ValueError) as exc:
         raise ConfigError(key, f"cannot read {meta_path}: {exc}") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:

@@ -13,6 +13,8 @@ from __future__ import annotations
 import codecs
 import hashlib
 import json
+import logging
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +27,8 @@ _READ_BYTES = 1 << 20
 # Plain text is encoded in pieces of about this many characters, cut where the pieces tokenize
 # exactly as the whole would (see `text_pieces`), so the tokenizer can use every core.
 PIECE_CHARS = 1 << 20
+
+log = logging.getLogger("kiln.data")
 
 
 @dataclass(frozen=True)
@@ -69,6 +73,8 @@ def collect_files(inputs: list[str], key: str = "TEXT") -> list[Path]:
     unique = []
     for f in files:  # a file named twice (or inside a named directory too) is read once
         real = f.resolve()
+        if real != Path(os.path.abspath(f)):  # read through a link: said, not silent
+            log.info("reading %s through a link: it is %s", f, real)
         if real not in seen:
             seen.add(real)
             unique.append(f)

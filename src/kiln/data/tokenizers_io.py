@@ -10,18 +10,20 @@ special token, `<|endoftext|>`, which ends every document and serves as BOS/EOS/
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from kiln.config.errors import ConfigError
+from kiln.safe_io import read_bytes, write_atomic
 
 INSTALL_HINT = "pip install 'kiln[llm]' (or: pip install tokenizers)"
 END_OF_TEXT = "<|endoftext|>"
 # Smallest trained vocabulary: the 256 byte symbols plus the special token.
 MIN_BPE_VOCAB = 257
+MAX_BPE_VOCAB = 1 << 24
+"""The largest BPE `--train-bpe` trains: token ids stay far inside the u32 the tokenizers library uses."""
 # Files that make up a Hugging Face tokenizer directory (weights and model configs are not copied).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
                    "vocab.json", "merges.txt", "vocab.txt", "tokenizer.model", "chat_template.jinja",
@@ -119,13 +121,17 @@ def save_trained(loaded: LoadedTokenizer, directory: Path, model_max_length: int
     (directory / "special_tokens_map.json").write_text(json.dumps(special, indent=2) + "\n", encoding="utf-8")
 
 
+TOKENIZER_FILE_LIMIT = 1 << 30
+"""The largest tokenizer file kiln copies (a 256k-token vocabulary's tokenizer.json is tens of MiB)."""
+
+
 def copy_tokenizer_dir(source: Path, directory: Path) -> list[str]:
     """Copy the tokenizer files of `source` (never weights) into `directory`; returns their names.
     The copies are new files of this user's (the umask's mode), not the source's mode."""
     directory.mkdir(parents=True, exist_ok=True)
     copied = []
     for name in TOKENIZER_FILES:
-        if (source / name).is_file():
-            shutil.copyfile(source / name, directory / name)
+        if (source / name).is_file():  # a regular file (through a link: followed, and logged)
+            write_atomic(directory / name, read_bytes(source / name, TOKENIZER_FILE_LIMIT, follow=True))
             copied.append(name)
     return copied

@@ -29,6 +29,7 @@ from typing import Any
 
 from kiln.failure.classify import Diagnosis, killed_by_signal
 from kiln.failure.report import FailureReport
+from kiln.safe_io import LinkRefused, write_atomic
 
 REPORT_ENV = "KILN_LAUNCH_REPORT_DIR"
 """Set by the kiln launcher: the directory where ranks and the agent leave their reports; its
@@ -71,12 +72,10 @@ def publish(report: FailureReport) -> None:
 
 
 def _write_json(path: Path, data: dict) -> None:
-    tmp = path.with_name(path.name + ".part")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps(data))
-        os.replace(tmp, path)  # the reader sees the early report or the complete one, never half
-    except OSError:  # the launcher then knows the exit code alone; the console line still says it all
+        write_atomic(path, json.dumps(data))  # the reader sees the early report or the complete one, never half
+    except (OSError, LinkRefused):  # the launcher then knows the exit code alone; the console line still says it all
         return
 
 

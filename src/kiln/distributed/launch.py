@@ -26,6 +26,7 @@ import torch
 from kiln.config.errors import ConfigError
 from kiln.distributed.failures import REPORT_ENV, RankFailure, load_failures
 from kiln.distributed.signals import SignalRelay
+from kiln.safe_io import open_truncate
 
 
 @dataclass(frozen=True)
@@ -205,7 +206,7 @@ def launch_kiln(spec: LaunchSpec, kiln_args: list[str], *, timeout_s: float | No
     if log_path is None and timeout_s is None:
         return 0 if subprocess.run(argv, check=False, env=env).returncode == 0 else 1
     with contextlib.ExitStack() as stack:
-        log = stack.enter_context(open(log_path, "w", encoding="utf-8")) if log_path is not None else None
+        log = stack.enter_context(os.fdopen(open_truncate(log_path), "w", encoding="utf-8")) if log_path is not None else None
         # A session of its own, so a timeout can end torchrun and every rank it started at once.
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT if log else None, start_new_session=True,
                                 env=env)

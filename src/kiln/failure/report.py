@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kiln.failure.classify import Diagnosis, diagnose, reason
+from kiln.safe_io import LinkRefused, append_text
 
 
 @dataclass
@@ -146,10 +147,11 @@ def write_log(report: FailureReport, argv: list[str] | None = None) -> None:
     if report.log_dir is not None and report.log_dir.is_dir():
         target = report.log_dir / report.log_name
         try:
-            with open(target, "a", encoding="utf-8") as f:
-                f.write(text)
+            append_text(target, text)
             report.log_path = target
             return
+        except LinkRefused as exc:  # never append a traceback to a file outside the run dir
+            report.log_problem = f"{target} {exc.message.split(';')[0]}: not written through"
         except OSError as exc:
             report.log_problem = f"{report.log_dir} is not writable: {reason(exc)}"
     try:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from typing import Any
 from kiln.config.errors import ConfigError
 from kiln.llm.hf_config import PRESETS as HF_PRESETS
 from kiln.llm.presets import PRESETS
+from kiln.safe_io import read_json
 
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 ROPE_TYPES = ("default", "linear", "llama3")
@@ -108,11 +110,30 @@ def _int(raw: dict[str, Any], name: str, key: str, default: int | None = None) -
     return _positive(raw.get(name, default), name, key)
 
 
+SIZE_LIMITS = {"num_hidden_layers": 1024, "hidden_size": 1 << 17, "intermediate_size": 1 << 19,
+               "num_attention_heads": 1024, "num_key_value_heads": 1024, "head_dim": 4096, "vocab_size": 1 << 23,
+               "max_position_embeddings": 1 << 27, "sliding_window": 1 << 27}
+"""Upper bounds on config.json sizes, far above any published model (405B: 126 layers, hidden 16384):
+a config that asks for more is a mistake or an attack, refused before memory is allocated for it."""
+
+
 def _positive(value: Any, name: str, key: str) -> int:
-    """`value` of config field `name`, which must be a positive integer."""
+    """`value` of config field `name`, which must be a positive integer (within SIZE_LIMITS)."""
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ConfigError(key, f"config field {name!r} must be a positive integer, got {value!r}")
+    limit = SIZE_LIMITS.get(name)
+    if limit is not None and value > limit:
+        raise ConfigError(key, f"config field {name!r} is {value}, more than the {limit} kiln accepts")
     return value
+
+
+def _real(value: Any, name: str, key: str, *, below: float | None = None) -> float:
+    """`value` of config field `name`, which must be a finite number > 0 (and < `below`)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0 \
+            or (below is not None and value >= below):
+        bound = f" below {below}" if below is not None else ""
+        raise ConfigError(key, f"config field {name!r} must be a positive number{bound}, got {value!r}")
+    return float(value)
 
 
 def _rope(raw: dict[str, Any], family: str, max_positions: int, key: str) -> RopeConfig:
@@ -122,7 +143,7 @@ def _rope(raw: dict[str, Any], family: str, max_positions: int, key: str) -> Rop
     if isinstance(params, dict) and params and all(isinstance(v, dict) for v in params.values()):
         raise ConfigError(key, "per-layer-type rope_parameters are not supported by kiln's decoder")
     scaling: dict[str, Any] = raw.get("rope_scaling") or (params if isinstance(params, dict) else None) or {}
-    theta = scaling.get("rope_theta", _field(raw, family, "rope_theta"))
+    theta = _real(scaling.get("rope_theta", _field(raw, family, "rope_theta")), "rope_theta", key)
     kind = scaling.get("rope_type", scaling.get("type", "default")) or "default"
     if kind not in ROPE_TYPES:
         raise ConfigError(key, f"rope type {kind!r} is not supported by kiln's decoder", ROPE_TYPES)
@@ -149,7 +170,8 @@ def _rope(raw: dict[str, Any], family: str, max_positions: int, key: str) -> Rop
 def _windows(raw: dict[str, Any], family: str, n_layers: int, key: str) -> tuple[int | None, ...]:
     if family == "llama":
         return ()
-    window = _field(raw, family, "sliding_window")  # absent: 4096; null turns windows off
+    window = _field(raw, family, "sliding_window")  # absent: 4096; null (or 0) turns windows off
+    window = _positive(window, "sliding_window", key) if window else None
     if family == "mistral":  # every layer, whatever layer_types says (transformers ignores it)
         return (window,) * n_layers if window else ()
     # qwen2/qwen3: a window only with use_sliding_window, on the layers layer_types marks
@@ -207,7 +229,7 @@ def config_from_dict(raw: dict[str, Any], key: str = "--model") -> DecoderConfig
         n_kv_heads=n_kv_heads,
         head_dim=_int({"head_dim": head_dim}, "head_dim", key),
         ffn_dim=_int(raw, "intermediate_size", key),
-        norm_eps=float(_field(raw, family, "rms_norm_eps")),
+        norm_eps=_real(_field(raw, family, "rms_norm_eps"), "rms_norm_eps", key, below=1.0),
         rope=_rope(raw, family, max_positions, key),
         max_positions=max_positions,
         tie_embeddings=bool(_field(raw, family, "tie_word_embeddings")),
@@ -218,7 +240,7 @@ def config_from_dict(raw: dict[str, Any], key: str = "--model") -> DecoderConfig
         windows=_windows(raw, family, n_layers, key),
         bos_token_id=_field(raw, family, "bos_token_id"),
         eos_token_ids=tuple(int(t) for t in eos_ids),
-        initializer_range=float(_field(raw, family, "initializer_range")),
+        initializer_range=_real(_field(raw, family, "initializer_range"), "initializer_range", key),
         dtype=raw.get("torch_dtype") or raw.get("dtype"),
     )
 
@@ -229,12 +251,18 @@ def read_config_json(path: Path, key: str = "--model") -> dict[str, Any]:
         raise ConfigError(key, f"{path} is a weights file: pass a model directory (config.json beside its "
                           "*.safetensors, as `kiln export RUN --out DIR` writes) or a config.json")
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
+        raw = read_json(path, 16 << 20, follow=True)  # a regular file of at most 16 MiB
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ConfigError(key, f"cannot read {path} as a config.json: {exc}") from None
     if not isinstance(raw, dict):
         raise ConfigError(key, f"{path} is not a config.json object")
     return raw
+
+
+def has_weights(directory: Path | None) -> bool:
+    """`directory` holds safetensors weights (one file, or an index of shards)."""
+    return directory is not None and (any(directory.glob("*.safetensors"))
+                                      or (directory / "model.safetensors.index.json").is_file())
 
 
 @dataclass(frozen=True)
@@ -286,6 +314,10 @@ def resolve_model(spec: str, key: str = "--model") -> ModelSource:
                                   f"(kiln export {path} --out {path / 'hf'}), then pass {path / 'hf'}")
             raise ConfigError(key, f"directory {path.resolve()} has no config.json")
         source = ModelSource(spec, read_config_json(cfg, key), path)
+        if not has_weights(path) and any(path.glob("pytorch_model*.bin")):  # never random weights instead
+            raise ConfigError(key, f"{path} holds pytorch_model*.bin weights only: kiln loads safetensors only, which "
+                              "never unpickle code (convert them with transformers' save_pretrained(..., "
+                              "safe_serialization=True)), or pass its config.json for random weights")
     elif path.is_file():
         source = ModelSource(spec, read_config_json(path, key), None)
     else:

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from kiln.config.errors import ConfigError
-from kiln.llm.config import DecoderConfig, ModelSource, config_from_dict
+from kiln.llm.config import DecoderConfig, ModelSource, config_from_dict, has_weights
 from kiln.llm.model import Decoder
 
 INSTALL_HINT = "pip install 'kiln[llm]'"
@@ -128,7 +128,16 @@ def load_hf_tensors(model: Decoder, get: Callable[[str], Tensor], available: Ite
     with torch.no_grad():
         for kiln_name, parts in names.items():
             target = params[kiln_name]
-            value = torch.cat([get(p).to(device=target.device, dtype=target.dtype) for p in parts], dim=0)
+            tensors = [get(p) for p in parts]
+            for part, tensor in zip(parts, tensors):
+                if not tensor.is_floating_point():
+                    raise ConfigError(key, f"{where}: {part} is {tensor.dtype}, not a floating-point weight (a "
+                                      "quantized checkpoint? kiln quantizes at load: --quant)")
+            if len({t.shape[1:] for t in tensors}) > 1:
+                shapes = ", ".join(f"{p} {tuple(t.shape)}" for p, t in zip(parts, tensors))
+                raise ConfigError(key, f"{where}: {shapes} cannot be fused: the config implies "
+                                  f"{tuple(target.shape)} for {kiln_name}")
+            value = torch.cat([t.to(device=target.device, dtype=target.dtype) for t in tensors], dim=0)
             if value.shape != target.shape:
                 raise ConfigError(key, f"{where}: {' + '.join(parts)} has shape {tuple(value.shape)}, "
                                   f"the config implies {tuple(target.shape)} for {kiln_name}")
@@ -214,11 +223,6 @@ def decode_weight_bytes(model: Decoder) -> int:
     if model.lm_head is not None and getattr(model.lm_head, "weight", None) is not model.embed.weight:
         total -= tensor_nbytes(model.embed.weight)
     return total
-
-
-def has_weights(directory: Path | None) -> bool:
-    return directory is not None and (any(directory.glob("*.safetensors"))
-                                      or (directory / "model.safetensors.index.json").is_file())
 
 
 def build_decoder(source: ModelSource, *, device: torch.device | str, dtype: torch.dtype, seed: int = 0,

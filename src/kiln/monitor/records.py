@@ -14,7 +14,13 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from kiln.safe_io import MiB, check_target, read_bytes, write_atomic
+
 log = logging.getLogger("kiln.monitor")
+
+
+RECORDS_LIMIT = 512 * MiB
+"""The most of a JSON-lines file kiln reads (a long run logs well under a KiB per interval)."""
 
 
 class BrokenRecordsError(ValueError):
@@ -29,7 +35,7 @@ def read_records(path: Path, *, warn: bool = True) -> list[dict[str, Any]]:
     """The records of `path` (one JSON object per line); a torn last line is dropped with a
     warning naming the file (`warn=False`: silently). Empty lines are skipped."""
     path = Path(path)
-    text = path.read_text(encoding="utf-8", errors="replace")
+    text = read_bytes(path, RECORDS_LIMIT).decode("utf-8", errors="replace")
     lines = text.split("\n")
     records: list[dict[str, Any]] = []
     for n, line in enumerate(lines, 1):
@@ -48,6 +54,14 @@ def read_records(path: Path, *, warn: bool = True) -> list[dict[str, Any]]:
             raise BrokenRecordsError(f"{path}:{n} is not a JSON record ({exc})", path=path, line=n) from None
         records.append(record)
     return records
+
+
+def keep_through(path: Path, last_step: int) -> None:
+    """Rewrite `path` without the records past `last_step` (and a last line a crash cut short),
+    aside and renamed, so a crash here loses nothing."""
+    check_target(path)  # a link is refused (LinkRefused), not read through
+    kept = [r for r in read_records(path) if r.get("step", 0) <= last_step]
+    write_atomic(path, "".join(json.dumps(r, allow_nan=False) + "\n" for r in kept))
 
 
 def torn_tail(path: Path) -> int:

@@ -24,10 +24,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from kiln.config.errors import ConfigError
 from kiln.config.schema import CHOICES, MetricsConfig
 from kiln.monitor.prometheus import PrometheusSink
-from kiln.monitor.records import torn_tail
+from kiln.monitor.records import keep_through, torn_tail
 from kiln.monitor.sink import MetricsSink, scalars
 from kiln.monitor.summary import json_safe
 from kiln.monitor.trackers import build_tracker
+from kiln.safe_io import open_append
 
 log = logging.getLogger("kiln.monitor")
 
@@ -58,7 +59,7 @@ class JsonlSink(MetricsSink):
     def __init__(self, path: str | os.PathLike[str]):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._fd: int | None = open_append(self.path, 0o644)
         torn = torn_tail(self.path)
         if torn:
             os.ftruncate(self._fd, os.fstat(self._fd).st_size - torn)
@@ -77,6 +78,13 @@ class JsonlSink(MetricsSink):
             with contextlib.suppress(OSError):  # keep whole records only
                 os.ftruncate(self._fd, start)
             raise
+
+    def cut_after(self, step: int) -> None:
+        """Drop the records past `step` (a resume fell back to an older checkpoint after the file
+        was opened): rewritten aside, then appended to again."""
+        self.close()
+        keep_through(self.path, step)
+        self._fd = open_append(self.path, 0o644)
 
     def close(self) -> None:
         if self._fd is not None:
@@ -281,6 +289,12 @@ class MetricsLogger:
     def waiting(self, message: str) -> None:
         for sink in self.sinks:
             sink.waiting(message)
+
+    def cut_after(self, step: int) -> None:
+        """Records past `step` leave the files that keep them (metrics.jsonl)."""
+        for sink in self.sinks:
+            if isinstance(sink, JsonlSink):
+                sink.cut_after(step)
 
     def close(self) -> None:
         # Close every sink even if one fails, so files are flushed; then report the first error.

@@ -8,12 +8,13 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from kiln.safe_io import MiB, read_json, write_atomic
 
 __all__ = ["StepStats", "json_safe", "write_summary"]
 
@@ -54,22 +55,10 @@ def write_summary(path: str | os.PathLike[str], summary: Mapping[str, Any]) -> N
     target.parent.mkdir(parents=True, exist_ok=True)
     text = json.dumps(json_safe(summary), indent=2, allow_nan=False) + "\n"
     # A process killed mid-write (an NCCL watchdog abort, SIGKILL) cannot clean up after itself.
-    for stale in target.parent.glob(f".{target.name}.*.tmp"):
-        stale.unlink(missing_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it 0600; the summary is for everyone who reads the run
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            # fsync before the rename so a power loss cannot leave an empty file under the real name.
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    for stale in target.parent.glob(f".{target.name}.*.part"):
+        stale.unlink(missing_ok=True)  # removes a name (a planted link too), never what it points at
+    # fsync before the rename so a power loss cannot leave an empty file under the real name.
+    write_atomic(target, text, durable=True)
 
 
 class StepStats:
@@ -123,7 +112,7 @@ def read_summary(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
     """RUN_DIR/summary.json as written by `write_summary`, or None when it is missing, unreadable or
     not a JSON object (a run dir is read as untrusted input: no error, just no summary)."""
     try:
-        data = json.loads((Path(run_dir) / "summary.json").read_text(encoding="utf-8"))
+        data = read_json(Path(run_dir) / "summary.json", 16 * MiB)
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None

@@ -15,7 +15,6 @@ from the exported trace with kiln.profile.trace, so any saved trace can be summa
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,6 +25,7 @@ import torch
 from kiln.llm.engine import GRAPH_WARMUP_STEPS, Engine
 from kiln.profile.trace import cpu_self_times, device_events, idle_gaps, kernel_table, load_trace
 from kiln.profile.window import activities
+from kiln.safe_io import write_atomic, write_json
 from kiln.timing import synchronize
 
 GAP_BOUND = 0.15
@@ -133,8 +133,8 @@ def profile_decode(engine: Engine, prompts: Sequence[Sequence[int]], *, new_toke
     summary = summarise_decode(load_trace(trace), steps=steps, wall_s=wall, device_type=engine.device.type,
                                bytes_per_step=weight_bytes + engine.cache_bytes, copy_bytes_per_s=copy_bytes_per_s)
     summary["trace"] = trace.name
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
-    (out_dir / "summary.md").write_text(render_decode_profile(summary, title), encoding="utf-8")
+    write_json(out_dir / "summary.json", summary)
+    write_atomic(out_dir / "summary.md", render_decode_profile(summary, title))
     return summary
 
 

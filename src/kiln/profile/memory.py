@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from kiln.safe_io import write_atomic
+
 
 def na(reason: str) -> dict[str, Any]:
     return {"status": "n/a", "reason": reason}
@@ -82,8 +84,7 @@ class CudaMemoryHistory:
         finally:
             torch.cuda.memory._record_memory_history(enabled=None)
             self.active = False
-        with open(path, "wb") as f:
-            pickle.dump(snapshot, f)
+        write_atomic(path, pickle.dumps(snapshot))
         return {"status": "ok", "file": path.name, **summarise_snapshot(snapshot, self.device.index or 0)}
 
 

@@ -9,7 +9,6 @@ memory snapshot and the profile summary (profile_summary.json and .md).
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,7 @@ from kiln.config.validate import validate
 from kiln.monitor.summary import write_summary
 from kiln.profile.summary import render_markdown, summarise_trace
 from kiln.profile.window import ProfilerWindow
+from kiln.safe_io import MiB, read_json, write_atomic
 from kiln.train.trainer import Trainer
 
 
@@ -73,10 +73,10 @@ def profile_run(cfg: Config, out: Path, *, steps: int, warmup: int, memory_steps
         "memory": window.memory,
     }
     write_summary(out / "profile_summary.json", summary)
-    (out / "profile_summary.md").write_text(render_markdown(summary), encoding="utf-8")
+    write_atomic(out / "profile_summary.md", render_markdown(summary))
     return summary
 
 
 def load_profile_summary(run_dir: Path) -> dict[str, Any] | None:
     path = Path(run_dir) / "profile_summary.json"
-    return json.loads(path.read_text()) if path.exists() else None
+    return read_json(path, 16 * MiB) if path.exists() else None

@@ -5,9 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from kiln.config.errors import ConfigError
 from kiln.report import plots
 from kiln.report.load import BenchData, RunData, load
-from kiln.report.render import Block, Heading, Image, Para, Table, write_report
+from kiln.report.render import REPORT_FILES, Block, Heading, Image, Para, Table, write_report
+from kiln.safe_io import check_target, read_bytes
 from kiln.train.segments import describe_segments
 
 MIB = 2**20
@@ -289,13 +291,24 @@ def bench_blocks(data: BenchData) -> tuple[str, list[Block]]:
         blocks += [Heading("Charts"), *charts]
     if data.figures:
         blocks.append(Heading("Figures written by the benchmark"))
-        blocks += [Image(f"bench_{p.name}", p.read_bytes(), p.name) for p in data.figures]
+        blocks += [Image(f"bench_{p.name}", _figure(p), p.name) for p in data.figures]
     return title, blocks
+
+
+def _figure(path: Path) -> bytes:
+    """A bench dir's PNG, read as a bounded regular file (the dir is untrusted input)."""
+    try:
+        return read_bytes(path, 64 << 20)
+    except OSError as exc:
+        raise ConfigError("RUN_DIR", f"{path}: {exc.strerror or exc}") from None
 
 
 def make_report(path: str | Path, out: str | Path | None = None) -> dict[str, Path]:
     """Read a run or bench dir and write report.md (+ report_files/) and report.html into `out`
     (default: the dir itself)."""
     data = load(path)
+    target = Path(out) if out is not None else data.path
+    for name in REPORT_FILES:  # a link where the report goes: refused before any work (exit 2)
+        check_target(target / name)
     title, blocks = run_blocks(data) if isinstance(data, RunData) else bench_blocks(data)
-    return write_report(blocks, Path(out) if out is not None else data.path, title)
+    return write_report(blocks, target, title)

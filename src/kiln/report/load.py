@@ -11,6 +11,7 @@ from typing import Any
 
 from kiln.config.errors import ConfigError
 from kiln.monitor.records import BrokenRecordsError, read_records
+from kiln.safe_io import MiB, read_json
 
 
 @dataclass
@@ -35,7 +36,7 @@ class BenchData:
 
 def _json(path: Path) -> Any:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return read_json(path, 64 * MiB)
     except (OSError, json.JSONDecodeError) as exc:
         raise ConfigError("RUN_DIR", f"{path} is not readable JSON ({exc})") from None
 

@@ -10,6 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from kiln.bench.results import format_cell
+from kiln.safe_io import write_atomic
+
+REPORT_FILES = ("report.md", "report.html")
+"""What `kiln report` writes into its output dir (and report_files/, its PNGs)."""
 
 
 @dataclass
@@ -131,7 +135,7 @@ def write_report(blocks: list[Block], out: Path, title: str) -> dict[str, Path]:
     if images:
         files.mkdir(exist_ok=True)
         for img in images:
-            (files / img.name).write_bytes(img.png)
-    (out / "report.md").write_text(to_markdown(blocks, files.name), encoding="utf-8")
-    (out / "report.html").write_text(to_html(blocks, title), encoding="utf-8")
+            write_atomic(files / img.name, img.png)
+    write_atomic(out / "report.md", to_markdown(blocks, files.name))
+    write_atomic(out / "report.html", to_html(blocks, title))
     return {"md": out / "report.md", "html": out / "report.html", "files": files}

@@ -7,7 +7,6 @@ rank that failed first, and makes summary.json say so.
 
 from __future__ import annotations
 
-import json
 import shlex
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ from kiln.checkpoint.storage import CheckpointSaveError, newest_intact, remove_p
 from kiln.failure.classify import Diagnosis, causes, diagnose, reason, short_error
 from kiln.failure.report import FailureReport, error_log_name
 from kiln.monitor.records import read_records
-from kiln.monitor.summary import write_summary
+from kiln.monitor.summary import read_summary, write_summary
 
 
 def resume_command(run_dir: Path, launcher: list[str] | None = None) -> str:
@@ -117,7 +116,7 @@ def record_group_failure(run_dir: Path, error: str, failed_rank: int | None,
 
     path = run_dir / "summary.json"
     try:
-        summary: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
+        summary: dict[str, Any] = read_summary(run_dir) or {}
     except (OSError, ValueError):
         summary = {}
     if summary.get("status") not in (None, "running", "failed", "interrupted"):

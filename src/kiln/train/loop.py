@@ -117,7 +117,10 @@ class TrainLoop:
         """Load the compile cache (before the first step compiles: a warm start) and the checkpoint."""
         t = self.trainer
         self.compile_cache.load()
-        report = t.checkpointer.load(t.resume_path, self.app)
+        report = t.checkpointer.load_readable(t.resume_path, self.app, fall_back=not t.branching)
+        if report.path != t.resume_path:  # a newer one could not be read: its steps run again
+            t.resume_path = report.path
+            self.sinks.cut_after(report.step)
         self.start = int(self.app.progress.get("step", report.step)) + 1
         t._step = t._steps_done = self.start - 1
         t._start = self.start
@@ -133,7 +136,10 @@ class TrainLoop:
         if cfg.compile.enabled or cfg.compile.cudagraphs:  # else minutes of silence before the first record
             self.sinks.waiting(first_step_message(cfg.compile, self.start, tcfg.steps))
         self.meter.restart_clock()
-        with StopOnSignal() as stop:
+        # Several ranks agree on a stop at log steps only (the vote is a collective), so say when.
+        when = (f"at the next log step (training.log_interval={tcfg.log_interval}: the ranks agree on a stop there)"
+                if self.trainer.dist.world_size > 1 else "after this step")
+        with StopOnSignal(when=when) as stop:
             for step in range(self.start, tcfg.steps + 1):
                 if not self.one_step(step, stop):
                     break

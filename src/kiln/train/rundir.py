@@ -28,8 +28,6 @@ deletes nothing in the dir.
 from __future__ import annotations
 
 import contextlib
-import json
-import os
 import re
 import sys
 from dataclasses import dataclass
@@ -38,6 +36,7 @@ from typing import Any
 
 from kiln.config.errors import ConfigError
 from kiln.config.identity import differences, identity
+from kiln.config.load import CONFIG_LIMIT
 from kiln.monitor.summary import read_summary
 from kiln.outputs import lock_holder
 
@@ -47,7 +46,8 @@ else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 from kiln.checkpoint.layout import checkpoint_step
 from kiln.checkpoint.storage import newest_intact
-from kiln.monitor.records import read_records
+from kiln.monitor.records import keep_through
+from kiln.safe_io import read_text
 from kiln.train.runtime import DEFAULT_RUNS_ROOT, default_run_dir, run_slug
 
 # Files whose presence means a directory already holds a run that must not be overwritten.
@@ -76,7 +76,7 @@ def inspect_run_dir(path: Path) -> RunDirState:
     held = [m for m in RUN_MARKERS if (path / m).exists()]
     saved = status = None
     with contextlib.suppress(OSError, ValueError):  # unreadable: treated as absent, and said so
-        saved = identity(tomllib.loads((path / "config.toml").read_text(encoding="utf-8")))
+        saved = identity(tomllib.loads(read_text(path / "config.toml", CONFIG_LIMIT)))
     status = (read_summary(path) or {}).get("status")
     return RunDirState(path, held, saved, status)
 
@@ -208,7 +208,4 @@ def trim_metrics(path: Path, last_step: int) -> None:
     cut short; rewritten aside and renamed, so a crash here loses nothing."""
     if not path.exists():
         return
-    kept = [r for r in read_records(path) if r.get("step", 0) <= last_step]
-    tmp = path.with_name(path.name + ".part")
-    tmp.write_text("".join(json.dumps(r, allow_nan=False) + "\n" for r in kept), encoding="utf-8")
-    os.replace(tmp, path)
+    keep_through(path, last_step)

@@ -20,7 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kiln.monitor.records import RECORDS_LIMIT
 from kiln.monitor.summary import read_summary
+from kiln.safe_io import open_read
 
 
 @dataclass
@@ -34,8 +36,8 @@ class RunHistory:
 def _first_record_loss(metrics: Path) -> float | None:
     """The loss of metrics.jsonl's step-1 record, if it has one."""
     try:
-        with metrics.open(encoding="utf-8") as f:
-            first = json.loads(f.readline() or "{}")
+        with open_read(metrics, RECORDS_LIMIT) as f:  # a regular file: a FIFO never hangs here
+            first = json.loads(f.readline(1 << 20) or "{}")
     except (OSError, ValueError):
         return None
     return first.get("loss") if isinstance(first, dict) and first.get("step") == 1 else None

@@ -11,6 +11,7 @@ from typing import Any
 from kiln.bench.results import write_results
 from kiln.config.load import dump_toml, load_config
 from kiln.config.schema import Config
+from kiln.safe_io import check_target, write_atomic
 from kiln.tune import llm_space as sp
 from kiln.tune.llm_search import LlmTuneResult, configure
 from kiln.tune.output import BEST_FILE, changed_keys
@@ -48,9 +49,10 @@ def write_best(out: Path, base: Config, result: LlmTuneResult, *, model: str, de
              f"winner: {result.winner.describe()}" + (f", {gain:.2f}x the config's own tokens/s" if gain else "")]
     text = "".join(f"# {line}\n" for line in lines) + "\n" + dump_toml(cfg)
     tmp = out / (BEST_FILE + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
+    write_atomic(tmp, text)
     load_config(tmp)
     path = out / BEST_FILE
+    check_target(path)
     tmp.replace(path)
     return path
 

@@ -15,6 +15,7 @@ from kiln.bench.recipes import recipe_config
 from kiln.bench.results import write_results
 from kiln.config.load import dump_toml, load_config
 from kiln.config.schema import Config
+from kiln.safe_io import append_text, check_target, write_atomic
 from kiln.tables import Adaptive
 from kiln.tune import space as sp
 from kiln.tune.search import TuneResult
@@ -83,8 +84,9 @@ def write_best(out: Path, base: Config, result: TuneResult, *, model: str, devic
     text = "".join(f"# {line}\n" for line in _header(result, model, device, precisions)) + "\n" + dump_toml(cfg)
     path = out / BEST_FILE
     tmp = out / (BEST_FILE + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
+    write_atomic(tmp, text)
     load_config(tmp)
+    check_target(path)
     tmp.replace(path)
     return path
 
@@ -115,7 +117,7 @@ def write_evidence(out: Path, result: TuneResult, *, env: dict, config: dict, co
         extra += ["", "## Notes", ""] + [f"- {n}" for n in result.notes]
     if result.not_tried:
         extra += ["", "## Not tried", ""] + [f"- {n['recipe']} ({n.get('stage')}): {n['reason']}" for n in result.not_tried]
-    md.write_text(md.read_text(encoding="utf-8") + "\n".join(extra) + "\n", encoding="utf-8")
+    append_text(md, "\n".join(extra) + "\n")
     written.append(md)
     measured = [r for r in rows if not str(r.get("reason") or "").startswith("not tried")]
     labels = [f"{r['candidate']} [{r['stage']}]" + (f" {r['role']}" if r.get("role") else "") for r in measured]

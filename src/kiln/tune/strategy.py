@@ -5,7 +5,6 @@ and a multi-process best.toml leave it off."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -16,6 +15,8 @@ from typing import Any
 
 from kiln.bench.recipes import recipe_config
 from kiln.config.load import save_config
+from kiln.monitor.summary import read_summary
+from kiln.safe_io import write_atomic
 from kiln.tune import space as sp
 from kiln.tune.search import TuneOptions, TuneResult
 
@@ -29,7 +30,7 @@ def _row(strategy: str, nproc: int, label: str, run_dir: Path, code: int, reason
                            "reason": reason}
     summary = run_dir / "summary.json"
     if code == 0 and summary.exists():
-        data = json.loads(summary.read_text())
+        data = read_summary(run_dir) or {}
         row.update(step_ms=data.get("step_ms_median"), step_ms_p10=data.get("step_ms_p10"),
                    step_ms_p90=data.get("step_ms_p90"), throughput=data.get("samples_per_s"),
                    throughput_per_device=(data.get("samples_per_s") or 0) / nproc,
@@ -82,7 +83,7 @@ def strategy_stage(result: TuneResult, opts: TuneOptions, nproc: int, out: Path,
             reason = (proc.stderr.strip().splitlines() or ["failed"])[0] if code else None
         except subprocess.TimeoutExpired as exc:
             code, text, reason = 1, str(exc), "stopped: the time budget ran out"
-        (run_dir / "train.log").write_text(text, encoding="utf-8")
+        write_atomic(run_dir / "train.log", text)
         row = _row(strategy, nproc, label, run_dir / "run", code, reason)
         rows.append(row)
         log(f"[strategy] {label} {strategy} x{nproc}: {row['status']}"
