@@ -211,3 +211,24 @@ def test_a_compiled_request_says_it_compiles_and_what_took_how_long(model_dir, c
     assert code == 0, err
     assert err.index("compiling prefill and decode") < err.index("TTFT")
     assert "includes compiling, 3.8 s: prefill 1.5 s, decode 2.2 s" in err
+
+
+def test_an_fp32_8b_on_a_small_host_is_refused_before_it_is_built(bad_input, monkeypatch):
+    """Llama-3.1-8B's shape in fp32 needs ~30 GiB: on a host with 23 GiB available the command
+    exits 2 in seconds naming --dtype and bf16 (which would fit), nothing built; bf16 then passes
+    the check."""
+    import time
+
+    from kiln.models import host_memory
+
+    gib = 1 << 30
+    monkeypatch.setattr(host_memory, "host_memory", lambda: (24 * gib, 23 * gib))
+    monkeypatch.delenv("KILN_SKIP_MEMORY_CHECK", raising=False)
+    started = time.monotonic()
+    err = bad_input(["generate", "--model", "llama-3.1-8b", "--tokens", "1,2,3", "--max-new-tokens", "4",
+                     "--device", "cpu", "--dtype", "fp32"], ["--dtype", "fp32", "--dtype bf16", "23.0 GiB available"])
+    assert "weights 29.9 GiB" in err and time.monotonic() - started < 30
+    from kiln.llm.config import resolve_model
+
+    config = resolve_model("llama-3.1-8b").config
+    host_memory.check_generation_fits(config, dtype="bf16", dtype_bytes=2, rows=1, tokens=7)  # fits: no error

@@ -17,26 +17,20 @@ import torch
 from kiln.bench.llm_engines import HF_ENGINES
 from kiln.bench.llm_options import LlmBenchPlan
 from kiln.config.errors import ConfigError
-from kiln.llm.config import DecoderConfig, resolve_model
-from kiln.llm.model import Decoder
+from kiln.llm.config import resolve_model
 from kiln.llm.weights import TORCH_DTYPES
-from kiln.models.host_memory import gib, host_memory
+from kiln.models.host_memory import decoder_params, gib, host_memory
 
 SKIP_ENV = "KILN_SKIP_MEMORY_CHECK"
 # Bits per weight a quantized copy keeps (int4 with its group scales; int8), by kind.
 QUANT_BITS = {"int4": 4.5, "nf4": 4.5, "int8": 8.5}
 
 
-def _num_params(config: DecoderConfig) -> int:
-    with torch.device("meta"):
-        return sum(p.numel() for p in Decoder(config).parameters())
-
-
 def bench_host_bytes(plan: LlmBenchPlan) -> dict[str, int]:
     """What the bench holds in host memory on a CPU, by part (bytes)."""
     config = resolve_model(plan.model).config
     width = torch.finfo(TORCH_DTYPES[plan.dtype]).bits // 8
-    weights = _num_params(config) * width
+    weights = decoder_params(config) * width
     parts: dict[str, int] = {}
     if any(e in HF_ENGINES for e in plan.engines):
         parts["transformers model"] = weights

@@ -161,6 +161,13 @@ def plan(args: argparse.Namespace) -> Request:
             _check_tokenizer_eos(tokenizer.path.parent, stops, "--tokenizer" if args.tokenizer else "--model")
     if len(set(stops)) > MAX_STOP_TOKENS:
         raise ConfigError("--stop-tokens", f"at most {MAX_STOP_TOKENS} stop tokens, got {len(set(stops))}")
+    if device.type == "cpu":  # before the model is built: an 8B in fp32 would meet the OOM killer
+        from kiln.llm.weights import TORCH_DTYPES
+        from kiln.models.host_memory import check_generation_fits
+
+        longest = max(len(p) for p in prompts) + args.max_new_tokens
+        check_generation_fits(config, dtype=dtype, dtype_bytes=TORCH_DTYPES[dtype].itemsize, rows=len(prompts),
+                              tokens=args.max_seq_len or longest)
     compile_on = args.compile == "on" or (args.compile == "auto" and device.type == "cuda")
     quant = resolve_quant_flags([args.quant], args, config, device, dtype)[args.quant]
     if quant.kind == "nf4":

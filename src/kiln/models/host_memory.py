@@ -79,3 +79,41 @@ def check_fits(num_params: int, *, device_type: str, optimizer: str = "adamw", m
         raise ConfigError(what, f"{num_params / 1e9:.2f}B parameters need at least {gib(need)} of host memory "
                           f"({parts}); this host has {gib(available)} available of {gib(total)}: use a smaller "
                           "model or a machine with more memory (KILN_SKIP_MEMORY_CHECK=1 tries anyway)")
+
+
+def decoder_params(config) -> int:
+    """Parameters of kiln's Decoder for a DecoderConfig, counted on the meta device (nothing allocated)."""
+    import torch
+
+    from kiln.llm.model import Decoder
+
+    with torch.device("meta"):
+        return sum(p.numel() for p in Decoder(config).parameters())
+
+
+def generation_host_bytes(config, *, dtype_bytes: int, rows: int, tokens: int) -> dict[str, int]:
+    """What `kiln generate` holds in host memory on a CPU, by part (bytes): the weights in the
+    dtype built, the KV cache of `rows` x `tokens` slots, and one row set of fp32 logits."""
+    cache = rows * tokens * config.n_layers * 2 * config.n_kv_heads * config.head_dim * dtype_bytes
+    return {"weights": decoder_params(config) * dtype_bytes, "KV cache": cache,
+            "logits": rows * config.vocab_size * 4}
+
+
+def check_generation_fits(config, *, dtype: str, dtype_bytes: int, rows: int, tokens: int) -> None:
+    """ConfigError naming --dtype (exit 2) when a CPU generation cannot fit in this host's available
+    memory, with bf16 as the fix where it would fit; `KILN_SKIP_MEMORY_CHECK=1` skips the check."""
+    if os.environ.get("KILN_SKIP_MEMORY_CHECK") == "1":
+        return
+    total, available = host_memory()
+    if available is None:
+        return
+    parts = generation_host_bytes(config, dtype_bytes=dtype_bytes, rows=rows, tokens=tokens)
+    need = sum(parts.values())
+    if need <= available:
+        return
+    fix = ("--dtype bf16 (half the bytes)" if dtype_bytes == 4 and need / 2 <= available
+           else "a smaller model, fewer prompts or tokens, or a GPU")
+    shown = ", ".join(f"{k} {gib(v)}" for k, v in parts.items())
+    raise ConfigError("--dtype", f"generating in {dtype} needs about {gib(need)} of host memory on this CPU ({shown}); "
+                      f"this host has {gib(available)} available of {gib(total)}: {fix} "
+                      "(KILN_SKIP_MEMORY_CHECK=1 tries anyway)")
