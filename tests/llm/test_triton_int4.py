@@ -78,18 +78,23 @@ def eager_reference(layer, x, prologue, swiglu, residual, norm_weight, eps=1e-5)
     (20, 256, 32, 2, False, "rms", True, False, [8, 8, 2, 8]),  # 10 SwiGLU outputs, 8 splits, 8 warps
 ])
 def test_kernel_matches_the_dequantized_math(out_f, in_f, group, rows, bias, prologue, swiglu, residual, setting):
-    torch.manual_seed(out_f + in_f)
-    linear = nn.Linear(in_f, out_f, bias=bias)
-    layer = ti.Int4TritonLinear.from_linear(linear, group, interleave=swiglu)
+    check_int4_op(torch.ops.kiln.int4_matvec, out_f, in_f, group, rows, bias, prologue, swiglu, residual, setting,
+                  seed=out_f + in_f)
+
+
+def check_int4_op(op, out_f, in_f, group, rows, bias, prologue, swiglu, residual, setting, *, seed: int) -> None:
+    """`op` (kiln::int4_matvec's arguments) on a random layer equals `eager_reference`, and a layer
+    with 1 % larger scales does not: the comparison can fail."""
+    torch.manual_seed(seed)
+    layer = ti.Int4TritonLinear.from_linear(nn.Linear(in_f, out_f, bias=bias), group, interleave=swiglu)
     x = torch.randn(rows, 2 * in_f if prologue == "silu_mul" else in_f)
     norm_weight = torch.rand(in_f) + 0.5 if prologue == "rmsnorm" else None
     res = torch.randn(rows, out_f) if residual else None
-    y = torch.ops.kiln.int4_matvec(x, layer.weight, layer.scale, layer.offset, group, layer.bias, norm_weight, 1e-5,
-                                   prologue, swiglu, res, setting)
+    y = op(x, layer.weight, layer.scale, layer.offset, group, layer.bias, norm_weight, 1e-5, prologue, swiglu, res,
+           setting)
     expected = eager_reference(layer, x, prologue, swiglu, res, norm_weight)
     assert y.shape == expected.shape
     torch.testing.assert_close(y, expected, rtol=1e-4, atol=1e-4)
-    # The comparison can fail: the same layer with 1 % larger scales gives another result.
     larger = ti.Int4TritonLinear(layer.weight, 1.01 * layer.scale, layer.offset, layer.bias, group_size=group,
                                  interleaved=swiglu)
     assert (y - eager_reference(larger, x, prologue, swiglu, res, norm_weight)).abs().max() > 1e-3

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from kiln.llm import decode_matvec as dm
 
+from .test_triton_int4 import check_int4_op
 from .triton_interpreter import interpreted, not_in_subprocess, rerun_interpreted
 
 tr = pytest.importorskip("kiln.llm.triton_rows", reason="Triton is not installed (pip install 'kiln[test]')")
@@ -29,23 +29,6 @@ def test_row_tiles_are_powers_of_two_from_16():
     assert [tr.block_m(n) for n in (2, 16, 17, 33, 64)] == [16, 16, 32, 64, 64]
 
 
-def int4_reference(layer, x, prologue, swiglu, residual, norm_weight):
-    x = x.float()
-    if prologue == "rmsnorm":
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * norm_weight
-    if prologue == "rms":
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5)
-    if prologue == "silu_mul":
-        gate, up = x.chunk(2, dim=-1)
-        x = F.silu(gate) * up
-    bias = None if layer.bias is None else layer.bias.float()
-    y = F.linear(x, layer.dequantize(torch.float32, stored_order=True), bias)
-    if swiglu:
-        gate, up = y.view(y.shape[0], -1, 2).unbind(-1)
-        return F.silu(gate) * up
-    return y if residual is None else y + residual.float()
-
-
 @interpreted
 @pytest.mark.parametrize("out_f,in_f,group,rows,bias,prologue,swiglu,residual,setting", [
     (40, 256, 32, 2, False, "none", False, False, [16, 1]),      # a partial block
@@ -55,19 +38,8 @@ def int4_reference(layer, x, prologue, swiglu, residual, norm_weight):
     (48, 256, 32, 17, False, "rms", True, False, [32, 2]),       # folded norm's scalar; SwiGLU epilogue; 17 rows
 ])
 def test_int4_rows_match_the_dequantized_math(out_f, in_f, group, rows, bias, prologue, swiglu, residual, setting):
-    torch.manual_seed(out_f + in_f + rows)
-    layer = ti.Int4TritonLinear.from_linear(nn.Linear(in_f, out_f, bias=bias), group, interleave=swiglu)
-    x = torch.randn(rows, 2 * in_f if prologue == "silu_mul" else in_f)
-    norm_weight = torch.rand(in_f) + 0.5 if prologue == "rmsnorm" else None
-    res = torch.randn(rows, out_f) if residual else None
-    y = torch.ops.kiln.int4_rows(x, layer.weight, layer.scale, layer.offset, group, layer.bias, norm_weight, 1e-5,
-                                 prologue, swiglu, res, setting)
-    expected = int4_reference(layer, x, prologue, swiglu, res, norm_weight)
-    assert y.shape == expected.shape
-    torch.testing.assert_close(y, expected, rtol=1e-4, atol=1e-4)
-    larger = ti.Int4TritonLinear(layer.weight, 1.01 * layer.scale, layer.offset, layer.bias, group_size=group,
-                                 interleaved=swiglu)
-    assert (y - int4_reference(larger, x, prologue, swiglu, res, norm_weight)).abs().max() > 1e-3
+    check_int4_op(torch.ops.kiln.int4_rows, out_f, in_f, group, rows, bias, prologue, swiglu, residual, setting,
+                  seed=out_f + in_f + rows)
 
 
 @interpreted

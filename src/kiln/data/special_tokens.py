@@ -11,24 +11,16 @@ The ids are read from tokenizer.json itself (added tokens, then the model's voca
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from kiln.config.errors import ConfigError
+from kiln.data.tokenizers_io import json_object
 
 # config.json field -> the tokenizer_config.json / special_tokens_map.json key naming that token.
 FIELDS = {"bos_token_id": "bos_token", "eos_token_id": "eos_token", "pad_token_id": "pad_token"}
 # The fields a user may set (model.kwargs) and a mismatch of which is refused; pad only follows.
 CHECKED = ("bos_token_id", "eos_token_id")
-
-
-def _json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
 
 
 def _text(value: Any) -> str | None:
@@ -57,14 +49,14 @@ def special_tokens(directory: Path | None) -> dict[str, tuple[str, int]]:
     directory = Path(directory)
     named: dict[str, str] = {}
     for name in ("tokenizer_config.json", "special_tokens_map.json"):
-        data = _json(directory / name)
+        data = json_object(directory / name)
         for field, key in FIELDS.items():
             text = _text(data.get(key))
             if text is not None:
                 named.setdefault(field, text)
     if not named:
         return {}
-    vocab = _vocabulary(_json(directory / "tokenizer.json"))
+    vocab = _vocabulary(json_object(directory / "tokenizer.json"))
     return {field: (text, vocab[text]) for field, text in named.items() if text in vocab}
 
 

@@ -60,7 +60,8 @@ def _token_text(value: Any) -> str | None:
     return None
 
 
-def _json(path: Path) -> dict[str, Any]:
+def json_object(path: Path) -> dict[str, Any]:
+    """The JSON object in `path`, or {} where it cannot be read or is not an object."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -86,7 +87,7 @@ def load_tokenizer_dir(directory: Path, key: str = "--tokenizer") -> LoadedToken
         raise ConfigError(key, f"cannot read {path}: {exc}") from None
     eos = None
     for name in ("tokenizer_config.json", "special_tokens_map.json"):
-        eos = eos or _token_text(_json(directory / name).get("eos_token"))
+        eos = eos or _token_text(json_object(directory / name).get("eos_token"))
     eos_id = tokenizer.token_to_id(eos) if eos else None
     if eos is not None and eos_id is None:
         raise ConfigError(key, f"{directory}: eos_token {eos!r} is not in its vocabulary")

@@ -60,6 +60,11 @@ def training_state_bytes(num_params: int, *, device_type: str, optimizer: str = 
     return num_params * (param_bytes * 2 + 4 * optimizer_slots(optimizer, momentum))
 
 
+def _checked_host() -> tuple[int | None, int | None]:
+    """host_memory(), or (None, None) where KILN_SKIP_MEMORY_CHECK=1 asks to try anyway."""
+    return (None, None) if os.environ.get("KILN_SKIP_MEMORY_CHECK") == "1" else host_memory()
+
+
 def gib(n: float) -> str:
     return f"{n / GIB:.1f} GiB"
 
@@ -68,9 +73,7 @@ def check_fits(num_params: int, *, device_type: str, optimizer: str = "adamw", m
                what: str = "model.name") -> None:
     """ConfigError (exit 2) when the model's certain host memory exceeds what this host has
     available, naming both; nothing is built. `KILN_SKIP_MEMORY_CHECK=1` skips the check."""
-    if os.environ.get("KILN_SKIP_MEMORY_CHECK") == "1":
-        return
-    total, available = host_memory()
+    total, available = _checked_host()
     if available is None:
         return
     need = training_state_bytes(num_params, device_type=device_type, optimizer=optimizer, momentum=momentum)
@@ -102,9 +105,7 @@ def generation_host_bytes(config, *, dtype_bytes: int, rows: int, tokens: int) -
 def check_generation_fits(config, *, dtype: str, dtype_bytes: int, rows: int, tokens: int) -> None:
     """ConfigError naming --dtype (exit 2) when a CPU generation cannot fit in this host's available
     memory, with bf16 as the fix where it would fit; `KILN_SKIP_MEMORY_CHECK=1` skips the check."""
-    if os.environ.get("KILN_SKIP_MEMORY_CHECK") == "1":
-        return
-    total, available = host_memory()
+    total, available = _checked_host()
     if available is None:
         return
     parts = generation_host_bytes(config, dtype_bytes=dtype_bytes, rows=rows, tokens=tokens)
