@@ -100,7 +100,9 @@ def test_commands_name_the_child_the_checkpoint_and_the_int4_group(tmp_path):
     cmd = run.command()
     assert cmd[1:3] == ["-m", "kiln.bench.peers.gpt_fast_child"]
     assert cmd[3:] == ["--checkout", str(tmp_path / "gpt-fast"), "--checkpoint", str(int4),
-                       "--prompt-len", "1024", "--new-tokens", "256", "--samples", "3", "--device", "cuda"]
+                       "--prompt-len", "1024", "--new-tokens", "256", "--samples", "3", "--device", "cuda",
+                       "--batch", "1"]
+    assert gf.PeerRun(tmp_path, int4, "int4", 16, 8, batch=16).command()[-2:] == ["--batch", "16"]  # its batch_size
     assert gf.quantize_command(tmp_path / "gpt-fast", model, 64)[3:] == [
         "--checkout", str(tmp_path / "gpt-fast"), "--checkpoint", str(model), "--quantize-int4", "64"]
 
@@ -164,6 +166,6 @@ def test_bad_gpt_fast_flags_exit_2_before_any_work(tiny_dir, tmp_path, capsys):
     if CHECKOUT is not None:
         assert main([*base, "--gpt-fast", str(CHECKOUT), "--gpt-fast-quant", "int8"]) == 2
         assert "--gpt-fast-quant" in capsys.readouterr().err
-        assert main([*base, "--gpt-fast", str(CHECKOUT), "--batch", "2"]) == 2
+        assert main([*base, "--gpt-fast", str(CHECKOUT), "--batch", "2,2"]) == 2  # gpt-fast runs every batch size
         assert "--batch" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()

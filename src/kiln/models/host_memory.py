@@ -15,7 +15,10 @@ import os
 import re
 from pathlib import Path
 
+import torch
+
 from kiln.config.errors import ConfigError
+from kiln.llm.model import Decoder
 
 GIB = 1 << 30
 
@@ -86,10 +89,6 @@ def check_fits(num_params: int, *, device_type: str, optimizer: str = "adamw", m
 
 def decoder_params(config) -> int:
     """Parameters of kiln's Decoder for a DecoderConfig, counted on the meta device (nothing allocated)."""
-    import torch
-
-    from kiln.llm.model import Decoder
-
     with torch.device("meta"):
         return sum(p.numel() for p in Decoder(config).parameters())
 
