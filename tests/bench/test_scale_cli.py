@@ -182,3 +182,25 @@ def test_an_out_that_cannot_be_written_is_refused_before_any_work(tmp_path, caps
     assert main(["bench", "scale", "--out", str(tmp_path / "file" / "out"), *TINY]) == 2
     err = capsys.readouterr().err
     assert "--out" in err and "cannot create it" in err and err.count("\n") == 1
+
+
+def test_ctrl_c_keeps_the_points_written_and_removes_their_checkpoints(tmp_path, capsys, monkeypatch):
+    """Ctrl-C after a point was written: results.json (the point) stays, the points' training
+    checkpoints (scratch) are removed, the message names both and the command exits 130."""
+    from kiln.bench import scale_bench
+
+    def interrupted_after_one_point(opts, out, *, on_rows, phase):
+        point = out / "points" / "ddp-1"
+        (point / "checkpoints" / "step_00000008").mkdir(parents=True)
+        (point / "checkpoints" / "step_00000008" / "weights.bin").write_bytes(b"\0" * 1024)
+        on_rows([{"kind": "point", "strategy": "ddp", "nprocs": 1, "status": "ok"}])
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(scale_bench, "run_scale_bench", interrupted_after_one_point)
+    out = tmp_path / "out"
+    code = main(["bench", "scale", "--nprocs", "1,2", "--strategies", "ddp", "--steps", "8", "--out", str(out), *TINY])
+    err = capsys.readouterr().err
+    assert code == 130, err
+    assert [r["strategy"] for r in json.loads((out / "results.json").read_text())["results"]] == ["ddp"]
+    assert not (out / "points" / "ddp-1" / "checkpoints").exists() and (out / "points" / "ddp-1").is_dir()
+    assert "kept results.json" in err and "removed scratch" in err
