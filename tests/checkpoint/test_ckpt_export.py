@@ -54,7 +54,7 @@ def test_export_tied_weights(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["{missing}", "--out", "{out}"], "RUN_DIR: {missing}: not a directory"),
+        (["{missing}", "--out", "{out}"], "RUN_DIR: {missing}: does not exist"),
         (["{empty}", "--out", "{out}"], "RUN_DIR: {empty}: no complete checkpoint"),
         (["{empty}", "--checkpoint", "{missing}", "--out", "{out}"], "--checkpoint: {missing}: does not exist"),
         (["{empty}", "--out", "{empty}/model.pt"], "--out: {empty}/model.pt: must end in .safetensors"),

@@ -75,3 +75,17 @@ def test_a_link_at_out_is_refused_even_with_force(workspace, capsys, tmp_path):
     assert main(["export", str(run), "--out", str(link), "--force"]) == 2
     assert f"{link}: is a symbolic link" in capsys.readouterr().err
     assert victim.read_bytes() == b"not kiln's"
+
+
+@pytest.mark.parametrize(("make", "out", "needles"), [
+    (None, "hf", ["RUN_DIR", "does not exist", "kiln train"]),
+    ("dir", "hf", ["RUN_DIR", "not a kiln run directory", "checkpoints/"]),
+    (None, "w.safetensors", ["RUN_DIR", "does not exist"]),
+])
+def test_a_missing_or_foreign_run_dir_is_named_as_such(tmp_path, bad_input, make, out, needles):
+    """The error says what is wrong with RUN_DIR (missing, or not a run), not what an export of a
+    run without a model config should do instead."""
+    run = tmp_path / "run"
+    if make == "dir":
+        run.mkdir()
+    bad_input(["export", str(run), "--out", str(tmp_path / out)], needles)

@@ -42,6 +42,8 @@ def find_checkpoint(run_dir: Path, checkpoint: Path | None = None) -> Path:
         if problem is not None:
             raise ConfigError("--checkpoint", f"{path}: not a complete kiln checkpoint: {problem}")
         return path
+    if not run_dir.exists():
+        raise ConfigError("RUN_DIR", f"{run_dir}: does not exist (a run directory that kiln train wrote)")
     if not run_dir.is_dir():
         raise ConfigError("RUN_DIR", f"{run_dir}: not a directory")
     found = latest_complete(run_dir / "checkpoints")

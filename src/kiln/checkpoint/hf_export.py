@@ -128,6 +128,12 @@ def export_hf_dir(run_dir: Path, out: Path, *, checkpoint: Path | None = None, r
                           "Face model directory)")
     check_export_target(run_dir, out, checkpoint=checkpoint, force=replace)
     files = run_dir / MODEL_DIR
+    if not run_dir.is_dir():
+        raise ConfigError("RUN_DIR", f"{run_dir}: does not exist (a run directory that kiln train wrote: "
+                          "--run-dir, or the runs/<time>-... it printed)")
+    if not (run_dir / "checkpoints").is_dir() and checkpoint is None:
+        raise ConfigError("RUN_DIR", f"{run_dir}: not a kiln run directory (no checkpoints/ in it): name the run "
+                          "dir kiln train wrote, or a checkpoint with --checkpoint")
     if not (files / "config.json").is_file():
         raise ConfigError("RUN_DIR", f"{run_dir}: has no {MODEL_DIR}/config.json (only runs of llama: and hf: "
                           "causal LMs record one); export the weights alone with --out FILE.safetensors")
