@@ -31,9 +31,9 @@ from kiln.data import build_data
 from kiln.models import build_model
 from kiln.monitor.env import collect_env
 from kiln.precision import apply_precision, resolve_precision, tf32_enabled
+from kiln.runtime import resolve_device, seed_everything
 from kiln.timing import synchronize, time_calls
 from kiln.train.assemble import build_train_step
-from kiln.train.runtime import resolve_device, seed_everything
 
 
 def _dir_bytes(path: Path) -> int:

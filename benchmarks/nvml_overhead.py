@@ -34,9 +34,9 @@ from kiln.models import build_model
 from kiln.monitor.env import collect_env
 from kiln.monitor.gpu_health import GpuHealthSampler, open_nvml_reader
 from kiln.precision import apply_precision, resolve_precision, tf32_enabled
+from kiln.runtime import resolve_device, seed_everything
 from kiln.timing import measure, time_calls
 from kiln.train.assemble import build_train_step
-from kiln.train.runtime import resolve_device, seed_everything
 
 
 class FakeReader:

@@ -27,9 +27,9 @@ from kiln.data import build_data
 from kiln.models import build_model
 from kiln.monitor.env import collect_env
 from kiln.precision import apply_precision, resolve_precision
+from kiln.runtime import resolve_device
 from kiln.timing import time_calls
 from kiln.train.assemble import build_train_step
-from kiln.train.runtime import resolve_device
 
 
 def busy_seconds(intervals: list[tuple[float, float]]) -> float:

@@ -29,9 +29,9 @@ from kiln.config.load import config_to_dict
 from kiln.models import build_model
 from kiln.monitor.env import collect_env
 from kiln.precision import autocast, resolve_precision, tf32_enabled
+from kiln.runtime import resolve_device, seed_everything
 from kiln.timing import time_calls
 from kiln.train.optim import build_optimizer, build_scheduler
-from kiln.train.runtime import resolve_device, seed_everything
 from kiln.train.trainer import train
 
 

@@ -15,8 +15,8 @@ Order notes, where a dependency looks surprising but is right:
 - `__main__` (`python -m kiln`) is the entry point: it sits above cli, the only room it calls.
 - llm < models: kiln's decoder and its checkpoints are single-device model code; models/ adapts
   them (and HF models) into trainable models, so models/llama.py and models/hf.py import llm/.
-- train.runtime (device, seeds, deterministic mode, run-dir names) stays in train/: it imports
-  only config.errors, and every module that uses it sits in train or above.
+- runtime (device, seeds, deterministic mode, run-dir names) sits beside precision, low: it
+  imports only config.errors, and bench/, advise/, tune/ and cli/ use it without importing train/.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ LEAF = ("__init__", "config", "imports", "signing", "noise", "tables", "activity
 ROOMS: tuple[tuple[str, ...], ...] = (
     LEAF,
     ("cpu",),
-    ("precision", "compile", "compile_cache"),
+    ("precision", "compile", "compile_cache", "runtime"),
     ("llm",),
     ("models",),
     ("data",),

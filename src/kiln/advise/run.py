@@ -23,7 +23,7 @@ from kiln.diagnose.target import Target
 from kiln.models import build_model
 from kiln.noise import filtered_fds
 from kiln.precision import apply_precision, autocast, resolve_precision, tf32_enabled
-from kiln.train.runtime import resolve_device, seed_everything
+from kiln.runtime import resolve_device, seed_everything
 from kiln.tune.space import config_recipe
 
 log = logging.getLogger("kiln.advise")

@@ -30,9 +30,9 @@ from kiln.compile_cache import artifacts_blob, fresh_artifacts, load_blob
 from kiln.config.schema import Config
 from kiln.cpu.threads import cpu_settings
 from kiln.precision import tf32_enabled
+from kiln.runtime import deterministic_mode, resolve_device
 from kiln.timing import Timing, measure, measure_interleaved
 from kiln.train.capture import WARMUP_STEPS
-from kiln.train.runtime import deterministic_mode, resolve_device
 
 Log = Callable[[str], None]
 

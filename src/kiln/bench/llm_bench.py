@@ -59,8 +59,8 @@ from kiln.llm.weights import (
 )
 from kiln.monitor.env import collect_env
 from kiln.monitor.flops import count_step_flops
+from kiln.runtime import default_run_dir
 from kiln.timing import StepClock, measure_interleaved, time_calls
-from kiln.train.runtime import default_run_dir
 
 Log = Callable[[str], None]
 

@@ -29,7 +29,7 @@ from kiln.llm.engine import check_lengths
 from kiln.llm.quant import QuantSpec, check_quant, parse_quant
 from kiln.llm.weights import TORCH_DTYPES
 from kiln.profile.decode import window_fits
-from kiln.train.runtime import resolve_device
+from kiln.runtime import resolve_device
 
 DTYPES = ("auto", "bf16", "fp16", "fp32")
 

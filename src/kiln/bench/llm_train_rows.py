@@ -28,11 +28,11 @@ from kiln.config.schema import Config
 from kiln.distributed.strategy import resolve_strategy
 from kiln.models import build_model
 from kiln.precision import apply_precision, resolve_precision, tf32_enabled
+from kiln.runtime import deterministic_mode, resolve_device, seed_everything
 from kiln.timing import StepClock, synchronize, time_calls
 from kiln.train.assemble import build_train_step
 from kiln.train.attention import attention_backend
 from kiln.train.features import resolve_features
-from kiln.train.runtime import deterministic_mode, resolve_device, seed_everything
 
 
 @dataclass

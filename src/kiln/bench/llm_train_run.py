@@ -16,7 +16,7 @@ from kiln.bench import llm_train_peer as peer
 from kiln.bench import llm_train_rows as rows_mod
 from kiln.bench.formulas import flops_per_token
 from kiln.bench.llm_train_plain import write_initial_weights
-from kiln.train.runtime import resolve_device
+from kiln.runtime import resolve_device
 
 
 def _vocab(hf: dict[str, Any]) -> data.Vocab:

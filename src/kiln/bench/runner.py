@@ -28,9 +28,9 @@ from kiln.models import build_model
 from kiln.monitor.flops import count_step_flops
 from kiln.monitor.memory import reset_peak
 from kiln.precision import PrecisionPolicy, apply_precision, resolve_precision, with_precision
+from kiln.runtime import seed_everything
 from kiln.timing import synchronize, time_calls, time_each
 from kiln.train.assemble import build_train_step
-from kiln.train.runtime import seed_everything
 
 # The accuracy reference: eager, weights and floating inputs in float64, no autocast.
 FP64 = PrecisionPolicy("fp64", None, torch.float64, False)

@@ -25,7 +25,7 @@ from kiln.distributed.env import DistEnv, backend_for, destroy_process_group, de
 from kiln.distributed.launch import LaunchSpec, launch_kiln
 from kiln.distributed.traffic import StepTraffic, step_traffic
 from kiln.monitor.env import collect_env
-from kiln.train.runtime import default_run_dir
+from kiln.runtime import default_run_dir
 
 
 @dataclass

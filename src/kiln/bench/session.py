@@ -20,7 +20,7 @@ from kiln.bench.recipes import Recipe
 from kiln.bench.runner import Started, build_context, release
 from kiln.cpu.threads import cpu_settings
 from kiln.precision import tf32_enabled
-from kiln.train.runtime import deterministic_mode, resolve_device
+from kiln.runtime import deterministic_mode, resolve_device
 
 
 class BenchSession:

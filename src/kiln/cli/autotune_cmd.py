@@ -65,7 +65,7 @@ def plan(args: argparse.Namespace):
     from kiln.config.errors import ConfigError
     from kiln.config.validate import compile_modes, validate_compile
     from kiln.precision import cpu_bf16_native, resolve_precision
-    from kiln.train.runtime import resolve_device
+    from kiln.runtime import resolve_device
     from kiln.tune.search import TuneOptions
     from kiln.tune.space import SCOPES, Space
 
@@ -150,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
     from kiln.config.errors import ConfigError
     from kiln.models import build_model
     from kiln.monitor.env import collect_env
-    from kiln.train.runtime import resolve_device
+    from kiln.runtime import resolve_device
     from kiln.tune.output import best_config, changed_keys, evidence_config, render_table, write_best, write_evidence
     from kiln.tune.progress import RichProgress
     from kiln.tune.search import Search

@@ -65,7 +65,7 @@ def plan(args: argparse.Namespace, cfg):
     """(LlmTuneOptions, notes) for an LLM config; ConfigError on bad input."""
     import importlib.util
 
-    from kiln.train.runtime import resolve_device
+    from kiln.runtime import resolve_device
     from kiln.tune import llm_space as sp
     from kiln.tune.llm_search import LlmTuneOptions, configure
 
@@ -117,7 +117,7 @@ def run(args: argparse.Namespace, cfg, command: str) -> int:
 
     from kiln.cli.results import claim_results_dir, stopped_line
     from kiln.monitor.env import collect_env
-    from kiln.train.runtime import resolve_device
+    from kiln.runtime import resolve_device
     from kiln.tune.llm_output import result_rows, write_best, write_evidence
     from kiln.tune.llm_search import LlmSearch
 

@@ -86,7 +86,7 @@ def plan(args: argparse.Namespace):
     from kiln.config import load_config
     from kiln.config.validate import validate_compile
     from kiln.precision import resolve_precision
-    from kiln.train.runtime import resolve_device
+    from kiln.runtime import resolve_device
 
     _count("--steps", args.steps, 1)
     _count("--warmup", args.warmup, 0)
@@ -169,7 +169,7 @@ def run_compile(args: argparse.Namespace) -> int:
     from kiln.bench.compile_bench import run_compile_bench
     from kiln.bench.compile_report import render_table, write_compile_results
     from kiln.monitor.env import collect_env
-    from kiln.train.runtime import resolve_device
+    from kiln.runtime import resolve_device
 
     cfg = opts.cfg
     name = preset.name if preset else cfg.model.name

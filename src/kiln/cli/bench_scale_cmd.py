@@ -214,7 +214,7 @@ def run_scale(args: argparse.Namespace) -> int:
     from kiln.config import load_config
     from kiln.distributed.env import DistEnv
     from kiln.distributed.fsdp import fsdp_available
-    from kiln.train.runtime import default_run_dir
+    from kiln.runtime import default_run_dir
 
     if DistEnv.from_env().launched:
         from kiln.config.errors import ConfigError
@@ -292,7 +292,7 @@ def run_comm(args: argparse.Namespace) -> int:
     from kiln.bench.scale_plan import machine_slots
     from kiln.config import load_config
     from kiln.distributed.env import DistEnv
-    from kiln.train.runtime import default_run_dir
+    from kiln.runtime import default_run_dir
 
     overrides = _overrides(args)
     cfg = load_config(args.config, overrides)

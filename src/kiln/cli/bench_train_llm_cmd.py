@@ -90,7 +90,7 @@ def plan(args: argparse.Namespace):
     from kiln.bench.recipes import split_values
     from kiln.config import load_config
     from kiln.llm.config import resolve_model
-    from kiln.train.runtime import resolve_device
+    from kiln.runtime import resolve_device
 
     if args.lr_warmup is None:
         args.lr_warmup = max(1, args.steps // 2)

@@ -37,7 +37,7 @@ def _out_dir(args: argparse.Namespace):
     source tree (the repro's files would land among the user's own)."""
     from pathlib import Path
 
-    from kiln.train.runtime import default_run_dir
+    from kiln.runtime import default_run_dir
 
     return Path(args.out) if args.out else default_run_dir(f"doctor-{args.target.rsplit(':', 1)[-1]}")
 

@@ -34,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
 
     from kiln.config import load_config
     from kiln.profile.run import profile_config, profile_run
-    from kiln.train.runtime import default_run_dir
+    from kiln.runtime import default_run_dir
 
     cfg = load_config(args.config, args.overrides)  # ConfigError -> exit 2 before any work
     profile_config(cfg, steps=args.steps, warmup=args.warmup, memory_steps=args.memory_steps)  # flags too

@@ -13,7 +13,7 @@ def claim_results_dir(args: argparse.Namespace, default_name: str) -> Path:
     """`--out` (or a new run dir named after `default_name`), refused (exit 2) while another command
     holds it or when it already holds results, then created; a failure's error.log lands there."""
     from kiln.bench.results import refuse_held_results  # here: `kiln --help` imports no torch
-    from kiln.train.runtime import default_run_dir
+    from kiln.runtime import default_run_dir
 
     out = Path(args.out) if args.out else default_run_dir(default_name)
     refuse_held_results(out)

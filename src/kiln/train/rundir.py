@@ -47,8 +47,8 @@ else:  # pragma: no cover - exercised on 3.10 only
 from kiln.checkpoint.layout import checkpoint_step
 from kiln.checkpoint.storage import newest_intact
 from kiln.monitor.records import keep_through
+from kiln.runtime import DEFAULT_RUNS_ROOT, default_run_dir, run_slug
 from kiln.safe_io import read_text
-from kiln.train.runtime import DEFAULT_RUNS_ROOT, default_run_dir, run_slug
 
 # Files whose presence means a directory already holds a run that must not be overwritten.
 RUN_MARKERS = ("summary.json", "metrics.jsonl", "checkpoints")
@@ -150,7 +150,7 @@ def continue_schedule(path: Path, config: Any) -> str | None:
 
 
 def find_unfinished_run(config: Any, root: Path, slug: str) -> Path | None:
-    """The newest default run dir under `root` (`<stamp>-<slug>[-N]`, as kiln.train.runtime names
+    """The newest default run dir under `root` (`<stamp>-<slug>[-N]`, as kiln.runtime names
     them) holding an unfinished run of this config with a complete checkpoint, and not in use: what
     a rerun of a command without --run-dir continues, as it promised when the run stopped. None when
     there is none (then the rerun starts a new run dir)."""

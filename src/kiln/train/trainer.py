@@ -51,6 +51,11 @@ from kiln.monitor.sinks import build_sinks
 from kiln.monitor.trackers import check_tracker
 from kiln.outputs import RunDirLock, held_for_me
 from kiln.precision import apply_precision, resolve_precision, tf32_enabled
+from kiln.runtime import (
+    deterministic_mode,
+    resolve_device,
+    seed_everything,
+)
 from kiln.train.attention import attention_backend
 from kiln.train.faults import planned_fault
 from kiln.train.features import describe_features, resolve_features
@@ -64,11 +69,6 @@ from kiln.train.rundir import (
     continue_schedule,
     no_checkpoint_decision,
     trim_metrics,
-)
-from kiln.train.runtime import (
-    deterministic_mode,
-    resolve_device,
-    seed_everything,
 )
 from kiln.train.segments import RunHistory, read_history
 

@@ -34,8 +34,8 @@ from kiln.config.load import apply_override
 from kiln.config.schema import Config
 from kiln.config.validate import validate
 from kiln.models.llama import DEFAULT_SEQ_LEN, llama_source
+from kiln.runtime import resolve_device
 from kiln.timing import Timing
-from kiln.train.runtime import resolve_device
 from kiln.tune import llm_space as sp
 from kiln.tune.budget import BUDGET_SPENT, INTERRUPTED, Budget
 

@@ -28,7 +28,7 @@ from kiln.bench.compile_bench import CompileBenchOptions
 from kiln.bench.recipes import Recipe
 from kiln.bench.session import BenchSession
 from kiln.config.schema import Config
-from kiln.train.runtime import resolve_device
+from kiln.runtime import resolve_device
 from kiln.tune import space as sp
 from kiln.tune.budget import BUDGET_SPENT, INTERRUPTED, Budget
 from kiln.tune.space import versus_default

@@ -1,4 +1,5 @@
-"""Process-level setup for a run: device choice, seeds, deterministic mode, the run directory."""
+"""Process-level setup every command shares (train, bench, advise, tune, profile): device choice,
+seeds, deterministic mode, the default run directory."""
 
 from __future__ import annotations
 
