@@ -68,7 +68,7 @@ def test_a_signal_stops_every_rank_with_a_checkpoint(tmp_path, signum, to_group)
 
 def test_ranks_that_died_of_the_stop_signal_are_a_stop_not_a_failure(tmp_path):
     from kiln.cli.train_cmd import _ended_by, stopped_line
-    from kiln.distributed.failures import RankFailure
+    from kiln.failure.ranks import RankFailure
 
     assert _ended_by(RankFailure(rank=0, exitcode=-15, timestamp=0.0), "SIGTERM")  # killed before its handler
     assert _ended_by(RankFailure(rank=1, exitcode=130, timestamp=0.0), "SIGINT")  # a second Ctrl-C: at once

@@ -157,8 +157,8 @@ def _main(argv: list[str] | None) -> int:
 
 
 def _report_failure(exc: Exception, args: argparse.Namespace) -> int:
-    from kiln.distributed.failures import console_mode, publish
     from kiln.failure import RunFailed, emit, generic_report, quiet_child_signals
+    from kiln.failure.ranks import console_mode, publish
 
     with quiet_child_signals():
         # Commands that know their run build the report (train: step, checkpoint, summary); others

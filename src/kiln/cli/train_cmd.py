@@ -34,8 +34,8 @@ def add_parser(sub) -> None:
 def _launch(args: argparse.Namespace, cfg) -> int:
     from kiln.distributed.launch import LaunchSpec, check_launch
     from kiln.failure import RunFailed
+    from kiln.failure.faults import planned_fault
     from kiln.outputs import RunDirLock
-    from kiln.train.faults import planned_fault
     from kiln.train.rundir import choose_run_dir
 
     spec = LaunchSpec(
@@ -73,9 +73,9 @@ def _launch(args: argparse.Namespace, cfg) -> int:
 def _launch_locked(args: argparse.Namespace, cfg, spec, run_dir, lock) -> int:
     import os
 
-    from kiln.distributed.failures import first_failure
     from kiln.distributed.launch import launch, launcher_flags, uses_gpu
     from kiln.failure import RunFailed
+    from kiln.failure.ranks import first_failure
     from kiln.monitor.summary import read_summary
     from kiln.outputs import LOCK_ENV
     from kiln.train.failure import group_report, resume_command
@@ -161,8 +161,8 @@ def run(args: argparse.Namespace) -> int:
     if args.nproc_per_node is not None or args.nnodes > 1:
         return _launch(args, cfg)
 
-    from kiln.distributed.failures import publish, under_kiln_launcher
     from kiln.failure import RunFailed, quiet_child_signals
+    from kiln.failure.ranks import publish, under_kiln_launcher
     from kiln.train.failure import training_report
     from kiln.train.trainer import Trainer
 

@@ -26,8 +26,8 @@ import logging
 import os
 import sys
 
-from kiln.distributed.failures import REPORT_ENV, dump_failures
 from kiln.distributed.signals import SignalRelay, signal_group
+from kiln.failure.ranks import REPORT_ENV, dump_failures
 
 
 def stoppable_agent_class(relay: SignalRelay) -> type:

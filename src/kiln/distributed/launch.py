@@ -24,8 +24,8 @@ from pathlib import Path
 import torch
 
 from kiln.config.errors import ConfigError
-from kiln.distributed.failures import REPORT_ENV, RankFailure, load_failures
 from kiln.distributed.signals import SignalRelay
+from kiln.failure.ranks import REPORT_ENV, RankFailure, load_failures
 from kiln.safe_io import open_truncate
 
 

@@ -4,6 +4,10 @@
     FailureReport(...).lines()                           the few lines a user reads
     emit(report, verbose=...)                            writes the log, prints the message
     RunFailed(report)                                    raised by commands, mapped to exit 1 by the CLI
+
+kiln.failure.ranks reads a job's rank reports back (which rank failed first); kiln.failure.faults
+injects the faults (KILN_FAULT) that test all of this. A training run's own report (what was kept,
+how to resume) needs the checkpoint layout, a room above this one: kiln.train.failure.
 """
 
 from __future__ import annotations

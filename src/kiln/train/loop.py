@@ -24,6 +24,7 @@ from kiln.compile_cache import RunCompileCache
 from kiln.distributed.env import barrier
 from kiln.distributed.local_optim import update_paths
 from kiln.distributed.sync_timing import SyncTimer
+from kiln.failure.faults import inject
 from kiln.monitor.flops import count_step_flops, peak_flops
 from kiln.monitor.memory import memory_stats, reset_peak
 from kiln.monitor.sinks import first_step_message
@@ -31,7 +32,6 @@ from kiln.monitor.stragglers import StragglerDetector
 from kiln.precision import with_precision
 from kiln.timing import synchronize
 from kiln.train.assemble import build_train_step
-from kiln.train.faults import inject
 from kiln.train.losses import build_eval_fn, build_forward_loss
 from kiln.train.meter import IntervalMeter
 from kiln.train.optim import lr_snapshot

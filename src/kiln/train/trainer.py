@@ -43,6 +43,7 @@ from kiln.distributed.env import (
 )
 from kiln.distributed.numa import bind_to_gpu_numa_node
 from kiln.distributed.strategy import resolve_strategy
+from kiln.failure.faults import planned_fault
 from kiln.failure.report import quiet_child_signals
 from kiln.models import build_model
 from kiln.monitor.gpu_health import start_gpu_health
@@ -57,7 +58,6 @@ from kiln.runtime import (
     seed_everything,
 )
 from kiln.train.attention import attention_backend
-from kiln.train.faults import planned_fault
 from kiln.train.features import describe_features, resolve_features
 from kiln.train.finish import finish_run, record_end
 from kiln.train.loop import TrainLoop

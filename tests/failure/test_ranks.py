@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from kiln.checkpoint.export import export_safetensors
-from kiln.distributed.failures import RankFailure, dump_failures, first_failure, load_failures
+from kiln.failure.ranks import RankFailure, dump_failures, first_failure, load_failures
 
 BASE = [
     "model.kwargs.hidden_size=32", "model.kwargs.num_layers=2", "model.kwargs.num_classes=4",

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from kiln.train import faults
-from kiln.train.faults import Fault, inject, planned_fault
+from kiln.failure import faults
+from kiln.failure.faults import Fault, inject, planned_fault
 
 
 @pytest.mark.parametrize(("spec", "fault"), [
