@@ -54,8 +54,8 @@ def test_branch_crash_resume_is_one_timeline(tmp_path):
 
     # The printed recovery command: the run's own config.toml, checkpoint.resume=auto.
     again = Trainer(load_config(str(run / "config.toml"), ["checkpoint.resume=auto"]), run)
-    assert not again.already_complete
-    assert again.resume_path == branch_from
+    assert not again.parts.resume.already_complete
+    assert again.parts.resume.path == branch_from
     summary = again.fit()
     assert summary["status"] == "completed" and summary["steps"] == 12
     names = sorted(p.name for p in (run / "checkpoints").glob("step_*"))
@@ -82,7 +82,7 @@ def test_a_branch_from_elsewhere_that_crashes_before_its_first_save_resumes_from
     assert not (run / "metrics.jsonl").exists() or all(
         json.loads(line)["step"] > 8 for line in (run / "metrics.jsonl").read_text().splitlines())
     again = Trainer(load_config(str(run / "config.toml"), ["checkpoint.resume=auto"]), run)
-    assert again.resume_path == source
+    assert again.parts.resume.path == source
     assert again.fit()["status"] == "completed"
 
 

@@ -67,14 +67,14 @@ def test_a_signal_stops_every_rank_with_a_checkpoint(tmp_path, signum, to_group)
 
 
 def test_ranks_that_died_of_the_stop_signal_are_a_stop_not_a_failure(tmp_path):
-    from kiln.cli.train_cmd import _ended_by, stopped_line
     from kiln.failure.ranks import RankFailure
+    from kiln.train.job import ended_by, stopped_line
 
-    assert _ended_by(RankFailure(rank=0, exitcode=-15, timestamp=0.0), "SIGTERM")  # killed before its handler
-    assert _ended_by(RankFailure(rank=1, exitcode=130, timestamp=0.0), "SIGINT")  # a second Ctrl-C: at once
-    assert not _ended_by(RankFailure(rank=0, exitcode=-9, timestamp=0.0), "SIGTERM")
+    assert ended_by(RankFailure(rank=0, exitcode=-15, timestamp=0.0), "SIGTERM")  # killed before its handler
+    assert ended_by(RankFailure(rank=1, exitcode=130, timestamp=0.0), "SIGINT")  # a second Ctrl-C: at once
+    assert not ended_by(RankFailure(rank=0, exitcode=-9, timestamp=0.0), "SIGTERM")
     own_error = RankFailure(rank=0, exitcode=1, timestamp=0.0, kiln={"kind": "disk-full"})
-    assert not _ended_by(own_error, "SIGTERM")
+    assert not ended_by(own_error, "SIGTERM")
     line = stopped_line("SIGTERM", None, tmp_path, "CMD", saved=False)
     assert line == "kiln: stopped by SIGTERM before any checkpoint of this run was saved; the same command starts it again"
 

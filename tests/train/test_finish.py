@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from kiln.checkpoint.signals import SignalExit
-from kiln.train.finish import finish_run, record_end
+from kiln.train.finish import call_failure_hook, finish_run, record_end, release_run
 from kiln.train.segments import RunHistory
 
 
@@ -26,13 +26,10 @@ class _Checkpointer:
         self.events.append("remove_partial")
 
 
-def _trainer(tmp_path, events: list[str], *, on_failure=None, keep_group=False, ckpt_fails=False):
-    t = SimpleNamespace(on_failure=on_failure, failed_at=None, cleanup_errors=[], summary_error=None,
-                        _steps_done=7, _start=1, _history=RunHistory(), _health=None, resume_path=None,
-                        checkpointer=_Checkpointer(events, ckpt_fails), dist=SimpleNamespace(is_main=True),
-                        run_dir=tmp_path, keep_group_on_failure=keep_group)
-    t.leave_group = lambda: events.append("leave_group")
-    return t
+def _finish(tmp_path, events: list[str], summary: dict, sinks, *, failing: bool, ckpt_fails: bool = False):
+    return finish_run(summary, sinks=sinks, health=None, checkpointer=_Checkpointer(events, ckpt_fails), started=0.0,
+                      failing=failing, steps_done=7, first_step=1, resumed_from=None, history=RunHistory(),
+                      summary_path=tmp_path / "summary.json")
 
 
 def _sinks(events: list[str], fail: bool = False):
@@ -48,32 +45,32 @@ def _sinks(events: list[str], fail: bool = False):
     (SignalExit(15), "interrupted"),
     (RuntimeError("boom"), "failed"),
 ])
-def test_the_end_status_of_an_error(tmp_path, exc, status):
-    seen = []
-    t = _trainer(tmp_path, [], on_failure=seen.append)
+def test_the_end_status_of_an_error(exc, status):
     summary = {"status": "running"}
-    record_end(t, summary, exc)
+    assert record_end(summary, exc) == status
     assert summary["status"] == status
-    assert seen == ([exc] if status == "failed" else [])
-    assert ("error" in summary) == (status == "failed") and (t.failed_at is not None) == (status == "failed")
+    assert ("error" in summary) == (status == "failed")
 
 
-def test_a_failing_failure_hook_is_kept_not_raised(tmp_path):
+def test_the_failure_hook_gets_the_error_and_a_failing_hook_is_kept_not_raised():
+    seen = []
+    error = RuntimeError("boom")
+    assert call_failure_hook(seen.append, error) == [] and seen == [error]
+    assert call_failure_hook(None, error) == []
+
     def hook(exc):
         raise OSError("cannot publish")
 
-    t = _trainer(tmp_path, [], on_failure=hook)
-    summary = {"status": "running"}
-    record_end(t, summary, RuntimeError("boom"))
-    assert summary["status"] == "failed" and "boom" in summary["error"]
-    assert [label for label, _ in t.cleanup_errors] == ["publishing the failure"]
+    assert [label for label, _ in call_failure_hook(hook, error)] == ["publishing the failure"]
 
 
 def test_a_clean_end_writes_the_summary_and_leaves(tmp_path):
     events: list[str] = []
-    t = _trainer(tmp_path, events)
     summary = {"status": "completed", "run_dir": str(tmp_path)}
-    finish_run(t, summary, _sinks(events), 0.0, contextlib.ExitStack(), failing=False)
+    end = _finish(tmp_path, events, summary, _sinks(events), failing=False)
+    assert end.errors == [] and end.first is None
+    assert release_run(contextlib.ExitStack(), lambda: events.append("leave_group"), failing=False,
+                       keep_group_on_failure=False) == []
     assert events == ["sinks.close", "leave_group"]
     written = json.loads((tmp_path / "summary.json").read_text())
     assert written["status"] == "completed" and written["steps"] == 7
@@ -81,21 +78,21 @@ def test_a_clean_end_writes_the_summary_and_leaves(tmp_path):
 
 def test_on_the_failure_path_every_cleanup_step_runs_and_none_raises(tmp_path):
     events: list[str] = []
-    t = _trainer(tmp_path, events, ckpt_fails=True)
     summary = {"status": "failed", "error": "the real error"}
-    finish_run(t, summary, _sinks(events, fail=True), 0.0, contextlib.ExitStack(), failing=True)
+    end = _finish(tmp_path, events, summary, _sinks(events, fail=True), failing=True, ckpt_fails=True)
+    release_run(contextlib.ExitStack(), lambda: events.append("leave_group"), failing=True,
+                keep_group_on_failure=False)
     assert events == ["sinks.close", "close(collective=False)", "remove_partial", "leave_group"]
-    assert [label for label, _ in t.cleanup_errors] == ["closing the metric sinks",
-                                                         "waiting for the in-flight checkpoint save"]
+    assert end.first is None
+    assert [label for label, _ in end.errors] == ["closing the metric sinks", "waiting for the in-flight checkpoint save"]
     assert json.loads((tmp_path / "summary.json").read_text())["error"] == "the real error"
 
 
 def test_after_a_clean_run_the_first_cleanup_error_is_the_failure(tmp_path):
     events: list[str] = []
-    t = _trainer(tmp_path, events)
     summary = {"status": "completed"}
-    with pytest.raises(RuntimeError, match="sink broken"):
-        finish_run(t, summary, _sinks(events, fail=True), 0.0, contextlib.ExitStack(), failing=False)
+    end = _finish(tmp_path, events, summary, _sinks(events, fail=True), failing=False)
+    assert isinstance(end.first, RuntimeError) and "sink broken" in str(end.first)
     assert summary["status"] == "failed" and "sink broken" in summary["error"]
     assert json.loads((tmp_path / "summary.json").read_text())["status"] == "failed"
 
@@ -105,6 +102,6 @@ def test_a_failed_run_kept_in_its_group_leaves_later(tmp_path):
     released: list[str] = []
     lock = contextlib.ExitStack()
     lock.callback(lambda: released.append("lock"))
-    t = _trainer(tmp_path, events, keep_group=True)
-    finish_run(t, {"status": "failed"}, _sinks(events), 0.0, lock, failing=True)
+    _finish(tmp_path, events, {"status": "failed"}, _sinks(events), failing=True)
+    assert release_run(lock, lambda: events.append("leave_group"), failing=True, keep_group_on_failure=True) == []
     assert "leave_group" not in events and released == []

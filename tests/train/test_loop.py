@@ -22,9 +22,9 @@ class _Sinks:
 def _loop(tmp_path, tiny_overrides, *more: str) -> tuple[Trainer, TrainLoop, _Sinks]:
     cfg = load_config(None, [*tiny_overrides, "training.steps=7", "training.log_interval=3", *more])
     trainer = Trainer(cfg, tmp_path / "run")
-    trainer._health = None  # fit starts the GPU health sampler; none on CPU
     sinks = _Sinks()
-    return trainer, TrainLoop(trainer, sinks), sinks
+    trainer.loop.prepare(sinks, health=None)  # fit starts the GPU health sampler; none on CPU
+    return trainer, trainer.loop, sinks
 
 
 def test_one_step_at_a_time_logs_the_first_every_interval_and_the_last(tmp_path, tiny_overrides):
@@ -32,7 +32,7 @@ def test_one_step_at_a_time_logs_the_first_every_interval_and_the_last(tmp_path,
     with StopOnSignal() as stop:
         for step in range(1, 8):
             assert loop.one_step(step, stop) is True
-            assert trainer._step == trainer._steps_done == step
+            assert loop.progress.step == loop.progress.done == step
             assert loop.app.progress["step"] == step
             assert loop.app.progress["samples_seen"] == step * 16
     assert [r["step"] for r in sinks.records] == [1, 3, 6, 7]
@@ -53,13 +53,17 @@ def test_a_stop_request_saves_a_checkpoint_and_ends_the_loop(tmp_path, tiny_over
 
 def test_flops_are_counted_per_step_with_gradient_accumulation(tmp_path, tiny_overrides):
     trainer, loop, _ = _loop(tmp_path, tiny_overrides)
-    batch = next(iter(trainer.train_data))
-    one = count_flops(trainer, batch)
-    trainer.cfg.training.grad_accum_steps = 3
-    assert count_flops(trainer, batch) == 3 * one > 0
-    trainer.cfg.metrics.mfu = False
-    assert count_flops(trainer, batch) is None
+    p = trainer.parts
+    batch = next(iter(p.train_data))
+    how = {"task": p.built.task, "ce_kernel": p.features.ce_kernel, "policy": p.policy, "device": p.device}
+    one = count_flops(p.model, batch, **how, accum=1)
+    assert count_flops(p.model, batch, **how, accum=3) == 3 * one > 0
+    assert loop.meter.flops_per_step == one  # metrics.mfu=true, the default: counted for the meter
     trainer.leave_group()
+    other, no_mfu, _ = _loop(tmp_path / "no-mfu", tiny_overrides, "metrics.mfu=false")
+    assert no_mfu.meter.flops_per_step is None
+    other.leave_group()
+
 
 
 def test_a_classifiers_flops_are_counted_on_two_samples_and_equal_the_whole_batchs(tmp_path, tiny_overrides):
@@ -70,12 +74,14 @@ def test_a_classifiers_flops_are_counted_on_two_samples_and_equal_the_whole_batc
     from kiln.train.losses import build_forward_loss
 
     trainer, loop, _ = _loop(tmp_path, tiny_overrides)
-    inputs, targets = batch = next(iter(trainer.train_data))
-    forward_loss = with_precision(build_forward_loss(trainer.model, "classification"), trainer.policy, trainer.device)
-    whole = count_step_flops(lambda: forward_loss(inputs, targets).backward(), device=trainer.device,
-                             module=trainer.model)
-    trainer.model.zero_grad(set_to_none=True)
-    assert inputs.shape[0] == 16 and count_flops(trainer, batch) == whole > 0
+    p = trainer.parts
+    inputs, targets = batch = next(iter(p.train_data))
+    forward_loss = with_precision(build_forward_loss(p.model, "classification"), p.policy, p.device)
+    whole = count_step_flops(lambda: forward_loss(inputs, targets).backward(), device=p.device, module=p.model)
+    p.model.zero_grad(set_to_none=True)
+    counted = count_flops(p.model, batch, task=p.built.task, ce_kernel=p.features.ce_kernel, policy=p.policy,
+                          device=p.device, accum=1)
+    assert inputs.shape[0] == 16 and counted == whole > 0
     trainer.leave_group()
 
 

@@ -1,4 +1,4 @@
-"""summary.json writing and step-time statistics.
+"""summary.json writing and step-time statistics, and the one line a run ends with.
 
 Also home to `json_safe`, shared with the JSONL sink, so both files encode values the same way.
 """
@@ -116,3 +116,15 @@ def read_summary(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
+
+
+def summary_line(summary: dict, run_dir) -> str:
+    """The one line a finished (or stopped) run ends with: steps, loss, speed, run dir."""
+    if summary.get("first_loss") is None or summary.get("final_loss") is None:
+        return f"kiln: {summary.get('status', 'completed')} {summary.get('steps', 0)} steps; run dir {run_dir}"
+    rate = summary.get("tokens_per_s") and f"{summary['tokens_per_s']:.0f} tokens/s" or (
+        f"{summary.get('samples_per_s') or 0:.0f} samples/s"
+    )
+    resumed = f" (resumed: {len(summary['segments'])} segments)" if summary.get("resumed") else ""
+    return (f"kiln: {summary['status']} {summary['steps']} steps{resumed}, loss {summary['first_loss']:.4f} -> "
+            f"{summary['final_loss']:.4f}, {summary['step_ms_median']:.2f} ms/step, {rate}; run dir {run_dir}")

@@ -1,13 +1,15 @@
 """The report of a failed training run: what failed, in which step, what was kept, how to resume.
 
-One process (or one rank) builds it from the trainer after `Trainer.fit` cleaned up; the launcher
-of several ranks builds one for the whole job from the ranks' reports (`group_report`), names the
-rank that failed first, and makes summary.json say so.
+One process (or one rank) builds it from `RunFacts`, what its trainer knows once `Trainer.fit`
+cleaned up; the launcher of several ranks builds one for the whole job from the ranks' reports
+(`group_report`), names the rank that failed first, and makes summary.json say so. It lives here,
+not in kiln.failure, because it reads the checkpoint layout and summary.json (rooms above that one).
 """
 
 from __future__ import annotations
 
 import shlex
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +17,7 @@ import torch
 
 from kiln.checkpoint.layout import read_marker
 from kiln.checkpoint.storage import CheckpointSaveError, newest_intact, remove_partial
+from kiln.config.schema import Config
 from kiln.failure.classify import Diagnosis, causes, diagnose, reason, short_error
 from kiln.failure.report import FailureReport, error_log_name
 from kiln.monitor.records import read_records
@@ -61,36 +64,59 @@ def where_it_failed(exc: BaseException, step: int, steps_done: int, start: int =
     return f"before step {start}" if steps_done < start else f"after step {steps_done}"
 
 
-def training_report(trainer, exc: BaseException, *, final: bool = True) -> FailureReport:
-    """The report of `trainer`'s failed `fit` (or of a failure before it started training).
+@dataclass(frozen=True)
+class RunFacts:
+    """What a failed run's report needs to know of it (kiln.train.trainer.Trainer.facts)."""
+
+    cfg: Config
+    run_dir: Path
+    rank: int | None
+    """This process's rank in a job; None for one plain process."""
+    launched: bool
+    """Under torchrun (kiln's launcher or a plain one)."""
+    is_main: bool
+    device: Any
+    num_params: int | None
+    step: int
+    """The step begun."""
+    steps_done: int
+    start: int
+    """The first step of this segment."""
+    failed_at: float | None = None
+    removed_partial: tuple[Path, ...] = ()
+    """Partial checkpoint directories this process removed."""
+    summary_error: Exception | None = None
+    cleanup_errors: tuple[tuple[str, BaseException], ...] = ()
+
+
+def training_report(exc: BaseException, facts: RunFacts, *, final: bool = True) -> FailureReport:
+    """The report of a failed `fit` (or of a failure before it started training).
     `final=False`: what is known the moment the error is caught (what, where), before cleanup."""
-    dist = trainer.dist
-    rank = dist.rank if dist.world_size > 1 or dist.launched else None
-    run_dir = Path(trainer.run_dir)
-    step, done, start = trainer._step, trainer._steps_done, trainer._start
-    diagnosis = diagnose(exc, cfg=trainer.cfg, run_dir=run_dir, model_params=getattr(trainer, "num_params", None))
+    rank, run_dir = facts.rank, Path(facts.run_dir)
+    step, done, start = facts.step, facts.steps_done, facts.start
+    diagnosis = diagnose(exc, cfg=facts.cfg, run_dir=run_dir, model_params=facts.num_params)
     report = FailureReport(diagnosis, where=where_it_failed(exc, step, done, start,
                                                             asynchronous=diagnosis.kind == "worker_killed"), rank=rank, step=max(step, done), exc=exc,
                            log_dir=run_dir if run_dir.is_dir() else None, log_name=error_log_name(rank))
-    report.time = trainer.failed_at or report.time
+    report.time = facts.failed_at or report.time
     if not final:
         return report
     if run_dir.is_dir():
-        report.removed = list(trainer.checkpointer.removed_partial)
+        report.removed = list(facts.removed_partial)
         report.kept, resumable = kept(run_dir, report.removed)
         if resumable:
             command = resume_command(run_dir)
             # Under torchrun the ranks cannot know its flags; the kiln launcher prints its own command.
-            report.resume = command.replace("kiln train", "torchrun ... -m kiln train", 1) if dist.launched else command
-    if dist.is_main:
-        report.summary = (f"could not be written ({reason(trainer.summary_error)})"
-                          if trainer.summary_error is not None
+            report.resume = command.replace("kiln train", "torchrun ... -m kiln train", 1) if facts.launched else command
+    if facts.is_main:
+        report.summary = (f"could not be written ({reason(facts.summary_error)})"
+                          if facts.summary_error is not None
                           else "records status failed and the error" if (run_dir / "summary.json").exists()
                           else "was not written (the failure came before training started)")
-    for label, error in trainer.cleanup_errors:
+    for label, error in facts.cleanup_errors:
         report.notes.append(f"while {label} after the failure:\n{_format(error)}")
     if report.diagnosis.kind == "cuda_oom":
-        report.notes.append(_cuda_memory(trainer.device))
+        report.notes.append(_cuda_memory(facts.device))
     return report
 
 

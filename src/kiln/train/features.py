@@ -3,14 +3,16 @@
 `resolve_features` turns the config's `model.attention`, `training.ce_kernel`,
 `training.swiglu_kernel`, `training.activation_checkpointing` and `precision.float8` into what
 this run will do (or a ConfigError naming the key, exit 2, before anything is written). The
-resolved values go to the log and to summary.json under `features`; kiln.train.assemble applies
-the SwiGLU kernel, float8 and checkpointing, kiln.train.losses the cross-entropy kernel, and the
-trainer runs the loop under the attention kernel.
+resolved `Features` go to the log and to summary.json under `features`; kiln.train.assemble
+applies the SwiGLU kernel, float8 and checkpointing, kiln.train.losses the cross-entropy kernel,
+and the trainer runs the loop under the attention kernel.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import torch
 
@@ -23,10 +25,32 @@ from kiln.train.float8 import check_float8
 from kiln.train.swiglu import resolve_swiglu_kernel
 
 
+@dataclass(frozen=True)
+class Features:
+    """What this run applies to the model from outside, resolved (no `auto` left but in `attention`'s
+    request)."""
+
+    attention: dict[str, Any]
+    """kiln.train.attention.choose_attention's answer: `requested`, `kernel` (None: chosen per call), `expand_kv`."""
+    ce_kernel: str
+    swiglu_kernel: str
+    activation_checkpointing: str
+    float8: str
+
+    def as_dict(self) -> dict[str, Any]:
+        """For summary.json (`features`)."""
+        return dataclasses.asdict(self)
+
+    def __getitem__(self, key: Literal["attention", "ce_kernel", "swiglu_kernel", "activation_checkpointing",
+                                       "float8"]) -> Any:
+        """Read by key, as callers that predate the fields do (kiln.bench.llm_train_rows)."""
+        return getattr(self, key)
+
+
 def resolve_features(cfg: Config, built, model: torch.nn.Module, policy: PrecisionPolicy, device: torch.device,
-                     train_data) -> dict[str, Any]:
-    """{"attention": {...}, "ce_kernel", "swiglu_kernel", "activation_checkpointing", "float8"} for this run.
-    `built`: the BuiltModel; `model`: its module on the device; `train_data`: the DataSource."""
+                     train_data) -> Features:
+    """The features of this run. `built`: the BuiltModel; `model`: its module on the device;
+    `train_data`: the DataSource."""
     check_float8(cfg.precision.float8, device, cfg.precision.policy)
     ac = cfg.training.activation_checkpointing
     if ac != "none" and not built.blocks:
@@ -43,16 +67,16 @@ def resolve_features(cfg: Config, built, model: torch.nn.Module, policy: Precisi
         attention = choose_attention(model, cfg.model.attention, device=device, dtype=dtype, seq_len=tokens // samples)
     else:
         attention = {"requested": cfg.model.attention, "kernel": None, "expand_kv": False}
-    return {"attention": attention, "ce_kernel": ce_kernel, "swiglu_kernel": swiglu_kernel,
-            "activation_checkpointing": ac, "float8": cfg.precision.float8}
+    return Features(attention=attention, ce_kernel=ce_kernel, swiglu_kernel=swiglu_kernel,
+                    activation_checkpointing=ac, float8=cfg.precision.float8)
 
 
-def describe_features(features: dict[str, Any]) -> str:
+def describe_features(features: Features) -> str:
     """One log line."""
-    att = features["attention"]
+    att = features.attention
     kernel = att["kernel"] or "chosen per call"
     if att["expand_kv"]:
         kernel += ", key/value heads repeated"
-    return (f"attention: {kernel} (model.attention={att['requested']}); cross-entropy: {features['ce_kernel']}; "
-            f"SwiGLU: {features.get('swiglu_kernel', 'plain')}; "
-            f"activation checkpointing: {features['activation_checkpointing']}; float8: {features['float8']}")
+    return (f"attention: {kernel} (model.attention={att['requested']}); cross-entropy: {features.ce_kernel}; "
+            f"SwiGLU: {features.swiglu_kernel}; "
+            f"activation checkpointing: {features.activation_checkpointing}; float8: {features.float8}")

@@ -1,0 +1,123 @@
+"""`kiln train --nproc-per-node N` (or several nodes): the launcher's side of a job of N ranks.
+
+`launch_job` locks the run dir (node rank 0's launcher holds it for its ranks until the job's
+report is written), runs the checks of kiln.train.preflight once for the job, starts torchrun
+(kiln.distributed.launch), and says how the job ended: its summary line, what a stop signal kept,
+or the rank that failed first (kiln.failure.ranks, kiln.train.failure.group_report; raised as
+RunFailed, exit 1). Every rank runs `kiln train` itself, as one process of kiln.train.trainer.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kiln.checkpoint.storage import newest_intact
+from kiln.config.schema import Config
+from kiln.cpu.threads import launcher_env
+from kiln.distributed.launch import LaunchSpec, check_launch, launch, launcher_flags, uses_gpu
+from kiln.failure import RunFailed
+from kiln.failure.faults import planned_fault
+from kiln.failure.ranks import RankFailure, first_failure
+from kiln.monitor.summary import read_summary, summary_line
+from kiln.outputs import LOCK_ENV, RunDirLock
+from kiln.train.failure import group_report, resume_command
+from kiln.train.preflight import preflight
+from kiln.train.rundir import choose_run_dir
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How `kiln train` ends: its exit code and the lines it prints (stdout)."""
+
+    code: int
+    lines: list[str] = field(default_factory=list)
+
+
+def launch_job(cfg: Config, spec: LaunchSpec, *, run_dir: str | Path | None, rank_args: list[str],
+               on_run_dir: Callable[[Path], None]) -> Outcome:
+    """Run the job; `rank_args`: the `kiln train` arguments every rank gets (--config, overrides),
+    `on_run_dir(dir)`: told the run dir once it is checked (the CLI's dependencies.log goes there)."""
+    chosen, continuing = choose_run_dir(cfg, run_dir)
+    if continuing:
+        print(f"kiln: continuing the unfinished run of this config in {chosen} (pass --run-dir NEW_DIR to start a "
+              "new run instead)", file=sys.stderr)
+    check_launch(spec, cfg.training.device)
+    planned_fault(0)  # a malformed KILN_FAULT is bad input, before the run dir is created
+    # Node rank 0's launcher holds the run dir's lock for its ranks from before the checks until the
+    # job's report is written: a refused launcher starts nothing and touches nothing there.
+    owner = (spec.node_rank or 0) == 0
+    lock = RunDirLock(chosen)
+    if owner:
+        lock.acquire()
+    try:
+        outcome = _launch_locked(cfg, spec, chosen, rank_args, on_run_dir, owns_lock=owner)
+    except RunFailed as exc:  # the report (error.log) is written into the run dir under the lock
+        exc.after_report = lock.release
+        raise
+    except BaseException:
+        lock.release(remove_if_created=True)
+        raise
+    lock.release()
+    return outcome
+
+
+def _launch_locked(cfg: Config, spec: LaunchSpec, run_dir: Path, rank_args: list[str],
+                   on_run_dir: Callable[[Path], None], *, owns_lock: bool) -> Outcome:
+    preflight(cfg, run_dir, spec.nproc_per_node * spec.nnodes, locked=owns_lock)
+    on_run_dir(run_dir)  # checked under the lock: the run's dir
+    passthrough = list(rank_args)
+    if spec.max_restarts > 0 and cfg.checkpoint.resume == "never":
+        # A restarted group must continue from the last checkpoint, not start over (the parent
+        # checked the run dir above; an elastic restart skips that check).
+        passthrough.append("checkpoint.resume=auto")
+    env = {}
+    if not uses_gpu(cfg.training.device):  # CPU ranks: threads per rank, not torchrun's 1
+        env = launcher_env(cfg.cpu, spec.nproc_per_node)
+    if owns_lock:
+        env[LOCK_ENV] = f"{os.getpid()}:{os.path.abspath(run_dir)}"
+    result = launch(spec, run_dir, passthrough, env)
+    resume = resume_command(run_dir, launcher_flags(spec))
+    if result.code == 0:
+        summary = read_summary(run_dir)
+        lines = [summary_line(summary, run_dir) if summary else f"kiln: completed; run dir {run_dir}"]
+        if result.stopped_by is not None:
+            lines.append(stopped_line(result.stopped_by, summary, run_dir, resume))
+        return Outcome(0, lines)
+    if result.stopped_by is not None and all(ended_by(f, result.stopped_by) for f in result.failures):
+        # The ranks died of the signal itself: it came before they trained (nothing of this run to
+        # save yet) or a second one said "now". Not a failure: say what is kept.
+        return Outcome(128 + signal.Signals[result.stopped_by].value,
+                       [stopped_line(result.stopped_by, None, run_dir, resume, saved=False)])
+    # The ranks said one line each at most; name the first failure, what was kept, what to do.
+    raise RunFailed(group_report(run_dir, first_failure(result.failures), result.failures, launcher_flags(spec),
+                                 owner=owns_lock))
+
+
+def ended_by(failure: RankFailure, signal_name: str) -> bool:
+    """Whether a failed rank only ended because of the stop signal: killed by it, or exiting as kiln
+    does on a second one (KeyboardInterrupt: 130, SystemExit: 128 + the signal)."""
+    if failure.kiln.get("kind"):
+        return False  # the rank reported an error of its own
+    return failure.signal_name == signal_name or failure.exitcode == 128 + signal.Signals[signal_name].value
+
+
+def stopped_line(signal_name: str, summary: dict | None, run_dir: Path, command: str, *, saved: bool = True) -> str:
+    """What a stop signal did to a multi-process run: which checkpoint is kept, how to continue.
+    `saved`: the ranks stopped as asked (each saved its part of a checkpoint at the step they agreed on)."""
+    if saved and summary is not None and summary.get("status") != "stopped":  # it came as the run ended
+        return f"kiln: {signal_name} arrived as the run ended; nothing to continue"
+    # The ranks have just written it (and checksummed it): sizes, not a second read of every byte.
+    newest = newest_intact(run_dir / "checkpoints", hashes=False)
+    if saved and newest is not None:
+        return (f"kiln: stopped by {signal_name}: every rank saved its part of checkpoint {newest}; "
+                f"the same command continues the run, as does: {command}")
+    if newest is None:
+        return (f"kiln: stopped by {signal_name} before any checkpoint of this run was saved; the same command "
+                "starts it again")
+    return (f"kiln: stopped by {signal_name} before the ranks saved; the newest complete checkpoint is {newest}: "
+            f"the same command continues from there, as does: {command}")

@@ -1,0 +1,46 @@
+"""Opening a run dir (rank 0, under its lock, once the process group formed): the files a run writes
+there before its first step.
+
+`open_run_dir` writes the resolved `config.toml`, the model files `kiln export` needs, branches
+the timeline when `checkpoint.resume=PATH` starts from another checkpoint, and cuts metrics.jsonl
+back to the checkpoint a resumed run continues from (removed for a fresh start). It returns the
+run's earlier segments (kiln.train.segments), read from the summary.json this segment replaces.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from kiln.checkpoint.hf_export import save_model_files
+from kiln.checkpoint.layout import checkpoint_step
+from kiln.checkpoint.timeline import branch
+from kiln.config.load import save_config
+from kiln.train.build import RunParts
+from kiln.train.features import describe_features
+from kiln.train.rundir import trim_metrics
+from kiln.train.segments import RunHistory, read_history
+
+log = logging.getLogger("kiln.train")
+
+
+def open_run_dir(parts: RunParts) -> RunHistory:
+    """Rank 0: the run dir with this run's config and model files, its metrics cut back to the
+    checkpoint a resumed run continues from (or removed for a fresh start)."""
+    cfg, run_dir, resume = parts.cfg, parts.run_dir, parts.resume
+    history = RunHistory()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if resume.branching and resume.path is not None:  # one timeline per run dir
+        branch(run_dir, resume.path)
+    save_config(cfg, run_dir / "config.toml")
+    if parts.built.hf_config is not None:  # what `kiln export --out DIR` needs besides the weights
+        save_model_files(run_dir, parts.built.hf_config, cfg.data.path if cfg.data.source == "tokens" else None)
+    if resume.path is None:  # a fresh start (or a restart with no checkpoint yet)
+        (run_dir / "metrics.jsonl").unlink(missing_ok=True)
+    else:  # the earlier segments, from the summary.json this segment will replace; records
+        # past the checkpoint run again, so they are cut before the sink opens the file
+        history = read_history(run_dir, checkpoint_step(resume.path))
+        trim_metrics(run_dir / "metrics.jsonl", checkpoint_step(resume.path))
+    log.info("strategy: %s (%s)", parts.strategy, parts.strategy_reason)
+    if parts.built.task == "causal_lm":
+        log.info(describe_features(parts.features))
+    return history
