@@ -130,7 +130,7 @@ def test_more_processes_than_gpus(monkeypatch):
 
 
 def test_fsdp_unsupported_torch_is_bad_input(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr("kiln.distributed.fsdp.fsdp_available", lambda: False)
+    monkeypatch.setattr("kiln.train.preflight.fsdp_available", lambda: False)  # where the launcher checks it
     code = main(["train", "--run-dir", str(tmp_path / "run"), "--nproc-per-node", "2", *BASE,
                  "distributed.strategy=fsdp"])
     assert code == 2

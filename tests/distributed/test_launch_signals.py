@@ -68,13 +68,13 @@ def test_a_signal_stops_every_rank_with_a_checkpoint(tmp_path, signum, to_group)
 
 def test_ranks_that_died_of_the_stop_signal_are_a_stop_not_a_failure(tmp_path):
     from kiln.failure.ranks import RankFailure
-    from kiln.train.job import ended_by, stopped_line
+    from kiln.train.job import stopped_line
 
-    assert ended_by(RankFailure(rank=0, exitcode=-15, timestamp=0.0), "SIGTERM")  # killed before its handler
-    assert ended_by(RankFailure(rank=1, exitcode=130, timestamp=0.0), "SIGINT")  # a second Ctrl-C: at once
-    assert not ended_by(RankFailure(rank=0, exitcode=-9, timestamp=0.0), "SIGTERM")
+    assert RankFailure(rank=0, exitcode=-15, timestamp=0.0).ended_by("SIGTERM")  # killed before its handler
+    assert RankFailure(rank=1, exitcode=130, timestamp=0.0).ended_by("SIGINT")  # a second Ctrl-C: at once
+    assert not RankFailure(rank=0, exitcode=-9, timestamp=0.0).ended_by("SIGTERM")
     own_error = RankFailure(rank=0, exitcode=1, timestamp=0.0, kiln={"kind": "disk-full"})
-    assert not ended_by(own_error, "SIGTERM")
+    assert not own_error.ended_by("SIGTERM")
     line = stopped_line("SIGTERM", None, tmp_path, "CMD", saved=False)
     assert line == "kiln: stopped by SIGTERM before any checkpoint of this run was saved; the same command starts it again"
 

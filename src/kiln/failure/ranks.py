@@ -116,6 +116,13 @@ class RankFailure:
         return Diagnosis("error", f"exited with code {self.exitcode}", self.message.splitlines()[0][:200]
                          if self.message else "", "that rank's output above shows why")
 
+    def ended_by(self, signal_name: str) -> bool:
+        """Whether this rank only ended because of the stop signal `signal_name`: killed by it, or
+        exiting as kiln does on a second one (KeyboardInterrupt: 130, SystemExit: 128 + the signal)."""
+        if self.kiln.get("kind"):
+            return False  # the rank reported an error of its own
+        return self.signal_name == signal_name or self.exitcode == 128 + signal.Signals[signal_name].value
+
     def removed(self) -> list[Path]:
         return [Path(p) for p in self.kiln.get("removed", [])]
 

@@ -130,6 +130,15 @@ def generic_report(exc: BaseException, *, output_dir: str | os.PathLike[str] | N
                          log_name=error_log_name(rank))
 
 
+def resume_command(run_dir: Path, launcher: list[str] | None = None) -> str:
+    """`kiln train` with the run's own resolved config (so every override the failed run had is
+    kept), its run dir and `checkpoint.resume=auto`; `launcher` holds --nproc-per-node and friends."""
+    config = run_dir / "config.toml"
+    parts = ["kiln", "train", *(launcher or []), "--config", str(config), "--run-dir", str(run_dir),
+             "checkpoint.resume=auto"]
+    return shlex.join(parts)
+
+
 def log_text(report: FailureReport, argv: list[str] | None = None) -> str:
     stamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     rank = f", rank {report.rank}" if report.rank is not None else ""

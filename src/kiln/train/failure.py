@@ -8,7 +8,6 @@ not in kiln.failure, because it reads the checkpoint layout and summary.json (ro
 
 from __future__ import annotations
 
-import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,18 +18,9 @@ from kiln.checkpoint.layout import read_marker
 from kiln.checkpoint.storage import CheckpointSaveError, newest_intact, remove_partial
 from kiln.config.schema import Config
 from kiln.failure.classify import Diagnosis, causes, diagnose, reason, short_error
-from kiln.failure.report import FailureReport, error_log_name
+from kiln.failure.report import FailureReport, error_log_name, resume_command
 from kiln.monitor.records import read_records
 from kiln.monitor.summary import read_summary, write_summary
-
-
-def resume_command(run_dir: Path, launcher: list[str] | None = None) -> str:
-    """`kiln train` with the run's own resolved config (so every override the failed run had is
-    kept), its run dir and `checkpoint.resume=auto`; `launcher` holds --nproc-per-node and friends."""
-    config = run_dir / "config.toml"
-    parts = ["kiln", "train", *(launcher or []), "--config", str(config), "--run-dir", str(run_dir),
-             "checkpoint.resume=auto"]
-    return shlex.join(parts)
 
 
 def kept(run_dir: Path, removed: list[Path]) -> tuple[str, bool]:

@@ -22,10 +22,11 @@ from kiln.cpu.threads import launcher_env
 from kiln.distributed.launch import LaunchSpec, check_launch, launch, launcher_flags, uses_gpu
 from kiln.failure import RunFailed
 from kiln.failure.faults import planned_fault
-from kiln.failure.ranks import RankFailure, first_failure
+from kiln.failure.ranks import first_failure
+from kiln.failure.report import resume_command
 from kiln.monitor.summary import read_summary, summary_line
 from kiln.outputs import LOCK_ENV, RunDirLock
-from kiln.train.failure import group_report, resume_command
+from kiln.train.failure import group_report
 from kiln.train.preflight import preflight
 from kiln.train.rundir import choose_run_dir
 
@@ -81,29 +82,21 @@ def _launch_locked(cfg: Config, spec: LaunchSpec, run_dir: Path, rank_args: list
     if owns_lock:
         env[LOCK_ENV] = f"{os.getpid()}:{os.path.abspath(run_dir)}"
     result = launch(spec, run_dir, passthrough, env)
-    resume = resume_command(run_dir, launcher_flags(spec))
+    flags = launcher_flags(spec)  # the flags that launch this job again, for the resume command
+    resume = resume_command(run_dir, flags)
     if result.code == 0:
         summary = read_summary(run_dir)
         lines = [summary_line(summary, run_dir) if summary else f"kiln: completed; run dir {run_dir}"]
         if result.stopped_by is not None:
             lines.append(stopped_line(result.stopped_by, summary, run_dir, resume))
         return Outcome(0, lines)
-    if result.stopped_by is not None and all(ended_by(f, result.stopped_by) for f in result.failures):
+    if result.stopped_by is not None and all(f.ended_by(result.stopped_by) for f in result.failures):
         # The ranks died of the signal itself: it came before they trained (nothing of this run to
         # save yet) or a second one said "now". Not a failure: say what is kept.
         return Outcome(128 + signal.Signals[result.stopped_by].value,
                        [stopped_line(result.stopped_by, None, run_dir, resume, saved=False)])
     # The ranks said one line each at most; name the first failure, what was kept, what to do.
-    raise RunFailed(group_report(run_dir, first_failure(result.failures), result.failures, launcher_flags(spec),
-                                 owner=owns_lock))
-
-
-def ended_by(failure: RankFailure, signal_name: str) -> bool:
-    """Whether a failed rank only ended because of the stop signal: killed by it, or exiting as kiln
-    does on a second one (KeyboardInterrupt: 130, SystemExit: 128 + the signal)."""
-    if failure.kiln.get("kind"):
-        return False  # the rank reported an error of its own
-    return failure.signal_name == signal_name or failure.exitcode == 128 + signal.Signals[signal_name].value
+    raise RunFailed(group_report(run_dir, first_failure(result.failures), result.failures, flags, owner=owns_lock))
 
 
 def stopped_line(signal_name: str, summary: dict | None, run_dir: Path, command: str, *, saved: bool = True) -> str:
