@@ -65,7 +65,7 @@ class RunFacts:
     launched: bool
     """Under torchrun (kiln's launcher or a plain one)."""
     is_main: bool
-    device: Any
+    device: torch.device
     num_params: int | None
     step: int
     """The step begun."""
