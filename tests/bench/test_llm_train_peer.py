@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from kiln.bench import llm_train_peer as peer
+from kiln.bench.peers.torchtitan import job as peer
 from kiln.llm.presets import PRESETS
 
 
@@ -103,7 +103,7 @@ def test_run_skips_a_shape_torchtitan_cannot_build(tmp_path):
     assert not (tmp_path / "w").exists()
 
 
-def test_launcher_is_found_in_the_checkout():
+def test_launcher_ships_inside_the_package():
     assert peer.launcher_path().is_file()
 
 

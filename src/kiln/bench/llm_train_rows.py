@@ -1,6 +1,7 @@
 """The in-process rows of `kiln bench train-llm`: a kiln recipe (built by kiln train's own build and
-apply path) and the plain transformers loop, each trained for the bench's steps from the same
-weights on the same batches, timed step by step.
+apply path; `KILN_ROWS`, its row kind) and the plain transformers loop (its peer,
+kiln.bench.peers.plain), each trained for the bench's steps from the same weights on the same
+batches, timed step by step.
 
 A row is one short training run: the first step (it compiles) is timed on its own, then every
 later step is bracketed by CUDA events in stream order (kiln.timing.StepClock), so the host
@@ -14,13 +15,14 @@ import contextlib
 import gc
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
-from kiln.bench.llm_train_plain import plain_runner
+from kiln.bench.llm_train_result import RowRun, TrainRow, set_figures
+from kiln.bench.peers.base import Bench, NothingPrepared, PeerDefaults
 from kiln.compile_cache import compile_cache_dir
 from kiln.compile_defaults import apply_measured_defaults
 from kiln.config import load_config
@@ -155,11 +157,6 @@ def kiln_step(overrides: list[str] | Config, stack: contextlib.ExitStack):
     return step, resolved, num_params
 
 
-def plain_step(weights_dir: Path, device: torch.device, hyper, precision: str, compile: bool = True):
-    autocast = {"bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16}.get(precision)
-    return plain_runner(weights_dir, device, hyper, autocast_dtype=autocast, compile=compile)
-
-
 def measure_row(build: Callable[[contextlib.ExitStack], tuple[Callable, dict, int]],
                 batches: list[tuple[Tensor, Tensor]], device: torch.device) -> dict[str, Any]:
     """Build a row (`build(stack)` may enter contexts the run needs on `stack`) and train it;
@@ -186,3 +183,38 @@ def measure_row(build: Callable[[contextlib.ExitStack], tuple[Callable, dict, in
 def _short(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return (text[0] if text else type(exc).__name__)[:400]
+
+
+def in_process_row(run: RowRun, build: Callable[[contextlib.ExitStack], tuple[Callable, dict, int]]) -> TrainRow:
+    """One in-process row (`build` as for measure_row) trained on the run's batches, with its figures;
+    a non-finite loss makes it an error."""
+    spec, ctx = run.spec, run.ctx
+    result = measure_row(build, run.batches, ctx.device)
+    row = TrainRow(spec.name, spec.kind, status=result["status"], reason=result["reason"], params=result["params"],
+                   config=result["config"])
+    if spec.kind == "kiln":
+        row.overrides = list(spec.overrides)
+    steps: StepRun | None = result["run"]
+    if steps is not None:
+        set_figures(row, steps.step_s, ctx, run.opts.warmup)
+        row.first_step_s, row.losses = steps.first_step_s, steps.losses
+        row.loss_first, row.loss_last, row.peak_mem_bytes = steps.losses[0], steps.losses[-1], steps.peak_mem_bytes
+        if not all(np.isfinite(steps.losses)):
+            row.status, row.reason = "error", "non-finite loss"
+    return row
+
+
+class KilnRecipeRows(PeerDefaults):
+    """kiln's recipes as a row kind of `kiln bench train-llm`, shaped as a peer (kiln.bench.peers.base):
+    the bench's base config plus the recipe's overrides, built by kiln train's own path. The recipes
+    are checked as kiln train's configs while the options are built."""
+
+    name = "kiln"
+    bench: Bench = "train-llm"
+
+    def run(self, prepared: NothingPrepared, run: RowRun) -> list[TrainRow]:
+        overrides = [*run.ctx.base_overrides, *run.spec.overrides]
+        return [in_process_row(run, lambda stack: kiln_step(overrides, stack))]
+
+
+KILN_ROWS = KilnRecipeRows()

@@ -6,7 +6,7 @@ copied into kiln. For one bench kiln:
    gpt-fast loads: `<dir>/<name>/model.pth` with gpt-fast's parameter names, q/k rows reordered
    from the half-split RoPE layout (HF, kiln) to gpt-fast's interleaved pairs, and an empty
    `tokenizer.model` its `main` insists on (the prompt is synthetic; see the child);
-2. starts kiln.bench.peers.gpt_fast_child in a subprocess per row, which registers the shape in
+2. starts kiln.bench.peers.gpt_fast.child in a subprocess per row, which registers the shape in
    gpt-fast's own config table under `<name>`, quantizes through gpt-fast's `quantize.py` for
    int4, and calls gpt-fast's `generate.main` with the bench's prompt length and new tokens;
 3. reads gpt-fast's printed figures: tokens/s of each sample (gpt-fast counts the new tokens over
@@ -149,7 +149,7 @@ class PeerRun:
     """gpt-fast's `batch_size` (it repeats the prompt in every row)."""
 
     def command(self) -> list[str]:
-        cmd = [sys.executable, "-m", "kiln.bench.peers.gpt_fast_child", "--checkout", str(self.checkout),
+        cmd = [sys.executable, "-m", "kiln.bench.peers.gpt_fast.child", "--checkout", str(self.checkout),
                "--checkpoint", str(self.checkpoint), "--prompt-len", str(self.prompt_len),
                "--new-tokens", str(self.new_tokens), "--samples", str(self.samples), "--device", self.device,
                "--batch", str(self.batch)]
@@ -158,7 +158,7 @@ class PeerRun:
 
 def quantize_command(checkout: Path, checkpoint: Path, group_size: int) -> list[str]:
     """The child run that writes gpt-fast's int4 checkpoint next to `checkpoint` (its quantize.py)."""
-    return [sys.executable, "-m", "kiln.bench.peers.gpt_fast_child", "--checkout", str(checkout),
+    return [sys.executable, "-m", "kiln.bench.peers.gpt_fast.child", "--checkout", str(checkout),
             "--checkpoint", str(checkpoint), "--quantize-int4", str(group_size)]
 
 
