@@ -81,6 +81,9 @@ class ToyLlmPeer:
     def check(self, request) -> dict:
         return {}
 
+    def asked(self, plan) -> bool:
+        return True
+
     def prepare(self, ctx) -> NothingPrepared:
         return NothingPrepared()
 
@@ -98,7 +101,7 @@ class ToyLlmPeer:
                  "request_tok_s": o.new_tokens / seconds, "label": self.name}]
 
     def rows(self, found, ctx):
-        for r in ctx.kiln_rows.values():
+        for r in ctx.bench_rows.values():
             if r.row.get("request_tok_s"):
                 r.row["request_vs_toy"] = r.row["request_tok_s"] / found[0]["request_tok_s"]
         return found
@@ -167,17 +170,17 @@ def test_an_unregistered_peer_is_not_a_row(tiny_llama, tmp_path, bad_input):
     bad_input(argv, ["--rows", "'toy'"])
 
 
-def test_a_registered_llm_peer_runs_beside_kiln_in_bench_llm(toy_package, tmp_path):
+@pytest.mark.parametrize("engine", ["kiln-eager", "hf-eager"])  # hf-eager alone: kiln's decoder is built for the peer
+def test_a_registered_llm_peer_runs_beside_kiln_in_bench_llm(toy_package, tmp_path, engine):
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "config.json").write_text(json.dumps({
         "model_type": "llama", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 1,
         "num_attention_heads": 2, "max_position_embeddings": 64}))
     out = tmp_path / "bench"
-    code = main(["bench", "llm", "--model", str(tmp_path / "model"), "--engines", "kiln-eager", "--prompt-len", "8",
+    code = main(["bench", "llm", "--model", str(tmp_path / "model"), "--engines", engine, "--prompt-len", "8",
                  "--new-tokens", "4", "--repeats", "1", "--prefill-repeats", "1", "--device", "cpu", "--out", str(out)])
     assert code == 0
     rows = {r["engine"]: r for r in json.loads((out / "results.json").read_text())["results"]}
-    assert list(rows) == ["kiln-eager", "toy-llm"]
+    assert list(rows) == [engine, "toy-llm"]
     assert rows["toy-llm"]["status"] == "ok" and rows["toy-llm"]["request_tok_s"] > 0
-    assert rows["kiln-eager"]["request_vs_toy"] == pytest.approx(
-        rows["kiln-eager"]["request_tok_s"] / rows["toy-llm"]["request_tok_s"])
+    assert rows[engine]["request_vs_toy"] == pytest.approx(rows[engine]["request_tok_s"] / rows["toy-llm"]["request_tok_s"])

@@ -117,7 +117,8 @@ class LlmBench:
             except Exception as exc:
                 for row in hf_rows:
                     row.fail(exc)
-        if any(n.startswith("kiln") for n in self.rows) or self.opts.gpt_fast:
+        peers_asked = any(peer.asked(self.opts) for peer in registry.peers_for("llm"))  # they run kiln's weights
+        if any(n.startswith("kiln") for n in self.rows) or peers_asked:
             self.log(f"building kiln's decoder ({'weights of the HF model' if self.hf_model else 'own weights'})")
             if self.hf_model is not None:
                 self.kiln_model = load_hf_state_dict(empty_decoder(self.config, device=self.device, dtype=self.dtype),
@@ -313,7 +314,7 @@ class LlmBench:
     def peer_context(self) -> LlmPeerContext:
         """What the peers of kiln.bench.peers.registry are given (kiln.bench.llm_peer_context)."""
         return LlmPeerContext(plan=self.opts, kiln_model=self.kiln_model, device=self.device, started=self.started,
-                              log=self.log, ceilings=self.ceilings, kv_bytes=self.kv_bytes(), kiln_rows=self.rows)
+                              log=self.log, ceilings=self.ceilings, kv_bytes=self.kv_bytes(), bench_rows=self.rows)
 
 
 def run_llm_bench(opts: LlmBenchPlan, log: Log = _stderr) -> tuple[list[dict[str, Any]], dict[str, Any]]:

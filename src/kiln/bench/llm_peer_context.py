@@ -1,7 +1,7 @@
 """What a peer of `kiln bench llm` is given (kiln.bench.peers.base): the checked plan, kiln's
 decoder (the weights every row runs), where and since when the bench runs, the ceilings measured on
-the spot, the KV-cache bytes a decode step reads per batch size, and kiln's rows, to set the peer's
-figures against them."""
+the spot, the KV-cache bytes a decode step reads per batch size, and the bench's own rows, to set
+the peer's figures against them."""
 
 from __future__ import annotations
 
@@ -37,4 +37,5 @@ class LlmPeerContext:
     ceilings: Ceilings | None
     kv_bytes: dict[int, int]
     """Batch size -> KV-cache bytes a decode step reads (kiln.bench.formulas.kv_bytes_per_step)."""
-    kiln_rows: dict[str, LlmRow]
+    bench_rows: dict[str, LlmRow]
+    """The bench's own rows (kiln's engines and transformers'), by name."""

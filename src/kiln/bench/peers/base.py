@@ -10,6 +10,7 @@ A peer is four steps, called by its bench in this order:
 - `run(prepared, ctx)`: its rows, each with a `status` (a peer that fails keeps the error and the
   bench goes on).
 - `rows(found, ctx)`: its rows as the bench reports them: figures that set them against kiln's.
+A peer of `kiln bench llm` also says whether the plan asks for it (`LlmPeer.asked`).
 `ctx` is the bench's typed context (kiln.bench.llm_peer_context for `kiln bench llm`,
 kiln.bench.llm_train_result for `kiln bench train-llm`); registry.py lists every peer.
 """
@@ -67,3 +68,12 @@ class Peer(Protocol[RequestT, CtxT, PrepT, RowT]):
     def run(self, prepared: PrepT, ctx: CtxT) -> list[RowT]: ...
 
     def rows(self, found: list[RowT], ctx: CtxT) -> list[RowT]: ...
+
+
+class LlmPeer(Peer[RequestT, CtxT, PrepT, RowT], Protocol[RequestT, CtxT, PrepT, RowT]):
+    """A peer of `kiln bench llm`: it runs kiln's decoder's weights, so the bench builds that decoder
+    whenever a peer is asked for, even with no kiln engine among the rows."""
+
+    def asked(self, plan: object) -> bool:
+        """Whether the checked plan asks for this peer's rows (its flag was given)."""
+        ...

@@ -11,7 +11,8 @@ from kiln.bench.peers.plain.peer import PLAIN
 from kiln.bench.peers.torchtitan.peer import TORCHTITAN
 
 PEERS: dict[tuple[Bench, str], Peer[Any, Any, Any, Any]] = {(p.bench, p.name): p for p in (GPT_FAST, PLAIN, TORCHTITAN)}
-"""(bench, name) -> the peer (a kiln.bench.peers.base.Peer), in the order its rows run."""
+"""(bench, name) -> the peer (a kiln.bench.peers.base.Peer; of `llm`, an LlmPeer), in the order its
+rows run."""
 
 
 def peers_for(bench: Bench) -> list[Peer[Any, Any, Any, Any]]:

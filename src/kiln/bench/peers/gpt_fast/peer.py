@@ -12,6 +12,7 @@ import torch
 
 from kiln.bench.ceilings import bandwidth_fractions
 from kiln.bench.formulas import ratio
+from kiln.bench.llm_options import LlmBenchPlan
 from kiln.bench.llm_peer_context import LlmPeerContext, LlmPeerRequest
 from kiln.bench.peers.base import Bench
 from kiln.bench.peers.gpt_fast.check import check_flags
@@ -30,11 +31,14 @@ class GptFastPeer:
         """The plan's gpt-fast fields (kiln.bench.llm_options builds the plan with them)."""
         return check_flags(request.opts, request.config)
 
+    def asked(self, plan: LlmBenchPlan) -> bool:
+        return bool(plan.gpt_fast)
+
     def prepare(self, ctx: LlmPeerContext) -> Prepared | None:
         """gpt-fast's checkpoints (bf16, and int4 through its quantize.py), written before kiln's rows
         are timed so that only its generation runs after them; None without --gpt-fast or a model."""
         o = ctx.plan
-        if not o.gpt_fast or ctx.kiln_model is None:
+        if not self.asked(o) or ctx.kiln_model is None:
             return None
         return prepare(ctx.kiln_model, Path(o.gpt_fast), quants=o.gpt_fast_quants, group_size=o.gpt_fast_group_size,
                        timeout_s=o.gpt_fast_timeout_s, log=ctx.log)
@@ -44,7 +48,7 @@ class GptFastPeer:
         processes share the GPU with this one's models, which sit idle meanwhile); the checkpoints are
         removed after."""
         o = ctx.plan
-        if not o.gpt_fast:
+        if not self.asked(o):
             return []
         several = len(o.batches) > 1
         if prepared is None:
@@ -82,7 +86,7 @@ class GptFastPeer:
                 bandwidth_fractions(row, ctx.ceilings, row["batch"], tok_s=row["request_tok_s"])
         peer = {(row["quant"], row["batch"]): row for row in found
                 if row.get("status") == "ok" and row.get("request_tok_s")}
-        for r in ctx.kiln_rows.values():
+        for r in ctx.bench_rows.values():
             other = peer.get(("int4" if r.quant.startswith("int4") else r.quant, r.row["batch"]))
             if other is not None and r.row.get("request_tok_s"):
                 r.row.update(vs_gpt_fast=f"gpt-fast[{other['quant']}]",
