@@ -7,14 +7,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # types only: the peers' table imports this, and `kiln bench train-llm` reads that table
+    import torch
 
-from kiln.bench.ceilings import Ceilings
-from kiln.bench.llm_options import LlmBenchOptions, LlmBenchPlan
-from kiln.bench.llm_rows import LlmRow
-from kiln.llm.config import DecoderConfig
-from kiln.llm.model import Decoder
+    from kiln.bench.ceilings import Ceilings
+    from kiln.bench.llm_options import LlmBenchOptions, LlmBenchPlan
+    from kiln.bench.llm_rows import LlmRow
+    from kiln.llm.config import DecoderConfig
+    from kiln.llm.model import Decoder
 
 
 @dataclass(frozen=True)

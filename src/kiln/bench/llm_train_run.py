@@ -13,8 +13,8 @@ from kiln.bench import llm_train_bench as tb
 from kiln.bench import llm_train_data as data
 from kiln.bench import llm_train_rows as rows_mod
 from kiln.bench.formulas import flops_per_token
+from kiln.bench.llm_train_kiln import KILN_ROWS
 from kiln.bench.llm_train_result import RowRun, TrainContext, TrainRow
-from kiln.bench.llm_train_rows import KILN_ROWS
 from kiln.bench.peers import registry
 from kiln.bench.peers.base import Peer
 from kiln.bench.peers.plain.loop import write_initial_weights
@@ -35,13 +35,6 @@ def row_kind(kind: str) -> Peer[Any, RowRun, Any, TrainRow]:
     return KILN_ROWS if kind == KILN_ROWS.name else registry.peer("train-llm", kind)
 
 
-def check_peers(opts: tb.TrainLlmOptions) -> None:
-    """Every train-llm peer's check of its own options (ConfigError naming the flag), as the CLI
-    runs it before any work."""
-    for peer in registry.peers_for("train-llm"):
-        peer.check(opts)
-
-
 def run_row(run: RowRun) -> TrainRow:
     """One row through its kind's steps (prepare, run, rows); what it prepared is closed after."""
     kind = row_kind(run.spec.kind)
@@ -57,7 +50,7 @@ def run(opts: tb.TrainLlmOptions, out: Path, log: Callable[[str], None] = print,
     """All rows, as results.json's rows, and the context for the report. `progress(rows, context)` runs
     after each row (the CLI writes the results so far: a call cut short keeps every finished row)."""
     start = time.monotonic()
-    check_peers(opts)  # before any work
+    registry.check_peers("train-llm", opts)  # before any work
     device = resolve_device(opts.device)
     data_dir = (opts.data_dir or out / "data").resolve()  # the peer runs in its own directory
     spec_flops, spec_source = tb.spec_peak(device, opts.precision)

@@ -84,9 +84,8 @@ def plan(args: argparse.Namespace):
     """TrainLlmOptions from the arguments; ConfigError on any bad input."""
     from kiln.bench.llm_train_bench import RowSpec, TrainLlmOptions
     from kiln.bench.llm_train_recipes import KILN_RECIPES
-    from kiln.bench.llm_train_run import check_peers
     from kiln.bench.peers.plain.loop import Hyper
-    from kiln.bench.peers.registry import peer_names
+    from kiln.bench.peers.registry import check_peers, peer_names
     from kiln.bench.recipes import split_values
     from kiln.config import load_config
     from kiln.llm.config import resolve_model
@@ -155,7 +154,7 @@ def plan(args: argparse.Namespace):
                            torchtitan_overrides=list(args.torchtitan_set),
                            torchtitan_timeout_s=args.torchtitan_timeout_s, loss_tol=args.loss_tol,
                            baseline=args.baseline, plain_compile=args.plain_compile, notes=notes)
-    check_peers(opts)  # each peer's own flags (--torchtitan-set)
+    check_peers("train-llm", opts)  # each peer's own flags (--torchtitan-set)
     return opts
 
 

@@ -20,6 +20,13 @@ def peers_for(bench: Bench) -> list[Peer[Any, Any, Any, Any]]:
     return [peer for (b, _), peer in PEERS.items() if b == bench]
 
 
+def check_peers(bench: Bench, request: Any) -> None:
+    """Every peer of `bench` checks its own options in `request` (ConfigError naming the flag), before
+    any work; for `kiln bench train-llm`, the TrainLlmOptions."""
+    for each in peers_for(bench):
+        each.check(request)
+
+
 def peer_names(bench: Bench) -> tuple[str, ...]:
     return tuple(peer.name for peer in peers_for(bench))
 

@@ -6,17 +6,19 @@ from __future__ import annotations
 import gc
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from kiln.bench.ceilings import bandwidth_fractions
 from kiln.bench.formulas import ratio
-from kiln.bench.llm_options import LlmBenchPlan
 from kiln.bench.llm_peer_context import LlmPeerContext, LlmPeerRequest
 from kiln.bench.peers.base import Bench
 from kiln.bench.peers.gpt_fast.check import check_flags
 from kiln.bench.peers.gpt_fast.process import ENGINE, Prepared, prepare, run_rows
+
+if TYPE_CHECKING:
+    from kiln.bench.llm_options import LlmBenchPlan
 
 
 def _base(o, batch: int) -> dict[str, Any]:
