@@ -8,6 +8,7 @@ import importlib.util
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -104,7 +105,11 @@ def test_run_skips_a_shape_torchtitan_cannot_build(tmp_path):
 
 
 def test_launcher_ships_inside_the_package():
-    assert peer.launcher_path().is_file()
+    # Found beside the peer's module (an installed wheel has no checkout around it), as a .py file
+    # of the package, so setuptools ships it without package-data.
+    launcher = peer.launcher_path()
+    assert launcher.is_file() and launcher.suffix == ".py"
+    assert launcher.parent == Path(peer.__file__).resolve().parent
 
 
 @pytest.mark.skipif(importlib.util.find_spec("torchtitan") is None, reason="torchtitan is not installed")
