@@ -68,10 +68,27 @@ LLM_PEER = '''
 """A toy llm peer: greedy decoding with kiln's own decoder, one token at a time, no cache."""
 
 import time
+from dataclasses import dataclass
 
 import torch
 
 from kiln.bench.peers.base import NothingPrepared
+from kiln.bench.typed_row import UNSET, JsonRow
+
+
+@dataclass
+class ToyRow(JsonRow):
+    engine: str
+    quant: str
+    model: str
+    dtype: str
+    batch: int
+    prompt_len: int
+    new_tokens: int
+    status: str = "ok"
+    reason: str | None = None
+    request_tok_s: float = UNSET
+    label: str = UNSET
 
 
 class ToyLlmPeer:
@@ -87,7 +104,7 @@ class ToyLlmPeer:
     def prepare(self, ctx) -> NothingPrepared:
         return NothingPrepared()
 
-    def run(self, prepared, ctx) -> list[dict]:
+    def run(self, prepared, ctx) -> list[ToyRow]:
         o = ctx.plan
         tokens = torch.zeros(1, o.prompt_len, dtype=torch.long, device=ctx.device)
         start = time.perf_counter()
@@ -96,14 +113,13 @@ class ToyLlmPeer:
                 nxt = ctx.kiln_model(tokens)[:, -1].argmax(-1, keepdim=True)
                 tokens = torch.cat([tokens, nxt], dim=1)
         seconds = time.perf_counter() - start
-        return [{"engine": self.name, "quant": "none", "model": o.model, "dtype": o.dtype, "batch": 1,
-                 "prompt_len": o.prompt_len, "new_tokens": o.new_tokens, "status": "ok", "reason": None,
-                 "request_tok_s": o.new_tokens / seconds, "label": self.name}]
+        return [ToyRow(self.name, "none", o.model, o.dtype, 1, o.prompt_len, o.new_tokens,
+                       request_tok_s=o.new_tokens / seconds, label=self.name)]
 
     def rows(self, found, ctx):
         for r in ctx.bench_rows.values():
             if r.row.get("request_tok_s"):
-                r.row["request_vs_toy"] = r.row["request_tok_s"] / found[0]["request_tok_s"]
+                r.row["request_vs_toy"] = r.row["request_tok_s"] / found[0].request_tok_s
         return found
 
 

@@ -309,7 +309,7 @@ class LlmBench:
                 if prep is not None:
                     prep.close()  # gpt-fast's checkpoints are the size of the model
         kiln_rows = self.finish_rows(flops)  # before the peers' rows: those set kiln's against theirs
-        return kiln_rows + [row for peer, rows in zip(peers, found) for row in peer.rows(rows, ctx)]
+        return kiln_rows + [row.to_json() for peer, rows in zip(peers, found) for row in peer.rows(rows, ctx)]
 
     def peer_context(self) -> LlmPeerContext:
         """What the peers of kiln.bench.peers.registry are given (kiln.bench.llm_peer_context)."""

@@ -1,11 +1,10 @@
 """What the row kinds of `kiln bench train-llm` (kiln's recipes and the peers: the plain loop,
 torchtitan) are given and give back: `TrainContext`, set up once per call (device, data, initial
 weights, peaks); `RowRun`, one row's request in that context; `TrainRow`, one row's figures, whose
-`to_json()` is the row of results.json (a field never set is left out, as the key was before)."""
+`to_json()` is the row of results.json (kiln.bench.typed_row)."""
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,19 +14,11 @@ from torch import Tensor
 
 from kiln.bench.llm_train_bench import RowSpec, TrainLlmOptions, figures
 from kiln.bench.llm_train_data import Corpus, Vocab
-
-
-class _Unset:
-    def __repr__(self) -> str:
-        return "UNSET"
-
-
-UNSET: Any = _Unset()
-"""A row field no step set: `to_json` leaves its key out (None is written as null)."""
+from kiln.bench.typed_row import UNSET, JsonRow
 
 
 @dataclass
-class TrainRow:
+class TrainRow(JsonRow):
     """One row of `kiln bench train-llm`, its fields in results.json's order."""
 
     row: str
@@ -65,14 +56,6 @@ class TrainRow:
     loss_diff_vs_ref: float = UNSET
     loss_check: str = UNSET
     ref: str = UNSET
-
-    def get(self, name: str) -> Any:
-        """The field's value, None when it was never set."""
-        value = getattr(self, name)
-        return None if value is UNSET else value
-
-    def to_json(self) -> dict[str, Any]:
-        return {f.name: v for f in dataclasses.fields(self) if (v := getattr(self, f.name)) is not UNSET}
 
 
 @dataclass

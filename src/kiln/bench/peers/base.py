@@ -10,6 +10,7 @@ A peer is four steps, called by its bench in this order:
 - `run(prepared, ctx)`: its rows, each with a `status` (a peer that fails keeps the error and the
   bench goes on).
 - `rows(found, ctx)`: its rows as the bench reports them: figures that set them against kiln's.
+Rows are dataclasses (kiln.bench.typed_row.JsonRow) whose `to_json()` is the row of results.json.
 A peer of `kiln bench llm` also says whether the plan asks for it (`LlmPeer.asked`).
 `ctx` is the bench's typed context (kiln.bench.llm_peer_context for `kiln bench llm`,
 kiln.bench.llm_train_result for `kiln bench train-llm`); registry.py lists every peer.
@@ -19,13 +20,15 @@ from __future__ import annotations
 
 from typing import Literal, Protocol, TypeVar
 
+from kiln.bench.typed_row import JsonRow
+
 Bench = Literal["llm", "train-llm"]
 """The benches that run peers: `kiln bench llm` (generation) and `kiln bench train-llm` (training)."""
 
 RequestT = TypeVar("RequestT", contravariant=True)
 CtxT = TypeVar("CtxT", contravariant=True)
 PrepT = TypeVar("PrepT")
-RowT = TypeVar("RowT")
+RowT = TypeVar("RowT", bound=JsonRow)
 
 
 class Prepared(Protocol):

@@ -15,7 +15,8 @@ from kiln.bench.formulas import ratio
 from kiln.bench.llm_peer_context import LlmPeerContext, LlmPeerRequest
 from kiln.bench.peers.base import Bench
 from kiln.bench.peers.gpt_fast.check import check_flags
-from kiln.bench.peers.gpt_fast.process import ENGINE, Prepared, prepare, run_rows
+from kiln.bench.peers.gpt_fast.process import Prepared, prepare, run_rows
+from kiln.bench.peers.gpt_fast.row import ENGINE, GptFastRow
 
 if TYPE_CHECKING:
     from kiln.bench.llm_options import LlmBenchPlan
@@ -45,7 +46,7 @@ class GptFastPeer:
         return prepare(ctx.kiln_model, Path(o.gpt_fast), quants=o.gpt_fast_quants, group_size=o.gpt_fast_group_size,
                        timeout_s=o.gpt_fast_timeout_s, log=ctx.log)
 
-    def run(self, prepared: Prepared | None, ctx: LlmPeerContext) -> list[dict[str, Any]]:
+    def run(self, prepared: Prepared | None, ctx: LlmPeerContext) -> list[GptFastRow]:
         """gpt-fast's rows, one per quant and batch size (its `batch_size`), after kiln's are timed (its
         processes share the GPU with this one's models, which sit idle meanwhile); the checkpoints are
         removed after."""
@@ -54,8 +55,8 @@ class GptFastPeer:
             return []
         several = len(o.batches) > 1
         if prepared is None:
-            return [{"engine": ENGINE, "quant": q, **_base(o, b), "status": "skipped",
-                     "reason": "kiln's model could not be built"} for b in o.batches for q in o.gpt_fast_quants]
+            return [GptFastRow(quant=q, **_base(o, b), status="skipped", reason="kiln's model could not be built")
+                    for b in o.batches for q in o.gpt_fast_quants]
         rows = []
         try:
             gc.collect()
@@ -68,31 +69,30 @@ class GptFastPeer:
                     budget = min(budget, o.end_by_s - (time.perf_counter() - ctx.started))
                 found = run_rows(prepared, quants=o.gpt_fast_quants, prompt_len=o.prompt_len, new_tokens=o.new_tokens,
                                  samples=max(o.repeats, 2), group_size=o.gpt_fast_group_size, device=str(ctx.device),
-                                 timeout_s=budget, batch=batch, log=ctx.log)
+                                 timeout_s=budget, batch=batch, log=ctx.log, known=_base(o, batch))
                 for row in found:
-                    label = ENGINE if row["quant"] == "none" else f"{ENGINE}[{row['quant']}]"
-                    rows.append({**_base(o, batch), **row, "label": label + (f" b{batch}" if several else "")})
+                    label = ENGINE if row.quant == "none" else f"{ENGINE}[{row.quant}]"
+                    rows.append(row.update(label=label + (f" b{batch}" if several else "")))
         finally:
             prepared.close()
         return rows
 
-    def rows(self, found: list[dict[str, Any]], ctx: LlmPeerContext) -> list[dict[str, Any]]:
+    def rows(self, found: list[GptFastRow], ctx: LlmPeerContext) -> list[GptFastRow]:
         """Bandwidth fractions of the peer's rows (from their whole-request tokens/s: gpt-fast
         reports no decode-only figure; the bytes per step include the KV cache as kiln's rows do) and
         each kiln row's speed against the peer at its quant and batch size."""
         for row in found:
-            if row.get("status") == "ok" and row.get("weight_bytes"):
-                row["roofline_basis"] = "request_tok_s"
-                row["kv_bytes_per_step"] = ctx.kv_bytes[row["batch"]]
-                row["step_bytes"] = row["weight_bytes"] + row["kv_bytes_per_step"]
-                bandwidth_fractions(row, ctx.ceilings, row["batch"], tok_s=row["request_tok_s"])
-        peer = {(row["quant"], row["batch"]): row for row in found
-                if row.get("status") == "ok" and row.get("request_tok_s")}
+            if row.status == "ok" and row.get("weight_bytes"):
+                kv = ctx.kv_bytes[row.batch]
+                figures = {"step_bytes": row.weight_bytes + kv}
+                bandwidth_fractions(figures, ctx.ceilings, row.batch, tok_s=row.request_tok_s)
+                row.update(roofline_basis="request_tok_s", kv_bytes_per_step=kv, **figures)
+        peer = {(row.quant, row.batch): row for row in found if row.status == "ok" and row.get("request_tok_s")}
         for r in ctx.bench_rows.values():
             other = peer.get(("int4" if r.quant.startswith("int4") else r.quant, r.row["batch"]))
             if other is not None and r.row.get("request_tok_s"):
-                r.row.update(vs_gpt_fast=f"gpt-fast[{other['quant']}]",
-                             request_vs_gpt_fast=ratio(r.row["request_tok_s"], other["request_tok_s"]))
+                r.row.update(vs_gpt_fast=f"gpt-fast[{other.quant}]",
+                             request_vs_gpt_fast=ratio(r.row["request_tok_s"], other.request_tok_s))
         return found
 
 
