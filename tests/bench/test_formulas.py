@@ -206,13 +206,13 @@ def test_gpt_fast_comparison_uses_the_peer_at_the_same_quant(tmp_path):
     bench.ceilings = _ceil()
     bench.rows["kiln-compiled"].row["request_tok_s"] = 300.0
     bench.rows["kiln-compiled[int4@triton]"].row["request_tok_s"] = 600.0
-    from kiln.bench.llm_peers import finish_peers
+    from kiln.bench.peers.gpt_fast.peer import GPT_FAST
+    from kiln.bench.peers.gpt_fast.row import GptFastRow
 
-    peers = finish_peers(bench, [
-        {"engine": "gpt-fast", "quant": "none", "batch": 1, "status": "ok", "request_tok_s": 200.0,
-         "weight_bytes": 1_000_000_000},
-        {"engine": "gpt-fast", "quant": "int4", "batch": 1, "status": "ok", "request_tok_s": 400.0,
-         "weight_bytes": 500_000_000}])
+    peers = [row.to_json() for row in GPT_FAST.rows([
+        GptFastRow(quant="none", batch=1, status="ok", request_tok_s=200.0, weight_bytes=1_000_000_000),
+        GptFastRow(quant="int4", batch=1, status="ok", request_tok_s=400.0, weight_bytes=500_000_000)],
+        bench.peer_context())]
     assert bench.rows["kiln-compiled"].row["request_vs_gpt_fast"] == 1.5
     assert bench.rows["kiln-compiled[int4@triton]"].row["request_vs_gpt_fast"] == 1.5
     assert bench.rows["kiln-compiled[int4@triton]"].row["vs_gpt_fast"] == "gpt-fast[int4]"

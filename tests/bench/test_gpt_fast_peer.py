@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from kiln.bench.peers import gpt_fast as gf
-from kiln.bench.peers.gpt_fast_child import pack_int4_pairs
+from kiln.bench.peers.gpt_fast import process as gf
+from kiln.bench.peers.gpt_fast.child import pack_int4_pairs
 from kiln.cli.main import main
 from kiln.llm.config import config_from_dict
 from kiln.llm.weights import random_decoder
@@ -98,7 +98,7 @@ def test_commands_name_the_child_the_checkpoint_and_the_int4_group(tmp_path):
     assert int4 == tmp_path / "m" / "modelint4.g64.pth"  # the name gpt-fast's quantize.py writes and generate.py reads
     run = gf.PeerRun(tmp_path / "gpt-fast", int4, "int4", 1024, 256, samples=3, group_size=64)
     cmd = run.command()
-    assert cmd[1:3] == ["-m", "kiln.bench.peers.gpt_fast_child"]
+    assert cmd[1:3] == ["-m", "kiln.bench.peers.gpt_fast.child"]
     assert cmd[3:] == ["--checkout", str(tmp_path / "gpt-fast"), "--checkpoint", str(int4),
                        "--prompt-len", "1024", "--new-tokens", "256", "--samples", "3", "--device", "cuda",
                        "--batch", "1"]
@@ -117,7 +117,7 @@ def test_converted_checkpoint_gives_kiln_logits_in_gpt_fast(tmp_path):
     import importlib
     import sys
 
-    from kiln.bench.peers.gpt_fast_child import register
+    from kiln.bench.peers.gpt_fast.child import register
 
     model = random_decoder(config_from_dict(TINY), device="cpu", dtype=torch.float32, seed=3)
     path = gf.write_checkpoint(model, tmp_path, "kiln-tiny-logits")

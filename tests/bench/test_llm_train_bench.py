@@ -7,6 +7,7 @@ import pytest
 
 from kiln.bench import formulas
 from kiln.bench import llm_train_bench as tb
+from kiln.bench.llm_train_result import TrainRow
 from kiln.llm.presets import PRESETS
 
 
@@ -31,38 +32,36 @@ def test_flops_params_counts_each_projection_norm_and_the_head():
 
 
 def test_figures_take_the_median_after_warmup_and_both_mfus():
-    row: dict = {}
     # step_s[k] is step k + 2; warmup 3 drops steps 1 (timed apart), 2 and 3.
     step_s = [9.0, 8.0, 0.2, 0.1, 0.3, 0.1, 0.1]
-    tb.figures(row, step_s, warmup=3, tokens_per_step=1000, fpt=10, spec=1e6, matmul=5e5)
+    row = tb.figures(step_s, warmup=3, tokens_per_step=1000, fpt=10, spec=1e6, matmul=5e5)
     assert row["timed_steps"] == 5
     assert row["step_ms"] == pytest.approx(100.0)
     assert row["tokens_per_s"] == pytest.approx(10_000)
     assert row["tflops"] == pytest.approx(1e5 / 1e12)
     assert row["mfu_spec"] == pytest.approx(0.1) and row["mfu_matmul"] == pytest.approx(0.2)
-    none: dict = {}
-    tb.figures(none, [0.5, 0.5, 0.5], warmup=1, tokens_per_step=10, fpt=1, spec=None, matmul=None)
+    none = tb.figures([0.5, 0.5, 0.5], warmup=1, tokens_per_step=10, fpt=1, spec=None, matmul=None)
     assert none["mfu_spec"] is None and none["mfu_matmul"] is None
 
 
 def _row(name, kind, tps, loss, status="ok"):
-    return {"row": name, "kind": kind, "status": status, "tokens_per_s": tps, "loss_last": loss}
+    return TrainRow(name, kind, status=status, tokens_per_s=tps, loss_last=loss)
 
 
 def test_compare_against_plain_then_a_named_baseline_then_the_first():
     rows = [_row("kiln", "kiln", 150.0, 3.02), _row("plain", "plain", 100.0, 3.0),
             _row("tt", "torchtitan", 120.0, 3.2), _row("bad", "kiln", None, None, "error")]
     tb.compare(rows, None, tol=0.02)
-    assert rows[0]["speedup_vs_ref"] == pytest.approx(1.5) and rows[0]["ref"] == "plain"
-    assert rows[0]["loss_diff_vs_ref"] == pytest.approx(0.02) and rows[0]["loss_check"] == "ok"
-    assert rows[2]["loss_check"] == "off"  # 0.2 > 2 % of 3.0
-    assert "speedup_vs_ref" not in rows[3]
+    assert rows[0].speedup_vs_ref == pytest.approx(1.5) and rows[0].ref == "plain"
+    assert rows[0].loss_diff_vs_ref == pytest.approx(0.02) and rows[0].loss_check == "ok"
+    assert rows[2].loss_check == "off"  # 0.2 > 2 % of 3.0
+    assert "speedup_vs_ref" not in rows[3].to_json()
     named = [_row("a", "kiln", 100.0, 2.0), _row("b", "kiln", 130.0, 2.0)]
     tb.compare(named, "b", tol=0.02)
-    assert named[0]["speedup_vs_ref"] == pytest.approx(100 / 130)
+    assert named[0].speedup_vs_ref == pytest.approx(100 / 130)
     first = [_row("a", "kiln", 100.0, 2.0), _row("b", "kiln", 130.0, 2.0)]
     tb.compare(first, None, tol=0.02)
-    assert first[1]["speedup_vs_ref"] == pytest.approx(1.3)
+    assert first[1].speedup_vs_ref == pytest.approx(1.3)
 
 
 def test_base_overrides_load_as_a_kiln_config(tmp_path):

@@ -8,10 +8,11 @@ import importlib.util
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from kiln.bench import llm_train_peer as peer
+from kiln.bench.peers.torchtitan import job as peer
 from kiln.llm.presets import PRESETS
 
 
@@ -103,8 +104,12 @@ def test_run_skips_a_shape_torchtitan_cannot_build(tmp_path):
     assert not (tmp_path / "w").exists()
 
 
-def test_launcher_is_found_in_the_checkout():
-    assert peer.launcher_path().is_file()
+def test_launcher_ships_inside_the_package():
+    # Found beside the peer's module (an installed wheel has no checkout around it), as a .py file
+    # of the package, so setuptools ships it without package-data.
+    launcher = peer.launcher_path()
+    assert launcher.is_file() and launcher.suffix == ".py"
+    assert launcher.parent == Path(peer.__file__).resolve().parent
 
 
 @pytest.mark.skipif(importlib.util.find_spec("torchtitan") is None, reason="torchtitan is not installed")

@@ -8,7 +8,7 @@ import inspect
 import pytest
 import torch
 
-from kiln.bench import llm_train_plain as plain
+from kiln.bench.peers.plain import loop as plain
 from kiln.models.hf import PRESETS
 
 

@@ -69,16 +69,16 @@ def test_ctrl_c_keeps_the_finished_rows_and_removes_the_scratch(tmp_path, tiny_c
     weights, gigabytes for a real model) is removed, and the message says both."""
     from kiln.bench import llm_train_run
 
-    real = llm_train_run._in_process
+    real = llm_train_run.run_row
     calls = []
 
-    def second_interrupted(spec, opts, ctx, batches):
-        calls.append(spec.name)
+    def second_interrupted(run):
+        calls.append(run.spec.name)
         if len(calls) == 2:
             raise KeyboardInterrupt
-        return real(spec, opts, ctx, batches)
+        return real(run)
 
-    monkeypatch.setattr(llm_train_run, "_in_process", second_interrupted)
+    monkeypatch.setattr(llm_train_run, "run_row", second_interrupted)
     out = tmp_path / "out"
     code = main(["bench", "train-llm", "--model", tiny_config, "--seq-len", "16", "--batch-size", "2",
                  "--steps", "4", "--warmup", "1", "--lr-warmup", "2", "--precision", "fp32", "--device", "cpu",

@@ -13,7 +13,7 @@ results, runs the bench and writes its results; `LlmBench` is the run, phase by 
 4. Prefill: each engine's prompt forward, timed interleaved (`measure_interleaved`).
 5. Generate: `repeats` rounds, each running every engine once (interleaved), with a clock mark
    per token (CUDA events, no host sync): TTFT, decode time, per-token intervals.
-6. Peers (gpt-fast, kiln.bench.llm_peers) after kiln's rows, then the figures (kiln.bench.llm_rows).
+6. Peers (kiln.bench.peers.registry: gpt-fast) after kiln's rows, then the figures (kiln.bench.llm_rows).
 
 Prefill FLOPs are counted once by torch.utils.flop_counter on an eager kiln prefill (attention
 counted in full, as the counter does, not halved for the causal mask) and shared by all rows: the
@@ -39,11 +39,12 @@ from kiln.bench.formulas import kv_bytes_per_step
 from kiln.bench.llm_engines import HF_ENGINES, HfEngine, KilnEngine
 from kiln.bench.llm_memory import check_bench_fits
 from kiln.bench.llm_options import LlmBenchOptions, LlmBenchPlan, check_options
-from kiln.bench.llm_peers import finish_peers, prepare_peers, run_peers
+from kiln.bench.llm_peer_context import LlmPeerContext
 from kiln.bench.llm_profile import profile_rows
 from kiln.bench.llm_quant import build_variants, load_ppl_tokens, measure_quality
 from kiln.bench.llm_report import write_llm_results
 from kiln.bench.llm_rows import LlmRow, finish_rows
+from kiln.bench.peers import registry
 from kiln.bench.results import refuse_held_results
 from kiln.bench.row_failure import failure
 from kiln.compile import compile_counters
@@ -116,7 +117,8 @@ class LlmBench:
             except Exception as exc:
                 for row in hf_rows:
                     row.fail(exc)
-        if any(n.startswith("kiln") for n in self.rows) or self.opts.gpt_fast:
+        peers_asked = any(peer.asked(self.opts) for peer in registry.peers_for("llm"))  # they run kiln's weights
+        if any(n.startswith("kiln") for n in self.rows) or peers_asked:
             self.log(f"building kiln's decoder ({'weights of the HF model' if self.hf_model else 'own weights'})")
             if self.hf_model is not None:
                 self.kiln_model = load_hf_state_dict(empty_decoder(self.config, device=self.device, dtype=self.dtype),
@@ -294,14 +296,25 @@ class LlmBench:
         self.build_models()
         self.check_parity()
         flops = self.prefill_flops()
-        prep = prepare_peers(self)
+        ctx = self.peer_context()
+        peers = registry.peers_for("llm")
+        prepared: list = []
         try:
+            for peer in peers:  # heavy preparation (converted checkpoints) before kiln's rows are timed
+                prepared.append(peer.prepare(ctx))
             self.run_kiln_rows()
-            peers = run_peers(self, prep)
+            found = [peer.run(prep, ctx) for peer, prep in zip(peers, prepared)]
         finally:
-            if prep is not None:
-                prep.close()  # gpt-fast's checkpoints are the size of the model
-        return self.finish_rows(flops) + finish_peers(self, peers)
+            for prep in prepared:
+                if prep is not None:
+                    prep.close()  # gpt-fast's checkpoints are the size of the model
+        kiln_rows = self.finish_rows(flops)  # before the peers' rows: those set kiln's against theirs
+        return kiln_rows + [row.to_json() for peer, rows in zip(peers, found) for row in peer.rows(rows, ctx)]
+
+    def peer_context(self) -> LlmPeerContext:
+        """What the peers of kiln.bench.peers.registry are given (kiln.bench.llm_peer_context)."""
+        return LlmPeerContext(plan=self.opts, kiln_model=self.kiln_model, device=self.device, started=self.started,
+                              log=self.log, ceilings=self.ceilings, kv_bytes=self.kv_bytes(), bench_rows=self.rows)
 
 
 def run_llm_bench(opts: LlmBenchPlan, log: Log = _stderr) -> tuple[list[dict[str, Any]], dict[str, Any]]:

@@ -18,8 +18,7 @@ import torch
 
 from kiln.bench.llm_engines import ENGINES, PREFILL_MODES, TUNING
 from kiln.bench.llm_quant import load_ppl_tokens
-from kiln.bench.peers.gpt_fast import QUANTS as GPT_FAST_QUANTS
-from kiln.bench.peers.gpt_fast import check_checkout, model_args
+from kiln.bench.peers.gpt_fast.check import check_flags as gpt_fast_fields
 from kiln.config.errors import ConfigError
 from kiln.config.load import parse_literal
 from kiln.config.validate import inductor_option_names
@@ -253,7 +252,7 @@ def check_options(opts: LlmBenchOptions) -> LlmBenchPlan:
                         ppl_max_tokens=opts.ppl_tokens, prefill=opts.prefill, tuning=opts.tuning,
                         decode_attention=opts.decode_attention, decode_matvec=opts.decode_matvec,
                         deadline_s=opts.deadline_s, profile_decode=opts.profile_decode,
-                        batches=batches, **_gpt_fast(opts, config), **sizes)
+                        batches=batches, **gpt_fast_fields(opts, config), **sizes)
 
 
 def _batches(given: list[int], preset: LlmPreset | None) -> tuple[int, ...]:
@@ -323,31 +322,6 @@ def quant_specs(entries: list[str], defaults: QuantSpec, config, device: torch.d
         if twin != entry:
             raise ConfigError("--quant", f"{twin!r} and {entry!r} are the same quantization")
     return specs
-
-
-def _gpt_fast(opts: LlmBenchOptions, config) -> dict[str, Any]:
-    """The plan's gpt-fast fields, checked; empty without --gpt-fast."""
-    if not opts.gpt_fast:
-        return {}
-    root = check_checkout(opts.gpt_fast)
-    quants = tuple(opts.gpt_fast_quants)
-    if not quants:
-        raise ConfigError("--gpt-fast-quant", "unknown gpt-fast quantization '(none given)'", GPT_FAST_QUANTS)
-    _one_of("--gpt-fast-quant", "gpt-fast quantization", list(quants), GPT_FAST_QUANTS)
-    _positive("--end-by-s", opts.end_by_s)
-    _positive("--gpt-fast-timeout-s", opts.gpt_fast_timeout_s)
-    group = opts.group_size or 128
-    if "int4" in quants and group not in (32, 64, 128, 256):
-        raise ConfigError("--group-size", f"gpt-fast's int4 takes group sizes 32, 64, 128, 256; got {group}")
-    if config.vocab_size < 1024:
-        raise ConfigError("--gpt-fast", f"gpt-fast's synthetic prompt draws ids below 1024; this model's vocabulary "
-                          f"has {config.vocab_size}")
-    try:
-        model_args(config)
-    except ValueError as exc:
-        raise ConfigError("--gpt-fast", str(exc)) from None
-    return {"gpt_fast": str(root.resolve()), "gpt_fast_quants": quants, "gpt_fast_group_size": group,
-            "gpt_fast_timeout_s": opts.gpt_fast_timeout_s, "end_by_s": opts.end_by_s}
 
 
 def _inductor_options(assignments: list[str]) -> dict[str, object]:

@@ -3,7 +3,7 @@ side by side in one call, on one model shape, sequence, batch, data, weights and
 
 Every row trains `steps` optimizer steps from the same initial weights on the same batches (one
 corpus and tokenizer, kiln.bench.llm_train_data) with the same optimisation (AdamW, warm-up then a
-constant learning rate, clipping: kiln.bench.llm_train_plain.Hyper), so their losses after the
+constant learning rate, clipping: kiln.bench.peers.plain.loop.Hyper), so their losses after the
 same steps show they train the same thing, and their step times what each costs. Rows run one
 after another (each holds a whole training state; two 1B states and their activations do not fit
 beside each other on one GPU); the matmul peak is measured before and after them, so drift over
@@ -22,23 +22,24 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from kiln.bench.ceilings import matmul_dtype, measure_best_matmul
 from kiln.bench.formulas import peak_fraction, within_relative
-from kiln.bench.llm_train_plain import Hyper
+from kiln.bench.peers.plain.loop import Hyper
 from kiln.monitor.flops import peak_flops_for_name
 from kiln.timing import Timing
 
-ROW_KINDS = ("kiln", "plain", "torchtitan")
-
+if TYPE_CHECKING:
+    from kiln.bench.llm_train_result import TrainRow
 
 @dataclass(frozen=True)
 class RowSpec:
     name: str
     kind: str
+    """`kiln` (a recipe) or the name of a train-llm peer (kiln.bench.peers.registry)."""
     overrides: tuple[str, ...] = ()
     invalid: str | None = None
     """Why the recipe's config was refused (the row is reported as skipped)."""
@@ -95,40 +96,39 @@ def base_overrides(opts: TrainLlmOptions, model_name: str, tokens_path: Path, de
             f"precision.policy={opts.precision}"]
 
 
-def figures(row: dict[str, Any], step_s: list[float], warmup: int, tokens_per_step: int, fpt: int,
-            spec: float | None, matmul: float | None) -> None:
+def figures(step_s: list[float], warmup: int, tokens_per_step: int, fpt: int, spec: float | None,
+            matmul: float | None) -> dict[str, Any]:
     """Step time, tokens/s, FLOP/s and both MFUs from the per-step seconds (after `warmup` steps;
-    `step_s[k]` is step k + 2, the first step being timed on its own)."""
+    `step_s[k]` is step k + 2, the first step being timed on its own); empty when no step was timed."""
     timed = step_s[max(0, warmup - 1):] or step_s
     if not timed:
-        return
+        return {}
     timing = Timing(tuple(timed))  # kiln's one definition of median and p10/p90
     median = timing.median_s
     flops = fpt * tokens_per_step / median
-    row.update(step_ms=median * 1e3, step_ms_p10=timing.quantile_s(0.1) * 1e3,
-               step_ms_p90=timing.quantile_s(0.9) * 1e3, timed_steps=len(timed),
-               tokens_per_s=tokens_per_step / median, tflops=flops / 1e12,
-               mfu_spec=peak_fraction(fpt * tokens_per_step, median, spec),
-               mfu_matmul=peak_fraction(fpt * tokens_per_step, median, matmul))
+    return dict(step_ms=median * 1e3, step_ms_p10=timing.quantile_s(0.1) * 1e3,
+                step_ms_p90=timing.quantile_s(0.9) * 1e3, timed_steps=len(timed),
+                tokens_per_s=tokens_per_step / median, tflops=flops / 1e12,
+                mfu_spec=peak_fraction(fpt * tokens_per_step, median, spec),
+                mfu_matmul=peak_fraction(fpt * tokens_per_step, median, matmul))
 
 
-def compare(rows: list[dict[str, Any]], baseline: str | None, tol: float) -> None:
-    """Speed and final loss of every row against the reference row: `baseline` if named, else the
-    plain loop, else the first row that ran."""
-    ok = [r for r in rows if r["status"] == "ok" and r.get("tokens_per_s")]
+def compare(rows: list[TrainRow], baseline: str | None, tol: float) -> None:
+    """Speed and final loss of every row (kiln.bench.llm_train_result.TrainRow) against the
+    reference row: `baseline` if named, else the plain loop, else the first row that ran."""
+    ok = [r for r in rows if r.status == "ok" and r.get("tokens_per_s")]
     if baseline is not None:
-        ref = next((r for r in ok if r["row"] == baseline), None)
+        ref = next((r for r in ok if r.row == baseline), None)
     else:
-        ref = next((r for r in ok if r["kind"] == "plain"), None) or (ok[0] if ok else None)
+        ref = next((r for r in ok if r.kind == "plain"), None) or (ok[0] if ok else None)
     if ref is None:
         return
     for r in ok:
-        r["speedup_vs_ref"] = r["tokens_per_s"] / ref["tokens_per_s"]
+        r.speedup_vs_ref = r.tokens_per_s / ref.tokens_per_s
         if r.get("loss_last") is not None and ref.get("loss_last") is not None:
-            diff = r["loss_last"] - ref["loss_last"]
-            r["loss_diff_vs_ref"] = diff
-            r["loss_check"] = "ok" if within_relative(r["loss_last"], ref["loss_last"], tol) else "off"
-        r["ref"] = ref["row"]
+            r.loss_diff_vs_ref = r.loss_last - ref.loss_last
+            r.loss_check = "ok" if within_relative(r.loss_last, ref.loss_last, tol) else "off"
+        r.ref = ref.row
 
 
 def deadline_left(start: float, deadline_s: float | None) -> float | None:

@@ -10,8 +10,6 @@ import sys
 
 from kiln.config.errors import ConfigError
 
-PEERS = ("plain", "torchtitan")
-
 
 def add_parser(bsub) -> None:
     from kiln.bench.llm_train_recipes import KILN_RECIPES
@@ -85,8 +83,9 @@ def parse_recipe(text: str):
 def plan(args: argparse.Namespace):
     """TrainLlmOptions from the arguments; ConfigError on any bad input."""
     from kiln.bench.llm_train_bench import RowSpec, TrainLlmOptions
-    from kiln.bench.llm_train_plain import Hyper
     from kiln.bench.llm_train_recipes import KILN_RECIPES
+    from kiln.bench.peers.plain.loop import Hyper
+    from kiln.bench.peers.registry import check_peers, peer_names
     from kiln.bench.recipes import split_values
     from kiln.config import load_config
     from kiln.llm.config import resolve_model
@@ -106,15 +105,16 @@ def plan(args: argparse.Namespace):
     limit = int(hf.get("max_position_embeddings") or 0)
     if limit and args.seq_len > limit:
         raise ConfigError("--seq-len", f"{args.seq_len} is past the model's {limit} positions")
+    peers = peer_names("train-llm")
     recipes = dict(KILN_RECIPES)
     for text in args.recipe:
         name, overrides = parse_recipe(text)
-        if name in PEERS:
+        if name in peers:
             raise ConfigError("--recipe", f"{name!r} names a peer row; choose another name")
         recipes[name] = overrides
     names = split_values(args.rows) if args.rows else [
         "plain", "kiln", *(parse_recipe(t)[0] for t in args.recipe), "torchtitan"]
-    valid = (*PEERS, *recipes)
+    valid = (*peers, *recipes)
     for name in names:
         if name not in valid:
             raise ConfigError("--rows", f"unknown row {name!r}", valid)
@@ -127,7 +127,7 @@ def plan(args: argparse.Namespace):
         hf["tie_word_embeddings"] = False
     rows = []
     for name in names:
-        if name in PEERS:
+        if name in peers:
             rows.append(RowSpec(name, name))
             continue
         overrides = tuple(recipes[name])
@@ -140,10 +140,6 @@ def plan(args: argparse.Namespace):
                 raise ConfigError("--recipe", f"{name}: {exc}") from None
             invalid = f"kiln's config refused the recipe: {exc}"
         rows.append(RowSpec(name, "kiln", overrides, invalid))
-    for text in args.torchtitan_set:
-        key, sep, _ = text.partition("=")
-        if not sep or "." not in key:
-            raise ConfigError("--torchtitan-set", f"expected SECTION.KEY=VALUE, got {text!r}")
     hyper = Hyper(lr=args.lr, warmup_steps=args.lr_warmup)
     notes = []
     if hf.get("tie_word_embeddings") is False and source.raw.get("tie_word_embeddings"):
@@ -151,13 +147,15 @@ def plan(args: argparse.Namespace):
                      "embeddings; model FLOPs per token are the same either way")
     from pathlib import Path
 
-    return TrainLlmOptions(model=args.model, hf=hf, seq_len=args.seq_len, batch=args.batch_size, steps=args.steps,
+    opts = TrainLlmOptions(model=args.model, hf=hf, seq_len=args.seq_len, batch=args.batch_size, steps=args.steps,
                            warmup=args.warmup, rows=rows, hyper=hyper, precision=args.precision, seed=args.seed,
                            device=str(device), kiln_family=args.kiln_family,
                            data_dir=Path(args.data_dir) if args.data_dir else None, deadline_s=args.deadline_s,
                            torchtitan_overrides=list(args.torchtitan_set),
                            torchtitan_timeout_s=args.torchtitan_timeout_s, loss_tol=args.loss_tol,
                            baseline=args.baseline, plain_compile=args.plain_compile, notes=notes)
+    check_peers("train-llm", opts)  # each peer's own flags (--torchtitan-set)
+    return opts
 
 
 def run(args: argparse.Namespace) -> int:

@@ -41,11 +41,6 @@ class Features:
         """For summary.json (`features`)."""
         return dataclasses.asdict(self)
 
-    def __getitem__(self, key: Literal["attention", "ce_kernel", "swiglu_kernel", "activation_checkpointing",
-                                       "float8"]) -> Any:
-        """Read by key, as callers that predate the fields do (kiln.bench.llm_train_rows)."""
-        return getattr(self, key)
-
 
 def resolve_features(cfg: Config, built, model: torch.nn.Module, policy: PrecisionPolicy, device: torch.device,
                      train_data) -> Features:

@@ -16,7 +16,7 @@ Stages, each on the best candidate so far (a change is kept only when it is MIN_
 7. compile: the compile scopes (regional, whole model, model + loss).
 Every candidate trains `warmup + steps + 1` steps from the config's initial weights on the same
 tokens (a synthetic language of the model's vocabulary, kiln.bench.llm_train_data), built by
-kiln train's own path (kiln.bench.llm_train_rows.kiln_step); the figure is the median step after
+kiln train's own path (kiln.bench.llm_train_kiln.kiln_step); the figure is the median step after
 the warm-up. What does not fit the remaining budget, or cannot run here, is listed as not tried.
 """
 
@@ -30,6 +30,7 @@ from typing import Any
 
 from kiln.bench import llm_train_data as data
 from kiln.bench import llm_train_rows as rows
+from kiln.bench.llm_train_kiln import kiln_step
 from kiln.config.load import apply_override
 from kiln.config.schema import Config
 from kiln.config.validate import validate
@@ -119,7 +120,7 @@ class TokenMeasure:
         cfg.training.steps = max(cfg.training.steps, self.n_steps, cfg.optim.warmup_steps)
         batches = data.batches(self.stream, steps=self.n_steps, batch=candidate.batch, seq_len=self.seq_len,
                                device=self.device)
-        result = rows.measure_row(lambda stack: rows.kiln_step(cfg, stack), batches, self.device)
+        result = rows.measure_row(lambda stack: kiln_step(cfg, stack), batches, self.device)
         row: dict[str, Any] = {"status": result["status"], "reason": result["reason"]}
         if result["reason"] and result["reason"].startswith("ConfigError"):
             row.update(status="skipped", reason=result["reason"].split(": ", 1)[1])  # cannot run here

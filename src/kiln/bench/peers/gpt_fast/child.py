@@ -1,8 +1,8 @@
-"""The process one gpt-fast row of `kiln bench llm` runs in (kiln.bench.peers.gpt_fast starts it).
+"""The process one gpt-fast row of `kiln bench llm` runs in (kiln.bench.peers.gpt_fast.process starts it).
 
-    python -m kiln.bench.peers.gpt_fast_child --checkout DIR --checkpoint DIR/NAME/model.pth \\
+    python -m kiln.bench.peers.gpt_fast.child --checkout DIR --checkpoint DIR/NAME/model.pth \\
         --quantize-int4 GROUP                      # writes DIR/NAME/modelint4.gGROUP.pth, then exits
-    python -m kiln.bench.peers.gpt_fast_child --checkout DIR --checkpoint DIR/NAME/<model or int4 file>.pth \\
+    python -m kiln.bench.peers.gpt_fast.child --checkout DIR --checkpoint DIR/NAME/<model or int4 file>.pth \\
         --prompt-len 1024 --new-tokens 256 --samples 3 [--device cuda]
 
 It imports gpt-fast from its checkout and runs gpt-fast's own code; kiln only:
@@ -110,7 +110,7 @@ def register(checkout: Path, checkpoint: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m kiln.bench.peers.gpt_fast_child")
+    p = argparse.ArgumentParser(prog="python -m kiln.bench.peers.gpt_fast.child")
     p.add_argument("--checkout", required=True, type=Path)
     p.add_argument("--checkpoint", required=True, type=Path)
     p.add_argument("--prompt-len", type=int, help="prompt tokens (generation runs)")

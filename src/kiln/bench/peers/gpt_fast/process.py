@@ -6,7 +6,7 @@ copied into kiln. For one bench kiln:
    gpt-fast loads: `<dir>/<name>/model.pth` with gpt-fast's parameter names, q/k rows reordered
    from the half-split RoPE layout (HF, kiln) to gpt-fast's interleaved pairs, and an empty
    `tokenizer.model` its `main` insists on (the prompt is synthetic; see the child);
-2. starts kiln.bench.peers.gpt_fast_child in a subprocess per row, which registers the shape in
+2. starts kiln.bench.peers.gpt_fast.child in a subprocess per row, which registers the shape in
    gpt-fast's own config table under `<name>`, quantizes through gpt-fast's `quantize.py` for
    int4, and calls gpt-fast's `generate.main` with the bench's prompt length and new tokens;
 3. reads gpt-fast's printed figures: tokens/s of each sample (gpt-fast counts the new tokens over
@@ -29,10 +29,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from kiln.bench.peers.gpt_fast.row import ENGINE, GptFastRow
 from kiln.config.errors import ConfigError
 from kiln.distributed.launch import run_bounded
 
-ENGINE = "gpt-fast"
 QUANTS = ("none", "int4")
 REQUIRED_FILES = ("generate.py", "model.py", "quantize.py", "tokenizer.py")
 MARK = "KILN_PEER "
@@ -149,7 +149,7 @@ class PeerRun:
     """gpt-fast's `batch_size` (it repeats the prompt in every row)."""
 
     def command(self) -> list[str]:
-        cmd = [sys.executable, "-m", "kiln.bench.peers.gpt_fast_child", "--checkout", str(self.checkout),
+        cmd = [sys.executable, "-m", "kiln.bench.peers.gpt_fast.child", "--checkout", str(self.checkout),
                "--checkpoint", str(self.checkpoint), "--prompt-len", str(self.prompt_len),
                "--new-tokens", str(self.new_tokens), "--samples", str(self.samples), "--device", self.device,
                "--batch", str(self.batch)]
@@ -158,7 +158,7 @@ class PeerRun:
 
 def quantize_command(checkout: Path, checkpoint: Path, group_size: int) -> list[str]:
     """The child run that writes gpt-fast's int4 checkpoint next to `checkpoint` (its quantize.py)."""
-    return [sys.executable, "-m", "kiln.bench.peers.gpt_fast_child", "--checkout", str(checkout),
+    return [sys.executable, "-m", "kiln.bench.peers.gpt_fast.child", "--checkout", str(checkout),
             "--checkpoint", str(checkpoint), "--quantize-int4", str(group_size)]
 
 
@@ -198,25 +198,23 @@ def _tail(text: str, lines: int = 3) -> str:
     return " | ".join(kept)[-300:]
 
 
-def run_row(run: PeerRun, timeout_s: float) -> dict[str, Any]:
-    """One gpt-fast row: status ok with its figures, or error/timeout with the reason and the
-    output's last lines."""
-    row: dict[str, Any] = {"engine": ENGINE, "quant": run.quant, "status": "ok", "reason": None,
-                           "peer_command": " ".join(run.command()[1:]),
-                           "group_size": run.group_size if run.quant == "int4" else None}
+def run_row(run: PeerRun, timeout_s: float, row: GptFastRow) -> GptFastRow:
+    """One gpt-fast row (`row` holds what is known before it runs): status ok with its figures, or
+    error/timeout with the reason and the output's last lines."""
+    row.update(status="ok", reason=None, peer_command=" ".join(run.command()[1:]),
+               group_size=run.group_size if run.quant == "int4" else None)
     code, out, err = _child(run.command(), timeout_s)
-    row.update(parse_output(out))
+    row.update(**parse_output(out))
     if code is None:
         row.update(status="error", reason=f"{err}: {_tail(out)}")
         return row
-    if code != 0 or not row["peer_tok_s_samples"]:
+    if code != 0 or not row.peer_tok_s_samples:
         row.update(status="error", reason=f"exit {code}: {_tail(err or out)}")
         return row
     # gpt-fast prints the seconds to 2 decimals and tokens/s to 2 decimals: the rate is the finer figure.
     # Its tokens/s are one sequence's (new tokens per row over the request); a batch makes `batch` times as many.
-    per_sequence = statistics.median(row["peer_tok_s_samples"])
-    row["request_tok_s"] = per_sequence * run.batch
-    row["generate_s"] = request_seconds(run.new_tokens, per_sequence)
+    per_sequence = statistics.median(row.peer_tok_s_samples)
+    row.update(request_tok_s=per_sequence * run.batch, generate_s=request_seconds(run.new_tokens, per_sequence))
     return row
 
 
@@ -284,28 +282,30 @@ def prepare(model, checkout: Path, *, quants: tuple[str, ...], group_size: int, 
 
 
 def run_rows(prep: Prepared, *, quants: tuple[str, ...], prompt_len: int, new_tokens: int, samples: int,
-             group_size: int, device: str, timeout_s: float, batch: int = 1, log=print) -> list[dict[str, Any]]:
+             group_size: int, device: str, timeout_s: float, batch: int = 1, log=print,
+             known: dict[str, Any] | None = None) -> list[GptFastRow]:
     """One gpt-fast row per quant, each its own subprocess, within `timeout_s` together; every row
-    records gpt-fast's commit, and a quant whose checkpoint could not be made keeps that error."""
+    records gpt-fast's commit, and a quant whose checkpoint could not be made keeps that error;
+    `known`: fields every row starts with (the bench's model and request sizes)."""
     import time
 
     started = time.perf_counter()
-    rows: list[dict[str, Any]] = []
+    rows: list[GptFastRow] = []
     for quant in quants:
-        base = {"engine": ENGINE, "quant": quant, **prep.base, **prep.extra.get(quant, {}),
-                "group_size": group_size if quant == "int4" else None}
+        base = GptFastRow(**(known or {}), engine=ENGINE, quant=quant, **prep.base, **prep.extra.get(quant, {}),
+                          group_size=group_size if quant == "int4" else None)
         if quant in prep.errors:
-            rows.append({**base, "status": "error", "reason": prep.errors[quant]})
+            rows.append(base.update(status="error", reason=prep.errors[quant]))
             continue
         left = timeout_s - (time.perf_counter() - started)
         if left <= 10:
-            rows.append({**base, "status": "skipped", "reason": f"not started: {left:.0f} s left of gpt-fast's time"})
+            rows.append(base.update(status="skipped", reason=f"not started: {left:.0f} s left of gpt-fast's time"))
             continue
         run = PeerRun(Path(prep.base["peer_checkout"]), prep.checkpoints[quant], quant, prompt_len, new_tokens, samples,
                       group_size, device, batch)
         log(f"gpt-fast[{quant}] batch {batch}: running ({left:.0f} s left)")
-        row = {**base, **run_row(run, left)}
-        log(f"gpt-fast[{quant}]: {row['status']}"
-            + (f" {row['request_tok_s']:.1f} tok/s" if row.get("request_tok_s") else f": {row['reason']}"))
+        row = run_row(run, left, base)
+        log(f"gpt-fast[{quant}]: {row.status}"
+            + (f" {row.request_tok_s:.1f} tok/s" if row.get("request_tok_s") else f": {row.reason}"))
         rows.append(row)
     return rows

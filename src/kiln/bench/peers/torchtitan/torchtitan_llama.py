@@ -1,7 +1,8 @@
 """Run torchtitan (the peer, installed separately, never copied) on a Llama shape it has no flavor
-for, as `kiln bench train-llm`'s torchtitan row. Under torchrun, one rank:
+for, as `kiln bench train-llm`'s torchtitan row (kiln.bench.peers.torchtitan.job starts it by its path:
+it ships inside the package and imports nothing of kiln). Under torchrun, one rank:
 
-    python -m torch.distributed.run --standalone --nproc-per-node 1 benchmarks/peers/torchtitan_llama.py \
+    python -m torch.distributed.run --standalone --nproc-per-node 1 .../kiln/bench/peers/torchtitan/torchtitan_llama.py \
         --kiln-flavor NAME --kiln-model-args ARGS.json [--kiln-first-batch FIRST.npy] \
         [--kiln-metrics METRICS.jsonl] [--kiln-info INFO.json] --job.config_file JOB.toml
 
@@ -125,4 +126,8 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
+    # Started by its path, Python puts this folder first on sys.path: take it off, so that kiln's
+    # modules beside this script (job.py, peer.py) never shadow a module torchtitan imports.
+    if sys.path and os.path.abspath(sys.path[0] or ".") == os.path.dirname(os.path.abspath(__file__)):
+        sys.path.pop(0)
     main(sys.argv[1:])

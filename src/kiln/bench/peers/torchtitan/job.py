@@ -1,7 +1,7 @@
 """torchtitan as a row of `kiln bench train-llm`: its job file, its run, its figures.
 
 torchtitan (0.2.2, installed beside kiln, never imported here) runs in its own process through the
-small launcher benchmarks/peers/torchtitan_llama.py, which registers the model shape as a flavor
+small launcher torchtitan_llama.py (beside this module), which registers the model shape as a flavor
 of torchtitan's llama3 model and records each logged step's metrics as JSON lines. The job is the
 bench's: same shape, sequence, batch, steps, optimizer and schedule, the same initial weights
 (loaded from the bench's Hugging Face directory through torchtitan's HF checkpoint reader), the
@@ -28,8 +28,9 @@ FLAVOR = "kiln-bench"
 
 
 def launcher_path() -> Path:
-    """benchmarks/peers/torchtitan_llama.py of the checkout kiln runs from."""
-    return Path(__file__).resolve().parents[3] / "benchmarks" / "peers" / "torchtitan_llama.py"
+    """The launcher script torchrun starts: torchtitan_llama.py beside this module (in the package,
+    so an installed kiln has it too)."""
+    return Path(__file__).resolve().with_name("torchtitan_llama.py")
 
 
 def flavor_args(hf: dict[str, Any], seq_len: int) -> dict[str, Any] | str:

@@ -1,0 +1,27 @@
+"""The plain transformers loop (loop.py) as a peer of `kiln bench train-llm` (kiln.bench.peers.base):
+trained in this process from the bench's initial weights on its batches, timed as kiln's rows are."""
+
+from __future__ import annotations
+
+import torch
+
+from kiln.bench.llm_train_result import RowRun, TrainRow
+from kiln.bench.llm_train_rows import in_process_row
+from kiln.bench.peers.base import Bench, NothingPrepared, PeerDefaults
+from kiln.bench.peers.plain.loop import plain_runner
+
+
+class PlainPeer(PeerDefaults):
+    """No options of its own, nothing to prepare: the loop takes the bench's options."""
+
+    name = "plain"
+    bench: Bench = "train-llm"
+
+    def run(self, prepared: NothingPrepared, run: RowRun) -> list[TrainRow]:
+        opts, ctx = run.opts, run.ctx
+        autocast = {"bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16}.get(opts.precision)
+        return [in_process_row(run, lambda stack: plain_runner(ctx.weights_dir, ctx.device, opts.hyper,
+                                                               autocast_dtype=autocast, compile=opts.plain_compile))]
+
+
+PLAIN = PlainPeer()

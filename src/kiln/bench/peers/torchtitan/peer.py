@@ -1,0 +1,91 @@
+"""torchtitan as a peer of `kiln bench train-llm` (kiln.bench.peers.base): the bench's job written
+for it (job.py), run in its own process through the launcher shipped beside this module, its
+per-step metrics turned into the bench's figures, and its first batch checked against the bench's."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from kiln.bench.llm_train_result import RowRun, TrainRow, set_figures
+from kiln.bench.peers.base import Bench
+from kiln.bench.peers.torchtitan import job as titan
+from kiln.config.errors import ConfigError
+
+MIXED = {"bf16-mixed": "bfloat16", "fp32": "float32"}
+"""The bench's precision -> torchtitan's mixed_precision_param."""
+
+
+@dataclass(frozen=True)
+class TitanPrepared:
+    """The job torchtitan runs, or why it cannot run this bench's rows."""
+
+    job: titan.PeerJob | None
+    skipped: str | None = None
+
+    def close(self) -> None:
+        return None
+
+
+class TorchtitanPeer:
+    name = "torchtitan"
+    bench: Bench = "train-llm"
+
+    def check(self, opts) -> None:
+        """--torchtitan-set entries (kiln.bench.llm_train_bench.TrainLlmOptions.torchtitan_overrides)
+        are SECTION.KEY=VALUE."""
+        for text in opts.torchtitan_overrides:
+            key, sep, _ = text.partition("=")
+            if not sep or "." not in key:
+                raise ConfigError("--torchtitan-set", f"expected SECTION.KEY=VALUE, got {text!r}")
+
+    def prepare(self, run: RowRun) -> TitanPrepared:
+        opts, ctx = run.opts, run.ctx
+        mixed = MIXED.get(opts.precision)
+        if mixed is None:
+            return TitanPrepared(None, f"torchtitan has no {opts.precision} policy (bf16-mixed or fp32)")
+        h = opts.hyper
+        job = titan.PeerJob(workdir=ctx.data_dir / "torchtitan", tokenizer_dir=ctx.corpus.tokenizer_dir,
+                            dataset_dir=ctx.corpus.dataset_dir, weights_dir=ctx.weights_dir, batch=opts.batch,
+                            seq_len=opts.seq_len, steps=opts.steps, seed=opts.seed, lr=h.lr, betas=h.betas, eps=h.eps,
+                            weight_decay=h.weight_decay, warmup_steps=h.warmup_steps, max_norm=h.max_norm,
+                            mixed_precision=mixed)
+        return TitanPrepared(job)
+
+    def run(self, prepared: TitanPrepared, run: RowRun) -> list[TrainRow]:
+        opts, ctx, spec = run.opts, run.ctx, run.spec
+        row = TrainRow(spec.name, spec.kind)
+        if prepared.job is None:
+            row.status, row.reason = "skipped", prepared.skipped
+            return [row]
+        left = run.deadline_left_s
+        timeout = opts.torchtitan_timeout_s if left is None else min(opts.torchtitan_timeout_s, left + 60)
+        result = titan.run(prepared.job, opts.hf, [*opts.torchtitan_overrides, *spec.overrides], timeout)
+        row.status, row.reason, row.config = result["status"], result.get("reason"), result.get("config")
+        row.peer, row.wall_s, row.log = result.get("info"), result.get("wall_s"), result.get("log")
+        steps = result.get("per_step") or []
+        if steps:
+            set_figures(row, [s["time_metrics/end_to_end(s)"] for s in steps[1:]], ctx, opts.warmup)
+            losses = [s["loss_metrics/global_avg_loss"] for s in steps]
+            gib = max(s.get("memory/max_active(GiB)", 0.0) for s in steps)
+            row.first_step_s, row.losses = steps[0]["time_metrics/end_to_end(s)"], losses
+            row.loss_first, row.loss_last, row.peak_mem_bytes = losses[0], losses[-1], int(gib * 2**30)
+            row.peak_reserved_bytes = int(max(s.get("memory/max_reserved(GiB)", 0.0) for s in steps) * 2**30)
+        info = result.get("info") or {}
+        if info.get("params"):
+            row.params = info["params"]
+        first = prepared.job.workdir / "first_batch.npy"
+        if first.exists():
+            theirs = np.load(first)
+            ours = np.stack([run.batches[0][0].cpu().numpy(), run.batches[0][1].cpu().numpy()])
+            row.tokens_match = bool(theirs.shape == ours.shape and np.array_equal(theirs, ours))
+            if not row.tokens_match:
+                row.reason = (row.reason or "") + " first batch differs from the bench's"
+        return [row]
+
+    def rows(self, found: list[TrainRow], run: RowRun) -> list[TrainRow]:
+        return found
+
+
+TORCHTITAN = TorchtitanPeer()

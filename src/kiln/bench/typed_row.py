@@ -1,0 +1,29 @@
+"""Rows passed between the modules of a bench as dataclasses: `JsonRow.to_json()` is the row of
+results.json, its keys in the fields' order, leaving out each field no step set (`UNSET`), so a
+row carries the keys it always had (None is written as null)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+
+class _Unset:
+    def __repr__(self) -> str:
+        return "UNSET"
+
+
+UNSET: Any = _Unset()
+"""A row field no step set: `to_json` leaves its key out."""
+
+
+class JsonRow:
+    """Base of a row dataclass (kiln.bench.llm_train_result.TrainRow, gpt-fast's GptFastRow)."""
+
+    def get(self, name: str) -> Any:
+        """The field's value, None when it was never set."""
+        value = getattr(self, name)
+        return None if value is UNSET else value
+
+    def to_json(self) -> dict[str, Any]:
+        return {f.name: v for f in dataclasses.fields(self) if (v := getattr(self, f.name)) is not UNSET}  # type: ignore[arg-type]
