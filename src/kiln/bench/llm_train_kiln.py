@@ -20,10 +20,10 @@ from kiln.config.schema import Config
 from kiln.distributed.strategy import resolve_strategy
 from kiln.models import build_model
 from kiln.precision import apply_precision, resolve_precision, tf32_enabled
+from kiln.runtime import deterministic_mode, resolve_device, seed_everything
 from kiln.train.assemble import build_train_step
 from kiln.train.attention import attention_backend
 from kiln.train.features import resolve_features
-from kiln.runtime import deterministic_mode, resolve_device, seed_everything
 
 
 def _process_group(device: torch.device, stack: contextlib.ExitStack) -> None:
