@@ -21,6 +21,7 @@ from kiln.llm.families import family_presets, family_spec
 from kiln.llm.hf_config import PRESETS as HF_PRESETS
 from kiln.safe_io import read_json
 
+
 def config_from_dict(raw: dict[str, Any], key: str = "--model") -> DecoderConfig:
     """A DecoderConfig from `config.json` fields; ConfigError(key, ...) for what kiln cannot run.
     The family `model_type` names (kiln.llm.families) reads the fields."""

@@ -134,8 +134,7 @@ def bitsandbytes_missing() -> str | None:
 
 
 def target_shapes(config: DecoderConfig, lm_head: bool) -> dict[str, tuple[int, int]]:
-    """(out_features, in_features) of every projection kind quantizes: each block's, as its family
-    lists them (FamilySpec.projections), and the output head."""
+    """(out_features, in_features) of every projection kind quantizes (its family's, and the head)."""
     shapes = dict(family_spec(config.family).projections(config))
     if lm_head:
         shapes["lm_head"] = (config.vocab_size, config.dim)
@@ -211,8 +210,8 @@ def check_quant(spec: QuantSpec, config: DecoderConfig, device: torch.device | s
             raise ConfigError(key["quant"], f"{spec.kind} through torchao: {reason}, or --quant-backend torch "
                               "(kiln's own torch kernels)")
     if spec.kind == "int4" and spec.backend == "triton" and not takes_kernel(config.family, "int4_triton"):
-        raise ConfigError(key["quant"], f"int4@triton folds norms into the projections of kiln's Llama block; "
-                          f"{config.family} models have another layout (another int4 backend serves them)")
+        raise ConfigError(key["quant"], f"int4@triton needs the Llama block's layout, {config.family} models "
+                          "have another (another int4 backend serves them)")
     if spec.kind == "int4":
         problem = _int4_device_problem(device, dtype, spec.backend)
         if problem:
