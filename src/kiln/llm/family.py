@@ -15,9 +15,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from torch import nn
-
 from kiln.llm.decoder_config import DecoderConfig
+from kiln.llm.model import Decoder
 
 Kernel = Literal["swiglu", "decode_attention", "decode_matvec", "int4_triton"]
 """kiln kernels a family's modules can take: `swiglu` (training's fused SwiGLU, kiln.train.swiglu:
@@ -34,9 +33,9 @@ class FamilySpec:
     parse_config: Callable[[dict[str, Any], str], DecoderConfig]
     """config.json fields -> DecoderConfig; a ConfigError naming the key (2nd argument) for what
     kiln cannot run exactly as the checkpoint's own model does."""
-    build: Callable[[DecoderConfig], nn.Module]
-    """The module for a config, under the caller's device context (`meta` for shapes only): a
-    kiln.llm.model.Decoder or a subclass of it."""
+    build: Callable[[DecoderConfig], Decoder]
+    """The module for a config, under the caller's device context (`meta` for shapes only): kiln's
+    Decoder or a subclass of it (another Block: another MLP or norm)."""
     hf_names: Callable[[DecoderConfig], dict[str, tuple[str, ...]]]
     """The state-dict adapter: kiln parameter name -> the HF tensor names it is made of
     (concatenated along dim 0 in this order)."""

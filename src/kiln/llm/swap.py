@@ -47,5 +47,7 @@ def swap_class(module: nn.Module, override: type | None) -> bool:
 
 
 def wrapped(module: nn.Module) -> bool:
-    """`module`'s class mixes in one of torch's (FSDP2's FSDPModule): not a plain single-device module."""
-    return any(c.__module__.startswith("torch.") for c in type(module).__mro__ if c not in nn.Module.__mro__)
+    """`module`'s class mixes in one of torch's that is not a module (FSDP2's FSDPModule): not a
+    plain single-device module."""
+    return any(c.__module__.startswith("torch.") and not issubclass(c, nn.Module)
+               for c in type(module).__mro__ if c is not object)
