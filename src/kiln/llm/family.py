@@ -53,5 +53,5 @@ class FamilySpec:
     kernels: frozenset[Kernel] = frozenset()
     """kiln kernels its modules can take (see `Kernel`)."""
     peers: Mapping[str, str] = field(default_factory=dict)
-    """Benchmark peer -> the peer's model for this family (`{"torchtitan": "llama3"}`); a peer
-    absent here is a skipped row."""
+    """Benchmark peer -> the peer's model for this family (`{"torchtitan": "llama3"}`); `kiln bench
+    train-llm`'s torchtitan row skips a family that does not name it."""
