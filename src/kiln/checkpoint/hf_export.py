@@ -7,8 +7,8 @@ At the start of training the trainer saves what the checkpoint lacks into RUN_DI
 (`data.path`) has a `meta.json` beside it naming a tokenizer directory, that tokenizer's files, so
 the run dir alone is enough to export later. `export_hf_dir` then takes the weights of a
 checkpoint (FSDP shards gathered, see kiln.checkpoint.export), renames kiln's fused decoder
-tensors to HF's (kiln.llm.weights.to_hf_state_dict; `hf:` runs already use HF's names) and writes
-the directory under a temporary name, renamed into place when complete.
+tensors to HF's (its family's name map, kiln.llm.weights.to_hf_state_dict; `hf:` runs already
+use HF's names) and writes the directory under a temporary name, renamed into place when complete.
 """
 
 from __future__ import annotations
@@ -29,8 +29,7 @@ from kiln.config.errors import ConfigError
 from kiln.data.prepared import META_FILE
 from kiln.data.special_tokens import align_config
 from kiln.data.tokenizers_io import copy_tokenizer_dir
-from kiln.llm.config import config_from_dict
-from kiln.llm.weights import to_hf_state_dict
+from kiln.llm.weights import kiln_layout, to_hf_state_dict
 from kiln.safe_io import read_json, write_atomic, write_json
 
 MODEL_DIR = "model"
@@ -77,10 +76,11 @@ def _generation_config(config: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def _hf_tensors(tensors: dict[str, torch.Tensor], config: dict[str, Any]) -> dict[str, torch.Tensor]:
-    """HF-named tensors: kiln's decoder layout converted, an HF model's state dict as it is (less a
-    tied output head, which transformers re-ties on load)."""
-    if "embed.weight" in tensors:
-        return to_hf_state_dict(tensors, config_from_dict(config, "RUN_DIR"))
+    """HF-named tensors: kiln's decoder layout converted by its family's name map, an HF model's
+    state dict as it is (less a tied output head, which transformers re-ties on load)."""
+    decoder = kiln_layout(tensors, config)
+    if decoder is not None:
+        return to_hf_state_dict(tensors, decoder)
     if config.get("tie_word_embeddings") and "lm_head.weight" in tensors:
         tensors = {k: v for k, v in tensors.items() if k != "lm_head.weight"}
     return tensors

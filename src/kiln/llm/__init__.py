@@ -6,7 +6,8 @@ prefill per padded length, decode step compiled and replayed as a CUDA graph).
     out = Engine(model, compile=True).generate([[128000, 9906]], max_new_tokens=32)
 """
 
-from kiln.llm.config import DecoderConfig, ModelSource, config_from_dict, resolve_model
+from kiln.llm.config import ModelSource, config_from_dict, resolve_model
+from kiln.llm.decoder_config import DecoderConfig
 from kiln.llm.engine import Engine, Generation, bucket_length
 from kiln.llm.model import Decoder, KVCache
 from kiln.llm.sampling import Sampling

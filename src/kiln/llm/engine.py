@@ -28,6 +28,7 @@ from torch import Tensor
 from kiln.config.errors import ConfigError
 from kiln.llm.decode_attention import check as check_decode_attention
 from kiln.llm.decode_matvec import check as check_decode_matvec
+from kiln.llm.families import takes_kernel
 from kiln.llm.kernels import use_decode_kernels
 from kiln.llm.model import Decoder, KVCache
 from kiln.llm.sampling import Sampling, check_sampling, sample
@@ -165,6 +166,11 @@ class Engine:
         if stop_check_interval < 1:
             raise ConfigError("stop_check_interval", f"must be >= 1, got {stop_check_interval}")
         self.stop_check_interval = stop_check_interval
+        # `auto` is the plain path for a family whose modules do not take kiln's kernels (its spec).
+        if decode_attention == "auto" and not takes_kernel(self.config.family, "decode_attention"):
+            decode_attention = "matmul"
+        if decode_matvec == "auto" and not takes_kernel(self.config.family, "decode_matvec"):
+            decode_matvec = "inductor"
         self.decode_kernel = check_decode_attention(decode_attention, self.device, self.dtype, self.config.head_dim)
         self.decode_matvec = check_decode_matvec(decode_matvec, self.device, self.dtype)
         use_decode_kernels(self.model, attention=self.decode_kernel, matvec=self.decode_matvec)

@@ -4,7 +4,9 @@ kiln.llm.model stays a plain single-device decoder; this module gives an existin
 steps kiln's kernels the way torch's `fully_shard` applies FSDP2: each module's class is swapped
 for a subclass that overrides one method for decode steps, so parameters, buffers, state-dict
 keys and hooks stay where they are, prompts (prefill, training) run the plain code, and calling
-it again with other choices (`matmul` / `inductor` back to plain) swaps them back.
+it again with other choices (`matmul` / `inductor` back to plain) swaps them back. The swap
+(kiln.llm.swap) keeps a family's own subclasses of Decoder, Block and Attention; the family's spec
+says which of these kernels its modules take (`decode_attention`, `decode_matvec`).
 
 Attention (`attention`, chosen and checked by kiln.llm.decode_attention):
 - `flash`: FlashAttention-2's varlen forward on the cache as it is (`flash_decode`), on layers
@@ -24,11 +26,15 @@ from torch import Tensor
 
 from kiln.llm.decode_attention import KERNELS, flash_decode, varlen_rows
 from kiln.llm.decode_matvec import CHOICES, fused_linear, fused_mlp
+from kiln.llm.families import takes_kernel
 from kiln.llm.model import Attention, AttentionInputs, Block, Decoder
+from kiln.llm.swap import swap_class, wrapped
 
 
 class FlashDecodeAttention(Attention):
     """A decode step's attention by FlashAttention-2's varlen kernel (kiln.llm.decode_attention)."""
+
+    _plain_class = Attention
 
     def decode_attention(self, q: Tensor, cache_k: Tensor, cache_v: Tensor, inputs: AttentionInputs) -> Tensor:
         rows = varlen_rows(q.shape[0], cache_k.shape[1], inputs.slot, inputs.pad)
@@ -39,6 +45,8 @@ class TritonDecodeAttention(Attention):
     """A decode step's attention by kiln's split-KV kernel (kiln.llm.triton_decode), after the
     model's own q/k norms, RoPE and cache write."""
 
+    _plain_class = Attention
+
     def decode_attention(self, q: Tensor, cache_k: Tensor, cache_v: Tensor, inputs: AttentionInputs) -> Tensor:
         from kiln.llm.triton_decode import triton_decode  # Triton is optional
 
@@ -48,6 +56,8 @@ class TritonDecodeAttention(Attention):
 class TritonRopeDecodeAttention(Attention):
     """A decode step's RoPE, cache write and attention in one launch of kiln's kernel
     (kiln.llm.triton_decode), for layers without q/k norms."""
+
+    _plain_class = Attention
 
     def core(self, qkv: Tensor, inputs: AttentionInputs, kv: tuple[Tensor, Tensor] | None) -> Tensor:
         if not inputs.decoding:
@@ -64,6 +74,8 @@ class FusedMatvecBlock(Block):
     """A decode step's layer as four launches of kiln's matrix-vector kernel around the attention:
     RMSNorm + wqkv, wo + the residual add, RMSNorm + w_gate_up, SwiGLU + w_down + the residual add."""
 
+    _plain_class = Block
+
     def forward(self, x: Tensor, inputs: AttentionInputs, kv: tuple[Tensor, Tensor] | None) -> Tensor:
         if not inputs.decoding:
             return super().forward(x, inputs, kv)
@@ -76,18 +88,20 @@ class FusedMatvecBlock(Block):
 class FusedMatvecDecoder(Decoder):
     """A decode step's final norm and lm_head as one launch of kiln's matrix-vector kernel."""
 
+    _plain_class = Decoder
+
     def logits(self, x: Tensor, inputs: AttentionInputs) -> Tensor:
         if not inputs.decoding:
             return super().logits(x, inputs)
         return fused_linear(self.lm_head, x, norm=self.norm)
 
 
-def _attention_class(kernel: str, attn: Attention) -> type[Attention]:
+def _attention_class(kernel: str, attn: Attention) -> type[Attention] | None:
     if kernel == "flash" and attn.window is None:
         return FlashDecodeAttention
     if kernel == "triton":
         return TritonRopeDecodeAttention if attn.q_norm is None else TritonDecodeAttention
-    return Attention
+    return None
 
 
 def use_decode_kernels(model: Decoder, *, attention: str = "matmul", matvec: str = "inductor") -> Decoder:
@@ -102,12 +116,15 @@ def use_decode_kernels(model: Decoder, *, attention: str = "matmul", matvec: str
     if matvec not in CHOICES or matvec == "auto":
         raise ValueError(f"matvec must be one of {', '.join(c for c in CHOICES if c != 'auto')}, got {matvec!r} "
                          "(resolve `auto` with kiln.llm.decode_matvec.check)")
-    if type(model) not in (Decoder, FusedMatvecDecoder) or any(type(b) not in (Block, FusedMatvecBlock) for b in model.layers):
+    if not isinstance(model, Decoder) or wrapped(model) or any(not isinstance(b, Block) or wrapped(b) for b in model.layers):
         raise TypeError(f"use_decode_kernels takes kiln's plain Decoder for generation, got {type(model).__name__} "
                         "(not one wrapped for training: checkpointing, FSDP)")
+    for kernel, plain in (("decode_attention", attention == "matmul"), ("decode_matvec", matvec == "inductor")):
+        if not plain and not takes_kernel(model.config.family, kernel):
+            raise ValueError(f"{model.config.family} models do not take kiln's {kernel} kernels (their family spec)")
     fused = matvec == "triton"
     for block in model.layers:
-        block.attn.__class__ = _attention_class(attention, block.attn)
-        block.__class__ = FusedMatvecBlock if fused else Block
-    model.__class__ = FusedMatvecDecoder if fused else Decoder
+        swap_class(block.attn, _attention_class(attention, block.attn))
+        swap_class(block, FusedMatvecBlock if fused else None)
+    swap_class(model, FusedMatvecDecoder if fused else None)
     return model

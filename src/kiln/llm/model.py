@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from kiln.llm.config import DecoderConfig
+from kiln.llm.decoder_config import DecoderConfig
 from kiln.llm.rope import Rotary, apply_rotary
 
 
@@ -180,12 +180,17 @@ class FeedForward(nn.Module):
 
 
 class Block(nn.Module):
+    norm_class: type[nn.Module] = RMSNorm
+    """The block's norms, built as `norm_class(dim, eps)`: a family with another norm subclasses Block."""
+    ffn_class: type[nn.Module] = FeedForward
+    """The block's MLP, built as `ffn_class(config)`: a family with another MLP subclasses Block."""
+
     def __init__(self, config: DecoderConfig, window: int | None):
         super().__init__()
-        self.attn_norm = RMSNorm(config.dim, config.norm_eps)
+        self.attn_norm = self.norm_class(config.dim, config.norm_eps)
         self.attn = Attention(config, window)
-        self.ffn_norm = RMSNorm(config.dim, config.norm_eps)
-        self.ffn = FeedForward(config)
+        self.ffn_norm = self.norm_class(config.dim, config.norm_eps)
+        self.ffn = self.ffn_class(config)
 
     def forward(self, x: Tensor, inputs: AttentionInputs, kv: tuple[Tensor, Tensor] | None) -> Tensor:
         x = x + self.attn(self.attn_norm(x), inputs, kv)
@@ -193,12 +198,15 @@ class Block(nn.Module):
 
 
 class Decoder(nn.Module):
+    block_class: type[Block] = Block
+    """The layers' class: a family whose blocks differ (another MLP or norm) subclasses Decoder and Block."""
+
     def __init__(self, config: DecoderConfig):
         super().__init__()
         self.config = config
         self.embed = nn.Embedding(config.vocab_size, config.dim)
-        self.layers = nn.ModuleList(Block(config, config.layer_window(i)) for i in range(config.n_layers))
-        self.norm = RMSNorm(config.dim, config.norm_eps)
+        self.layers = nn.ModuleList(self.block_class(config, config.layer_window(i)) for i in range(config.n_layers))
+        self.norm = self.block_class.norm_class(config.dim, config.norm_eps)
         self.lm_head = nn.Linear(config.dim, config.vocab_size, bias=False)
         if config.tie_embeddings:
             self.lm_head.weight = self.embed.weight

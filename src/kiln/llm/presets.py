@@ -2,7 +2,7 @@
 
 Configs only: a preset builds a model with random weights (for benchmarks and smoke runs) and
 never downloads anything. Field names are those of transformers 4.x (`rope_theta`,
-`rope_scaling`), which transformers 5 still accepts and `kiln.llm.config` reads either way, so
+`rope_scaling`), which transformers 5 still accepts and kiln.llm.llama_family reads either way, so
 the same table serves kiln's own decoder and `hf:<preset>` models for `kiln train`.
 """
 

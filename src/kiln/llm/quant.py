@@ -41,7 +41,8 @@ import torch
 from torch import Tensor, nn
 
 from kiln.config.errors import ConfigError
-from kiln.llm.config import DecoderConfig
+from kiln.llm.decoder_config import DecoderConfig
+from kiln.llm.families import family_spec, takes_kernel
 from kiln.llm.quant_torch import (
     INT4_GROUP_SIZES,
     Int4FusedLinear,
@@ -133,10 +134,8 @@ def bitsandbytes_missing() -> str | None:
 
 
 def target_shapes(config: DecoderConfig, lm_head: bool) -> dict[str, tuple[int, int]]:
-    """(out_features, in_features) of every projection kind quantizes."""
-    q, kv = config.n_heads * config.head_dim, config.n_kv_heads * config.head_dim
-    shapes = {"attn.wqkv": (q + 2 * kv, config.dim), "attn.wo": (config.dim, q),
-              "ffn.w_gate_up": (2 * config.ffn_dim, config.dim), "ffn.w_down": (config.dim, config.ffn_dim)}
+    """(out_features, in_features) of every projection kind quantizes (its family's, and the head)."""
+    shapes = dict(family_spec(config.family).projections(config))
     if lm_head:
         shapes["lm_head"] = (config.vocab_size, config.dim)
     return shapes
@@ -210,6 +209,9 @@ def check_quant(spec: QuantSpec, config: DecoderConfig, device: torch.device | s
         if reason:
             raise ConfigError(key["quant"], f"{spec.kind} through torchao: {reason}, or --quant-backend torch "
                               "(kiln's own torch kernels)")
+    if spec.kind == "int4" and spec.backend == "triton" and not takes_kernel(config.family, "int4_triton"):
+        raise ConfigError(key["quant"], f"int4@triton needs the Llama block's layout, {config.family} models "
+                          "have another (another int4 backend serves them)")
     if spec.kind == "int4":
         problem = _int4_device_problem(device, dtype, spec.backend)
         if problem:
@@ -249,10 +251,11 @@ def check_quant(spec: QuantSpec, config: DecoderConfig, device: torch.device | s
 # -- quantizing -------------------------------------------------------------------------------------
 
 def _targets(model: nn.Module, lm_head: bool) -> Iterator[tuple[nn.Module, str, nn.Linear]]:
-    """(parent, attribute, linear) of every projection to quantize."""
+    """(parent, attribute, linear) of every projection to quantize (its family's, then the head)."""
+    paths = [p.rpartition(".") for p in family_spec(model.config.family).projections(model.config)]
     for block in model.layers:
-        for parent, name in ((block.attn, "wqkv"), (block.attn, "wo"), (block.ffn, "w_gate_up"),
-                             (block.ffn, "w_down")):
+        for parent_path, _, name in paths:
+            parent = block.get_submodule(parent_path)
             yield parent, name, getattr(parent, name)
     if lm_head:
         yield model, "lm_head", model.lm_head

@@ -14,7 +14,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from kiln.llm.config import RopeConfig
+from kiln.llm.decoder_config import RopeConfig
 
 
 def inv_frequencies(rope: RopeConfig, head_dim: int, device: torch.device | str | None = None) -> Tensor:

@@ -1,18 +1,9 @@
 """Building a Decoder: random weights (presets, configs) or a checkpoint's safetensors mapped onto it.
 
-HF names map onto kiln's modules as follows (q/k/v and gate/up are concatenated along the output
-dimension into kiln's fused projections):
-
-    model.embed_tokens                      -> embed
-    model.layers.N.input_layernorm          -> layers.N.attn_norm
-    model.layers.N.self_attn.{q,k,v}_proj   -> layers.N.attn.wqkv
-    model.layers.N.self_attn.o_proj         -> layers.N.attn.wo
-    model.layers.N.self_attn.{q,k}_norm     -> layers.N.attn.{q,k}_norm          (Qwen3)
-    model.layers.N.post_attention_layernorm -> layers.N.ffn_norm
-    model.layers.N.mlp.{gate,up}_proj       -> layers.N.ffn.w_gate_up
-    model.layers.N.mlp.down_proj            -> layers.N.ffn.w_down
-    model.norm                              -> norm
-    lm_head                                 -> lm_head   (absent when tied to the embedding)
+The mapping between kiln's parameter names and a checkpoint's Hugging Face names is the family's
+(`FamilySpec.hf_names`, kiln.llm.families; the Llama family's table is in kiln.llm.llama_family):
+several HF tensors may be concatenated into one fused kiln parameter, and `to_hf_state_dict`
+splits them back.
 """
 
 from __future__ import annotations
@@ -20,12 +11,15 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from kiln.config.errors import ConfigError
-from kiln.llm.config import DecoderConfig, ModelSource, config_from_dict, has_weights
+from kiln.llm.config import ModelSource, config_from_dict, has_weights
+from kiln.llm.decoder_config import DecoderConfig
+from kiln.llm.families import FAMILIES, family_spec
 from kiln.llm.model import Decoder
 
 INSTALL_HINT = "pip install 'kiln[llm]'"
@@ -35,37 +29,16 @@ _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
 def hf_names(config: DecoderConfig) -> dict[str, tuple[str, ...]]:
-    """kiln parameter name -> the HF tensor names it is made of (concatenated in this order)."""
-    names: dict[str, tuple[str, ...]] = {"embed.weight": ("model.embed_tokens.weight",), "norm.weight": ("model.norm.weight",)}
-    if not config.tie_embeddings:
-        names["lm_head.weight"] = ("lm_head.weight",)
-    for i in range(config.n_layers):
-        hf, kn = f"model.layers.{i}.", f"layers.{i}."
-        names[kn + "attn_norm.weight"] = (hf + "input_layernorm.weight",)
-        names[kn + "ffn_norm.weight"] = (hf + "post_attention_layernorm.weight",)
-        names[kn + "attn.wqkv.weight"] = tuple(f"{hf}self_attn.{p}_proj.weight" for p in "qkv")
-        names[kn + "attn.wo.weight"] = (hf + "self_attn.o_proj.weight",)
-        if config.qkv_bias:
-            names[kn + "attn.wqkv.bias"] = tuple(f"{hf}self_attn.{p}_proj.bias" for p in "qkv")
-        if config.out_bias:
-            names[kn + "attn.wo.bias"] = (hf + "self_attn.o_proj.bias",)
-        if config.qk_norm:
-            names[kn + "attn.q_norm.weight"] = (hf + "self_attn.q_norm.weight",)
-            names[kn + "attn.k_norm.weight"] = (hf + "self_attn.k_norm.weight",)
-        names[kn + "ffn.w_gate_up.weight"] = (hf + "mlp.gate_proj.weight", hf + "mlp.up_proj.weight")
-        names[kn + "ffn.w_down.weight"] = (hf + "mlp.down_proj.weight",)
-        if config.mlp_bias:
-            names[kn + "ffn.w_gate_up.bias"] = (hf + "mlp.gate_proj.bias", hf + "mlp.up_proj.bias")
-            names[kn + "ffn.w_down.bias"] = (hf + "mlp.down_proj.bias",)
-    return names
+    """kiln parameter name -> the HF tensor names it is made of (concatenated in this order): the
+    name map of the config's family."""
+    return family_spec(config.family).hf_names(config)
 
 
 def to_hf_state_dict(tensors: dict[str, Tensor], config: DecoderConfig) -> dict[str, Tensor]:
     """kiln's decoder tensors (a state dict) under HF's names, fused projections split back into
     q/k/v and gate/up; each tensor its own contiguous copy (safetensors stores no shared views).
     The inverse of `load_hf_tensors`; an output head tied to the embedding is left out."""
-    split = {"wqkv": [config.n_heads * config.head_dim, *[config.n_kv_heads * config.head_dim] * 2],
-             "w_gate_up": [config.ffn_dim, config.ffn_dim]}
+    split = family_spec(config.family).hf_splits(config)
     out: dict[str, Tensor] = {}
     for kiln_name, parts in hf_names(config).items():
         if kiln_name not in tensors:
@@ -80,10 +53,26 @@ def to_hf_state_dict(tensors: dict[str, Tensor], config: DecoderConfig) -> dict[
     return out
 
 
+def kiln_layout(tensors: dict[str, Tensor], raw: dict[str, Any], key: str = "RUN_DIR") -> DecoderConfig | None:
+    """The DecoderConfig of `tensors` when they are a kiln decoder's state dict of the family `raw`
+    (config.json fields) names (a name only kiln's side of its name map has among them), else None:
+    e.g. an `hf:` run's state dict, already under HF's names."""
+    spec = FAMILIES.get(raw.get("model_type"))
+    if spec is None:
+        return None
+    try:
+        config = spec.parse_config(raw, key)
+    except ConfigError:  # a config kiln's decoder does not run: an hf: model's
+        return None
+    names = spec.hf_names(config)
+    kiln_only = names.keys() - {n for parts in names.values() for n in parts}
+    return None if kiln_only.isdisjoint(tensors) else config
+
+
 def empty_decoder(config: DecoderConfig, *, device: torch.device | str, dtype: torch.dtype) -> Decoder:
     """A Decoder with uninitialised weights on `device` (built on the meta device: no host copy)."""
     with torch.device("meta"):
-        model = Decoder(config).to(dtype)  # dtype first, on meta: free; then one allocation each
+        model = family_spec(config.family).build(config).to(dtype)  # dtype first, on meta: free; then one allocation each
     model = model.to_empty(device=device)
     if config.tie_embeddings:  # to_empty keeps the tie (same Parameter), but make it explicit
         model.lm_head.weight = model.embed.weight

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from kiln.config.errors import ConfigError
-from kiln.llm.model import Decoder
+from kiln.llm.families import family_spec
 
 GIB = 1 << 30
 
@@ -88,9 +88,10 @@ def check_fits(num_params: int, *, device_type: str, optimizer: str = "adamw", m
 
 
 def decoder_params(config) -> int:
-    """Parameters of kiln's Decoder for a DecoderConfig, counted on the meta device (nothing allocated)."""
+    """Parameters of kiln's decoder for a DecoderConfig (its family's module), counted on the meta
+    device (nothing allocated)."""
     with torch.device("meta"):
-        return sum(p.numel() for p in Decoder(config).parameters())
+        return sum(p.numel() for p in family_spec(config.family).build(config).parameters())
 
 
 def generation_host_bytes(config, *, dtype_bytes: int, rows: int, tokens: int) -> dict[str, int]:

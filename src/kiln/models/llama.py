@@ -1,4 +1,5 @@
-"""`llama:<spec>`: kiln's own Llama-family decoder (kiln.llm.model.Decoder) as a model to train.
+"""`llama:<spec>`: kiln's own decoder (kiln.llm.model.Decoder, of any family kiln.llm.families
+registers: the Llama family and any added one) as a model to train.
 
 The module is the one `kiln generate` and `kiln bench llm` run, kept single-device and plain:
 compile, FSDP2, activation checkpointing, float8 and the fused cross-entropy are applied to it
@@ -20,19 +21,10 @@ import torch
 
 from kiln.config.errors import ConfigError
 from kiln.llm.config import ModelSource, config_from_dict, resolve_model
-from kiln.llm.model import Decoder
-from kiln.llm.presets import PRESETS
+from kiln.llm.families import family_presets, family_spec
 from kiln.llm.weights import empty_decoder, has_weights, init_random, load_safetensors_dir
 from kiln.models.spec import BuiltModel, InputSpec
 
-# The config.json fields kiln.llm.config reads: what `model.kwargs` may override.
-CONFIG_FIELDS = (
-    "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-    "num_key_value_heads", "head_dim", "max_position_embeddings", "rms_norm_eps", "rope_theta", "rope_scaling",
-    "rope_parameters", "tie_word_embeddings", "attention_bias", "mlp_bias", "sliding_window", "use_sliding_window",
-    "max_window_layers", "layer_types", "bos_token_id", "eos_token_id", "initializer_range", "hidden_act",
-    "partial_rotary_factor", "torch_dtype", "dtype",
-)
 # Default sequence length of the InputSpec (data.seq_len=0); any length up to the model's
 # position limit trains.
 DEFAULT_SEQ_LEN = 1024
@@ -43,14 +35,14 @@ def llama_source(spec: str, kwargs: dict[str, Any]):
     """The kiln.llm ModelSource `spec` names, with `kwargs` merged into its config fields."""
     if not spec.strip():
         raise ConfigError("model.name", "'llama:' needs a preset, config.json or model directory after it",
-                          (*(f"llama:{p}" for p in PRESETS), *SPEC_FORMS[1:]))
+                          (*(f"llama:{p}" for p in family_presets()), *SPEC_FORMS[1:]))
     source = resolve_model(spec, key="model.name")
+    fields = family_spec(source.raw.get("model_type"), "model.name").config_fields  # what model.kwargs may override
     for key in kwargs:
-        if key not in CONFIG_FIELDS:
-            close = difflib.get_close_matches(key, CONFIG_FIELDS, n=1)
+        if key not in fields:
+            close = difflib.get_close_matches(key, fields, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise ConfigError(f"model.kwargs.{key}", f"not a config.json field kiln's decoder reads{hint}",
-                              CONFIG_FIELDS)
+            raise ConfigError(f"model.kwargs.{key}", f"not a config.json field kiln's decoder reads{hint}", fields)
     if kwargs:
         source = ModelSource(source.spec, {**source.raw, **kwargs}, source.directory)
         config_from_dict(source.raw, "model.kwargs")  # a bad override is named as such
@@ -64,10 +56,11 @@ def build_llama(spec: str, kwargs: dict[str, Any], name: str, device: torch.devi
     seconds for a few billion parameters."""
     source = llama_source(spec, kwargs)
     config = source.config
+    family = family_spec(config.family, "model.name")
     target = torch.device(device) if device is not None else torch.get_default_device()
     if target.type == "meta":
         with torch.device("meta"):
-            model = Decoder(config)
+            model = family.build(config)
     else:  # the decoder the generation engine builds, then made trainable
         model = empty_decoder(config, device=target, dtype=torch.float32).requires_grad_(True)
         if has_weights(source.directory):
@@ -75,7 +68,7 @@ def build_llama(spec: str, kwargs: dict[str, Any], name: str, device: torch.devi
         else:
             init_random(model, seed=torch.initial_seed() % 2**63)
     model.train()
-    hf_config = {**source.raw, "architectures": [_ARCHITECTURES[config.family]]}
+    hf_config = {**source.raw, "architectures": [family.hf_architecture]}
     return BuiltModel(
         module=model,
         task="causal_lm",
@@ -86,7 +79,3 @@ def build_llama(spec: str, kwargs: dict[str, Any], name: str, device: torch.devi
         hf_config=hf_config,
         hidden_states=True,
     )
-
-
-_ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                  "qwen3": "Qwen3ForCausalLM"}

@@ -1,8 +1,9 @@
 """`model.name` -> a BuiltModel: the builtin registry plus the timm / HF / user-factory forms.
 
-Resolution order: a registry name (`mlp`, `vit`), then `timm:<name>`, `hf:<spec>`, `llama:<spec>`,
-then anything with a ':' as a user factory. (So a user package literally named `timm`, `hf` or
-`llama` needs the `path/file.py:function` form.)
+Resolution order: a registry name (`mlp`, `vit`), then a source prefix of SOURCES (`timm:<name>`,
+`hf:<spec>`, `llama:<spec>`), then anything with a ':' as a user factory. (So a user package
+literally named `timm`, `hf` or `llama` needs the `path/file.py:function` form.) `llama:` builds
+kiln's own decoder for every family kiln.llm.families registers: the config's `model_type` picks it.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import torch.nn as nn
 from kiln.config.errors import ConfigError
 from kiln.config.schema import CHOICES, ModelConfig
 from kiln.llm.hf_config import PRESETS as HF_PRESETS
-from kiln.llm.presets import PRESETS as LLAMA_PRESETS
+from kiln.llm.families import family_presets
 from kiln.models.factory_args import bind_kwargs
 from kiln.models.hf import build_hf
 from kiln.models.llama import build_llama
@@ -65,13 +66,26 @@ REGISTRY: Mapping[str, RegistryEntry] = MappingProxyType(
     }
 )
 
+SourceBuilder = Callable[[str, dict[str, Any], str, torch.device | str | None], BuiltModel]
+"""(spec after the prefix, model.kwargs, the whole model.name, device) -> the built model."""
+
+# Read-only, as REGISTRY: adding a model source means adding an entry here.
+SOURCES: Mapping[str, SourceBuilder] = MappingProxyType(
+    {
+        "timm": lambda spec, kwargs, name, device: build_timm(spec, kwargs, name),
+        "hf": lambda spec, kwargs, name, device: build_hf(spec, kwargs, name),
+        "llama": build_llama,  # built in place on `device`
+    }
+)
+
 NAME_FORMS = ("llama:<preset | config.json | dir>", "timm:<name>", "hf:<preset | config.json | dir>",
               "package.module:function", "path/to/file.py:function")
 
 
 def known_models() -> list[str]:
-    """Registry names, kiln's Llama presets and the HF presets, as they are written in `model.name`."""
-    return [*REGISTRY, *(f"llama:{p}" for p in LLAMA_PRESETS), *(f"hf:{p}" for p in HF_PRESETS)]
+    """Registry names, the presets of kiln's decoder families and the HF presets, as they are written in
+    `model.name`."""
+    return [*REGISTRY, *(f"llama:{p}" for p in family_presets()), *(f"hf:{p}" for p in HF_PRESETS)]
 
 
 def _build_registered(name: str, entry: RegistryEntry, kwargs: dict[str, Any]) -> BuiltModel:
@@ -98,15 +112,12 @@ def build_model(cfg: ModelConfig, device: torch.device | str | None = None) -> B
     if not name:
         raise ConfigError("model.name", "must not be empty", (*known_models(), *NAME_FORMS))
 
+    prefix, colon, spec = name.partition(":")
     if name in REGISTRY:
         built = _build_registered(name, REGISTRY[name], kwargs)
-    elif name.startswith("timm:"):
-        built = build_timm(name.removeprefix("timm:"), kwargs, name)
-    elif name.startswith("hf:"):
-        built = build_hf(name.removeprefix("hf:"), kwargs, name)
-    elif name.startswith("llama:"):
-        built = build_llama(name.removeprefix("llama:"), kwargs, name, device)
-    elif ":" in name:
+    elif colon and prefix in SOURCES:
+        built = SOURCES[prefix](spec, kwargs, name, device)
+    elif colon:
         built = build_user(name, kwargs)
     else:
         known = known_models()

@@ -8,7 +8,9 @@ FeedForward for `FusedSwiGLUFeedForward` (same parameters, state-dict keys and h
 (kiln.train.swiglu_kernel): the backward reads gate, up and the incoming gradient once and writes
 both halves of the gate/up gradient, where inductor's fused backward reads gate and dh twice.
 Elsewhere the ops run the same arithmetic as PyTorch ops, so results match eager PyTorch's.
-`auto` is `fused` on CUDA for models that have kiln's FeedForward, else `plain`.
+The kernel applies by capability: to every kiln FeedForward (a family's subclass of it keeps its
+own code, kiln.llm.swap), unless the model is a kiln decoder whose family spec does not take
+`swiglu`. `auto` is `fused` on CUDA for models that have such a FeedForward, else `plain`.
 """
 
 from __future__ import annotations
@@ -18,7 +20,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from kiln.config.errors import ConfigError
+from kiln.llm.decoder_config import DecoderConfig
+from kiln.llm.families import takes_kernel
 from kiln.llm.model import FeedForward
+from kiln.llm.swap import swap_class
 
 KERNELS = ("plain", "fused")
 
@@ -90,8 +95,19 @@ def swiglu(gu: Tensor) -> Tensor:
 class FusedSwiGLUFeedForward(FeedForward):
     """kiln's FeedForward with its activation through `swiglu` (set by `apply_swiglu_kernel`)."""
 
+    _plain_class = FeedForward
+
     def forward(self, x: Tensor) -> Tensor:
         return self.w_down(swiglu(self.w_gate_up(x)))
+
+
+def _feed_forwards(model: nn.Module) -> list[FeedForward]:
+    """The modules the fused kernel applies to: every kiln FeedForward, none in a kiln decoder whose
+    family does not take the SwiGLU kernel (kiln.llm.families)."""
+    config = getattr(model, "config", None)
+    if isinstance(config, DecoderConfig) and not takes_kernel(config.family, "swiglu"):
+        return []
+    return [m for m in model.modules() if isinstance(m, FeedForward)]
 
 
 def resolve_swiglu_kernel(name: str, model: nn.Module, device: torch.device) -> str:
@@ -99,22 +115,17 @@ def resolve_swiglu_kernel(name: str, model: nn.Module, device: torch.device) -> 
     for an unknown value, or `fused` on a model without kiln's FeedForward)."""
     if name not in ("auto", *KERNELS):
         raise ConfigError("training.swiglu_kernel", f"unknown value {name!r}", ("auto", *KERNELS))
-    has_ffn = any(isinstance(m, FeedForward) for m in model.modules())
+    has_ffn = bool(_feed_forwards(model))
     if name == "auto":
         return "fused" if has_ffn and device.type == "cuda" else "plain"
     if name == "fused" and not has_ffn:
-        raise ConfigError("training.swiglu_kernel", "'fused' applies to kiln's own Llama-family models "
-                          "(model.name=llama:...); this model has no kiln FeedForward", ("auto", "plain"))
+        raise ConfigError("training.swiglu_kernel", "'fused' applies to kiln's own decoders whose family takes it "
+                          "(model.name=llama:...); this model has no kiln FeedForward that does", ("auto", "plain"))
     return name
 
 
 def apply_swiglu_kernel(model: nn.Module, kernel: str) -> int:
     """Swap every kiln FeedForward in `model` to the `kernel` (`plain` or `fused`) implementation;
     returns how many were swapped. Calling it again with the other value swaps them back."""
-    target = FusedSwiGLUFeedForward if kernel == "fused" else FeedForward
-    swapped = 0
-    for module in model.modules():
-        if isinstance(module, FeedForward) and type(module) is not target:
-            module.__class__ = target
-            swapped += 1
-    return swapped
+    override = FusedSwiGLUFeedForward if kernel == "fused" else None
+    return sum(swap_class(module, override) for module in _feed_forwards(model))

@@ -23,8 +23,12 @@ from typing import Any
 
 from kiln.config.load import tomllib
 from kiln.distributed.launch import run_bounded
+from kiln.llm.families import FAMILIES
 
 FLAVOR = "kiln-bench"
+TORCHTITAN_MODEL = "llama3"
+"""The torchtitan model the launcher registers the flavor of: families whose spec names it as their
+torchtitan peer (kiln.llm.families) run as this row."""
 
 
 def launcher_path() -> Path:
@@ -40,7 +44,8 @@ def flavor_args(hf: dict[str, Any], seq_len: int) -> dict[str, Any] | str:
     rounded up to a multiple of multiple_of: with multiple_of = intermediate_size that rounding lands
     on intermediate_size exactly whenever the product does not exceed it (a multiplier below 1
     makes sure). The launcher checks the width of the built model."""
-    if hf.get("model_type") != "llama":
+    family = FAMILIES.get(hf.get("model_type"))
+    if family is None or family.peers.get("torchtitan") != TORCHTITAN_MODEL:
         return f"torchtitan's llama3 model runs Llama configs, not model_type {hf.get('model_type')!r}"
     if hf.get("tie_word_embeddings"):
         return "torchtitan's Llama has no tied embeddings (set tie_word_embeddings=false)"
@@ -96,7 +101,7 @@ def job_config(job: PeerJob) -> dict[str, Any]:
     return {
         "job": {"dump_folder": str(job.workdir / "outputs"), "description": "kiln bench train-llm peer row"},
         "metrics": {"log_freq": 1, "enable_tensorboard": False, "disable_color_printing": True},
-        "model": {"name": "llama3", "flavor": FLAVOR, "hf_assets_path": str(job.tokenizer_dir)},
+        "model": {"name": TORCHTITAN_MODEL, "flavor": FLAVOR, "hf_assets_path": str(job.tokenizer_dir)},
         "optimizer": {"name": "AdamW", "lr": job.lr, "beta1": job.betas[0], "beta2": job.betas[1], "eps": job.eps,
                       "weight_decay": job.weight_decay, "implementation": "fused"},
         # decay_ratio 0: linear warm-up, then the learning rate stays (no decay phase).
