@@ -89,7 +89,7 @@ def kiln_step(overrides: list[str] | Config, stack: contextlib.ExitStack):
         return step_fn([(x, y)])[0]
 
     resolved = {"config": dataclasses.asdict(cfg), "strategy": strategy, "strategy_reason": reason,
-                "compile_note": note, "features": features, "capture": getattr(step_fn, "capture_status", None)}
+                "compile_note": note, "features": features.as_dict(), "capture": getattr(step_fn, "capture_status", None)}
     return step, resolved, num_params
 
 
