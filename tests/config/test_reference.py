@@ -18,7 +18,9 @@ from kiln.config.reference import (
     main,
     replace_between_markers,
 )
-from kiln.config.schema import CHOICES
+from kiln.config.choices import field_choices
+
+CHOICES = field_choices()
 
 REFERENCE = Path(__file__).resolve().parents[2] / "docs" / "reference.md"
 SECTIONS: dict[str, type] = typing.get_type_hints(Config)

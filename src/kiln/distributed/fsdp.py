@@ -75,9 +75,9 @@ def _balanced(blocks: list[torch.nn.Module], k: int) -> list[list[torch.nn.Modul
 def reshards_after_forward(cfg: DistributedConfig, gathered_bytes: int) -> bool:
     """Whether FSDP units free their gathered parameters after forward; `gathered_bytes`: all the
     model's parameters as gathered (param dtype)."""
-    if cfg.fsdp_reshard_after_forward == "auto":
+    if cfg.fsdp_reshard_after_forward is None:  # auto
         return gathered_bytes > KEEP_GATHERED_BYTES
-    return cfg.fsdp_reshard_after_forward == "true"
+    return cfg.fsdp_reshard_after_forward
 
 
 def fsdp_units(model: torch.nn.Module, blocks: list[torch.nn.Module], cfg: DistributedConfig,

@@ -34,7 +34,7 @@ def profile_config(cfg: Config, *, steps: int, warmup: int, memory_steps: int) -
               training=rep(cfg.training, steps=total, log_interval=total, eval_interval=0),
               optim=rep(cfg.optim, warmup_steps=min(cfg.optim.warmup_steps, total)),
               checkpoint=rep(cfg.checkpoint, interval=0, save_final=False, resume="never"),
-              metrics=rep(cfg.metrics, tensorboard="false", gpu_health=False, prometheus=False))
+              metrics=rep(cfg.metrics, tensorboard=False, gpu_health=False, prometheus=False))
     validate(cfg)
     return cfg
 
