@@ -10,6 +10,7 @@ import typing
 from pathlib import Path
 
 from kiln.config import Config
+from kiln.config.choices import field_choices
 from kiln.config.reference import (
     END_MARKER,
     START_MARKER,
@@ -18,7 +19,6 @@ from kiln.config.reference import (
     main,
     replace_between_markers,
 )
-from kiln.config.choices import field_choices
 
 CHOICES = field_choices()
 

@@ -6,8 +6,8 @@ import dataclasses
 import math
 import re
 
-from kiln.config.errors import ConfigError
 from kiln.config.choices import field_choices, switch_keys
+from kiln.config.errors import ConfigError
 from kiln.config.schema import DATA_SOURCES, Config
 
 # Modes the seeds (and older blog posts) use that torch never had, with where to go instead.

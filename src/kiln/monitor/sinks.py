@@ -21,8 +21,8 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from kiln.config.errors import ConfigError
 from kiln.config.choices import SWITCH_CHOICES
+from kiln.config.errors import ConfigError
 from kiln.config.schema import MetricsConfig
 from kiln.monitor.prometheus import PrometheusSink
 from kiln.monitor.records import keep_through, torn_tail
