@@ -20,12 +20,14 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "kiln"
 FILES = sorted(SRC.rglob("*.py"))
 
 # A measured figure: a number with a unit of time or throughput (`337 us`, `1.54 ms`, `21.88 ms/step`,
-# `2972 GB/s`, `799.8 TFLOP/s`, `4,300 tok/s`) or a decimal speedup (`1.66x`). Text in backticks is
-# code or a format example (`1.52x (509 -> 335 ms/step)`), not a measurement, and is skipped.
+# `2972 GB/s`, `799.8 TFLOP/s`, `4,300 tok/s`), a decimal speedup (`1.66x`) or a measured ratio
+# (`20x slower`). Percentages are left out: most in src/ are thresholds and bounds, not results.
+# Text in backticks is code or a format example (`1.52x (509 -> 335 ms/step)`) and is skipped.
 FIGURE = re.compile(
     r"(?<![\w.])\d[\d,]*(\.\d+)?\s?(ms|us|µs|ns)(/step)?\b"
     r"|(?<![\w.])\d[\d,]*(\.\d+)?\s?(tok/s|tokens/s|[GT]B/s|GiB/s|T?FLOP/s)"
     r"|(?<![\w.])\d+\.\d+x\b"
+    r"|(?<![\w.])\d+x\s+(slower|faster)\b"
 )
 _CODE_SPAN = re.compile(r"`[^`]*`")
 
@@ -71,6 +73,7 @@ def test_no_measured_figures_in_src_docstrings_or_comments():
     ("21.88 ms/step at bf16-mixed", True),
     ("read-only stream 2972 GB/s", True),
     ("1.66x the config's recipe", True),
+    ("on an H100 it ran 20x\n    slower", True),
     ("a format example: `1.52x (509 -> 335 ms/step)`", False),
     ("timeout_s: seconds a collective may wait", False),
     ("batch 4 x 2048, 64 MiB per unit, 2x and 3x the example's", False),
