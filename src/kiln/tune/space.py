@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, get_args
 
 from kiln.bench.recipes import EAGER, Recipe
-from kiln.config.schema import Config
+from kiln.config.schema import Config, Scope
 
 # Modes that autotune kernels: searched last, on the best recipe only, when the budget affords
 # their compile (minutes: they benchmark kernel candidates while compiling).
@@ -22,7 +22,7 @@ EXPENSIVE_MODES = ("max-autotune-no-cudagraphs", "max-autotune")
 # Modes that record CUDA graphs themselves (cudagraph trees): GPU only, and redundant under
 # whole-step capture (kiln compiles them without their graphs inside its own).
 GRAPH_MODES = ("reduce-overhead", "max-autotune")
-SCOPES = ("model", "model+loss", "step")
+SCOPES = get_args(Scope)
 # A value is "clearly slower" when its best row is this much below the best: far outside the
 # spread of interleaved medians, so dropping it does not drop a winner by noise.
 PRUNE_MARGIN = 0.10
