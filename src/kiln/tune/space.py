@@ -71,7 +71,7 @@ def score(row: dict[str, Any] | None) -> float | None:
 def speed(row: dict[str, Any] | None, stage: str | None) -> float | None:
     """How a row ranks among rows of `stage` (higher is faster): in the confirm stage, steps per
     second of the row's own median (the finalists are timed one after another within a minute, and
-    a launch-bound eager fp32 reference can scatter by 20 % between them, more than the finalists
+    a launch-bound eager fp32 reference can scatter between them by more than the finalists
     differ); in the search stages, rows minutes apart, `score` (the ratio to eager fp32 taken
     inside the row). The two are different units: compare rows of two stages with `relative`."""
     if score(row) is None:
