@@ -13,8 +13,8 @@ backward with the chunked loss, for `none`, `full` and `selective` checkpointing
 block compiled with `--compile`). Per row: median ms, tokens/s, peak memory, and the largest
 gradient difference from `none` relative to its norm.
 
-A failing row records its error and the next row still runs. Writes llm_train_features.json and
-llm_train_features.md under --out.
+A failing row records its error and the next row still runs. Writes results.json and results.md
+under --out through kiln.bench.results.write_results, timing through kiln.timing.
 
     python benchmarks/llm_train_features.py --out DIR                          # both parts, H100 shapes
     python benchmarks/llm_train_features.py --out DIR --parts ce --tokens 8192,16384
@@ -26,21 +26,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
 import traceback
 from pathlib import Path
 
 import torch
 
+from kiln.bench.results import refuse_held_results, write_results
+from kiln.monitor.env import collect_env
+from kiln.timing import measure
 from kiln.train.activation_checkpoint import apply_activation_checkpointing
 from kiln.train.cross_entropy import hidden_state_loss, linear_cross_entropy
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def _peak_reset(device: torch.device) -> int:
@@ -56,26 +52,6 @@ def _peak_since(device: torch.device, base: int) -> int | None:
         return None
     torch.cuda.synchronize(device)
     return torch.cuda.max_memory_allocated(device) - base
-
-
-def _time(fn, device: torch.device, repeats: int, warmup: int = 2) -> float:
-    """Median ms of `fn()` over `repeats` calls after `warmup` (CUDA events on a GPU)."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -104,7 +80,7 @@ def _ce_row(row: dict, kernel: str, h, w, t, device: torch.device, repeats: int,
     step()
     peak = _peak_since(device, base)
     row["peak_mem_mib"] = None if peak is None else round(peak / 2**20, 1)
-    row["ms"] = round(_time(step, device, repeats), 3)
+    row["ms"] = round(measure(step, warmup=2, repeats=repeats, device=device).median_s * 1e3, 3)
     reference = reference or result
     row["loss"] = float(result[0])
     row["loss_diff"] = abs(float(result[0] - reference[0]))
@@ -128,12 +104,12 @@ def ce_rows(args, device: torch.device) -> list[dict]:
         t = torch.randint(args.vocab, (n,), device=device, generator=gen)
         reference = None
         for kernel in ("plain", "plain-compiled", "chunked", "liger"):
-            row = {"part": "ce", "tokens": n, "vocab": args.vocab, "dim": args.dim, "kernel": kernel}
+            row = {"part": "ce", "tokens": n, "vocab": args.vocab, "dim": args.dim, "kernel": kernel, "status": "ok"}
             try:
                 result = _ce_row(row, kernel, h, w, t, device, args.repeats, reference)
                 reference = reference or result
             except Exception as exc:
-                row["error"] = _error(exc)
+                row.update(status="error", reason=_error(exc))
                 traceback.print_exc()
             print(json.dumps(row), flush=True)
             rows.append(row)
@@ -180,7 +156,7 @@ def _ac_row(row: dict, args, device: torch.device, mode: str) -> dict:
     step()
     peak = _peak_since(device, base)
     row["peak_mem_gib"] = None if peak is None else round(peak / 2**30, 2)
-    row["ms"] = round(_time(step, device, args.repeats), 2)
+    row["ms"] = round(measure(step, warmup=2, repeats=args.repeats, device=device).median_s * 1e3, 2)
     row["tokens_per_s"] = round(args.batch * args.seq_len / row["ms"] * 1e3)
     return grads
 
@@ -189,13 +165,13 @@ def ac_rows(args, device: torch.device) -> list[dict]:
     rows, reference = [], None
     for mode in ("none", "full", "selective"):
         row = {"part": "ac", "model": args.model, "layers": args.layers or "all", "batch": args.batch,
-               "seq_len": args.seq_len, "mode": mode, "compiled": args.compile}
+               "seq_len": args.seq_len, "mode": mode, "compiled": args.compile, "status": "ok"}
         try:
             grads = _ac_row(row, args, device, mode)
             reference = reference or grads
             row["grad_rel_max"] = max(_rel(grads[n], reference[n]) for n in grads)
         except Exception as exc:
-            row["error"] = _error(exc)
+            row.update(status="error", reason=_error(exc))
             traceback.print_exc()
         print(json.dumps(row), flush=True)
         rows.append(row)
@@ -204,33 +180,10 @@ def ac_rows(args, device: torch.device) -> list[dict]:
     return rows
 
 
-def markdown(rows: list[dict], meta: dict) -> str:
-    lines = [f"# LLM training features on {meta['device_name']} (torch {meta['torch']})", ""]
-    ce = [r for r in rows if r["part"] == "ce"]
-    if ce:
-        lines += ["## Cross-entropy kernels (forward + backward, bf16 autocast, fp32 masters)", "",
-                  "| tokens | vocab x dim | kernel | ms | peak MiB | loss diff | grad h rel | grad w rel |",
-                  "|---:|---|---|---:|---:|---:|---:|---:|"]
-        for r in ce:
-            if "error" in r:
-                lines.append(f"| {r['tokens']} | {r['vocab']} x {r['dim']} | {r['kernel']} | error: {r['error']} |||||")
-                continue
-            lines.append(f"| {r['tokens']} | {r['vocab']} x {r['dim']} | {r['kernel']} | {r['ms']} | "
-                         f"{r['peak_mem_mib']} | {r['loss_diff']:.2e} | {r['grad_h_rel']:.2e} | {r['grad_w_rel']:.2e} |")
-        lines.append("")
-    ac = [r for r in rows if r["part"] == "ac"]
-    if ac:
-        lines += ["## Activation checkpointing (forward + backward, chunked loss)", "",
-                  "| model | batch x seq | mode | compiled | ms | tokens/s | peak GiB | grad rel vs none |",
-                  "|---|---|---|---|---:|---:|---:|---:|"]
-        for r in ac:
-            shape = f"{r['batch']} x {r['seq_len']}"
-            if "error" in r:
-                lines.append(f"| {r['model']} | {shape} | {r['mode']} | {r['compiled']} | error: {r['error']} ||||")
-                continue
-            lines.append(f"| {r['model']} ({r['layers']} layers) | {shape} | {r['mode']} | {r['compiled']} | {r['ms']} | "
-                         f"{r['tokens_per_s']} | {r['peak_mem_gib']} | {r['grad_rel_max']:.2e} |")
-    return "\n".join(lines) + "\n"
+CE_COLUMNS = ["tokens", "vocab", "dim", "kernel", "status", "ms", "peak_mem_mib", "loss_diff", "grad_h_rel",
+              "grad_w_rel", "reason"]
+AC_COLUMNS = ["model", "layers", "batch", "seq_len", "mode", "compiled", "status", "ms", "tokens_per_s",
+              "peak_mem_gib", "grad_rel_max", "reason"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -249,6 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=10)
     args = ap.parse_args(argv)
     args.tokens = [int(t) for t in args.tokens.split(",") if t]
+    refuse_held_results(args.out)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         print("llm_train_features: no CUDA device (pass --device cpu for a smoke run)", file=sys.stderr)
@@ -259,13 +213,14 @@ def main(argv: list[str] | None = None) -> int:
         rows += ce_rows(args, device)
     if "ac" in parts:
         rows += ac_rows(args, device)
-    meta = {"command": " ".join(sys.argv), "torch": torch.__version__, "device": str(device),
-            "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-            "args": {k: v for k, v in vars(args).items() if k != "out"} | {"out": str(args.out)}}
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "llm_train_features.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
-    (args.out / "llm_train_features.md").write_text(markdown(rows, meta))
-    print(markdown(rows, meta))
+    config = {k: v for k, v in vars(args).items() if k != "out"} | {"out": str(args.out), "device": str(device)}
+    sections = [("Cross-entropy kernels (forward + backward, bf16 autocast, fp32 masters)",
+                 [r for r in rows if r["part"] == "ce"], CE_COLUMNS),
+                ("Activation checkpointing (forward + backward, chunked loss)",
+                 [r for r in rows if r["part"] == "ac"], AC_COLUMNS)]
+    path = write_results(args.out, env=collect_env(), config=config, results=rows, columns=CE_COLUMNS,
+                         title="LLM training features", command=" ".join(["python", *sys.argv]), sections=sections)
+    print(path.with_suffix(".md").read_text(encoding="utf-8"))
     return 0
 
 

@@ -22,7 +22,6 @@ import math
 import shlex
 import statistics
 import sys
-import time
 
 import torch
 
@@ -108,10 +107,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"round {r}: " + ", ".join(f"{s} {rounds[s][-1]:.3f} ms" for s in names), file=sys.stderr, flush=True)
         # The direct cost of one read, outside the training loop.
         reader = reader_for(device, args.fake_nvml)
-        t0 = time.perf_counter()
-        for _ in range(50):
-            reader.read()
-        read_us = (time.perf_counter() - t0) / 50 * 1e6
+        read_us = time_calls(reader.read, calls=50, device="cpu") / 50 * 1e6  # host work: no device sync
         reader.close()
 
     off = statistics.median(per_side["off"])

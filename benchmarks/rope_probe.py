@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from kiln.llm import ModelSource, build_decoder, resolve_model
+from kiln.timing import measure_interleaved
 
 
 def build(layers: int, device: torch.device):
@@ -76,14 +77,8 @@ def main() -> int:
             step()
         torch.cuda.synchronize()
         print(f"{name}: compiled and warmed in {time.perf_counter() - t:.1f} s", flush=True)
-    times = defaultdict(list)
-    for _ in range(args.steps):
-        for name, step in steps.items():
-            torch.cuda.synchronize()
-            t = time.perf_counter()
-            step()
-            torch.cuda.synchronize()
-            times[name].append((time.perf_counter() - t) * 1e3)
+    timed = measure_interleaved(steps, warmup=0, repeats=args.steps, device="cuda")  # warmed above
+    times = {name: [s * 1e3 for s in t.samples_s] for name, t in timed.items()}
     result = {"layers": args.layers, "batch": args.batch, "seq": args.seq, "device": torch.cuda.get_device_name(),
               "torch": torch.__version__, "rows": {}}
     for name, step in steps.items():

@@ -82,7 +82,7 @@ def kiln_run(cfg, steps: int, interval: int, workdir: Path, tag: str) -> tuple[l
     from dataclasses import replace
 
     cfg = replace(cfg, training=replace(cfg.training, steps=steps, log_interval=interval, eval_interval=0),
-                  metrics=replace(cfg.metrics, console=False, tensorboard="false"))
+                  metrics=replace(cfg.metrics, console=False, tensorboard=False))
     run_dir = workdir / tag
     summary = train(cfg, run_dir)
     import json

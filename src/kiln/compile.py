@@ -45,7 +45,7 @@ def compile_kwargs(cfg: CompileConfig) -> dict[str, Any]:
                 kwargs["options"] = options
             else:
                 kwargs.pop("options", None)
-    kwargs["dynamic"] = {"auto": None, "true": True, "false": False}[cfg.dynamic]
+    kwargs["dynamic"] = cfg.dynamic  # None (auto): torch decides after a recompile
     return kwargs
 
 

@@ -1,8 +1,8 @@
 """What `compile.enabled=true` alone means: the fastest recipe kiln measured for the model family.
 
 Each entry is the fastest recipe that passed the accuracy check in the newest committed evidence
-(`kiln bench compile` or `kiln autotune` results under `benchmarks/results/`), measured on one GPU
-at one shape; the log line names the GPU, the shape and the results, and says when the run's model,
+(`kiln bench compile` or `kiln autotune` results, named by their folder under the committed
+results; what they showed is in that machine's results README), measured on one GPU at one shape; the log line names the GPU, the shape and the results, and says when the run's model,
 batch, precision or GPU is not what was measured (the recipe is then expected, not measured, to
 win). It applies when the user asks for speed and leaves the how to kiln: `compile.enabled=true` with every other compile key at its
 default, one process that no DDP/FSDP wrapper wraps, a CUDA device, and
@@ -11,7 +11,7 @@ defaults). Any compile key the user sets, a family without evidence, a CPU or se
 leave the config as it is. So does a one-rank torchrun job with `distributed.strategy` ddp or fsdp
 (how `kiln bench scale` measures a wrapper's own cost): the recipe's whole-step capture cannot
 hold a wrapper's hooks and falls back, and regional compile without capture is slower than
-torch's default there (benchmarks/results/h100/scale_1gpu). The keys applied are logged and saved in the
+torch's default there (the scale_1gpu results). The keys applied are logged and saved in the
 run's config.toml, so a rerun resolves to the same run.
 """
 
@@ -34,9 +34,8 @@ class MeasuredRecipe:
     shape: dict[str, object]
     """What was measured: model.kwargs values (factory defaults filled in), `batch_size`, `precision`."""
     results: str
-    """The committed results the recipe comes from (the newest evidence)."""
-    evidence: str
-    """What they showed."""
+    """The committed results the recipe comes from (the newest evidence): their folder under
+    benchmarks' results directory, whose machine README says what they showed."""
 
 
 MEASURED: dict[str, MeasuredRecipe] = {
@@ -45,20 +44,14 @@ MEASURED: dict[str, MeasuredRecipe] = {
         "NVIDIA H100 80GB HBM3",
         {"hidden_size": 1024, "num_layers": 24, "num_classes": 1000, "dropout": 0.1, "batch_size": 128,
          "precision": "fp32"},
-        "benchmarks/results/h100/autotune/mlp",
-        "whole-model compile with whole-step capture 1.470 ms/step against 1.560 ms with regional compile in the "
-        "same confirm stage (speed_mlp, a day earlier: regional + capture 1.53 ms, 3.1x the plain reduce-overhead "
-        "loop); compile ~1 s",
+        "h100/autotune/mlp",
     ),
     "vit": MeasuredRecipe(
         {"cudagraphs": True},
         "NVIDIA H100 80GB HBM3",
         {"img_size": 224, "patch_size": 16, "embed_dim": 768, "depth": 12, "num_heads": 12, "num_classes": 1000,
          "batch_size": 64, "precision": "bf16-mixed"},
-        "benchmarks/results/h100/speed_vit_best_repeat",
-        "whole-model compile with whole-step capture 21.88 ms/step at bf16-mixed, the fastest accurate recipe at "
-        "that precision (plain reduce-overhead 22.77 ms, regional + capture 22.5 ms in speed_vit); it compiles in "
-        "~27 s, compile.regional=true in ~4 s",
+        "h100/speed_vit_best_repeat",
     ),
 }
 
@@ -97,7 +90,7 @@ def shape_differences(recipe: MeasuredRecipe, cfg: Config) -> list[str]:
 def evidence_line(recipe: MeasuredRecipe, cfg: Config, device_name: str | None) -> str:
     """Where the recipe was measured, and what differs in this run (shape, GPU)."""
     shown = ", ".join(f"{k} {v}" for k, v in recipe.shape.items())
-    line = f"measured on {recipe.gpu} at {shown}: {recipe.evidence} ({recipe.results})"
+    line = f"measured on {recipe.gpu} at {shown} (kiln's benchmark results {recipe.results}, docs/benchmarks.md)"
     caveats = shape_differences(recipe, cfg)
     if caveats:
         line += f"; this run is not the measured shape ({', '.join(caveats)}): the recipe is expected, not measured, to be fastest here"

@@ -33,11 +33,6 @@ class PrecisionPolicy:
     """The optimizer keeps fp32 master weights and moments of the low-precision parameters
     (kiln.train.master_adamw): `bf16-master`."""
 
-    @property
-    def is_16bit(self) -> bool:
-        return self.autocast_dtype is not None or self.param_dtype != torch.float32
-
-
 _POLICIES = {
     "fp32": PrecisionPolicy("fp32", None, torch.float32, False),
     "bf16-mixed": PrecisionPolicy("bf16-mixed", torch.bfloat16, torch.float32, False),

@@ -20,6 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kiln.config import Config, ConfigError, apply_override, dump_toml, load_config, save_config, validate
+from kiln.config.choices import is_switch, literal_values
 
 settings.register_profile(
     "kiln-config-fuzz",
@@ -45,10 +46,13 @@ def keys_of(tp: Any) -> list[str]:
 INT_KEYS, FLOAT_KEYS, BOOL_KEYS, STR_KEYS = keys_of(int), keys_of(float), keys_of(bool), keys_of(str)
 LIST_KEYS = keys_of(list[float])
 DICT_KEYS = keys_of(dict[str, Any])
+# Closed choices (`Literal`) parse as strings (validate checks the value); switches (`bool | None`).
+STR_KEYS += sorted(k for k, t in FIELD_TYPES.items() if literal_values(t) is not None)
+SWITCH_KEYS = sorted(k for k, t in FIELD_TYPES.items() if is_switch(t))
 
 
 def test_every_field_type_is_fuzzed():
-    covered = {*INT_KEYS, *FLOAT_KEYS, *BOOL_KEYS, *STR_KEYS, *LIST_KEYS, *DICT_KEYS}
+    covered = {*INT_KEYS, *FLOAT_KEYS, *BOOL_KEYS, *STR_KEYS, *SWITCH_KEYS, *LIST_KEYS, *DICT_KEYS}
     assert covered == set(FIELD_TYPES), f"add a strategy for {sorted(set(FIELD_TYPES) - covered)}"
 
 
@@ -127,6 +131,12 @@ def test_bool_values_parse_exactly(key, spelling, data):
     cased = "".join(c.upper() if data.draw(st.booleans()) else c for c in spelling)
     result = set_and_get(key, data.draw(pad(st.just(cased))))
     assert result is BOOL_SPELLINGS[spelling]
+
+
+@FUZZ
+@given(key=st.sampled_from(SWITCH_KEYS), spelling=st.sampled_from(["auto", "true", "false"]))
+def test_switch_values_parse_exactly(key, spelling):
+    assert set_and_get(key, spelling) is {"auto": None, "true": True, "false": False}[spelling]
 
 
 @FUZZ

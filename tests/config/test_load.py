@@ -8,6 +8,7 @@ import pytest
 import tomllib
 
 from kiln.config import Config, ConfigError, apply_override, dump_toml, load_config, save_config
+from kiln.config.load import config_to_dict
 
 
 def override(*assignments: str) -> Config:
@@ -59,7 +60,7 @@ def test_sections_are_read(write_toml):
     assert cfg.optim.lr == 3e-4
     assert cfg.optim.betas == [0.9, 0.95]
     assert cfg.optim.schedule == "linear"
-    assert cfg.metrics.tensorboard == "false"
+    assert cfg.metrics.tensorboard is False
     # Everything not in the file keeps its default.
     assert cfg.data == Config().data
     assert cfg.training.grad_accum_steps == Config().training.grad_accum_steps
@@ -289,12 +290,26 @@ def test_bool_override_rejects(text):
         ("data.path=/tmp/a b/c=d.npy", ("data", "path"), "/tmp/a b/c=d.npy"),  # only the first = splits
         ("compile.mode=", ("compile", "mode"), ""),
         ("data.path=123", ("data", "path"), "123"),
-        ("optim.fused=true", ("optim", "fused"), "true"),
     ],
 )
 def test_str_override_is_verbatim(assignment, attr, expected):
     cfg = override(assignment)
     assert getattr(getattr(cfg, attr[0]), attr[1]) == expected
+
+
+@pytest.mark.parametrize(("raw", "expected"), [("true", True), ("false", False), ("auto", None)])
+def test_switch_override_and_toml_spellings(tmp_path, raw, expected):
+    """A `bool | None` key takes `auto` / `true` / `false` on the command line and in TOML, as a
+    TOML boolean or as the string the tri-state keys always took; the saved config spells it back."""
+    assert override(f"optim.fused={raw}").optim.fused is expected
+    quoted = tmp_path / "quoted.toml"
+    quoted.write_text(f'[optim]\nfused = "{raw}"\n')
+    assert load_config(quoted).optim.fused is expected
+    if expected is not None:
+        bare = tmp_path / "bare.toml"
+        bare.write_text(f"[optim]\nfused = {raw}\n")
+        assert load_config(bare).optim.fused is expected
+    assert f'fused = "{raw}"' in dump_toml(override(f"optim.fused={raw}"))
 
 
 @pytest.mark.parametrize(
@@ -470,7 +485,7 @@ def test_round_trip(tmp_path, make):
     assert path.read_text(encoding="utf-8") == dump_toml(cfg)
     loaded = load_config(path)
     assert dataclasses.asdict(loaded) == dataclasses.asdict(cfg)
-    assert tomllib.loads(dump_toml(cfg)) == dataclasses.asdict(cfg)
+    assert tomllib.loads(dump_toml(cfg)) == config_to_dict(cfg)  # asdict with switches spelled as in TOML
     # Twice round: the text is stable.
     assert dump_toml(loaded) == dump_toml(cfg)
 

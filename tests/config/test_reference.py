@@ -10,6 +10,7 @@ import typing
 from pathlib import Path
 
 from kiln.config import Config
+from kiln.config.choices import field_choices
 from kiln.config.reference import (
     END_MARKER,
     START_MARKER,
@@ -18,7 +19,8 @@ from kiln.config.reference import (
     main,
     replace_between_markers,
 )
-from kiln.config.schema import CHOICES
+
+CHOICES = field_choices()
 
 REFERENCE = Path(__file__).resolve().parents[2] / "docs" / "reference.md"
 SECTIONS: dict[str, type] = typing.get_type_hints(Config)

@@ -13,7 +13,10 @@ import torch._inductor
 
 from kiln.config import Config, ConfigError, apply_override, is_import_path, validate
 from kiln.config import validate as validate_module
-from kiln.config.schema import CHOICES, DATA_SOURCES
+from kiln.config.choices import field_choices
+from kiln.config.schema import DATA_SOURCES
+
+CHOICES = field_choices()
 
 SECTIONS = set(typing.get_type_hints(Config))
 
@@ -30,9 +33,10 @@ def check(*assignments: str) -> None:
 
 
 def error_of(*assignments: str) -> ConfigError:
-    cfg = make(*assignments)
+    """The error loading these overrides gives: from validate, or already from the override (a
+    switch, `bool | None`, refuses a value it cannot hold)."""
     with pytest.raises(ConfigError) as info:
-        validate(cfg)
+        validate(make(*assignments))
     return info.value
 
 

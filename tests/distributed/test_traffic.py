@@ -53,7 +53,7 @@ def test_small_models_stay_gathered_by_default(wrappers):
 
 def test_reshard_rule_follows_the_gathered_size():
     auto = load_config(None, []).distributed
-    assert auto.fsdp_reshard_after_forward == "auto"
+    assert auto.fsdp_reshard_after_forward is None  # auto
     assert not reshards_after_forward(auto, KEEP_GATHERED_BYTES)
     assert reshards_after_forward(auto, KEEP_GATHERED_BYTES + 1)
     for value, expected in (("true", True), ("false", False)):

@@ -109,17 +109,17 @@ def _kinds(logger: MetricsLogger) -> set[str]:
 
 
 def test_build_sinks_modes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    logger = build_sinks(MetricsConfig(tensorboard="auto", console=False), tmp_path / "a", 10, is_main=True)
+    logger = build_sinks(MetricsConfig(tensorboard=None, console=False), tmp_path / "a", 10, is_main=True)
     assert _kinds(logger) == {"TensorBoardSink", "JsonlSink"}
     logger.log(RECORD)
     logger.close()
     assert (tmp_path / "a" / "metrics.jsonl").exists() and (tmp_path / "a" / "tb").is_dir()
 
-    logger = build_sinks(MetricsConfig(tensorboard="true"), tmp_path / "b", 10, is_main=True)
+    logger = build_sinks(MetricsConfig(tensorboard=True), tmp_path / "b", 10, is_main=True)
     assert _kinds(logger) == {"TensorBoardSink", "JsonlSink", "ConsoleSink"}
     logger.close()
 
-    logger = build_sinks(MetricsConfig(tensorboard="false", jsonl=False), tmp_path / "c", 10, is_main=True)
+    logger = build_sinks(MetricsConfig(tensorboard=False, jsonl=False), tmp_path / "c", 10, is_main=True)
     assert _kinds(logger) == {"ConsoleSink"}
     logger.close()
 
@@ -132,14 +132,14 @@ def test_build_sinks_modes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
 
 def test_build_sinks_without_tensorboard(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(sinks_mod, "tensorboard_importable", lambda: False)
-    logger = build_sinks(MetricsConfig(tensorboard="auto", console=False), tmp_path, 10, is_main=True)
+    logger = build_sinks(MetricsConfig(tensorboard=None, console=False), tmp_path, 10, is_main=True)
     assert _kinds(logger) == {"JsonlSink"}
     logger.close()
     for is_main in (True, False):  # every rank fails alike, so none waits on the others
         with pytest.raises(
             ConfigError, match=r"metrics.tensorboard: tensorboard is not installed: pip install 'kiln\[tb\]'"
         ):
-            build_sinks(MetricsConfig(tensorboard="true"), tmp_path, 10, is_main=is_main)
+            build_sinks(MetricsConfig(tensorboard=True), tmp_path, 10, is_main=is_main)
 
 
 def test_build_sinks_bad_value(tmp_path: Path) -> None:

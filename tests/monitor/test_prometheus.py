@@ -78,7 +78,7 @@ def test_port_in_use_is_bad_input():
 
 
 def test_build_sinks_serves_on_loopback_by_default(tmp_path):
-    cfg = MetricsConfig(console=False, tensorboard="false", prometheus=True, prometheus_port=0)
+    cfg = MetricsConfig(console=False, tensorboard=False, prometheus=True, prometheus_port=0)
     assert cfg.prometheus_host == "127.0.0.1"
     logger = build_sinks(cfg, tmp_path / "run", 10, is_main=True)
     try:

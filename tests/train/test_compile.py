@@ -14,7 +14,7 @@ from kiln.train.trainer import train
 
 
 def test_compile_kwargs_mode_and_options():
-    kw = compile_kwargs(CompileConfig(enabled=True, mode="max-autotune", dynamic="false"))
+    kw = compile_kwargs(CompileConfig(enabled=True, mode="max-autotune", dynamic=False))
     assert kw == {"backend": "inductor", "fullgraph": False, "mode": "max-autotune", "dynamic": False}
     kw = compile_kwargs(CompileConfig(enabled=True, options={"coordinate_descent_tuning": True}))
     assert "mode" not in kw and kw["options"] == {"coordinate_descent_tuning": True} and kw["dynamic"] is None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from kiln.compile_defaults import MEASURED, apply_measured_defaults, family
@@ -16,7 +18,7 @@ def test_measured_recipe_applies_when_the_user_asks_only_for_speed():
     cfg = _cfg()
     note = apply_measured_defaults(cfg, "cuda", 1)
     assert cfg.compile.regional is False and cfg.compile.cudagraphs is True
-    assert "compile.cudagraphs=true" in note and "benchmarks/results/h100/autotune/mlp" in note
+    assert "compile.cudagraphs=true" in note and "results h100/autotune/mlp" in note
 
 
 def test_the_log_line_names_gpu_shape_and_results_and_what_differs():
@@ -25,7 +27,7 @@ def test_the_log_line_names_gpu_shape_and_results_and_what_differs():
     cfg = _cfg(*measured)
     note = apply_measured_defaults(cfg, "cuda", 1, device_name="NVIDIA H100 80GB HBM3")
     assert "measured on NVIDIA H100 80GB HBM3 at hidden_size 1024, num_layers 24" in note
-    assert "batch_size 128, precision fp32" in note and "(benchmarks/results/h100/autotune/mlp)" in note
+    assert "batch_size 128, precision fp32 (kiln's benchmark results h100/autotune/mlp" in note
     assert "not the measured shape" not in note and "is not the one measured" not in note
     other = _cfg(*measured[:-2], "data.batch_size=32")  # the default model shape is the seed's small MLP
     note = apply_measured_defaults(other, "cuda", 1, device_name="NVIDIA A100-SXM4-80GB")
@@ -76,6 +78,17 @@ def test_a_one_rank_wrapper_keeps_torchs_defaults(strategy):
 def test_compile_off_is_left_alone():
     cfg = load_config(None, [])
     assert apply_measured_defaults(cfg, "cuda", 1) is None and not cfg.compile.cudagraphs
+
+
+def test_each_recipe_names_committed_results_whose_readme_tells_what_they_showed():
+    """The evidence prose lives beside the results, not in src/: the machine's results README
+    names each recipe's folder and what it measured."""
+    results = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
+    for name, recipe in MEASURED.items():
+        assert (results / recipe.results).is_dir(), name
+        machine = recipe.results.split("/", 1)[0]
+        readme = (results / machine / "README.md").read_text(encoding="utf-8")
+        assert f"`{recipe.results}`" in readme and f"`kiln.compile_defaults` `{name}`" in readme, name
 
 
 def test_families():

@@ -163,11 +163,6 @@ def measure_ceilings(device: torch.device | str, dtype: torch.dtype = torch.bflo
                     **spec_figures(dev, dtype, torch.get_float32_matmul_precision() != "highest"))
 
 
-def fractions(value: float | None, measured: float | None, spec: float | None) -> tuple[float | None, float | None]:
-    """(value over the measured ceiling, value over the datasheet's)."""
-    return ratio(value, measured), ratio(value, spec)
-
-
 def bandwidth_fractions(row: dict, c: Ceilings, batch: int, tok_s: float | None = None) -> None:
     """A row's decode bandwidth (bytes per step x steps/s at `tok_s`, default its decode tok/s;
     the bytes per step are `step_bytes` where the row has them, the weights and the KV cache, else

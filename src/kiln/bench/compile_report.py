@@ -36,7 +36,7 @@ def row_label(row: dict[str, Any]) -> str:
 
 
 def cell_text(key: str, value: Any) -> str:
-    """A figure as the tables show it (ms, MiB, 1.23x, 12.3%)."""
+    """A figure as the tables show it (`ms`, `MiB`, `1.23x`, `12.3%`)."""
     if value is None:
         return "-"
     if key == "peak_mem_bytes":

@@ -38,7 +38,7 @@ def plain_step(model: torch.nn.Module, task: str, cfg: Config, policy: Precision
         plain = {**compile_kwargs(cfg.compile), "dynamic": None, "fullgraph": False}
         model = torch.compile(model, **plain)
     o = cfg.optim
-    fused = device.type == "cuda" and o.fused != "false"
+    fused = device.type == "cuda" and o.fused is not False
     if o.name == "sgd":
         opt: torch.optim.Optimizer = torch.optim.SGD(model.parameters(), lr=o.lr, momentum=o.momentum)
     else:

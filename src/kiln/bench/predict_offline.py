@@ -1,8 +1,8 @@
 """`kiln bench predict`: prediction rows from measured points that are already on disk.
 
-Reads the point rows of a `kiln bench scale` results.json, or of the older table format
-(benchmarks/results/h200x4/scale_vit_b16: rows with strategy, world, step_ms, throughput_per_device,
-global_batch and no `kind`), optionally a `kiln bench comm` results.json for measured latency,
+Reads the point rows of a `kiln bench scale` results.json, or of the older table format (rows
+with strategy, world, step_ms, throughput_per_device, global_batch and no `kind`, as the first
+committed ViT-B/16 scaling results have), optionally a `kiln bench comm` results.json for measured latency,
 bandwidth and overlap cost, and writes the same prediction rows `kiln bench scale` would, each with
 its error against the measured point at its world size.
 """

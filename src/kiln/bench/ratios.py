@@ -16,13 +16,13 @@ from typing import Any
 
 NOISY_SPREAD = 0.30
 """A side whose p10-p90 range is wider than this share of its median is too noisy to rank: a
-ratio of two such medians can move by more than the gains being compared (10-30 %) from one run
-to the next. A quiet GPU shows 1-5 %, a quiet CPU 5-15 %."""
+ratio of two such medians can move by more than the gains being compared from one run to the
+next. Quiet GPUs and CPUs stay well inside it (the h100 results README has the spreads)."""
 
 DRIFT_LIMIT = 0.25
 """Two measurements of the same thing (an eager reference timed beside two rows, or one recipe
 timed in two rounds) that differ by more than this share disagree: ratios between them are
-not comparable. (A launch-bound eager reference on a GPU moves up to ~20 % between rows.)"""
+not comparable. (A launch-bound eager reference on a GPU moves between rows by nearly this much.)"""
 
 
 def spread(median: float | None, p10: float | None, p90: float | None) -> float | None:

@@ -12,13 +12,14 @@ import copy
 import dataclasses
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import get_args
 
 from kiln.config.errors import ConfigError
-from kiln.config.schema import CHOICES, Config
+from kiln.config.schema import Config, Policy
 from kiln.config.validate import compile_backends, compile_modes, validate_compile
 
 EAGER = "eager"
-PRECISIONS = CHOICES["precision.policy"]
+PRECISIONS = get_args(Policy)
 # `model/loss`: the model and the loss compiled as two separate graphs (the seed article's
 # "compile the loss function on its own"); the others are kiln's compile scopes.
 SCOPES = ("model", "model/loss", "model+loss", "step")

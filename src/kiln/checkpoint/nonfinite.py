@@ -71,7 +71,7 @@ class NonFiniteGuard:
         self._reset(0, 0)
         # `error` needs no per-step decision, only the first bad step when the host looks: each step
         # stores (loss, grad norm) in a row of a device buffer (one kernel; the flag/counter
-        # arithmetic of `skip` is ~25 kernels, 2-3 % of a launch-bound step), checked at log
+        # arithmetic of `skip` is ~25 kernels, a visible share of a launch-bound step), checked at log
         # intervals. `window` is the expected number of steps between checks; it grows if needed.
         self._rows = torch.zeros((max(1, window), 2), dtype=torch.float32, device=self.device)
         self._row_steps: list[int] = []

@@ -13,6 +13,8 @@ import hashlib
 import json
 from typing import Any
 
+from kiln.config.choices import switch_keys, switch_spelling
+
 # Keys (or section prefixes) that do not change what a run computes: they may differ between
 # the attempts of one run without making it another run.
 BOOKKEEPING = (
@@ -49,6 +51,10 @@ def identity(config: Any) -> dict[str, Any]:
     with values normalised through JSON so a config and its saved TOML compare equal."""
     table = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else config
     flat = json.loads(json.dumps(_flatten(table), sort_keys=True, default=str))
+    # A switch (`bool | None`) compares as it is spelled in TOML, so a saved "auto" / "true" and
+    # the loaded None / True are one value (and digests match those of configs saved earlier).
+    for key in switch_keys() & flat.keys():
+        flat[key] = switch_spelling(flat[key])
     return {k: v for k, v in flat.items() if not any(k == b or (b.endswith(".") and k.startswith(b)) for b in BOOKKEEPING)}
 
 

@@ -15,6 +15,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
+from kiln.config.choices import SWITCH_CHOICES, is_switch, literal_values, switch_keys, switch_spelling
 from kiln.config.errors import ConfigError
 from kiln.config.schema import Config
 
@@ -71,9 +72,25 @@ def _check_nesting(key: str, value: Any, depth: int = 0) -> None:
             _check_nesting(key, item, depth + 1)
 
 
+def _coerce_switch(key: str, value: Any) -> bool | None:
+    """A `bool | None` field from TOML or the command line: `true`, `false` or `auto` (None), as
+    TOML booleans or the strings the tri-state keys always took."""
+    if isinstance(value, bool):
+        return value
+    if value == "auto":
+        return None
+    if value in ("true", "false"):
+        return value == "true"
+    raise ConfigError(key, f"unknown value {value!r}", SWITCH_CHOICES)
+
+
 def coerce(key: str, value: Any, tp: Any) -> Any:
     """Convert `value` (from TOML or a command-line string) to the field type `tp`, or raise."""
     origin = typing.get_origin(tp)
+    if is_switch(tp):
+        return _coerce_switch(key, value)
+    if literal_values(tp) is not None:  # the value is checked against the choices by validate
+        return coerce(key, value, str)
     if origin in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(tp) if a is not type(None)]
         if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
@@ -264,7 +281,14 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
 
 
 def config_to_dict(cfg: Any) -> dict[str, Any]:
-    return dataclasses.asdict(cfg)
+    """The config as nested tables, switches spelled as in TOML (`auto`, `true`, `false`), so a
+    saved config.toml reads the same as one written by hand."""
+    table = dataclasses.asdict(cfg)
+    for key in switch_keys():
+        section, name = key.split(".")
+        if isinstance(table.get(section), dict) and name in table[section]:
+            table[section][name] = switch_spelling(table[section][name])
+    return table
 
 
 def dump_toml(cfg: Config) -> str:

@@ -1,7 +1,7 @@
 """Generate the configuration reference (docs/reference.md) from the schema.
 
-The tables come from the dataclasses (key, type, default), `CHOICES` and the string literal under
-each field in `schema.py` (Python keeps no runtime record of those, so they are read with `ast`).
+The tables come from the dataclasses (key, type, default), the choices of each `Literal` or
+`bool | None` field (`kiln.config.choices`) and the string literal under each field in `schema.py` (Python keeps no runtime record of those, so they are read with `ast`).
 
     python -m kiln.config.reference                 # print the markdown
     python -m kiln.config.reference --update docs/reference.md
@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from kiln.config import schema
-from kiln.config.schema import CHOICES, Config
+from kiln.config.choices import field_choices, is_switch, literal_values, switch_spelling
+from kiln.config.schema import Config
 
 START_MARKER = "<!-- config-reference:start -->"
 END_MARKER = "<!-- config-reference:end -->"
@@ -70,6 +71,15 @@ def _literal(value: Any) -> str:
     return repr(value)
 
 
+def _type_name(tp: Any) -> str:
+    """The type as a user writes the value: a `Literal` is a string, a switch a bool or `auto`."""
+    if literal_values(tp) is not None:
+        return "str"
+    if is_switch(tp):
+        return 'bool | "auto"'
+    return getattr(tp, "__name__", None) if isinstance(tp, type) else str(tp).replace("typing.", "")
+
+
 def _cell(text: str) -> str:
     # GFM splits table cells on `|` even inside code spans unless it is escaped.
     return " ".join(text.split()).replace("|", "\\|")
@@ -80,6 +90,7 @@ def config_reference_markdown() -> str:
     docs = field_docstrings()
     section_docs = docs.get(Config.__name__, {})
     hints = typing.get_type_hints(Config)
+    all_choices = field_choices()
     out: list[str] = []
     for section in dataclasses.fields(Config):
         cls = hints[section.name]
@@ -91,14 +102,16 @@ def config_reference_markdown() -> str:
         out.append("| Key | Type | Default | Choices | Description |")
         out.append("|---|---|---|---|---|")
         class_docs = docs.get(cls.__name__, {})
+        field_types = typing.get_type_hints(cls)
         for f in dataclasses.fields(cls):
             key = f"{section.name}.{f.name}"
-            type_name = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
-            choices = ", ".join(f"`{c}`" for c in CHOICES[key]) if key in CHOICES else ""
+            tp = field_types[f.name]
+            default = switch_spelling(_default(f)) if is_switch(tp) else _default(f)
+            choices = ", ".join(f"`{c}`" for c in all_choices[key]) if key in all_choices else ""
             row = (
                 f"`{key}`",
-                f"`{type_name}`",
-                f"`{_literal(_default(f))}`",
+                f"`{_type_name(tp)}`",
+                f"`{_literal(default)}`",
                 choices,
                 class_docs.get(f.name, ""),
             )

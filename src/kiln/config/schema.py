@@ -2,13 +2,39 @@
 
 Each section is a keyword-only dataclass; the string literal under each field is its
 documentation (read by `kiln.config.reference` to generate docs/reference.md, so keep one
-per field). Choices that the validator enforces are listed in `CHOICES` by dotted key.
+per field). A closed set of values is a `Literal` field type, and a yes/no choice with a default
+that kiln decides is `bool | None` (`None` is spelled `auto` in TOML and overrides); validation and
+the reference read the choices from those types (`kiln.config.choices`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
+
+# Closed sets of values. Compile mode/backend/options are checked against the installed torch
+# instead (see validate.py), since they change between torch releases.
+Task = Literal["auto", "classification", "causal_lm", "custom"]
+Attention = Literal["auto", "flash", "cudnn", "efficient", "math"]
+TokenDtype = Literal["uint16", "uint32"]
+NonFinite = Literal["error", "skip"]
+ActivationCheckpointing = Literal["none", "full", "selective"]
+CeKernel = Literal["auto", "plain", "chunked", "liger", "triton"]
+SwigluKernel = Literal["auto", "plain", "fused"]
+OptimName = Literal["adamw", "sgd"]
+Schedule = Literal["cosine", "linear", "constant"]
+Policy = Literal["fp32", "bf16-mixed", "fp16-mixed", "bf16-true", "bf16-master"]
+Float8 = Literal["none", "tensorwise", "rowwise"]
+Scope = Literal["model", "model+loss", "step"]
+CompileDefaults = Literal["measured", "torch"]
+Strategy = Literal["none", "ddp", "fsdp", "auto"]
+Backend = Literal["auto", "nccl", "gloo"]
+CommHook = Literal["none", "bf16", "fp16"]
+FsdpParamDtype = Literal["auto", "fp32", "bf16", "fp16"]
+FsdpReduceDtype = Literal["fp32", "bf16", "fp16"]
+CompileStrategy = Literal["auto", "whole", "per_block"]
+CpuBind = Literal["none", "cores", "numa"]
+Tracker = Literal["none", "mlflow", "wandb"]
 
 
 @dataclass(kw_only=True)
@@ -17,9 +43,9 @@ class ModelConfig:
     """Which model: a registry name (`mlp`, `vit`), `llama:<preset | config.json | dir>` (kiln's own Llama-family decoder, the one `kiln generate` runs), `timm:<name>`, `hf:<preset | config.json | dir>`, or a user factory `module:function` / `path/file.py:function`."""
     kwargs: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments for the model factory (e.g. `hidden_size`, `num_layers` for `mlp`; config.json fields such as `num_hidden_layers` for `hf:` and `llama:`)."""
-    task: str = "auto"
+    task: Task = "auto"
     """Loss to train with: `auto` (from the model), `classification` (cross-entropy), `causal_lm` (next-token), `custom` (the model returns its own loss)."""
-    attention: str = "auto"
+    attention: Attention = "auto"
     """Attention kernel behind `scaled_dot_product_attention` while training: `auto` (torch picks per call), `flash`, `cudnn`, `efficient` (memory-efficient) or `math`; the kernel SDPA runs for the model's shapes is reported in the log and summary.json."""
 
 
@@ -35,7 +61,7 @@ class DataConfig:
     """Optional held-out inputs/tokens/images for the eval loop; empty uses a prepared `data.path`'s val.bin, a separate synthetic split, or none."""
     eval_labels_path: str = ""
     """Targets file for `eval_path` with `files`."""
-    token_dtype: str = "uint16"
+    token_dtype: TokenDtype = "uint16"
     """Element type of a `tokens` .bin file: `uint16` or `uint32` (a prepared directory's meta.json overrides it)."""
     batch_size: int = 32
     """Samples per micro-batch on each device."""
@@ -75,21 +101,21 @@ class TrainingConfig:
     """Steps between eval passes; 0 disables eval (an eval also runs at the end when > 0)."""
     eval_steps: int = 10
     """Batches per eval pass."""
-    nonfinite: str = "error"
+    nonfinite: NonFinite = "error"
     """On a NaN/inf loss or gradient norm: `error` (stop, exit 1, keep the last good checkpoint) or `skip` (drop that update)."""
     nonfinite_max_skips: int = 10
     """With `skip`: stop after this many consecutive non-finite steps."""
-    activation_checkpointing: str = "none"
+    activation_checkpointing: ActivationCheckpointing = "none"
     """Recompute activations in backward instead of keeping them, per repeated block: `none`, `full` (keep only each block's input), `selective` (keep matmul and attention outputs, recompute the cheap elementwise ops: most of the memory saved for little extra time)."""
-    ce_kernel: str = "auto"
+    ce_kernel: CeKernel = "auto"
     """Next-token loss of `llama:` models: `plain` (logits, then cross-entropy), `chunked` (kiln's fused linear + cross-entropy over chunks of tokens: never holds [tokens x vocab] fp32 logits, exact gradients), `liger` (Liger-Kernel's fused linear cross-entropy, `pip install 'kiln[kernels]'`), `triton` (logits as `plain`, then kiln's Triton cross-entropy: one pass over the logits forward, one read and write backward, no fp32 copy; any causal LM), or `auto` (`chunked` for `llama:` models, `plain` for others)."""
-    swiglu_kernel: str = "auto"
+    swiglu_kernel: SwigluKernel = "auto"
     """SwiGLU of `llama:` models: `plain` (PyTorch ops, fused by inductor when compiled), `fused` (kiln's Triton forward and backward kernels; the backward reads gate, up and its gradient once), or `auto` (`fused` on CUDA for `llama:` models, else `plain`)."""
 
 
 @dataclass(kw_only=True)
 class OptimConfig:
-    name: str = "adamw"
+    name: OptimName = "adamw"
     """Optimizer: `adamw` (fused on CUDA) or `sgd`."""
     lr: float = 1e-3
     """Peak learning rate."""
@@ -101,9 +127,9 @@ class OptimConfig:
     """AdamW epsilon."""
     momentum: float = 0.9
     """SGD momentum."""
-    fused: str = "auto"
+    fused: bool | None = None
     """Fused optimizer kernel: `auto` (on CUDA), `true`, `false`."""
-    schedule: str = "cosine"
+    schedule: Schedule = "cosine"
     """LR schedule after warm-up: `cosine`, `linear` or `constant`."""
     warmup_steps: int = 0
     """Linear warm-up steps from 0 to `lr`."""
@@ -115,11 +141,11 @@ class OptimConfig:
 
 @dataclass(kw_only=True)
 class PrecisionConfig:
-    policy: str = "fp32"
+    policy: Policy = "fp32"
     """`fp32`, `bf16-mixed` (autocast), `fp16-mixed` (autocast + GradScaler), `bf16-true` (weights in bf16), `bf16-master` (bf16 weights and gradients, fp32 master weights and AdamW moments in the optimizer: no autocast casts, clipping folded into a fused update; AdamW only, not with compile.cudagraphs, compile.scope=step or FSDP)."""
     tf32: bool = True
     """Allow TF32 tensor cores for fp32 matmuls and convolutions on CUDA."""
-    float8: str = "none"
+    float8: Float8 = "none"
     """float8 training of the repeated blocks' linear layers through torchao (`pip install 'kiln[quant]'`): `none`, `tensorwise` or `rowwise` scaling. Needs a CUDA GPU with float8 tensor cores (compute capability >= 8.9: Ada, Hopper) and a bf16 policy; pairs with `compile.enabled`."""
 
 
@@ -135,16 +161,16 @@ class CompileConfig:
     """Inductor options (keys of `torch._inductor.config`, e.g. `coordinate_descent_tuning`). Exclusive with `mode`."""
     fullgraph: bool = False
     """Fail on any graph break instead of falling back to eager around it."""
-    dynamic: str = "auto"
+    dynamic: bool | None = None
     """Dynamic shapes: `auto` (torch decides after a recompile), `true`, `false`."""
-    scope: str = "model"
+    scope: Scope = "model"
     """What is compiled: `model`, `model+loss`, or `step` (forward, loss and optimizer update)."""
     regional: bool = False
     """Compile each repeated block (transformer layer) separately instead of the whole model: a compile several times faster (one block is compiled and reused); on launch-bound steps pair it with `cudagraphs`, since each region adds Python overhead per call."""
     cudagraphs: bool = False
     """Capture the whole optimizer step (forward, loss, backward, clipping, non-finite guard, optimizer update, LR schedule) in one CUDA graph and replay it every step; with `enabled` the compiled code is captured, without it the eager kernels. Needs one process on CUDA and a fixed batch shape; otherwise (or if capture fails, e.g. on a host sync) the normal step runs and the reason is logged."""
-    defaults: str = "measured"
-    """What `enabled=true` with no other compile key set means: `measured` (kiln's fastest accurate recipe for the model family on one CUDA GPU, from benchmarks/results; see kiln.compile_defaults) or `torch` (torch.compile's defaults)."""
+    defaults: CompileDefaults = "measured"
+    """What `enabled=true` with no other compile key set means: `measured` (kiln's fastest accurate recipe for the model family on one CUDA GPU, as measured and published in docs/benchmarks.md; see kiln.compile_defaults) or `torch` (torch.compile's defaults)."""
     cache_dir: str = ""
     """Where compiled kernels are cached (inductor and Triton caches): empty for kiln's cache dir (`$KILN_CACHE_DIR` or `~/.cache/kiln/compile`), `torch` for torch's own default, or a path."""
     save_cache: bool = True
@@ -153,9 +179,9 @@ class CompileConfig:
 
 @dataclass(kw_only=True)
 class DistributedConfig:
-    strategy: str = "auto"
+    strategy: Strategy = "auto"
     """Data parallelism: `none` (one process), `ddp`, `fsdp` (FSDP2 fully_shard), or `auto` (one process: none; several: FSDP when parameters + gradients + optimizer state would not fit comfortably on one device, else DDP)."""
-    backend: str = "auto"
+    backend: Backend = "auto"
     """Process-group backend: `auto` (NCCL on CUDA, gloo on CPU), `nccl`, `gloo`."""
     timeout_s: float = 600.0
     """Seconds a collective may wait before the group fails (a dead or cut-off peer ends in an error, not a hang)."""
@@ -169,11 +195,11 @@ class DistributedConfig:
     """DDP: re-broadcast buffers (e.g. BatchNorm stats) from rank 0 every forward."""
     ddp_find_unused_parameters: bool = False
     """DDP: search the graph for parameters without gradients every step (slow; only for models that need it)."""
-    ddp_comm_hook: str = "none"
+    ddp_comm_hook: CommHook = "none"
     """DDP gradient compression: `none`, `bf16` or `fp16` (all-reduce in 16 bits, halving traffic)."""
-    fsdp_param_dtype: str = "auto"
+    fsdp_param_dtype: FsdpParamDtype = "auto"
     """FSDP2 MixedPrecisionPolicy param dtype for compute: `auto` (from precision.policy), `fp32`, `bf16`, `fp16`."""
-    fsdp_reduce_dtype: str = "fp32"
+    fsdp_reduce_dtype: FsdpReduceDtype = "fp32"
     """FSDP2 MixedPrecisionPolicy dtype of the gradient reduce-scatter: `fp32`, `bf16`, `fp16`."""
     fsdp_wrap: str = "auto"
     """FSDP2 units: `auto` (the model's repeated blocks), `size` (modules with >= fsdp_min_params parameters), or comma-separated class names."""
@@ -181,7 +207,7 @@ class DistributedConfig:
     """FSDP2 `size` rule: smallest parameter count of a module that becomes its own unit."""
     fsdp_unit_blocks: int = 0
     """FSDP2 with `fsdp_wrap=auto`: consecutive repeated blocks per FSDP unit (one all-gather and one reduce-scatter each). 0 = auto: units of equal block counts that each gather >= 64 MiB of parameters (ViT-B/16 in bf16: 2 units of 6 blocks). More blocks per unit: fewer, larger collectives and less per-unit host work every step, but coarser overlap and more gathered memory."""
-    fsdp_reshard_after_forward: str = "auto"
+    fsdp_reshard_after_forward: bool | None = None
     """FSDP2: `true` frees gathered parameters after forward (ZeRO-3, less memory), `false` keeps them until backward (ZeRO-2-like: one all-gather less per unit and step, less host work), `auto` keeps them when the whole model gathers <= 1 GiB (about 0.5 B parameters in bf16), else frees them. The root and the last unit are never resharded: backward needs them first."""
     fsdp_forward_prefetch: int = 0
     """FSDP2: units whose all-gather each unit issues explicitly before its own forward (0 = FSDP2's implicit prefetch, which overlaps only while the CPU runs ahead of the device)."""
@@ -191,7 +217,7 @@ class DistributedConfig:
     """FSDP2: run the (elementwise) optimizer update on each rank's local shards as plain tensors instead of op by op through DTensor dispatch: the same arithmetic with far less host work per step (kiln.distributed.local_optim). `false`: torch's DTensor path."""
     fsdp_one_rank_fused_copy: bool = True
     """FSDP2 with one rank: fill each unit's gathered parameters (cast to the param dtype) with one fused copy instead of torch's cast and copy per parameter (kiln.distributed.fsdp_one_rank): the same values with far less host work per step. No effect with more ranks, with CPU offload, or on a torch whose code differs (kiln then logs why, once). `false`: torch's own copy."""
-    compile_strategy: str = "auto"
+    compile_strategy: CompileStrategy = "auto"
     """How compile combines with the strategy: `auto` (whole model for DDP with graph splitting at buckets, per-block for FSDP2), `whole`, `per_block`."""
     bind_numa: bool = False
     """Bind each process to the CPU cores of the NUMA node nearest its GPU (read from NVML)."""
@@ -201,7 +227,7 @@ class DistributedConfig:
 class CpuConfig:
     threads: int = 0
     """Intra-op threads of a CPU run (also the threads inductor's C++ kernels are built for): 0 = auto, `OMP_NUM_THREADS` if set, else the physical cores of the process's CPU affinity divided among the ranks on this node (never more threads than cores)."""
-    bind: str = "none"
+    bind: CpuBind = "none"
     """Pin each process of a CPU run: `none`, `cores` (each rank its own share of the physical cores), `numa` (each rank the cores of one NUMA node, or a share of them when ranks outnumber nodes); threads follow the pinned cores."""
 
 
@@ -225,7 +251,7 @@ class MetricsConfig:
     """Show a live progress bar and log lines on the console."""
     jsonl: bool = True
     """Write `metrics.jsonl` in the run dir."""
-    tensorboard: str = "auto"
+    tensorboard: bool | None = None
     """Write TensorBoard events under `tb/`: `auto` (when tensorboard is installed), `true`, `false`."""
     mfu: bool = True
     """Count FLOPs once (torch.utils.flop_counter) and report model FLOPs utilisation."""
@@ -247,7 +273,7 @@ class MetricsConfig:
     """Address the Prometheus endpoint binds to (loopback by default: not reachable from other machines)."""
     prometheus_port: int = 9464
     """Port of the Prometheus endpoint; 0 picks a free port (logged at start)."""
-    tracker: str = "none"
+    tracker: Tracker = "none"
     """Experiment tracker that also gets the run's config and metrics (rank 0): `none`, `mlflow` (`MLFLOW_TRACKING_URI`, else the SQLite store RUN_DIR/mlflow.db; `pip install 'kiln[mlflow]'`) or `wandb` (its `WANDB_*` settings, `WANDB_MODE=offline` to stay local; `pip install 'kiln[wandb]'`)."""
     tracker_project: str = ""
     """The tracker's experiment (MLflow) or project (W&B); empty: `kiln`."""
@@ -276,36 +302,6 @@ class Config:
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     """What is measured and where it goes."""
 
-
-# Closed sets of values, by dotted key. Compile mode/backend/options are checked against the
-# installed torch instead (see validate.py), since they change between torch releases.
-CHOICES: dict[str, tuple[str, ...]] = {
-    "model.task": ("auto", "classification", "causal_lm", "custom"),
-    "model.attention": ("auto", "flash", "cudnn", "efficient", "math"),
-    "training.activation_checkpointing": ("none", "full", "selective"),
-    "training.ce_kernel": ("auto", "plain", "chunked", "liger", "triton"),
-    "training.swiglu_kernel": ("auto", "plain", "fused"),
-    "precision.float8": ("none", "tensorwise", "rowwise"),
-    "training.nonfinite": ("error", "skip"),
-    "data.token_dtype": ("uint16", "uint32"),
-    "optim.name": ("adamw", "sgd"),
-    "optim.fused": ("auto", "true", "false"),
-    "optim.schedule": ("cosine", "linear", "constant"),
-    "precision.policy": ("fp32", "bf16-mixed", "fp16-mixed", "bf16-true", "bf16-master"),
-    "compile.dynamic": ("auto", "true", "false"),
-    "compile.scope": ("model", "model+loss", "step"),
-    "compile.defaults": ("measured", "torch"),
-    "distributed.strategy": ("none", "ddp", "fsdp", "auto"),
-    "distributed.backend": ("auto", "nccl", "gloo"),
-    "distributed.ddp_comm_hook": ("none", "bf16", "fp16"),
-    "distributed.fsdp_param_dtype": ("auto", "fp32", "bf16", "fp16"),
-    "distributed.fsdp_reduce_dtype": ("fp32", "bf16", "fp16"),
-    "distributed.fsdp_reshard_after_forward": ("auto", "true", "false"),
-    "distributed.compile_strategy": ("auto", "whole", "per_block"),
-    "cpu.bind": ("none", "cores", "numa"),
-    "metrics.tensorboard": ("auto", "true", "false"),
-    "metrics.tracker": ("none", "mlflow", "wandb"),
-}
 
 # Built-in data sources; anything else must look like `module:function`.
 DATA_SOURCES = ("synthetic", "files", "tokens", "imagefolder")

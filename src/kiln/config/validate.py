@@ -6,8 +6,9 @@ import dataclasses
 import math
 import re
 
+from kiln.config.choices import field_choices, switch_keys
 from kiln.config.errors import ConfigError
-from kiln.config.schema import CHOICES, DATA_SOURCES, Config
+from kiln.config.schema import DATA_SOURCES, Config
 
 # Modes the seeds (and older blog posts) use that torch never had, with where to go instead.
 _MODE_HINTS = {
@@ -155,12 +156,19 @@ def _check_master_weights(cfg: Config) -> None:
                           "with distributed.fsdp_param_dtype=bf16", other)
 
 
+def _check_choices(cfg: Config) -> None:
+    """Each `Literal` field holds one of its values, each switch (`bool | None`) a bool or None."""
+    switches = switch_keys()
+    for key, allowed in field_choices().items():
+        value = _get(cfg, key)
+        ok = (value is None or isinstance(value, bool)) if key in switches else value in allowed
+        if not ok:
+            raise ConfigError(key, f"unknown value {value!r}", allowed)
+
+
 def validate(cfg: Config, *, check_torch: bool = True) -> None:
     _check_finite(cfg)
-    for key, allowed in CHOICES.items():
-        value = _get(cfg, key)
-        if value not in allowed:
-            raise ConfigError(key, f"unknown value {value!r}", allowed)
+    _check_choices(cfg)
 
     if not cfg.model.name.strip():
         raise ConfigError("model.name", "must not be empty")

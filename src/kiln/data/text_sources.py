@@ -2,7 +2,7 @@
 
 A plain text file is one document; a `.jsonl` file holds one document per line, a JSON object
 whose text field (`text` unless told) is a string. Directories are searched recursively for
-files with the extensions below. Every file is read once up front (`check_sources`): it must
+files with the extensions below. Every file is read once up front (`check_source`): it must
 exist, be non-empty, decode as UTF-8 without NUL bytes, and (jsonl) parse line by line; the
 same pass computes its size and sha256 for the metadata. Only then does tokenization start, so
 bad input is refused before any work.
@@ -144,10 +144,6 @@ def _check_record(line: str, path: Path, line_no: int, text_field: str, key: str
         raise ConfigError("--text-field", f"{path}:{line_no}: field {text_field!r} is a "
                           f"{type(value).__name__}, not a string")
     return int(bool(value.strip()))
-
-
-def check_sources(inputs: list[str], text_field: str = "text", key: str = "TEXT") -> list[TextSource]:
-    return [check_source(p, text_field, key) for p in collect_files(inputs, key)]
 
 
 def documents(source: TextSource, text_field: str) -> Iterator[str]:

@@ -32,7 +32,7 @@ def fsdp_available() -> bool:
 # `fsdp_unit_blocks=0` groups blocks until a unit gathers this much. Each FSDP2 unit costs host
 # work every step, on every rank (hooks, stream events, one reduce per unit), and a step that waits
 # for its host waits for all of it, so fewer, larger units make such a step faster
-# (benchmarks/results/h100/fsdp_host_overhead: fsdp-zero2 vs fsdp-unit6-auto). Larger units cost
+# (the fsdp_host_overhead results: fsdp-zero2 vs fsdp-unit6-auto). Larger units cost
 # overlap instead: the first all-gather and the last reduce-scatter run beside no compute;
 # kiln.bench.predict puts that below one unit's host work for ViT-B-sized blocks from 8 to 64 GPUs.
 # Blocks of >= 64 MiB (most LLMs in bf16) stay one per unit. Units are balanced (6+6, not
@@ -44,7 +44,7 @@ UNIT_TARGET_BYTES = 64 * 2**20
 # would save is ~1 % of an 80 GB GPU, while resharding costs, at every world size, one all-gather
 # more per unit and step (+33 % of FSDP2's bytes with fp32 reduce-scatters, +50 % with bf16) and
 # the host work of re-gathering in backward (fsdp-unit3 vs fsdp-zero2 and fsdp-unit6 vs
-# fsdp-unit6-auto in benchmarks/results/h100/fsdp_host_overhead). Larger models are resharded (ZeRO-3), all units
+# fsdp-unit6-auto in the fsdp_host_overhead results). Larger models are resharded (ZeRO-3), all units
 # but the last.
 KEEP_GATHERED_BYTES = 2**30
 
@@ -75,9 +75,9 @@ def _balanced(blocks: list[torch.nn.Module], k: int) -> list[list[torch.nn.Modul
 def reshards_after_forward(cfg: DistributedConfig, gathered_bytes: int) -> bool:
     """Whether FSDP units free their gathered parameters after forward; `gathered_bytes`: all the
     model's parameters as gathered (param dtype)."""
-    if cfg.fsdp_reshard_after_forward == "auto":
+    if cfg.fsdp_reshard_after_forward is None:  # auto
         return gathered_bytes > KEEP_GATHERED_BYTES
-    return cfg.fsdp_reshard_after_forward == "true"
+    return cfg.fsdp_reshard_after_forward
 
 
 def fsdp_units(model: torch.nn.Module, blocks: list[torch.nn.Module], cfg: DistributedConfig,

@@ -7,8 +7,8 @@ With one rank there is nothing to all-gather, and torch's `FSDPParamGroup.wait_f
 `init_all_gather_outputs`, `alloc_storage`, and `tensor.copy_(all_gather_input)` (a second kernel)
 inside its own `_unsafe_preserve_version_counter`. With more ranks the same unit costs one fused
 copy-out. For a model of many small parameters that loop is the largest FSDP2 host cost, a cast
-and a copy per parameter, enough for a one-GPU FSDP2 step to wait for its host
-(benchmarks/results/h100/fsdp_host_overhead, fsdp-unit6-auto).
+and a copy per parameter, enough for a one-GPU FSDP2 step to wait for its host (the
+fsdp_host_overhead results, row fsdp-unit6-auto).
 
 `install_one_rank_unshard(model)` gives each param group of a one-rank FSDP2 model its own
 `wait_for_unshard` (an instance attribute; torch calls it as `self.wait_for_unshard()`) that does
@@ -18,8 +18,8 @@ own copy-in does; on CPU a C++ loop), no cast temporaries, one version-counter g
 The values are the same: `copy_` into a bf16/fp16 tensor rounds as `.to(dtype)` does. The rest
 of torch's method (implicit-prefetch bookkeeping, `init_unsharded_param`, `_to_unsharded`, the
 copy-out event) is kept call for call. What it saves is measured by benchmarks/fsdp_one_rank_copy.py
-(a unit's unshard + wait + reshard on CPU, interleaved with torch's own) and, on a GPU, in
-benchmarks/results/h100/scale_1gpu_fused_copy (one-rank FSDP2 against DDP).
+(a unit's unshard + wait + reshard on CPU, interleaved with torch's own) and, on a GPU, by the
+scale_1gpu_fused_copy results (one-rank FSDP2 against DDP).
 
 It is installed only where it is known to replace that code exactly: the group's all-gather group
 has one rank, torch's `wait_for_unshard` still has the per-parameter loop (read from its source)

@@ -4,7 +4,7 @@ Under FSDP2 every parameter, gradient and optimizer-state tensor is a DTensor, s
 `optimizer.step()` goes through DTensor's dispatch: sharding propagation over lists of ~150
 tensors per foreach/fused op and new DTensorSpecs per output, on the host, every step. Upstream
 knows it (pytorch#134191, "AdamW is CPU-bottlenecked with FSDP2"). Updating the local shards as
-plain tensors skips that host work (benchmarks/results/cpu/fsdp_host_overhead): time a GPU step
+plain tensors skips that host work (the fsdp_host_overhead results): time a GPU step
 cannot hide once the host is behind.
 
 AdamW and SGD are elementwise: each element of a parameter is updated from the same element of its

@@ -4,7 +4,7 @@ Under FSDP2 every gradient is a DTensor sharded on dim 0 across the ranks of a 1
 global squared norm is the sum over ranks of each rank's local squared norm. torch's
 `clip_grad_norm_` reaches the same number through DTensor dispatch, op by op and tensor by
 tensor on the host (a per-parameter cost that grows with the parameter count and made up much of
-FSDP2's host time per step at one rank; see benchmarks/results/cpu/fsdp_host_overhead). Here: two
+FSDP2's host time per step at one rank; see the fsdp_host_overhead results). Here: two
 foreach kernels on the local shards, one all-reduce of a scalar, one foreach scale. Gradients that
 are not sharded DTensors (DDP, one process) go to torch's own functions unchanged.
 

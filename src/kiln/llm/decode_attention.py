@@ -19,7 +19,7 @@ the same launch by the last one to finish.
 to 256, no sliding window on the layer (Mistral's windowed layers keep `matmul`), and a torch
 whose op takes `seqused_k`; `triton` needs Triton (it ships with CUDA builds of torch). The
 kernels are swapped into a model by kiln.llm.kernels.use_decode_kernels; this module chooses.
-Measurements: benchmarks/results/h100/llm/decode_attention and decode_kernels.
+The measurements behind the choice are in the results READMEs (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from torch import Tensor
 from kiln.config.errors import ConfigError
 
 KERNELS = ("auto", "matmul", "flash", "triton")
-"""`auto` (the default): `triton` where it can run (the fastest of the three on an H100,
-benchmarks/results/h100/llm/decode_kernels), else `matmul`."""
+"""`auto` (the default): `triton` where it can run (the fastest of the three where measured),
+else `matmul`."""
 
 
 def flash_unavailable(device: torch.device, dtype: torch.dtype, head_dim: int) -> str | None:

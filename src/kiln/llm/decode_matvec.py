@@ -13,8 +13,8 @@ projection. At several rows (batch > 1) dense projections take the model's own m
 same work around it, and int4@triton ones kiln.llm.triton_rows' kernel (`ROWS_KERNEL_FROM`).
 kiln.llm.kernels.use_decode_kernels swaps these calls into a model's decode steps.
 
-`auto`, the default, is `triton` where it runs (CUDA, fp16/bf16), else `inductor`. Measurements:
-benchmarks/results/h100/llm/decode_matvec.
+`auto`, the default, is `triton` where it runs (CUDA, fp16/bf16), else `inductor`; the
+measurements are in the decode_matvec results README.
 """
 
 from __future__ import annotations

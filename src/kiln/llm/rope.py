@@ -62,9 +62,8 @@ class Rotary(nn.Module):
         if torch.is_grad_enabled() and torch.compiler.is_compiling():
             # Training under torch.compile: through an op inductor cannot see into, so cos/sin are
             # computed once per step and saved for the backward. Inlined, inductor recomputes the
-            # angles, sin and cos in every layer's rotary kernels, forward and backward: on the
-            # Llama-3.2-1B shape at batch 4 x 2048 (H100) the backward kernel took 337 us per layer
-            # that way and 54 us reading saved values (benchmarks/results/h100/llm_train/rope_probe).
+            # angles, sin and cos in every layer's rotary kernels, forward and backward, several
+            # times slower than reading saved values (the rope_probe results README).
             return rope_cos_sin(positions, self.inv_freq, dtype)
         return _cos_sin(positions, self.inv_freq, dtype)
 

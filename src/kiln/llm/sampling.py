@@ -54,9 +54,8 @@ ARGMAX_CHUNKS = 256
 def argmax(logits: Tensor) -> Tensor:
     """logits.argmax(-1) of [B, vocab] in two reductions: each chunk's max, then the first chunk
     holding the row's max (so ties still go to the lowest index, as argmax's do). Compiled,
-    inductor reduces a 128k-token row in one thread block per row: 31-40 us per decode step in
-    the 3B profiles on an H100 (benchmarks/results/h100/llm), ~1 % of the step; cut in 256
-    chunks every block reduces ~500 values."""
+    inductor reduces a 128k-token row in one thread block per row, a visible share of a decode
+    step in the profiles; cut in 256 chunks every block reduces ~500 values."""
     rows, vocab = logits.shape
     if vocab < 16 * ARGMAX_CHUNKS:
         return logits.argmax(dim=-1)

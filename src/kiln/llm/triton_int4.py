@@ -39,7 +39,7 @@ Why: a batch-1 int4 decode step is bound by latency more than bytes: each projec
 MB is a chain per program of its groups' arithmetic, a split reduction and the wait for the
 previous kernel, so the kernel keeps the arithmetic per input to a logical op and an FMA, keeps
 several groups in flight and fuses the work around the matmul instead of launching it.
-Measurements: benchmarks/results/h100/llm/decode_matvec.
+The measurements are in the decode_matvec results README.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ weights well below the copy bandwidth, and the residual adds and norms between p
 more launches per layer. The accumulator is a 2-D tile in the weight tile's own layout: a 3-D
 [rows, BLOCK_N, BLOCK_K] one made Triton move every weight tile through shared memory. Launch
 settings are autotuned per shape on the first call (the engine's warm-up, before its CUDA graph
-is captured). Measurements: benchmarks/results/h100/llm/decode_matvec.
+is captured). The measurements are in the decode_matvec results README.
 
 Tests run it on CPU through Triton's interpreter (TRITON_INTERPRET=1) with a fixed setting.
 """

@@ -12,8 +12,8 @@ dtype), one product with the inputs per group, and a group's scale and offset ar
 output: scale * sum q x + offset * sum x.
 
 Dense (bf16/fp16) weights at batch > 1 take the model's own matmul (cuBLAS) instead: a Triton
-kernel of this design was slower than cuBLAS on three of the 3B shape's five projections on an
-H100 (benchmarks/results/h100/llm/decode_batch).
+kernel of this design was slower than cuBLAS on most of the 3B shape's projections (the
+decode_batch results README).
 
 Splits of K are added in a fixed order by the last program of a block to arrive
 (kiln.llm.triton_matvec._split_sum), so results do not depend on arrival order. With programmatic

@@ -12,13 +12,13 @@ import difflib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any
+from typing import Any, get_args
 
 import torch
 import torch.nn as nn
 
 from kiln.config.errors import ConfigError
-from kiln.config.schema import CHOICES, ModelConfig
+from kiln.config.schema import ModelConfig, Task
 from kiln.llm.hf_config import PRESETS as HF_PRESETS
 from kiln.llm.families import family_presets
 from kiln.models.factory_args import bind_kwargs
@@ -107,8 +107,8 @@ def build_model(cfg: ModelConfig, device: torch.device | str | None = None) -> B
     by the caller."""
     name = cfg.name.strip()
     kwargs = dict(cfg.kwargs)
-    if cfg.task not in CHOICES["model.task"]:
-        raise ConfigError("model.task", f"unknown value {cfg.task!r}", CHOICES["model.task"])
+    if cfg.task not in get_args(Task):
+        raise ConfigError("model.task", f"unknown value {cfg.task!r}", get_args(Task))
     if not name:
         raise ConfigError("model.name", "must not be empty", (*known_models(), *NAME_FORMS))
 

@@ -8,16 +8,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, get_args
 
 import torch
 
 from kiln.config.errors import ConfigError
-from kiln.config.schema import CHOICES
+from kiln.config.schema import Task
 
 INPUT_KINDS = ("features", "images", "tokens")
 # Tasks a model may declare; "auto" is a config value only (it means "ask the model").
-TASKS = tuple(t for t in CHOICES["model.task"] if t != "auto")
+TASKS = tuple(t for t in get_args(Task) if t != "auto")
 CONTRACT_HINT = (
     "return (model, example_inputs) from the factory, e.g. `return model, torch.randn(8, 512)` for a model "
     "taking [batch, 512] features (the classes are read from its [batch, C] output), or "

@@ -21,8 +21,9 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from kiln.config.choices import SWITCH_CHOICES
 from kiln.config.errors import ConfigError
-from kiln.config.schema import CHOICES, MetricsConfig
+from kiln.config.schema import MetricsConfig
 from kiln.monitor.prometheus import PrometheusSink
 from kiln.monitor.records import keep_through, torn_tail
 from kiln.monitor.sink import MetricsSink, scalars
@@ -319,25 +320,25 @@ def build_sinks(cfg: MetricsConfig, run_dir: str | os.PathLike[str], total_steps
     """The sinks `cfg` asks for, writing under `run_dir` (`metrics.jsonl`, `tb/`); `run_config` (the
     run's whole config) goes to an experiment tracker (`metrics.tracker`) as its parameters.
 
-    Call before training starts, so `tensorboard = "true"` without tensorboard fails at once with
+    Call before training starts, so `tensorboard = true` without tensorboard fails at once with
     a ConfigError. That check runs on every rank: if only rank 0 failed, the others would wait in
     the first collective until the timeout instead of exiting.
     """
-    if cfg.tensorboard not in CHOICES["metrics.tensorboard"]:
-        raise ConfigError("metrics.tensorboard", f"unknown value {cfg.tensorboard!r}", CHOICES["metrics.tensorboard"])
-    if cfg.tensorboard == "true" and not tensorboard_importable():
+    if cfg.tensorboard not in (None, True, False):
+        raise ConfigError("metrics.tensorboard", f"unknown value {cfg.tensorboard!r}", SWITCH_CHOICES)
+    if cfg.tensorboard is True and not tensorboard_importable():
         raise ConfigError("metrics.tensorboard", _TB_HINT)
     if not is_main:
         return MetricsLogger()
 
     run_dir = Path(run_dir)
     sinks: list[MetricsSink] = []
-    if cfg.tensorboard == "true" or (cfg.tensorboard == "auto" and tensorboard_importable()):
+    if cfg.tensorboard is True or (cfg.tensorboard is None and tensorboard_importable()):
         try:
             sinks.append(TensorBoardSink(run_dir / "tb"))
         except ImportError as exc:
             # Installed but broken (e.g. a protobuf mismatch): "auto" means best effort.
-            if cfg.tensorboard == "true":
+            if cfg.tensorboard is True:
                 raise ConfigError("metrics.tensorboard", f"{_TB_HINT} ({exc.__cause__ or exc})") from exc
     if cfg.jsonl:
         sinks.append(JsonlSink(run_dir / "metrics.jsonl"))

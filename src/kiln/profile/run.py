@@ -18,7 +18,7 @@ from kiln.config.validate import validate
 from kiln.monitor.summary import write_summary
 from kiln.profile.summary import render_markdown, summarise_trace
 from kiln.profile.window import ProfilerWindow
-from kiln.safe_io import MiB, read_json, write_atomic
+from kiln.safe_io import write_atomic
 from kiln.train.trainer import Trainer
 
 
@@ -34,7 +34,7 @@ def profile_config(cfg: Config, *, steps: int, warmup: int, memory_steps: int) -
               training=rep(cfg.training, steps=total, log_interval=total, eval_interval=0),
               optim=rep(cfg.optim, warmup_steps=min(cfg.optim.warmup_steps, total)),
               checkpoint=rep(cfg.checkpoint, interval=0, save_final=False, resume="never"),
-              metrics=rep(cfg.metrics, tensorboard="false", gpu_health=False, prometheus=False))
+              metrics=rep(cfg.metrics, tensorboard=False, gpu_health=False, prometheus=False))
     validate(cfg)
     return cfg
 
@@ -75,8 +75,3 @@ def profile_run(cfg: Config, out: Path, *, steps: int, warmup: int, memory_steps
     write_summary(out / "profile_summary.json", summary)
     write_atomic(out / "profile_summary.md", render_markdown(summary))
     return summary
-
-
-def load_profile_summary(run_dir: Path) -> dict[str, Any] | None:
-    path = Path(run_dir) / "profile_summary.json"
-    return read_json(path, 16 * MiB) if path.exists() else None

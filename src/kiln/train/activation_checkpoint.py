@@ -15,11 +15,14 @@ compile / FSDP2 applied afterwards wrap the checkpointed block, as torchtitan or
 from __future__ import annotations
 
 import functools
+from typing import get_args
 
 import torch
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint
 
-MODES = ("none", "full", "selective")
+from kiln.config.schema import ActivationCheckpointing
+
+MODES = get_args(ActivationCheckpointing)
 
 
 def _saved_ops() -> frozenset:

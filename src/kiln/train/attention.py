@@ -12,12 +12,14 @@ the shapes at all is refused before training.
 from __future__ import annotations
 
 import contextlib
+from typing import get_args
 
 import torch
 
 from kiln.config.errors import ConfigError
+from kiln.config.schema import Attention
 
-CHOICES = ("auto", "flash", "cudnn", "efficient", "math")
+CHOICES = get_args(Attention)
 _NAMES = {"FLASH_ATTENTION": "flash", "CUDNN_ATTENTION": "cudnn", "EFFICIENT_ATTENTION": "efficient",
           "MATH": "math", "OVERRIDEABLE": "overrideable"}
 

@@ -17,8 +17,8 @@
 
 `auto` is `chunked` for models that expose their hidden states (`llama:`), else `plain`: it
 removes the largest activation of an LLM step at no extra matmul, needs no extra package, works
-on every device, and was the faster fused kernel where both were measured
-(benchmarks/results/h100/llm_train/1b). benchmarks/llm_train_features.py measures the
+on every device, and was the faster fused kernel where both were measured (the llm_train
+results README). benchmarks/llm_train_features.py measures the
 kernels alone (time, memory, differences from `plain`).
 
 Targets equal to IGNORE_INDEX (-100, as in F.cross_entropy) are left out of the loss and its mean.

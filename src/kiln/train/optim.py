@@ -25,10 +25,8 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
 
 
 def _use_fused(cfg: OptimConfig, device: torch.device, param_dtype: torch.dtype) -> bool:
-    if cfg.fused == "true":
-        return True
-    if cfg.fused == "false":
-        return False
+    if cfg.fused is not None:
+        return cfg.fused
     # Fused AdamW is one kernel for all parameters on CUDA; on CPU torch's fused path exists but
     # is not faster than foreach for small models, so `auto` keeps it for CUDA.
     return device.type == "cuda" and param_dtype in (torch.float32, torch.bfloat16, torch.float16)

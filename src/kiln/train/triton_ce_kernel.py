@@ -7,9 +7,8 @@
   logits' dtype, one read and one write per element.
 
 Why the forward: inductor's fused cross-entropy forward (its online-softmax reduction,
-`prepare_softmax_online`) ran at under half the copy rate on the Llama-3.2-1B step (8192 x 128,256
-bf16 logits, H100: 1.54 ms where reading the logits once takes ~0.7 ms;
-benchmarks/results/h100/llm_train/1b/profile_kiln-master.log).
+`prepare_softmax_online`) ran well below the copy rate on the Llama-3.2-1B step's logits (the
+llm_train results README has the profile).
 """
 
 from __future__ import annotations
@@ -19,8 +18,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-# Measured on an H100 at 16,384 x 128,256 bf16 logits (benchmarks/train_kernels_probe.py): the
-# forward reads the logits at the copy rate with any of the blocks tried, the backward at 94-95 %.
+# The fastest of the blocks benchmarks/train_kernels_probe.py tried (the llm_train results README).
 FWD_BLOCK = 8192
 FWD_WARPS = 8
 BWD_BLOCK = 8192

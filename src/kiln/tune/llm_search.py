@@ -1,19 +1,19 @@
 """`kiln autotune` for an LLM: measure candidates knob by knob within a time budget, keep the one
 with the most tokens per second that trains the same (kiln.tune.llm_space).
 
-Stages, each on the best candidate so far (a change is kept only when it is MIN_GAIN faster):
-1. baseline: the config's own settings;
-2. ce: the cross-entropy kernels (chunked, liger, plain);
-3. ac: activation checkpointing (none, selective, full);
-4. batch: larger batch sizes in ascending order until one does not fit or is not faster (a batch
-   that runs out of memory without checkpointing is tried once more with selective
-   checkpointing), then smaller ones;
-5. precision: the other allowed precision policies (bf16-master: bf16 weights, fp32 masters in a
-   fused AdamW), accepted only if the loss after the measured steps stays within `loss_tol` of
-   the same candidate under the previous policy;
-6. float8: tensorwise and rowwise (a GPU with float8 tensor cores), accepted likewise against the
-   same candidate without float8;
-7. compile: the compile scopes (regional, whole model, model + loss).
+After the baseline (the config's own settings), the stages of STAGES in that order, each on the
+best candidate so far (a change is kept only when it is MIN_GAIN faster):
+- precision: the other allowed precision policies (bf16-master: bf16 weights, fp32 masters in a
+  fused AdamW), accepted only if the loss after the measured steps stays within `loss_tol` of
+  the same candidate under the previous policy;
+- compile: the compile scopes (regional, whole model, model + loss);
+- ce: the cross-entropy kernels (chunked, liger, plain);
+- ac: activation checkpointing (none, selective, full);
+- batch: larger batch sizes in ascending order until one does not fit or is not faster (a batch
+  that runs out of memory without checkpointing is tried once more with selective
+  checkpointing), then smaller ones;
+- float8: tensorwise and rowwise (a GPU with float8 tensor cores), accepted likewise against the
+  same candidate without float8.
 Every candidate trains `warmup + steps + 1` steps from the config's initial weights on the same
 tokens (a synthetic language of the model's vocabulary, kiln.bench.llm_train_data), built by
 kiln train's own path (kiln.bench.llm_train_kiln.kiln_step); the figure is the median step after
@@ -26,7 +26,7 @@ import copy
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from kiln.bench import llm_train_data as data
 from kiln.bench import llm_train_rows as rows
@@ -40,9 +40,11 @@ from kiln.timing import Timing
 from kiln.tune import llm_space as sp
 from kiln.tune.budget import BUDGET_SPENT, INTERRUPTED, Budget
 
-# The large levers first (precision and compile: 1.5x together where the others gave 1.06x), so a
-# budget that runs out leaves the small ones untried, not them.
-STAGES = ("precision", "compile", "ce", "ac", "batch", "float8")
+Stage = Literal["precision", "compile", "ce", "ac", "batch", "float8"]
+# The large levers first (precision and compile), so a budget that runs out leaves the small
+# ones untried, not them (docs/guide/llm.md; the CPU run that showed it: tests/tune/test_llm_search.py).
+STAGES: tuple[Stage, ...] = ("precision", "compile", "ce", "ac", "batch", "float8")
+StageRun = Callable[[Stage, "LlmTrial | None"], "LlmTrial | None"]
 PRIOR_S = {"cuda": 90.0, "cpu": 30.0}
 """Cost of a first candidate before any was measured: a compile and a few steps."""
 
@@ -206,11 +208,17 @@ class LlmSearch:
         best = self._measure(self.default, "baseline", first=True)
         if best is None or sp.tokens_per_s(best.row) is None:
             self.notes.append(f"the config's own settings did not run: {best.row.get('reason') if best else '?'}")
+        runs = self._stage_runs()
         for stage in STAGES:
-            best = getattr(self, f"_stage_{stage}", self._stage)(stage, best)
+            best = runs[stage](stage, best)
         winner = best.candidate if best is not None and sp.tokens_per_s(best.row) else self.default
         return LlmTuneResult(self.trials, self.default, winner, self.not_tried, self.notes, self.budget.elapsed,
                              self.stopped, self.stop_reason if self.stopped else None)
+
+    def _stage_runs(self) -> dict[Stage, StageRun]:
+        """How each stage searches: one knob at a time, or with a loss check, or climbing batches."""
+        return {"precision": self._stage_precision, "compile": self._stage, "ce": self._stage, "ac": self._stage,
+                "batch": self._stage_batch, "float8": self._stage_float8}
 
     def _stage(self, stage: str, best: LlmTrial | None) -> LlmTrial | None:
         if best is None:

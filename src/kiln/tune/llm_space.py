@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, get_args
 
 from kiln.bench.formulas import within_relative
-from kiln.config.schema import Config
+from kiln.config.schema import Config, Float8
 from kiln.tune.space import MIN_GAIN
 
 AC_MODES = ("none", "selective", "full")
-FLOAT8 = ("none", "tensorwise", "rowwise")
+FLOAT8 = get_args(Float8)
 CE_KERNELS = ("chunked", "liger", "plain", "triton")
 COMPILE_SCOPES = ("regional", "whole", "model+loss", "off")
 """regional: each block compiled (compile.regional); whole: the model in one graph; model+loss: the

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, get_args
 
 from kiln.bench.recipes import EAGER, Recipe
-from kiln.config.schema import Config
+from kiln.config.schema import Config, Scope
 
 # Modes that autotune kernels: searched last, on the best recipe only, when the budget affords
 # their compile (minutes: they benchmark kernel candidates while compiling).
@@ -22,7 +22,7 @@ EXPENSIVE_MODES = ("max-autotune-no-cudagraphs", "max-autotune")
 # Modes that record CUDA graphs themselves (cudagraph trees): GPU only, and redundant under
 # whole-step capture (kiln compiles them without their graphs inside its own).
 GRAPH_MODES = ("reduce-overhead", "max-autotune")
-SCOPES = ("model", "model+loss", "step")
+SCOPES = get_args(Scope)
 # A value is "clearly slower" when its best row is this much below the best: far outside the
 # spread of interleaved medians, so dropping it does not drop a winner by noise.
 PRUNE_MARGIN = 0.10
@@ -71,7 +71,7 @@ def score(row: dict[str, Any] | None) -> float | None:
 def speed(row: dict[str, Any] | None, stage: str | None) -> float | None:
     """How a row ranks among rows of `stage` (higher is faster): in the confirm stage, steps per
     second of the row's own median (the finalists are timed one after another within a minute, and
-    a launch-bound eager fp32 reference can scatter by 20 % between them, more than the finalists
+    a launch-bound eager fp32 reference can scatter between them by more than the finalists
     differ); in the search stages, rows minutes apart, `score` (the ratio to eager fp32 taken
     inside the row). The two are different units: compare rows of two stages with `relative`."""
     if score(row) is None:

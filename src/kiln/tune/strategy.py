@@ -54,7 +54,7 @@ def strategy_stage(result: TuneResult, opts: TuneOptions, nproc: int, out: Path,
     cfg.checkpoint.save_final = False
     cfg.checkpoint.interval = 0
     cfg.metrics.console = False
-    cfg.metrics.tensorboard = "false"
+    cfg.metrics.tensorboard = False
     rows = result.extra.setdefault("rows", [])
     measured = result.winner_trial.row if result.winner_trial is not None else {}
     compile_s = measured.get("compile_s") or 30.0
