@@ -19,8 +19,8 @@ import torch.nn as nn
 
 from kiln.config.errors import ConfigError
 from kiln.config.schema import ModelConfig, Task
-from kiln.llm.hf_config import PRESETS as HF_PRESETS
 from kiln.llm.families import family_presets
+from kiln.llm.hf_config import PRESETS as HF_PRESETS
 from kiln.models.factory_args import bind_kwargs
 from kiln.models.hf import build_hf
 from kiln.models.llama import build_llama
