@@ -34,7 +34,7 @@ class LlmPeerContext:
     """None when kiln's model could not be built (a peer then reports its rows as skipped)."""
     device: torch.device
     started: float
-    """time.perf_counter() when the bench started (for --end-by-s)."""
+    """The performance counter's reading when the bench started (for --end-by-s)."""
     log: Callable[[str], None]
     ceilings: Ceilings | None
     kv_bytes: dict[int, int]
