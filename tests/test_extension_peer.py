@@ -1,4 +1,4 @@
-"""docs/extension_peer.md, followed step by step: a toy peer in a temporary package, registered in
+"""docs/extension.md "Add a benchmark peer", followed step by step: a toy peer in a temporary package, registered in
 kiln.bench.peers.registry (monkeypatch undoes it), runs on CPU through the real `kiln bench
 train-llm` and `kiln bench llm` and its rows land in results.json beside kiln's."""
 

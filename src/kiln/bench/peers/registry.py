@@ -1,5 +1,5 @@
 """The one table of peers (kiln.bench.peers.base): each bench runs the peers registered for it.
-A new peer is one folder under kiln/bench/peers/ and one entry here (docs/extension_peer.md)."""
+A new peer is one folder under kiln/bench/peers/ and one entry here (docs/extension.md "Add a benchmark peer")."""
 
 from __future__ import annotations
 
