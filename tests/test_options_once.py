@@ -13,8 +13,11 @@ import typing
 
 import pytest
 
+from kiln.bench.compile_request import CompileRequest
 from kiln.bench.llm_request import LlmBenchOptions
-from kiln.cli import bench_llm_cmd, generate_cmd
+from kiln.bench.llm_train_request import TrainLlmRequest
+from kiln.bench.scale_request import CommRequest, PredictRequest, ScaleRequest
+from kiln.cli import bench_cmd, bench_llm_cmd, bench_scale_cmd, bench_train_llm_cmd, generate_cmd
 from kiln.cli.main import build_parser
 from kiln.config.options import command_line, default_of, flag_name, flag_names, flag_of, from_namespace
 from kiln.generate.options import GenerateOptions
@@ -23,9 +26,14 @@ from kiln.generate.options import GenerateOptions
 #  the flags a minimal command line needs)
 COMMANDS = [
     (("bench", "llm"), LlmBenchOptions, bench_llm_cmd.WORDS, {}),
+    (("bench", "compile"), CompileRequest, bench_cmd.WORDS, {}),
     (("generate",), GenerateOptions, None, {"model": "m"}),
+    (("bench", "scale"), ScaleRequest, None, {}),
+    (("bench", "comm"), CommRequest, None, {}),
+    (("bench", "predict"), PredictRequest, None, {"points": "p.json", "out": "o"}),
+    (("bench", "train-llm"), TrainLlmRequest, None, {}),
 ]
-CLI_MODULES = [bench_llm_cmd, generate_cmd]
+CLI_MODULES = [bench_cmd, bench_llm_cmd, generate_cmd, bench_scale_cmd, bench_train_llm_cmd]
 NOT_OPTIONS = {"-h", "--help", "--verbose"}
 
 
@@ -54,7 +62,7 @@ def _flag_argv(cls: type, f: dataclasses.Field, value) -> list[str]:
         return list(value)
     if shape == "repeat":
         return [w for item in value for w in (flag, str(item))]
-    if shape in ("comma", "comma_each"):
+    if shape in ("comma", "comma_each", "chunks"):
         return [flag, ",".join(map(str, value))]
     return [flag, str(value)]
 
@@ -127,6 +135,13 @@ RECORDED = [  # command lines recorded in committed results (benchmarks/results/
      "--warmup 1 --repeats 3 --prefill-repeats 10 --seed 0 --prefill eager --profile-decode 64 "
      "--out /root/out/r/decode_prof --engines kiln-compiled --quant none,int4"),
     (LlmBenchOptions, "kiln bench llm --device auto --dtype auto --warmup 1 --repeats 3 --prefill-repeats 10 --seed 0"),
+    (CompileRequest, "kiln bench compile --model timm:vit_base_patch16_224 --preset seed001-vit --modes default "
+     "--precisions bf16-mixed --backends inductor --scopes model --losses task --cudagraphs off --regional off "
+     "--baseline plain --steps 60 --warmup 3 --accuracy-steps 0 --out /root/out/r/vit_clip0 --warm-cache "
+     "training.grad_clip=0"),
+    (CompileRequest, "kiln bench compile --preset seed000-levels --modes default,reduce-overhead --precisions fp32 "
+     "--cudagraphs off,on --regional on --baseline plain --steps 40 --warmup 3 --accuracy-steps 3 "
+     "--out /root/out/speed/mlp_fp32 --warm-start"),
 ]
 
 
