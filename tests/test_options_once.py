@@ -10,6 +10,7 @@ import dataclasses
 import inspect
 import shlex
 import typing
+from pathlib import Path
 
 import pytest
 
@@ -161,3 +162,23 @@ def test_the_command_module_holds_no_checks(module):
         a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
     assert "ConfigError" not in names
     assert not [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Raise) and n.exc is not None]
+
+
+NOT_YET = {"args", "autotune_cmd", "autotune_llm"}
+"""kiln/cli modules that still check their input themselves (kiln autotune's flags): to be moved
+into kiln.tune as the commands above were; none may join them."""
+
+
+def _raises_config_error(tree: ast.AST) -> bool:
+    def name(node) -> str | None:
+        node = node.func if isinstance(node, ast.Call) else node
+        return node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else None
+
+    return any(isinstance(n, ast.Raise) and n.exc is not None and name(n.exc) == "ConfigError" for n in ast.walk(tree))
+
+
+def test_no_cli_module_raises_config_error():
+    """The CLI parses, calls the library and prints: bad input is found (and named) by the library."""
+    cli = Path(inspect.getfile(bench_cmd)).parent
+    raising = {p.stem for p in cli.glob("*.py") if _raises_config_error(ast.parse(p.read_text(encoding="utf-8")))}
+    assert raising == NOT_YET
