@@ -193,7 +193,7 @@ def test_a_compiled_request_says_it_compiles_and_what_took_how_long(model_dir, c
     """Before the first call: a line saying it compiles; after: the seconds per compiled variant
     (prefill, decode). The engine's own compile is replaced by recorded seconds: compiling on a
     2-core CPU would cost the suite half a minute."""
-    from kiln.generate import run as run_module
+    from kiln.generate import generation as run_module
     from kiln.llm import engine as engine_module
 
     class Recorded(engine_module.Engine):

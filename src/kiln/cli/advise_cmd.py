@@ -36,7 +36,7 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kiln.advise.request import advise_config
+    from kiln.advise.advise_config import advise_config
 
     cfg = advise_config(args.config, args.words, args.device)  # ConfigError -> exit 2 before any work
 

@@ -1,7 +1,7 @@
 """`kiln generate`: text (or token ids) from a Llama-family model through kiln's engine.
 
-Argument parsing and printing only: the flags come from kiln.generate.options.GenerateOptions and
-kiln.generate.run.run_generate checks them (before the model is built) and generates.
+Argument parsing and printing only: the flags come from kiln.generate.request.GenerateOptions and
+kiln.generate.generation.run_generate checks them (before the model is built) and generates.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import argparse
 import sys
 
 from kiln.config.options import add_flags, from_namespace
-from kiln.generate.options import GenerateOptions
+from kiln.generate.request import GenerateOptions
 
 
 def add_parser(sub) -> None:
@@ -26,7 +26,7 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kiln.generate.run import run_generate
+    from kiln.generate.generation import run_generate
 
     gen = run_generate(from_namespace(GenerateOptions, args), say=lambda line: print(line, file=sys.stderr,
                                                                                      flush=True))

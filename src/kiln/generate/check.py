@@ -11,7 +11,7 @@ import torch
 from kiln.config.errors import ConfigError
 from kiln.data.special_tokens import agrees, special_tokens
 from kiln.generate.llm_checks import at_least, device_from_flag, dtype_from_flag, parse_ids, quant_specs
-from kiln.generate.options import GenerateOptions
+from kiln.generate.request import GenerateOptions
 from kiln.llm import decode_attention, decode_matvec
 from kiln.llm.config import ModelSource, resolve_model
 from kiln.llm.engine import MAX_STOP_TOKENS, check_lengths

@@ -1,5 +1,5 @@
 """What `kiln generate` is asked to do: one field per flag (kiln.config.options), unchecked;
-kiln.generate.plan.check_generate checks it."""
+kiln.generate.check.check_generate checks it."""
 
 from __future__ import annotations
 
@@ -7,17 +7,7 @@ from dataclasses import dataclass
 from typing import Literal, get_args
 
 from kiln.config.options import option
-from kiln.generate.llm_flags import (
-    decode_attention_option,
-    decode_matvec_option,
-    device_option,
-    dtype_option,
-    group_size_option,
-    model_option,
-    quant_backend_option,
-    quant_lm_head_option,
-    quant_option,
-)
+from kiln.generate import llm_flags as llm
 
 PROMPT = "prompt (one of)"
 Compile = Literal["auto", "on", "off"]
@@ -27,9 +17,9 @@ Compile = Literal["auto", "on", "off"]
 class GenerateOptions:
     """`kiln generate`'s request, one field per flag."""
 
-    model: str | None = model_option(required=True)
-    device: str = device_option()
-    dtype: str = dtype_option()
+    model: str | None = llm.model_option(required=True)
+    device: str = llm.device_option()
+    dtype: str = llm.dtype_option()
     prompt: list[str] = option(default_factory=list, shape="repeat", group=PROMPT,
                                help="prompt text (repeat for a batch)")
     prompt_file: str | None = option(None, group=PROMPT, help="file with one prompt per line (empty lines skipped)")
@@ -47,12 +37,12 @@ class GenerateOptions:
         "auto", choices=get_args(Compile),
         help="compile prefill/decode and capture decode in a CUDA graph (auto: on for CUDA)")
     max_seq_len: int | None = option(None, help="KV-cache slots (default: padded prompt + new tokens)")
-    quant: str = quant_option()
-    group_size: int | None = group_size_option()
-    quant_backend: str = quant_backend_option()
-    quant_lm_head: bool = quant_lm_head_option()
-    decode_attention: str = decode_attention_option()
-    decode_matvec: str = decode_matvec_option()
+    quant: str = llm.quant_option()
+    group_size: int | None = llm.group_size_option()
+    quant_backend: str = llm.quant_backend_option()
+    quant_lm_head: bool = llm.quant_lm_head_option()
+    decode_attention: str = llm.decode_attention_option()
+    decode_matvec: str = llm.decode_matvec_option()
     json: str | None = option(None, help="also write prompts, tokens, text and timings to this JSON file")
     random_weights: bool = option(False, shape="switch", help="generate from random weights when the --model "
                                   "directory has none (the output is noise)")

@@ -9,8 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from kiln.generate.options import GenerateOptions
-from kiln.generate.plan import GenerateRequest, check_generate
+from kiln.generate.check import GenerateRequest, check_generate
+from kiln.generate.request import GenerateOptions
 from kiln.llm.engine import Engine
 from kiln.llm.quant import quantize_decoder
 from kiln.llm.weights import TORCH_DTYPES, build_decoder, decode_weight_bytes, has_weights
