@@ -53,6 +53,7 @@ ROOMS: tuple[tuple[str, ...], ...] = (
     ("checkpoint",),
     ("compile_defaults",),
     ("train",),
+    ("generate",),
     ("profile",),
     ("bench",),
     ("diagnose",),

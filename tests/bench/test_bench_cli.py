@@ -83,13 +83,17 @@ def test_seed001_preset_code_path_with_a_tiny_vit(tmp_path, tiny_vit):
 
 
 def test_eager_in_modes_is_the_baseline_not_an_error(capsys):
-    from kiln.cli.bench_cmd import plan
+    import sys
+
+    from kiln.bench.compile_command import check_compile
+    from kiln.bench.compile_request import CompileRequest
     from kiln.cli.main import build_parser
+    from kiln.config.options import from_namespace
 
     def planned(*flags):
         args = build_parser().parse_args(["bench", "compile", "--model", "mlp", "--device", "cpu", *flags])
-        opts, _ = plan(args)
-        return [(r.mode, r.precision) for r in opts.recipes], capsys.readouterr().err
+        job = check_compile(from_namespace(CompileRequest, args), say=lambda line: print(line, file=sys.stderr))
+        return [(r.mode, r.precision) for r in job.opts.recipes], capsys.readouterr().err
 
     rows, err = planned("--modes", "eager,default")
     assert rows == [("eager", "fp32"), ("default", "fp32")]

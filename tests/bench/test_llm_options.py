@@ -1,4 +1,4 @@
-"""kiln.bench.llm_options: `kiln bench llm`'s request is checked once, in the library.
+"""kiln.bench.llm_options: `kiln bench llm`'s request (kiln.bench.llm_request) is checked once, in the library.
 
 The CLI only turns flags into LlmBenchOptions; check_options is the one place a bad value is
 found, and it names the flag (with the valid choices where there is a list)."""
@@ -6,15 +6,18 @@ found, and it names the flag (with the valid choices where there is a list)."""
 from __future__ import annotations
 
 import ast
+import dataclasses
 import inspect
 import json
 
 import pytest
 
-from kiln.bench.llm_options import PRESETS, LlmBenchOptions, LlmBenchPlan, check_options
+from kiln.bench.llm_options import PRESETS, LlmBenchPlan, check_options
+from kiln.bench.llm_request import LlmBenchOptions
 from kiln.cli import bench_llm_cmd
 from kiln.cli.main import build_parser
 from kiln.config.errors import ConfigError
+from kiln.config.options import flag_of
 from kiln.llm.quant import QuantSpec
 
 
@@ -107,12 +110,15 @@ def test_the_cli_module_holds_no_checks():
     assert "ConfigError" not in names and not raises
 
 
-def test_every_option_field_has_a_docstring():
-    source = inspect.getsource(inspect.getmodule(LlmBenchOptions))
-    tree = ast.parse(source)
-    for cls in (n for n in tree.body if isinstance(n, ast.ClassDef) and n.name in ("LlmBenchOptions", "LlmBenchPlan")):
+def test_every_option_field_is_documented():
+    """A plan field has a docstring; an option field's documentation is its flag's help."""
+    for f in dataclasses.fields(LlmBenchOptions):
+        assert flag_of(f) is not None and flag_of(f).help.strip(), f.name
+    tree = ast.parse(inspect.getsource(inspect.getmodule(LlmBenchPlan)))
+    for cls in (n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "LlmBenchPlan"):
         body = cls.body
         fields = [i for i, n in enumerate(body) if isinstance(n, ast.AnnAssign)]
+        assert fields
         for i in fields:
             nxt = body[i + 1] if i + 1 < len(body) else None
             assert isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant), (cls.name, body[i].target.id)

@@ -187,7 +187,7 @@ def test_an_out_that_cannot_be_written_is_refused_before_any_work(tmp_path, caps
 def test_ctrl_c_keeps_the_points_written_and_removes_their_checkpoints(tmp_path, capsys, monkeypatch):
     """Ctrl-C after a point was written: results.json (the point) stays, the points' training
     checkpoints (scratch) are removed, the message names both and the command exits 130."""
-    from kiln.bench import scale_bench
+    from kiln.bench import scale_command
 
     def interrupted_after_one_point(opts, out, *, on_rows, phase):
         point = out / "points" / "ddp-1"
@@ -196,7 +196,7 @@ def test_ctrl_c_keeps_the_points_written_and_removes_their_checkpoints(tmp_path,
         on_rows([{"kind": "point", "strategy": "ddp", "nprocs": 1, "status": "ok"}])
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(scale_bench, "run_scale_bench", interrupted_after_one_point)
+    monkeypatch.setattr(scale_command, "run_scale_bench", interrupted_after_one_point)
     out = tmp_path / "out"
     code = main(["bench", "scale", "--nprocs", "1,2", "--strategies", "ddp", "--steps", "8", "--out", str(out), *TINY])
     err = capsys.readouterr().err

@@ -193,6 +193,7 @@ def test_a_compiled_request_says_it_compiles_and_what_took_how_long(model_dir, c
     """Before the first call: a line saying it compiles; after: the seconds per compiled variant
     (prefill, decode). The engine's own compile is replaced by recorded seconds: compiling on a
     2-core CPU would cost the suite half a minute."""
+    from kiln.generate import generation as run_module
     from kiln.llm import engine as engine_module
 
     class Recorded(engine_module.Engine):
@@ -204,7 +205,7 @@ def test_a_compiled_request_says_it_compiles_and_what_took_how_long(model_dir, c
             self.compiled = {"prefill[b1,len16,cap26,greedy]": 1.5, "decode[b1,cap26,greedy]": 2.25}
             return out
 
-    monkeypatch.setattr(engine_module, "Engine", Recorded)
+    monkeypatch.setattr(run_module, "Engine", Recorded)
     code = main(["generate", "--model", str(model_dir), "--tokens", "1,17,33,8", "--max-new-tokens", "4",
                  "--ignore-eos", "--device", "cpu", "--compile", "on"])
     err = capsys.readouterr().err

@@ -155,15 +155,18 @@ def test_bf16_is_searched_on_a_cpu_that_runs_it_natively(monkeypatch, native):
     """`kiln env` and `kiln advise` say bf16 pays on a CPU with AMX / AVX512-BF16: autotune searches it
     there (both searches), and says why not on a CPU that would emulate it."""
     import kiln.precision
-    from kiln.cli import autotune_cmd, autotune_llm
     from kiln.cli.main import build_parser, parse_args
+    from kiln.config.options import from_namespace
+    from kiln.tune import autotune_check as plan
+    from kiln.tune.autotune_request import AutotuneRequest
 
     monkeypatch.setattr(kiln.precision, "cpu_bf16_native", lambda: native)
+    monkeypatch.setattr(plan, "cpu_bf16_native", lambda: native)
     monkeypatch.setattr(kiln.precision, "_warn_emulated_bf16", lambda: None)
     args = parse_args(build_parser(), ["autotune", "training.device=cpu"])
-    opts, _, _ = autotune_cmd.plan(args)
+    opts, _, _ = plan.plan_autotune(from_namespace(AutotuneRequest, args))
     assert ("bf16-mixed" in opts.space.precisions) is native
     cfg = load_config(None, BASE)
-    searched, why = autotune_llm._precisions_here(cfg, __import__("torch").device("cpu"))
+    searched, why = plan.precisions_here(cfg, __import__("torch").device("cpu"))
     assert searched == (["bf16-mixed"] if native else [])
     assert (why is None) if native else "no native bf16" in why

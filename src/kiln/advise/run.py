@@ -19,7 +19,7 @@ from kiln.config.schema import Config
 from kiln.cpu.threads import cpu_settings
 from kiln.diagnose.explain import explain_target
 from kiln.diagnose.inputs import inputs_from_spec, to_device
-from kiln.diagnose.target import Target
+from kiln.diagnose.target import Target, retarget
 from kiln.models import build_model
 from kiln.noise import filtered_fds
 from kiln.precision import apply_precision, autocast, resolve_precision, tf32_enabled
@@ -169,3 +169,12 @@ def advise(cfg: Config, *, measure: bool = True, say: Callable[[str], None] | No
         "budget_min": budget_min,
         "findings": [f.as_dict() for f in findings],
     }
+
+
+def advise_target(cfg: Config, *, measure: bool, say: Callable[[str], None], budget_min: float | None) -> dict[str, Any]:
+    """`advise`, with a bad model.name reported as TARGET (as kiln advise's user typed it)."""
+    try:
+        return advise(cfg, measure=measure, say=say, budget_min=budget_min)
+    except ConfigError as exc:
+        raise retarget(exc) from None
+

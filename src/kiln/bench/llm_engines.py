@@ -16,21 +16,23 @@ a clock mark after the prefill and after every decode step).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, get_args
 
 import torch
 from torch import Tensor
 
+from kiln.bench.llm_request import Engine as EngineName
+from kiln.bench.llm_request import PrefillMode, Tuning
 from kiln.llm.engine import Engine, default_inductor_options
 from kiln.profile.decode import profile_decode
 from kiln.timing import StepClock
 
-ENGINES = ("hf-eager", "hf-compiled", "kiln-eager", "kiln-compiled")
+ENGINES: tuple[str, ...] = get_args(EngineName)
 HF_ENGINES = ("hf-eager", "hf-compiled")
 
 
-PREFILL_MODES = ("compiled", "eager")
-TUNING = ("full", "decode", "off")
+PREFILL_MODES: tuple[str, ...] = get_args(PrefillMode)
+TUNING: tuple[str, ...] = get_args(Tuning)
 
 
 def kiln_inductor_options(device: torch.device, extra: dict[str, Any] | None, tuning: str) -> tuple[dict, dict]:

@@ -1,7 +1,7 @@
-"""What `kiln bench llm` is asked to do, and the one check that turns it into a plan.
+"""`kiln bench llm`'s plan: the one check that turns the request into what the bench runs.
 
-`LlmBenchOptions` holds the request as the user gave it (each field is one flag; `auto`, None and
-empty lists mean "the default"). `check_options` is the only place the request is validated: it
+The request is kiln.bench.llm_request.LlmBenchOptions (one field per flag). `check_options` is
+the only place it is validated: it
 resolves the preset, device, dtype and model, checks every value against what this torch, this
 machine and this model allow, and returns an `LlmBenchPlan` the bench runs as it is. Every problem
 is a ConfigError naming the flag (and the valid choices where there is a list), raised before any
@@ -14,23 +14,20 @@ import difflib
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
 from kiln.bench.llm_engines import ENGINES, PREFILL_MODES, TUNING
 from kiln.bench.llm_quant import load_ppl_tokens
+from kiln.bench.llm_request import LlmBenchOptions
 from kiln.bench.peers.gpt_fast.check import check_flags as gpt_fast_fields
 from kiln.config.errors import ConfigError
 from kiln.config.load import parse_literal
 from kiln.config.validate import inductor_option_names
+from kiln.generate.llm_checks import device_from_flag, dtype_from_flag, quant_specs
 from kiln.llm import decode_attention, decode_matvec
 from kiln.llm.config import preset_names, resolve_model
 from kiln.llm.engine import check_lengths
-from kiln.llm.quant import QuantSpec, check_quant, parse_quant
+from kiln.llm.quant import QuantSpec
 from kiln.llm.weights import TORCH_DTYPES
 from kiln.profile.decode import window_fits
-from kiln.runtime import resolve_device
-
-DTYPES = ("auto", "bf16", "fp16", "fp32")
 
 
 @dataclass(frozen=True)
@@ -60,74 +57,6 @@ MAX_BATCHES = 8
 
 
 @dataclass
-class LlmBenchOptions:
-    """`kiln bench llm`'s request, one field per flag, unchecked (check_options checks it)."""
-
-    model: str | None = None
-    """--model: a preset, config.json or model directory (kiln.llm.config.resolve_model); None takes the preset's."""
-    preset: str | None = None
-    """--preset: a name in PRESETS (its model, sizes and engines; fields given here still apply)."""
-    engines: list[str] = field(default_factory=list)
-    """--engines: engines in ENGINES, each once; empty takes the preset's or all of them."""
-    batch: list[int] = field(default_factory=list)
-    """--batch: batch sizes (prompts per request), one row per engine and batch; empty takes the preset's or 1."""
-    prompt_len: int | None = None
-    """--prompt-len: prompt tokens; None takes the preset's or 1024."""
-    new_tokens: int | None = None
-    """--new-tokens: tokens generated per request; None takes the preset's or 256."""
-    device: str = "auto"
-    """--device: auto (CUDA if present), cpu, cuda or cuda:N."""
-    dtype: str = "auto"
-    """--dtype: auto (bf16 on CUDA, fp32 elsewhere), bf16, fp16 or fp32."""
-    warmup: int = 1
-    """--warmup: untimed requests per engine after the first (compiling) one."""
-    repeats: int = 3
-    """--repeats: timed generate rounds (every engine once per round)."""
-    prefill_repeats: int = 10
-    """--prefill-repeats: timed prefills per engine."""
-    seed: int = 0
-    """--seed: seed of the prompt and of random weights."""
-    inductor: list[str] = field(default_factory=list)
-    """--inductor: KEY=VALUE inductor options for kiln-compiled, over kiln's defaults."""
-    quants: list[str] = field(default_factory=list)
-    """--quant: entries KIND or KIND@BACKEND, one kiln row each; empty means `none` only."""
-    group_size: int | None = None
-    """--group-size: input features per quantization scale; None takes each kind's default."""
-    quant_backend: str = "torchao"
-    """--quant-backend: the backend of entries that name none."""
-    quant_lm_head: bool = True
-    """--quant-lm-head: quantize the output head too."""
-    ppl_file: str | None = None
-    """--ppl-file: local text, token-id file or `kiln data prepare` directory for perplexity; None skips it."""
-    ppl_context: int = 1024
-    """--ppl-context: perplexity window in tokens."""
-    ppl_tokens: int = 16384
-    """--ppl-tokens: score at most this many tokens of the perplexity file."""
-    prefill: str = "compiled"
-    """--prefill: kiln-compiled's prefill, one of PREFILL_MODES."""
-    tuning: str = "full"
-    """--tuning: where kiln-compiled runs coordinate-descent tuning, one of TUNING."""
-    decode_attention: str = "auto"
-    """--decode-attention: kiln engines' decode-step attention (kiln.llm.decode_attention)."""
-    decode_matvec: str = "auto"
-    """--decode-matvec: kiln engines' decode-step projections (kiln.llm.decode_matvec)."""
-    deadline_s: float | None = None
-    """--deadline-s: no row starts its warm-up after this many seconds; None: no deadline."""
-    profile_decode: int = 0
-    """--profile-decode: decode steps of each kiln row to profile after timing; 0: none."""
-    gpt_fast: str | None = None
-    """--gpt-fast: a gpt-fast checkout whose rows run after kiln's on the same weights; None: no such rows."""
-    gpt_fast_quants: list[str] = field(default_factory=lambda: ["none", "int4"])
-    """--gpt-fast-quant: gpt-fast rows, entries in gpt-fast's QUANTS."""
-    gpt_fast_timeout_s: float = 600.0
-    """--gpt-fast-timeout-s: seconds all gpt-fast rows together may take."""
-    end_by_s: float | None = None
-    """--end-by-s: gpt-fast rows end by this many seconds after the bench started; None: no limit."""
-    out: str | None = None
-    """--out: output directory; None: runs/<time>-bench-llm-<name>."""
-
-
-@dataclass
 class LlmBenchPlan:
     """A checked request: every value resolved (preset, device, dtype, quant specs) and valid."""
 
@@ -137,21 +66,21 @@ class LlmBenchPlan:
     """Engines to run, in order."""
     batches: tuple[int, ...] = (1,)
     """Batch sizes (prompts per request), in the order given; each engine runs once per batch."""
-    prompt_len: int = 1024
+    prompt_len: int = DEFAULT_SIZES["prompt_len"]
     """Prompt tokens."""
-    new_tokens: int = 256
+    new_tokens: int = DEFAULT_SIZES["new_tokens"]
     """Tokens generated per request."""
     dtype: str = "bf16"
     """bf16, fp16 or fp32."""
     device: str = "cuda"
     """A torch device string."""
-    warmup: int = 1
+    warmup: int = LlmBenchOptions.warmup
     """Untimed generate calls after the first (compiling) one."""
-    repeats: int = 3
+    repeats: int = LlmBenchOptions.repeats
     """Timed generate rounds (every engine once per round)."""
-    prefill_repeats: int = 10
+    prefill_repeats: int = LlmBenchOptions.prefill_repeats
     """Timed prefills per engine."""
-    seed: int = 0
+    seed: int = LlmBenchOptions.seed
     """Seed of the prompt and of random weights."""
     preset: str | None = None
     """The preset's name, if one was used."""
@@ -162,22 +91,22 @@ class LlmBenchPlan:
     kiln engine runs once per entry."""
     ppl_file: str | None = None
     """Local text (or token-id) file for perplexity; None skips perplexity."""
-    ppl_context: int = 1024
+    ppl_context: int = LlmBenchOptions.ppl_context
     """Perplexity window in tokens."""
-    ppl_max_tokens: int | None = 16384
+    ppl_max_tokens: int | None = LlmBenchOptions.ppl_tokens
     """Score at most this many tokens of the perplexity file."""
-    prefill: str = "compiled"
+    prefill: str = LlmBenchOptions.prefill
     """kiln-compiled's prefill: `compiled` (per padded length) or `eager` (no prefill compile)."""
-    tuning: str = "full"
+    tuning: str = LlmBenchOptions.tuning
     """Where kiln-compiled uses coordinate-descent tuning: `full`, `decode` (prefill untuned) or `off`."""
-    decode_attention: str = "auto"
+    decode_attention: str = LlmBenchOptions.decode_attention
     """kiln engines' decode-step attention: `auto`, `matmul`, `flash` or `triton` (kiln.llm.decode_attention)."""
-    decode_matvec: str = "auto"
+    decode_matvec: str = LlmBenchOptions.decode_matvec
     """kiln engines' decode-step projections: `auto` (`triton` where it runs), `inductor` or `triton`
     (kiln.llm.decode_matvec)."""
     deadline_s: float | None = None
     """No row starts its warm-up after this many seconds of the run (it is `skipped` instead)."""
-    profile_decode: int = 0
+    profile_decode: int = LlmBenchOptions.profile_decode
     """Decode steps of each kiln row to profile after timing (kiln.profile.decode); 0: none."""
     profile_dir: str | None = None
     """Where the decode profiles go (one folder per row); set from the output directory."""
@@ -187,7 +116,7 @@ class LlmBenchPlan:
     """gpt-fast rows: `none` and/or `int4`."""
     gpt_fast_group_size: int = 128
     """gpt-fast's int4 group size."""
-    gpt_fast_timeout_s: float = 600.0
+    gpt_fast_timeout_s: float = LlmBenchOptions.gpt_fast_timeout_s
     """Seconds all gpt-fast rows together may take (conversion excluded)."""
     end_by_s: float | None = None
     """The gpt-fast rows end by this many seconds after the bench started (a time-boxed run)."""
@@ -287,41 +216,6 @@ def _positive(flag: str, value: float | None) -> None:
         raise ConfigError(flag, f"must be > 0, got {value}")
 
 
-def device_from_flag(spec: str) -> torch.device:
-    """torch.device for --device; a typo or an absent GPU is a ConfigError naming --device."""
-    choices = ("auto", "cpu", "cuda", "cuda:N")
-    try:
-        torch.device(spec if spec != "auto" else "cpu")
-    except RuntimeError:
-        raise ConfigError("--device", f"not a device: {spec!r}", choices) from None
-    try:
-        return resolve_device(spec)
-    except ConfigError as exc:
-        raise ConfigError("--device", exc.message, exc.choices) from None
-
-
-def dtype_from_flag(spec: str, device: torch.device) -> str:
-    """bf16/fp16/fp32 for --dtype (auto: bf16 on CUDA, fp32 elsewhere)."""
-    if spec not in DTYPES:
-        raise ConfigError("--dtype", f"unknown dtype {spec!r}", DTYPES)
-    if spec == "auto":
-        return "bf16" if device.type == "cuda" else "fp32"
-    return spec
-
-
-def quant_specs(entries: list[str], defaults: QuantSpec, config, device: torch.device,
-                dtype: str) -> dict[str, QuantSpec]:
-    """--quant entry (`KIND` or `KIND@BACKEND`, over `defaults` from --group-size, --quant-backend and
-    --quant-lm-head) -> checked QuantSpec; two entries may not be one quantization."""
-    if len(set(entries)) != len(entries):
-        raise ConfigError("--quant", f"a quantization is listed twice: {','.join(entries)}")
-    specs = {e: check_quant(parse_quant(e, defaults), config, device, TORCH_DTYPES[dtype]) for e in entries}
-    seen: dict[tuple, str] = {}
-    for entry, spec in specs.items():
-        twin = seen.setdefault((spec.kind, spec.library), entry)
-        if twin != entry:
-            raise ConfigError("--quant", f"{twin!r} and {entry!r} are the same quantization")
-    return specs
 
 
 def _inductor_options(assignments: list[str]) -> dict[str, object]:

@@ -35,43 +35,20 @@ def add_parser(sub) -> None:
     p.set_defaults(run=run)
 
 
-def _load(args: argparse.Namespace):
-    from kiln.config import load_config
-    from kiln.config.errors import ConfigError
-
-    # TARGET is the first word that is not KEY=VALUE (a path may hold '=' only after its ':').
-    words = list(args.words)
-    target = None
-    if words and not ("=" in words[0] and ":" not in words[0].split("=", 1)[0]):
-        target = words.pop(0)
-    overrides = words
-    if target is None and args.config is None and not any(o.startswith("model.name=") for o in overrides):
-        raise ConfigError("TARGET", "name a model (mlp, vit, path/file.py:function) or give --config")
-    if target is not None:
-        overrides.insert(0, f"model.name={target}")
-    if args.device:
-        overrides.append(f"training.device={args.device}")
-    return load_config(args.config, overrides)
-
-
 def run(args: argparse.Namespace) -> int:
-    cfg = _load(args)  # ConfigError -> exit 2 before any work
+    from kiln.advise.advise_config import advise_config
+
+    cfg = advise_config(args.config, args.words, args.device)  # ConfigError -> exit 2 before any work
 
     from kiln.advise.findings import Finding, render
+    from kiln.advise.run import advise_target
     from kiln.cli.explain_cmd import emit
-    from kiln.config.errors import ConfigError
-    from kiln.diagnose.target import retarget
 
     def say(message: str) -> None:
         if args.json != "-":
             print(f"kiln: advise: {message}", file=sys.stderr, flush=True)
 
-    from kiln.advise.run import advise
-
-    try:
-        report = advise(cfg, measure=args.measure, say=say, budget_min=args.budget)
-    except ConfigError as exc:
-        raise retarget(exc) from None
+    report = advise_target(cfg, measure=args.measure, say=say, budget_min=args.budget)
     findings = [Finding(**f) for f in report["findings"]]
     title = (f"kiln advise: {report['target']} ({report['precision']}, batch {report['batch_size']}, "
              f"{report['device_name']}{'' if report['measured'] else ', static checks only'})")

@@ -1,6 +1,6 @@
-"""argparse pieces the command modules share: the `--verbose` flag, the help formatter that shows
-defaults, and the checks of comma-separated lists and of autotune's budget. A module of its own so
-that command modules do not import kiln.cli.main, which imports them."""
+"""argparse pieces the command modules share: the `--verbose` flag and the help formatter that shows
+defaults. A module of its own so that command modules do not import kiln.cli.main, which imports
+them."""
 
 from __future__ import annotations
 
@@ -26,31 +26,3 @@ def add_verbose_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--verbose", action="store_true",
                         help="on a failure, also print the full traceback on stderr (it always goes to the log file the "
                              "message names: error.log in the run or output dir)")
-
-
-def checked_list(flag: str, raw: str | None, valid: tuple[str, ...] | list[str] | None = None) -> list[str] | None:
-    """A comma-separated flag's values (None when the flag was not given); ConfigError naming the
-    flag for an empty list or a value outside `valid`."""
-    from kiln.bench.recipes import split_values  # the library, only once a command runs
-    from kiln.config.errors import ConfigError
-
-    if raw is None:
-        return None
-    values = split_values([raw])
-    if not values:
-        raise ConfigError(flag, "needs at least one value", valid)
-    for value in values:
-        if valid is not None and value not in valid:
-            raise ConfigError(flag, f"unknown value {value!r}", valid)
-    return values
-
-
-def check_budget(args: argparse.Namespace) -> None:
-    """`kiln autotune`'s --budget (> 0 minutes), --steps (>= 3) and --warmup (>= 0)."""
-    from kiln.config.errors import ConfigError
-
-    if not args.budget > 0:
-        raise ConfigError("--budget", f"must be > 0 minutes, got {args.budget}")
-    for flag, value, minimum in (("--steps", args.steps, 3), ("--warmup", args.warmup, 0)):
-        if value < minimum:
-            raise ConfigError(flag, f"must be >= {minimum}, got {value}")

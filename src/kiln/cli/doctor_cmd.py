@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from kiln.cli.explain_cmd import add_target_args, check_device, emit, parse_kwargs
+from kiln.cli.explain_cmd import add_target_args, emit
 
 
 def add_parser(sub) -> None:
@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     from kiln.diagnose.backends import build_ladder
     from kiln.diagnose.doctor import run_doctor
     from kiln.diagnose.report import render_doctor
-    from kiln.diagnose.target import load_target
+    from kiln.diagnose.target import check_device, load_target, parse_kwargs
 
     device = check_device(args.device)
     stages = [s.strip() for s in args.stages.split(",") if s.strip()] if args.stages else None

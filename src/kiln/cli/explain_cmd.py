@@ -11,8 +11,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kiln.config.errors import ConfigError
-
 TARGET_HELP = ("registry name (mlp, vit, hf:llama-tiny), package.module:function or path/to/file.py:function; "
                "the function returns an nn.Module or (module, example_inputs), inputs being any Python values")
 
@@ -34,31 +32,6 @@ def add_target_args(p: argparse.ArgumentParser) -> None:
                         "(explain's default: as the module's own mode says; doctor's: forward only)")
     p.add_argument("--device", default="cpu", help="device to run on (default cpu)")
     p.add_argument("--json", metavar="FILE", help="write the report as JSON to FILE ('-' for stdout, no table)")
-
-
-def parse_kwargs(items: list[str]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise ConfigError("--kwarg", f"{item!r} is not KEY=VALUE", ["hidden_size=64", "name=\"x\""])
-        try:
-            out[key.strip()] = json.loads(value)
-        except json.JSONDecodeError:
-            out[key.strip()] = value
-    return out
-
-
-def check_device(device: str) -> str:
-    import torch
-
-    try:
-        dev = torch.device(device)
-    except RuntimeError:
-        raise ConfigError("--device", f"not a device: {device!r}", ["cpu", "cuda", "cuda:1"]) from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("--device", "CUDA is not available here", ["cpu"])
-    return device
 
 
 def emit(report: dict[str, Any], json_path: str | None, render) -> None:
@@ -108,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
     from kiln.diagnose.backends import resolve_backend
     from kiln.diagnose.explain import explain_target
     from kiln.diagnose.report import render_explain, render_fullgraph
-    from kiln.diagnose.target import load_target
+    from kiln.diagnose.target import check_device, load_target, parse_kwargs
     from kiln.diagnose.vary import parse_vary
 
     device = check_device(args.device)

@@ -13,11 +13,13 @@ article or an older torch said would happen, which the reports compare with what
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 import torch.nn as nn
 
 from kiln.config.errors import ConfigError
@@ -132,3 +134,28 @@ def load_target(
         raise ConfigError("--input", f"{spec!r} gives no example inputs: pass --input SPEC per forward argument, "
                           f"or {CONTRACT_HINT}", SPEC_FORMS)
     return Target(spec, module, sets, origin, kwargs, expectations, source)
+
+
+def parse_kwargs(items: list[str]) -> dict[str, Any]:
+    """--kwarg KEY=VALUE items -> the factory's keyword arguments (a value parsed as JSON, else a string)."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError("--kwarg", f"{item!r} is not KEY=VALUE", ["hidden_size=64", "name=\"x\""])
+        try:
+            out[key.strip()] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key.strip()] = value
+    return out
+
+
+def check_device(device: str) -> str:
+    """--device, checked: a torch device this machine has."""
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise ConfigError("--device", f"not a device: {device!r}", ["cpu", "cuda", "cuda:1"]) from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device", "CUDA is not available here", ["cpu"])
+    return device
