@@ -17,8 +17,8 @@ from kiln.config.schema import Config
 from kiln.config.validate import compile_modes, validate_compile
 from kiln.models import build_model
 from kiln.precision import cpu_bf16_native, resolve_precision
-from kiln.train.float8 import check_float8
 from kiln.runtime import resolve_device
+from kiln.train.float8 import check_float8
 from kiln.tune import llm_space as sp
 from kiln.tune.autotune_request import AutotuneRequest
 from kiln.tune.llm_search import LlmTuneOptions, configure
