@@ -9,16 +9,17 @@
 # Cases (CASES, comma-separated, default all, in this order; one H100, tree A and B alike):
 #   train_1b   kiln train of the Llama-3.2-1B shape (untied), seq 2048, batch 4, 40 steps, kiln's fastest
 #              recipe (bf16-master, compile model+loss, Triton cross-entropy and SwiGLU): summary.json's
-#              median ms/step (~70 s cold)
+#              median ms/step (~60 s cold)
 #   decode_3b  kiln bench llm, Llama-3.2-3B shape, batch 1, kiln-compiled at quant none and int4@triton
-#              (DECODE_QUANT), prompt 512, 128 new tokens, eager prefill: decode tok/s (~90 s cold)
+#              (DECODE_QUANT), prompt 512, 128 new tokens, eager prefill: decode tok/s (~95 s cold)
 #   mlp        kiln bench compile, seed MLP b128 fp32, regional default compile + whole-step capture:
-#              ms/step (~30 s)
-#   vit        kiln bench compile, ViT-B/16 b64 bf16-true, default compile + whole-step capture: ms/step (~50 s)
+#              ms/step (~25 s)
+#   vit        kiln bench compile, ViT-B/16 b64 bf16-true, default compile + whole-step capture: ms/step (~45 s)
 # Each tree has its own inductor/Triton/kiln compile caches (/tmp/kiln-ab-cache/<tree>): a tree's later
 # rounds compile warm, and no tree runs code the other compiled. The call's time box is BUDGET_S
-# (default 480 s): a run whose estimate (its first-round time, else EST_S) exceeds what is left is
-# skipped and recorded; a later round runs a case only when both of its runs fit. ROUNDS (default 2).
+# (default 480 s): a run expected to take longer than what is left (its case's first run with that
+# tree, else with the other tree, else EST_S_<CASE>) is skipped and recorded; rounds after the first
+# take the cheapest pairs first and run a case's pair only when both runs fit. ROUNDS (default 2).
 # Writes $OUT/ab/<case>/<tree><round>/ and runs.tsv, then benchmarks/ab_summary.py's $OUT/ab.json and
 # $OUT/ab.md (per figure: each tree's median and spread, B/A, verdict: worse by more than TOL_PCT %,
 # default 2, is flagged), all packed as $OUT/ab.tgz.
@@ -48,7 +49,7 @@ W=$OUT/ab
 EXTRA_PATH=${PYTHONPATH:-}; EXTRA_PATH=${EXTRA_PATH#"$PWD/src"}; EXTRA_PATH=${EXTRA_PATH#:}
 
 # The command of each case (into CMD), its first-round estimate (seconds) and its cap.
-declare -A EST=([train_1b]=75 [decode_3b]=100 [mlp]=35 [vit]=55) CAP=([train_1b]=180 [decode_3b]=200 [mlp]=90 [vit]=120)
+declare -A EST=([train_1b]=60 [decode_3b]=95 [mlp]=25 [vit]=45) CAP=([train_1b]=180 [decode_3b]=200 [mlp]=90 [vit]=120)
 for c in $VALID; do v=EST_S_${c^^}; [ -n "${!v:-}" ] && EST[$c]=${!v}; done
 if [ "${AB_TINY:-0}" = 1 ]; then
   DEV=(--device cpu) DECODE_QUANT=${AB_TINY_QUANT:-none}
@@ -82,53 +83,53 @@ case_cmd() {  # case_cmd CASE DIR: the case's command into CMD, writing into DIR
 }
 
 left() { echo $(( BUDGET_S - ($(date +%s) - start) )); }
-tree_of() { [ "$1" = a ] && echo "$AB_A" || echo "$AB_B"; }
 declare -A TOOK=()
-one() {  # one CASE TREE ROUND: a run of CASE with TREE (a|b), recorded in runs.tsv
-  local c=$1 t=$2 r=$3 dir=$W/$1/$2$3 src cache need rc t0 secs
-  src=$(tree_of "$t"); [[ $src == /* ]] || src=$PWD/$src
+cost() {  # cost CASE TREE: seconds a run is expected to take: its first run's, else the other tree's, else EST
+  local other=a; [ "$2" = a ] && other=b
+  echo "${TOOK[$1$2]:-${TOOK[$1$other]:-${EST[$1]}}}"
+}
+skipped() {  # skipped CASE TREE ROUND WHY: a run not started, recorded
+  echo "=== round $3 $1 $2: skipped, $4"
+  printf '%s\t%s\t%s\tskipped\t0\t%s\tnot started: %s\n' "$1" "$2" "$3" "$1/$2$3" "$4" >> "$W/runs.tsv"
+}
+one() {  # one CASE TREE ROUND: a run of CASE with TREE (a|b) in its own process, recorded in runs.tsv
+  local c=$1 t=$2 r=$3 src cache rc t0 secs cap status=ok note=""
+  src=$AB_B; [ "$t" = a ] && src=$AB_A; [[ $src == /* ]] || src=$PWD/$src
   cache=/tmp/kiln-ab-cache/$t
-  case_cmd "$c" "$dir"
+  case_cmd "$c" "$W/$c/$t$r"
   local env=(PYTHONPATH="$src${EXTRA_PATH:+:$EXTRA_PATH}" TORCHINDUCTOR_CACHE_DIR="$cache/inductor"
              TRITON_CACHE_DIR="$cache/triton" KILN_CACHE_DIR="$cache/kiln")
-  need=${TOOK[$c$t]:-${EST[$c]}}
-  if [ "${AB_DRY:-0}" = 1 ]; then
-    echo "round $r $c $t: env ${env[*]} ${CMD[*]}"; return
+  if [ "${AB_DRY:-0}" = 1 ]; then echo "round $r $c $t: env ${env[*]} ${CMD[*]}"; return; fi
+  if [ "$(left)" -lt "$(cost "$c" "$t")" ]; then
+    skipped "$c" "$t" "$r" "$(cost "$c" "$t") s needed, $(left) s of BUDGET_S=$BUDGET_S left"; return
   fi
-  if [ "$(left)" -lt "$need" ]; then
-    echo "=== round $r $c $t: skipped, ${need} s needed, $(left) s left"
-    printf '%s\t%s\t%s\tskipped\t0\t%s\tnot started: %s s needed, %s s of BUDGET_S=%s left\n' \
-      "$c" "$t" "$r" "$c/$t$r" "$need" "$(left)" "$BUDGET_S" >> "$W/runs.tsv"
-    return
-  fi
-  local cap=${CAP[$c]}; [ "$cap" -gt "$(left)" ] && cap=$(left)
+  cap=${CAP[$c]}; [ "$cap" -gt "$(left)" ] && cap=$(left)
   mkdir -p "$W/$c" "$cache"
   echo "=== round $r $c $t ($src): ${CMD[*]} (cap $cap s, +$(( $(date +%s) - start )) s)"
   t0=$(date +%s)
   env "${env[@]}" timeout -k 10 "$cap" "${CMD[@]}" > "$W/$c/$t$r.log" 2>&1
   rc=$?; secs=$(( $(date +%s) - t0 ))
-  [ -z "${TOOK[$c$t]:-}" ] && TOOK[$c$t]=$secs
+  [ -n "${TOOK[$c$t]:-}" ] || TOOK[$c$t]=$secs
   grep -E "^kiln:|^\[" "$W/$c/$t$r.log" | grep -vE "^kiln: (cpu|strategy|GPU health)" | tail -4
   echo "=== round $r $c $t: exit $rc after $secs s"
-  local status=ok note=""
   [ "$rc" = 0 ] || { status=failed; note="exit $rc$([ "$rc" = 124 ] && echo ": past its cap of $cap s"), log $c/$t$r.log"; }
   printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$c" "$t" "$r" "$status" "$secs" "$c/$t$r" "$note" >> "$W/runs.tsv"
   tar czf "$OUT/ab.tgz" -C "$W" .
 }
 
-[ "${AB_DRY:-0}" = 1 ] || { rm -rf "$W"; mkdir -p "$W"; : > "$W/runs.tsv"; }
+# Fresh outputs and caches: a warm machine may hold another tree's compiled artefacts from an earlier call.
+[ "${AB_DRY:-0}" = 1 ] || { rm -rf "$W" /tmp/kiln-ab-cache; mkdir -p "$W"; : > "$W/runs.tsv"; }
 for r in $(seq 1 "$ROUNDS"); do
   first=a second=b; [ $(( r % 2 )) = 0 ] && first=b second=a
-  for c in ${CASES//,/ }; do
-    if [ "$r" -gt 1 ] && [ "${AB_DRY:-0}" != 1 ]; then  # a later round: both runs of the case, or neither
-      need=$(( ${TOOK[${c}a]:-${EST[$c]}} + ${TOOK[${c}b]:-${EST[$c]}} ))
-      if [ "$(left)" -lt "$need" ]; then
-        for t in a b; do
-          printf '%s\t%s\t%s\tskipped\t0\t%s\tnot started: the pair needs %s s, %s s of BUDGET_S=%s left\n' \
-            "$c" "$t" "$r" "$c/$t$r" "$need" "$(left)" "$BUDGET_S" >> "$W/runs.tsv"
-        done
-        echo "=== round $r $c: skipped, the pair needs $need s, $(left) s left"; continue
-      fi
+  order=${CASES//,/ }
+  if [ "$r" -gt 1 ]; then  # later rounds: the cheapest pairs first, so most cases get a second pair
+    order=$(for c in $order; do echo "$(( $(cost "$c" a) + $(cost "$c" b) )) $c"; done | sort -n | cut -d' ' -f2)
+  fi
+  for c in $order; do
+    need=$(( $(cost "$c" a) + $(cost "$c" b) ))
+    if [ "$r" -gt 1 ] && [ "${AB_DRY:-0}" != 1 ] && [ "$(left)" -lt "$need" ]; then  # both runs of a pair, or neither
+      for t in a b; do skipped "$c" "$t" "$r" "the pair needs $need s, $(left) s of BUDGET_S=$BUDGET_S left"; done
+      continue
     fi
     one "$c" "$first" "$r"; one "$c" "$second" "$r"
   done

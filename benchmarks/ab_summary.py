@@ -97,7 +97,7 @@ def compare(fig: Figure, a: list[float], b: list[float], tol: float) -> dict[str
     ratio = row["b_median"] / row["a_median"]
     worse = (ratio - 1.0) if fig.better == "lower" else (1.0 - ratio)
     return {**row, "status": "ok", "reason": None, "ratio_b_a": ratio, "worse_pct": 100.0 * worse,
-            "verdict": "worse" if worse > tol else "ok"}
+            "verdict": "worse" if round(worse, 9) > tol else "ok"}  # exactly the tolerance is not worse
 
 
 def summarise(runs_dir: Path, runs: list[dict[str, Any]], decode_quant: list[str], tol: float) -> list[dict[str, Any]]:
