@@ -4,7 +4,7 @@
         [--a-label before --b-label after --a-commit SHA --b-commit SHA --a-tree .ab/base/src --b-tree src]
 
 Reads RUNS_DIR/runs.tsv (one line per scheduled run: case, tree a|b, round, ok|failed|skipped,
-seconds, output dir under RUNS_DIR, note) and each finished run's own file: `kiln train`'s summary.json (median
+seconds, output dir under RUNS_DIR, note) and each started run's own file: `kiln train`'s summary.json (median
 ms/step), `kiln bench llm`'s results.json (decode tok/s of each kiln row at batch 1, one figure per
 quantization) and `kiln bench compile`'s results.json (ms/step of the kiln row that is not eager).
 A figure's value per tree is the median over that tree's runs, its spread (max - min) / median;
@@ -103,8 +103,8 @@ def compare(fig: Figure, a: list[float], b: list[float], tol: float) -> dict[str
 def summarise(runs_dir: Path, runs: list[dict[str, Any]], decode_quant: list[str], tol: float) -> list[dict[str, Any]]:
     """One row per figure of the cases that were scheduled."""
     samples: dict[tuple[str, str], list[float]] = {}
-    for run in runs:
-        if run["status"] == "ok":
+    for run in runs:  # a run that failed late (its cap, say) keeps the rows it finished: each has its own status
+        if run["status"] != "skipped":
             for key, value in run_figures(run["case"], runs_dir / run["dir"]).items():
                 samples.setdefault((key, run["tree"]), []).append(value)
     scheduled = {run["case"] for run in runs}
