@@ -8,7 +8,8 @@
 # each in its own process that warms up before it times; a figure is the median over a tree's runs.
 # Cases (CASES, comma-separated, default all, in this order; one H100, tree A and B alike):
 #   train_1b   kiln train of the Llama-3.2-1B shape (untied), seq 2048, batch 4, 40 steps, kiln's fastest
-#              recipe (bf16-master, compile model+loss, Triton cross-entropy and SwiGLU): summary.json's
+#              recipe (bf16-master, compile model+loss, Triton cross-entropy and SwiGLU), AdamW at
+#              kiln bench train-llm's lr 1e-4 (random weights spike at higher rates): summary.json's
 #              median ms/step (~60 s cold)
 #   decode_3b  kiln bench llm, Llama-3.2-3B shape, batch 1, kiln-compiled at quant none and int4@triton
 #              (DECODE_QUANT), prompt 512, 128 new tokens, eager prefill: decode tok/s (~95 s cold)
@@ -65,7 +66,7 @@ else
   DEV=()
   TRAIN=(model.name=llama:llama-3.2-1b model.kwargs.tie_word_embeddings=false data.seq_len=2048 data.batch_size=4
          training.steps=40 training.log_interval=5 precision.policy=bf16-master compile.enabled=true
-         compile.scope=model+loss training.ce_kernel=triton)
+         compile.scope=model+loss training.ce_kernel=triton optim.lr=1e-4 optim.warmup_steps=10)
   DECODE=(--model llama-3.2-3b --engines kiln-compiled --prompt-len 512 --new-tokens 128 --repeats 3
           --prefill eager --tuning decode)
   MLP=(--backends inductor --cudagraphs on --steps 40 --warm-cache)
