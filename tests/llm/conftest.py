@@ -62,18 +62,21 @@ def write_tokenizer(directory: Path, vocab_size: int = 96) -> Path:
 
 
 def assert_decode_matches_matmul(model, kernel: str, tokens: torch.Tensor, pad: torch.Tensor, *, prompt: int = 8,
-                                 capacity: int = 20, matvec: str = "inductor", tol: float = 1e-5) -> None:
+                                 capacity: int = 20, matvec: str = "inductor", tol: float = 1e-5,
+                                 reference=None) -> None:
     """Prefill `tokens[:, :prompt]` (left-padded by `pad`) into one cache per side, then decode the
     rest one step at a time: each step's logits with attention `kernel` and projections `matvec`
     equal those of the matmul attention with plain projections (the plain model, and a copy with
-    the kernels swapped in by kiln.llm.kernels.use_decode_kernels)."""
+    the kernels swapped in by kiln.llm.kernels.use_decode_kernels). `reference` replaces the plain
+    model as the side compared with (a quantized model's dequantized reference: its own layers run
+    its kernels, slowly under the interpreter)."""
     import copy
 
     from kiln.llm.kernels import use_decode_kernels
     from kiln.llm.model import KVCache
 
     batch = tokens.shape[0]
-    models = {"reference": model, "candidate": use_decode_kernels(copy.deepcopy(model), attention=kernel, matvec=matvec)}
+    models = {"reference": model if reference is None else reference, "candidate": use_decode_kernels(copy.deepcopy(model), attention=kernel, matvec=matvec)}
     caches = {k: KVCache(model.config, batch, capacity, dtype=torch.float32, device="cpu") for k in models}
     with torch.no_grad():
         for k, cache in caches.items():

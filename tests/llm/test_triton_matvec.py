@@ -98,16 +98,18 @@ def test_fused_decode_steps_match_the_plain_modules(checkpoints, family):
 @interpreted
 def test_fused_decode_with_int4_triton_weights():
     from kiln.llm.config import config_from_dict
-    from kiln.llm.quant import QuantSpec, quantize_decoder
+    from kiln.llm.quant import QuantSpec, dequantized_reference, quantize_decoder
     from kiln.llm.weights import random_decoder
 
     from .test_llm_quant import QUANT_CONFIG
 
     small = {**QUANT_CONFIG, "vocab_size": 96, "hidden_size": 64, "intermediate_size": 128}  # the interpreter is slow
     model = random_decoder(config_from_dict(small), device="cpu", dtype=torch.float32, seed=0)
-    quantized = quantize_decoder(model, QuantSpec(kind="int4", group_size=32, backend="triton"))
+    spec = QuantSpec(kind="int4", group_size=32, backend="triton")
+    quantized = quantize_decoder(model, spec)
     tokens = torch.randint(0, 96, (1, 7), generator=torch.Generator().manual_seed(5))
-    assert_decode_matches_matmul(quantized, "matmul", tokens, torch.tensor([0]), prompt=4, matvec="triton", tol=1e-4)
+    assert_decode_matches_matmul(quantized, "matmul", tokens, torch.tensor([0]), prompt=4, matvec="triton", tol=1e-4,
+                                 reference=dequantized_reference(model, quantized, spec))
 
 
 @interpreted

@@ -1,25 +1,64 @@
 """Running kiln's Triton kernels on CPU in tests: Triton picks its interpreter (TRITON_INTERPRET=1)
 when it is first imported, which torch._dynamo does early in any test process; so a test module
 with kernel tests marks them `interpreted` and runs itself again in a subprocess started with the
-variable set (`rerun_interpreted`), where only those run."""
+variable set (`rerun_interpreted`), where only those run. The first such module to ask runs every
+module of the session that has kernel tests in one subprocess (one interpreter start, not one per
+module) and each module's `test_under_interpreter` then reports its own module's outcome."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+import tempfile
+import xml.etree.ElementTree as ET
+from pathlib import Path
 
 import pytest
 
+ROOT = Path(__file__).resolve().parents[2]  # pytest's rootdir: junit names tests from it
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 interpreted = pytest.mark.skipif(not INTERPRETED, reason="runs in its module's interpreter subprocess")
 not_in_subprocess = pytest.mark.skipif(INTERPRETED, reason="this is the interpreter subprocess")
 
+_OUTCOMES: dict[str, str] = {}
+"""Test file -> what went wrong in its interpreter run ("" when every test passed)."""
+
+
+def _session_files() -> set[str]:
+    """The test modules imported in this process that rerun themselves here (pytest imports every
+    collected module before the first test runs)."""
+    return {module.__file__ for module in list(sys.modules.values())
+            if getattr(module, "rerun_interpreted", None) is rerun_interpreted
+            and hasattr(module, "test_under_interpreter") and getattr(module, "__file__", None)}
+
+
+def _outcomes(files: list[str], report: Path, output: str) -> dict[str, str]:
+    """Per file: "" when its tests all passed (none skipped), else its failures (or the run's output)."""
+    try:
+        cases = list(ET.parse(report).getroot().iter("testcase"))
+    except (OSError, ET.ParseError):
+        return {f: f"no report from the interpreter run:\n{output}" for f in files}
+    outcomes = {}
+    for f in files:
+        module = ".".join(Path(f).resolve().relative_to(ROOT).with_suffix("").parts)
+        mine = [c for c in cases if c.get("classname", "") == module or c.get("classname", "").startswith(module + ".")]
+        bad = [f"{c.get('name')}: {child.tag} {child.get('message', '')}\n{child.text or ''}"
+               for c in mine for child in c if child.tag in ("failure", "error", "skipped")]
+        outcomes[f] = ("no test ran" if not mine else "\n".join(bad)[-6000:])
+    return outcomes
+
 
 def rerun_interpreted(test_file: str) -> None:
-    """Run `test_file` under Triton's interpreter; fail with its output unless every test passed."""
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test_file,
-                          "-k", "not test_under_interpreter"], env=env, capture_output=True, text=True, timeout=600)
-    summary = run.stdout.strip().splitlines()[-1] if run.stdout.strip() else ""
-    assert run.returncode == 0 and "skipped" not in summary, run.stdout[-4000:] + run.stderr[-2000:]
+    """Run `test_file` under Triton's interpreter (with the session's other such files, once);
+    fail with its output unless every one of its tests passed."""
+    if test_file not in _OUTCOMES:
+        files = sorted(({test_file} | _session_files()) - set(_OUTCOMES))
+        env = {**os.environ, "TRITON_INTERPRET": "1"}
+        with tempfile.TemporaryDirectory(prefix="kiln-interpreted-") as tmp:
+            report = Path(tmp) / "report.xml"
+            run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *files,
+                                  "-k", "not test_under_interpreter", f"--junitxml={report}"],
+                                 env=env, capture_output=True, text=True, timeout=600 * len(files))
+            _OUTCOMES.update(_outcomes(files, report, run.stdout[-4000:] + run.stderr[-2000:]))
+    assert not _OUTCOMES[test_file], _OUTCOMES[test_file]
