@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("decode_attention_bench: needs a CUDA device", file=sys.stderr)
         return 2
-    import kiln.llm.triton_decode as td
+    import kiln.kernels.triton_decode as td
 
     config = resolve_model(args.model).config
     B, S, H, Hkv, D = args.batch, args.slots, config.n_heads, config.n_kv_heads, config.head_dim

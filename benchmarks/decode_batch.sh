@@ -13,7 +13,7 @@
 #   base    kiln-compiled at batch 1 (bf16) from the source tree at .ab/base/src (an earlier commit, carried),
 #           then from this tree, one process each in the same call: the A/B of a change on the batch-1 path -> $R/ab_*
 #   matvec-inductor  the same bench with --decode-matvec inductor (projections by cuBLAS/inductor, the
-#           path batch > 8 took before kiln.llm.triton_rows) -> $R/bench_inductor
+#           path batch > 8 took before kiln.kernels.triton_rows) -> $R/bench_inductor
 # Each part packs $OUT/decode_batch.tgz after each step; the call's time box is BUDGET_S (default 570 s).
 set -uo pipefail
 VALID="rows bench base matvec-inductor"

@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
             meta[(name, variant)] = {"shape": [out_f, in_f], "bytes": layer_bytes(layer), "rel_err": err,
                                      "copies": len(copies), "calls_per_replay": calls}
             if variant == "int4 triton":  # the setting the autotuner chose for this shape
-                from kiln.llm import triton_matvec
+                from kiln.kernels import triton_matvec
 
                 chosen = [str(c) for key, c in triton_matvec._kernel().cache.items() if out_f in key]
                 meta[(name, variant)]["setting"] = chosen[-1] if chosen else None

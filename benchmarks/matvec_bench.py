@@ -6,14 +6,14 @@ and lm_head; SwiGLU before w_down; the residual add after wo and w_down):
   `kiln bench llm`'s kiln-compiled engine runs today: inductor fuses the norm / SwiGLU into its
   own reduction kernel);
 - `cublas`: `F.linear` alone, no fused work (the library's matrix-vector kernel, for reference);
-- `triton`: kiln.llm.triton_matvec with the work fused, the autotuner's choice; the autotuner's
+- `triton`: kiln.kernels.triton_matvec with the work fused, the autotuner's choice; the autotuner's
   own timings of its best settings are kept in results.json (`autotune_top`);
 - with `--int4`: `int4 tinygemm` (torch's int4 op alone, the kernel behind torchao's int4) and
   `int4 triton` (kiln's kernel on kiln's int4 layout, with the work fused); their error column
   includes the quantization error.
 
 Then every layer's four projections chained as in the model, in one CUDA graph: inductor, kiln's
-kernel, and kiln's kernel with programmatic dependent launch (kiln.llm.triton_launch.PDL).
+kernel, and kiln's kernel with programmatic dependent launch (kiln.kernels.triton_launch.PDL).
 
 Each variant is captured as `--calls` back-to-back calls in one CUDA graph, the calls cycling over
 enough copies of the weight that they do not stay in L2 (as the model's layers do not), replayed
@@ -76,7 +76,7 @@ def layer_eager(h, wqkv, wo, wgu, wd, n1, n2, eps: float, q: int):
 
 
 def layer_triton(h, wqkv, wo, wgu, wd, n1, n2, eps: float, q: int):
-    from kiln.llm.triton_matvec import linear
+    from kiln.kernels.triton_matvec import linear
 
     qkv = linear(h, wqkv, norm=(n1, eps))
     h = linear(qkv[..., :q], wo, residual=h)
@@ -87,7 +87,7 @@ def chain(config, dev, dt, compiled_layer, repeats: int) -> list[dict]:
     """Every layer's four projections back to back in one CUDA graph (a decode step without its
     attention and lm_head): inductor's fused reductions, kiln's kernel without and with
     programmatic dependent launch. Returns one row per variant (median ms per chain)."""
-    from kiln.llm import triton_launch
+    from kiln.kernels import triton_launch
 
     q = config.n_heads * config.head_dim
     shapes = [(s[1], s[2]) for s in projections(config)[:4]]
@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("matvec_bench: needs a CUDA device", file=sys.stderr)
         return 2
-    from kiln.llm import triton_matvec
+    from kiln.kernels import triton_matvec
 
     torch.manual_seed(0)
     dev, dt = torch.device("cuda"), torch.bfloat16

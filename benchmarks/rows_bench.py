@@ -3,9 +3,9 @@ projection of a model's shape, each with the work the model fuses around it (RMS
 w_gate_up and lm_head; SwiGLU before w_down; the residual add after wo and w_down):
 
 - `cublas`: `F.linear` alone (no fused work), the library's skinny GEMM;
-- `matvec`: kiln.llm.triton_matvec, the one-row kernel (programs per row), rows <= its MAX_ROWS;
-- with `--int4`, group 128: `int4 matvec` (kiln.llm.triton_int4, per row) and `int4 rows`
-  (kiln.llm.triton_rows, one weight read for all rows, `tl.dot`).
+- `matvec`: kiln.kernels.triton_matvec, the one-row kernel (programs per row), rows <= its MAX_ROWS;
+- with `--int4`, group 128: `int4 matvec` (kiln.kernels.triton_int4, per row) and `int4 rows`
+  (kiln.kernels.triton_rows, one weight read for all rows, `tl.dot`).
 With `--sweep`, also every launch setting of the int4 row kernel (`int4 rows BN/SPLIT`), each in its
 own CUDA graph: the settings the autotuner chooses from, timed as the model runs them.
 
@@ -38,8 +38,8 @@ from matvec_bench import L2_BYTES, eager, projections  # noqa: E402  (the same s
 
 
 def variants_for(rows: int, int4: bool, sweep: bool) -> list[str]:
-    from kiln.llm.triton_matvec import MAX_ROWS
-    from kiln.llm.triton_rows import INT4_SETTINGS
+    from kiln.kernels.triton_matvec import MAX_ROWS
+    from kiln.kernels.triton_rows import INT4_SETTINGS
 
     names = ["cublas"] + (["matvec"] if rows <= MAX_ROWS else [])
     if int4:
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("rows_bench: needs a CUDA device", file=sys.stderr)
         return 2
-    from kiln.llm import triton_int4, triton_matvec, triton_rows  # noqa: F401  (registers the ops)
+    from kiln.kernels import triton_int4, triton_matvec, triton_rows  # noqa: F401  (registers the ops)
     from kiln.llm.int4_layout import Int4TritonLinear
 
     torch.manual_seed(0)

@@ -1,6 +1,6 @@
 """kiln's training kernels against what inductor generates, alone, on one GPU: the SwiGLU
 (`training.swiglu_kernel=fused`, kiln.train.swiglu) and the cross-entropy on the logits
-(`training.ce_kernel=triton`, kiln.train.triton_ce), at the Llama-3.2-1B step's shapes.
+(`training.ce_kernel=triton`, kiln.kernels.triton_ce), at the Llama-3.2-1B step's shapes.
 
 Each case times forward + backward (kiln.timing.measure_interleaved: 10 queued calls a sample,
 synchronized, cases taken round-robin, medians), and each of kiln's kernels alone under a few launch configurations (BLOCK, num_warps),
@@ -20,9 +20,9 @@ import json
 import torch
 import torch.nn.functional as F
 
+from kiln.kernels.triton_ce import triton_cross_entropy
 from kiln.timing import measure_interleaved
 from kiln.train.swiglu import swiglu
-from kiln.train.triton_ce import triton_cross_entropy
 
 REPS = 10  # calls per timed sample, queued back to back: the host's launch work hides behind the GPU's
 
@@ -60,7 +60,7 @@ def swiglu_cases(tokens: int, inner: int, device) -> tuple[dict, dict]:
     n = tokens * inner
     cases = {"swiglu_inductor": (run(inductor), 16 * n), "swiglu_kiln": (run(swiglu), 16 * n),
              "swiglu_kiln_compiled": (run(kiln_compiled), 16 * n)}
-    from kiln.train import swiglu_kernel as sk
+    from kiln.kernels import swiglu_kernel as sk
 
     g0 = gu.detach()
 
@@ -104,7 +104,7 @@ def ce_cases(tokens: int, vocab: int, device) -> tuple[dict, dict]:
     n = tokens * vocab
     cases = {"ce_inductor": (run(inductor), 6 * n), "ce_kiln": (run(triton_cross_entropy), 6 * n),
              "ce_kiln_compiled": (run(kiln_compiled), 6 * n)}
-    from kiln.train import triton_ce_kernel as ck
+    from kiln.kernels import triton_ce_kernel as ck
 
     x0 = x.detach()
     lse = ck.ce_forward(x0, t)[1]

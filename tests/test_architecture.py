@@ -1,6 +1,6 @@
 """The rules of docs/architecture.md that no other test checks, each named there next to its rule.
 
-- files stay under ~400 lines, and every package has its tests/<area>/ folder;
+- files stay under ~400 lines, no two modules share a file name, and every package has its tests/<area>/ folder;
 - model code is single-device: kiln.models and kiln.llm.model import nothing that makes a model
   parallel, compiled, cast or kernel-swapped;
 - one timing helper: only the modules listed here read a clock themselves, each for a wall time
@@ -35,6 +35,20 @@ def test_files_stay_under_about_400_lines():
     assert not long, f"split these modules (one concern each): {long}"
 
 
+PLUGIN_FILES = ("peer.py",)
+"""File names a plug-in folder repeats by design: every peer folder under bench/peers/ has its
+peer.py (docs/extension.md), as every model of torchtitan has its model.py."""
+
+
+def test_no_two_modules_share_a_file_name():
+    names: dict[str, list[str]] = {}
+    for p in _modules():
+        if p.name != "__init__.py" and p.name not in PLUGIN_FILES:
+            names.setdefault(p.name, []).append(str(p.relative_to(SRC)))
+    repeated = {name: paths for name, paths in names.items() if len(paths) > 1}
+    assert not repeated, f"a file name says what the module is, once: rename one of {repeated}"
+
+
 def test_every_package_has_its_tests_folder():
     packages = sorted(p.name for p in SRC.iterdir() if p.is_dir() and (p / "__init__.py").exists())
     missing = [name for name in packages if not (ROOT / "tests" / name).is_dir()]
@@ -45,7 +59,7 @@ def test_every_package_has_its_tests_folder():
 
 MODEL_CODE = sorted((SRC / "models").rglob("*.py")) + [SRC / "llm" / "model.py"]
 APPLIED_FROM_OUTSIDE = ("torch.distributed", "kiln.distributed", "kiln.compile", "kiln.precision", "kiln.llm.kernels",
-                        "kiln.llm.quant", "kiln.train", "triton")
+                        "kiln.llm.quant", "kiln.train", "kiln.kernels", "triton")
 """What is applied to a built model from outside: a model module imports none of it."""
 
 
@@ -82,10 +96,10 @@ OWN_CLOCKS = {
     "src/kiln/checkpoint/manager.py": "a save's duration for the checkpoint timeline",
     "src/kiln/diagnose/doctor.py": "how long each rung of the backend ladder took",
     "src/kiln/cli/data_cmd.py": "kiln data prepare's elapsed time in its progress line",
-    "src/kiln/bench/llm_bench.py": "the bench's elapsed time against its --end-by budget",
+    "src/kiln/bench/llm/llm_bench.py": "the bench's elapsed time against its --end-by budget",
     "src/kiln/bench/peers/gpt_fast/peer.py": "a peer's time budget",
     "src/kiln/bench/peers/gpt_fast/process.py": "a peer's quantize time and time budget",
-    "src/kiln/bench/peers/torchtitan/job.py": "a peer run's wall time and budget",
+    "src/kiln/bench/peers/torchtitan/job_file.py": "a peer run's wall time and budget",
     "benchmarks/checkpoint_bench.py": "a save's blocking and completion time (one save, not a sample of a step)",
     "benchmarks/failure_gpu.py": "each failure scenario's wall time",
     "benchmarks/fsdp_host_overhead.py": "host time inside FSDP2's own functions, measured by wrapping them",

@@ -1,5 +1,5 @@
 """docs/extension.md "Add a benchmark peer", followed step by step: a toy peer in a temporary package, registered in
-kiln.bench.peers.registry (monkeypatch undoes it), runs on CPU through the real `kiln bench
+kiln.bench.peers.table (monkeypatch undoes it), runs on CPU through the real `kiln bench
 train-llm` and `kiln bench llm` and its rows land in results.json beside kiln's."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from kiln.bench.peers import registry
+from kiln.bench.peers import table as registry
 from kiln.cli.main import main
 from kiln.models.hf import PRESETS
 
@@ -22,8 +22,8 @@ import time
 
 import torch
 
-from kiln.bench.llm_train_result import RowRun, TrainRow, set_figures
-from kiln.bench.peers.base import NothingPrepared
+from kiln.bench.train_llm.llm_train_result import RowRun, TrainRow, set_figures
+from kiln.bench.peers.interface import NothingPrepared
 from kiln.config.errors import ConfigError
 
 
@@ -72,7 +72,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kiln.bench.peers.base import NothingPrepared
+from kiln.bench.peers.interface import NothingPrepared
 from kiln.bench.typed_row import UNSET, JsonRow
 
 

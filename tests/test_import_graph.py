@@ -44,6 +44,7 @@ ROOMS: tuple[tuple[str, ...], ...] = (
     LEAF,
     ("cpu",),
     ("precision", "compile", "compile_cache", "runtime"),
+    ("kernels",),
     ("llm",),
     ("models",),
     ("data",),
@@ -330,7 +331,7 @@ def test_the_allow_list_names_only_modules_that_still_need_it(kiln_graph):
 def test_the_optional_dependency_rule_sees_kiln_modules_that_need_one(kiln_graph):
     # The Triton kernels and torchao quantization need their packages at import time; the
     # training step does not.
-    assert kiln_graph.need["kiln.llm.triton_int4"] is not None
+    assert kiln_graph.need["kiln.kernels.triton_int4"] is not None
     assert kiln_graph.need["kiln.train.step"] is None
     assert kiln_graph.need["kiln.config.errors"] is None
 

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from kiln.bench.compile_request import CompileRequest
-from kiln.bench.llm_request import LlmBenchOptions
-from kiln.bench.llm_train_request import TrainLlmRequest
-from kiln.bench.scale_request import CommRequest, PredictRequest, ScaleRequest
+from kiln.bench.compile.compile_request import CompileRequest
+from kiln.bench.llm.llm_request import LlmBenchOptions
+from kiln.bench.scale.scale_request import CommRequest, PredictRequest, ScaleRequest
+from kiln.bench.train_llm.llm_train_request import TrainLlmRequest
 from kiln.cli import (
     autotune_cmd,
     autotune_llm,

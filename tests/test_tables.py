@@ -8,7 +8,7 @@ import pytest
 from rich.console import Console
 
 from kiln.advise.findings import Finding, render
-from kiln.diagnose.report import render_explain
+from kiln.diagnose.console import render_explain
 
 WHERE = "src/my_project/models/very_long_module_name_for_a_vision_transformer.py:1234"
 FIX = ("move the print out of forward, or guard it with `if not torch.compiler.is_compiling():` so the traced "

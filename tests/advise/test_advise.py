@@ -123,7 +123,7 @@ def test_budget_stops_new_checks_and_keeps_what_was_found(tmp_path, capsys, monk
     check is listed as not run, the first one's finding is kept, and the command says so (exit 0)."""
     import types
 
-    from kiln.advise import run as advise_run
+    from kiln.advise import advise_run as advise_run
     from kiln.advise import static
 
     clock = [0.0]

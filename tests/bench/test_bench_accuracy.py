@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from kiln.bench.accuracy import compare, tolerance, uses_rng
-from kiln.bench.compile_rows import timing_figures
-from kiln.bench.runner import BenchContext
+from kiln.bench.compile.compile_rows import timing_figures
+from kiln.bench.compile.recipe_accuracy import compare, tolerance, uses_rng
+from kiln.bench.compile.runner import BenchContext
 from kiln.config import Config
 from kiln.timing import Timing
 

@@ -85,8 +85,8 @@ def test_seed001_preset_code_path_with_a_tiny_vit(tmp_path, tiny_vit):
 def test_eager_in_modes_is_the_baseline_not_an_error(capsys):
     import sys
 
-    from kiln.bench.compile_command import check_compile
-    from kiln.bench.compile_request import CompileRequest
+    from kiln.bench.compile.compile_command import check_compile
+    from kiln.bench.compile.compile_request import CompileRequest
     from kiln.cli.main import build_parser
     from kiln.config.options import from_namespace
 

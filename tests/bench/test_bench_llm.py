@@ -89,7 +89,7 @@ def test_several_batch_sizes_in_one_run(tiny, tmp_path):
 
 
 def test_hf_rows_are_skipped_without_transformers(tiny, tmp_path, monkeypatch):
-    import kiln.bench.llm_bench as llm_bench
+    import kiln.bench.llm.llm_bench as llm_bench
 
     monkeypatch.setattr(llm_bench, "hf_available", lambda: "transformers is not installed (test)")
     out = tmp_path / "bench"
@@ -278,7 +278,7 @@ def test_random_weights_are_judged_on_kernel_fidelity_only(quant_config, tmp_pat
 
 
 def test_nf4_without_bitsandbytes_is_a_skipped_row(quant_config, tmp_path, monkeypatch):
-    import kiln.bench.llm_quant as llm_quant
+    import kiln.bench.llm.llm_quant as llm_quant
 
     monkeypatch.setattr(llm_quant, "bitsandbytes_missing", lambda: "bitsandbytes is not installed (test)")
     out = tmp_path / "bench"

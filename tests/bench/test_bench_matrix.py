@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from kiln.bench.compile_bench import CompileBenchOptions, run_compile_bench
-from kiln.bench.recipes import Recipe, with_references
+from kiln.bench.compile.compile_bench import CompileBenchOptions, run_compile_bench
+from kiln.bench.compile.recipes import Recipe, with_references
 from kiln.cli.main import main
 from kiln.config import load_config
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kiln.bench.presets import PRESETS, plan_preset
-from kiln.bench.recipes import Axes, Recipe, check_axes, cuda_graph_reason, expand_matrix, recipe_config
+from kiln.bench.compile.recipes import Axes, Recipe, check_axes, cuda_graph_reason, expand_matrix, recipe_config
+from kiln.bench.compile.seed_presets import PRESETS, plan_preset
 from kiln.config import Config, ConfigError
 
 
@@ -103,7 +103,7 @@ def test_bad_axis_values_name_the_flag_and_the_choices(axes, needles):
 
 
 def test_distillation_loss_is_kd_plus_ce_and_trains_only_the_student():
-    from kiln.bench.distill import DistillationLoss, teacher_config
+    from kiln.bench.compile.distill import DistillationLoss, teacher_config
     from kiln.config import ModelConfig
 
     assert teacher_config(ModelConfig(name="vit", kwargs={"depth": 12})).kwargs["depth"] == 24

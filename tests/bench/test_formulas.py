@@ -18,7 +18,7 @@ import torch
 import kiln.bench.ceilings as ceilings
 from kiln.bench import formulas as f
 from kiln.bench.ceilings import Ceilings
-from kiln.bench.compile_rows import compare_with_plain, timing_figures
+from kiln.bench.compile.compile_rows import compare_with_plain, timing_figures
 from kiln.bench.gpu_specs import lookup, spec_dtype
 from kiln.monitor.flops import mfu
 from kiln.timing import Timing
@@ -155,8 +155,8 @@ def test_llm_rows_figures(tmp_path):
     datasheet and the copy; decode-vs-HF and prefill fractions; request tok/s."""
     import json
 
-    from kiln.bench.llm_bench import LlmBench
-    from kiln.bench.llm_options import LlmBenchPlan
+    from kiln.bench.llm.llm_bench import LlmBench
+    from kiln.bench.llm.llm_options import LlmBenchPlan
     from kiln.llm.weights import decode_weight_bytes, random_decoder
 
     (tmp_path / "config.json").write_text(json.dumps({
@@ -193,8 +193,8 @@ def test_llm_rows_figures(tmp_path):
 
 
 def test_gpt_fast_comparison_uses_the_peer_at_the_same_quant(tmp_path):
-    from kiln.bench.llm_bench import LlmBench
-    from kiln.bench.llm_options import LlmBenchPlan
+    from kiln.bench.llm.llm_bench import LlmBench
+    from kiln.bench.llm.llm_options import LlmBenchPlan
     from kiln.llm.quant import QuantSpec
 
     (tmp_path / "config.json").write_text(
@@ -223,9 +223,9 @@ def test_gpt_fast_comparison_uses_the_peer_at_the_same_quant(tmp_path):
 
 
 def test_decode_vs_unquantized_is_the_quantized_rate_over_the_same_engines(tmp_path):
-    from kiln.bench.llm_bench import LlmBench
-    from kiln.bench.llm_options import LlmBenchPlan
-    from kiln.bench.llm_rows import ratios
+    from kiln.bench.llm.llm_bench import LlmBench
+    from kiln.bench.llm.llm_options import LlmBenchPlan
+    from kiln.bench.llm.llm_rows import ratios
     from kiln.llm.quant import QuantSpec
 
     (tmp_path / "config.json").write_text(
@@ -266,8 +266,8 @@ def test_batched_rows_compare_each_batch_with_its_own_and_with_batch_1(tmp_path)
     batch-1 step, prefill FLOPs for B prompts, greedy tokens of the shared first prompt."""
     import json
 
-    from kiln.bench.llm_bench import LlmBench
-    from kiln.bench.llm_options import LlmBenchPlan
+    from kiln.bench.llm.llm_bench import LlmBench
+    from kiln.bench.llm.llm_options import LlmBenchPlan
     from kiln.llm.weights import random_decoder
 
     (tmp_path / "config.json").write_text(json.dumps({

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import time
 
-from kiln.bench import llm_memory
-from kiln.bench.llm_memory import bench_host_bytes
-from kiln.bench.llm_options import LlmBenchOptions, check_options
+from kiln.bench.llm import llm_memory
+from kiln.bench.llm.llm_memory import bench_host_bytes
+from kiln.bench.llm.llm_options import LlmBenchOptions, check_options
 from kiln.cli.main import main
 from kiln.models.host_memory import GIB
 

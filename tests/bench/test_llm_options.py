@@ -1,4 +1,4 @@
-"""kiln.bench.llm_options: `kiln bench llm`'s request (kiln.bench.llm_request) is checked once, in the library.
+"""kiln.bench.llm.llm_options: `kiln bench llm`'s request (kiln.bench.llm.llm_request) is checked once, in the library.
 
 The CLI only turns flags into LlmBenchOptions; check_options is the one place a bad value is
 found, and it names the flag (with the valid choices where there is a list)."""
@@ -12,8 +12,8 @@ import json
 
 import pytest
 
-from kiln.bench.llm_options import PRESETS, LlmBenchPlan, check_options
-from kiln.bench.llm_request import LlmBenchOptions
+from kiln.bench.llm.llm_options import PRESETS, LlmBenchPlan, check_options
+from kiln.bench.llm.llm_request import LlmBenchOptions
 from kiln.cli import bench_llm_cmd
 from kiln.cli.main import build_parser
 from kiln.config.errors import ConfigError

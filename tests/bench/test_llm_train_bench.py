@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from kiln.bench import formulas
-from kiln.bench import llm_train_bench as tb
-from kiln.bench.llm_train_result import TrainRow
+from kiln.bench.train_llm import llm_train_bench as tb
+from kiln.bench.train_llm.llm_train_result import TrainRow
 from kiln.llm.presets import PRESETS
 
 

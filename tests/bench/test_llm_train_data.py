@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from kiln.bench import llm_train_data as data
+from kiln.bench.train_llm import llm_train_data as data
 
 LLAMA3 = data.Vocab(128256, 128000, 128001)
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kiln.bench.peers.torchtitan import job as peer
+from kiln.bench.peers.torchtitan import job_file as peer
 from kiln.llm.presets import PRESETS
 
 

@@ -8,7 +8,7 @@ import inspect
 import pytest
 import torch
 
-from kiln.bench.peers.plain import loop as plain
+from kiln.bench.peers.plain import plain_loop as plain
 from kiln.models.hf import PRESETS
 
 

@@ -1,12 +1,12 @@
 """The bench charts: a panel only where some row has data, values written on the bars, decode on
-its own axis (kiln.bench.compile_report, llm_report, scale_report)."""
+its own axis (kiln.bench.compile.compile_report, llm_report, scale_report)."""
 
 from __future__ import annotations
 
 import matplotlib.figure
 import pytest
 
-from kiln.bench import compile_report, llm_report, scale_report
+from kiln.bench.compile import compile_report, llm_report, scale_report
 
 
 @pytest.fixture

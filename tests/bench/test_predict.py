@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from kiln.bench.predict import (
+from kiln.bench.scale.predict import (
     OPS,
     LinkCost,
     Phases,

@@ -9,7 +9,7 @@ import pytest
 from rich.console import Console
 
 from kiln.bench import ratios
-from kiln.bench.compile_report import render_table
+from kiln.bench.compile.compile_report import render_table
 
 
 def _row(mode="default", ms=10.0, p10=9.5, p90=10.5, eager=20.0, ep10=19.0, ep90=21.0, precision="fp32", **kw):

@@ -187,7 +187,7 @@ def test_an_out_that_cannot_be_written_is_refused_before_any_work(tmp_path, caps
 def test_ctrl_c_keeps_the_points_written_and_removes_their_checkpoints(tmp_path, capsys, monkeypatch):
     """Ctrl-C after a point was written: results.json (the point) stays, the points' training
     checkpoints (scratch) are removed, the message names both and the command exits 130."""
-    from kiln.bench import scale_command
+    from kiln.bench.scale import scale_command
 
     def interrupted_after_one_point(opts, out, *, on_rows, phase):
         point = out / "points" / "ddp-1"

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from kiln.bench.comm import fit_latency_bandwidth, plan_sizes
-from kiln.bench.predict import bus_factor
-from kiln.bench.scale_analysis import analyse_points, topology
-from kiln.bench.scale_plan import (
+from kiln.bench.scale.comm import fit_latency_bandwidth, plan_sizes
+from kiln.bench.scale.predict import bus_factor
+from kiln.bench.scale.scale_analysis import analyse_points, topology
+from kiln.bench.scale.scale_plan import (
     Variant,
     parse_nprocs,
     parse_strategies,
@@ -129,8 +129,8 @@ def test_comm_sizes_are_the_traffic_sizes_plus_a_sweep():
 
 
 def test_strong_scaling_predictions_and_calibration():
-    from kiln.bench.predict import OPS, LinkCost, Topology, predict_step
-    from kiln.bench.scale_analysis import prediction_rows
+    from kiln.bench.scale.predict import OPS, LinkCost, Topology, predict_step
+    from kiln.bench.scale.scale_analysis import prediction_rows
 
     rows = [_point("none", 1, 40.0, batch=16, role="baseline"), _point("ddp", 1, 41.0, batch=16),
             _point("ddp", 4, 12.0, batch=4)]

@@ -67,7 +67,7 @@ def test_rows_train_the_same_model_on_the_same_tokens(tmp_path, tiny_config, cap
 def test_ctrl_c_keeps_the_finished_rows_and_removes_the_scratch(tmp_path, tiny_config, monkeypatch, capsys):
     """Ctrl-C during the second row: results.json keeps the first; OUT/data (the corpus and initial
     weights, gigabytes for a real model) is removed, and the message says both."""
-    from kiln.bench import llm_train_run
+    from kiln.bench.train_llm import llm_train_run
 
     real = llm_train_run.run_row
     calls = []

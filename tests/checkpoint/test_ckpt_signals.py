@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-import kiln.distributed.signals
+import kiln.distributed.signal_relay
 from kiln.checkpoint import StopOnSignal, any_rank
 
 
@@ -37,7 +37,7 @@ def test_the_same_signal_delivered_twice_at_once_is_one_request() -> None:
 
 
 def test_second_sigint_interrupts_at_once(monkeypatch) -> None:
-    monkeypatch.setattr(kiln.distributed.signals, "REPEAT_WINDOW_S", 0.0)  # the second comes "later"
+    monkeypatch.setattr(kiln.distributed.signal_relay, "REPEAT_WINDOW_S", 0.0)  # the second comes "later"
     with StopOnSignal() as stop:
         os.kill(os.getpid(), signal.SIGINT)
         assert stop.signal_name == "SIGINT"

@@ -115,7 +115,7 @@ def test_bench_failure_is_one_short_message_with_a_log_in_the_output_dir(tmp_pat
     def out_of_memory(opts, **progress):
         raise MemoryError()
 
-    monkeypatch.setattr("kiln.bench.compile_command.run_compile_bench", out_of_memory)
+    monkeypatch.setattr("kiln.bench.compile.compile_command.run_compile_bench", out_of_memory)
     out = tmp_path / "bench"
     assert main(["bench", "compile", "--model", "mlp", "--device", "cpu", "--out", str(out)]) == 1
     err = capsys.readouterr().err

@@ -1,4 +1,4 @@
-"""Threads on a machine other processes keep busy (kiln.cpu.load), with injected load readings."""
+"""Threads on a machine other processes keep busy (kiln.cpu.busy), with injected load readings."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from tests.cpu.test_cpu_threads import _fake_sysfs
 from kiln.advise.static import check_cpu_threads
 from kiln.config import load_config
 from kiln.config.schema import CpuConfig
-from kiln.cpu.load import LoadReading, free_cores, oversubscribed, read_load, threads_under_load
+from kiln.cpu.busy import LoadReading, free_cores, oversubscribed, read_load, threads_under_load
 from kiln.cpu.threads import plan_cpu
 
 BUSY_2_CORES = LoadReading(load1=7.9, runnable=9, own_runnable=1, cores=2)  # the issue's machine

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from kiln.diagnose import classify, explain_target, load_target
+from kiln.diagnose import break_kinds as classify
+from kiln.diagnose import explain_target, load_target
 
 from .conftest import CORPUS, statement_line
 

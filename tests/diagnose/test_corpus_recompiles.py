@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import torch
 
-from kiln.diagnose import classify, explain_target, load_target
-from kiln.diagnose.capture import guard_place
+from kiln.diagnose import break_kinds as classify
+from kiln.diagnose import explain_target, load_target
+from kiln.diagnose.compile_record import guard_place
 
 from .conftest import CORPUS, statement_line
 

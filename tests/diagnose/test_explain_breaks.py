@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from kiln.diagnose import classify, explain_target, load_target
+from kiln.diagnose import break_kinds as classify
+from kiln.diagnose import explain_target, load_target
 
 from .conftest import PLANTED, marker_line, target
 
@@ -44,7 +45,7 @@ def _fullgraph_compiles(factory: str) -> bool:
 
     import torch
 
-    from kiln.diagnose.runtime import single_process_group
+    from kiln.diagnose.call_target import single_process_group
 
     t = load_target(target(factory))
     torch.compiler.reset()

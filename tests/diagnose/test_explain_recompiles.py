@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from kiln.diagnose import classify, explain_target, load_target
+from kiln.diagnose import break_kinds as classify
+from kiln.diagnose import explain_target, load_target
 from kiln.diagnose.vary import parse_vary
 
 from .conftest import PLANTED, marker_line, target

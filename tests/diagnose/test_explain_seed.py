@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from kiln.diagnose import classify, explain_target, load_target
+from kiln.diagnose import break_kinds as classify
+from kiln.diagnose import explain_target, load_target
 
 from .conftest import EXAMPLES, statement_line
 

@@ -1,7 +1,7 @@
 """Every kind `kiln explain` and `kiln doctor` can report has a row in the diagnosis guide's table
 and in README.md's list, each with its fix: a new category that is not documented fails here.
 
-The kinds are the graph-break and recompile categories of kiln.diagnose.classify and the crash
+The kinds are the graph-break and recompile categories of kiln.diagnose.break_kinds and the crash
 kinds of kiln.diagnose.crash. The first two tests check that those tuples hold every category the
 code can produce (every category constant of classify.py; every `kind` explain_crash returns).
 """
@@ -13,7 +13,7 @@ import inspect
 import re
 from pathlib import Path
 
-import kiln.diagnose.classify as classify
+import kiln.diagnose.break_kinds as classify
 import kiln.diagnose.crash as crash
 
 ROOT = Path(__file__).resolve().parents[2]

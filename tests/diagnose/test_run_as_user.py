@@ -10,7 +10,8 @@ import torch
 
 from kiln.cli.main import main
 from kiln.config.errors import ConfigError
-from kiln.diagnose import classify, explain_target, load_target
+from kiln.diagnose import break_kinds as classify
+from kiln.diagnose import explain_target, load_target
 from kiln.diagnose.inputs import load_input_sets
 
 from .conftest import CORPUS, statement_line

@@ -80,7 +80,7 @@ def test_ranks_that_died_of_the_stop_signal_are_a_stop_not_a_failure(tmp_path):
 
 
 def test_the_relay_passes_a_signal_on_once_and_a_later_repeat_again(monkeypatch):
-    from kiln.distributed import signals
+    from kiln.distributed import signal_relay as signals
 
     passed = []
     before = {sig: signal.getsignal(sig) for sig in signals.STOP_SIGNALS}

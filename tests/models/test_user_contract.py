@@ -175,7 +175,7 @@ def test_built_on_meta_the_spec_is_the_same(project: Path, factory: str) -> None
 def test_a_bench_of_a_model_whose_forward_reads_values_builds_its_data(tmp_path: Path) -> None:
     """A forward that branches on values cannot run on meta: the bench builds the model for real
     to learn its classes instead of refusing a working model."""
-    from kiln.bench.runner import build_context
+    from kiln.bench.compile.runner import build_context
     from kiln.config import load_config
 
     (tmp_path / "valued.py").write_text(textwrap.dedent(

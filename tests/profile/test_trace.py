@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from kiln.profile.summary import summarise_trace
+from kiln.profile.profile_summary import summarise_trace
 from kiln.profile.trace import cpu_self_times, device_events, idle_gaps, kernel_table, kinds, load_trace
 
 

@@ -150,7 +150,7 @@ def test_a_resumed_runs_report_names_its_segments_and_whole_wall_time(tmp_path):
 
 
 def test_the_validation_table_says_what_it_shows_and_keeps_the_best_pass():
-    from kiln.report.build import validation_blocks
+    from kiln.report.contents import validation_blocks
     from kiln.report.render import Para, Table
 
     recs = [{"step": 10 * i, "loss": 3.0, "eval_loss": 3.0 - 0.01 * i} for i in range(1, 21)]

@@ -1,5 +1,5 @@
 """precision.policy=bf16-master: AdamW over fp32 masters of bf16 parameters (kiln.train.master_adamw)
-and its Triton update (kiln.train.master_kernel): torch's AdamW arithmetic, clipping folded into
+and its Triton update (kiln.kernels.master_kernel): torch's AdamW arithmetic, clipping folded into
 the update, masters kept in fp32 across state_dict round trips, bad combinations refused."""
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ def test_triton_update_matches_the_reference(coef):
     lr, wd, b1, b2, eps, step = 1e-2, 0.1, 0.9, 0.95, 1e-8, 3
     reference_update_(ref["param"], ref["grad"], ref["master"], ref["exp_avg"], ref["exp_avg_sq"], c, lr=lr,
                       weight_decay=wd, beta1=b1, beta2=b2, eps=eps, step=step)
-    from kiln.train.master_kernel import master_adamw_
+    from kiln.kernels.master_kernel import master_adamw_
 
     master_adamw_(got["param"], got["grad"], got["master"], got["exp_avg"], got["exp_avg_sq"], c, decay=1 - lr * wd,
                   beta1=b1, beta2=b2, step_size=lr / (1 - b1**step), bc2_sqrt=(1 - b2**step) ** 0.5, eps=eps)

@@ -1,4 +1,4 @@
-"""kiln.train.master_kernel compiled for a CUDA GPU (run on the device machine; skipped in CPU CI,
+"""kiln.kernels.master_kernel compiled for a CUDA GPU (run on the device machine; skipped in CPU CI,
 where tests/train/test_master_adamw.py runs the same kernel under Triton's interpreter)."""
 
 from __future__ import annotations

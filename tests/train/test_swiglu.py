@@ -1,6 +1,6 @@
 """training.swiglu_kernel (kiln.train.swiglu): the fused SwiGLU equals eager PyTorch's
 `F.silu(gate) * up` forward and backward, swaps in and out of kiln's decoder without touching its
-parameters, and is refused where it cannot apply; its Triton kernels (kiln.train.swiglu_kernel)
+parameters, and is refused where it cannot apply; its Triton kernels (kiln.kernels.swiglu_kernel)
 match the reference under Triton's interpreter."""
 
 from __future__ import annotations
@@ -124,7 +124,7 @@ def test_under_interpreter():
 @interpreted
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_triton_kernels_match_the_reference(dtype, monkeypatch):
-    from kiln.train import swiglu_kernel
+    from kiln.kernels import swiglu_kernel
     from kiln.train.swiglu import _reference_backward, _reference_forward
 
     monkeypatch.setattr(swiglu_kernel, "BLOCK", 64)  # several blocks per row, the last one partial

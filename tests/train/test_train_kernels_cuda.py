@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from kiln.kernels.triton_ce import triton_cross_entropy
 from kiln.train.swiglu import apply_swiglu_kernel, swiglu
-from kiln.train.triton_ce import triton_cross_entropy
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the compiled kernels)")
 

@@ -121,7 +121,7 @@ def test_bad_model_name_fails_before_run_dir_exists(tmp_path, tiny_overrides):
 
 def test_language_model_validates_on_a_prepared_directory(tmp_path):
     from kiln.data.prepare import PrepareOptions, prepare
-    from kiln.report.build import make_report
+    from kiln.report.contents import make_report
 
     lines = [f"The {w} sat on the {v} by the door." for w in ("cat", "dog", "owl", "fox") for v in ("mat", "rug")]
     (tmp_path / "t.txt").write_text("\n".join(lines * 60) + "\n")

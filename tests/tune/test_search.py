@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kiln.bench.recipes import Recipe
+from kiln.bench.compile.recipes import Recipe
 from kiln.config import load_config
 from kiln.tune import space as sp
 from kiln.tune.budget import Budget, BudgetExceeded, compile_factor
@@ -269,7 +269,7 @@ def test_strategy_stage_picks_the_faster_strategy(tmp_path, monkeypatch):
     import json
     import subprocess
 
-    from kiln.tune import strategy
+    from kiln.tune import strategy_stage as strategy
 
     calls = []
 

@@ -1,6 +1,6 @@
 """The checks of `kiln advise` that measure training steps: a data loader that starves the device and
 launch-bound steps (from a short `kiln profile` run of the config), and the gains of bf16 and of
-whole-step CUDA-graph capture (rows of `kiln bench compile`, kiln.bench.session)."""
+whole-step CUDA-graph capture (rows of `kiln bench compile`, kiln.bench.compile.session)."""
 
 from __future__ import annotations
 
@@ -13,15 +13,15 @@ from typing import Any
 import torch
 
 from kiln.advise.findings import Finding
-from kiln.bench.accuracy import compare
-from kiln.bench.compile_bench import CompileBenchOptions
+from kiln.bench.compile.compile_bench import CompileBenchOptions
+from kiln.bench.compile.recipe_accuracy import compare
+from kiln.bench.compile.recipes import Recipe
+from kiln.bench.compile.session import BenchSession
 from kiln.bench.ratios import gain_text, on_common_reference
-from kiln.bench.recipes import Recipe
-from kiln.bench.session import BenchSession
 from kiln.config.schema import Config
 from kiln.monitor.records import read_records
 from kiln.precision import cpu_bf16_native
-from kiln.profile.run import profile_run
+from kiln.profile.profile_run import profile_run
 from kiln.tune.space import MIN_GAIN  # a change is advised on the rule autotune applies
 
 # The device waits for data more than this share of the step: the loader is the bottleneck.

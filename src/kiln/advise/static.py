@@ -10,7 +10,7 @@ import torch
 
 from kiln.advise.findings import Finding, gib
 from kiln.config.schema import Config
-from kiln.cpu.load import LoadReading, read_load
+from kiln.cpu.busy import LoadReading, read_load
 from kiln.cpu.threads import plan_cpu
 from kiln.cpu.topology import process_affinity, read_topology
 from kiln.distributed.strategy import STATE_BUDGET, device_memory_bytes, training_state_bytes

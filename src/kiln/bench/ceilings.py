@@ -85,7 +85,7 @@ def _read_kernels(buf: torch.Tensor) -> dict[str, Callable[[], object]]:
         "amax_int64": lambda: i64.amax(),
     }
     if buf.is_cuda:
-        from kiln.bench.stream_read import triton_read
+        from kiln.kernels.stream_read import triton_read
 
         for block, warps in ((4096, 8), (16384, 16)):  # 32 and 128 KiB per program
             reader = triton_read(buf, block, warps)

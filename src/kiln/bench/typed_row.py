@@ -18,7 +18,7 @@ UNSET: Any = _Unset()
 
 
 class JsonRow:
-    """Base of a row dataclass (kiln.bench.llm_train_result.TrainRow, gpt-fast's GptFastRow)."""
+    """Base of a row dataclass (kiln.bench.train_llm.llm_train_result.TrainRow, gpt-fast's GptFastRow)."""
 
     def get(self, name: str) -> Any:
         """The field's value, None when it was never set."""

@@ -6,7 +6,7 @@ leave state half-updated. The handler only records the request; the trainer poll
 SIGTERM. A second signal of the same kind means "now": SIGINT raises KeyboardInterrupt, SIGTERM
 and SIGHUP exit with 128 + the signal number — the user or the scheduler insisted. The same
 signal again within `REPEAT_WINDOW_S` is not a second one: a scheduler signals every process of a
-job and the launcher passes the signal on too (kiln.distributed.signals).
+job and the launcher passes the signal on too (kiln.distributed.signal_relay).
 
 Python runs signal handlers in the main thread only, and `signal.signal` may only be called from
 it (Python docs, "signal — Set handlers for asynchronous events"); elsewhere this is a no-op.
@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from kiln.distributed.signals import STOP_SIGNALS, is_repeat
+from kiln.distributed.signal_relay import STOP_SIGNALS, is_repeat
 
 log = logging.getLogger("kiln.checkpoint")
 

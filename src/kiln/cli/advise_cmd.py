@@ -40,8 +40,8 @@ def run(args: argparse.Namespace) -> int:
 
     cfg = advise_config(args.config, args.words, args.device)  # ConfigError -> exit 2 before any work
 
+    from kiln.advise.advise_run import advise_target
     from kiln.advise.findings import Finding, render
-    from kiln.advise.run import advise_target
     from kiln.cli.explain_cmd import emit
 
     def say(message: str) -> None:

@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
     from rich.console import Console
 
-    from kiln.cli.results import claim_results_dir, stopped_line
+    from kiln.cli.show_results import claim_results_dir, stopped_line
     from kiln.monitor.env import collect_env
     from kiln.runtime import resolve_device
     from kiln.tune.autotune_check import has_blocks
@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
         search = Search(opts, has_blocks=blocks, log=progress.log, progress=progress)
         result = search.run()
         if nproc and not result.stop_reason:
-            from kiln.tune.strategy import strategy_stage
+            from kiln.tune.strategy_stage import strategy_stage
 
             strategy_stage(result, opts, nproc, out, log=progress.log)
     result.notes[:0] = notes

@@ -16,7 +16,7 @@ def run(args: argparse.Namespace, req, cfg, command: str) -> int:
 
     import torch
 
-    from kiln.cli.results import claim_results_dir, stopped_line
+    from kiln.cli.show_results import claim_results_dir, stopped_line
     from kiln.monitor.env import collect_env
     from kiln.runtime import resolve_device
     from kiln.tune.llm_output import result_rows, write_best, write_evidence

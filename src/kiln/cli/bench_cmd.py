@@ -1,6 +1,6 @@
 """`kiln bench compile|llm|scale|comm|predict [...]`: benchmark commands (`llm` lives in bench_llm_cmd;
 scale, comm and predict in bench_scale_cmd). Argument parsing and printing only: compile's flags
-come from kiln.bench.compile_request.CompileRequest; kiln.bench.compile_command checks them (before
+come from kiln.bench.compile.compile_request.CompileRequest; kiln.bench.compile.compile_command checks them (before
 any model is built) and runs the recipes."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from kiln.bench.compile_request import CompileRequest
+from kiln.bench.compile.compile_request import CompileRequest
 from kiln.cli.args import DefaultsFormatter, add_verbose_flag
-from kiln.cli.results import claim_results_dir, show_results
+from kiln.cli.show_results import claim_results_dir, show_results
 from kiln.config.options import add_flags, command_line, from_namespace
 
 WORDS = ["kiln", "bench", "compile"]
@@ -46,8 +46,8 @@ def _no_subcommand(args: argparse.Namespace) -> int:
 
 def run_compile(args: argparse.Namespace) -> int:
     from kiln.activity import Activity
-    from kiln.bench.compile_command import check_compile, run_compile_job
-    from kiln.bench.compile_report import render_table
+    from kiln.bench.compile.compile_command import check_compile, run_compile_job
+    from kiln.bench.compile.compile_report import render_table
 
     req = from_namespace(CompileRequest, args)
     job = check_compile(req, say=lambda line: print(line, file=sys.stderr))  # ConfigError -> exit 2 before any work

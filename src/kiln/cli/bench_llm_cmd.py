@@ -1,12 +1,12 @@
 """`kiln bench llm [...]`: generation engines side by side. Argument parsing and printing only: the
-flags come from kiln.bench.llm_request.LlmBenchOptions (one field per flag), which the library
-checks (before any model is built) and runs (kiln.bench.llm_bench.bench_llm)."""
+flags come from kiln.bench.llm.llm_request.LlmBenchOptions (one field per flag), which the library
+checks (before any model is built) and runs (kiln.bench.llm.llm_bench.bench_llm)."""
 
 from __future__ import annotations
 
 import argparse
 
-from kiln.bench.llm_request import LlmBenchOptions
+from kiln.bench.llm.llm_request import LlmBenchOptions
 from kiln.cli.args import add_verbose_flag
 from kiln.config.options import add_flags, command_line, from_namespace
 
@@ -36,9 +36,9 @@ def options(args: argparse.Namespace) -> LlmBenchOptions:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kiln.bench.llm_bench import bench_llm
-    from kiln.bench.llm_report import render_table
-    from kiln.cli.results import show_results
+    from kiln.bench.llm.llm_bench import bench_llm
+    from kiln.bench.llm.llm_report import render_table
+    from kiln.cli.show_results import show_results
 
     opts = options(args)
     result = bench_llm(opts, command=command_line(WORDS, opts))  # ConfigError -> exit 2 before any work

@@ -1,5 +1,5 @@
 """`kiln bench scale | comm | predict`: argument parsing and printing only. The flags come from
-kiln.bench.scale_request (one field per flag); kiln.bench.scale_command checks them (before any
+kiln.bench.scale.scale_request (one field per flag); kiln.bench.scale.scale_command checks them (before any
 process is started) and runs the bench. Registered from kiln.cli.bench_cmd.
 """
 
@@ -9,7 +9,7 @@ import argparse
 import shlex
 import sys
 
-from kiln.bench.scale_request import CommRequest, PredictRequest, ScaleRequest
+from kiln.bench.scale.scale_request import CommRequest, PredictRequest, ScaleRequest
 from kiln.cli.args import add_verbose_flag
 from kiln.config.options import add_flags, from_namespace
 
@@ -49,7 +49,7 @@ def _command(name: str) -> str:
 def _print(rows, title, written) -> None:
     from rich.console import Console
 
-    from kiln.bench.scale_report import render_table
+    from kiln.bench.scale.scale_report import render_table
 
     console = Console()
     if not console.is_terminal:  # piped or logged: do not squeeze the table into 80 columns
@@ -62,8 +62,8 @@ def _print(rows, title, written) -> None:
 
 def run_scale(args: argparse.Namespace) -> int:
     from kiln.activity import Activity
-    from kiln.bench.scale_command import check_scale, run_scale_job
-    from kiln.cli.results import remove_scratch_on_interrupt
+    from kiln.bench.scale.scale_command import check_scale, run_scale_job
+    from kiln.cli.show_results import remove_scratch_on_interrupt
 
     job = check_scale(from_namespace(ScaleRequest, args))  # ConfigError -> exit 2 before any process starts
     try:
@@ -77,7 +77,7 @@ def run_scale(args: argparse.Namespace) -> int:
 
 
 def run_comm(args: argparse.Namespace) -> int:
-    from kiln.bench.scale_command import bench_comm
+    from kiln.bench.scale.scale_command import bench_comm
 
     result = bench_comm(from_namespace(CommRequest, args), _command("comm"))
     if result is None:  # one of the launched ranks
@@ -94,7 +94,7 @@ def run_comm(args: argparse.Namespace) -> int:
 
 
 def run_predict(args: argparse.Namespace) -> int:
-    from kiln.bench.scale_command import bench_predict
+    from kiln.bench.scale.scale_command import bench_predict
 
     rows, written, title = bench_predict(from_namespace(PredictRequest, args), _command("predict"))
     _print(rows, title, written)

@@ -1,7 +1,7 @@
 """`kiln bench train-llm [...]`: LLM training recipes (kiln, the plain transformers loop, torchtitan)
 side by side. Argument parsing and printing only: the flags come from
-kiln.bench.llm_train_request.TrainLlmRequest, kiln.bench.llm_train_check checks them (before any
-work) and kiln.bench.llm_train_run measures."""
+kiln.bench.train_llm.llm_train_request.TrainLlmRequest, kiln.bench.train_llm.llm_train_check checks them (before any
+work) and kiln.bench.train_llm.llm_train_run measures."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import argparse
 import shlex
 import sys
 
-from kiln.bench.llm_train_request import TrainLlmRequest
+from kiln.bench.train_llm.llm_train_request import TrainLlmRequest
 from kiln.config.options import add_flags, from_namespace
 
 
@@ -27,15 +27,15 @@ def add_parser(bsub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kiln.bench.llm_train_check import check_train_llm
+    from kiln.bench.train_llm.llm_train_check import check_train_llm
 
     opts = check_train_llm(from_namespace(TrainLlmRequest, args))  # ConfigError -> exit 2 before any work
 
     from pathlib import Path
 
-    from kiln.bench.llm_train_report import write_report
-    from kiln.bench.llm_train_run import run as run_rows
-    from kiln.cli.results import claim_results_dir, remove_scratch_on_interrupt
+    from kiln.bench.train_llm.llm_train_report import write_report
+    from kiln.bench.train_llm.llm_train_run import run as run_rows
+    from kiln.cli.show_results import claim_results_dir, remove_scratch_on_interrupt
     from kiln.monitor.env import collect_env
 
     out = claim_results_dir(args, f"bench-train-llm-{Path(args.model).name}")

@@ -44,8 +44,8 @@ def _out_dir(args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> int:
     from kiln.diagnose.backends import build_ladder
+    from kiln.diagnose.console import render_doctor
     from kiln.diagnose.doctor import run_doctor
-    from kiln.diagnose.report import render_doctor
     from kiln.diagnose.target import check_device, load_target, parse_kwargs
 
     device = check_device(args.device)

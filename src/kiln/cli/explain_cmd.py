@@ -79,8 +79,8 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from kiln.diagnose.backends import resolve_backend
+    from kiln.diagnose.console import render_explain, render_fullgraph
     from kiln.diagnose.explain import explain_target
-    from kiln.diagnose.report import render_explain, render_fullgraph
     from kiln.diagnose.target import check_device, load_target, parse_kwargs
     from kiln.diagnose.vary import parse_vary
 

@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from kiln.config import load_config
-    from kiln.profile.run import profile_config, profile_run
+    from kiln.profile.profile_run import profile_config, profile_run
     from kiln.runtime import default_run_dir
 
     cfg = load_config(args.config, args.overrides)  # ConfigError -> exit 2 before any work

@@ -26,7 +26,7 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from kiln.outputs import refuse_held_by_another
-    from kiln.report.build import make_report
+    from kiln.report.contents import make_report
 
     path = Path(args.path)
     target = Path(args.out) if args.out else path.parent if path.is_file() else path

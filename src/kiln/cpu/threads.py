@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from kiln.config.schema import CpuConfig
-from kiln.cpu.load import LoadReading, oversubscribed, read_load, threads_under_load
+from kiln.cpu.busy import LoadReading, oversubscribed, read_load, threads_under_load
 from kiln.cpu.topology import CpuTopology, format_cpulist, process_affinity, read_topology
 
 log = logging.getLogger("kiln.cpu")
@@ -81,7 +81,7 @@ def _pinned_cpus(topo: CpuTopology, physical: list[int], bind: str, local_rank: 
 def plan_cpu(cfg: CpuConfig, topo: CpuTopology, affinity: set[int], *, local_rank: int = 0, local_world: int = 1,
              omp_env: str | None = None, load: LoadReading | None = None) -> CpuPlan:
     """The threads and pinning for rank `local_rank` of `local_world` ranks on this node. With a
-    `load` reading (kiln.cpu.load), the auto rule of a single process leaves out the cores other
+    `load` reading (kiln.cpu.busy), the auto rule of a single process leaves out the cores other
     processes keep busy, and an explicit count that oversubscribes them gets a note."""
     notes: list[str] = []
     physical = topo.physical_cpus(affinity) or sorted(affinity) or [0]

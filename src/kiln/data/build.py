@@ -12,8 +12,8 @@ from kiln.data.files import TokenWindowDataset, build_file_pair, build_imagefold
 from kiln.data.loader import LoaderSource
 from kiln.data.prepared import is_prepared, read_prepared
 from kiln.data.synthetic import SyntheticSource
-from kiln.data.user import KEY as USER_KEY
-from kiln.data.user import load_user_dataset
+from kiln.data.user_data import KEY as USER_KEY
+from kiln.data.user_data import load_user_dataset
 
 SPLITS = ("train", "eval")
 

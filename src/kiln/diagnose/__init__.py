@@ -8,9 +8,9 @@
 
 from __future__ import annotations
 
+from kiln.diagnose.call_target import EagerFailure
 from kiln.diagnose.doctor import run_doctor
 from kiln.diagnose.explain import explain_target
-from kiln.diagnose.runtime import EagerFailure
 from kiln.diagnose.target import Target, load_target
 
 __all__ = ["EagerFailure", "Target", "explain_target", "load_target", "run_doctor"]

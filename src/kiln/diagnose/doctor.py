@@ -3,7 +3,7 @@
 Every stage starts from a fresh copy of the same weights in eval mode (dropout and batch-norm
 statistics would otherwise make runs differ for reasons that are not the compiler's) and from the
 same RNG seed. Results — outputs, and with --train the gradients of the summed outputs — are
-judged against plain eager and a float64 CPU reference by the harness rule (diagnose/accuracy.py).
+judged against plain eager and a float64 CPU reference by the harness rule (diagnose/compiled_accuracy.py).
 When Inductor is the first stage at fault, torch's CompilerBisector narrows it down; a standalone
 repro script is written for the first failure.
 """
@@ -18,16 +18,16 @@ from typing import Any
 
 import torch
 
-from kiln.diagnose.accuracy import FORWARD_TOL, TRAIN_TOL, compare, fp64_reference, named_results
 from kiln.diagnose.backends import CROSSREF, Stage, build_ladder
 from kiln.diagnose.bisect import bisect_inductor
-from kiln.diagnose.capture import capture_dynamo
+from kiln.diagnose.call_target import call, eager_check, first_line, quiet_stdout, quiet_torch, single_process_group
+from kiln.diagnose.compile_record import capture_dynamo
+from kiln.diagnose.compiled_accuracy import FORWARD_TOL, TRAIN_TOL, compare, fp64_reference, named_results
 from kiln.diagnose.crash import CROSSREF_MEANING, FAKE_MISMATCH, explain_crash
 from kiln.diagnose.expectations import compare_failure
 from kiln.diagnose.frames import Place, place_from_exception
 from kiln.diagnose.inputs import describe_inputs, to_device
 from kiln.diagnose.repro import write_repro
-from kiln.diagnose.runtime import call, eager_check, first_line, quiet_stdout, quiet_torch, single_process_group
 from kiln.diagnose.target import Target
 
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from kiln.diagnose.capture import GraphInfo
+from kiln.diagnose.compile_record import GraphInfo
 
 # Why the installed torch traces a construct that older torch broke on, per construct kind.
 TRACED_WHY = {

@@ -18,14 +18,8 @@ from typing import Any
 
 import torch
 
-from kiln.diagnose import classify
-from kiln.diagnose.capture import DynamoCapture, RawBreak, capture_dynamo
-from kiln.diagnose.crash import explain_crash
-from kiln.diagnose.expectations import compare_breaks
-from kiln.diagnose.frames import function_span, place_from_exception
-from kiln.diagnose.inputs import describe_inputs, to_device
-from kiln.diagnose.recompiles import mark_limit_hits, observe, probe_results, recompile_dicts
-from kiln.diagnose.runtime import (
+from kiln.diagnose import break_kinds as classify
+from kiln.diagnose.call_target import (
     FORWARD_WITH_GRAD,
     EagerFailure,
     NothingToBackprop,
@@ -37,6 +31,12 @@ from kiln.diagnose.runtime import (
     run_mode,
     single_process_group,
 )
+from kiln.diagnose.compile_record import DynamoCapture, RawBreak, capture_dynamo
+from kiln.diagnose.crash import explain_crash
+from kiln.diagnose.expectations import compare_breaks
+from kiln.diagnose.frames import function_span, place_from_exception
+from kiln.diagnose.inputs import describe_inputs, to_device
+from kiln.diagnose.recompiles import mark_limit_hits, observe, probe_results, recompile_dicts
 from kiln.diagnose.target import Target
 from kiln.diagnose.vary import DEFAULT_VARY, Variant, make_variants
 from kiln.diagnose.verify import verify_fixes

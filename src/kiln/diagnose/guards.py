@@ -2,7 +2,7 @@
 
 A guard's form says what changed (a size, a number, a dict's keys, an object), the source line says
 what the value is to the user (an argument, a module attribute forward writes, a value fed into
-`math.*`), and the fix depends on both. kiln.diagnose.classify re-exports these names.
+`math.*`), and the fix depends on both. kiln.diagnose.break_kinds re-exports these names.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ import re
 from collections import Counter
 from typing import Any
 
-from kiln.diagnose import classify
+from kiln.diagnose import break_kinds as classify
 from kiln.diagnose.frames import source_line
 from kiln.diagnose.vary import Variant
 

@@ -21,9 +21,9 @@ from typing import Any
 
 import torch
 
-from kiln.diagnose import classify
+from kiln.diagnose import break_kinds as classify
+from kiln.diagnose.call_target import first_line
 from kiln.diagnose.recompiles import BOUNDED, SIZE_GUARD
-from kiln.diagnose.runtime import first_line
 from kiln.diagnose.vary import Variant
 
 

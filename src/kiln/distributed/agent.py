@@ -13,7 +13,7 @@ with two differences:
   traceback, whatever the ranks were doing. A kiln rank treats the signal as a request: it saves a
   checkpoint at the next step all ranks agree on and exits 0, which may take longer than 30 s (a
   log interval of slow steps, a large checkpoint). So this agent passes the signal to the ranks'
-  process groups (`kiln.distributed.signals.SignalRelay`) and goes on supervising them: ranks that
+  process groups (`kiln.distributed.signal_relay.SignalRelay`) and goes on supervising them: ranks that
   saved and exited 0 end the job as a success, ranks that failed are reported as failures, and no
   group is restarted after a stop was asked for. A second signal is passed on too (the ranks then
   stop at once).
@@ -26,7 +26,7 @@ import logging
 import os
 import sys
 
-from kiln.distributed.signals import SignalRelay, signal_group
+from kiln.distributed.signal_relay import SignalRelay, signal_group
 from kiln.failure.ranks import REPORT_ENV, dump_failures
 
 

@@ -34,7 +34,7 @@ def fsdp_available() -> bool:
 # for its host waits for all of it, so fewer, larger units make such a step faster
 # (the fsdp_host_overhead results: fsdp-zero2 vs fsdp-unit6-auto). Larger units cost
 # overlap instead: the first all-gather and the last reduce-scatter run beside no compute;
-# kiln.bench.predict puts that below one unit's host work for ViT-B-sized blocks from 8 to 64 GPUs.
+# kiln.bench.scale.predict puts that below one unit's host work for ViT-B-sized blocks from 8 to 64 GPUs.
 # Blocks of >= 64 MiB (most LLMs in bf16) stay one per unit. Units are balanced (6+6, not
 # 5+5+2), so every unit gathers at least this much.
 UNIT_TARGET_BYTES = 64 * 2**20

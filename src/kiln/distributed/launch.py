@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from kiln.config.errors import ConfigError
-from kiln.distributed.signals import SignalRelay
+from kiln.distributed.signal_relay import SignalRelay
 from kiln.failure.ranks import REPORT_ENV, RankFailure, load_failures
 from kiln.safe_io import open_truncate
 
@@ -237,7 +237,7 @@ def launch(spec: LaunchSpec, run_dir: Path, train_args: list[str],
 
     A stop signal this process receives (Ctrl-C, a scheduler's SIGTERM, SIGHUP) is passed on to
     torchrun's agent, which passes it to the ranks; they save a checkpoint and exit 0 and this call
-    returns as usual, naming the signal (kiln.distributed.signals). The agent runs in a session of
+    returns as usual, naming the signal (kiln.distributed.signal_relay). The agent runs in a session of
     its own so that a terminal's Ctrl-C reaches it once, through here, not twice.
     """
     with tempfile.TemporaryDirectory(prefix="kiln-launch-") as reports:

@@ -2,7 +2,7 @@
 
 Computed from the model built on the meta device (no memory, no compute) with the same rules the
 wrappers use, so `kiln bench comm` measures bandwidth at the sizes the run really communicates and
-`kiln.bench.predict` can cost each collective:
+`kiln.bench.scale.predict` can cost each collective:
 
 - DDP: gradient buckets as DDP forms them once it has seen a backward (its own
   `_compute_bucket_assignment_by_size` over the parameters in gradient-ready order, capped at

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from kiln.generate.check import GenerateRequest, check_generate
+from kiln.generate.check_generate import GenerateRequest, check_generate
 from kiln.generate.request import GenerateOptions
 from kiln.llm.engine import Engine
 from kiln.llm.quant import quantize_decoder

@@ -1,5 +1,5 @@
 """What `kiln generate` is asked to do: one field per flag (kiln.config.options), unchecked;
-kiln.generate.check.check_generate checks it."""
+kiln.generate.check_generate.check_generate checks it."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ kernel behind SDPA's flash backend) on the cache as it is: row b's keys start at
 (`cu_seqlens_k[b] = b * S + pad[b]`) and it uses `pos + 1 - pad[b]` of them (`seqused_k`), so
 neither a mask nor a copy of the cache is needed and shapes stay static for CUDA graphs.
 
-`triton` is kiln's own split-KV kernel (kiln.llm.triton_decode): the same idea with the chunk
+`triton` is kiln's own split-KV kernel (kiln.kernels.triton_decode): the same idea with the chunk
 count sized to fill the GPU, sliding windows handled in the kernel, and the chunks combined in
 the same launch by the last one to finish.
 
@@ -60,7 +60,7 @@ def triton_unavailable(device: torch.device, dtype: torch.dtype, head_dim: int) 
     if head_dim > 256:
         return f"needs a head dim up to 256 (this model's is {head_dim})"
     try:
-        import kiln.llm.triton_decode  # noqa: F401  (registers the kernel's op)
+        import kiln.kernels.triton_decode  # noqa: F401  (registers the kernel's op)
     except ImportError as exc:
         return f"needs Triton, which does not import here ({exc})"
     major, _ = torch.cuda.get_device_capability(device)

@@ -1,16 +1,16 @@
 """A decode step's matrix-vector products (`--decode-matvec`): `inductor` (torch.compile's own
-fused reductions) or `triton` (kiln.llm.triton_matvec), where each can run, and the fused calls.
+fused reductions) or `triton` (kiln.kernels.triton_matvec), where each can run, and the fused calls.
 
 With `triton` a decode step's layer is four kernel calls around the attention: RMSNorm + wqkv,
 wo + the residual add, RMSNorm + w_gate_up, SwiGLU + w_down + the residual add (and the final
 norm + lm_head), each one launch of kiln's kernel (`fused_linear`, `fused_mlp`), where inductor
 reads the weights more slowly and launches the norms and residual adds between projections as
-kernels of their own. With int4@triton weights (kiln.llm.triton_int4) the norms' weights are
+kernels of their own. With int4@triton weights (kiln.kernels.triton_int4) the norms' weights are
 folded into the projections and the SwiGLU is the gate/up kernel's epilogue. Projections the
 kernel does not read (torchao's int4 and int8 layouts, bitsandbytes) keep their own matmul with
 the norm, SwiGLU and residual add computed around it, which is what `inductor` does for every
 projection. At several rows (batch > 1) dense projections take the model's own matmul with the
-same work around it, and int4@triton ones kiln.llm.triton_rows' kernel (`ROWS_KERNEL_FROM`).
+same work around it, and int4@triton ones kiln.kernels.triton_rows' kernel (`ROWS_KERNEL_FROM`).
 kiln.llm.kernels.use_decode_kernels swaps these calls into a model's decode steps.
 
 `auto`, the default, is `triton` where it runs (CUDA, fp16/bf16), else `inductor`; the
@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from kiln.config.errors import ConfigError
-from kiln.llm.triton_launch import interpreting
+from kiln.kernels.triton_launch import interpreting
 
 CHOICES = ("auto", "inductor", "triton")
 """`auto` (the default): `triton` where it runs (CUDA, fp16/bf16), else `inductor`."""
@@ -37,7 +37,7 @@ def triton_unavailable(device: torch.device, dtype: torch.dtype) -> str | None:
     if dtype not in (torch.float16, torch.bfloat16):
         return f"needs fp16 or bf16 (the model is {str(dtype).replace('torch.', '')})"
     try:
-        import kiln.llm.triton_rows  # noqa: F401  (registers the kernels' ops)
+        import kiln.kernels.triton_rows  # noqa: F401  (registers the kernels' ops)
     except ImportError as exc:
         return f"needs Triton, which does not import here ({exc})"
     return None
@@ -57,15 +57,15 @@ def check(choice: str, device: torch.device, dtype: torch.dtype, *, key: str = "
 
 ROWS_KERNEL_FROM = 2
 """Rows (batch x tokens) from which a decode step's projections leave the one-row kernels: int4
-weights go to kiln.llm.triton_rows' kernel (one weight read for all rows), dense weights to the
+weights go to kiln.kernels.triton_rows' kernel (one weight read for all rows), dense weights to the
 model's own matmul (cuBLAS), which read them at least as fast on most of an H100's decode shapes."""
 
 
 def _kernel_reads(layer: nn.Module, x: Tensor) -> str | None:
     """Which kiln op reads `layer`'s weight for input x, or None (the model's own matmul: a layout
     kiln's kernels do not read, dense weights at several rows, or more rows than they take)."""
+    from kiln.kernels.triton_rows import MAX_ROWS
     from kiln.llm.int4_layout import Int4TritonLinear  # Triton is optional
-    from kiln.llm.triton_rows import MAX_ROWS
 
     rows = x.numel() // x.shape[-1]
     if rows > MAX_ROWS or not (x.is_cuda or interpreting()):

@@ -1,7 +1,7 @@
 """kiln's int4 layout for `--quant int4@triton` and its layer, `Int4TritonLinear`: 4-bit asymmetric
 groups along the input dimension packed eight to an int32 word down K ([K/8, N], outputs
 contiguous), scales and offsets [K/group, N]; an RMSNorm weight may be folded in when quantizing,
-and a SwiGLU's gate and up rows interleaved (kiln.llm.triton_int4 reads it, and explains why).
+and a SwiGLU's gate and up rows interleaved (kiln.kernels.triton_int4 reads it, and explains why).
 Up to MAX_ROWS rows (decode) go through the kernel; longer inputs dequantize and call `linear`."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-import kiln.llm.triton_int4  # noqa: F401  (registers kiln::int4_matvec)
+import kiln.kernels.triton_int4  # noqa: F401  (registers kiln::int4_matvec)
+from kiln.kernels.triton_launch import interpreting
+from kiln.kernels.triton_matvec import MAX_ROWS
 from kiln.llm.quant_torch import _int4_groups
-from kiln.llm.triton_launch import interpreting
-from kiln.llm.triton_matvec import MAX_ROWS
 
 
 def pack_words(q: Tensor) -> Tensor:

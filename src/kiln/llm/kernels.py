@@ -11,7 +11,7 @@ says which of these kernels its modules take (`decode_attention`, `decode_matvec
 Attention (`attention`, chosen and checked by kiln.llm.decode_attention):
 - `flash`: FlashAttention-2's varlen forward on the cache as it is (`flash_decode`), on layers
   without a sliding window (windowed layers keep `matmul`);
-- `triton`: kiln's split-KV kernel (kiln.llm.triton_decode); on layers without q/k norms it
+- `triton`: kiln's split-KV kernel (kiln.kernels.triton_decode); on layers without q/k norms it
   also applies RoPE and writes the step's cache slot (`triton_decode_rope`), from the projection's
   output, in one launch.
 Projections (`matvec`, chosen and checked by kiln.llm.decode_matvec):
@@ -42,27 +42,27 @@ class FlashDecodeAttention(Attention):
 
 
 class TritonDecodeAttention(Attention):
-    """A decode step's attention by kiln's split-KV kernel (kiln.llm.triton_decode), after the
+    """A decode step's attention by kiln's split-KV kernel (kiln.kernels.triton_decode), after the
     model's own q/k norms, RoPE and cache write."""
 
     _plain_class = Attention
 
     def decode_attention(self, q: Tensor, cache_k: Tensor, cache_v: Tensor, inputs: AttentionInputs) -> Tensor:
-        from kiln.llm.triton_decode import triton_decode  # Triton is optional
+        from kiln.kernels.triton_decode import triton_decode  # Triton is optional
 
         return triton_decode(q, cache_k, cache_v, inputs.pad, inputs.slot, self.scale, self.window).transpose(1, 2)
 
 
 class TritonRopeDecodeAttention(Attention):
     """A decode step's RoPE, cache write and attention in one launch of kiln's kernel
-    (kiln.llm.triton_decode), for layers without q/k norms."""
+    (kiln.kernels.triton_decode), for layers without q/k norms."""
 
     _plain_class = Attention
 
     def core(self, qkv: Tensor, inputs: AttentionInputs, kv: tuple[Tensor, Tensor] | None) -> Tensor:
         if not inputs.decoding:
             return super().core(qkv, inputs, kv)
-        from kiln.llm.triton_decode import triton_decode_rope  # Triton is optional
+        from kiln.kernels.triton_decode import triton_decode_rope  # Triton is optional
 
         B, T, _ = qkv.shape
         y = triton_decode_rope(qkv, inputs.inv_freq, kv[0], kv[1], inputs.pad, inputs.slot, self.scale, self.window,

@@ -94,7 +94,7 @@ def kernel_fidelity(model, reference, prompts: Tensor, decode_rows: int) -> dict
     """The quantized model against its dequantized reference twice: on the full prompts (prefill
     shapes, where int4 layers may dequantize and call a plain matmul, identical to the reference)
     and on their first `decode_rows` tokens, few enough rows per call for the decode kernels
-    (kiln.llm.triton_matvec.MAX_ROWS) to run. `fidelity_kl` / `fidelity_max_abs`: the worse of the
+    (kiln.kernels.triton_matvec.MAX_ROWS) to run. `fidelity_kl` / `fidelity_max_abs`: the worse of the
     two, the figures judged against FIDELITY_BOUND."""
     full = logit_drift(model, reference, prompts)
     short = logit_drift(model, reference, prompts[:, :decode_rows])

@@ -18,7 +18,7 @@ Backends (`QuantSpec.backend`):
   torch's tinygemm op on CUDA (bf16) and its CPU int4 kernel on CPU.
 - `inductor`: kiln's int4 layer written as plain tensor math, so inductor fuses unpacking and
   dequantization into the decode step's matrix-vector kernels (int8: as `torch`); any device.
-- `triton`: kiln's own int4 layout and Triton kernel (kiln.llm.triton_int4) for decode steps;
+- `triton`: kiln's own int4 layout and Triton kernel (kiln.kernels.triton_int4) for decode steps;
   CUDA, fp16/bf16 (int8: as `torch`). Each RMSNorm's weight is folded into the projections that
   read it (W diag(norm_w), quantized as one; the norm keeps weight 1 and `folded`): the same
   model in exact arithmetic, and the kernel's norm becomes one scalar per row. The MLP's gate and

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from kiln import __version__
-from kiln.cpu.env import cpu_env, cpu_recommendations
+from kiln.cpu.describe import cpu_env, cpu_recommendations
 from kiln.monitor.nvml import import_nvml
 
 __all__ = ["collect_env", "render_env"]

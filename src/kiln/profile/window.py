@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from kiln.noise import filtered_fds
-from kiln.profile.memory import CudaMemoryHistory, memory_by_category, na
+from kiln.profile.memory_window import CudaMemoryHistory, memory_by_category, na
 from kiln.timing import synchronize
 
 

@@ -12,7 +12,7 @@
 - `liger`: Liger-Kernel's fused linear cross-entropy (the same idea in Triton kernels), when the
   `kernels` extra is installed.
 - `triton`: the logits as `plain`, then the loss and its gradient through kiln's Triton kernels
-  (kiln.train.triton_ce): one pass over the logits forward, one read and one write backward, no
+  (kiln.kernels.triton_ce): one pass over the logits forward, one read and one write backward, no
   fp32 copy. Any causal LM (it needs the logits only).
 
 `auto` is `chunked` for models that expose their hidden states (`llama:`), else `plain`: it

@@ -1,7 +1,7 @@
 """The training loop: one optimizer step after another, with what happens around each step.
 
 `TrainLoop(parts)` trains one process's share of a run from the `RunParts` the trainer built
-and checked (kiln.train.build), and owns the run's `Progress` (the step begun, the last one
+and checked (kiln.train.build_run), and owns the run's `Progress` (the step begun, the last one
 finished, the first of this segment): only the loop moves it; the trainer reads it for the
 summary and a failure's report. `prepare` assembles the step function (kiln.train.assemble:
 precision, compile, DDP/FSDP2 applied from outside the model), the metrics meter, the
@@ -27,9 +27,9 @@ import torch
 from kiln.checkpoint import AppState, NonFiniteGuard, StopOnSignal, any_rank
 from kiln.compile import compile_counters
 from kiln.compile_cache import RunCompileCache
-from kiln.distributed.env import barrier
 from kiln.distributed.local_optim import update_paths
 from kiln.distributed.sync_timing import SyncTimer
+from kiln.distributed.world import barrier
 from kiln.failure.faults import inject
 from kiln.monitor.flops import count_step_flops, peak_flops
 from kiln.monitor.gpu_health import GpuHealthSampler
@@ -39,7 +39,7 @@ from kiln.monitor.stragglers import StragglerDetector
 from kiln.precision import PrecisionPolicy, with_precision
 from kiln.timing import synchronize
 from kiln.train.assemble import build_train_step
-from kiln.train.build import RunParts
+from kiln.train.build_run import RunParts
 from kiln.train.losses import build_eval_fn, build_forward_loss
 from kiln.train.meter import IntervalMeter
 from kiln.train.optim import lr_snapshot

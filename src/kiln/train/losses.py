@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from kiln.kernels.triton_ce import triton_cross_entropy
 from kiln.train.cross_entropy import hidden_state_loss
-from kiln.train.triton_ce import triton_cross_entropy
 
 
 def logits_of(output) -> Tensor:
@@ -50,7 +50,7 @@ def build_forward_loss(model: torch.nn.Module, task: str, ce_kernel: str = "plai
     """A function (inputs, targets) -> scalar loss for the task; `custom` models get both tensors.
     `ce_kernel` (`chunked`, `liger`): a causal LM's loss from its hidden states through a fused
     linear + cross-entropy (kiln.train.cross_entropy; the model must take `hidden=True`);
-    `triton`: from its logits through kiln's cross-entropy kernels (kiln.train.triton_ce)."""
+    `triton`: from its logits through kiln's cross-entropy kernels (kiln.kernels.triton_ce)."""
     if task == "causal_lm" and ce_kernel == "triton":
         return lambda inputs, targets: triton_cross_entropy(logits_of(model(inputs)), targets)
     if task == "causal_lm" and ce_kernel != "plain":

@@ -4,7 +4,7 @@ The model holds bf16 parameters and produces bf16 gradients, so nothing casts we
 forward or converts gradients in the backward (what autocast does under `bf16-mixed`). This
 optimizer keeps, per parameter, an fp32 master copy and fp32 moments in its state; each step
 updates the master with AdamW's arithmetic and writes the bf16 parameter from it. On CUDA the
-whole update of a parameter is one Triton kernel (kiln.train.master_kernel); elsewhere it is torch
+whole update of a parameter is one Triton kernel (kiln.kernels.master_kernel); elsewhere it is torch
 ops on the master, the same sequence as torch's single-tensor AdamW (so on CPU it equals
 `torch.optim.AdamW(foreach=False)` run on the fp32 masters bit for bit).
 
@@ -64,7 +64,7 @@ class MasterAdamW(torch.optim.Optimizer):
     def _kernel_for(self, device: torch.device) -> bool:
         if self.use_kernel is not None:
             return self.use_kernel
-        from kiln.train.master_kernel import supported
+        from kiln.kernels.master_kernel import supported
 
         return supported(device)
 
@@ -100,7 +100,7 @@ class MasterAdamW(torch.optim.Optimizer):
                 grad = p.grad if p.grad.is_contiguous() else p.grad.contiguous()
                 c = coef.to(p.device) if coef is not None else None
                 if self._kernel_for(p.device) and p.is_contiguous():
-                    from kiln.train.master_kernel import master_adamw_
+                    from kiln.kernels.master_kernel import master_adamw_
 
                     master_adamw_(p, grad, state["master"], state["exp_avg"], state["exp_avg_sq"], c,
                                   decay=1 - lr * wd, beta1=beta1, beta2=beta2, step_size=lr / (1 - beta1**step),

@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
-from kiln.distributed.env import all_reduce_mean, gather_floats
 from kiln.distributed.sync_timing import SyncTimer
+from kiln.distributed.world import all_reduce_mean, gather_floats
 from kiln.monitor.flops import mfu
 from kiln.monitor.gpu_health import RANK_KEYS, GpuHealthSampler
 from kiln.monitor.memory import memory_stats

@@ -15,7 +15,7 @@ from kiln.checkpoint.hf_export import save_model_files
 from kiln.checkpoint.layout import checkpoint_step
 from kiln.checkpoint.timeline import branch
 from kiln.config.load import save_config
-from kiln.train.build import RunParts
+from kiln.train.build_run import RunParts
 from kiln.train.features import describe_features
 from kiln.train.rundir import trim_metrics
 from kiln.train.segments import RunHistory, read_history

@@ -16,8 +16,8 @@ from torch import Tensor
 
 from kiln.compile import compile_function
 from kiln.config.schema import CompileConfig
-from kiln.distributed.env import all_reduce_sum
 from kiln.distributed.sharded_norm import clip_grad_norm, total_norm
+from kiln.distributed.world import all_reduce_sum
 
 
 def uses_cudagraph_trees(cfg: CompileConfig | None) -> bool:

@@ -5,7 +5,7 @@ own forward and backward kernels, applied to a built model from outside.
 FeedForward for `FusedSwiGLUFeedForward` (same parameters, state-dict keys and hooks; only
 `forward` differs), whose activation is one autograd function over two opaque ops,
 `kiln::swiglu` and `kiln::swiglu_backward`. On CUDA they run kiln's Triton kernels
-(kiln.train.swiglu_kernel): the backward reads gate, up and the incoming gradient once and writes
+(kiln.kernels.swiglu_kernel): the backward reads gate, up and the incoming gradient once and writes
 both halves of the gate/up gradient, where inductor's fused backward reads gate and dh twice.
 Elsewhere the ops run the same arithmetic as PyTorch ops, so results match eager PyTorch's.
 The kernel applies by capability: to every kiln FeedForward (a family's subclass of it keeps its
@@ -49,7 +49,7 @@ def _triton_ready(t: Tensor) -> bool:
 def swiglu_op(gu: Tensor) -> Tensor:
     """silu(gate) * up of gu [..., 2I] = cat(gate, up) -> [..., I]."""
     if _triton_ready(gu):
-        from kiln.train.swiglu_kernel import swiglu_forward
+        from kiln.kernels.swiglu_kernel import swiglu_forward
 
         return swiglu_forward(gu.contiguous())
     return _reference_forward(gu)
@@ -64,7 +64,7 @@ def _(gu: Tensor) -> Tensor:
 def swiglu_backward_op(gu: Tensor, dh: Tensor) -> Tensor:
     """The gradient [..., 2I] of `kiln::swiglu` at gu, given the gradient dh [..., I] of its output."""
     if _triton_ready(gu):
-        from kiln.train.swiglu_kernel import swiglu_backward
+        from kiln.kernels.swiglu_kernel import swiglu_backward
 
         return swiglu_backward(gu.contiguous(), dh.to(gu.dtype).contiguous())
     return _reference_backward(gu, dh.to(gu.dtype))

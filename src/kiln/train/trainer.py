@@ -1,7 +1,7 @@
 """The trainer: one training run, read top to bottom, for one process or N ranks.
 
 `Trainer.__init__` sets up the process (device, CPU threads, precision, the run dir and its lock)
-and builds and checks everything that can fail on bad input (kiln.train.build: the resume
+and builds and checks everything that can fail on bad input (kiln.train.build_run: the resume
 decision, model, data, features), so a typo costs no compute and writes nothing. `fit` joins the
 process group, opens the run dir (rank 0: kiln.train.run_files), opens the metric sinks, runs the
 loop (kiln.train.loop, which owns the run's progress; the step itself in kiln.train.step) and
@@ -28,8 +28,8 @@ from kiln.compile_defaults import apply_measured_defaults
 from kiln.config.errors import ConfigError
 from kiln.config.schema import Config
 from kiln.cpu.threads import configure_cpu
-from kiln.distributed.env import DistEnv, backend_for, destroy_process_group, device_for, init_process_group
 from kiln.distributed.numa import bind_to_gpu_numa_node
+from kiln.distributed.world import DistEnv, backend_for, destroy_process_group, device_for, init_process_group
 from kiln.failure.faults import planned_fault
 from kiln.failure.report import FailureReport, quiet_child_signals
 from kiln.monitor.gpu_health import start_gpu_health
@@ -38,7 +38,7 @@ from kiln.outputs import RunDirLock, held_for_me
 from kiln.precision import resolve_precision, tf32_enabled
 from kiln.runtime import deterministic_mode, resolve_device
 from kiln.train.attention import attention_backend
-from kiln.train.build import build_run
+from kiln.train.build_run import build_run
 from kiln.train.failure import RunFacts, training_report
 from kiln.train.finish import call_failure_hook, finish_run, record_end, release_run
 from kiln.train.loop import TrainLoop

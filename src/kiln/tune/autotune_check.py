@@ -10,7 +10,7 @@ import importlib.util
 
 import torch
 
-from kiln.bench.recipes import PRECISIONS, split_values
+from kiln.bench.compile.recipes import PRECISIONS, split_values
 from kiln.config import load_config
 from kiln.config.errors import ConfigError
 from kiln.config.schema import Config

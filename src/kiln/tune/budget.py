@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from kiln.bench.recipes import Recipe
+from kiln.bench.compile.recipes import Recipe
 
 # Compile cost of a recipe relative to inductor's default mode on the whole model, scope model.
 MODE_FACTOR = {"default": 1.0, "reduce-overhead": 1.2, "max-autotune-no-cudagraphs": 15.0, "max-autotune": 16.0}

@@ -15,8 +15,8 @@ best candidate so far (a change is kept only when it is MIN_GAIN faster):
 - float8: tensorwise and rowwise (a GPU with float8 tensor cores), accepted likewise against the
   same candidate without float8.
 Every candidate trains `warmup + steps + 1` steps from the config's initial weights on the same
-tokens (a synthetic language of the model's vocabulary, kiln.bench.llm_train_data), built by
-kiln train's own path (kiln.bench.llm_train_kiln.kiln_step); the figure is the median step after
+tokens (a synthetic language of the model's vocabulary, kiln.bench.train_llm.llm_train_data), built by
+kiln train's own path (kiln.bench.train_llm.llm_train_kiln.kiln_step); the figure is the median step after
 the warm-up. What does not fit the remaining budget, or cannot run here, is listed as not tried.
 """
 
@@ -28,9 +28,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from kiln.bench import llm_train_data as data
-from kiln.bench import llm_train_rows as rows
-from kiln.bench.llm_train_kiln import kiln_step
+from kiln.bench.train_llm import llm_train_data as data
+from kiln.bench.train_llm import llm_train_rows as rows
+from kiln.bench.train_llm.llm_train_kiln import kiln_step
 from kiln.config.load import apply_override
 from kiln.config.schema import Config
 from kiln.config.validate import validate

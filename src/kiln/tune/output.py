@@ -9,9 +9,9 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from kiln.bench.compile_report import cell_text, plot
+from kiln.bench.compile.compile_report import cell_text, plot
+from kiln.bench.compile.recipes import recipe_config
 from kiln.bench.ratios import ratio_text
-from kiln.bench.recipes import recipe_config
 from kiln.bench.results import write_results
 from kiln.config.load import dump_toml, load_config
 from kiln.config.schema import Config

@@ -1,7 +1,7 @@
 """`kiln autotune`: measure candidate recipes stage by stage within a time budget, keep the fastest
 that passes the accuracy check.
 
-Stages (each row measured by kiln's bench machinery, kiln.bench.session):
+Stages (each row measured by kiln's bench machinery, kiln.bench.compile.session):
 1. baseline: eager at each allowed precision and the config's own recipe;
 2. modes: each allowed precision x the cheap compile modes, scope model; precisions and modes
    clearly slower than the best are dropped;
@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from kiln.bench import ratios
-from kiln.bench.compile_bench import CompileBenchOptions
-from kiln.bench.recipes import Recipe
-from kiln.bench.session import BenchSession
+from kiln.bench.compile.compile_bench import CompileBenchOptions
+from kiln.bench.compile.recipes import Recipe
+from kiln.bench.compile.session import BenchSession
 from kiln.config.schema import Config
 from kiln.runtime import resolve_device
 from kiln.tune import space as sp

@@ -13,7 +13,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, get_args
 
-from kiln.bench.recipes import EAGER, Recipe
+from kiln.bench.compile.recipes import EAGER, Recipe
 from kiln.config.schema import Config, Scope
 
 # Modes that autotune kernels: searched last, on the best recipe only, when the budget affords

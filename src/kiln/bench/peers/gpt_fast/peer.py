@@ -1,4 +1,4 @@
-"""gpt-fast as a peer of `kiln bench llm` (kiln.bench.peers.base): its rows run after kiln's are
+"""gpt-fast as a peer of `kiln bench llm` (kiln.bench.peers.interface): its rows run after kiln's are
 timed, on the same weights, and their figures are set beside kiln's."""
 
 from __future__ import annotations
@@ -12,14 +12,14 @@ import torch
 
 from kiln.bench.ceilings import bandwidth_fractions
 from kiln.bench.formulas import ratio
-from kiln.bench.llm_peer_context import LlmPeerContext, LlmPeerRequest
-from kiln.bench.peers.base import Bench
-from kiln.bench.peers.gpt_fast.check import check_flags
+from kiln.bench.llm.llm_peer_context import LlmPeerContext, LlmPeerRequest
+from kiln.bench.peers.gpt_fast.flags import check_flags
 from kiln.bench.peers.gpt_fast.process import Prepared, prepare, run_rows
 from kiln.bench.peers.gpt_fast.row import ENGINE, GptFastRow
+from kiln.bench.peers.interface import Bench
 
 if TYPE_CHECKING:
-    from kiln.bench.llm_options import LlmBenchPlan
+    from kiln.bench.llm.llm_options import LlmBenchPlan
 
 
 def _base(o, batch: int) -> dict[str, Any]:
@@ -31,7 +31,7 @@ class GptFastPeer:
     bench: Bench = "llm"
 
     def check(self, request: LlmPeerRequest) -> dict[str, Any]:
-        """The plan's gpt-fast fields (kiln.bench.llm_options builds the plan with them)."""
+        """The plan's gpt-fast fields (kiln.bench.llm.llm_options builds the plan with them)."""
         return check_flags(request.opts, request.config)
 
     def asked(self, plan: LlmBenchPlan) -> bool:

@@ -1,14 +1,14 @@
-"""The plain transformers loop (loop.py) as a peer of `kiln bench train-llm` (kiln.bench.peers.base):
+"""The plain transformers loop (loop.py) as a peer of `kiln bench train-llm` (kiln.bench.peers.interface):
 trained in this process from the bench's initial weights on its batches, timed as kiln's rows are."""
 
 from __future__ import annotations
 
 import torch
 
-from kiln.bench.llm_train_result import RowRun, TrainRow
-from kiln.bench.llm_train_rows import in_process_row
-from kiln.bench.peers.base import Bench, NothingPrepared, PeerDefaults
-from kiln.bench.peers.plain.loop import plain_runner
+from kiln.bench.peers.interface import Bench, NothingPrepared, PeerDefaults
+from kiln.bench.peers.plain.plain_loop import plain_runner
+from kiln.bench.train_llm.llm_train_result import RowRun, TrainRow
+from kiln.bench.train_llm.llm_train_rows import in_process_row
 
 
 class PlainPeer(PeerDefaults):

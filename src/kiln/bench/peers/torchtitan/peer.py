@@ -1,4 +1,4 @@
-"""torchtitan as a peer of `kiln bench train-llm` (kiln.bench.peers.base): the bench's job written
+"""torchtitan as a peer of `kiln bench train-llm` (kiln.bench.peers.interface): the bench's job written
 for it (job.py), run in its own process through the launcher shipped beside this module, its
 per-step metrics turned into the bench's figures, and its first batch checked against the bench's."""
 
@@ -8,9 +8,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kiln.bench.llm_train_result import RowRun, TrainRow, set_figures
-from kiln.bench.peers.base import Bench
-from kiln.bench.peers.torchtitan import job as titan
+from kiln.bench.peers.interface import Bench
+from kiln.bench.peers.torchtitan import job_file as titan
+from kiln.bench.train_llm.llm_train_result import RowRun, TrainRow, set_figures
 from kiln.config.errors import ConfigError
 
 MIXED = {"bf16-mixed": "bfloat16", "fp32": "float32"}
@@ -33,7 +33,7 @@ class TorchtitanPeer:
     bench: Bench = "train-llm"
 
     def check(self, opts) -> None:
-        """--torchtitan-set entries (kiln.bench.llm_train_bench.TrainLlmOptions.torchtitan_overrides)
+        """--torchtitan-set entries (kiln.bench.train_llm.llm_train_bench.TrainLlmOptions.torchtitan_overrides)
         are SECTION.KEY=VALUE."""
         for text in opts.torchtitan_overrides:
             key, sep, _ = text.partition("=")

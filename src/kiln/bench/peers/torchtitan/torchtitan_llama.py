@@ -1,5 +1,5 @@
 """Run torchtitan (the peer, installed separately, never copied) on a Llama shape it has no flavor
-for, as `kiln bench train-llm`'s torchtitan row (kiln.bench.peers.torchtitan.job starts it by its path:
+for, as `kiln bench train-llm`'s torchtitan row (kiln.bench.peers.torchtitan.job_file starts it by its path:
 it ships inside the package and imports nothing of kiln). Under torchrun, one rank:
 
     python -m torch.distributed.run --standalone --nproc-per-node 1 .../kiln/bench/peers/torchtitan/torchtitan_llama.py \

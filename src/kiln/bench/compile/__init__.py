@@ -1,0 +1,1 @@
+"""compile: see docs/architecture.md."""

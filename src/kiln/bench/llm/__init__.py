@@ -1,0 +1,1 @@
+"""llm: see docs/architecture.md."""

@@ -1,0 +1,1 @@
+"""train_llm: see docs/architecture.md."""

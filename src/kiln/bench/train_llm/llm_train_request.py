@@ -1,0 +1,57 @@
+"""What `kiln bench train-llm` is asked to do: `TrainLlmRequest`, one field per flag
+(kiln.config.options), unchecked; kiln.bench.train_llm.llm_train_check checks it. Imports no torch: the CLI
+builds its parser from it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+from kiln.bench.train_llm.llm_train_recipes import KILN_RECIPES
+from kiln.config.options import option
+
+KilnFamily = Literal["llama", "hf"]
+Precision = Literal["bf16-mixed", "fp32"]
+
+
+@dataclass
+class TrainLlmRequest:
+    """`kiln bench train-llm`'s request, one field per flag."""
+
+    model: str = option("llama-3.2-1b", help="a kiln.llm preset (llama-3.2-1b, llama-3.2-3b, llama-3.1-8b) or a "
+                        "config.json/model dir")
+    seq_len: int = option(2048, help="tokens per sequence (default 2048)")
+    batch_size: int = option(4, help="sequences per step (default 4)")
+    steps: int = option(50, help="optimizer steps each row trains (default 50)")
+    warmup: int = option(10, help="first steps left out of the timing (default 10)")
+    rows: list[str] | None = option(None, shape="chunks", metavar="LIST",
+                                    help=f"comma-separated rows, in order: plain, torchtitan, {', '.join(KILN_RECIPES)} "
+                                    "or a --recipe name (default: plain, kiln, every --recipe, torchtitan)")
+    recipe: list[str] = option(default_factory=list, shape="repeat", metavar="'NAME: KEY=VALUE ...'",
+                               help="a kiln row: a name and config overrides on the bench's base config (repeatable)")
+    skip_invalid_recipes: bool = option(False, shape="switch", help="report a recipe kiln's config refuses as a "
+                                        "skipped row instead of exiting 2")
+    kiln_family: KilnFamily = option("llama", choices=get_args(KilnFamily), help="model family of the kiln rows: "
+                                     "llama (kiln's own decoder, default) or hf (transformers)")
+    precision: Precision = option("bf16-mixed", choices=get_args(Precision),
+                                  help="base policy of every row (a kiln recipe may override it)")
+    lr: float = option(1e-4, help="peak learning rate of every row (default 1e-4: early AdamW steps on random weights "
+                       "spike at higher rates, and a spike amplifies the bf16 rounding differences between rows)")
+    lr_warmup: int | None = option(None, help="linear learning-rate warm-up steps (default: half of --steps)")
+    seed: int = option(0, help="seed of the data, the initial weights and every row")
+    baseline: str | None = option(None, metavar="ROW",
+                                  help="the row the others are compared with (default: plain, else the first row)")
+    loss_tol: float = option(0.02, help="relative difference of the last loss to the reference row called ok "
+                             "(default 0.02)")
+    untie: bool = option(False, shape="switch", help="train the untied shape (separate LM head) in every row; implied "
+                         "when torchtitan is a row")
+    no_plain_compile: bool = option(False, shape="switch", help="run the plain loop eagerly (default: "
+                                    "torch.compile(model), as the hand-written loop does)")
+    torchtitan_set: list[str] = option(default_factory=list, shape="repeat", metavar="SECTION.KEY=VALUE",
+                                       help="override a key of torchtitan's job (repeatable), e.g. "
+                                       "activation_checkpoint.mode=selective")
+    torchtitan_timeout_s: float = option(600.0, help="seconds the torchtitan row may take")
+    deadline_s: float | None = option(None, help="start no row after this many seconds (later rows: skipped)")
+    device: str = option("auto", help="auto, cpu, cuda, cuda:N")
+    data_dir: str | None = option(None, help="where the corpus, tokenizer and initial weights go (default OUT/data)")
+    out: str | None = option(None, help="output directory (default: runs/<time>-bench-train-llm-<model>)")

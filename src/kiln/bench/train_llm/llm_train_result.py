@@ -1,0 +1,100 @@
+"""What the row kinds of `kiln bench train-llm` (kiln's recipes and the peers: the plain loop,
+torchtitan) are given and give back: `TrainContext`, set up once per call (device, data, initial
+weights, peaks); `RowRun`, one row's request in that context; `TrainRow`, one row's figures, whose
+`to_json()` is the row of results.json (kiln.bench.typed_row)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from kiln.bench.train_llm.llm_train_bench import RowSpec, TrainLlmOptions, figures
+from kiln.bench.train_llm.llm_train_data import Corpus, Vocab
+from kiln.bench.typed_row import UNSET, JsonRow
+
+
+@dataclass
+class TrainRow(JsonRow):
+    """One row of `kiln bench train-llm`, its fields in results.json's order."""
+
+    row: str
+    kind: str
+    status: str = "ok"
+    """ok, oom, error or skipped."""
+    reason: str | None = None
+    params: int | None = UNSET
+    config: dict[str, Any] | None = UNSET
+    """The row's exact config: kiln's resolved config, the plain loop's, torchtitan's job."""
+    overrides: list[str] = UNSET
+    """A kiln recipe's overrides on the bench's base config."""
+    step_ms: float = UNSET
+    step_ms_p10: float = UNSET
+    step_ms_p90: float = UNSET
+    timed_steps: int = UNSET
+    tokens_per_s: float = UNSET
+    tflops: float = UNSET
+    mfu_spec: float | None = UNSET
+    mfu_matmul: float | None = UNSET
+    first_step_s: float = UNSET
+    losses: list[float] = UNSET
+    loss_first: float = UNSET
+    loss_last: float = UNSET
+    peak_mem_bytes: int | None = UNSET
+    peak_reserved_bytes: int = UNSET
+    peer: dict[str, Any] | None = UNSET
+    """What a peer's process reported of itself (version, vocabulary, its model's size)."""
+    wall_s: float | None = UNSET
+    log: str | None = UNSET
+    """A peer process's output file."""
+    tokens_match: bool = UNSET
+    """Whether a peer's own dataloader's first batch equals the bench's."""
+    speedup_vs_ref: float = UNSET
+    loss_diff_vs_ref: float = UNSET
+    loss_check: str = UNSET
+    ref: str = UNSET
+
+
+@dataclass
+class TrainContext:
+    """What every row of one call shares, set up before the first row."""
+
+    device: torch.device
+    data_dir: Path
+    corpus: Corpus
+    vocab: Vocab
+    weights_dir: Path
+    """The Hugging Face directory of the initial weights every row starts from."""
+    tokens_per_step: int
+    flops_per_token: int
+    spec: float | None
+    """The GPU's datasheet peak at the rows' precision (None: none known)."""
+    spec_source: str
+    matmul: float
+    """The best matmul FLOP/s measured before the rows."""
+    base_overrides: list[str]
+    """The config every kiln row starts from (kiln.bench.train_llm.llm_train_bench.base_overrides)."""
+    elapsed_s: float | None = None
+    matmul_end: float | None = None
+    """The best matmul FLOP/s measured after the rows (None until the call ends)."""
+
+
+@dataclass(frozen=True)
+class RowRun:
+    """One row's request: its spec, the call's options and context, the batches every row trains on."""
+
+    spec: RowSpec
+    opts: TrainLlmOptions
+    ctx: TrainContext
+    batches: list[tuple[Tensor, Tensor]]
+    deadline_left_s: float | None
+    """Seconds left of --deadline-s when the row starts (None: no deadline)."""
+
+
+def set_figures(row: TrainRow, step_s: list[float], ctx: TrainContext, warmup: int) -> None:
+    """`row`'s step figures (kiln.bench.train_llm.llm_train_bench.figures) from its per-step seconds."""
+    for key, value in figures(step_s, warmup, ctx.tokens_per_step, ctx.flops_per_token, ctx.spec, ctx.matmul).items():
+        setattr(row, key, value)

@@ -1,0 +1,1 @@
+"""kernels: see docs/architecture.md."""

@@ -1,0 +1,295 @@
+"""kiln's own decode-step attention kernel (`--decode-attention triton`), written in Triton.
+
+One decode step attends one query per head over the static cache [B, S, Hkv, D]. The keys are
+split into chunks of consecutive slots; program (b * Hkv + kv head, chunk) loads the G query
+heads of its key/value head as one [BLOCK_G, D] tile (G padded to 16 for the tensor cores), reads
+its chunk of keys and values once for all G heads, and keeps a running softmax (max, sum, weighted
+values) over it. It writes the chunk's normalised output and log-sum-exp and counts itself in
+(an atomic per row and head); the last chunk to arrive combines all of them, so one launch does
+the whole step. Slots past the step's position, or before a row's first real slot, are masked
+out of the softmax; chunks with none left combine with weight 0.
+
+Why: at batch 1 the matmul formulation becomes several inductor kernels per layer (the softmax
+over ~1k slots runs on one thread block per head), and FlashAttention's split-KV kernel needs a
+second kernel to combine its chunks. The chunk count is chosen so that B * Hkv * chunks programs
+fill the GPU, and the valid range of each row (`start`, `pos`, a sliding window) is read from
+device tensors, so shapes never change and the step stays one CUDA graph. The kernel is
+registered as the custom op `kiln::decode_attention`, which torch.compile calls as an opaque
+kernel.
+
+`kiln::decode_attention_rope` (what a decode step runs for layers without q/k norms once
+kiln.llm.kernels swaps it in) takes the q/k/v projection's output instead: every program computes
+the RoPE angles of its row's position, rotates its query heads and its head's new key, the
+program whose chunk holds the step's slot writes the new key and value into the cache, and the
+slot's scores use them directly. This replaces three inductor kernels per layer (RoPE of q, RoPE
+of k with its cache write, the value's cache write) and their launch gaps. It is launched with
+programmatic dependent launch (kiln.kernels.triton_launch.PDL), so with `--decode-matvec triton`
+every kernel of a layer is scheduled while the one before it ends; each program reads its first
+block of keys and values before it waits (only this kernel writes a layer's cache, and the
+step's own slot is taken from the projection instead), so the wait is followed by the query's
+read alone. The op declares the caches it writes; inductor calls it on them in place
+(tests/kernels/test_triton_decode.py checks that no copy is made).
+
+Tests run it on CPU through Triton's interpreter (TRITON_INTERPRET=1, fp32); the GPU check is
+benchmarks/decode_attention_check.py.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from kiln.kernels.triton_launch import arrival_counters, interpreting, pdl_enabled
+
+TARGET_PROGRAMS = 256
+"""Programs to aim for per step (~2 per SM on an H100's 132): chunks = this / (B * Hkv), at most
+one per block of slots."""
+BLOCK_S: int | None = None
+"""Key slots per inner iteration (and the granularity of a chunk); None: `launch_settings` chooses.
+Set (with NUM_WARPS) by benchmarks/decode_attention_bench.py's sweep."""
+NUM_WARPS: int | None = None
+"""Warps per program; None: `launch_settings` chooses."""
+
+
+def chunking(batch: int, kv_heads: int, capacity: int, block: int = 64) -> tuple[int, int]:
+    """(slots per chunk, chunks) for a cache of `capacity` slots: enough chunks that batch * kv_heads
+    * chunks programs fill the GPU, each a whole number of `block`-slot blocks."""
+    blocks = -(-capacity // block)
+    want = max(1, -(-TARGET_PROGRAMS // (batch * kv_heads)))
+    per_chunk = -(-blocks // min(blocks, want)) * block
+    return per_chunk, -(-capacity // per_chunk)
+
+
+def launch_settings(batch: int, kv_heads: int, capacity: int) -> tuple[int, int, int, int]:
+    """(block, slots per chunk, chunks, warps). Where the GPU fills with programs of one block each
+    (a small batch), the smallest such block (32 or 64 slots) with 2 warps; where a program must
+    loop over several blocks (a larger batch), 64-slot blocks with 4 warps: with 2 warps a looping
+    program's current and next key/value tiles do not fit in registers, and it ran an order of
+    magnitude slower (benchmarks/decode_attention_bench.py --batch 16; the h100 results README)."""
+    if BLOCK_S is not None:
+        per_chunk, chunks = chunking(batch, kv_heads, capacity, BLOCK_S)
+        return BLOCK_S, per_chunk, chunks, NUM_WARPS or (2 if per_chunk == BLOCK_S else 4)
+    for block in (32, 64):
+        per_chunk, chunks = chunking(batch, kv_heads, capacity, block)
+        if per_chunk == block:
+            return block, per_chunk, chunks, NUM_WARPS or 2
+    per_chunk, chunks = chunking(batch, kv_heads, capacity, 64)
+    return 64, per_chunk, chunks, NUM_WARPS or 4
+
+
+@triton.jit
+def _rotate(at, d, cos, sin, mask, HALF: tl.constexpr):
+    """RoPE (HF's rotate_half) of the head vectors at `at` (pointers to their start, any leading
+    shape) over features d, in fp32: x * cos + rotate_half(x) * sin."""
+    x = tl.load(at + d, mask=mask, other=0.0).to(tl.float32)
+    partner = tl.load(at + tl.where(d < HALF, d + HALF, d - HALF), mask=mask, other=0.0).to(tl.float32)
+    return x * cos + tl.where(d < HALF, -partner, partner) * sin
+
+
+def _chunk_attention(Q, K, V, Start, Pos, Part, Lse, Arrived, Y, InvFreq, slots,
+                     stride_qb, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+                     stride_pb, stride_ph, stride_pc, stride_lb, stride_lh, stride_yb, stride_yh,
+                     scale, window, kv_heads,
+                     G: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
+                     CHUNK: tl.constexpr, CHUNKS: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK: tl.constexpr,
+                     HAS_START: tl.constexpr, ROPE: tl.constexpr, PDL: tl.constexpr):
+    row_head = tl.program_id(0)
+    chunk = tl.program_id(1)
+    b = row_head // kv_heads
+    kv = row_head % kv_heads
+    g = tl.arange(0, BLOCK_G)
+    d = tl.arange(0, BLOCK_D)
+    ITERS: tl.constexpr = CHUNK // BLOCK
+    # The chunk's first block of keys and values, masked by the cache's size only: slots before the
+    # step's were written by this layer's kernel in earlier steps and the step's own is replaced
+    # below, so they are read before waiting for the previous kernel (one memory round trip less
+    # after it; slots outside the row's valid range are masked out of the softmax).
+    s = chunk * CHUNK + tl.arange(0, BLOCK)
+    kv_ok = (s < slots)[:, None] & (d < D)[None, :]
+    k = tl.load(K + b * stride_kb + s[:, None] * stride_ks + kv * stride_kh + d[None, :], mask=kv_ok, other=0.0)
+    v = tl.load(V + b * stride_vb + s[:, None] * stride_vs + kv * stride_vh + d[None, :], mask=kv_ok, other=0.0)
+    if PDL:  # programmatic dependent launch: the next kernel may be scheduled as these programs end;
+        gdc_launch_dependents()  # everything below reads what earlier kernels wrote, so wait first
+        gdc_wait()
+    end = tl.load(Pos) + 1  # one past the step's own slot
+    start = end * 0  # the row's first real slot (its left padding), in the slot's integer type
+    if HAS_START:
+        start = tl.load(Start + b).to(end.dtype)
+    first = start
+    if window > 0:
+        first = tl.maximum(first, end - window)
+    lo = tl.maximum(chunk * CHUNK, first)
+    hi = tl.minimum(chunk * CHUNK + CHUNK, end)
+    heads = kv * G + g
+    gd_ok = (g < G)[:, None] & (d < D)[None, :]
+    if ROPE:  # Q is the projection's output [B, (H + 2 Hkv) D]: rotate q and this head's new key here
+        # The angles as kiln.llm.rope.Rotary computes them: position (after the row's padding)
+        # times the frequency in fp32, cos and sin rounded to the model dtype.
+        angle = tl.maximum(end - 1 - start, 0).to(tl.float32) * tl.load(InvFreq + d % (D // 2), mask=d < D, other=0.0)
+        cos = tl.cos(angle).to(Q.dtype.element_ty).to(tl.float32)
+        sin = tl.sin(angle).to(Q.dtype.element_ty).to(tl.float32)
+        row = Q + b * stride_qb
+        q = _rotate(row + heads[:, None] * stride_qh, d[None, :], cos[None, :], sin[None, :], gd_ok,
+                    D // 2).to(Q.dtype.element_ty)
+        k_new = _rotate(row + (kv_heads * G + kv) * stride_qh, d, cos, sin, d < D, D // 2).to(K.dtype.element_ty)
+        v_new = tl.load(row + (kv_heads * G + kv_heads + kv) * stride_qh + d, mask=d < D, other=0.0)
+        step = end - 1
+        if (step >= chunk * CHUNK) & (step < chunk * CHUNK + CHUNK):  # the chunk holding the step's slot writes it
+            tl.store(K + b * stride_kb + step * stride_ks + kv * stride_kh + d, k_new, mask=d < D)
+            tl.store(V + b * stride_vb + step * stride_vs + kv * stride_vh + d, v_new.to(V.dtype.element_ty),
+                     mask=d < D)
+    else:
+        q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + d[None, :], mask=gd_ok, other=0.0)
+    m = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
+    total = tl.zeros([BLOCK_G], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
+    for i in range(0, ITERS):  # a static trip count
+        s_ok = (s >= lo) & (s < hi)
+        # The next block's keys and values are loaded before this one is used, masked by the cache's
+        # size only, so the reads do not wait for the step's position (at batch 1 the cache is ~2 %
+        # of a step's bytes; slots outside [lo, hi) are masked out of the softmax).
+        s_next = s + BLOCK
+        next_ok = (s_next < slots)[:, None] & (d < D)[None, :] & (i + 1 < ITERS)
+        k_next = tl.load(K + b * stride_kb + s_next[:, None] * stride_ks + kv * stride_kh + d[None, :], mask=next_ok,
+                         other=0.0)
+        v_next = tl.load(V + b * stride_vb + s_next[:, None] * stride_vs + kv * stride_vh + d[None, :], mask=next_ok,
+                         other=0.0)
+        if ROPE:  # the step's own slot: the new key and value (its write above may not be visible yet)
+            here = (s == end - 1)[:, None]
+            k = tl.where(here, k_new[None, :], k)
+            v = tl.where(here, v_new[None, :].to(v.dtype), v)
+        scores = tl.dot(q, tl.trans(k)) * scale  # [BLOCK_G, BLOCK] in fp32
+        scores = tl.where(s_ok[None, :], scores, float("-inf"))
+        m_new = tl.maximum(m, tl.max(scores, 1))
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # a block with no valid slot: weights 0, not NaN
+        alpha = tl.exp(m - m_ref)
+        p = tl.exp(scores - m_ref[:, None])
+        total = total * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m = m_new
+        s, k, v = s_next, k_next, v_next
+    has = total > 0
+    part = tl.where(has[:, None], acc / tl.where(has, total, 1.0)[:, None], 0.0)
+    lse = tl.where(has, m + tl.log(tl.where(has, total, 1.0)), float("-inf"))
+    part_at = Part + b * stride_pb + heads[:, None] * stride_ph + d[None, :]
+    lse_at = Lse + b * stride_lb + heads * stride_lh
+    tl.store(part_at + chunk * stride_pc, part, mask=gd_ok)
+    tl.store(lse_at + chunk, lse, mask=g < G)
+
+    # The last chunk of this (row, key/value head) to finish combines all of them, each weighted
+    # by its share of the softmax mass (empty chunks weigh 0), so no second kernel is launched.
+    # acq_rel: the other chunks' stores above are visible once their arrival is counted.
+    arrived = tl.atomic_add(Arrived + row_head, 1, sem="acq_rel")
+    if arrived == CHUNKS - 1:
+        # One [chunks, D] tile per head, loaded at once (a loop over chunks would serialise ~40
+        # dependent loads in this one program).
+        c = tl.arange(0, BLOCK_C)
+        c_ok = c < CHUNKS
+        for gi in tl.static_range(G):
+            head = kv * G + gi
+            lses = tl.load(Lse + b * stride_lb + head * stride_lh + c, mask=c_ok, other=float("-inf"))
+            w = tl.exp(lses - tl.max(lses, 0))  # the chunk holding the step's own slot is never empty
+            parts = tl.load(Part + b * stride_pb + head * stride_ph + c[:, None] * stride_pc + d[None, :],
+                            mask=c_ok[:, None] & (d < D)[None, :], other=0.0)
+            y = tl.sum(parts * w[:, None], 0) / tl.sum(w, 0)
+            tl.store(Y + b * stride_yb + head * stride_yh + d, y.to(Y.dtype.element_ty), mask=d < D)
+        tl.atomic_xchg(Arrived + row_head, 0)  # every chunk has arrived: reset for the next call
+
+
+_KERNELS: dict[bool, object] = {}
+
+
+def _kernel():
+    """The jitted kernel; Triton picks its interpreter at jit time from TRITON_INTERPRET, so tests
+    that set it get an interpreted copy."""
+    interpret = interpreting()
+    if interpret not in _KERNELS:
+        _KERNELS[interpret] = triton.jit(_chunk_attention)
+    return _KERNELS[interpret]
+
+
+def _launch(q: Tensor | None, qkv_rows: Tensor | None, inv_freq: Tensor | None, cache_k: Tensor, cache_v: Tensor,
+            start: Tensor | None, pos: Tensor, scale: float, window: int, heads: int = 0) -> Tensor:
+    """Runs the kernel on q [B, H, D], or on the projection's output `qkv_rows` [B, (heads + 2 Hkv) D]
+    with the RoPE frequencies `inv_freq` [D / 2] (fp32) to rotate it and write the cache (q None).
+    `start` None: no row is padded."""
+    cache_k, cache_v = (t if t.stride(-1) == 1 else t.contiguous() for t in (cache_k, cache_v))
+    S, Hkv, D = cache_k.shape[1], cache_k.shape[2], cache_k.shape[3]
+    B, H = (qkv_rows.shape[0], heads) if q is None else q.shape[:2]
+    ref = qkv_rows if q is None else q
+    block, per_chunk, chunks, warps = launch_settings(B, Hkv, S)
+    part = torch.empty(B, H, chunks, D, dtype=torch.float32, device=ref.device)
+    lse = torch.empty(B, H, chunks, dtype=torch.float32, device=ref.device)
+    y = torch.empty(B, H, D, dtype=ref.dtype, device=ref.device)
+    group = H // Hkv
+    rope = qkv_rows is not None
+    src, stride_b, stride_h = (qkv_rows, qkv_rows.stride(0), D) if rope else (q, q.stride(0), q.stride(1))
+    pdl = rope and pdl_enabled(ref.device)  # the fused op only: its predecessor is kiln's PDL-aware matvec
+    _kernel()[(B * Hkv, chunks)](
+        src, cache_k, cache_v, pos if start is None else start, pos, part, lse, arrival_counters(ref.device, B * Hkv), y,
+        inv_freq if rope else src, S,
+        stride_b, stride_h, cache_k.stride(0), cache_k.stride(1), cache_k.stride(2),
+        cache_v.stride(0), cache_v.stride(1), cache_v.stride(2),
+        part.stride(0), part.stride(1), part.stride(2), lse.stride(0), lse.stride(1), y.stride(0), y.stride(1),
+        scale, window, Hkv,
+        G=group, BLOCK_G=max(16, triton.next_power_of_2(group)), D=D, BLOCK_D=triton.next_power_of_2(D),
+        CHUNK=per_chunk, CHUNKS=chunks, BLOCK_C=triton.next_power_of_2(chunks), BLOCK=block, HAS_START=start is not None,
+        ROPE=rope, PDL=pdl, num_warps=warps, num_stages=2, **({"launch_pdl": True} if pdl else {}))
+    return y
+
+
+@torch.library.custom_op("kiln::decode_attention", mutates_args=())
+def decode_attention(q: Tensor, cache_k: Tensor, cache_v: Tensor, start: Tensor | None, pos: Tensor, scale: float,
+                     window: int) -> Tensor:
+    """Attention of one decode step. q [B, H, D]; cache_k/v [B, S, Hkv, D] with this step's
+    key/value written; start [B]: each row's first real slot (None: 0); pos [1]: the step's slot; window:
+    attend to the last `window` slots only (0: all). Returns [B, H, D] in q's dtype."""
+    q = q if q.stride(-1) == 1 else q.contiguous()
+    return _launch(q, None, None, cache_k, cache_v, start, pos, scale, window)
+
+
+@decode_attention.register_fake
+def _(q, cache_k, cache_v, start, pos, scale, window):
+    return torch.empty_like(q)
+
+
+@torch.library.custom_op("kiln::decode_attention_rope", mutates_args=("cache_k", "cache_v"))
+def decode_attention_rope(qkv: Tensor, inv_freq: Tensor, cache_k: Tensor, cache_v: Tensor, pad: Tensor | None,
+                          pos: Tensor, scale: float, window: int, heads: int) -> Tensor:
+    """`decode_attention` from the q/k/v projection's output qkv [B, (heads + 2 Hkv) D] (one token
+    per row): rotates q and the new key (RoPE, rotate_half, at position pos - pad[b] with the
+    frequencies inv_freq [D / 2], fp32, angles computed in the kernel), writes the new key and value
+    into slot `pos` of cache_k/v and attends, in one launch; with programmatic dependent launch on
+    Hopper, so it and the projection after it start as the kernel before them ends. `pad` [B]:
+    each row's left padding (None: none). Returns [B, heads, D] in qkv's dtype."""
+    if cache_k.stride(-1) != 1 or cache_v.stride(-1) != 1:
+        raise ValueError("decode_attention_rope writes the caches in place: their last dim must be contiguous")
+    qkv = qkv if qkv.stride(-1) == 1 else qkv.contiguous()
+    return _launch(None, qkv, inv_freq, cache_k, cache_v, pad, pos, scale, window, heads)
+
+
+@decode_attention_rope.register_fake
+def _(qkv, inv_freq, cache_k, cache_v, pad, pos, scale, window, heads):
+    return qkv.new_empty(qkv.shape[0], heads, cache_k.shape[-1])
+
+
+def triton_decode(q: Tensor, cache_k: Tensor, cache_v: Tensor, start: Tensor | None, pos: Tensor, scale: float,
+                  window: int | None) -> Tensor:
+    """One decode step's attention: q [B, 1, H, D] -> [B, 1, H, D] in q's dtype."""
+    B, _, H, D = q.shape
+    return torch.ops.kiln.decode_attention(q.reshape(B, H, D), cache_k, cache_v, start, pos, scale,
+                                           window or 0).view(B, 1, H, D)
+
+
+def triton_decode_rope(qkv: Tensor, inv_freq: Tensor, cache_k: Tensor, cache_v: Tensor, pad: Tensor | None,
+                       pos: Tensor, scale: float, window: int | None, heads: int) -> Tensor:
+    """One decode step's RoPE, cache write and attention: qkv [B, 1, (H + 2 Hkv) D] -> [B, 1, H, D]
+    in qkv's dtype. The angles are computed in the kernel (from inv_freq, pos and pad), not passed:
+    as inputs, inductor gives every layer its own copy of cos and sin, one more kernel per layer
+    between the projection and the attention."""
+    B, D = qkv.shape[0], cache_k.shape[-1]
+    return torch.ops.kiln.decode_attention_rope(qkv.reshape(B, -1), inv_freq, cache_k, cache_v, pad, pos, scale,
+                                                window or 0, heads).view(B, 1, heads, D)

@@ -1,0 +1,40 @@
+"""What kiln's Triton decode kernels (kiln.kernels.triton_decode, triton_matvec, triton_int4) share
+about how they are launched: whether Triton is interpreting on the CPU, whether programmatic
+dependent launch is on, and the arrival counters of kernels whose last program finishes the work.
+A leaf of its own (torch only, no Triton), so the kernel modules import it rather than each other."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from torch import Tensor
+
+PDL = os.environ.get("KILN_PDL", "1") != "0"
+"""Launch kiln's decode kernels (kiln.kernels.triton_matvec, triton_int4, and kiln.kernels.triton_decode's
+fused attention) with programmatic dependent launch where the GPU has it (Hopper and newer): each
+call's programs are scheduled while the previous kernel's last ones finish; they read only weights
+before waiting for it (`gdc_wait`) and write nothing before. KILN_PDL=0 (or setting this False)
+turns it off, for comparisons."""
+
+_ARRIVED: dict[tuple[torch.device, int], Tensor] = {}
+
+
+def interpreting() -> bool:
+    """Whether Triton runs kernels in its CPU interpreter (TRITON_INTERPRET=1, tests)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def pdl_enabled(device: torch.device) -> bool:
+    return PDL and device.type == "cuda" and not interpreting() and torch.cuda.get_device_capability(device)[0] >= 9
+
+
+def arrival_counters(device: torch.device, n: int) -> Tensor:
+    """`n` zeroed int32 counters for kernels whose last program to arrive finishes the work, kept
+    for the process: every call leaves them at zero again, and a CUDA graph that captured a call
+    keeps pointing at the same ones. Calls on one stream use them one after another; concurrent
+    calls on two streams must not share a device."""
+    key = (device, n)
+    if key not in _ARRIVED:
+        _ARRIVED[key] = torch.zeros(n, dtype=torch.int32, device=device)
+    return _ARRIVED[key]

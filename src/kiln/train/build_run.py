@@ -1,0 +1,109 @@
+"""Build and check everything of a run that can fail on bad input, so a mistake costs no compute and
+writes nothing: the checkpointer and the resume decision, the host-memory check, the model, the
+strategy, the data, the features, the metrics checks.
+
+`build_run` runs under the run dir's lock (the trainer takes it first) and returns `RunParts`, the
+read-only inputs of the loop (kiln.train.loop) and of the run's opening and end.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from kiln.checkpoint import Checkpointer, config_digest
+from kiln.checkpoint.hf_export import tokenizer_dir_of
+from kiln.compile import cuda_graph_mode_note
+from kiln.config.errors import ConfigError
+from kiln.config.schema import Config
+from kiln.cpu.threads import CpuPlan
+from kiln.data import build_data
+from kiln.data.base import DataSource
+from kiln.data.special_tokens import align_config
+from kiln.distributed.strategy import resolve_strategy
+from kiln.distributed.world import DistEnv
+from kiln.failure.faults import Fault
+from kiln.models import BuiltModel, build_model
+from kiln.monitor.prometheus import check_bindable
+from kiln.monitor.trackers import check_tracker
+from kiln.precision import PrecisionPolicy, apply_precision
+from kiln.runtime import seed_everything
+from kiln.train.features import Features, resolve_features
+from kiln.train.memory_plan import check_run_fits
+from kiln.train.resume import Resume, decide_resume
+
+log = logging.getLogger("kiln.train")
+
+
+@dataclass(frozen=True)
+class RunParts:
+    """What one process trains with, built and checked before any work."""
+
+    cfg: Config
+    run_dir: Path
+    dist: DistEnv
+    device: torch.device
+    policy: PrecisionPolicy
+    cpu_plan: CpuPlan | None
+    fault: Fault | None
+    """KILN_FAULT's fault for this rank (kiln.failure.faults), injected by the loop."""
+    checkpointer: Checkpointer
+    resume: Resume
+    built: BuiltModel
+    model: torch.nn.Module
+    """`built.module` on the device, cast to the precision policy."""
+    num_params: int
+    strategy: str
+    strategy_reason: str
+    train_data: DataSource
+    """Its batches' sizes: `samples_per_batch`, `tokens_per_batch` (None unless tokens)."""
+    eval_data: DataSource | None
+    features: Features
+
+
+def build_run(cfg: Config, run_dir: Path, dist: DistEnv, device: torch.device, policy: PrecisionPolicy, *,
+              cpu_plan: CpuPlan | None, fault: Fault | None) -> RunParts:
+    """Everything that can fail on bad input (ConfigError: exit 2), in the order a mistake is cheapest
+    to find: the run dir's run, the host memory, the model, the data, the features."""
+    checkpointer = Checkpointer(run_dir, cfg.checkpoint, rank=dist.rank, world_size=dist.world_size,
+                                config_digest=config_digest(cfg))
+    resume = decide_resume(cfg, run_dir, checkpointer, is_main=dist.is_main)
+    check_run_fits(cfg, device.type)  # before building a model (or a batch) the host cannot hold
+    seed_everything(cfg.training.seed)  # same seed on every rank: identical initial weights
+    built = build_model(cfg.model, device=device)
+    if built.hf_config is not None and cfg.data.source == "tokens":  # the data's BOS/EOS, not a preset's
+        built.hf_config, changed = align_config(built.hf_config, tokenizer_dir_of(cfg.data.path),
+                                                explicit=cfg.model.kwargs)
+        if changed and dist.is_main:
+            log.info("special tokens from the data's tokenizer: %s",
+                     ", ".join(f"{k} {old} -> {new}" for k, (old, new) in changed.items()))
+    if resume.path is not None:  # a checkpoint of another model is bad input: exit 2, nothing written
+        checkpointer.check_model(resume.path, built.module)
+    model = apply_precision(built.module.to(device), policy)
+    num_params = sum(p.numel() for p in model.parameters())
+    param_bytes = torch.finfo(policy.param_dtype).bits // 8
+    strategy, strategy_reason = resolve_strategy(cfg, dist.world_size, num_params, param_bytes, device,
+                                                 launched=dist.launched)
+    shard = {"rank": dist.rank, "world_size": dist.world_size}
+    train_data = build_data(cfg.data, built.input_spec, device=device, seed=cfg.training.seed, **shard)
+    eval_data = None
+    if cfg.training.eval_interval > 0:
+        eval_data = build_data(cfg.data, built.input_spec, device=device, seed=cfg.training.seed, split="eval",
+                               **shard)
+        if eval_data is None:
+            log.warning("training.eval_interval is set but data has no eval split (data.eval_path); eval is off")
+    if cfg.compile.enabled and cfg.compile.regional and not built.blocks:
+        raise ConfigError("compile.regional", f"{cfg.model.name} has no repeated blocks to compile one by one")
+    features = resolve_features(cfg, built, model, policy, device, train_data)
+    if (mode_note := cuda_graph_mode_note(cfg.compile, device.type)) and dist.is_main:
+        log.warning(mode_note)
+    check_tracker(cfg.metrics.tracker)  # a tracker that is not installed: exit 2 before any work
+    if cfg.metrics.prometheus and dist.is_main:
+        check_bindable(cfg.metrics.prometheus_host, cfg.metrics.prometheus_port)
+    return RunParts(cfg=cfg, run_dir=run_dir, dist=dist, device=device, policy=policy, cpu_plan=cpu_plan,
+                    fault=fault, checkpointer=checkpointer, resume=resume, built=built, model=model,
+                    num_params=num_params, strategy=strategy, strategy_reason=strategy_reason,
+                    train_data=train_data, eval_data=eval_data, features=features)

@@ -1,0 +1,158 @@
+"""kiln's Triton decode attention (kiln.kernels.triton_decode) on CPU through Triton's interpreter, fp32:
+the kernel's chunking, its row bounds (left padding, the step's slot, sliding windows) and the
+combine, against the matmul path and a direct softmax. The GPU check of the compiled kernel is
+benchmarks/decode_attention_check.py.
+
+Triton picks its interpreter from TRITON_INTERPRET when it is first imported, which torch._dynamo
+does early; so the kernel tests run in a subprocess started with it set (`test_under_interpreter`)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from kiln.config.errors import ConfigError
+from kiln.kernels.triton_launch import arrival_counters
+from kiln.llm import Engine, build_decoder, resolve_model
+from kiln.llm import decode_attention as da
+from kiln.llm.kernels import use_decode_kernels
+from kiln.llm.model import KVCache
+
+from ..llm.conftest import assert_decode_matches_matmul, transformers  # noqa: F401  (transformers: skips without it)
+from .triton_interpreter import interpreted, not_in_subprocess, rerun_interpreted
+
+td = pytest.importorskip("kiln.kernels.triton_decode", reason="Triton is not installed (pip install 'kiln[test]')")
+
+
+@not_in_subprocess
+def test_under_interpreter():
+    rerun_interpreted(__file__)
+
+
+def direct(q, k, v, start, pos, scale, window):
+    """Softmax attention of one query per head over slots max(start[b], pos + 1 - window) .. pos."""
+    B, H, D = q.shape
+    group = H // k.shape[2]
+    out = torch.empty(B, H, D)
+    for b in range(B):
+        lo = int(start[b]) if not window else max(int(start[b]), int(pos) + 1 - window)
+        keys = k[b, lo:int(pos) + 1].repeat_interleave(group, dim=1)  # [n, H, D]
+        values = v[b, lo:int(pos) + 1].repeat_interleave(group, dim=1)
+        probs = torch.softmax(torch.einsum("hd,nhd->hn", q[b], keys) * scale, dim=-1)
+        out[b] = torch.einsum("hn,nhd->hd", probs, values)
+    return out
+
+
+@interpreted
+@pytest.mark.parametrize("heads,kv_heads,dim,capacity,window", [
+    (6, 2, 16, 200, 0),    # grouped heads, several chunks, the last ones past the step
+    (4, 1, 24, 70, 0),     # one key/value head, head dim not a power of two
+    (8, 8, 32, 130, 50),   # no grouping, a window shorter than the row
+])
+def test_kernel_matches_direct_softmax(heads, kv_heads, dim, capacity, window):
+    gen = torch.Generator().manual_seed(heads * capacity)
+    q = torch.randn(3, heads, dim, generator=gen)
+    k = torch.randn(3, capacity, kv_heads, dim, generator=gen)
+    v = torch.randn(3, capacity, kv_heads, dim, generator=gen)
+    start, pos = torch.tensor([0, 17, capacity // 2]), torch.tensor([capacity - 9])
+    per_chunk, chunks = td.chunking(3, kv_heads, capacity)
+    assert chunks > 1 and int(pos) // per_chunk < chunks - 1  # several chunks combine; the last is empty
+    for _ in range(2):  # the second call finds the arrival counters back at zero
+        got = td.decode_attention(q, k, v, start, pos, 0.25, window)
+        torch.testing.assert_close(got, direct(q, k, v, start, pos, 0.25, window), rtol=1e-5, atol=1e-5)
+        assert not arrival_counters(q.device, 3 * kv_heads).any()
+
+
+def test_chunking_fills_the_gpu_in_whole_blocks():
+    assert td.chunking(1, 8, 1280) == (64, 20)  # 20 chunks x 8 heads: 160 programs of one block each
+    assert td.chunking(1, 8, 8192) == (256, 32)
+    assert td.chunking(32, 8, 1280) == (1280, 1)  # a big batch fills the GPU by itself
+    per_chunk, chunks = td.chunking(2, 4, 100, 32)
+    assert per_chunk % 32 == 0 and per_chunk * chunks >= 100 > per_chunk * (chunks - 1)
+
+
+def test_launch_settings_never_loop_with_two_warps():
+    """One block per program where that fills the GPU (smallest block first, 2 warps); a program that
+    loops over blocks gets 4 warps (with 2 its tiles spill: 20x slower at batch 16 on an H100)."""
+    assert td.launch_settings(1, 8, 1280) == (64, 64, 20, 2)   # the batch-1 setting measured before
+    assert td.launch_settings(1, 8, 640) == (32, 32, 20, 2)
+    assert td.launch_settings(16, 8, 640) == (64, 320, 2, 4)
+    for batch in (1, 2, 4, 8, 16, 32, 64):
+        for capacity in (100, 640, 1280, 8192):
+            block, per_chunk, chunks, warps = td.launch_settings(batch, 8, capacity)
+            assert per_chunk * chunks >= capacity and (warps == 4 or per_chunk == block)
+
+
+@interpreted
+@pytest.mark.parametrize("family", ["llama3-tied", "qwen3", "mistral"])
+def test_triton_decode_equals_matmul_decode(checkpoints, family):
+    """Left-padded rows, grouped heads (qwen3: one key/value head) and Mistral's sliding window,
+    which the kernel applies itself: each step's logits agree with the matmul path."""
+    model = build_decoder(resolve_model(str(checkpoints[family])), device="cpu", dtype=torch.float32)
+    tokens = torch.randint(0, 96, (3, 16), generator=torch.Generator().manual_seed(5))
+    assert_decode_matches_matmul(model, "triton", tokens, torch.tensor([0, 3, 6]))
+
+
+def test_triton_choice_is_checked(checkpoints, monkeypatch):
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    with pytest.raises(ConfigError, match=r"--decode-attention: triton needs a CUDA device.*valid: auto, matmul, flash, triton"):
+        da.check("triton", cpu, torch.bfloat16, 64, key="--decode-attention")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    assert "fp16 or bf16" in da.triton_unavailable(cuda, torch.float32, 128)
+    assert "up to 256" in da.triton_unavailable(cuda, torch.bfloat16, 512)
+    assert da.triton_unavailable(cuda, torch.bfloat16, 128) is None
+    # auto: triton where it runs (a bf16 model on a GPU), matmul where it does not.
+    assert da.check("auto", cuda, torch.bfloat16, 128) == "triton"
+    assert da.check("auto", cuda, torch.float32, 128) == "matmul"
+    assert da.check("auto", cpu, torch.bfloat16, 128) == "matmul"
+    model = build_decoder(resolve_model(str(checkpoints["llama3-tied"])), device="cpu", dtype=torch.float32)
+    with pytest.raises(ConfigError, match="decode_attention: triton needs a CUDA device"):
+        Engine(model, decode_attention="triton")
+
+
+@interpreted
+def test_decode_step_with_triton_traces_as_one_graph(checkpoints):
+    """dynamo takes the kernel as one opaque op (its fake gives the shapes): a decode step with it
+    compiles with fullgraph=True, as the engine compiles it, and gives the eager logits."""
+    model = build_decoder(resolve_model(str(checkpoints["qwen3"])), device="cpu", dtype=torch.float32)
+    use_decode_kernels(model, attention="triton")
+    tokens = torch.randint(0, 96, (2, 10), generator=torch.Generator().manual_seed(6))
+    pad = torch.tensor([0, 4])
+    cache = KVCache(model.config, 2, 12, dtype=torch.float32, device="cpu")
+
+    def step(token, slot):
+        return model(token, cache=cache, pad=pad, decode_slot=slot)
+
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    with torch.no_grad():
+        model(tokens[:, :9], cache=cache, pad=pad)
+        eager = step(tokens[:, 9:], torch.tensor([9]))
+        torch.testing.assert_close(compiled(tokens[:, 9:], torch.tensor([9])), eager, rtol=1e-5, atol=1e-5)
+
+
+@interpreted
+def test_fused_rope_attention_compiles_in_place_and_matches(checkpoints):
+    """With `triton` a decode step's RoPE, cache write and attention are one op mutating the cache:
+    compiled by inductor it is called on the caches themselves (no copy of them per step), and the
+    logits and the caches it leaves equal the matmul path's step after step."""
+    from torch._inductor.utils import run_and_get_code
+
+    model = build_decoder(resolve_model(str(checkpoints["llama3-tied"])), device="cpu", dtype=torch.float32)
+    kernel = use_decode_kernels(copy.deepcopy(model), attention="triton")
+    tokens = torch.randint(0, 96, (1, 10), generator=torch.Generator().manual_seed(7))
+    caches = {side: KVCache(model.config, 1, 16, dtype=torch.float32, device="cpu") for side in ("matmul", "triton")}
+    compiled = torch.compile(lambda tok, slot: kernel(tok, cache=caches["triton"], decode_slot=slot), fullgraph=True)
+    with torch.no_grad():
+        for cache in caches.values():
+            model(tokens[:, :6], cache=cache)
+        for t in range(6, 10):
+            expected = model(tokens[:, t:t + 1], cache=caches["matmul"], decode_slot=torch.tensor([t]))
+            got, code = run_and_get_code(compiled, tokens[:, t:t + 1], torch.tensor([t]))
+            torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+    for mine, theirs in zip(caches["triton"].k + caches["triton"].v, caches["matmul"].k + caches["matmul"].v):
+        torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-5)
+    source = "\n".join(code)
+    assert source.count("torch.ops.kiln.decode_attention_rope.default(") == model.config.n_layers
+    assert "clone" not in source and ".copy_(" not in source
