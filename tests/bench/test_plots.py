@@ -6,7 +6,9 @@ from __future__ import annotations
 import matplotlib.figure
 import pytest
 
-from kiln.bench.compile import compile_report, llm_report, scale_report
+from kiln.bench.compile import compile_report
+from kiln.bench.llm import llm_report
+from kiln.bench.scale import scale_report
 
 
 @pytest.fixture

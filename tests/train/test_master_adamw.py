@@ -15,7 +15,7 @@ from kiln.train.master_adamw import MasterAdamW, reference_update_
 from kiln.train.optim import build_optimizer
 from kiln.train.step import TrainStep
 
-from ..llm.triton_interpreter import interpreted, not_in_subprocess, rerun_interpreted
+from ..kernels.triton_interpreter import interpreted, not_in_subprocess, rerun_interpreted
 
 HYPER = {"lr": 3e-2, "betas": (0.9, 0.95), "eps": 1e-8}
 

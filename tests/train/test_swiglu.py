@@ -17,7 +17,7 @@ from kiln.models import build_model
 from kiln.train.losses import build_forward_loss
 from kiln.train.swiglu import FusedSwiGLUFeedForward, apply_swiglu_kernel, resolve_swiglu_kernel, swiglu
 
-from ..llm.triton_interpreter import interpreted, not_in_subprocess, rerun_interpreted
+from ..kernels.triton_interpreter import interpreted, not_in_subprocess, rerun_interpreted
 
 
 def _eager(gu: torch.Tensor) -> torch.Tensor:
