@@ -1,7 +1,7 @@
 #!/bin/bash
 # Decoding at batch > 1 on one GPU, from the repo root of the device machine:
 #   PART=rows,bench bash benchmarks/decode_batch.sh     # parts comma-separated, run in order
-# Parts (Llama-3.2-3B shape, random weights, bf16):
+# Parts (Llama-3.2-3B shape unless MODEL names another preset, e.g. llama-3.1-8b; random weights, bf16):
 #   rows    benchmarks/rows_bench.py --sweep --int4 at ROWS (default 1,4,8,16,64): every projection through
 #           cuBLAS, the one-row kernels and the row kernels with every launch setting, each in its own CUDA
 #           graph -> $R/rows (ROWS_S caps its seconds; it prepares no new case in its last 90)
@@ -26,7 +26,7 @@ export TORCHAO_FORCE_SKIP_LOADING_SO_FILES=1
 BUDGET_S=${BUDGET_S:-570}
 left() { echo $(( BUDGET_S - ($(date +%s) - start) )); }
 pack() { tar czf "$OUT/decode_batch.tgz" -C "$R" .; }
-COMMON=(--model llama-3.2-3b --prompt-len 512 --new-tokens 128 --tuning decode --prefill "${PREFILL:-compiled}" --repeats 3
+COMMON=(--model "${MODEL:-llama-3.2-3b}" --prompt-len 512 --new-tokens 128 --tuning decode --prefill "${PREFILL:-compiled}" --repeats 3
         --engines kiln-compiled)
 
 for part in ${PART//,/ }; do
