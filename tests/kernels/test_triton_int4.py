@@ -121,7 +121,7 @@ def test_int4_triton_decoder_matches_its_dequantized_reference():
     from kiln.llm.quant import dequantized_reference
     from kiln.llm.weights import random_decoder
 
-    from .test_llm_quant import QUANT_CONFIG
+    from ..llm.test_llm_quant import QUANT_CONFIG
 
     # The shapes of the other int4 decode tests (two groups per input row): the interpreter is slow.
     small = {**QUANT_CONFIG, "vocab_size": 96, "hidden_size": 64, "intermediate_size": 128}
@@ -151,7 +151,7 @@ def test_int4_triton_decoder_matches_its_dequantized_reference():
 def test_int4_triton_is_checked():
     from kiln.llm.config import config_from_dict
 
-    from .test_llm_quant import QUANT_CONFIG
+    from ..llm.test_llm_quant import QUANT_CONFIG
 
     config = config_from_dict(QUANT_CONFIG)
     with pytest.raises(ConfigError, match=r"--quant: int4@triton runs kiln's Triton kernel: CUDA"):

@@ -50,8 +50,8 @@ def test_batched_decode_with_int4_triton_weights():
     from kiln.llm.quant import QuantSpec, dequantized_reference, quantize_decoder
     from kiln.llm.weights import random_decoder
 
-    from .conftest import assert_decode_matches_matmul
-    from .test_llm_quant import QUANT_CONFIG
+    from ..llm.conftest import assert_decode_matches_matmul
+    from ..llm.test_llm_quant import QUANT_CONFIG
 
     small = {**QUANT_CONFIG, "vocab_size": 96, "hidden_size": 64, "intermediate_size": 128}
     model = random_decoder(config_from_dict(small), device="cpu", dtype=torch.float32, seed=0)
