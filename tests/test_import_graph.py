@@ -17,6 +17,7 @@ Order notes, where a dependency looks surprising but is right:
   them (and HF models) into trainable models, so models/llama.py and models/hf.py import llm/.
 - runtime (device, seeds, deterministic mode, run-dir names) sits beside precision, low: it
   imports only config.errors, and bench/, advise/, tune/ and cli/ use it without importing train/.
+- kernels < llm, train: a kernel knows tensors, not models; llm/ and train/ swap it into a model.
 """
 
 from __future__ import annotations
