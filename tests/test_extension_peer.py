@@ -119,7 +119,7 @@ class ToyLlmPeer:
     def rows(self, found, ctx):
         for r in ctx.bench_rows.values():
             if r.row.get("request_tok_s"):
-                r.row["request_vs_toy"] = r.row["request_tok_s"] / found[0].request_tok_s
+                r.row.against_peers["request_vs_toy"] = r.row.request_tok_s / found[0].request_tok_s
         return found
 
 

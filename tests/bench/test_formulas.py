@@ -171,8 +171,8 @@ def test_llm_rows_figures(tmp_path):
     for name, decode_s, total_s, prefill_ms in (("hf-compiled", 0.5, 0.6, 40.0), ("kiln-compiled", 0.25, 0.32, 20.0)):
         r = bench.rows[name]
         r.decode, r.totals, r.ttft, r.intervals = [decode_s, decode_s * 3], [total_s], [0.01], [0.02, 0.03]
-        r.row["prefill_ms"] = prefill_ms
-    rows = {r["engine"]: r for r in bench.finish_rows(flops=4_000_000_000)}
+        r.row.prefill_ms = prefill_ms
+    rows = {r.engine: r.to_json() for r in bench.finish_rows(flops=4_000_000_000)}
     kiln, hf = rows["kiln-compiled"], rows["hf-compiled"]
     # A step reads the weights and the KV cache: 1 layer x (k, v) x 2 heads x 16 dims x 4 bytes per slot,
     # over 10 + 5.5 slots on average (10 decode steps attend 11 .. 20 slots).
@@ -204,8 +204,8 @@ def test_gpt_fast_comparison_uses_the_peer_at_the_same_quant(tmp_path):
                                      quants={"none": QuantSpec(), "int4@triton": QuantSpec("int4", backend="triton")}),
                      log=lambda m: None)
     bench.ceilings = _ceil()
-    bench.rows["kiln-compiled"].row["request_tok_s"] = 300.0
-    bench.rows["kiln-compiled[int4@triton]"].row["request_tok_s"] = 600.0
+    bench.rows["kiln-compiled"].row.request_tok_s = 300.0
+    bench.rows["kiln-compiled[int4@triton]"].row.request_tok_s = 600.0
     from kiln.bench.peers.gpt_fast.peer import GPT_FAST
     from kiln.bench.peers.gpt_fast.row import GptFastRow
 
@@ -213,9 +213,9 @@ def test_gpt_fast_comparison_uses_the_peer_at_the_same_quant(tmp_path):
         GptFastRow(quant="none", batch=1, status="ok", request_tok_s=200.0, weight_bytes=1_000_000_000),
         GptFastRow(quant="int4", batch=1, status="ok", request_tok_s=400.0, weight_bytes=500_000_000)],
         bench.peer_context())]
-    assert bench.rows["kiln-compiled"].row["request_vs_gpt_fast"] == 1.5
-    assert bench.rows["kiln-compiled[int4@triton]"].row["request_vs_gpt_fast"] == 1.5
-    assert bench.rows["kiln-compiled[int4@triton]"].row["vs_gpt_fast"] == "gpt-fast[int4]"
+    assert bench.rows["kiln-compiled"].row.to_json()["request_vs_gpt_fast"] == 1.5
+    assert bench.rows["kiln-compiled[int4@triton]"].row.to_json()["request_vs_gpt_fast"] == 1.5
+    assert bench.rows["kiln-compiled[int4@triton]"].row.to_json()["vs_gpt_fast"] == "gpt-fast[int4]"
     kv = bench.kv_bytes()[1]  # the KV cache a step reads, as kiln's rows count it
     assert peers[0]["step_bytes"] == 1_000_000_000 + kv
     assert peers[0]["roofline_frac"] == (1e9 + kv) * 200 / 3e12
@@ -233,11 +233,11 @@ def test_decode_vs_unquantized_is_the_quantized_rate_over_the_same_engines(tmp_p
         '"num_hidden_layers": 1, "num_attention_heads": 2, "max_position_embeddings": 64}')
     bench = LlmBench(LlmBenchPlan(model=str(tmp_path), engines=["kiln-compiled"], device="cpu", dtype="fp32",
                                      quants={"none": QuantSpec(), "int4": QuantSpec("int4")}), log=lambda m: None)
-    bench.rows["kiln-compiled"].row["decode_tok_s"] = 300.0
-    bench.rows["kiln-compiled[int4]"].row["decode_tok_s"] = 540.0
+    bench.rows["kiln-compiled"].row.decode_tok_s = 300.0
+    bench.rows["kiln-compiled[int4]"].row.decode_tok_s = 540.0
     ratios(bench.rows)
-    assert bench.rows["kiln-compiled[int4]"].row["decode_vs_unquantized"] == 1.8
-    assert "decode_vs_unquantized" not in bench.rows["kiln-compiled"].row
+    assert bench.rows["kiln-compiled[int4]"].row.decode_vs_unquantized == 1.8
+    assert "decode_vs_unquantized" not in bench.rows["kiln-compiled"].row.to_json()
 
 
 def test_within_relative_is_the_tolerance_on_the_reference_magnitude():
@@ -282,8 +282,8 @@ def test_batched_rows_compare_each_batch_with_its_own_and_with_batch_1(tmp_path)
                                    ("kiln-compiled b4", 0.625, [[5, 6, 8], [1], [2], [3]])):
         r = bench.rows[name]
         r.decode, r.totals, r.ttft, r.intervals, r.tokens = [decode_s], [1.0], [0.01], [0.02], tokens
-        r.row["prefill_ms"] = 10.0
-    rows = {r["label"]: r for r in bench.finish_rows(flops=1000)}
+        r.row.prefill_ms = 10.0
+    rows = {r.label: r.to_json() for r in bench.finish_rows(flops=1000)}
     one, four = rows["kiln-compiled b1"], rows["kiln-compiled b4"]
     assert four["decode_tok_s"] == 4 * 10 / 0.625 and four["decode_tok_s_per_seq"] == 10 / 0.625
     assert four["decode_step_ms"] == 62.5 and one["decode_step_ms"] == 50.0 and four["step_vs_batch1"] == 1.25

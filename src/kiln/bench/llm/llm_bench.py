@@ -36,6 +36,7 @@ import torch
 
 from kiln.bench.ceilings import Ceilings, measure_ceilings
 from kiln.bench.formulas import kv_bytes_per_step
+from kiln.bench.llm.llm_engine_row import EngineRow
 from kiln.bench.llm.llm_engines import HF_ENGINES, HfEngine, KilnEngine
 from kiln.bench.llm.llm_memory import check_bench_fits
 from kiln.bench.llm.llm_options import LlmBenchOptions, LlmBenchPlan, check_options
@@ -92,9 +93,9 @@ class LlmBench:
         # One prompt set for every batch size: batch B takes the first B, so the first prompt is the same in all.
         self.prompts = torch.randint(0, self.config.vocab_size, (max(opts.batches), opts.prompt_len),
                                      generator=gen).tolist()
-        base = {"model": opts.model, "dtype": opts.dtype, "prompt_len": opts.prompt_len, "new_tokens": opts.new_tokens}
         several = len(opts.batches) > 1
-        rows = [LlmRow(e, q, {**base, "batch": b}, label_batch=several) for b in opts.batches for e in opts.engines
+        rows = [LlmRow(e, q, model=opts.model, dtype=opts.dtype, prompt_len=opts.prompt_len, new_tokens=opts.new_tokens,
+                       batch=b, label_batch=several) for b in opts.batches for e in opts.engines
                 for q in (opts.quants if e.startswith("kiln") else ["none"])]
         self.rows = {r.name: r for r in rows}
         self.hf_model = self.kiln_model = None
@@ -138,7 +139,7 @@ class LlmBench:
         for r in self.rows.values():
             v = self.variants.get(r.quant) if r.engine_name.startswith("kiln") else None
             if v is not None:
-                r.row.update(v.figures)
+                r.row.update(**v.figures)
                 if v.status != "ok" and r.ok:
                     r.row.update(status=v.status, reason=v.reason)
 
@@ -160,7 +161,7 @@ class LlmBench:
 
     # -- phases ---------------------------------------------------------------------------------
     def _make(self, r: LlmRow):
-        prompts = self.prompts[: r.row["batch"]]
+        prompts = self.prompts[: r.row.batch]
         if r.engine_name in HF_ENGINES:
             return HfEngine(r.engine_name, self.hf_model, prompts, self.opts.new_tokens)
         return KilnEngine(r.engine_name, self.variants[r.quant].model, prompts, self.opts.new_tokens,
@@ -185,8 +186,8 @@ class LlmBench:
                                  if after["recompiles"] is not None and before_counters["recompiles"] is not None
                                  else None),
                      **r.engine.compile_stats())
-        r.row["note"] = r.engine.note
-        self.log(f"{r.name}: warm-up {r.row['warmup_s']:.1f} s (first call {first:.1f} s)")
+        r.row.note = r.engine.note
+        self.log(f"{r.name}: warm-up {r.row.warmup_s:.1f} s (first call {first:.1f} s)")
 
     def time_prefill(self, ready: list[LlmRow]) -> None:
         """Each engine's prompt forward, interleaved. An engine whose prefill cannot be called on
@@ -197,14 +198,13 @@ class LlmBench:
                 r.engine.prefill()
                 sides[r.name] = r.engine.prefill
             except Exception as exc:
-                r.row["prefill_error"] = failure(exc)[1]
-                self.log(f"{r.name}: prefill alone failed ({r.row['prefill_error']}); no prefill figures")
+                r.row.prefill_error = failure(exc)[1]
+                self.log(f"{r.name}: prefill alone failed ({r.row.prefill_error}); no prefill figures")
         if not sides:
             return
         for name, timing in measure_interleaved(sides, warmup=1, repeats=self.opts.prefill_repeats,
                                                 device=self.device).items():
-            self.rows[name].row["prefill_ms"] = timing.median_s * 1e3
-            self.rows[name].row["prefill_ms_p90"] = timing.quantile_s(0.9) * 1e3
+            self.rows[name].row.update(prefill_ms=timing.median_s * 1e3, prefill_ms_p90=timing.quantile_s(0.9) * 1e3)
 
     def _one_generate(self, r: LlmRow) -> None:
         clock = StepClock(self.device)
@@ -241,7 +241,7 @@ class LlmBench:
                 return count_step_flops(lambda: self.hf_model(tokens, logits_to_keep=1), device=self.device)
         return None
 
-    def finish_rows(self, flops: int | None) -> list[dict[str, Any]]:
+    def finish_rows(self, flops: int | None) -> list[EngineRow]:
         """Every row's reported figures (kiln.bench.llm.llm_rows), from what decode reads per step."""
         weight_bytes = decode_weight_bytes(self.kiln_model) if self.kiln_model is not None else (
             _param_bytes(self.hf_model) - (0 if self.config.tie_embeddings else
@@ -267,14 +267,14 @@ class LlmBench:
             if self.opts.deadline_s is not None and elapsed > self.opts.deadline_s:
                 r.row.update(status="skipped", reason=f"not started: the run's --deadline-s {self.opts.deadline_s:g} "
                              f"had passed ({elapsed:.0f} s)")
-                self.log(f"{r.name}: skipped ({r.row['reason']})")
+                self.log(f"{r.name}: skipped ({r.row.reason})")
                 continue
             try:
                 self.warm_up(r)
                 ready.append(r)
             except Exception as exc:
                 r.fail(exc)
-                self.log(f"{r.name}: {r.row['status']}: {r.row['reason']}")
+                self.log(f"{r.name}: {r.row.status}: {r.row.reason}")
                 gc.collect()
                 if self.device.type == "cuda":
                     torch.cuda.empty_cache()
@@ -309,7 +309,8 @@ class LlmBench:
                 if prep is not None:
                     prep.close()  # gpt-fast's checkpoints are the size of the model
         kiln_rows = self.finish_rows(flops)  # before the peers' rows: those set kiln's against theirs
-        return kiln_rows + [row.to_json() for peer, rows in zip(peers, found) for row in peer.rows(rows, ctx)]
+        peer_rows = [row for peer, rows in zip(peers, found) for row in peer.rows(rows, ctx)]
+        return [row.to_json() for row in kiln_rows + peer_rows]
 
     def peer_context(self) -> LlmPeerContext:
         """What the peers of kiln.bench.peers.table are given (kiln.bench.llm.llm_peer_context)."""

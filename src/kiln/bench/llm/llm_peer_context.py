@@ -40,4 +40,5 @@ class LlmPeerContext:
     kv_bytes: dict[int, int]
     """Batch size -> KV-cache bytes a decode step reads (kiln.bench.formulas.kv_bytes_per_step)."""
     bench_rows: dict[str, LlmRow]
-    """The bench's own rows (kiln's engines and transformers'), by name."""
+    """The bench's own rows (kiln's engines and transformers'), by name: a peer reads their figures
+    (`.row`, kiln.bench.llm.llm_engine_row.EngineRow) and sets its own against them in `.row.against_peers`."""

@@ -17,13 +17,13 @@ def profile_rows(bench, ready: list) -> None:
             continue
         folder = Path(bench.opts.profile_dir) / re.sub(r"[^A-Za-z0-9_.-]+", "_", r.name).strip("_")
         weights = r.row.get("weight_bytes") or decode_weight_bytes(bench.variants[r.quant].model)
-        title = f"Decode profile: {r.name}, {bench.opts.model} ({bench.opts.dtype}, batch {r.row['batch']})"
+        title = f"Decode profile: {r.name}, {bench.opts.model} ({bench.opts.dtype}, batch {r.row.batch})"
         try:
             s = r.engine.profile_decode(bench.opts.profile_decode, folder, weight_bytes=weights, title=title,
                                         copy_bytes_per_s=bench.ceilings.copy_bytes_per_s if bench.ceilings else None)
         except Exception as exc:
-            r.row["profile_error"] = failure(exc)[1]
-            bench.log(f"{r.name}: decode profile failed ({r.row['profile_error']})")
+            r.row.profile_error = failure(exc)[1]
+            bench.log(f"{r.name}: decode profile failed ({r.row.profile_error})")
             continue
         gpu = s["gpu"]
         r.row.update(profile=str(folder / "summary.md"), profile_verdict=s["verdict"],

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from kiln.bench.llm.llm_engine_row import EngineRow
 from kiln.bench.row_failure import failure
 from kiln.data.eval_tokens import read_ppl_tokens
 from kiln.kernels.triton_matvec import MAX_ROWS
@@ -131,8 +132,8 @@ def measure_quality(variants: dict[str, QuantVariant], base, *, ppl_tokens: list
             and len(ppl_tokens) >= prompts.numel(), "ppl_context": context if ppl_tokens is not None else None}
 
 
-def mark_drift(row: dict[str, Any]) -> None:
+def mark_drift(row: EngineRow) -> None:
     """A row over its drift bounds becomes `accuracy_fail`, keeping every figure."""
-    if row.get("status") == "ok" and row.get("drift_ok") is False:
-        row["status"] = "accuracy_fail"
-        row["reason"] = f"{row['drift_problem']} (kiln.llm.quality)"
+    if row.status == "ok" and row.get("drift_ok") is False:
+        row.status = "accuracy_fail"
+        row.reason = f"{row.drift_problem} (kiln.llm.quality)"

@@ -16,19 +16,22 @@ from typing import Any
 
 from kiln.bench.ceilings import Ceilings, bandwidth_fractions
 from kiln.bench.formulas import decode_tok_s, peak_fraction, prefill_tok_s, ratio, request_tok_s, roofline_tok_s, tflops
+from kiln.bench.llm.llm_engine_row import EngineRow
 from kiln.bench.llm.llm_quant import mark_drift
 from kiln.bench.row_failure import failure
+from kiln.bench.typed_row import UNSET
 from kiln.timing import Timing
 
 
 class LlmRow:
     """One engine (at one quantization)'s figures as they are gathered."""
 
-    def __init__(self, engine: str, quant: str, base: dict[str, Any], *, label_batch: bool = False):
-        self.name = (engine if quant == "none" else f"{engine}[{quant}]") + (f" b{base['batch']}" if label_batch else "")
+    def __init__(self, engine: str, quant: str, *, model: str, dtype: str, prompt_len: int, new_tokens: int,
+                 batch: int, label_batch: bool = False):
+        self.name = (engine if quant == "none" else f"{engine}[{quant}]") + (f" b{batch}" if label_batch else "")
         self.engine_name, self.quant = engine, quant
-        self.row: dict[str, Any] = {"engine": engine, "quant": quant, **base, "status": "ok", "reason": None,
-                                    "label": self.name}
+        self.row = EngineRow(engine=engine, quant=quant, model=model, dtype=dtype, prompt_len=prompt_len,
+                             new_tokens=new_tokens, batch=batch, label=self.name)
         self.engine = None
         self.held_bytes = 0
         self.transient: list[int] = []
@@ -40,15 +43,15 @@ class LlmRow:
 
     @property
     def ok(self) -> bool:
-        return self.row["status"] == "ok"
+        return self.row.status == "ok"
 
     def fail(self, exc: BaseException) -> None:
-        self.row["status"], self.row["reason"] = failure(exc)
+        self.row.status, self.row.reason = failure(exc)
         self.engine = None
 
 
 def finish_rows(rows: dict[str, LlmRow], plan, ceilings: Ceilings, *, prompt_flops: int | None, weight_bytes: int,
-                kv_bytes: dict[int, int], model_bytes: int, parity: dict[str, Any]) -> list[dict[str, Any]]:
+                kv_bytes: dict[int, int], model_bytes: int, parity: dict[str, Any]) -> list[EngineRow]:
     """Every row's reported figures (rows that failed keep their status and what was known).
 
     `weight_bytes` is what one unquantized decode step reads of the weights (a quantized row carries
@@ -59,20 +62,21 @@ def finish_rows(rows: dict[str, LlmRow], plan, ceilings: Ceilings, *, prompt_flo
     o, c = plan, ceilings
     for r in rows.values():
         row = r.row
-        batch = row["batch"]
+        batch = row.batch
         kiln_row = r.engine_name.startswith("kiln")
-        row.setdefault("weight_bytes", weight_bytes)
+        if row.weight_bytes is UNSET:
+            row.weight_bytes = weight_bytes
         flops = prompt_flops * batch if prompt_flops is not None else None
         row.update(prefill_flops=flops, kv_bytes_per_step=kv_bytes[batch], **parity if kiln_row and r.quant == "none" else {})
-        row["step_bytes"] = row["weight_bytes"] + row["kv_bytes_per_step"]
-        row["roofline_tok_s"] = roofline_tok_s(c.bandwidth, row["step_bytes"], batch)
-        row["spec_roofline_tok_s"] = roofline_tok_s(c.spec_bytes_per_s, row["step_bytes"], batch)
+        row.step_bytes = row.weight_bytes + row.kv_bytes_per_step
+        row.roofline_tok_s = roofline_tok_s(c.bandwidth, row.step_bytes, batch)
+        row.spec_roofline_tok_s = roofline_tok_s(c.spec_bytes_per_s, row.step_bytes, batch)
         row_model_bytes = row.get("model_bytes") if kiln_row and row.get("model_bytes") else model_bytes
         if not r.ok or not r.decode:
             continue
         decode_s = statistics.median(r.decode)
         if row.get("prefill_ms"):
-            prefill_s = row["prefill_ms"] / 1e3
+            prefill_s = row.prefill_ms / 1e3
             row.update(prefill_tok_s=prefill_tok_s(batch, o.prompt_len, prefill_s),
                        prefill_tflops=tflops(flops, prefill_s),
                        prefill_peak_frac=peak_fraction(flops, prefill_s, c.matmul_flops_per_s),
@@ -86,8 +90,10 @@ def finish_rows(rows: dict[str, LlmRow], plan, ceilings: Ceilings, *, prompt_flo
             request_tok_s=request_tok_s(batch, o.new_tokens, statistics.median(r.totals)),
             peak_mem_bytes=row_model_bytes + r.held_bytes + max(r.transient) if r.transient else None,
         )
-        row["decode_tok_s_per_seq"] = ratio(row["decode_tok_s"], batch)
-        bandwidth_fractions(row, c, batch)
+        row.decode_tok_s_per_seq = ratio(row.decode_tok_s, batch)
+        figures = {"step_bytes": row.step_bytes}  # bandwidth_fractions fills a dict (gpt-fast's rows too)
+        bandwidth_fractions(figures, c, batch, tok_s=row.decode_tok_s)
+        row.update(**figures)
     ratios(rows)
     for r in rows.values():
         mark_drift(r.row)
@@ -106,27 +112,27 @@ def ratios(rows: dict[str, LlmRow]) -> None:
     prompt is the same at every batch size)."""
     ok = [r for r in rows.values() if r.ok and r.row.get("decode_tok_s")]
     for r in ok:
-        r.row["decode_step_ms"] = 1e3 * r.row["batch"] / r.row["decode_tok_s"]
-    for batch in sorted({r.row["batch"] for r in ok}):
+        r.row.decode_step_ms = 1e3 * r.row.batch / r.row.decode_tok_s
+    for batch in sorted({r.row.batch for r in ok}):
         same = {(r.engine_name if r.quant == "none" else f"{r.engine_name}[{r.quant}]"): r
-                for r in ok if r.row["batch"] == batch}
+                for r in ok if r.row.batch == batch}
         base = next((same[n] for n in ("hf-compiled", "hf-eager") if n in same), None)
         ref = next((same[n] for n in ("hf-eager", "hf-compiled", "kiln-eager", "kiln-compiled") if n in same), None)
         for r in same.values():
             unquantized = same.get(r.engine_name)
             if r.quant != "none" and unquantized is not None:
-                r.row["decode_vs_unquantized"] = ratio(r.row["decode_tok_s"], unquantized.row["decode_tok_s"])
+                r.row.decode_vs_unquantized = ratio(r.row.decode_tok_s, unquantized.row.decode_tok_s)
             if base is not None:
-                r.row.update(vs_hf=base.name, decode_vs_hf=ratio(r.row["decode_tok_s"], base.row["decode_tok_s"]))
+                r.row.update(vs_hf=base.name, decode_vs_hf=ratio(r.row.decode_tok_s, base.row.decode_tok_s))
                 if base.row.get("prefill_ms") and r.row.get("prefill_ms"):
-                    r.row["prefill_vs_hf"] = ratio(base.row["prefill_ms"], r.row["prefill_ms"])
+                    r.row.prefill_vs_hf = ratio(base.row.prefill_ms, r.row.prefill_ms)
             if ref is not None and r.tokens and ref.tokens:
                 r.row.update(greedy_ref=ref.name, greedy_match=_first_difference(r.tokens[0], ref.tokens[0]))
-    single = {(r.engine_name, r.quant): r for r in ok if r.row["batch"] == 1}
+    single = {(r.engine_name, r.quant): r for r in ok if r.row.batch == 1}
     for r in ok:
         one = single.get((r.engine_name, r.quant))
         if one is None or r is one:
             continue
-        r.row["step_vs_batch1"] = ratio(r.row["decode_step_ms"], one.row["decode_step_ms"])
+        r.row.step_vs_batch1 = ratio(r.row.decode_step_ms, one.row.decode_step_ms)
         if r.tokens and one.tokens:
-            r.row["greedy_match_batch1"] = _first_difference(r.tokens[0], one.tokens[0])
+            r.row.greedy_match_batch1 = _first_difference(r.tokens[0], one.tokens[0])

@@ -89,10 +89,10 @@ class GptFastPeer:
                 row.update(roofline_basis="request_tok_s", kv_bytes_per_step=kv, **figures)
         peer = {(row.quant, row.batch): row for row in found if row.status == "ok" and row.get("request_tok_s")}
         for r in ctx.bench_rows.values():
-            other = peer.get(("int4" if r.quant.startswith("int4") else r.quant, r.row["batch"]))
+            other = peer.get(("int4" if r.quant.startswith("int4") else r.quant, r.row.batch))
             if other is not None and r.row.get("request_tok_s"):
-                r.row.update(vs_gpt_fast=f"gpt-fast[{other.quant}]",
-                             request_vs_gpt_fast=ratio(r.row["request_tok_s"], other.request_tok_s))
+                r.row.against_peers.update(vs_gpt_fast=f"gpt-fast[{other.quant}]",
+                                           request_vs_gpt_fast=ratio(r.row.request_tok_s, other.request_tok_s))
         return found
 
 

@@ -4,8 +4,6 @@ steps (peer.py) and the bench: `GptFastRow.to_json()` is the row of results.json
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
-
 from kiln.bench.typed_row import UNSET, JsonRow
 
 ENGINE = "gpt-fast"
@@ -57,11 +55,3 @@ class GptFastRow(JsonRow):
     roofline_frac: float | None = UNSET
     roofline_spec_frac: float | None = UNSET
     roofline_copy_frac: float | None = UNSET
-
-    def update(self, **fields: Any) -> GptFastRow:
-        """Set `fields` (names of this dataclass: an unknown one is a TypeError); returns the row."""
-        for name, value in fields.items():
-            if not hasattr(self, name):
-                raise TypeError(f"GptFastRow has no field {name!r}")
-            setattr(self, name, value)
-        return self
