@@ -1,7 +1,8 @@
 """A `kiln bench llm` row: what is gathered for one engine while it runs, and the figures made of it.
 
 `LlmRow` collects one engine's raw timings (TTFT, decode time, per-token intervals, whole
-requests) and memory as the bench measures them. `finish_rows` turns them into the reported
+requests) and memory as the bench measures them, beside its `EngineRow` (kiln.bench.llm.llm_engine_row),
+the row of results.json the phases fill. `finish_rows` turns them into the reported
 figures, each through kiln.bench.formulas: decode at batch B reads every weight once per step, so
 `weight_bytes × steps/s` is the bandwidth a row achieves and its roofline fractions are that over
 the measured read stream, the copy and the datasheet; prefill TFLOP/s divide the FLOPs counted

@@ -4,6 +4,7 @@ steps (peer.py) and the bench: `GptFastRow.to_json()` is the row of results.json
 from __future__ import annotations
 
 from dataclasses import dataclass
+
 from kiln.bench.typed_row import UNSET, JsonRow
 
 ENGINE = "gpt-fast"
