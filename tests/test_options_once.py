@@ -25,11 +25,15 @@ from kiln.cli import (
     bench_llm_cmd,
     bench_scale_cmd,
     bench_train_llm_cmd,
+    env_cmd,
     generate_cmd,
+    profile_cmd,
 )
 from kiln.cli.main import build_parser
 from kiln.config.options import command_line, default_of, flag_name, flag_names, flag_of, from_namespace
 from kiln.generate.request import GenerateOptions
+from kiln.monitor.env_request import EnvRequest
+from kiln.profile.profile_request import ProfileRequest
 from kiln.tune.autotune_request import AutotuneRequest
 
 # (command words after `kiln`, options class, words the recorded command line starts with or None,
@@ -43,9 +47,11 @@ COMMANDS = [
     (("bench", "predict"), PredictRequest, None, {"points": "p.json", "out": "o"}),
     (("bench", "train-llm"), TrainLlmRequest, None, {}),
     (("autotune",), AutotuneRequest, autotune_cmd.WORDS, {}),
+    (("env",), EnvRequest, None, {}),
+    (("profile",), ProfileRequest, None, {}),
 ]
 CLI_MODULES = [bench_cmd, bench_llm_cmd, generate_cmd, bench_scale_cmd, bench_train_llm_cmd, autotune_cmd,
-               autotune_llm]
+               autotune_llm, env_cmd, profile_cmd]
 NOT_OPTIONS = {"-h", "--help", "--verbose"}
 
 
