@@ -31,6 +31,7 @@ from kiln.cli import (
     generate_cmd,
     profile_cmd,
     report_cmd,
+    train_cmd,
 )
 from kiln.cli.main import build_parser
 from kiln.config.options import command_line, default_of, flag_name, flag_names, flag_of, from_namespace
@@ -38,6 +39,7 @@ from kiln.generate.request import GenerateOptions
 from kiln.monitor.env_request import EnvRequest
 from kiln.profile.profile_request import ProfileRequest
 from kiln.report.report_request import ReportRequest
+from kiln.train.train_options import TrainOptions
 from kiln.tune.autotune_request import AutotuneRequest
 
 # (command words after `kiln`, options class, words the recorded command line starts with or None,
@@ -55,9 +57,10 @@ COMMANDS = [
     (("profile",), ProfileRequest, None, {}),
     (("report",), ReportRequest, None, {"path": "runs/a"}),
     (("export",), ExportRequest, None, {"run_dir": "runs/a", "out": "m.safetensors"}),
+    (("train",), TrainOptions, None, {}),
 ]
 CLI_MODULES = [bench_cmd, bench_llm_cmd, generate_cmd, bench_scale_cmd, bench_train_llm_cmd, autotune_cmd,
-               autotune_llm, env_cmd, export_cmd, profile_cmd, report_cmd]
+               autotune_llm, env_cmd, export_cmd, profile_cmd, report_cmd, train_cmd]
 NOT_OPTIONS = {"-h", "--help", "--verbose"}
 
 
