@@ -18,7 +18,6 @@ from kiln.bench.compile.compile_request import CompileRequest
 from kiln.bench.llm.llm_request import LlmBenchOptions
 from kiln.bench.scale.scale_request import CommRequest, PredictRequest, ScaleRequest
 from kiln.bench.train_llm.llm_train_request import TrainLlmRequest
-from kiln.checkpoint.export_request import ExportRequest
 from kiln.cli import (
     autotune_cmd,
     autotune_llm,
@@ -27,7 +26,6 @@ from kiln.cli import (
     bench_scale_cmd,
     bench_train_llm_cmd,
     env_cmd,
-    export_cmd,
     generate_cmd,
     profile_cmd,
     report_cmd,
@@ -56,11 +54,10 @@ COMMANDS = [
     (("env",), EnvRequest, None, {}),
     (("profile",), ProfileRequest, None, {}),
     (("report",), ReportRequest, None, {"path": "runs/a"}),
-    (("export",), ExportRequest, None, {"run_dir": "runs/a", "out": "m.safetensors"}),
     (("train",), TrainOptions, None, {}),
 ]
 CLI_MODULES = [bench_cmd, bench_llm_cmd, generate_cmd, bench_scale_cmd, bench_train_llm_cmd, autotune_cmd,
-               autotune_llm, env_cmd, export_cmd, profile_cmd, report_cmd, train_cmd]
+               autotune_llm, env_cmd, profile_cmd, report_cmd, train_cmd]
 NOT_OPTIONS = {"-h", "--help", "--verbose"}
 
 
