@@ -25,11 +25,19 @@ from kiln.cli import (
     bench_llm_cmd,
     bench_scale_cmd,
     bench_train_llm_cmd,
+    env_cmd,
     generate_cmd,
+    profile_cmd,
+    report_cmd,
+    train_cmd,
 )
 from kiln.cli.main import build_parser
 from kiln.config.options import command_line, default_of, flag_name, flag_names, flag_of, from_namespace
 from kiln.generate.request import GenerateOptions
+from kiln.monitor.env_request import EnvRequest
+from kiln.profile.profile_request import ProfileRequest
+from kiln.report.report_request import ReportRequest
+from kiln.train.train_options import TrainOptions
 from kiln.tune.autotune_request import AutotuneRequest
 
 # (command words after `kiln`, options class, words the recorded command line starts with or None,
@@ -43,9 +51,13 @@ COMMANDS = [
     (("bench", "predict"), PredictRequest, None, {"points": "p.json", "out": "o"}),
     (("bench", "train-llm"), TrainLlmRequest, None, {}),
     (("autotune",), AutotuneRequest, autotune_cmd.WORDS, {}),
+    (("env",), EnvRequest, None, {}),
+    (("profile",), ProfileRequest, None, {}),
+    (("report",), ReportRequest, None, {"path": "runs/a"}),
+    (("train",), TrainOptions, None, {}),
 ]
 CLI_MODULES = [bench_cmd, bench_llm_cmd, generate_cmd, bench_scale_cmd, bench_train_llm_cmd, autotune_cmd,
-               autotune_llm]
+               autotune_llm, env_cmd, profile_cmd, report_cmd, train_cmd]
 NOT_OPTIONS = {"-h", "--help", "--verbose"}
 
 
@@ -72,6 +84,8 @@ def _flag_argv(cls: type, f: dataclasses.Field, value) -> list[str]:
         return ["--" + value]
     if shape == "words":
         return list(value)
+    if shape == "arg":
+        return [str(value)]
     if shape == "repeat":
         return [w for item in value for w in (flag, str(item))]
     if shape in ("comma", "comma_each", "chunks"):

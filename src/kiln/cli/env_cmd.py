@@ -6,6 +6,8 @@ import argparse
 import json
 
 from kiln.cli.args import add_verbose_flag
+from kiln.config.options import add_flags, from_namespace
+from kiln.monitor.env_request import EnvRequest
 
 
 def add_parser(sub) -> None:
@@ -13,7 +15,7 @@ def add_parser(sub) -> None:
                        description="What this machine offers kiln: torch and CUDA versions, GPUs (name, memory, "
                        "compute capability), C/Triton compilers, torch.compile modes and backends, and recommended "
                        "settings for it.")
-    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    add_flags(p, EnvRequest)
     add_verbose_flag(p)
     p.set_defaults(run=run)
 
@@ -21,8 +23,9 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     from kiln.monitor.env import collect_env, render_env
 
+    request = from_namespace(EnvRequest, args)
     env = collect_env()
-    if args.json:
+    if request.json:
         print(json.dumps(env, indent=2, default=str))
         return 0
     from rich.console import Console

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 
 from kiln.cli.args import add_verbose_flag
+from kiln.config.options import add_flags, from_namespace
+from kiln.report.report_request import ReportRequest
 
 
 def add_parser(sub) -> None:
@@ -15,25 +17,16 @@ def add_parser(sub) -> None:
         "per-rank timing, and the profile summary of a `kiln profile` dir) or a bench results dir (results.json: "
         "the table and charts). Writes report.md with report_files/*.png, and report.html with the images inlined.",
     )
-    p.add_argument("path", metavar="RUN_DIR|BENCH_DIR", help="a kiln train/profile run dir or a kiln bench --out dir")
-    p.add_argument("--out", help="where to write the report (default: into RUN_DIR|BENCH_DIR; refused while "
-                   "a running kiln process holds that dir)")
+    add_flags(p, ReportRequest)
     add_verbose_flag(p)
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from pathlib import Path
+    from kiln.report.contents import make_report, report_target
 
-    from kiln.outputs import refuse_held_by_another
-    from kiln.report.contents import make_report
-
-    path = Path(args.path)
-    target = Path(args.out) if args.out else path.parent if path.is_file() else path
-    # A run or bench still being written is its process's: report on it, but write the report elsewhere.
-    refuse_held_by_another(target, "--out", "pass --out DIR to write the report elsewhere")
-    args.output_dir = target  # a failure's error.log goes where the report was going
-
-    written = make_report(args.path, args.out)
+    request = from_namespace(ReportRequest, args)
+    args.output_dir = report_target(request)  # a failure's error.log goes where the report was going
+    written = make_report(request.path, request.out)
     print(f"kiln: wrote {written['html']} and {written['md']} (+ {written['files']}/)")
     return 0

@@ -17,8 +17,9 @@ import typing
 from dataclasses import MISSING, dataclass
 from typing import Any, Literal
 
-Shape = Literal["value", "switch", "on_off", "tri", "comma", "comma_each", "chunks", "repeat", "pick", "words"]
-"""How a flag maps to its field: `value` one value (str/int/float, the last one given wins);
+Shape = Literal["value", "arg", "switch", "on_off", "tri", "comma", "comma_each", "chunks", "repeat", "pick", "words"]
+"""How a flag maps to its field: `value` one value (str/int/float, the last one given wins); `arg`
+one positional word (RUN_DIR);
 `switch` a store_true flag; `on_off` a bool written `on`/`off`; `tri` a `bool | None` set by
 the flag (True) or by `Flag.off` (False); `comma` a list given as one comma-separated value;
 `comma_each` a repeatable comma-separated list (all occurrences joined); `chunks` a repeatable
@@ -64,7 +65,7 @@ def flag_of(f: dataclasses.Field) -> Flag | None:
 
 def flag_name(f: dataclasses.Field) -> str:
     spec = flag_of(f)
-    if spec and spec.shape == "words":
+    if spec and spec.shape in ("words", "arg"):
         return f.name
     return spec.name if spec and spec.name else "--" + f.name.replace("_", "-")
 
@@ -74,13 +75,13 @@ def _choices(cls: type, f: dataclasses.Field) -> tuple[str, ...]:
 
 
 def flag_names(cls: type, f: dataclasses.Field) -> list[str]:
-    """The option strings of field `f` (one per choice for `pick`; none for `words`)."""
+    """The option strings of field `f` (one per choice for `pick`; none for `words` and `arg`)."""
     spec = flag_of(f)
     if spec is not None and spec.shape == "pick":
         return ["--" + c for c in _choices(cls, f)]
     if spec is not None and spec.shape == "tri":
         return [flag_name(f), spec.off.split("|")[0]]
-    return [] if spec is None or spec.shape == "words" else [flag_name(f)]
+    return [] if spec is None or spec.shape in ("words", "arg") else [flag_name(f)]
 
 
 def options_of(cls: type) -> list[tuple[dataclasses.Field, Flag]]:
@@ -138,6 +139,9 @@ def add_flags(parser: argparse.ArgumentParser | Any, cls: type, *, only: tuple[s
             continue
         if spec.shape == "words":
             where.add_argument(f.name, nargs="*", metavar=spec.metavar, help=spec.help)
+            continue
+        if spec.shape == "arg":
+            where.add_argument(f.name, metavar=spec.metavar, help=spec.help)
             continue
         if spec.shape == "tri":
             off, _, off_help = spec.off.partition("|")
@@ -210,6 +214,8 @@ def command_line(words: list[str], opts: Any) -> str:
             parts.append(flag_name(f) if value else spec.off.split("|")[0])
         elif spec.shape == "words":
             parts += list(value)
+        elif spec.shape == "arg":
+            parts.append(str(value))
         elif spec.shape == "repeat":
             for item in value:
                 parts += [flag_name(f), str(item)]

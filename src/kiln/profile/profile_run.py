@@ -13,11 +13,14 @@ from pathlib import Path
 from typing import Any
 
 from kiln.config.errors import ConfigError
+from kiln.config.load import load_config
 from kiln.config.schema import Config
 from kiln.config.validate import validate
 from kiln.monitor.summary import write_summary
+from kiln.profile.profile_request import ProfileRequest
 from kiln.profile.profile_summary import render_markdown, summarise_trace
 from kiln.profile.window import ProfilerWindow
+from kiln.runtime import default_run_dir
 from kiln.safe_io import write_atomic
 from kiln.train.trainer import Trainer
 
@@ -37,6 +40,15 @@ def profile_config(cfg: Config, *, steps: int, warmup: int, memory_steps: int) -
               metrics=rep(cfg.metrics, tensorboard=False, gpu_health=False, prometheus=False))
     validate(cfg)
     return cfg
+
+
+def profile_plan(request: ProfileRequest) -> tuple[Config, Path]:
+    """The config `request` names (ConfigError -> exit 2 before any work, the window's flags too) and
+    the output dir (--out, or a new run dir)."""
+    cfg = load_config(request.config, request.overrides)
+    profile_config(cfg, steps=request.steps, warmup=request.warmup, memory_steps=request.memory_steps)
+    out = Path(request.out) if request.out else default_run_dir(f"profile-{cfg.model.name}")
+    return cfg, out
 
 
 def profile_run(cfg: Config, out: Path, *, steps: int, warmup: int, memory_steps: int) -> dict[str, Any] | None:

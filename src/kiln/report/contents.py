@@ -6,9 +6,11 @@ from pathlib import Path
 from typing import Any
 
 from kiln.config.errors import ConfigError
+from kiln.outputs import refuse_held_by_another
 from kiln.report import plots
 from kiln.report.render import REPORT_FILES, Block, Heading, Image, Para, Table, write_report
 from kiln.report.report_inputs import BenchData, RunData, load
+from kiln.report.report_request import ReportRequest
 from kiln.safe_io import check_target, read_bytes
 from kiln.train.segments import describe_segments
 
@@ -301,6 +303,15 @@ def _figure(path: Path) -> bytes:
         return read_bytes(path, 64 << 20)
     except OSError as exc:
         raise ConfigError("RUN_DIR", f"{path}: {exc.strerror or exc}") from None
+
+
+def report_target(request: ReportRequest) -> Path:
+    """Where the report goes (--out, or the dir reported on); refused while another running kiln
+    process holds it: a run or bench still being written is its process's."""
+    path = Path(request.path)
+    target = Path(request.out) if request.out else path.parent if path.is_file() else path
+    refuse_held_by_another(target, "--out", "pass --out DIR to write the report elsewhere")
+    return target
 
 
 def make_report(path: str | Path, out: str | Path | None = None) -> dict[str, Path]:

@@ -19,6 +19,7 @@ from kiln.failure import RunFailed, quiet_child_signals
 from kiln.failure.ranks import publish, under_kiln_launcher
 from kiln.monitor.summary import summary_line
 from kiln.train.job import Outcome, launch_job
+from kiln.train.train_options import TrainOptions
 from kiln.train.trainer import Trainer
 
 
@@ -41,6 +42,17 @@ class TrainRequest:
         """The `kiln train` arguments each rank of a launched job gets."""
         return ((["--verbose"] if self.verbose else []) + (["--config", self.config] if self.config else [])
                 + list(self.overrides))
+
+
+def train_request(options: TrainOptions, *, verbose: bool, on_run_dir: Callable[[Path], None]) -> TrainRequest:
+    """The request `kiln train`'s flags make: a job of ranks with --nproc-per-node or several nodes."""
+    launch = None
+    if options.nproc_per_node is not None or options.nnodes > 1:
+        launch = LaunchSpec(nproc_per_node=options.nproc_per_node if options.nproc_per_node is not None else 1,
+                            nnodes=options.nnodes, node_rank=options.node_rank, rdzv_endpoint=options.rdzv_endpoint,
+                            max_restarts=options.max_restarts, rdzv_wait_s=options.rdzv_wait)
+    return TrainRequest(config=options.config, overrides=tuple(options.overrides), run_dir=options.run_dir,
+                        verbose=verbose, launch=launch, on_run_dir=on_run_dir)
 
 
 def run_train(cfg: Config, request: TrainRequest) -> Outcome:
