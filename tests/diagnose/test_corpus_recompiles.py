@@ -6,8 +6,9 @@ from __future__ import annotations
 import torch
 
 from kiln.diagnose import break_kinds as classify
-from kiln.diagnose import explain_target, load_target
 from kiln.diagnose.compile_record import guard_place
+from kiln.diagnose.explain import explain_target
+from kiln.diagnose.target import load_target
 
 from .conftest import CORPUS, statement_line
 

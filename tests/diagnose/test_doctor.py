@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from kiln.cli.main import main
-from kiln.diagnose import load_target, run_doctor
 from kiln.diagnose.bisect import bisector_available
+from kiln.diagnose.doctor import run_doctor
+from kiln.diagnose.target import load_target
 
 from .conftest import PLANTED, marker_line, target
 

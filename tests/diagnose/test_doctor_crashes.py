@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from kiln.diagnose import load_target, run_doctor
 from kiln.diagnose.crash import custom_op, torch_advice
+from kiln.diagnose.doctor import run_doctor
+from kiln.diagnose.target import load_target
 
 from .conftest import CORPUS, statement_line
 
@@ -56,7 +57,7 @@ def test_custom_op_and_advice_readers():
 
 
 def test_explain_gives_the_same_fix_for_an_op_without_fake_implementation():
-    from kiln.diagnose import explain_target
+    from kiln.diagnose.explain import explain_target
 
     report = explain_target(load_target(f"{OPS}:clamped"), vary=[])
     run = report["runs"][0]

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from kiln.diagnose import load_target, run_doctor
 from kiln.diagnose.bisect import _summary, config_change, verify_config
 from kiln.diagnose.crash import _mismatch
+from kiln.diagnose.doctor import run_doctor
+from kiln.diagnose.target import load_target
 
 from .conftest import CORPUS, statement_line
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from kiln.diagnose import break_kinds as classify
-from kiln.diagnose import explain_target, load_target
+from kiln.diagnose.explain import explain_target
+from kiln.diagnose.target import load_target
 
 from .conftest import PLANTED, marker_line, target
 

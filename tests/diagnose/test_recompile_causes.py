@@ -4,7 +4,8 @@ did (how often it recompiled, whether a dynamic size was pinned again, whether m
 from __future__ import annotations
 
 from kiln.diagnose import break_kinds as classify
-from kiln.diagnose import explain_target, load_target
+from kiln.diagnose.explain import explain_target
+from kiln.diagnose.target import load_target
 from kiln.diagnose.vary import parse_vary
 
 from .conftest import CORPUS, statement_line

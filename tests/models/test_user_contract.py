@@ -152,7 +152,8 @@ def test_readme_own_model_example_runs_as_written(tmp_path: Path) -> None:
 
 
 def test_the_shipped_example_serves_explain_and_train_alike() -> None:
-    from kiln.diagnose import explain_target, load_target
+    from kiln.diagnose.explain import explain_target
+    from kiln.diagnose.target import load_target
 
     spec = f"{ROOT / 'examples' / 'my_models.py'}:build"
     built = build_model(ModelConfig(name=spec, kwargs={"width": 32}))
@@ -211,7 +212,8 @@ def test_the_shipped_example_benches_as_its_docstring_says(tmp_path: Path) -> No
 
 
 def test_doctor_repro_of_the_shipped_example_imports_its_sibling_module(tmp_path: Path) -> None:
-    from kiln.diagnose import load_target, run_doctor
+    from kiln.diagnose.doctor import run_doctor
+    from kiln.diagnose.target import load_target
 
     drift = ROOT / "tests" / "diagnose" / "planted.py"
     report = run_doctor(load_target(f"{ROOT / 'examples' / 'my_models.py'}:build", {"width": 16}), stages=["eager"],

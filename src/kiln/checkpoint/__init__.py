@@ -21,16 +21,23 @@ The same calls serve one process, DDP and FSDP2; call them on every rank, in thi
         else:
             if cfg.checkpoint.save_final: ck.save(steps, app, final=True)
     ck.close()   # in `finally`: completes an in-flight async save
+
+These names load on first use (`__getattr__`): importing the package itself imports no torch, so
+its torch-free modules (export_request, read by `kiln --help`) stay light.
 """
 
 from __future__ import annotations
 
-from kiln.checkpoint.manager import Checkpointer, LoadReport, latest_complete
-from kiln.checkpoint.nonfinite import NonFiniteError, NonFiniteGuard
-from kiln.checkpoint.signals import StopOnSignal, any_rank
-from kiln.checkpoint.state import AppState
-from kiln.checkpoint.storage import CheckpointSaveError
+from typing import TYPE_CHECKING, Any
+
 from kiln.config.identity import config_digest
+
+if TYPE_CHECKING:
+    from kiln.checkpoint.manager import Checkpointer, LoadReport, latest_complete
+    from kiln.checkpoint.nonfinite import NonFiniteError, NonFiniteGuard
+    from kiln.checkpoint.signals import StopOnSignal, any_rank
+    from kiln.checkpoint.state import AppState
+    from kiln.checkpoint.storage import CheckpointSaveError
 
 __all__ = [
     "AppState",
@@ -44,3 +51,14 @@ __all__ = [
     "config_digest",
     "latest_complete",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """One of `__all__`, from its module (imported, with torch, on the first use of any)."""
+    if name not in __all__:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from kiln.checkpoint import manager, nonfinite, signals, state, storage
+
+    value = getattr(next(m for m in (manager, nonfinite, signals, state, storage) if hasattr(m, name)), name)
+    globals()[name] = value
+    return value

@@ -4,13 +4,8 @@
   (failing guard, fix), ops per graph, fullgraph yes/no, seed expectations vs this torch;
 - doctor: the eager -> aot_eager -> aot_eager_decomp_partition -> inductor ladder, judged against eager
   and a float64 reference by the dynamo benchmark harness rule; bisection and a repro script.
+
+Entry points, imported from their modules (the package itself imports nothing, so the requests of
+diagnose_request load without torch): explain.explain_target, doctor.run_doctor, target.load_target,
+and diagnose_command, which runs each command's request.
 """
-
-from __future__ import annotations
-
-from kiln.diagnose.call_target import EagerFailure
-from kiln.diagnose.doctor import run_doctor
-from kiln.diagnose.explain import explain_target
-from kiln.diagnose.target import Target, load_target
-
-__all__ = ["EagerFailure", "Target", "explain_target", "load_target", "run_doctor"]
