@@ -15,18 +15,21 @@ import dataclasses
 import shlex
 import typing
 from dataclasses import MISSING, dataclass
+from pathlib import Path
 from typing import Any, Literal
 
-Shape = Literal["value", "arg", "switch", "on_off", "tri", "comma", "comma_each", "chunks", "repeat", "pick", "words"]
+Shape = Literal["value", "arg", "switch", "on_off", "tri", "yes_no", "comma", "comma_each", "chunks", "repeat", "pick",
+                "words"]
 """How a flag maps to its field: `value` one value (str/int/float, the last one given wins); `arg`
 one positional word (RUN_DIR);
 `switch` a store_true flag; `on_off` a bool written `on`/`off`; `tri` a `bool | None` set by
-the flag (True) or by `Flag.off` (False); `comma` a list given as one comma-separated value;
+the flag (True) or by `Flag.off` (False); `yes_no` a `bool | None` set by `--x` (True) or
+`--no-x` (False) as one pair in --help (argparse's BooleanOptionalAction); `comma` a list given as one comma-separated value;
 `comma_each` a repeatable comma-separated list (all occurrences joined); `chunks` a repeatable
 comma-separated list kept as given (None when absent; the library splits it); `repeat` a list,
 one item per occurrence; `pick` a `Literal` field set by one flag per choice
 (`--weak` / `--strong`, `help` one text per choice, separated by `|`); `words` the command's
-trailing positional words (KEY=VALUE overrides)."""
+trailing positional words (KEY=VALUE overrides; with `required`, at least one)."""
 Record = Literal["changed", "always", "never"]
 """When the recorded command line shows a flag: when its value differs from the default (None
 and empty lists never show), always when it has a value, or never."""
@@ -46,7 +49,8 @@ class Flag:
     group: str | None = None
     """An argparse argument group's title, for --help."""
     exclusive: str | None = None
-    """Flags sharing this key are mutually exclusive (argparse's usage error when two are given)."""
+    """Flags sharing this key are mutually exclusive (argparse's usage error when two are given);
+    `required` on one of them makes the group required (one of them must be given)."""
     off: str | None = None
     """`tri`: the flag that sets False, and its help after a `|` (`--infer|time inference forwards`)."""
 
@@ -81,6 +85,8 @@ def flag_names(cls: type, f: dataclasses.Field) -> list[str]:
         return ["--" + c for c in _choices(cls, f)]
     if spec is not None and spec.shape == "tri":
         return [flag_name(f), spec.off.split("|")[0]]
+    if spec is not None and spec.shape == "yes_no":
+        return [flag_name(f), "--no-" + flag_name(f)[2:]]
     return [] if spec is None or spec.shape in ("words", "arg") else [flag_name(f)]
 
 
@@ -96,12 +102,12 @@ def default_of(f: dataclasses.Field) -> Any:
 
 
 def _item_type(cls: type, f: dataclasses.Field) -> type:
-    """The parse type of a field: int, float or str (the list's item type for list fields)."""
+    """The parse type of a field: int, float, Path or str (the list's item type for list fields)."""
     hint = typing.get_type_hints(cls)[f.name]
     args = [a for a in typing.get_args(hint) if a is not type(None)] or [hint]
     if typing.get_origin(args[0]) in (list, tuple):
         args = list(typing.get_args(args[0])[:1])
-    return args[0] if args[0] in (int, float) else str
+    return args[0] if args[0] in (int, float, Path) else str
 
 
 def _comma_items(kind: type):
@@ -130,7 +136,7 @@ def add_flags(parser: argparse.ArgumentParser | Any, cls: type, *, only: tuple[s
         key = spec.exclusive or (f"pick:{f.name}" if spec.shape in ("pick", "tri") else None)
         if key is not None:
             if key not in exclusive:
-                exclusive[key] = where.add_mutually_exclusive_group()
+                exclusive[key] = where.add_mutually_exclusive_group(required=_group_required(cls, key))
             where = exclusive[key]
         if spec.shape == "pick":
             for choice, text in zip(_choices(cls, f), spec.help.split("|")):
@@ -138,20 +144,25 @@ def add_flags(parser: argparse.ArgumentParser | Any, cls: type, *, only: tuple[s
             parser.set_defaults(**{f.name: default_of(f)})
             continue
         if spec.shape == "words":
-            where.add_argument(f.name, nargs="*", metavar=spec.metavar, help=spec.help)
+            where.add_argument(f.name, nargs="+" if spec.required else "*", metavar=spec.metavar, help=spec.help)
             continue
         if spec.shape == "arg":
-            where.add_argument(f.name, metavar=spec.metavar, help=spec.help)
+            kind = _item_type(cls, f)
+            where.add_argument(f.name, metavar=spec.metavar, help=spec.help, **({} if kind is str else {"type": kind}))
             continue
         if spec.shape == "tri":
             off, _, off_help = spec.off.partition("|")
             where.add_argument(flag_name(f), dest=f.name, action="store_true", default=None, help=spec.help)
             where.add_argument(off, dest=f.name, action="store_false", help=off_help.strip())
             continue
+        if spec.shape == "yes_no":
+            where.add_argument(flag_name(f), dest=f.name, action=argparse.BooleanOptionalAction, default=default_of(f),
+                               help=spec.help)
+            continue
         kw: dict[str, Any] = {"dest": f.name, "help": spec.help}
         if spec.shape not in ("switch", "on_off") and not spec.choices:  # named after the flag, not the field
             kw["metavar"] = spec.metavar or flag_name(f)[2:].replace("-", "_").upper()
-        if spec.required:
+        if spec.required and spec.exclusive is None:  # a group's `required` is the group's
             kw["required"] = True
         default = default_of(f)
         if spec.shape == "switch":
@@ -173,6 +184,10 @@ def add_flags(parser: argparse.ArgumentParser | Any, cls: type, *, only: tuple[s
             if spec.choices:
                 kw["choices"] = spec.choices
         where.add_argument(flag_name(f), **kw)
+
+
+def _group_required(cls: type, key: str) -> bool:
+    return any(spec.required for _, spec in options_of(cls) if spec.exclusive == key)
 
 
 def from_namespace(cls: type, args: argparse.Namespace, **extra: Any):
@@ -210,8 +225,8 @@ def command_line(words: list[str], opts: Any) -> str:
             continue
         if spec.shape == "switch":
             parts += [flag_name(f)] if value else []
-        elif spec.shape == "tri":
-            parts.append(flag_name(f) if value else spec.off.split("|")[0])
+        elif spec.shape in ("tri", "yes_no"):
+            parts.append(flag_names(type(opts), f)[0 if value else 1])
         elif spec.shape == "words":
             parts += list(value)
         elif spec.shape == "arg":
