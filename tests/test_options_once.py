@@ -18,6 +18,7 @@ from kiln.bench.compile.compile_request import CompileRequest
 from kiln.bench.llm.llm_request import LlmBenchOptions
 from kiln.bench.scale.scale_request import CommRequest, PredictRequest, ScaleRequest
 from kiln.bench.train_llm.llm_train_request import TrainLlmRequest
+from kiln.checkpoint.export_request import ExportRequest
 from kiln.cli import (
     autotune_cmd,
     autotune_llm,
@@ -25,7 +26,11 @@ from kiln.cli import (
     bench_llm_cmd,
     bench_scale_cmd,
     bench_train_llm_cmd,
+    data_cmd,
+    doctor_cmd,
     env_cmd,
+    explain_cmd,
+    export_cmd,
     generate_cmd,
     profile_cmd,
     report_cmd,
@@ -33,6 +38,8 @@ from kiln.cli import (
 )
 from kiln.cli.main import build_parser
 from kiln.config.options import command_line, default_of, flag_name, flag_names, flag_of, from_namespace
+from kiln.data.prepare_options import PrepareOptions
+from kiln.diagnose.diagnose_request import DoctorRequest, ExplainRequest
 from kiln.generate.request import GenerateOptions
 from kiln.monitor.env_request import EnvRequest
 from kiln.profile.profile_request import ProfileRequest
@@ -55,9 +62,13 @@ COMMANDS = [
     (("profile",), ProfileRequest, None, {}),
     (("report",), ReportRequest, None, {"path": "runs/a"}),
     (("train",), TrainOptions, None, {}),
+    (("export",), ExportRequest, None, {"run_dir": Path("runs/a"), "out": Path("m.safetensors")}),
+    (("data", "prepare"), PrepareOptions, None, {"inputs": ["t.txt"], "tokenizer": Path("tok"), "out": Path("o")}),
+    (("explain",), ExplainRequest, None, {"target": "mlp"}),
+    (("doctor",), DoctorRequest, None, {"target": "mlp"}),
 ]
 CLI_MODULES = [bench_cmd, bench_llm_cmd, generate_cmd, bench_scale_cmd, bench_train_llm_cmd, autotune_cmd,
-               autotune_llm, env_cmd, profile_cmd, report_cmd, train_cmd]
+               autotune_llm, data_cmd, doctor_cmd, env_cmd, explain_cmd, export_cmd, profile_cmd, report_cmd, train_cmd]
 NOT_OPTIONS = {"-h", "--help", "--verbose"}
 
 
@@ -78,6 +89,8 @@ def _flag_argv(cls: type, f: dataclasses.Field, value) -> list[str]:
     shape, flag = flag_of(f).shape, flag_name(f)
     if shape == "switch":
         return [flag] if value else []
+    if shape in ("tri", "yes_no"):
+        return [flag_names(cls, f)[0 if value else 1]]
     if shape == "on_off":
         return [flag, "on" if value else "off"]
     if shape == "pick":
@@ -98,6 +111,10 @@ def _argv(cls: type, values: dict) -> list[str]:
     return [w for name, value in values.items() for w in _flag_argv(cls, fields[name], value)]
 
 
+def _field(cls: type, name: str) -> dataclasses.Field:
+    return next(f for f in dataclasses.fields(cls) if f.name == name)
+
+
 def _changed(cls: type, f: dataclasses.Field):
     """A value of `f` that is not its default, of the field's type."""
     shape, default = flag_of(f).shape, default_of(f)
@@ -110,7 +127,7 @@ def _changed(cls: type, f: dataclasses.Field):
         return ["a.b=1", "c=2"]
     if shape == "chunks":  # kept as given: one chunk, recorded as it was typed
         return ["b,a"]
-    if shape == "tri":
+    if shape in ("tri", "yes_no"):
         return not default
     if shape in ("comma", "comma_each", "repeat"):
         item = typing.get_args(typing.get_args(hint)[0] if typing.get_origin(hint) is not list else hint)
@@ -122,6 +139,8 @@ def _changed(cls: type, f: dataclasses.Field):
         return (default or 0) + 7
     if kinds[0] is float:
         return (default or 0.0) + 2.5
+    if kinds[0] is Path:
+        return Path("some/path")
     return "some value"
 
 
@@ -141,11 +160,14 @@ def test_the_parsed_defaults_are_the_dataclass_defaults(words, cls, record, need
     assert _parse(words, cls, _argv(cls, needed)) == cls(**needed)
 
 
-@pytest.mark.parametrize(("words", "cls", "record", "needed"), COMMANDS, ids=lambda c: getattr(c, "__name__", None))
-def test_every_value_round_trips_through_its_flag(words, cls, record, needed):
+@pytest.mark.parametrize(("words", "cls", "record", "given"), COMMANDS, ids=lambda c: getattr(c, "__name__", None))
+def test_every_value_round_trips_through_its_flag(words, cls, record, given):
     """Each field set away from its default, on its own, is parsed back from its flag; where the
     command records its command line, that line parses back to the same request."""
     for f in dataclasses.fields(cls):
+        exclusive = flag_of(f).exclusive
+        needed = {k: v for k, v in given.items()  # one flag of an exclusive group replaces the others
+                  if k == f.name or exclusive is None or flag_of(_field(cls, k)).exclusive != exclusive}
         opts = cls(**{**needed, f.name: _changed(cls, f)})
         if record is not None:
             line = shlex.split(command_line(record, opts))

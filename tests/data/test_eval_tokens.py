@@ -7,7 +7,8 @@ import pytest
 
 from kiln.config.errors import ConfigError
 from kiln.data.eval_tokens import read_ppl_tokens
-from kiln.data.prepare import PrepareOptions, prepare
+from kiln.data.prepare import prepare
+from kiln.data.prepare_options import PrepareOptions
 
 
 class _Words:

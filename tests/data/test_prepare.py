@@ -3,14 +3,16 @@ from __future__ import annotations
 import json
 import math
 import random
+from typing import get_args
 
 import numpy as np
 import pytest
 
 from kiln.config import ConfigError, DataConfig
 from kiln.data import build_data
-from kiln.data.prepare import PrepareOptions, prepare, split_block_size, val_blocks
-from kiln.data.prepared import dtype_for, read_prepared, unigram_perplexity
+from kiln.data.prepare import prepare, split_block_size, val_blocks
+from kiln.data.prepare_options import PrepareOptions, TokenDtype
+from kiln.data.prepared import DTYPE_CHOICES, dtype_for, read_prepared, unigram_perplexity
 
 WORDS = ("the quick brown fox jumps over a lazy dog while seven wise owls watch from an old oak tree and "
          "nobody knows why the river keeps singing about bread cheese apples ships kings cabbages").split()
@@ -38,6 +40,15 @@ def opts(corpus, **kw) -> PrepareOptions:
     base = dict(inputs=[str(corpus / "a.txt"), str(corpus / "b.jsonl")], out=corpus / "out", train_bpe=320,
                 val_fraction=0.1)
     return PrepareOptions(**{**base, **kw})
+
+
+def test_the_dtype_flag_offers_the_layouts_dtypes():
+    assert get_args(TokenDtype) == DTYPE_CHOICES
+
+
+def test_a_note_is_recorded_in_meta_json(corpus):
+    assert prepare(opts(corpus, note="from the fixture"))["note"] == "from the fixture"
+    assert "note" not in prepare(opts(corpus, out=corpus / "out2"))
 
 
 def test_prepare_trains_bpe_splits_and_writes_the_layout(corpus):

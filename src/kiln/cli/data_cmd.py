@@ -6,9 +6,10 @@ import argparse
 import json
 import sys
 import time
-from pathlib import Path
 
 from kiln.cli.args import add_verbose_flag
+from kiln.config.options import add_flags, from_namespace
+from kiln.data.prepare_options import PrepareOptions
 
 
 def add_parser(sub) -> None:
@@ -23,23 +24,7 @@ def add_parser(sub) -> None:
         "held-out split, used for validation), OUT/meta.json and OUT/tokenizer/ (a Hugging Face tokenizer "
         "directory). Every input is checked before any work; OUT appears complete or not at all.",
     )
-    q.add_argument("inputs", nargs="+", metavar="TEXT",
-                   help="text or .jsonl files, or directories of them (.txt .text .md .rst .jsonl .ndjson, recursive)")
-    how = q.add_mutually_exclusive_group(required=True)
-    how.add_argument("--tokenizer", type=Path, metavar="DIR",
-                     help="an existing Hugging Face tokenizer directory (with tokenizer.json); it is copied to OUT")
-    how.add_argument("--train-bpe", type=int, metavar="VOCAB",
-                     help="train a byte-level BPE of VOCAB tokens on the inputs (tokenizers library)")
-    q.add_argument("--out", type=Path, required=True, help="directory to create (must not exist, or be empty)")
-    q.add_argument("--val-fraction", type=float, default=0.01,
-                   help="fraction of tokens held out for validation, spread over the corpus (default 0.01; 0: none)")
-    q.add_argument("--dtype", default="auto", choices=("auto", "uint16", "uint32"),
-                   help="token file dtype (default auto: uint16 when the vocabulary fits, else uint32)")
-    q.add_argument("--text-field", default="text", help="the field holding a jsonl record's text (default text)")
-    q.add_argument("--split-block", type=int, default=2048,
-                   help="tokens moved to train or validation as one unit (default 2048; smaller for a small corpus)")
-    q.add_argument("--note", help="free text recorded in meta.json as `note` (e.g. where the corpus came from)")
-    q.add_argument("--json", action="store_true", help="print meta.json on stdout when done")
+    add_flags(q, PrepareOptions)
     add_verbose_flag(q)
     q.set_defaults(run=run)
 
@@ -82,26 +67,24 @@ class _Display:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kiln.data.prepare import PrepareOptions, prepare
+    from kiln.data.prepare import prepare
 
-    args.output_dir = args.out.parent  # a failure's error.log goes beside the directory it was writing
-    opts = PrepareOptions(inputs=args.inputs, out=args.out, tokenizer=args.tokenizer, train_bpe=args.train_bpe,
-                          val_fraction=args.val_fraction, dtype=args.dtype, text_field=args.text_field,
-                          split_block=args.split_block, extra_meta={"note": args.note} if args.note else {})
+    opts = from_namespace(PrepareOptions, args)
+    args.output_dir = opts.out.parent  # a failure's error.log goes beside the directory it was writing
     display = _Display()
     try:
         meta = prepare(opts, display)
     finally:
         display.close()
-    if args.json:
+    if opts.json:
         print(json.dumps(meta, indent=2))
         return 0
     splits = meta["splits"]
     val = splits.get("val", {}).get("tokens", 0)
     unigram = meta.get("unigram_val_perplexity")
-    print(f"wrote {args.out}: {splits['train']['tokens']:,} train + {val:,} validation tokens ({meta['dtype']}) from "
+    print(f"wrote {opts.out}: {splits['train']['tokens']:,} train + {val:,} validation tokens ({meta['dtype']}) from "
           f"{meta['documents']:,} documents in {len(meta['sources'])} file(s); vocabulary {meta['vocab_size']:,} "
           f"({meta['tokenizer_source']})" + (f"; unigram perplexity of the validation text {unigram:.1f}"
                                                if unigram else ""))
-    print(f"train on it: kiln train data.source=tokens data.path={args.out} ...")
+    print(f"train on it: kiln train data.source=tokens data.path={opts.out} ...")
     return 0

@@ -5,7 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from kiln.cli.explain_cmd import add_target_args, emit
+from kiln.cli.args import add_verbose_flag
+from kiln.cli.explain_cmd import emit
+from kiln.config.options import add_flags, from_namespace
+from kiln.diagnose.diagnose_request import DoctorRequest
 
 
 def add_parser(sub) -> None:
@@ -18,44 +21,18 @@ def add_parser(sub) -> None:
         "crashes or drifts; bisect inductor failures and write a repro script. Exit status: 0 when every stage "
         "passes, 1 when one fails.",
     )
-    add_target_args(p)
-    p.add_argument("--mode", help="also run inductor with this torch.compile mode (e.g. max-autotune)")
-    p.add_argument("--stages", help="comma-separated stages instead of eager,aot_eager,aot_eager_decomp_partition,"
-                                    "inductor")
-    p.add_argument("--backend", action="append", default=[], metavar="NAME",
-                   help="an extra stage: a registered backend name or module:function (repeatable)")
-    p.add_argument("--tol", type=float, help="harness tolerance (default 1e-4; 1e-3 with --train)")
-    p.add_argument("--no-bisect", action="store_true", help="do not run torch's CompilerBisector on inductor failures")
-    p.add_argument("--no-repro", action="store_true", help="do not write a repro script")
-    p.add_argument("--out", help="directory for the repro script (default: runs/<time>-doctor-<target>, created only "
-                   "when a stage fails and a repro is written)")
+    add_verbose_flag(p)
+    add_flags(p, DoctorRequest)
     p.set_defaults(run=run)
 
 
-def _out_dir(args: argparse.Namespace):
-    """--out, or a new run dir named after the target: never the current directory, which may be a
-    source tree (the repro's files would land among the user's own)."""
-    from pathlib import Path
-
-    from kiln.runtime import default_run_dir
-
-    return Path(args.out) if args.out else default_run_dir(f"doctor-{args.target.rsplit(':', 1)[-1]}")
-
-
 def run(args: argparse.Namespace) -> int:
-    from kiln.diagnose.backends import build_ladder
     from kiln.diagnose.console import render_doctor
-    from kiln.diagnose.doctor import run_doctor
-    from kiln.diagnose.target import check_device, load_target, parse_kwargs
+    from kiln.diagnose.diagnose_command import doctor_command
 
-    device = check_device(args.device)
-    stages = [s.strip() for s in args.stages.split(",") if s.strip()] if args.stages else None
-    build_ladder(stages, args.mode, args.backend)  # bad names exit 2 before the model is built
-    target = load_target(args.target, parse_kwargs(args.kwarg), args.inputs, args.inputs_from)
-    report = run_doctor(target, stages=stages, mode=args.mode, backends=args.backend, train=bool(args.train),
-                        tol=args.tol, device=device, bisect=not args.no_bisect, out_dir=_out_dir(args),
-                        repro=not args.no_repro)
-    emit(report, args.json, render_doctor)
+    request = from_namespace(DoctorRequest, args)
+    report = doctor_command(request)
+    emit(report, request.json, render_doctor)
     first = report["first_failure"]
     if first is not None:
         print(f"kiln: doctor: first failure at stage {first['backend']} ({first['status']}): {first['error']}",

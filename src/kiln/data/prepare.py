@@ -20,7 +20,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ import numpy as np
 from kiln.config.errors import ConfigError
 from kiln.data import prepared as layout
 from kiln.data import text_sources, tokenizers_io
+from kiln.data.prepare_options import PrepareOptions
 
 # (stage, done, total): stage is `checking`, `training BPE`, `tokenizing` or `splitting`; done and
 # total count input bytes (total 0 when a stage has no measure).
@@ -36,28 +37,6 @@ Progress = Callable[[str, int, int], None]
 _BATCH_CHARS = 1 << 21
 _MIN_VAL_BLOCKS = 8
 _PROBE = "The first line.\nA second one, then a blank line.\n\nIndented:\n    code here\nLast line\n"
-
-
-@dataclass
-class PrepareOptions:
-    inputs: list[str]
-    """Text / jsonl files or directories of them."""
-    out: Path
-    """Directory to create; must not exist or be empty."""
-    tokenizer: Path | None = None
-    """An existing Hugging Face tokenizer directory (with tokenizer.json) to tokenize with."""
-    train_bpe: int | None = None
-    """Train a byte-level BPE of this many tokens on the inputs instead."""
-    val_fraction: float = 0.01
-    """Fraction of the tokens held out as validation text; 0 writes no val.bin."""
-    dtype: str = "auto"
-    """Token file dtype: `uint16`, `uint32` or `auto` (the smallest that holds every id)."""
-    text_field: str = "text"
-    """The field of each jsonl record that holds its text."""
-    split_block: int = 2048
-    """Largest block (in tokens) the train/validation split moves as a unit."""
-    extra_meta: dict[str, Any] = field(default_factory=dict)
-    """Recorded in meta.json as they are (e.g. where the corpus came from)."""
 
 
 @dataclass
@@ -196,7 +175,7 @@ def _write(opts: PrepareOptions, checked: Checked, tmp: Path, progress: Progress
         "unigram_val_perplexity": unigram,
         "sources": [s.describe() for s in sources],
         "text_field": opts.text_field if any(s.format == "jsonl" for s in sources) else None,
-        **opts.extra_meta,
+        **({"note": opts.note} if opts.note else {}),
     }
     (tmp / layout.META_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
     return meta
