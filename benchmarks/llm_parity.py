@@ -10,6 +10,7 @@ forwards of 128 tokens per precision, 32 greedy fp32 steps each side; --compile 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import shlex
 import sys
 
@@ -34,22 +35,22 @@ def main(argv: list[str] | None = None) -> int:
     low = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     result = compare_with_hf(resolve_model(args.model), device=args.device, low_dtype=low, positions=args.positions,
                              greedy_steps=args.greedy_steps, compile=args.compile)
-    low_name = str(low).removeprefix("torch.")
+    low_name = result.low_dtype
     rows = []
-    for name, key in (("kiln fp32", "kiln_fp32_vs_hf_fp32"), (f"hf {low_name}", f"hf_{low_name}_vs_hf_fp32"),
-                      (f"kiln {low_name}", f"kiln_{low_name}_vs_hf_fp32")):
-        rows.append({"compare": f"{name} vs hf fp32 logits", "status": "ok", **result[key]})
+    for name, errors in (("kiln fp32", result.kiln_fp32), (f"hf {low_name}", result.hf_low),
+                         (f"kiln {low_name}", result.kiln_low)):
+        rows.append({"compare": f"{name} vs hf fp32 logits", "status": "ok", **dataclasses.asdict(errors)})
     rows.append({"compare": f"greedy fp32, {args.greedy_steps} steps", "status": "ok",
-                 "identical_steps": result["greedy_identical_steps"]})
-    for row, check in zip(rows, ("fp32_logits", None, f"{low_name}_logits", "greedy_tokens")):
-        if check and not result["checks"][check]:
+                 "identical_steps": result.greedy_identical_steps})
+    for row, ok in zip(rows, (result.fp32_ok, None, result.low_ok, result.greedy_ok)):
+        if ok is False:
             row["status"] = "accuracy_fail"
     command = shlex.join(["python", "benchmarks/llm_parity.py", *(argv if argv is not None else sys.argv[1:])])
-    write_results(args.out, env=collect_env(), config={"args": vars(args), "result": result}, results=rows,
+    write_results(args.out, env=collect_env(), config={"args": vars(args), "result": result.to_json()}, results=rows,
                   columns=["compare", "status", "max_abs", "mean_abs", "top1_match", "identical_steps"],
                   title=f"kiln vs transformers, same weights: {args.model} on {args.device}", command=command)
     print(open(f"{args.out}/results.md", encoding="utf-8").read())
-    return 0 if result["ok"] else 1
+    return 0 if result.ok else 1
 
 
 if __name__ == "__main__":

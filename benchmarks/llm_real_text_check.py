@@ -121,7 +121,7 @@ def main() -> None:
                 "ok_bf16": bf16["max_abs"] <= 1.5 * hf_bf16["max_abs"] + 1e-6 * scale}
 
     step("logits_real_text", real_text_logits)
-    step("parity", lambda: compare_with_hf(source, device=device, positions=512, greedy_steps=32))
+    step("parity", lambda: compare_with_hf(source, device=device, positions=512, greedy_steps=32).to_json())
 
     def tokenizer_check():
         tok = transformers.AutoTokenizer.from_pretrained(str(args.hf_dir))

@@ -316,3 +316,25 @@ def test_perplexity_bound_on_real_weights_marks_the_row(tiny, tmp_path, monkeypa
     assert [r["status"] for r in rows] == ["ok", "accuracy_fail"]
     assert "perplexity" in rows[1]["reason"] and "over the int8 bound" in rows[1]["reason"]
     assert rows[1]["ppl_bound"] == 0.5 and rows[1]["ppl_judged"] is True and rows[1]["ppl_ratio"] > 0.5
+
+
+def test_the_quant_figures_and_parity_are_engine_row_fields_in_its_order():
+    """A quantized copy's figures and the logits parity are set on rows by name: each field is one of
+    EngineRow's, in EngineRow's order, so results.json keeps its keys where they always were."""
+    import dataclasses
+
+    from kiln.bench.llm.llm_engine_row import EngineRow, LogitsParity
+    from kiln.bench.llm.llm_quant import QuantFigures
+    from kiln.bench.typed_row import UNSET
+
+    row_fields = [f.name for f in dataclasses.fields(EngineRow)]
+    for cls in (QuantFigures, LogitsParity):
+        names = [f.name for f in dataclasses.fields(cls)]
+        assert names == [n for n in row_fields if n in names], cls.__name__
+    figures = dataclasses.replace(QuantFigures(quant_kind="int8", quant_backend="torch", group_size=None,
+                                               quant_lm_head=True), ppl=2.5, drift_ok=True)
+    assert figures.to_json() == {"quant_kind": "int8", "quant_backend": "torch", "group_size": None,
+                                 "quant_lm_head": True, "drift_ok": True, "ppl": 2.5}
+    assert figures.get("drift_kl") is None and figures.drift_kl is UNSET
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        figures.ppl = 3.0  # type: ignore[misc]

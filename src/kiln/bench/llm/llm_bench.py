@@ -36,7 +36,7 @@ import torch
 
 from kiln.bench.ceilings import Ceilings, measure_ceilings
 from kiln.bench.formulas import kv_bytes_per_step
-from kiln.bench.llm.llm_engine_row import EngineRow
+from kiln.bench.llm.llm_engine_row import EngineRow, LogitsParity
 from kiln.bench.llm.llm_engines import HF_ENGINES, HfEngine, KilnEngine
 from kiln.bench.llm.llm_memory import check_bench_fits
 from kiln.bench.llm.llm_options import LlmBenchOptions, LlmBenchPlan, check_options
@@ -103,7 +103,7 @@ class LlmBench:
         self.quality: dict[str, Any] = {}
         self.started = time.perf_counter()
         self.ceilings: Ceilings | None = None
-        self.parity: dict[str, Any] = {}
+        self.parity: LogitsParity | None = None
 
     # -- models ---------------------------------------------------------------------------------
     def build_models(self) -> None:
@@ -139,7 +139,7 @@ class LlmBench:
         for r in self.rows.values():
             v = self.variants.get(r.quant) if r.engine_name.startswith("kiln") else None
             if v is not None:
-                r.row.update(**v.figures)
+                r.row.update(**v.figures.to_json())
                 if v.status != "ok" and r.ok:
                     r.row.update(status=v.status, reason=v.reason)
 
@@ -151,12 +151,12 @@ class LlmBench:
         with torch.inference_mode():
             ref = self.hf_model(tokens).logits.float()
             got = self.kiln_model(tokens).float()
-        self.parity = {
-            "logits_positions": tokens.shape[1],
-            "logits_max_abs_err": float((ref - got).abs().max()),
-            "logits_max_abs_ref": float(ref.abs().max()),
-            "logits_top1_match": float((ref.argmax(-1) == got.argmax(-1)).float().mean()),
-        }
+        self.parity = LogitsParity(
+            logits_positions=tokens.shape[1],
+            logits_max_abs_err=float((ref - got).abs().max()),
+            logits_max_abs_ref=float(ref.abs().max()),
+            logits_top1_match=float((ref.argmax(-1) == got.argmax(-1)).float().mean()),
+        )
         del ref, got
 
     # -- phases ---------------------------------------------------------------------------------
@@ -322,7 +322,7 @@ def run_llm_bench(opts: LlmBenchPlan, log: Log = _stderr) -> tuple[list[dict[str
     """Rows (one per engine, all statuses) and the measured context (ceilings, model figures)."""
     bench = LlmBench(opts, log)
     rows = bench.run()
-    context = {"ceilings": bench.ceilings.as_dict() if bench.ceilings else None, "parity": bench.parity,
+    context = {"ceilings": bench.ceilings.as_dict() if bench.ceilings else None, "parity": bench.parity.to_json() if bench.parity else {},
                "quality": bench.quality, "run_s": time.perf_counter() - bench.started,
                "model_config": {k: v for k, v in vars(bench.config).items() if k != "rope"},
                "rope": vars(bench.config.rope)}

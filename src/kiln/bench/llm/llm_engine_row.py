@@ -4,10 +4,25 @@ the order the phases set them."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
 from kiln.bench.typed_row import UNSET, JsonRow
+
+
+@dataclass(frozen=True)
+class LogitsParity:
+    """kiln's logits against HF's on the prompt, same weights, eager (LlmBench.check_parity): the
+    EngineRow fields of the same names, on the unquantized kiln rows."""
+
+    logits_positions: int
+    logits_max_abs_err: float
+    logits_max_abs_ref: float
+    logits_top1_match: float
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
 
 
 @dataclass

@@ -10,13 +10,14 @@ in the model dtype: they are the reference recipe, not a quantization target.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
 from kiln.bench.llm.llm_engine_row import EngineRow
 from kiln.bench.row_failure import failure
+from kiln.bench.typed_row import UNSET, JsonRow
 from kiln.data.eval_tokens import read_ppl_tokens
 from kiln.kernels.triton_matvec import MAX_ROWS
 from kiln.llm.quality import (
@@ -36,14 +37,51 @@ from kiln.llm.weights import count_bytes, decode_weight_bytes
 Log = Callable[[str], None]
 
 
+@dataclass(frozen=True)
+class QuantFigures(JsonRow):
+    """A quantized copy's figures, set on each of its kiln rows: the fields of kiln.bench.llm.llm_engine_row
+    EngineRow of the same names, in its order; a figure not measured stays UNSET and is not written."""
+
+    quant_kind: str
+    quant_backend: str | None
+    group_size: int | None
+    quant_lm_head: bool | None
+    weight_bytes: int = UNSET
+    model_bytes: int = UNSET
+    # Drift against the unquantized model (kiln.llm.quality logit_drift, kernel_fidelity) and its verdict.
+    drift_max_abs: float = UNSET
+    drift_mean_abs: float = UNSET
+    drift_rel_err: float = UNSET
+    drift_top1: float = UNSET
+    drift_kl: float = UNSET
+    drift_positions: int = UNSET
+    fidelity_kl: float = UNSET
+    fidelity_max_abs: float = UNSET
+    fidelity_prompt_kl: float = UNSET
+    fidelity_decode_kl: float = UNSET
+    fidelity_decode_rows: int = UNSET
+    drift_bound: float | None = UNSET
+    fidelity_bound: float = UNSET
+    drift_judged: str = UNSET
+    drift_ok: bool = UNSET
+    drift_problem: str | None = UNSET
+    # Perplexity on --ppl-file (kiln.llm.quality perplexity, judge_ppl).
+    ppl: float = UNSET
+    ppl_ref: float = UNSET
+    ppl_ratio: float = UNSET
+    ppl_tokens: int = UNSET
+    ppl_bound: float | None = UNSET
+    ppl_judged: bool = UNSET
+
+
 @dataclass
 class QuantVariant:
     spec: QuantSpec
     model: Any = None
     status: str = "ok"
     reason: str | None = None
-    figures: dict[str, Any] = field(default_factory=dict)
-    """Row figures: backend, group size, bytes, drift, perplexity."""
+    figures: QuantFigures | None = None
+    """Row figures: backend, group size, bytes, drift, perplexity (set by build_variants)."""
 
 
 def load_ppl_tokens(path: str | None, source, vocab_size: int) -> list[int] | None:
@@ -73,10 +111,11 @@ def build_variants(base, specs: dict[str, QuantSpec], log: Log) -> dict[str, Qua
                 v.status, v.reason = failure(exc)
                 log(f"quantizing {entry} failed: {v.reason}")
         quantized = spec.kind != "none"
-        v.figures = {"quant_kind": spec.kind, "quant_backend": spec.library,
-                     "group_size": spec.group if quantized else None, "quant_lm_head": spec.lm_head if quantized else None}
+        v.figures = QuantFigures(quant_kind=spec.kind, quant_backend=spec.library,
+                                 group_size=spec.group if quantized else None,
+                                 quant_lm_head=spec.lm_head if quantized else None)
         if v.model is not None:
-            v.figures.update(weight_bytes=decode_weight_bytes(v.model), model_bytes=count_bytes(v.model))
+            v.figures = replace(v.figures, weight_bytes=decode_weight_bytes(v.model), model_bytes=count_bytes(v.model))
     return variants
 
 
@@ -101,10 +140,11 @@ def measure_quality(variants: dict[str, QuantVariant], base, *, ppl_tokens: list
                 fidelity = kernel_fidelity(v.model, reference, prompts, MAX_ROWS)
                 del reference
                 problem = judge_quantized(v.spec.kind, drift, fidelity["fidelity_kl"], real_weights=real_weights)
-                v.figures.update(drift, **fidelity, drift_bound=DRIFT_BOUNDS.get(v.spec.kind), fidelity_bound=FIDELITY_BOUND,
-                                 drift_judged="quality and kernel fidelity" if real_weights else
-                                 "kernel fidelity (random weights: quality not judged)",
-                                 drift_ok=problem is None, drift_problem=problem)
+                v.figures = replace(v.figures, **drift, **fidelity, drift_bound=DRIFT_BOUNDS.get(v.spec.kind),
+                                    fidelity_bound=FIDELITY_BOUND,
+                                    drift_judged="quality and kernel fidelity" if real_weights else
+                                    "kernel fidelity (random weights: quality not judged)",
+                                    drift_ok=problem is None, drift_problem=problem)
                 log(f"{entry}: drift KL {drift['drift_kl']:.3g} nats/token (bound {DRIFT_BOUNDS.get(v.spec.kind)}"
                     f"{'' if real_weights else ', not judged: random weights'}), top-1 agreement "
                     f"{100 * drift['drift_top1']:.1f}%; kernel fidelity KL {fidelity['fidelity_kl']:.3g} "
@@ -113,12 +153,13 @@ def measure_quality(variants: dict[str, QuantVariant], base, *, ppl_tokens: list
                 ppl = ppl_ref if v.spec.kind == "none" else perplexity(v.model, ppl_tokens, context=context,
                                                                  max_tokens=ppl_max_tokens)
                 ratio = ppl["ppl"] / ppl_ref["ppl"]
-                v.figures.update(ppl=ppl["ppl"], ppl_ref=ppl_ref["ppl"], ppl_ratio=ratio, ppl_tokens=ppl["ppl_tokens"])
+                v.figures = replace(v.figures, ppl=ppl["ppl"], ppl_ref=ppl_ref["ppl"], ppl_ratio=ratio,
+                                    ppl_tokens=ppl["ppl_tokens"])
                 if v.spec.kind != "none":
                     bound, problem = judge_ppl(v.spec.kind, ratio)
-                    v.figures.update(ppl_bound=bound, ppl_judged=real_weights)
+                    v.figures = replace(v.figures, ppl_bound=bound, ppl_judged=real_weights)
                     if real_weights and problem is not None and v.figures.get("drift_ok") is not False:
-                        v.figures.update(drift_ok=False, drift_problem=problem)
+                        v.figures = replace(v.figures, drift_ok=False, drift_problem=problem)
                     log(f"{entry}: perplexity {ppl['ppl']:.3f} ({100 * (ratio - 1):+.2f}% against unquantized; "
                         f"bound {bound}{'' if real_weights else ', not judged: random weights'})")
         except Exception as exc:

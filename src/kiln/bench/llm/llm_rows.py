@@ -13,11 +13,10 @@ baseline, its own unquantized row and a greedy-token reference.
 from __future__ import annotations
 
 import statistics
-from typing import Any
 
 from kiln.bench.ceilings import Ceilings, bandwidth_fractions
 from kiln.bench.formulas import decode_tok_s, peak_fraction, prefill_tok_s, ratio, request_tok_s, roofline_tok_s, tflops
-from kiln.bench.llm.llm_engine_row import EngineRow
+from kiln.bench.llm.llm_engine_row import EngineRow, LogitsParity
 from kiln.bench.llm.llm_quant import mark_drift
 from kiln.bench.row_failure import failure
 from kiln.bench.typed_row import UNSET
@@ -52,7 +51,7 @@ class LlmRow:
 
 
 def finish_rows(rows: dict[str, LlmRow], plan, ceilings: Ceilings, *, prompt_flops: int | None, weight_bytes: int,
-                kv_bytes: dict[int, int], model_bytes: int, parity: dict[str, Any]) -> list[EngineRow]:
+                kv_bytes: dict[int, int], model_bytes: int, parity: LogitsParity | None) -> list[EngineRow]:
     """Every row's reported figures (rows that failed keep their status and what was known).
 
     `weight_bytes` is what one unquantized decode step reads of the weights (a quantized row carries
@@ -68,7 +67,7 @@ def finish_rows(rows: dict[str, LlmRow], plan, ceilings: Ceilings, *, prompt_flo
         if row.weight_bytes is UNSET:
             row.weight_bytes = weight_bytes
         flops = prompt_flops * batch if prompt_flops is not None else None
-        row.update(prefill_flops=flops, kv_bytes_per_step=kv_bytes[batch], **parity if kiln_row and r.quant == "none" else {})
+        row.update(prefill_flops=flops, kv_bytes_per_step=kv_bytes[batch], **parity.to_json() if parity and kiln_row and r.quant == "none" else {})
         row.step_bytes = row.weight_bytes + row.kv_bytes_per_step
         row.roofline_tok_s = roofline_tok_s(c.bandwidth, row.step_bytes, batch)
         row.spec_roofline_tok_s = roofline_tok_s(c.spec_bytes_per_s, row.step_bytes, batch)
