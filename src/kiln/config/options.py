@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 Shape = Literal["value", "arg", "switch", "on_off", "tri", "yes_no", "comma", "comma_each", "chunks", "repeat", "pick",
                 "words"]
-"""How a flag maps to its field: `value` one value (str/int/float, the last one given wins); `arg`
+"""How a flag maps to its field: `value` one value (str/int/float/Path, the last one given wins); `arg`
 one positional word (RUN_DIR);
 `switch` a store_true flag; `on_off` a bool written `on`/`off`; `tri` a `bool | None` set by
 the flag (True) or by `Flag.off` (False); `yes_no` a `bool | None` set by `--x` (True) or
@@ -29,7 +29,7 @@ the flag (True) or by `Flag.off` (False); `yes_no` a `bool | None` set by `--x` 
 comma-separated list kept as given (None when absent; the library splits it); `repeat` a list,
 one item per occurrence; `pick` a `Literal` field set by one flag per choice
 (`--weak` / `--strong`, `help` one text per choice, separated by `|`); `words` the command's
-trailing positional words (KEY=VALUE overrides; with `required`, at least one)."""
+trailing positional words (KEY=VALUE overrides, input files; with `required`, at least one)."""
 Record = Literal["changed", "always", "never"]
 """When the recorded command line shows a flag: when its value differs from the default (None
 and empty lists never show), always when it has a value, or never."""
