@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -55,11 +54,10 @@ def plain_fsdp_row(run: RowRun) -> TrainRow:
         env.setdefault("OMP_NUM_THREADS", "1")
     left = run.deadline_left_s
     timeout = opts.row_timeout_s if left is None else min(opts.row_timeout_s, left + 60)
-    start = time.perf_counter()
     code, out, err = run_bounded(cmd, timeout, env=env, cwd=workdir)
     (workdir / "plain.log").write_text(out + err, encoding="utf-8")
     row = TrainRow(spec.name, spec.kind, nproc=ctx.nproc, log=str(workdir / "plain.log"),
-                   config={"job": fields, "command": cmd}, wall_s=time.perf_counter() - start)
+                   config={"job": fields, "command": cmd})
     steps = read_metrics(workdir / "metrics.jsonl")
     info_path = workdir / "info.json"
     info = json.loads(info_path.read_text()) if info_path.exists() else {}
