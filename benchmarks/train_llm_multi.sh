@@ -12,6 +12,10 @@
 #        AC), kiln-full (full AC). Every row from the same initial weights on the same tokens; no row
 #        starts past the deadline. Writes $OUT/r/8b/results.{json,md} and $OUT/r/8b/logs.tgz (each
 #        row's own log and torchtitan's job).
+#   PART=8b-float8 bash benchmarks/train_llm_multi.sh  # the same shape and call, float8 on both sides:
+#        rows kiln-sel (bf16 reference), kiln-fp8 (kiln-sel with precision.float8=tensorwise) and
+#        torchtitan with its float8 converter (tensorwise, float8 all-gather of the FSDP2 weights,
+#        precomputed scales); STEPS_8B default 40 here. Writes $OUT/r/8b-float8/.
 #   PART=1b-weak bash benchmarks/train_llm_multi.sh  # `kiln bench scale` of the Llama-3.2-1B shape,
 #        NPROCS_1B (1,4) ranks, weak scaling (seq 2048, batch 4 per rank, synthetic tokens) with
 #        RECIPE_1B (default kiln's fastest one-GPU recipe: bf16-master, compiled model and loss,
@@ -53,8 +57,14 @@ declare -A RECIPE=(
   [kiln-fp8]="distributed.strategy=fsdp compile.enabled=true compile.regional=true training.activation_checkpointing=selective precision.float8=tensorwise"
 )
 
-part_8b() {
-  local data=/tmp/kiln-train-llm-multi-8b rows=${KILN_ROWS_8B:-kiln-sel,plain,torchtitan,kiln-full} recipes=() name
+TITAN_FP8=(--torchtitan-set 'model.converters=["quantize.linear.float8"]'
+           --torchtitan-set quantize.linear.float8.recipe_name=tensorwise
+           --torchtitan-set quantize.linear.float8.enable_fsdp_float8_all_gather=true
+           --torchtitan-set quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp=true)
+
+part_8b() {  # part_8b NAME DEFAULT_ROWS [FLAGS...]
+  local part=$1 data=/tmp/kiln-train-llm-multi-$1 rows=${KILN_ROWS_8B:-$2} recipes=() name
+  shift 2
   [ -n "${NO_TORCHTITAN:-}" ] && rows=${rows//torchtitan/} && rows=${rows//,,/,} && rows=${rows#,} && rows=${rows%,}
   rm -rf "$data"
   for name in ${rows//,/ }; do
@@ -66,11 +76,11 @@ part_8b() {
   local shape=(--model llama-3.1-8b --seq-len 8192 --batch-size 1 --nproc-per-node 4)
   # DRY=1: the same command on the CPU, 2 gloo ranks of a tiny Llama (checks the script, not speed).
   [ -n "${DRY:-}" ] && shape=(--model "$DRY_MODEL" --seq-len 16 --batch-size 2 --nproc-per-node 2 --device cpu)
-  step train_llm_multi_8b timeout $(( left - 10 )) python3 -m kiln bench train-llm "${shape[@]}" \
+  step "train_llm_multi_$part" timeout $(( left - 10 )) python3 -m kiln bench train-llm "${shape[@]}" \
     --steps "${STEPS_8B:-30}" --warmup "${WARMUP_8B:-10}" --lr-warmup "${LR_WARMUP_8B:-10}" --rows "$rows" \
     "${recipes[@]}" --plain-ac "${PLAIN_AC_8B:-full}" --skip-invalid-recipes --deadline-s "$deadline" \
-    --row-timeout-s 270 --torchtitan-timeout-s 270 --data-dir "$data" --out "$R/8b" ${EXTRA_8B:-}
-  tar czf "$R/8b/logs.tgz" -C "$data" --exclude='*.npy' --exclude='*.safetensors' --exclude=corpus \
+    --row-timeout-s 270 --torchtitan-timeout-s 270 --data-dir "$data" --out "$R/$part" "$@" ${EXTRA_8B:-}
+  tar czf "$R/$part/logs.tgz" -C "$data" --exclude='*.npy' --exclude='*.safetensors' --exclude=corpus \
     --exclude=outputs --exclude=init --exclude=hf_datasets_cache . 2>/dev/null
   rm -rf "$data"
 }
@@ -85,8 +95,9 @@ part_1b_weak() {
 }
 
 case ${PART:-8b} in
-  8b) part_8b ;;
+  8b) part_8b 8b kiln-sel,plain,torchtitan,kiln-full ;;
+  8b-float8) STEPS_8B=${STEPS_8B:-40} part_8b 8b-float8 kiln-sel,kiln-fp8,torchtitan --baseline kiln-sel "${TITAN_FP8[@]}" ;;
   1b-weak) part_1b_weak ;;
-  *) echo "PART must be 8b or 1b-weak (one per call), got '${PART:-}'" >&2; exit 2 ;;
+  *) echo "PART must be 8b, 8b-float8 or 1b-weak (one per call), got '${PART:-}'" >&2; exit 2 ;;
 esac
 echo "=== done in $(( $(date +%s) - start )) s"

@@ -124,3 +124,37 @@ def test_plain_fsdp_loop_imports_no_kiln_code():
     names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
     names += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
     assert "torch.distributed.fsdp" in names and not [n for n in names if n.split(".")[0] == "kiln"]
+
+
+def _run(tmp_path, steps=3):
+    from kiln.bench.train_llm.llm_train_bench import RowSpec
+    from kiln.bench.train_llm.llm_train_result import RowRun, TrainContext
+
+    opts = tb.TrainLlmOptions(model="m", hf={}, seq_len=8, batch=1, steps=steps, warmup=1, rows=[], nproc=2)
+    ctx = TrainContext(device=torch.device("cuda", 0), data_dir=tmp_path, corpus=None, vocab=VOCAB, weights_dir=tmp_path,
+                       tokens_per_step=16, flops_per_token=10, spec=1e6, spec_source="t", matmul=5e5, base_overrides=[],
+                       nproc=2)
+    return RowRun(RowSpec("k", "kiln"), opts, ctx, [], None)
+
+
+def test_a_launched_run_is_read_back_from_its_metrics_and_summary(tmp_path):
+    from kiln.bench.train_llm.llm_train_result import TrainRow
+
+    records = [{"step": i, "loss": 5.0 - i, "step_ms": ms, "peak_mem_bytes_max_rank": peak}
+               for i, ms, peak in ((1, 9000.0, 10), (2, 100.0, 30), (3, 100.0, 20))]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (tmp_path / "summary.json").write_text(json.dumps({"status": "completed", "strategy": "fsdp", "num_params": 7,
+                                                       "memory_plan": {"peak_bytes": 25}}))
+    row = ranks.read_run(TrainRow("k", "kiln"), _run(tmp_path), tmp_path, 0, 60.0)
+    assert row.status == "ok" and row.losses == [4.0, 3.0, 2.0] and row.first_step_s == 9.0
+    assert row.step_ms == pytest.approx(100.0) and row.tokens_per_s == pytest.approx(160.0)
+    assert row.peak_mem_bytes == 30 and row.plan_bytes == 25 and row.applied_strategy == "fsdp" and row.params == 7
+    (tmp_path / "summary.json").write_text(json.dumps({"status": "failed"}))
+    (tmp_path / "launch.log").write_text("[rank1]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate\n")
+    oom = ranks.read_run(TrainRow("k", "kiln"), _run(tmp_path), tmp_path, 1, 60.0)
+    assert oom.status == "oom" and "out of memory" in oom.reason
+    late = ranks.read_run(TrainRow("k", "kiln"), _run(tmp_path), tmp_path, 124, 60.0)
+    assert late.status == "error" and late.reason.startswith("stopped after 60 s")
+    (tmp_path / "summary.json").write_text(json.dumps({"status": "completed"}))
+    short = ranks.read_run(TrainRow("k", "kiln"), _run(tmp_path, steps=5), tmp_path, 0, 60.0)
+    assert short.status == "error" and short.reason == "logged 3 of 5 steps"
