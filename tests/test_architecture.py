@@ -100,6 +100,8 @@ OWN_CLOCKS = {
     "src/kiln/bench/peers/gpt_fast/peer.py": "a peer's time budget",
     "src/kiln/bench/peers/gpt_fast/process.py": "a peer's quantize time and time budget",
     "src/kiln/bench/peers/torchtitan/job_file.py": "a peer run's wall time and budget",
+    "src/kiln/bench/peers/plain/plain_fsdp.py": "the hand-written FSDP2 loop's own step times (it imports no kiln, "
+                                                "as torchtitan times its own steps)",
     "benchmarks/checkpoint_bench.py": "a save's blocking and completion time (one save, not a sample of a step)",
     "benchmarks/failure_gpu.py": "each failure scenario's wall time",
     "benchmarks/fsdp_host_overhead.py": "host time inside FSDP2's own functions, measured by wrapping them",

@@ -150,3 +150,41 @@ def test_strong_scaling_predictions_and_calibration():
                                   calibrate_at=4)
     assert fallback["t1_source"].startswith("measured at 1 rank (not calibrated on the 4-rank point")
     assert "exceeds its measured 12 ms step" in fallback["t1_source"]
+
+
+def test_rank_counts_from_two_plan_no_one_rank_point_and_measure_against_the_smallest():
+    """An 8B does not fit one GPU: `--nprocs 2,4` tries no 1-rank baseline or reference, and each
+    variant's efficiency (measured and predicted) is against its own 2-rank point."""
+    from kiln.bench.scale.predict import OPS, LinkCost, Topology, calibrate_t1
+    from kiln.bench.scale.scale_analysis import prediction_rows
+
+    cfg = load_config(None, ["data.batch_size=8"])
+    for mode in ("weak", "strong"):
+        pts = plan_points(cfg, parse_strategies("fsdp"), [2, 4], mode=mode, device_type="cuda", slots=4)
+        assert [p.world for p in pts] == [2, 4] and all(p.role == "point" for p in pts)
+    rows = [_point("fsdp", 2, 20.0), _point("fsdp", 4, 25.0)]
+    analyse_points(rows, {4: 0.8}, "weak")
+    assert rows[0]["efficiency"] == 1.0 and rows[1]["efficiency"] == pytest.approx(20 / 25)
+    assert rows[1]["efficiency_base"] == "fsdp x2" and rows[1]["pass"] is True
+    assert "compute_ms" not in rows[1] and "mem_vs_single" not in rows[1]
+    traffic = {"fsdp": StepTraffic("fsdp", (Collective("all_gather", 10**7, "forward", 1.0, "u1"),), 1)}
+    topo = Topology(8, {op: LinkCost(1e-6, 100e9, "given") for op in OPS}, 10e9, 5e-6)
+    two, four = prediction_rows(rows, traffic, [2, 4], topo, cost=(0.2, "given"), mode="weak", thresholds={},
+                                calibrate_at=2)
+    assert two["t1_source"] == "calibrated on the 2-rank point"
+    assert two["step_ms"] == pytest.approx(20.0) and two["efficiency"] == pytest.approx(1.0)
+    t1 = calibrate_t1(traffic["fsdp"], 0.020, 2, topo, overlap_cost=0.2)
+    assert four["compute_ms"] == pytest.approx(t1 * 1e3)
+    assert four["efficiency"] == pytest.approx(20.0 / four["step_ms"])
+    assert four["error_points"] == pytest.approx((four["efficiency"] - 0.8) * 100)
+
+
+def test_the_8b_from_two_ranks_checks_on_the_meta_device_and_calibrates_at_two(tmp_path):
+    """`kiln bench scale --model llama:llama-3.1-8b --nprocs 2,4`: the check builds the 8B only on
+    the meta device (its FSDP traffic), plans no 1-rank point and starts predictions at 2 ranks."""
+    from kiln.bench.scale.scale_command import check_scale
+    from kiln.bench.scale.scale_request import ScaleRequest
+
+    job = check_scale(ScaleRequest(model="llama:llama-3.1-8b", nprocs="2,4", strategies="fsdp", out=str(tmp_path / "o"),
+                                   overrides=["data.seq_len=8192", "data.batch_size=1", "training.device=cpu"]))
+    assert [p.world for p in job.opts.plan.points] == [2, 4] and job.opts.calibrate_at == 2

@@ -28,6 +28,7 @@ def tiny_config(tmp_path):
     (["--lr-warmup", "20"], ["--steps", ">= 20"]),
     (["--baseline", "kiln-regional", "--rows", "plain,kiln"], ["--baseline", "not one of the rows"]),
     (["--model", "llama-3.2-2b"], ["--model", "llama-3.2-1b"]),
+    (["--nproc-per-node", "0"], ["--nproc-per-node", ">= 1"]),
 ])
 def test_bad_input_exits_2_before_any_work(tmp_path, tiny_config, bad_input, args, needles):
     out = tmp_path / "out"
@@ -62,6 +63,32 @@ def test_rows_train_the_same_model_on_the_same_tokens(tmp_path, tiny_config, cap
     md = (out / "results.md").read_text()
     assert "| kiln-eager | kiln | ok |" in md and "FLOPs/token" in md
     assert "4 rows (3 ok, 1 error)" in capsys.readouterr().out
+
+
+def test_two_gloo_ranks_train_kiln_and_the_plain_fsdp2_loop_from_the_same_weights(tmp_path, tiny_config):
+    """--nproc-per-node 2 on CPU: kiln's row is `kiln train` on 2 gloo ranks, the plain row the
+    hand-written FSDP2 loop on 2; both read the same global batches (2 x 2 sequences) from the same
+    initial weights, so their step-1 losses (the mean over both ranks, before any update) agree to
+    fp32 rounding (1e-5 relative), as do the losses after the updates (1e-3: DDP's all-reduce and
+    FSDP2's reduce-scatter sum the gradients in different orders)."""
+    out, data = tmp_path / "out", tmp_path / "data"
+    code = main(["bench", "train-llm", "--model", tiny_config, "--seq-len", "16", "--batch-size", "2",
+                 "--steps", "4", "--warmup", "1", "--lr-warmup", "2", "--precision", "fp32", "--device", "cpu",
+                 "--no-plain-compile", "--nproc-per-node", "2", "--data-dir", str(data),
+                 "--rows", "plain,kiln-eager", "--out", str(out)])
+    assert code == 0
+    payload = json.loads((out / "results.json").read_text())
+    rows = {r["row"]: r for r in payload["results"]}
+    plain, kiln = rows["plain"], rows["kiln-eager"]
+    assert plain["status"] == kiln["status"] == "ok"
+    assert plain["nproc"] == kiln["nproc"] == 2 and payload["config"]["tokens_per_step"] == 2 * 2 * 16
+    assert kiln["losses"][0] == pytest.approx(plain["losses"][0], rel=1e-5)
+    assert kiln["losses"] == pytest.approx(plain["losses"], rel=1e-3) and len(kiln["losses"]) == 4
+    assert kiln["tokens_per_s_per_gpu"] == pytest.approx(kiln["tokens_per_s"] / 2)
+    assert kiln["config"]["command"][:2] == ["kiln", "train"] and kiln["applied_strategy"] in ("ddp", "fsdp")
+    assert plain["config"]["job"]["mixed"] == "fp32" and plain["config"]["command"][5] == "2"
+    assert kiln["params"] == plain["params"]
+    assert "2 ranks per row" in (out / "results.md").read_text()
 
 
 def test_ctrl_c_keeps_the_finished_rows_and_removes_the_scratch(tmp_path, tiny_config, monkeypatch, capsys):

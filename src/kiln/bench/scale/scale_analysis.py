@@ -4,7 +4,9 @@ prediction rows (kiln.bench.scale.predict) with their error against every measur
 Definitions (docs/guide/bench.md says the same):
 - efficiency = throughput per device at N / throughput per device of the baseline, the one-process
   run without any wrapper (weak scaling: same per-rank batch; strong: same global batch, so this is
-  T_base / (N * T_N)). A wrapper's own cost at one rank therefore counts against it.
+  T_base / (N * T_N)). A wrapper's own cost at one rank therefore counts against it. Without a
+  1-rank baseline (rank counts from 2 up: a model one GPU cannot hold), the same ratio against the
+  variant's own point at the smallest rank count (`efficiency_base` names which).
 - efficiency_vs_1rank: the same against the variant's own 1-rank point (the definition scaling
   tables of plain PyTorch usually use).
 - compute_ms: the variant's step at ONE rank with the same per-rank batch: the same work, hooks and
@@ -44,10 +46,12 @@ def analyse_points(rows: list[dict[str, Any]], thresholds: dict[int, float], mod
     for r in (r for r in rows if r.get("kind") == "point" and r.get("status") == "ok"):
         if r["role"] == "reference":  # strong scaling's 1-rank compute at a smaller batch: an input only
             continue
-        if base is not None:
-            r["efficiency"] = r["throughput_per_device"] / base["throughput_per_device"]
-            if base.get("peak_mem_bytes") and r.get("peak_mem_bytes"):
-                r["mem_vs_single"] = r["peak_mem_bytes"] / base["peak_mem_bytes"]
+        ref = base or smallest_point(rows, r["variant"])
+        if ref is not None:
+            r["efficiency"] = r["throughput_per_device"] / ref["throughput_per_device"]
+            r["efficiency_base"] = f"{ref['variant']} x{ref['world']}"
+        if base is not None and base.get("peak_mem_bytes") and r.get("peak_mem_bytes"):
+            r["mem_vs_single"] = r["peak_mem_bytes"] / base["peak_mem_bytes"]
         if r["role"] == "baseline":
             r["compute_ms"] = r["step_ms"]
             continue
@@ -64,6 +68,13 @@ def analyse_points(rows: list[dict[str, Any]], thresholds: dict[int, float], mod
         if base is not None and r.get("compute_ms") is not None and r["batch_per_rank"] == base["batch_per_rank"]:
             r["wrapper_ms"] = r["compute_ms"] - base["step_ms"]
         apply_threshold(r, thresholds)
+
+
+def smallest_point(rows: list[dict[str, Any]], variant: str) -> dict[str, Any] | None:
+    """The variant's measured point at its smallest rank count: the efficiency base without a
+    1-rank baseline."""
+    points = _ok(rows, kind="point", variant=variant, role="point")
+    return min(points, key=lambda r: r["world"]) if points else None
 
 
 def apply_threshold(row: dict[str, Any], thresholds: dict[int, float]) -> None:
@@ -131,15 +142,28 @@ def _t1(rows: list[dict], variant: str, base: dict | None, calibrate_at: int | N
     return None, ""
 
 
+def _calibrated_base(rows: list[dict], variant: str, t1: float | None, mode: str) -> dict[str, Any] | None:
+    """Without a 1-rank baseline: the variant's calibrated 1-rank step at its smallest point's
+    batch (weak) or global batch (strong), where its predictions start (their efficiency is then
+    against that smallest point, as the measured points' is)."""
+    first = smallest_point(rows, variant)
+    if t1 is None or first is None:
+        return None
+    batch = first["batch_per_rank"] * (first["world"] if mode == "strong" else 1)
+    return {"step_ms": t1 * 1e3, "batch_per_rank": batch}
+
+
 def prediction_rows(rows: list[dict], traffic: dict[str, StepTraffic], worlds: list[int], topo: Topology, *,
                     cost: tuple[float, str], mode: str, thresholds: dict[int, float], phases: Phases = Phases(),
                     calibrate_at: int | None = None) -> list[dict[str, Any]]:
     """One row per (variant, world): predicted step, efficiency, and the error against the measured
     point at that world where there is one. `traffic` maps variant name -> its StepTraffic."""
-    base = next(iter(_ok(rows, kind="point", role="baseline")), None)
+    baseline = next(iter(_ok(rows, kind="point", role="baseline")), None)
     out = []
     for variant, tr in traffic.items():
-        t1, t1_source = _t1(rows, variant, base, calibrate_at, tr, topo, cost[0], phases, mode)
+        t1, t1_source = _t1(rows, variant, baseline, calibrate_at, tr, topo, cost[0], phases, mode)
+        base = baseline or _calibrated_base(rows, variant, t1, mode)
+        smallest = smallest_point(rows, variant)  # without a baseline: the measured efficiencies' base
         for world in worlds:
             row: dict[str, Any] = {"kind": "prediction", "variant": variant, "strategy": tr.strategy, "world": world,
                                    "nodes": -(-world // topo.gpus_per_node)}
@@ -159,7 +183,8 @@ def prediction_rows(rows: list[dict], traffic: dict[str, StepTraffic], worlds: l
                 "comm_ms": p.comm_s * 1e3, "exposed_comm_ms": p.exposed_s * 1e3,
                 "overlap_cost_ms": p.contention_s * 1e3, "throughput_per_device": batch / step,
                 "throughput": batch * world / step,
-                "efficiency": (base["step_ms"] / 1e3) / (step * (world if mode == "strong" else 1)),
+                "efficiency": (base["step_ms"] / 1e3) / (step * (world if mode == "strong" else 1)) if baseline
+                else (batch / step) / smallest["throughput_per_device"],
                 "algorithm": ",".join(f"{k}:{v}" for k, v in sorted(p.algorithms.items())),
                 "t1_source": t1_source, "bw_source": topo.intra["all_reduce"].source, "overlap_source": cost[1],
             })

@@ -138,9 +138,11 @@ def check_scale(req: ScaleRequest) -> ScaleJob:
                          fsdp_ok=fsdp_available())
     _check_points(points, req.config, overrides, req.steps)
     plan = ScalePlan(cfg, variants, nprocs, req.mode, thresholds, points, device_type, slots)
+    # Without a 1-rank point, predictions start from the smallest rank count's measured step.
+    calibrate_at = req.calibrate_at if req.calibrate_at is not None or nprocs[0] == 1 else nprocs[0]
     opts = ScaleOptions(plan, req.config, overrides, steps=req.steps, timeout_s=req.timeout,
                         comm=not req.no_comm, comm_repeats=req.comm_repeats, predict_worlds=predict_worlds,
-                        topo=topo, phases=phases, calibrate_at=req.calibrate_at)
+                        topo=topo, phases=phases, calibrate_at=calibrate_at)
     where = "GPU" if plan.device_type == "cuda" else "CPU gloo"
     title = (f"kiln bench scale: {cfg.model.name}, {plan.mode} scaling, batch {cfg.data.batch_size} "
              f"{'per rank' if plan.mode == 'weak' else 'global'} ({where})")

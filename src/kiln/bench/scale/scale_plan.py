@@ -3,9 +3,13 @@
 Everything here checks input and decides; nothing launches. A variant is a strategy plus config
 overrides (`ddp`, `fsdp`, or named ones from `--variant NAME=STRATEGY[,KEY=VALUE...]`); the
 one-process run without any wrapper (`none` at one rank) is always planned: it is the baseline of
-every efficiency. Weak scaling keeps the per-rank batch (`data.batch_size`); strong scaling keeps
-the global batch and, for the step-time breakdown, also runs each variant at one rank with the
-smaller per-rank batch of each N (role `reference`).
+every efficiency when 1 is among the rank counts. Weak scaling keeps the per-rank batch
+(`data.batch_size`); strong scaling keeps the global batch and, for the step-time breakdown, also
+runs each variant at one rank with the smaller per-rank batch of each N (role `reference`).
+
+Rank counts that start above 1 (`--nprocs 2,4` for a model one GPU cannot hold, such as an 8B)
+plan no 1-rank point at all: each variant's efficiency is then against its own point at the
+smallest rank count (kiln.bench.scale.scale_analysis).
 """
 
 from __future__ import annotations
@@ -143,7 +147,8 @@ def machine_slots(device: str) -> tuple[str, int]:
 
 def plan_points(cfg: Config, variants: list[Variant], nprocs: list[int], *, mode: str,
                 device_type: str, slots: int, fsdp_ok: bool = True) -> list[Point]:
-    """The baseline, then each variant at each world size (skipped ones keep their reason)."""
+    """The baseline (when 1 is among `nprocs`), then each variant at each world size (skipped ones
+    keep their reason)."""
     batch = cfg.data.batch_size
     unit = "GPUs" if device_type == "cuda" else "CPU cores"
 
@@ -158,12 +163,13 @@ def plan_points(cfg: Config, variants: list[Variant], nprocs: list[int], *, mode
             return "this torch has no FSDP2 (torch.distributed.fsdp.fully_shard)"
         return None
 
-    points = [Point(BASELINE, 1, batch, role="baseline")]
+    one_rank = min(nprocs) == 1  # else the model may not fit one rank: no 1-rank point is tried
+    points = [Point(BASELINE, 1, batch, role="baseline")] if one_rank else []
     for variant in variants:
         for world in nprocs:
             per_rank = batch if mode == "weak" else (batch // world if batch % world == 0 else None)
             points.append(Point(variant, world, per_rank or batch, skip=skip_reason(variant, world, per_rank)))
-            if mode == "strong" and world > 1 and per_rank:
+            if mode == "strong" and world > 1 and per_rank and one_rank:
                 ref_skip = skip_reason(variant, 1, per_rank)
                 points.append(Point(variant, 1, per_rank, role="reference", skip=ref_skip))
     return points

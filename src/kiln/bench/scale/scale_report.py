@@ -9,7 +9,7 @@ from kiln.bench.results import write_results
 
 POINT_COLUMNS = [
     "variant", "strategy", "world", "role", "batch_per_rank", "status", "step_ms", "throughput",
-    "throughput_per_device", "efficiency", "efficiency_vs_1rank", "compute_ms", "wrapper_ms", "exposed_comm_ms",
+    "throughput_per_device", "efficiency", "efficiency_base", "efficiency_vs_1rank", "compute_ms", "wrapper_ms", "exposed_comm_ms",
     "peak_mem_bytes", "mem_vs_single", "straggler_ratio", "mfu", "threshold", "pass", "reason",
 ]
 COMM_COLUMNS = ["op", "bytes", "world", "used_by", "status", "time_us", "algbw_GBps", "busbw_GBps", "reason"]
@@ -22,7 +22,8 @@ PREDICTION_COLUMNS = [
 ]
 ALL_COLUMNS = list(dict.fromkeys(["kind", *POINT_COLUMNS, *COMM_COLUMNS, *FIT_COLUMNS, *PREDICTION_COLUMNS]))
 
-NOTES = """Efficiency: throughput per device over the one-process baseline's (`none`, 1 rank, no wrapper);
+NOTES = """Efficiency: throughput per device over the one-process baseline's (`none`, 1 rank, no wrapper), or,
+when the rank counts start above 1, over the variant's own smallest point (`efficiency_base`);
 `efficiency_vs_1rank` uses the variant's own 1-rank point instead. `compute_ms` is the variant's step at
 one rank with the same per-rank batch (no peers, so no communication); `exposed_comm_ms` = step_ms -
 compute_ms; `wrapper_ms` = compute_ms - the baseline's step. Bus bandwidth as nccl-tests defines it

@@ -42,7 +42,7 @@ def point_args(point: Point, run_dir: Path, config: str | None, overrides: list[
     return [*args, *point_overrides(point, overrides, steps)]
 
 
-def _tail(path: Path) -> str:
+def log_error_line(path: Path) -> str:
     """The ranks' own error line (kiln prints one), else the last exception line, else the tail."""
     if not path.exists():
         return ""
@@ -72,9 +72,9 @@ def read_point(point: Point, run_dir: Path, code: int, timeout_s: float | None) 
     summary_path = run_dir / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
     if code == 124:
-        return {**row, "status": "error", "reason": f"timed out after {timeout_s:.0f} s; {_tail(log)}"}
+        return {**row, "status": "error", "reason": f"timed out after {timeout_s:.0f} s; {log_error_line(log)}"}
     if code != 0 or summary.get("status") != "completed":
-        tail = _tail(log)
+        tail = log_error_line(log)
         status = "oom" if "out of memory" in tail.lower() or "OutOfMemoryError" in tail else "error"
         return {**row, "status": status, "reason": summary.get("error") or tail or f"exit code {code}"}
     last = _last_record(run_dir)

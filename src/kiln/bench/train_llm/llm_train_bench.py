@@ -69,6 +69,13 @@ class TrainLlmOptions:
     """The row every other is compared with (speed, last loss); None: plain, else the first."""
     plain_compile: bool = True
     """Compile the plain loop's model (torch.compile(model), as the hand-written loop does)."""
+    nproc: int = 1
+    """Ranks of every row (--nproc-per-node): 1 runs kiln's rows and the plain loop in this process;
+    more run each row under torchrun, `batch` sequences per rank (global batch nproc x batch)."""
+    row_timeout_s: float = 900.0
+    """Seconds a launched kiln or plain row may take (torchtitan has its own limit)."""
+    plain_ac: str = "none"
+    """The plain FSDP2 loop's activation checkpointing at nproc > 1: none or full."""
     notes: list[str] = field(default_factory=list)
 
 
@@ -97,9 +104,11 @@ def base_overrides(opts: TrainLlmOptions, model_name: str, tokens_path: Path, de
 
 
 def figures(step_s: list[float], warmup: int, tokens_per_step: int, fpt: int, spec: float | None,
-            matmul: float | None) -> dict[str, Any]:
-    """Step time, tokens/s, FLOP/s and both MFUs from the per-step seconds (after `warmup` steps;
-    `step_s[k]` is step k + 2, the first step being timed on its own); empty when no step was timed."""
+            matmul: float | None, gpus: int = 1) -> dict[str, Any]:
+    """Step time, tokens/s (in all and per GPU), FLOP/s per GPU and both MFUs from the per-step
+    seconds (after `warmup` steps; `step_s[k]` is step k + 2, the first step being timed on its
+    own); `tokens_per_step` is the global batch's tokens over `gpus` ranks, `spec` and `matmul` one
+    GPU's peaks. Empty when no step was timed."""
     timed = step_s[max(0, warmup - 1):] or step_s
     if not timed:
         return {}
@@ -108,9 +117,10 @@ def figures(step_s: list[float], warmup: int, tokens_per_step: int, fpt: int, sp
     flops = fpt * tokens_per_step / median
     return dict(step_ms=median * 1e3, step_ms_p10=timing.quantile_s(0.1) * 1e3,
                 step_ms_p90=timing.quantile_s(0.9) * 1e3, timed_steps=len(timed),
-                tokens_per_s=tokens_per_step / median, tflops=flops / 1e12,
-                mfu_spec=peak_fraction(fpt * tokens_per_step, median, spec),
-                mfu_matmul=peak_fraction(fpt * tokens_per_step, median, matmul))
+                tokens_per_s=tokens_per_step / median, tokens_per_s_per_gpu=tokens_per_step / median / gpus,
+                tflops=flops / gpus / 1e12,
+                mfu_spec=peak_fraction(fpt * tokens_per_step, median, spec * gpus if spec else None),
+                mfu_matmul=peak_fraction(fpt * tokens_per_step, median, matmul * gpus if matmul else None))
 
 
 def compare(rows: list[TrainRow], baseline: str | None, tol: float) -> None:

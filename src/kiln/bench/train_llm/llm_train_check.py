@@ -6,6 +6,8 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
+import torch
+
 from kiln.bench.compile.recipes import split_values
 from kiln.bench.peers.plain.plain_loop import Hyper
 from kiln.bench.peers.table import check_peers, peer_names
@@ -21,6 +23,13 @@ from kiln.runtime import resolve_device
 def _positive(flag: str, value: float, minimum: float) -> None:
     if value < minimum:
         raise ConfigError(flag, f"must be >= {minimum:g}, got {value:g}")
+
+
+def _check_ranks(nproc: int, device) -> None:
+    """One GPU per rank: more ranks than visible GPUs would share one."""
+    if nproc > 1 and device.type == "cuda":
+        if nproc > torch.cuda.device_count():
+            raise ConfigError("--nproc-per-node", f"{nproc} ranks but {torch.cuda.device_count()} visible GPUs")
 
 
 def parse_recipe(text: str) -> tuple[str, list[str]]:
@@ -40,6 +49,7 @@ def check_train_llm(req: TrainLlmRequest) -> TrainLlmOptions:
     """TrainLlmOptions from the request; ConfigError on any bad input."""
     lr_warmup = req.lr_warmup if req.lr_warmup is not None else max(1, req.steps // 2)
     for flag, value, minimum in (("--seq-len", req.seq_len, 1), ("--batch-size", req.batch_size, 1),
+                                 ("--nproc-per-node", req.nproc_per_node, 1),
                                  ("--warmup", req.warmup, 0), ("--lr-warmup", lr_warmup, 0)):
         _positive(flag, value, minimum)
     _positive("--steps", req.steps, req.warmup + 2)
@@ -67,6 +77,7 @@ def check_train_llm(req: TrainLlmRequest) -> TrainLlmOptions:
     if req.baseline is not None and req.baseline not in names:
         raise ConfigError("--baseline", f"{req.baseline!r} is not one of the rows", tuple(names))
     device = resolve_device(req.device)
+    _check_ranks(req.nproc_per_node, device)
     if "torchtitan" in names and (req.untie or hf.get("tie_word_embeddings")):
         hf["tie_word_embeddings"] = False
     elif req.untie:
@@ -97,6 +108,7 @@ def check_train_llm(req: TrainLlmRequest) -> TrainLlmOptions:
                            data_dir=Path(req.data_dir) if req.data_dir else None, deadline_s=req.deadline_s,
                            torchtitan_overrides=list(req.torchtitan_set),
                            torchtitan_timeout_s=req.torchtitan_timeout_s, loss_tol=req.loss_tol,
-                           baseline=req.baseline, plain_compile=not req.no_plain_compile, notes=notes)
+                           baseline=req.baseline, plain_compile=not req.no_plain_compile, nproc=req.nproc_per_node,
+                           plain_ac=req.plain_ac, row_timeout_s=req.row_timeout_s, notes=notes)
     check_peers("train-llm", opts)  # each peer's own flags (--torchtitan-set)
     return opts

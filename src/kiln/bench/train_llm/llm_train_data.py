@@ -13,6 +13,12 @@ tokenizes the same text for kiln's rows:
   concatenated, the stream torchtitan's text dataset builds.
 Batches cut the stream as that dataset does: sequence j is tokens [j(T+1), (j+1)(T+1)), inputs
 its first T tokens and targets its last T, and batch i holds sequences iB .. iB+B-1.
+
+With N ranks the corpus is N shards of the same number of documents, written one after another
+(rank r's shard is what torchtitan's `split_dataset_by_node` gives rank r of a map-style dataset:
+a contiguous 1/N of the documents); each shard is its own stream, cut as above into per-rank
+batches of B sequences, and the bench's global batch i is rank 0's batch i, then rank 1's, ...
+(global batch = N x B). One shard is the single-GPU corpus.
 """
 
 from __future__ import annotations
@@ -139,12 +145,26 @@ class Corpus:
     vocab: Vocab
     n_tokens: int
     documents: int
+    shard_tokens: tuple[int, ...] = ()
+    """Stream tokens of each rank's shard, in the order tokens.bin holds them (empty: one shard)."""
 
 
-def build_corpus(directory: Path, vocab: Vocab, *, min_tokens: int, seed: int) -> Corpus:
+def _shard_documents(words: int, vocab: Vocab, seed: int, shards: int, min_tokens: int) -> list[list[np.ndarray]]:
+    """`shards` lists of the same number of documents (shard r drawn with seed + r), each holding at
+    least `min_tokens` stream tokens (BOS and EOS included)."""
+    while True:
+        per = [documents(words, vocab, seed + r) for r in range(shards)]
+        count = min(len(docs) for docs in per)
+        per = [docs[:count] for docs in per]
+        if all(sum(len(d) + 2 for d in docs) >= min_tokens for docs in per):
+            return per
+        words *= 2
+
+
+def build_corpus(directory: Path, vocab: Vocab, *, min_tokens: int, seed: int, shards: int = 1) -> Corpus:
     """Write the tokenizer, the text and its token stream under `directory`: at least `min_tokens`
-    stream tokens. The stream comes from tokenizing the text (the path a user's data takes) and is
-    checked against the ids the text was written from."""
+    stream tokens per shard (one shard per rank). The stream comes from tokenizing the text (the
+    path a user's data takes) and is checked against the ids the text was written from."""
     from tokenizers import Tokenizer
 
     directory.mkdir(parents=True, exist_ok=True)
@@ -153,7 +173,9 @@ def build_corpus(directory: Path, vocab: Vocab, *, min_tokens: int, seed: int) -
     dataset_dir.mkdir(parents=True, exist_ok=True)
     # Documents add BOS and EOS: draw enough words that the stream holds min_tokens.
     words = min_tokens + 2 * (min_tokens // DOC_WORDS[0] + 1)
-    docs = documents(words, vocab, seed)
+    per_shard = [documents(words, vocab, seed)] if shards == 1 else _shard_documents(words, vocab, seed, shards,
+                                                                                      min_tokens)
+    docs = [doc for shard in per_shard for doc in shard]
     texts = [" ".join(word(int(i)) for i in doc) for doc in docs]
     with open(dataset_dir / "data.jsonl", "w", encoding="utf-8") as f:
         for text in texts:
@@ -168,18 +190,52 @@ def build_corpus(directory: Path, vocab: Vocab, *, min_tokens: int, seed: int) -
     stream = np.concatenate(parts).astype(np.uint32)
     tokens_path = directory / "tokens.bin"
     stream.tofile(tokens_path)
-    return Corpus(directory, tokenizer_dir, dataset_dir, tokens_path, vocab, int(stream.size), len(docs))
+    shard_tokens = () if shards == 1 else tuple(sum(len(d) + 2 for d in shard) for shard in per_shard)
+    return Corpus(directory, tokenizer_dir, dataset_dir, tokens_path, vocab, int(stream.size), len(docs),
+                  shard_tokens)
 
 
 def load_stream(path: Path) -> np.ndarray:
     return np.fromfile(path, dtype=np.uint32)
 
 
-def batches(stream: np.ndarray, *, steps: int, batch: int, seq_len: int,
-            device: torch.device | str = "cpu") -> list[tuple[Tensor, Tensor]]:
-    """`steps` (inputs, targets) batches of [batch, seq_len] int64, cut as described above."""
+def _cut(stream: np.ndarray, steps: int, batch: int, seq_len: int) -> torch.Tensor:
+    """[steps, batch, seq_len + 1] sequences cut from the start of one stream."""
     need = stream_tokens_needed(steps, batch, seq_len)
     if stream.size < need:
         raise ValueError(f"the token stream holds {stream.size} tokens, {steps} batches need {need}")
-    seqs = torch.from_numpy(stream[:need].astype(np.int64)).view(steps, batch, seq_len + 1)
+    return torch.from_numpy(stream[:need].astype(np.int64)).view(steps, batch, seq_len + 1)
+
+
+def batches(stream: np.ndarray, *, steps: int, batch: int, seq_len: int, device: torch.device | str = "cpu",
+            shard_tokens: tuple[int, ...] = ()) -> list[tuple[Tensor, Tensor]]:
+    """`steps` global (inputs, targets) batches of [shards x batch, seq_len] int64, cut as described
+    above: rows r*batch .. (r+1)*batch-1 are rank r's local batch (`shard_tokens`: the stream's shards)."""
+    bounds = np.cumsum((0, *shard_tokens)) if shard_tokens else np.array([0, stream.size])
+    seqs = torch.cat([_cut(stream[a:b], steps, batch, seq_len) for a, b in zip(bounds[:-1], bounds[1:])], dim=1)
     return [(s[:, :-1].contiguous().to(device), s[:, 1:].contiguous().to(device)) for s in seqs]
+
+
+def rank_sample_order(global_batches: list[tuple[Tensor, Tensor]], nproc: int) -> tuple[np.ndarray, np.ndarray]:
+    """(inputs, targets) [samples, seq_len] int64 arrays laid out so that a map-style dataset read
+    by `DistributedSampler(num_replicas=nproc, rank=r, shuffle=False)` in local batches of B gives
+    rank r exactly its rows of each global batch: sample N(kB + t) + r is rank r's sequence t of
+    batch k (the sampler hands rank r the indices r, r + N, r + 2N, ...)."""
+    def layout(part: Tensor) -> np.ndarray:
+        steps, rows, seq = part.shape
+        local = rows // nproc
+        return part.view(steps, nproc, local, seq).permute(0, 2, 1, 3).reshape(-1, seq).cpu().numpy()
+
+    xs = torch.stack([x for x, _ in global_batches])
+    ys = torch.stack([y for _, y in global_batches])
+    return layout(xs), layout(ys)
+
+
+def write_rank_files(global_batches: list[tuple[Tensor, Tensor]], nproc: int, directory: Path) -> tuple[Path, Path]:
+    """inputs.npy and labels.npy of every step's global batch, in rank_sample_order's layout."""
+    directory.mkdir(parents=True, exist_ok=True)
+    inputs, labels = rank_sample_order(global_batches, nproc)
+    paths = directory / "inputs.npy", directory / "labels.npy"
+    np.save(paths[0], inputs)
+    np.save(paths[1], labels)
+    return paths

@@ -11,6 +11,7 @@ import torch
 from torch import Tensor
 
 from kiln.bench.peers.interface import Bench, NothingPrepared, PeerDefaults
+from kiln.bench.train_llm.llm_train_ranks import launched_kiln_row
 from kiln.bench.train_llm.llm_train_result import RowRun, TrainRow
 from kiln.bench.train_llm.llm_train_rows import in_process_row
 from kiln.compile_cache import compile_cache_dir
@@ -95,13 +96,16 @@ def kiln_step(overrides: list[str] | Config, stack: contextlib.ExitStack):
 
 class KilnRecipeRows(PeerDefaults):
     """kiln's recipes as a row kind of `kiln bench train-llm`, shaped as a peer (kiln.bench.peers.interface):
-    the bench's base config plus the recipe's overrides, built by kiln train's own path. The recipes
+    the bench's base config plus the recipe's overrides, built by kiln train's own path (at one rank
+    in this process; at several, `kiln train` launched: kiln.bench.train_llm.llm_train_ranks). The recipes
     are checked as kiln train's configs while the options are built."""
 
     name = "kiln"
     bench: Bench = "train-llm"
 
     def run(self, prepared: NothingPrepared, run: RowRun) -> list[TrainRow]:
+        if run.ctx.nproc > 1:  # `kiln train` on the bench's ranks
+            return [launched_kiln_row(run)]
         overrides = [*run.ctx.base_overrides, *run.spec.overrides]
         row = in_process_row(run, lambda stack: kiln_step(overrides, stack))
         row.overrides = list(run.spec.overrides)

@@ -12,6 +12,7 @@ from kiln.config.options import option
 
 KilnFamily = Literal["llama", "hf"]
 Precision = Literal["bf16-mixed", "fp32"]
+PlainAc = Literal["none", "full"]
 
 
 @dataclass
@@ -21,7 +22,11 @@ class TrainLlmRequest:
     model: str = option("llama-3.2-1b", help="a kiln.llm preset (llama-3.2-1b, llama-3.2-3b, llama-3.1-8b) or a "
                         "config.json/model dir")
     seq_len: int = option(2048, help="tokens per sequence (default 2048)")
-    batch_size: int = option(4, help="sequences per step (default 4)")
+    batch_size: int = option(4, help="sequences per step on each rank (default 4; the global batch is "
+                             "--nproc-per-node x this)")
+    nproc_per_node: int = option(1, help="ranks of every row (one per GPU; gloo ranks on CPU): kiln's rows run as "
+                                 "`kiln train` under torchrun, the plain loop as an FSDP2 loop, torchtitan through "
+                                 "its launcher (default 1: every row but torchtitan in this process)")
     steps: int = option(50, help="optimizer steps each row trains (default 50)")
     warmup: int = option(10, help="first steps left out of the timing (default 10)")
     rows: list[str] | None = option(None, shape="chunks", metavar="LIST",
@@ -46,11 +51,15 @@ class TrainLlmRequest:
     untie: bool = option(False, shape="switch", help="train the untied shape (separate LM head) in every row; implied "
                          "when torchtitan is a row")
     no_plain_compile: bool = option(False, shape="switch", help="run the plain loop eagerly (default: "
-                                    "torch.compile(model), as the hand-written loop does)")
+                                    "torch.compile(model), as the hand-written loop does; per decoder layer at "
+                                    "--nproc-per-node > 1)")
+    plain_ac: PlainAc = option("none", choices=get_args(PlainAc), help="activation checkpointing of the plain loop at "
+                               "--nproc-per-node > 1: none, or full (transformers' gradient_checkpointing_enable)")
     torchtitan_set: list[str] = option(default_factory=list, shape="repeat", metavar="SECTION.KEY=VALUE",
                                        help="override a key of torchtitan's job (repeatable), e.g. "
                                        "activation_checkpoint.mode=selective")
     torchtitan_timeout_s: float = option(600.0, help="seconds the torchtitan row may take")
+    row_timeout_s: float = option(900.0, help="seconds a kiln or plain row may take at --nproc-per-node > 1")
     deadline_s: float | None = option(None, help="start no row after this many seconds (later rows: skipped)")
     device: str = option("auto", help="auto, cpu, cuda, cuda:N")
     data_dir: str | None = option(None, help="where the corpus, tokenizer and initial weights go (default OUT/data)")

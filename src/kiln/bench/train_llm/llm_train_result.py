@@ -36,7 +36,10 @@ class TrainRow(JsonRow):
     step_ms_p90: float = UNSET
     timed_steps: int = UNSET
     tokens_per_s: float = UNSET
+    """In all, over every rank."""
+    tokens_per_s_per_gpu: float = UNSET
     tflops: float = UNSET
+    """Per GPU."""
     mfu_spec: float | None = UNSET
     mfu_matmul: float | None = UNSET
     first_step_s: float = UNSET
@@ -45,6 +48,14 @@ class TrainRow(JsonRow):
     loss_last: float = UNSET
     peak_mem_bytes: int | None = UNSET
     peak_reserved_bytes: int = UNSET
+    nproc: int = UNSET
+    """Ranks the row ran on (set when more than one)."""
+    memory_plan: dict[str, Any] | None = UNSET
+    """A kiln row's memory plan as its summary.json keeps it (None: the run wrote none)."""
+    plan_bytes: int | None = UNSET
+    """The plan's peak per rank, read from memory_plan, beside the measured peak_mem_bytes."""
+    applied_strategy: str | None = UNSET
+    """The strategy a launched kiln row ran (its summary.json)."""
     peer: dict[str, Any] | None = UNSET
     """What a peer's process reported of itself (version, vocabulary, its model's size)."""
     wall_s: float | None = UNSET
@@ -69,6 +80,7 @@ class TrainContext:
     weights_dir: Path
     """The Hugging Face directory of the initial weights every row starts from."""
     tokens_per_step: int
+    """The global batch's tokens: nproc x batch x seq_len."""
     flops_per_token: int
     spec: float | None
     """The GPU's datasheet peak at the rows' precision (None: none known)."""
@@ -77,6 +89,11 @@ class TrainContext:
     """The best matmul FLOP/s measured before the rows."""
     base_overrides: list[str]
     """The config every kiln row starts from (kiln.bench.train_llm.llm_train_bench.base_overrides)."""
+    nproc: int = 1
+    rows_dir: Path | None = None
+    """Where launched rows write (run dirs, job files); None at one rank."""
+    rank_files: tuple[Path, Path] | None = None
+    """inputs.npy and labels.npy that launched rows read (llm_train_data.write_rank_files)."""
     elapsed_s: float | None = None
     matmul_end: float | None = None
     """The best matmul FLOP/s measured after the rows (None until the call ends)."""
@@ -96,5 +113,6 @@ class RowRun:
 
 def set_figures(row: TrainRow, step_s: list[float], ctx: TrainContext, warmup: int) -> None:
     """`row`'s step figures (kiln.bench.train_llm.llm_train_bench.figures) from its per-step seconds."""
-    for key, value in figures(step_s, warmup, ctx.tokens_per_step, ctx.flops_per_token, ctx.spec, ctx.matmul).items():
+    for key, value in figures(step_s, warmup, ctx.tokens_per_step, ctx.flops_per_token, ctx.spec, ctx.matmul,
+                              ctx.nproc).items():
         setattr(row, key, value)

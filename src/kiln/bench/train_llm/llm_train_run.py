@@ -1,6 +1,7 @@
 """Running `kiln bench train-llm`: the data and initial weights once (TrainContext), then each row
 in turn through its row kind (kiln's recipes, or a train-llm peer of kiln.bench.peers.table: the
-plain loop in this process, torchtitan in its own), each failing on its own."""
+plain loop in this process, torchtitan in its own), each failing on its own. At several ranks
+(--nproc-per-node) every row runs under torchrun, reading one shard of the corpus per rank."""
 
 from __future__ import annotations
 
@@ -57,10 +58,14 @@ def run(opts: tb.TrainLlmOptions, out: Path, log: Callable[[str], None] = print,
     matmul = tb.matmul_peak(device, opts.precision)
     log(f"matmul peak {matmul / 1e12:.1f} TFLOP/s; spec {spec_source}")
     vocab = _vocab(opts.hf)
-    corpus = data.build_corpus(data_dir / "corpus", vocab, seed=opts.seed,
+    corpus = data.build_corpus(data_dir / "corpus", vocab, seed=opts.seed, shards=opts.nproc,
                                min_tokens=data.stream_tokens_needed(opts.steps, opts.batch, opts.seq_len))
     stream = data.load_stream(corpus.tokens_path)
-    batches = data.batches(stream, steps=opts.steps, batch=opts.batch, seq_len=opts.seq_len, device=device)
+    # At several ranks the batches stay on the host: only the launched rows' files are made of them.
+    batches = data.batches(stream, steps=opts.steps, batch=opts.batch, seq_len=opts.seq_len,
+                           device=device if opts.nproc == 1 else "cpu", shard_tokens=corpus.shard_tokens)
+    rows_dir = data_dir / "rows" if opts.nproc > 1 else None
+    rank_files = data.write_rank_files(batches, opts.nproc, rows_dir) if rows_dir is not None else None
     log(f"corpus: {corpus.documents} documents, {corpus.n_tokens} tokens, vocabulary {vocab.size} ({data_dir})")
     # One transformers initialisation for every row: kiln's rows load it as kiln train loads a model
     # directory (also faster than a random init on the host for billions of parameters).
@@ -70,7 +75,8 @@ def run(opts: tb.TrainLlmOptions, out: Path, log: Callable[[str], None] = print,
     log(f"initial weights: {weights_dir}")
     model_name = f"{opts.kiln_family}:{weights_dir}"
     ctx = TrainContext(device=device, data_dir=data_dir, corpus=corpus, vocab=vocab, weights_dir=weights_dir,
-                       tokens_per_step=opts.batch * opts.seq_len,
+                       tokens_per_step=opts.nproc * opts.batch * opts.seq_len, nproc=opts.nproc,
+                       rows_dir=rows_dir, rank_files=rank_files,
                        flops_per_token=flops_per_token(opts.hf, opts.seq_len), spec=spec_flops,
                        spec_source=spec_source, matmul=matmul,
                        base_overrides=tb.base_overrides(opts, model_name, corpus.tokens_path, device))
@@ -102,6 +108,7 @@ def summary_line(row: TrainRow) -> str:
     head = f"row {row.row}: {row.status}"
     if row.get("tokens_per_s"):
         head += (f" {row.step_ms:.1f} ms/step, {row.tokens_per_s:,.0f} tok/s"
+                 + (f" ({row.tokens_per_s_per_gpu:,.0f} per GPU)" if row.get("nproc") else "")
                  + (f", MFU {row.mfu_spec:.1%} of spec" if row.get("mfu_spec") else "")
                  + (f", loss {row.loss_first:.4f} -> {row.loss_last:.4f}" if row.get("loss_last") else ""))
     if row.reason:

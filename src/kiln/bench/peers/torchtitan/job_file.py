@@ -94,6 +94,8 @@ class PeerJob:
     mixed_precision: str = "bfloat16"
     compile: bool = True
     activation_checkpoint: str = "none"
+    nproc: int = 1
+    """Ranks (torchrun --nproc-per-node), all of them FSDP2 data-parallel shards."""
 
 
 def job_config(job: PeerJob) -> dict[str, Any]:
@@ -109,10 +111,12 @@ def job_config(job: PeerJob) -> dict[str, Any]:
         "training": {"local_batch_size": job.batch, "seq_len": job.seq_len, "steps": job.steps,
                      "max_norm": job.max_norm, "dataset": "c4_test", "dataset_path": str(job.dataset_dir),
                      "mixed_precision_param": job.mixed_precision, "dtype": "float32"},
-        "parallelism": {"data_parallel_shard_degree": 1},
+        "parallelism": {"data_parallel_shard_degree": job.nproc},
         "checkpoint": {"enable": True, "folder": "checkpoint", "initial_load_path": str(job.weights_dir),
                        "initial_load_in_hf": True, "initial_load_model_only": True, "load_only": True},
-        "activation_checkpoint": {"mode": job.activation_checkpoint},
+        # selective: torchtitan's per-op selective recompute ("op"), not every n-th block.
+        "activation_checkpoint": {"mode": job.activation_checkpoint,
+                                  **({"selective_ac_option": "op"} if job.activation_checkpoint == "selective" else {})},
         "compile": {"enable": job.compile, "components": ["model", "loss"]},
         "debug": {"seed": job.seed},
     }
@@ -144,11 +148,16 @@ def write_job(path: Path, tables: dict[str, Any]) -> Path:
     return path
 
 
-def command(job_toml: Path, args_json: Path, workdir: Path) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
+def command(job_toml: Path, args_json: Path, workdir: Path, nproc: int = 1) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
             str(launcher_path()), "--kiln-flavor", FLAVOR, "--kiln-model-args", str(args_json),
             "--kiln-first-batch", str(workdir / "first_batch.npy"), "--kiln-metrics", str(workdir / "metrics.jsonl"),
             "--kiln-info", str(workdir / "info.json"), "--job.config_file", str(job_toml)]
+
+
+def rank_metrics_path(path: Path, rank: int) -> Path:
+    """Rank r's metrics file: `path` itself for rank 0, `NAME.rankR.jsonl` beside it for the others."""
+    return path if rank == 0 else path.with_name(f"{path.stem}.rank{rank}{path.suffix}")
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
@@ -181,7 +190,7 @@ def run(job: PeerJob, hf: dict[str, Any], overrides: list[str], timeout_s: float
     args_json.write_text(json.dumps(args, indent=1), encoding="utf-8")
     tables = apply_overrides(job_config(job), overrides)
     job_toml = write_job(job.workdir / "job.toml", tables)
-    cmd = command(job_toml, args_json, job.workdir)
+    cmd = command(job_toml, args_json, job.workdir, job.nproc)
     env = dict(os.environ, HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1",
                HF_DATASETS_CACHE=str(job.workdir / "hf_datasets_cache"))
     start = time.perf_counter()
@@ -192,7 +201,8 @@ def run(job: PeerJob, hf: dict[str, Any], overrides: list[str], timeout_s: float
     info_path = job.workdir / "info.json"
     info = json.loads(info_path.read_text()) if info_path.exists() else {}
     per_step = read_metrics(job.workdir / "metrics.jsonl")
-    out: dict[str, Any] = {"per_step": per_step, "info": info, "wall_s": wall, "log": str(job.workdir / "torchtitan.log"),
+    ranks = [read_metrics(rank_metrics_path(job.workdir / "metrics.jsonl", r)) for r in range(job.nproc)]
+    out: dict[str, Any] = {"per_step": per_step, "per_rank": ranks, "info": info, "wall_s": wall, "log": str(job.workdir / "torchtitan.log"),
                            "config": {"job": tables, "model_args": args, "command": cmd}}
     if code is None:
         out.update(status="error", reason=f"stopped after {timeout_s:.0f} s (its time limit)")

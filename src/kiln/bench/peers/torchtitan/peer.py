@@ -50,12 +50,15 @@ class TorchtitanPeer:
                             dataset_dir=ctx.corpus.dataset_dir, weights_dir=ctx.weights_dir, batch=opts.batch,
                             seq_len=opts.seq_len, steps=opts.steps, seed=opts.seed, lr=h.lr, betas=h.betas, eps=h.eps,
                             weight_decay=h.weight_decay, warmup_steps=h.warmup_steps, max_norm=h.max_norm,
-                            mixed_precision=mixed)
+                            mixed_precision=mixed, nproc=ctx.nproc,
+                            activation_checkpoint="selective" if ctx.nproc > 1 else "none")
         return TitanPrepared(job)
 
     def run(self, prepared: TitanPrepared, run: RowRun) -> list[TrainRow]:
         opts, ctx, spec = run.opts, run.ctx, run.spec
         row = TrainRow(spec.name, spec.kind)
+        if ctx.nproc > 1:
+            row.nproc = ctx.nproc
         if prepared.job is None:
             row.status, row.reason = "skipped", prepared.skipped
             return [row]
@@ -68,10 +71,12 @@ class TorchtitanPeer:
         if steps:
             set_figures(row, [s["time_metrics/end_to_end(s)"] for s in steps[1:]], ctx, opts.warmup)
             losses = [s["loss_metrics/global_avg_loss"] for s in steps]
-            gib = max(s.get("memory/max_active(GiB)", 0.0) for s in steps)
+            # Each rank records its own steps: the peak is the fullest rank's.
+            every = [s for rank in result.get("per_rank") or [steps] for s in rank] or steps
+            gib = max(s.get("memory/max_active(GiB)", 0.0) for s in every)
             row.first_step_s, row.losses = steps[0]["time_metrics/end_to_end(s)"], losses
             row.loss_first, row.loss_last, row.peak_mem_bytes = losses[0], losses[-1], int(gib * 2**30)
-            row.peak_reserved_bytes = int(max(s.get("memory/max_reserved(GiB)", 0.0) for s in steps) * 2**30)
+            row.peak_reserved_bytes = int(max(s.get("memory/max_reserved(GiB)", 0.0) for s in every) * 2**30)
         info = result.get("info") or {}
         if info.get("params"):
             row.params = info["params"]

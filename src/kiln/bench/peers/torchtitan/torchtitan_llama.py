@@ -6,12 +6,15 @@ it ships inside the package and imports nothing of kiln). Under torchrun, one ra
         --kiln-flavor NAME --kiln-model-args ARGS.json [--kiln-first-batch FIRST.npy] \
         [--kiln-metrics METRICS.jsonl] [--kiln-info INFO.json] --job.config_file JOB.toml
 
+(with --nproc-per-node N it runs N ranks: the job's data-parallel shard degree says how they split)
+
 1. registers flavor NAME (TransformerModelArgs from ARGS.json) in torchtitan's llama3 flavor table,
    and the llama3 train spec again through torchtitan's `register_train_spec` with a metrics
-   builder whose logger also appends every logged step's metrics to METRICS.jsonl;
-2. writes the first batch torchtitan's own tokenizer and text dataloader build from the job
-   (FIRST.npy: [2, batch, seq] inputs and labels), so the caller can check both sides read the
-   same tokens, and INFO.json (torchtitan's version, the tokenizer's vocabulary size, the flavor's
+   builder whose logger also appends every logged step's metrics to METRICS.jsonl (rank 0; rank r
+   to METRICS.rankR.jsonl beside it, for its own memory figures);
+2. writes the first batch torchtitan's own tokenizer and text dataloader build from the job for
+   each data-parallel rank (FIRST.npy: [2, ranks x batch, seq] inputs and labels, rank 0's rows
+   first), so the caller can check both sides read the same tokens, and INFO.json (torchtitan's version, the tokenizer's vocabulary size, the flavor's
    FFN width and parameter count built on the meta device);
 3. runs `torchtitan.train` as `python -m torchtitan.train` would, with the remaining arguments.
 """
@@ -66,8 +69,10 @@ def register(flavor: str, fields: dict, metrics_path: str | None):
 
     def metrics_builder(job_config, parallel_dims, model_args=None, tag=None):
         processor = build_metrics_processor(job_config, parallel_dims, model_args, tag)
-        if metrics_path and int(os.environ.get("RANK", "0")) == 0:
-            processor.logger = _Recorder(processor.logger, metrics_path)
+        if metrics_path:
+            rank = int(os.environ.get("RANK", "0"))
+            stem, ext = os.path.splitext(metrics_path)
+            processor.logger = _Recorder(processor.logger, metrics_path if rank == 0 else f"{stem}.rank{rank}{ext}")
         return processor
 
     spec = dataclasses.replace(llama3.get_train_spec(), model_args=llama3.llama3_args,
@@ -99,9 +104,14 @@ def first_batch(torchtitan_args: list[str], path: str) -> dict:
 
     job = ConfigManager().parse_args(torchtitan_args)
     tokenizer = build_hf_tokenizer(job)
-    loader = build_text_dataloader(dp_world_size=1, dp_rank=0, tokenizer=tokenizer, job_config=job, infinite=False)
-    inputs, labels = next(iter(loader))
-    np.save(path, np.stack([inputs["input"].numpy(), labels.numpy()]))
+    ranks = max(1, int(job.parallelism.data_parallel_shard_degree))
+    parts = []
+    for rank in range(ranks):
+        loader = build_text_dataloader(dp_world_size=ranks, dp_rank=rank, tokenizer=tokenizer, job_config=job,
+                                       infinite=False)
+        inputs, labels = next(iter(loader))
+        parts.append(np.stack([inputs["input"].numpy(), labels.numpy()]))
+    np.save(path, np.concatenate(parts, axis=1))
     return {"tokenizer_vocab_size": tokenizer.get_vocab_size(), "bos_id": tokenizer.bos_id,
             "eos_id": tokenizer.eos_id}
 
