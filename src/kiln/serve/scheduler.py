@@ -71,7 +71,8 @@ class Scheduler:
     def submit(self, job: Job) -> None:
         """Queue `job`; QueueFull when the server is full."""
         with self._cond:
-            if self._stopping or len(self.waiting) + len(self.running) >= self.rows.rows + self.max_queue:
+            held = len(self.waiting) + sum(not j.cancelled for j in list(self.running.values()))
+            if self._stopping or held >= self.rows.rows + self.max_queue:
                 self.metrics.refused()
                 raise QueueFull
             self.waiting.append(job)
