@@ -51,6 +51,7 @@ def run_schedule(rows: Rows, plan: dict[int, list[tuple[list[int], int, RowSetti
 
 def test_buckets():
     assert batch_buckets(1) == [1] and batch_buckets(6) == [1, 2, 4, 6] and batch_buckets(8) == [1, 2, 4, 8]
+    assert batch_buckets(64, [32, 1, 8]) == [1, 8, 32, 64]
 
 
 def test_joining_and_leaving_rows_give_each_request_its_tokens_alone(model):

@@ -1,6 +1,6 @@
 """`kiln serve`: an exported model behind an OpenAI-compatible HTTP endpoint, with continuous batching.
 
-Argument parsing only: the flags come from kiln.serve.request.ServeOptions and
+Argument parsing only: the flags come from kiln.serve.serve_options.ServeOptions and
 kiln.serve.server.run_serve checks them (before the model is built) and serves until a signal.
 """
 
@@ -10,7 +10,7 @@ import argparse
 import sys
 
 from kiln.config.options import add_flags, from_namespace
-from kiln.serve.request import ServeOptions
+from kiln.serve.serve_options import ServeOptions
 
 
 def add_parser(sub) -> None:

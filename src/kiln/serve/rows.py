@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch._dynamo.config as dynamo_config
 from torch import Tensor
 
 from kiln.llm.engine import GRAPH_WARMUP_STEPS, bucket_length
@@ -34,8 +35,11 @@ from kiln.llm.model import Decoder, KVCache
 from kiln.serve.row_sampling import pick_tokens
 
 
-def batch_buckets(rows: int) -> list[int]:
-    """Decode batch sizes compiled (one CUDA graph each): powers of two below `rows`, then `rows`."""
+def batch_buckets(rows: int, chosen: list[int] | None = None) -> list[int]:
+    """Decode batch sizes compiled (one CUDA graph each): `chosen` (sorted, `rows` added), else
+    powers of two below `rows`, then `rows`."""
+    if chosen:
+        return sorted({*chosen, rows})
     out, b = [], 1
     while b < rows:
         out.append(b)
@@ -105,7 +109,7 @@ class Rows:
     """`rows` KV-cache rows of `capacity` slots over `model`; not thread-safe (one scheduler thread)."""
 
     def __init__(self, model: Decoder, *, rows: int, capacity: int, compile: bool, cuda_graphs: bool,
-                 inductor_options: dict[str, Any] | None = None):
+                 buckets: list[int] | None = None, inductor_options: dict[str, Any] | None = None):
         self.model, self.config = model, model.config
         dev, dtype = model.embed.weight.device, model.embed.weight.dtype
         self.device, self.rows, self.capacity, self.cuda_graphs = dev, rows, capacity, cuda_graphs
@@ -119,11 +123,14 @@ class Rows:
             top_p=torch.ones(rows, dtype=torch.float32, device=dev),
             seed=torch.zeros(rows, dtype=torch.long, device=dev))
         self.scratch = KVCache(self.config, 1, bucket_length(capacity), dtype=dtype, device=dev)
-        self.buckets = batch_buckets(rows)
+        self.buckets = batch_buckets(rows, buckets)
         self.views = {n: self.buf.head(n) for n in self.buckets}
         kwargs = {"fullgraph": True, "dynamic": False, "options": inductor_options or None}
-        self._decode = torch.compile(row_decode_step, **kwargs) if compile else row_decode_step
-        self._prefill = torch.compile(row_prefill, **kwargs) if compile else row_prefill
+        # One compiled variant per prompt bucket and per batch bucket: above dynamo's default limit.
+        limit = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"
+        self._limits = dynamo_config.patch({limit: 64})
+        self._decode = self._limits(torch.compile(row_decode_step, **kwargs)) if compile else row_decode_step
+        self._prefill = self._limits(torch.compile(row_prefill, **kwargs)) if compile else row_prefill
         self._graphs: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}
         self._warm: dict[tuple[int, bool], int] = {}
         self.cursor = 0
@@ -188,13 +195,15 @@ class Rows:
         tokens[0, padded - n:] = torch.as_tensor(prompt, dtype=torch.long)
         tokens = tokens.to(self.device)
         pad = torch.tensor([padded - n], device=self.device) if padded != n else None
-        b.temperature[row] = settings.temperature
-        b.top_k[row] = settings.top_k
-        b.top_p[row] = settings.top_p
-        b.seed[row] = settings.seed
-        length = torch.tensor([n], device=self.device)
-        first = self._prefill(self.model, tokens, pad, self.scratch, b.temperature[row: row + 1],
-                              b.top_k[row: row + 1], b.top_p[row: row + 1], b.seed[row: row + 1], length)
+        dev = self.device
+        temperature = torch.tensor([settings.temperature], dtype=torch.float32, device=dev)
+        top_k = torch.tensor([settings.top_k], dtype=torch.long, device=dev)
+        top_p = torch.tensor([settings.top_p], dtype=torch.float32, device=dev)
+        seed = torch.tensor([settings.seed], dtype=torch.long, device=dev)
+        first = self._prefill(self.model, tokens, pad, self.scratch, temperature, top_k, top_p, seed,
+                              torch.tensor([n], device=dev))
+        for name, value in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p), ("seed", seed)):
+            getattr(b, name)[row: row + 1].copy_(value)
         for dst, src in zip((*b.cache.k, *b.cache.v), (*self.scratch.k, *self.scratch.v)):
             dst[row, p - n: p] = src[0, padded - n: padded]
         b.tokens[row, p] = first[0]

@@ -28,9 +28,9 @@ from kiln.models.host_memory import check_generation_fits
 from kiln.serve.app import INSTALL_HINT, State, build_app
 from kiln.serve.chat import load_chat_template
 from kiln.serve.metrics import ServeMetrics
-from kiln.serve.request import API_KEY_ENV, ServeOptions
 from kiln.serve.rows import Rows
 from kiln.serve.scheduler import Scheduler
+from kiln.serve.serve_options import API_KEY_ENV, ServeOptions
 from kiln.serve.texts import Served
 
 DEFAULT_CONTEXT = 2048
@@ -58,6 +58,9 @@ def check_serve(opts: ServeOptions) -> ServeSetup:
     at_least("--prefill-tokens", opts.prefill_tokens, 1)
     at_least("--max-seq-len", opts.max_seq_len, 2)
     at_least("--drain-s", opts.drain_s, 0)
+    if opts.batch_buckets and (min(opts.batch_buckets) < 1 or max(opts.batch_buckets) > opts.max_batch):
+        raise ConfigError("--batch-buckets", f"each must be in [1, --max-batch={opts.max_batch}], "
+                          f"got {','.join(map(str, opts.batch_buckets))}")
     if not 0 <= opts.port <= 65535:
         raise ConfigError("--port", f"must be in [0, 65535], got {opts.port}")
     if opts.compile not in ("auto", "on", "off"):
@@ -117,7 +120,8 @@ def build_rows(setup: ServeSetup, say: Callable[[str], None]) -> Rows:
                        matvec=decode_matvec.check(matvec, setup.device, dtype))
     kv_bytes = 2 * config.n_layers * config.n_kv_heads * config.head_dim * dtype.itemsize
     _check_device_memory(setup, kv_bytes * opts.max_batch * setup.context)
-    return Rows(model.eval(), rows=opts.max_batch, capacity=setup.context, compile=setup.compile,
+    return Rows(model.eval(), rows=opts.max_batch, capacity=setup.context, buckets=opts.batch_buckets,
+                compile=setup.compile,
                 cuda_graphs=setup.compile and setup.device.type == "cuda",
                 inductor_options=default_inductor_options(setup.device))
 

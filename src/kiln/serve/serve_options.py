@@ -31,6 +31,9 @@ class ServeOptions:
     host: str = option("127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     port: int = option(8000, help="TCP port (default 8000)")
     max_batch: int = option(8, help="KV-cache rows: requests decoded at once (default 8); fixed at start")
+    batch_buckets: list[int] = option(default_factory=list, shape="comma",
+                                      help="decode batch sizes compiled, one CUDA graph each, comma-separated "
+                                      "(default: powers of two up to --max-batch); fewer buckets, less warm-up")
     max_queue: int = option(64, help="requests waiting for a row beyond --max-batch; more get HTTP 429 (default 64)")
     max_seq_len: int | None = option(None, help="slots per KV-cache row: prompt + max_tokens of one request "
                                      "(default: the model's positions, at most 2048)")
