@@ -4,8 +4,8 @@
 # The Llama-3.2-3B shape (MODEL names another preset), RANDOM weights (the shape is what is measured;
 # the text is noise), prompts of 512 random token ids, 128 greedy tokens each, streamed.
 #   bf16      kiln serve --max-batch 64 --batch-buckets 1,8,32,64, then benchmarks/serve_load.py at 1, 8, 32
-#             and 64 concurrent streams (DURATION_S each, default 20; each level warmed up first) -> $R/serve_bf16.*
-#   int4      the same with --quant ${QUANT4:-int4@triton} -> $R/serve_int4.*
+#             and 64 concurrent streams (DURATION_S each, default 20; each level warmed up first) -> $R/serve_bf16
+#   int4      the same with --quant ${QUANT4:-int4@triton} -> $R/serve_int4
 #   generate  kiln bench llm --batch 1,8,32,64 --quant none,$QUANT4 (kiln generate's engine, one static batch per
 #             row: the same figures without a server) -> $R/generate
 # Then $R/summary.md: one table of every part run. The server's log is $R/<part>.server.log, its
@@ -47,7 +47,7 @@ serve_part() {  # label, extra kiln serve flags...
   done
   local rest=$(( cap - ($(date +%s) - t0) - 15 ))
   step "load_$label" timeout "$rest" python3 benchmarks/serve_load.py --url "http://127.0.0.1:$PORT" --label "$label" \
-    --duration-s "${DURATION_S:-20}" --out "$R"
+    --duration-s "${DURATION_S:-20}" --out "$R/serve_$label"
   curl -s "http://127.0.0.1:$PORT/metrics" > "$R/$label.metrics.txt"
   kill -TERM $pid; wait $pid; echo "=== kiln serve ($label) exit $? after SIGTERM"
 }

@@ -9,9 +9,11 @@ p50/p99 (every gap between two streamed tokens of a request), and the level's ra
 single-stream level. "Requests/s at p99 TTFT < 1 s" is the best requests/s of the levels whose p99
 TTFT stays under 1 s (closed-loop levels, not an open-loop arrival sweep).
 
-    python benchmarks/serve_load.py --url http://127.0.0.1:8011 --model llama-3.2-3b --label bf16 --out DIR
-    python benchmarks/serve_load.py --summary DIR     # one table of every label in DIR, and the
-                                                      # `kiln bench llm` rows of DIR/generate/results.json
+    python benchmarks/serve_load.py --url http://127.0.0.1:8011 --label bf16 --out DIR/serve_bf16
+    python benchmarks/serve_load.py --summary DIR     # DIR/summary.md: every DIR/serve_*/results.json, and
+                                                      # the `kiln bench llm` rows of DIR/generate/results.json
+The timestamps are the client's wall clock on purpose: TTFT and inter-token latency are what a
+client sees, HTTP and scheduling included.
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ import statistics
 import sys
 import time
 from pathlib import Path
+
+from kiln.bench.results import refuse_held_results, write_results
+from kiln.monitor.env import collect_env
 
 
 def pct(values: list[float], q: float) -> float | None:
@@ -120,10 +125,11 @@ def markdown(rows: list[dict], columns: list[str]) -> str:
 def summary(directory: Path) -> str:
     out = ["# kiln serve under load\n"]
     rows = []
-    for path in sorted(directory.glob("serve_*.json")):
+    for path in sorted(directory.glob("serve_*/results.json")):
         data = json.loads(path.read_text())
-        rows += [{"label": data["label"], **lv} for lv in data["levels"]]
-        out.append(f"- {data['label']}: requests/s at p99 TTFT < 1 s: {_cell(data['requests_per_s_at_p99_ttft_under_1s'])}")
+        rows += data["results"]
+        best = data["config"].get("requests_per_s_at_p99_ttft_under_1s")
+        out.append(f"- {data['config']['label']}: requests/s at p99 TTFT < 1 s: {_cell(best)}")
     out += ["", markdown(rows, COLUMNS)]
     gen = directory / "generate" / "results.json"
     if gen.is_file():
@@ -147,7 +153,7 @@ def main() -> int:
     p.add_argument("--request-timeout-s", type=float, default=300.0)
     p.add_argument("--api-key", default=None)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default=None, help="directory for serve_<label>.json and .md")
+    p.add_argument("--out", default=None, help="results directory (results.json, results.md); must hold no results")
     p.add_argument("--summary", default=None, metavar="DIR", help="only write DIR/summary.md from earlier runs")
     args = p.parse_args()
     if args.summary:
@@ -160,6 +166,8 @@ def main() -> int:
     except ImportError:
         print("serve_load.py needs httpx (pip install httpx)", file=sys.stderr)
         return 2
+    if args.out:
+        refuse_held_results(Path(args.out))
     args.headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     if args.model is None:
         args.model = httpx.get(args.url + "/v1/models", headers=args.headers).json()["data"][0]["id"]
@@ -169,15 +177,16 @@ def main() -> int:
         lv = asyncio.run(level(httpx, args, c, rng))
         print(json.dumps(lv), flush=True)
         levels.append(lv)
-    result = {"label": args.label, "url": args.url, "model": args.model, "prompt_len": args.prompt_len,
-              "max_tokens": args.max_tokens, "duration_s": args.duration_s, "command": " ".join(sys.argv),
-              **with_ratios(levels)}
+    ratios = with_ratios(levels)
+    rows = [{"label": args.label, "status": "ok" if lv["requests"] > lv["failed"] else "error",
+             "reason": "; ".join(lv["errors"]) or None, **lv} for lv in ratios["levels"]]
+    config = {"label": args.label, "url": args.url, "model": args.model, "prompt_len": args.prompt_len,
+              "max_tokens": args.max_tokens, "duration_s": args.duration_s,
+              "requests_per_s_at_p99_ttft_under_1s": ratios["requests_per_s_at_p99_ttft_under_1s"]}
     if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / f"serve_{args.label}.json").write_text(json.dumps(result, indent=2) + "\n")
-        (out / f"serve_{args.label}.md").write_text(markdown([{"label": args.label, **lv} for lv in levels], COLUMNS))
-    print(markdown([{"label": args.label, **lv} for lv in levels], COLUMNS))
+        write_results(args.out, env=collect_env(), config=config, results=rows, columns=COLUMNS,
+                      title=f"kiln serve under load: {args.label}", command="python " + " ".join(sys.argv))
+    print(markdown(rows, COLUMNS))
     return 0
 
 
