@@ -18,7 +18,9 @@ Design (continuous batching on kiln's static cache, kiln.llm.engine's layout kep
   for everyone), freeing room at the end; when it is too early for a long prompt, every row shifts
   right if the busy rows' ends leave room; with no busy row the cursor is simply reset. A shift
   copies the rows' cache once; otherwise the request waits (first come, first served).
-The host reads the newest token of each busy row after every step (streaming needs each token).
+The host reads the newest token of each busy row after every step (streaming needs each token),
+one step late: step t+1 is started before step t's tokens are handed on, so the device computes
+while the host works (a row that finished at step t has run one step more, which is ignored).
 """
 
 from __future__ import annotations
@@ -96,6 +98,15 @@ def row_prefill(model: Decoder, tokens: Tensor, pad: Tensor | None, cache: KVCac
 
 
 @dataclass(frozen=True)
+class Launched:
+    """A decode step started and not yet read: the busy rows then, where their tokens land."""
+
+    rows: list[int]
+    host: Tensor
+    event: Any
+
+
+@dataclass(frozen=True)
 class RowSettings:
     """One request's sampling, as the row keeps it."""
 
@@ -133,6 +144,9 @@ class Rows:
         self._prefill = self._limits(torch.compile(row_prefill, **kwargs)) if compile else row_prefill
         self._graphs: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}
         self._warm: dict[tuple[int, bool], int] = {}
+        pinned = self.device.type == "cuda"
+        self._host = [torch.zeros(rows, dtype=torch.long, pin_memory=pinned) for _ in range(2)]
+        self._flip = 0
         self.cursor = 0
         """Host copy of `pos`."""
         self.busy: dict[int, int] = {}
@@ -225,18 +239,35 @@ class Rows:
         return next(n for n in self.buckets if n >= top)
 
     @torch.inference_mode()
-    def step(self) -> dict[int, int]:
-        """One decode step over the bucket holding every busy row; busy row -> its new token."""
+    def launch(self) -> Launched | None:
+        """Start one decode step over the bucket holding every busy row, and the copy of its new
+        tokens to the host, without waiting for either (None: the cursor is at the rows' end, every
+        busy row has all its tokens). The host reads them with `collect`, after starting the next."""
+        if self.cursor + 1 >= self.capacity:
+            return None
         n = self.bucket()
-        greedy_only = all(self.greedy.values())
-        self._run(n, greedy_only)
+        self._run(n, all(self.greedy.values()))
         self.cursor += 1
-        new = self.buf.tokens[:n, self.cursor].tolist()
-        return {r: new[r] for r in self.busy}
+        host = self._host[self._flip]  # two buffers: the next step's copy never overwrites one unread
+        self._flip ^= 1
+        host[:n].copy_(self.buf.tokens[:n, self.cursor], non_blocking=True)
+        event = None
+        if self.device.type == "cuda":
+            event = torch.cuda.Event()
+            event.record()
+        return Launched(list(self.busy), host, event)
 
-    def room(self) -> int:
-        """Decode steps left before the cursor reaches the end of the rows."""
-        return self.capacity - 1 - self.cursor
+    def collect(self, launched: Launched) -> dict[int, int]:
+        """Busy row (at launch) -> its new token, once the step is done."""
+        if launched.event is not None:
+            launched.event.synchronize()
+        values = launched.host.tolist()
+        return {r: values[r] for r in launched.rows}
+
+    def step(self) -> dict[int, int]:
+        """One decode step, waited for: busy row -> its new token."""
+        launched = self.launch()
+        return self.collect(launched) if launched is not None else {}
 
     def _run(self, n: int, greedy_only: bool) -> None:
         key = (n, greedy_only)

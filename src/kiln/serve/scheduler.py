@@ -38,6 +38,8 @@ class Job:
     stop_tokens: frozenset[int] = frozenset()
     arrived: float = field(default_factory=time.monotonic)
     cancelled: bool = False
+    finished: bool = False
+    """Out of the scheduler (done, cancelled or failed)."""
     generated: int = 0
     last: float = 0.0
 
@@ -64,6 +66,8 @@ class Scheduler:
         self.running: dict[int, Job] = {}
         self._cond = threading.Condition()
         self._stopping = False
+        self._pending = None
+        """The decode step started last iteration and the jobs of its rows then, not yet read."""
         self._thread: threading.Thread | None = None
 
     # -- from other threads ----------------------------------------------------------------------
@@ -103,7 +107,7 @@ class Scheduler:
     def run(self) -> None:
         while True:
             with self._cond:
-                while not self._stopping and not self.waiting and not self.running:
+                while not self._stopping and not self.waiting and not self.running and self._pending is None:
                     self._cond.wait(0.5)
                 if self._stopping:
                     break
@@ -111,25 +115,35 @@ class Scheduler:
                 self.iterate()
             except Exception as exc:  # a device failure ends every request in flight, not the server
                 log.exception("kiln serve: the decode loop failed")
+                self._pending = None
                 self._fail_all(f"the server's decode loop failed: {type(exc).__name__}: {exc}")
         self._fail_all("the server is shutting down")
 
     def iterate(self) -> None:
-        """One scheduler iteration: cancellations, admissions, one decode step."""
+        """One scheduler iteration: cancellations, admissions, start a decode step, then hand on the
+        tokens of the step started last time (the device computes while the host does this)."""
         events: list[Event] = []
         self._drop_cancelled()
         self._admit(events)
-        if self.running:
-            now_tokens = self.rows.step()
+        started = self.rows.launch() if self.running else None
+        if started is None and self._pending is None:
+            for row in list(self.running):  # at the rows' end (never, by admission): end them, not spin
+                events.append(Event(self.running[row], None, "error", "the KV rows ran out of slots"))
+                self._release(row, "error")
+        if self._pending is not None:
+            launched, jobs = self._pending
+            tokens = self.rows.collect(launched)
             now = self.clock()
             gaps = []
-            for row, token in now_tokens.items():
-                job = self.running[row]
+            for row, job in jobs.items():
+                if job.finished:  # ended (or cancelled) after this step was started: its token is spare
+                    continue
                 gaps.append(now - job.last)
                 job.last = now
-                events.append(self._advance(row, job, token))
+                events.append(self._advance(row, job, tokens[row]))
             self.metrics.gaps(gaps)
-            self.metrics.generated(len(now_tokens))
+            self.metrics.generated(len(gaps))
+        self._pending = (started, dict(self.running)) if started is not None else None
         self.metrics.set_load(*self.load)
         if events:
             self.sink(events)
@@ -143,7 +157,9 @@ class Scheduler:
 
     def _release(self, row: int, reason: str) -> None:
         self.rows.leave(row)
-        self.running.pop(row, None)
+        job = self.running.pop(row, None)
+        if job is not None:
+            job.finished = True
         self.metrics.finished(reason)
 
     def _drop_cancelled(self) -> None:
@@ -183,5 +199,7 @@ class Scheduler:
             self.waiting.clear()
         for row in list(self.running):
             self._release(row, "error")
+        for job in jobs:
+            job.finished = True
         if jobs:
             self.sink([Event(j, None, "error", message) for j in jobs])
