@@ -19,7 +19,8 @@ FIELDS: dict[Route, set[str]] = {"completions": COMMON | {"prompt"},
                                  "chat": COMMON | {"messages", "max_completion_tokens"}}
 MAX_STOP_STRINGS = 16
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
-"""OpenAI's default for /v1/completions; chat defaults to the room left in the context."""
+"""OpenAI's default for /v1/completions (or the room left in the context, if less); chat defaults to
+the room left."""
 
 
 class ApiError(Exception):
@@ -45,6 +46,7 @@ class Params:
     prompt: str | list[int] | None
     messages: list[dict[str, str]] | None
     max_tokens: int | None
+    """None: not given (kiln.serve.texts.Served.job picks the default)."""
     temperature: float
     top_p: float
     top_k: int
@@ -141,8 +143,6 @@ def parse_params(body: dict[str, Any], route: Route) -> Params:
         raise bad("n", f"n must be 1 (one choice per request), got {n}")
     key = "max_completion_tokens" if route == "chat" and body.get("max_completion_tokens") is not None else "max_tokens"
     max_tokens = _int(body, key, 1)
-    if max_tokens is None and route == "completions":
-        max_tokens = COMPLETIONS_DEFAULT_MAX_TOKENS
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise bad("stream", f"stream must be true or false, got {stream!r}")

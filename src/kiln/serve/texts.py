@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from kiln.llm.tokenizer import Tokenizer
 from kiln.serve.chat import ChatTemplate
-from kiln.serve.protocol import ApiError, Params, bad
+from kiln.serve.protocol import COMPLETIONS_DEFAULT_MAX_TOKENS, ApiError, Params, bad
 from kiln.serve.rows import RowSettings
 from kiln.serve.scheduler import Job
 
@@ -62,7 +62,9 @@ class Served:
             raise bad("messages" if params.route == "chat" else "prompt",
                       f"the prompt has {len(prompt)} tokens; this server's context is {self.context} tokens "
                       f"(--max-seq-len), so at most {self.context - 1} fit", "context_length_exceeded")
-        max_tokens = params.max_tokens if params.max_tokens is not None else room
+        max_tokens = params.max_tokens
+        if max_tokens is None:
+            max_tokens = min(room, COMPLETIONS_DEFAULT_MAX_TOKENS) if params.route == "completions" else room
         if max_tokens > room:
             key = "max_completion_tokens" if params.route == "chat" and params.max_tokens is not None else "max_tokens"
             raise bad(key, f"prompt ({len(prompt)} tokens) + max_tokens ({max_tokens}) exceeds this server's "
