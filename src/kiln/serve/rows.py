@@ -166,6 +166,7 @@ class Rows:
         slots no busy row uses) or right (into room after every busy row's end); False: no shift
         fits now, wait for rows to finish."""
         if not self.busy:
+            self.buf.pad.zero_()  # free rows' pads stay <= the cursor, as kernels over [pad, cursor] expect
             self._set_cursor(prompt_len)
             return True
         p = self.cursor

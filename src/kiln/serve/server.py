@@ -15,13 +15,13 @@ from dataclasses import dataclass
 import torch
 
 from kiln.config.errors import ConfigError
-from kiln.generate.llm_checks import at_least, device_from_flag, dtype_from_flag, quant_specs
+from kiln.generate.llm_checks import at_least, checked_source, device_from_flag, dtype_from_flag, one_quant
 from kiln.llm import decode_attention, decode_matvec
-from kiln.llm.config import ModelSource, resolve_model
+from kiln.llm.config import ModelSource
 from kiln.llm.engine import default_inductor_options
 from kiln.llm.families import takes_kernel
 from kiln.llm.kernels import use_decode_kernels
-from kiln.llm.quant import QuantSpec, bitsandbytes_missing, quantize_decoder
+from kiln.llm.quant import QuantSpec, quantize_decoder
 from kiln.llm.tokenizer import find_tokenizer, generation_stop_tokens, load_tokenizer
 from kiln.llm.weights import TORCH_DTYPES, build_decoder, has_weights
 from kiln.models.host_memory import check_generation_fits
@@ -67,21 +67,14 @@ def check_serve(opts: ServeOptions) -> ServeSetup:
         raise ConfigError("--compile", f"unknown value {opts.compile!r}", ("auto", "on", "off"))
     device = device_from_flag(opts.device)
     dtype = dtype_from_flag(opts.dtype, device)
-    source = resolve_model(opts.model)
+    source = checked_source(opts.model, random_weights=opts.random_weights, device=device, dtype=dtype,
+                            attention=opts.decode_attention, matvec=opts.decode_matvec, purpose="serve")
     config = source.config
-    if source.directory is not None and not has_weights(source.directory) and not opts.random_weights:
-        raise ConfigError("--model", f"{source.directory} has no *.safetensors weights; pass --random-weights to "
-                          "serve random weights anyway (the output is noise)")
     context = opts.max_seq_len or min(config.max_positions, DEFAULT_CONTEXT)
     if context > config.max_positions:
         raise ConfigError("--max-seq-len", f"{context} exceeds the model's {config.max_positions} positions")
-    decode_attention.check(opts.decode_attention, device, TORCH_DTYPES[dtype], config.head_dim,
-                           key="--decode-attention")
-    decode_matvec.check(opts.decode_matvec, device, TORCH_DTYPES[dtype], key="--decode-matvec")
-    defaults = QuantSpec(group_size=opts.group_size, backend=opts.quant_backend, lm_head=opts.quant_lm_head)
-    quant = quant_specs([opts.quant], defaults, config, device, dtype)[opts.quant]
-    if quant.kind == "nf4" and (missing := bitsandbytes_missing()):
-        raise ConfigError("--quant", f"nf4 needs bitsandbytes: {missing}")
+    quant = one_quant(opts.quant, group_size=opts.group_size, backend=opts.quant_backend, lm_head=opts.quant_lm_head,
+                      config=config, device=device, dtype=dtype)
     if device.type == "cpu":  # the rows are allocated at start: refuse what cannot fit
         check_generation_fits(config, dtype=dtype, dtype_bytes=TORCH_DTYPES[dtype].itemsize, rows=opts.max_batch,
                               tokens=context)
