@@ -151,3 +151,16 @@ def test_load_generator_arithmetic():
     assert [lv["tokens_per_s_vs_1"] for lv in out["levels"]] == [1.0, 7.0, 20.0]
     assert [lv["itl_p50_vs_1"] for lv in out["levels"]] == [1.0, 1.2, 2.0]
     assert out["requests_per_s_at_p99_ttft_under_1s"] == 7.0
+
+
+@pytest.mark.parametrize(("flags", "needles"), [
+    (["--model", "nowhere"], ["--model", "nowhere"]),
+    (["--model", "llama-tiny", "--max-batch", "0"], ["--max-batch", ">= 1"]),
+    (["--model", "llama-tiny", "--max-batch", "8", "--batch-buckets", "1,9"], ["--batch-buckets", "[1, --max-batch=8]"]),
+    (["--model", "llama-tiny", "--max-queue", "-1"], ["--max-queue"]),
+    (["--model", "llama-tiny", "--port", "70000"], ["--port"]),
+    (["--model", "llama-tiny", "--max-seq-len", "999999"], ["--max-seq-len", "positions"]),
+    (["--model", "llama-tiny", "--quant", "int3"], ["--quant"]),
+])
+def test_bad_flags_exit_2_naming_the_flag(bad_input, flags, needles):
+    bad_input(["serve", "--device", "cpu", *flags], needles)
