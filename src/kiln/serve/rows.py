@@ -136,11 +136,14 @@ class Rows:
         self.scratch = KVCache(self.config, 1, bucket_length(capacity), dtype=dtype, device=dev)
         self.buckets = batch_buckets(rows, buckets)
         self.views = {n: self.buf.head(n) for n in self.buckets}
-        kwargs = {"fullgraph": True, "dynamic": False, "options": inductor_options or None}
+        kwargs = {"fullgraph": True, "dynamic": False}
         # One compiled variant per prompt bucket and per batch bucket: above dynamo's default limit.
         limit = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"
         self._limits = dynamo_config.patch({limit: 64})
-        self._decode = self._limits(torch.compile(row_decode_step, **kwargs)) if compile else row_decode_step
+        # Decode takes the tuned options (its matrix-vector products); prefill, compiled once per prompt
+        # bucket, skips the tuning (as `kiln bench llm --tuning decode` does).
+        self._decode = self._limits(torch.compile(row_decode_step, **kwargs, options=inductor_options or None)) \
+            if compile else row_decode_step
         self._prefill = self._limits(torch.compile(row_prefill, **kwargs)) if compile else row_prefill
         self._graphs: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}
         self._warm: dict[tuple[int, bool], int] = {}
