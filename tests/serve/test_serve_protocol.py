@@ -13,6 +13,8 @@ from kiln.serve.metrics import Histogram, ServeMetrics
 from kiln.serve.protocol import ApiError, parse_body, parse_params
 from kiln.serve.rows import RowSettings
 from kiln.serve.scheduler import Job, QueueFull, Scheduler
+from kiln.serve.serve_options import ServeOptions
+from kiln.serve.server import check_serve
 from kiln.serve.texts import Served, TextStream
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -164,3 +166,13 @@ def test_load_generator_arithmetic():
 ])
 def test_bad_flags_exit_2_naming_the_flag(bad_input, flags, needles):
     bad_input(["serve", "--device", "cpu", *flags], needles)
+
+
+def test_the_api_key_comes_from_the_flag_or_the_environment(monkeypatch):
+    monkeypatch.delenv("KILN_API_KEY", raising=False)
+    assert check_serve(ServeOptions(model="llama-tiny", device="cpu")).api_key is None
+    monkeypatch.setenv("KILN_API_KEY", "from-env")
+    setup = check_serve(ServeOptions(model="llama-tiny", device="cpu"))
+    assert setup.api_key == "from-env" and setup.name == "llama-tiny"
+    assert setup.context == 256  # the model's positions, under the 2048 default cap
+    assert check_serve(ServeOptions(model="llama-tiny", device="cpu", api_key="flag")).api_key == "flag"
