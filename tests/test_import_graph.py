@@ -56,6 +56,7 @@ ROOMS: tuple[tuple[str, ...], ...] = (
     ("compile_defaults",),
     ("train",),
     ("generate",),
+    ("serve",),
     ("profile",),
     ("bench",),
     ("diagnose",),

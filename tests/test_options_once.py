@@ -34,6 +34,7 @@ from kiln.cli import (
     generate_cmd,
     profile_cmd,
     report_cmd,
+    serve_cmd,
     train_cmd,
 )
 from kiln.cli.main import build_parser
@@ -44,6 +45,7 @@ from kiln.generate.request import GenerateOptions
 from kiln.monitor.env_request import EnvRequest
 from kiln.profile.profile_request import ProfileRequest
 from kiln.report.report_request import ReportRequest
+from kiln.serve.serve_options import ServeOptions
 from kiln.train.train_options import TrainOptions
 from kiln.tune.autotune_request import AutotuneRequest
 
@@ -53,6 +55,7 @@ COMMANDS = [
     (("bench", "llm"), LlmBenchOptions, bench_llm_cmd.WORDS, {}),
     (("bench", "compile"), CompileRequest, bench_cmd.WORDS, {}),
     (("generate",), GenerateOptions, None, {"model": "m"}),
+    (("serve",), ServeOptions, None, {"model": "m"}),
     (("bench", "scale"), ScaleRequest, None, {}),
     (("bench", "comm"), CommRequest, None, {}),
     (("bench", "predict"), PredictRequest, None, {"points": "p.json", "out": "o"}),
@@ -68,7 +71,8 @@ COMMANDS = [
     (("doctor",), DoctorRequest, None, {"target": "mlp"}),
 ]
 CLI_MODULES = [bench_cmd, bench_llm_cmd, generate_cmd, bench_scale_cmd, bench_train_llm_cmd, autotune_cmd,
-               autotune_llm, data_cmd, doctor_cmd, env_cmd, explain_cmd, export_cmd, profile_cmd, report_cmd, train_cmd]
+               autotune_llm, data_cmd, doctor_cmd, env_cmd, explain_cmd, export_cmd, profile_cmd, report_cmd, serve_cmd,
+               train_cmd]
 NOT_OPTIONS = {"-h", "--help", "--verbose"}
 
 

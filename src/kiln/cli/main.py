@@ -35,6 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
         generate_cmd,
         profile_cmd,
         report_cmd,
+        serve_cmd,
         train_cmd,
     )
 
@@ -48,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     doctor_cmd.add_parser(sub)
     export_cmd.add_parser(sub)
     generate_cmd.add_parser(sub)
+    serve_cmd.add_parser(sub)
     profile_cmd.add_parser(sub)
     report_cmd.add_parser(sub)
     autotune_cmd.add_parser(sub)

@@ -10,15 +10,14 @@ import torch
 
 from kiln.config.errors import ConfigError
 from kiln.data.special_tokens import agrees, special_tokens
-from kiln.generate.llm_checks import at_least, device_from_flag, dtype_from_flag, parse_ids, quant_specs
+from kiln.generate.llm_checks import at_least, checked_source, device_from_flag, dtype_from_flag, one_quant, parse_ids
 from kiln.generate.request import GenerateOptions
-from kiln.llm import decode_attention, decode_matvec
-from kiln.llm.config import ModelSource, resolve_model
+from kiln.llm.config import ModelSource
 from kiln.llm.engine import MAX_STOP_TOKENS, check_lengths
-from kiln.llm.quant import QuantSpec, bitsandbytes_missing
+from kiln.llm.quant import QuantSpec
 from kiln.llm.sampling import Sampling, check_sampling
 from kiln.llm.tokenizer import Tokenizer, find_tokenizer, generation_stop_tokens, load_tokenizer
-from kiln.llm.weights import TORCH_DTYPES, has_weights
+from kiln.llm.weights import TORCH_DTYPES
 from kiln.models.host_memory import check_generation_fits
 from kiln.outputs import check_writable_file
 
@@ -89,14 +88,9 @@ def check_generate(opts: GenerateOptions) -> GenerateRequest:
     sampling = check_sampling(Sampling(opts.temperature, opts.top_k, opts.top_p), SAMPLING_FLAGS)
     device = device_from_flag(opts.device)
     dtype = dtype_from_flag(opts.dtype, device)
-    source = resolve_model(opts.model)
+    source = checked_source(opts.model, random_weights=opts.random_weights, device=device, dtype=dtype,
+                            attention=opts.decode_attention, matvec=opts.decode_matvec, purpose="generate")
     config = source.config
-    if source.directory is not None and not has_weights(source.directory) and not opts.random_weights:
-        raise ConfigError("--model", f"{source.directory} has no *.safetensors weights; pass --random-weights "
-                          "to generate from random weights anyway (the output is noise)")
-    decode_attention.check(opts.decode_attention, device, TORCH_DTYPES[dtype], config.head_dim,
-                           key="--decode-attention")
-    decode_matvec.check(opts.decode_matvec, device, TORCH_DTYPES[dtype], key="--decode-matvec")
     tokenizer_dir = source.directory if find_tokenizer(source.directory) else None
     prompts, texts, tokenizer = _prompts(opts, tokenizer_dir)
     check_lengths([len(p) for p in prompts], opts.max_new_tokens, max_positions=config.max_positions,
@@ -120,8 +114,6 @@ def check_generate(opts: GenerateOptions) -> GenerateRequest:
         check_generation_fits(config, dtype=dtype, dtype_bytes=TORCH_DTYPES[dtype].itemsize, rows=len(prompts),
                               tokens=opts.max_seq_len or longest)
     compile_on = opts.compile == "on" or (opts.compile == "auto" and device.type == "cuda")
-    defaults = QuantSpec(group_size=opts.group_size, backend=opts.quant_backend, lm_head=opts.quant_lm_head)
-    quant = quant_specs([opts.quant], defaults, config, device, dtype)[opts.quant]
-    if quant.kind == "nf4" and (missing := bitsandbytes_missing()):
-        raise ConfigError("--quant", f"nf4 needs bitsandbytes: {missing}")
+    quant = one_quant(opts.quant, group_size=opts.group_size, backend=opts.quant_backend, lm_head=opts.quant_lm_head,
+                      config=config, device=device, dtype=dtype)
     return GenerateRequest(opts, source, device, dtype, prompts, texts, tokenizer, stops, sampling, compile_on, quant)

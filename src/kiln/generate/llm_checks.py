@@ -8,8 +8,10 @@ from __future__ import annotations
 import torch
 
 from kiln.config.errors import ConfigError
-from kiln.llm.quant import QuantSpec, check_quant, parse_quant
-from kiln.llm.weights import TORCH_DTYPES
+from kiln.llm import decode_attention, decode_matvec
+from kiln.llm.config import ModelSource, resolve_model
+from kiln.llm.quant import QuantSpec, bitsandbytes_missing, check_quant, parse_quant
+from kiln.llm.weights import TORCH_DTYPES, has_weights
 from kiln.runtime import resolve_device
 
 DTYPES = ("auto", "bf16", "fp16", "fp32")
@@ -50,6 +52,30 @@ def quant_specs(entries: list[str], defaults: QuantSpec, config, device: torch.d
         if twin != entry:
             raise ConfigError("--quant", f"{twin!r} and {entry!r} are the same quantization")
     return specs
+
+
+def checked_source(model: str | None, *, random_weights: bool, device: torch.device, dtype: str, attention: str,
+                   matvec: str, purpose: str) -> ModelSource:
+    """--model resolved (a directory without weights needs --random-weights) and the decode kernels
+    it will run (--decode-attention, --decode-matvec) checked; `purpose` ends the no-weights message."""
+    source = resolve_model(model)
+    if source.directory is not None and not has_weights(source.directory) and not random_weights:
+        raise ConfigError("--model", f"{source.directory} has no *.safetensors weights; pass --random-weights "
+                          f"to {purpose} from random weights anyway (the output is noise)")
+    decode_attention.check(attention, device, TORCH_DTYPES[dtype], source.config.head_dim, key="--decode-attention")
+    decode_matvec.check(matvec, device, TORCH_DTYPES[dtype], key="--decode-matvec")
+    return source
+
+
+def one_quant(entry: str, *, group_size: int | None, backend: str, lm_head: bool, config, device: torch.device,
+              dtype: str) -> QuantSpec:
+    """--quant as one checked QuantSpec (with --group-size, --quant-backend, --quant-lm-head); nf4
+    needs bitsandbytes."""
+    quant = quant_specs([entry], QuantSpec(group_size=group_size, backend=backend, lm_head=lm_head), config, device,
+                        dtype)[entry]
+    if quant.kind == "nf4" and (missing := bitsandbytes_missing()):
+        raise ConfigError("--quant", f"nf4 needs bitsandbytes: {missing}")
+    return quant
 
 
 def at_least(flag: str, value: int | float | None, minimum: int | float) -> None:

@@ -26,9 +26,10 @@ class Tokenizer:
             raise ConfigError(key, f"cannot read tokenizer {path}: {exc}") from None
         self.path = path
 
-    def encode(self, text: str) -> list[int]:
-        """Token ids with the tokenizer's own special tokens (e.g. Llama's BOS)."""
-        return self._tok.encode(text).ids
+    def encode(self, text: str, special: bool = True) -> list[int]:
+        """Token ids with the tokenizer's own special tokens (e.g. Llama's BOS); `special` False
+        leaves them out (a chat template writes its own)."""
+        return self._tok.encode(text, add_special_tokens=special).ids
 
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode(ids, skip_special_tokens=True)

@@ -1,0 +1,123 @@
+"""`kiln serve`'s Prometheus metrics: queue depth, running batch, TTFT and inter-token latency
+histograms, generated tokens (a counter and a recent tokens/s gauge), requests by outcome.
+
+The scheduler thread records, `/metrics` reads; one lock keeps a scrape consistent. The text format
+is written here (Prometheus text exposition 0.0.4: a histogram is cumulative `_bucket{le=...}`
+samples, `_sum` and `_count`), as kiln.monitor.prometheus does for training without the client.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+import time
+from collections import deque
+
+from kiln.monitor.prometheus import CONTENT_TYPE
+
+LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+RATE_WINDOW_S = 10.0
+"""Span of the `tokens_per_second` gauge."""
+__all__ = ["CONTENT_TYPE", "Histogram", "ServeMetrics"]
+
+
+class Histogram:
+    def __init__(self, bounds: tuple[float, ...] = LATENCY_BUCKETS_S):
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)  # the last one is +Inf
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.sum += value
+
+    @property
+    def count(self) -> int:
+        return sum(self.counts)
+
+    def lines(self, name: str) -> list[str]:
+        out, running = [], 0
+        for bound, n in zip((*map(repr, self.bounds), "+Inf"), self.counts):
+            running += n
+            out.append(f'{name}_bucket{{le="{bound}"}} {running}')
+        return [*out, f"{name}_sum {self.sum!r}", f"{name}_count {running}"]
+
+
+class ServeMetrics:
+    def __init__(self, model: str, clock=time.monotonic):
+        self.model = model
+        self.clock = clock
+        self.lock = threading.Lock()
+        self.ttft = Histogram()
+        self.itl = Histogram()
+        self.queue_depth = 0
+        self.running = 0
+        self.tokens = 0
+        self.prompt_tokens = 0
+        self.requests: dict[str, int] = {}
+        self.rejected = 0
+        self._recent: deque[tuple[float, int]] = deque()
+
+    def set_load(self, queued: int, running: int) -> None:
+        with self.lock:
+            self.queue_depth, self.running = queued, running
+
+    def first_token(self, seconds: float, prompt_tokens: int) -> None:
+        with self.lock:
+            self.ttft.observe(seconds)
+            self.prompt_tokens += prompt_tokens
+
+    def gaps(self, seconds: list[float]) -> None:
+        with self.lock:
+            for s in seconds:
+                self.itl.observe(s)
+
+    def generated(self, n: int) -> None:
+        now = self.clock()
+        with self.lock:
+            self.tokens += n
+            self._recent.append((now, n))
+            while self._recent and self._recent[0][0] < now - RATE_WINDOW_S:
+                self._recent.popleft()
+
+    def finished(self, reason: str) -> None:
+        with self.lock:
+            self.requests[reason] = self.requests.get(reason, 0) + 1
+
+    def refused(self) -> None:
+        with self.lock:
+            self.rejected += 1
+
+    def tokens_per_second(self) -> float:
+        now = self.clock()
+        recent = [(t, n) for t, n in self._recent if t >= now - RATE_WINDOW_S]
+        return sum(n for _, n in recent) / RATE_WINDOW_S
+
+    def text(self) -> str:
+        """The exposition text of every metric."""
+        with self.lock:
+            lines = [
+                "# HELP kiln_serve_queue_depth Requests waiting for a KV-cache row.",
+                "# TYPE kiln_serve_queue_depth gauge", f"kiln_serve_queue_depth {self.queue_depth}",
+                "# HELP kiln_serve_running Requests decoding in the running batch.",
+                "# TYPE kiln_serve_running gauge", f"kiln_serve_running {self.running}",
+                "# HELP kiln_serve_tokens_per_second Generated tokens per second over the last 10 s.",
+                "# TYPE kiln_serve_tokens_per_second gauge",
+                f"kiln_serve_tokens_per_second {self.tokens_per_second()!r}",
+                "# HELP kiln_serve_generated_tokens_total Tokens generated.",
+                "# TYPE kiln_serve_generated_tokens_total counter", f"kiln_serve_generated_tokens_total {self.tokens}",
+                "# HELP kiln_serve_prompt_tokens_total Prompt tokens prefilled.",
+                "# TYPE kiln_serve_prompt_tokens_total counter",
+                f"kiln_serve_prompt_tokens_total {self.prompt_tokens}",
+                "# HELP kiln_serve_rejected_total Requests refused with 429 (queue full).",
+                "# TYPE kiln_serve_rejected_total counter", f"kiln_serve_rejected_total {self.rejected}",
+                "# HELP kiln_serve_requests_total Finished requests by finish reason.",
+                "# TYPE kiln_serve_requests_total counter",
+                *(f'kiln_serve_requests_total{{reason="{r}"}} {n}' for r, n in sorted(self.requests.items())),
+                "# HELP kiln_serve_ttft_seconds Time from request arrival to its first token.",
+                "# TYPE kiln_serve_ttft_seconds histogram", *self.ttft.lines("kiln_serve_ttft_seconds"),
+                "# HELP kiln_serve_inter_token_seconds Time between consecutive tokens of a request.",
+                "# TYPE kiln_serve_inter_token_seconds histogram",
+                *self.itl.lines("kiln_serve_inter_token_seconds"),
+            ]
+        return "\n".join(lines) + "\n"

@@ -1,0 +1,205 @@
+"""The continuous-batching loop: one thread owns the rows (kiln.serve.rows) and, per iteration,
+drops cancelled requests, admits waiting ones (prefill, up to `prefill_tokens` prompt tokens per
+iteration so decoding is never starved by a burst of prompts; the first waiting request always
+gets its turn), then runs one decode step for every running request and hands the new tokens on.
+
+Admission control: at most `rows + max_queue` requests are in the server; `submit` refuses more
+(`QueueFull`, HTTP 429). The KV cache is allocated once, so load never costs memory. Requests are
+admitted first come, first served. Tokens go to `sink` once per iteration, as a list of events,
+from this thread (the HTTP layer moves them onto its event loop).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from kiln.serve.metrics import ServeMetrics
+from kiln.serve.rows import Rows, RowSettings
+
+log = logging.getLogger(__name__)
+
+
+class QueueFull(Exception):
+    """The server holds `rows + max_queue` requests already."""
+
+
+@dataclass(eq=False)
+class Job:
+    """One request as the scheduler sees it; `cancel` may be called from any thread."""
+
+    prompt: list[int]
+    max_tokens: int
+    settings: RowSettings
+    stop_tokens: frozenset[int] = frozenset()
+    arrived: float = field(default_factory=time.monotonic)
+    cancelled: bool = False
+    finished: bool = False
+    """Out of the scheduler (done, cancelled or failed)."""
+    generated: int = 0
+    last: float = 0.0
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+@dataclass(frozen=True)
+class Event:
+    job: Job
+    token: int | None
+    """None with an error."""
+    finish: str | None = None
+    """`stop` (a stop token), `length` (max_tokens), `error` (then `error` says what failed)."""
+    error: str | None = None
+
+
+class Scheduler:
+    def __init__(self, rows: Rows, *, max_queue: int, prefill_tokens: int, sink: Callable[[list[Event]], None],
+                 metrics: ServeMetrics, clock: Callable[[], float] = time.monotonic):
+        self.rows, self.max_queue, self.prefill_tokens = rows, max_queue, prefill_tokens
+        self.sink, self.metrics, self.clock = sink, metrics, clock
+        self.waiting: deque[Job] = deque()
+        self.running: dict[int, Job] = {}
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._pending = None
+        """The decode step started last iteration and the jobs of its rows then, not yet read."""
+        self._thread: threading.Thread | None = None
+
+    # -- from other threads ----------------------------------------------------------------------
+
+    def submit(self, job: Job) -> None:
+        """Queue `job`; QueueFull when the server is full."""
+        with self._cond:
+            held = len(self.waiting) + sum(not j.cancelled for j in list(self.running.values()))
+            if self._stopping or held >= self.rows.rows + self.max_queue:
+                self.metrics.refused()
+                raise QueueFull
+            self.waiting.append(job)
+            self._cond.notify()
+
+    def wake(self) -> None:
+        with self._cond:
+            self._cond.notify()
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self.run, name="kiln-serve-scheduler", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop the loop; requests still in it end with an error event."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    @property
+    def load(self) -> tuple[int, int]:
+        return len(self.waiting), len(self.running)
+
+    # -- the loop --------------------------------------------------------------------------------
+
+    def run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._stopping and not self.waiting and not self.running and self._pending is None:
+                    self._cond.wait(0.5)
+                if self._stopping:
+                    break
+            try:
+                self.iterate()
+            except Exception as exc:  # a device failure ends every request in flight, not the server
+                log.exception("kiln serve: the decode loop failed")
+                self._pending = None
+                self._fail_all(f"the server's decode loop failed: {type(exc).__name__}: {exc}")
+        self._fail_all("the server is shutting down")
+
+    def iterate(self) -> None:
+        """One scheduler iteration: cancellations, admissions, start a decode step, then hand on the
+        tokens of the step started last time (the device computes while the host does this)."""
+        events: list[Event] = []
+        self._drop_cancelled()
+        self._admit(events)
+        started = self.rows.launch() if self.running else None
+        if started is None and self._pending is None:
+            for row in list(self.running):  # at the rows' end (never, by admission): end them, not spin
+                events.append(Event(self.running[row], None, "error", "the KV rows ran out of slots"))
+                self._release(row, "error")
+        if self._pending is not None:
+            launched, jobs = self._pending
+            tokens = self.rows.collect(launched)
+            now = self.clock()
+            gaps = []
+            for row, job in jobs.items():
+                if job.finished:  # ended (or cancelled) after this step was started: its token is spare
+                    continue
+                gaps.append(now - job.last)
+                job.last = now
+                events.append(self._advance(row, job, tokens[row]))
+            self.metrics.gaps(gaps)
+            self.metrics.generated(len(gaps))
+        self._pending = (started, dict(self.running)) if started is not None else None
+        self.metrics.set_load(*self.load)
+        if events:
+            self.sink(events)
+
+    def _advance(self, row: int, job: Job, token: int) -> Event:
+        job.generated += 1
+        finish = "stop" if token in job.stop_tokens else "length" if job.generated >= job.max_tokens else None
+        if finish is not None:
+            self._release(row, finish)
+        return Event(job, token, finish)
+
+    def _release(self, row: int, reason: str) -> None:
+        self.rows.leave(row)
+        job = self.running.pop(row, None)
+        if job is not None:
+            job.finished = True
+        self.metrics.finished(reason)
+
+    def _drop_cancelled(self) -> None:
+        for row, job in list(self.running.items()):
+            if job.cancelled:
+                self._release(row, "cancelled")
+        with self._cond:
+            kept = [j for j in self.waiting if not j.cancelled]
+            for _ in range(len(self.waiting) - len(kept)):
+                self.metrics.finished("cancelled")
+            self.waiting = deque(kept)
+
+    def _admit(self, events: list[Event]) -> None:
+        budget = self.prefill_tokens
+        while True:
+            with self._cond:
+                job = self.waiting[0] if self.waiting else None
+            if job is None or (budget < len(job.prompt) and budget < self.prefill_tokens):
+                return
+            row = self.rows.free_row()
+            if row is None or not self.rows.place(len(job.prompt), job.max_tokens):
+                return
+            with self._cond:
+                self.waiting.popleft()
+            first = self.rows.join(row, job.prompt, job.max_tokens, job.settings)
+            now = self.clock()
+            job.last = now
+            self.metrics.first_token(now - job.arrived, len(job.prompt))
+            self.metrics.generated(1)
+            self.running[row] = job
+            events.append(self._advance(row, job, first))
+            budget -= len(job.prompt)
+
+    def _fail_all(self, message: str) -> None:
+        with self._cond:
+            jobs = [*self.running.values(), *self.waiting]
+            self.waiting.clear()
+        for row in list(self.running):
+            self._release(row, "error")
+        for job in jobs:
+            job.finished = True
+        if jobs:
+            self.sink([Event(j, None, "error", message) for j in jobs])

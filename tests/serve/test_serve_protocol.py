@@ -1,0 +1,178 @@
+"""kiln serve's pieces without a server: request checks, chat templates, text with stop strings,
+the scheduler's admission bound, the metrics text, and the load generator's arithmetic."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from kiln.serve.chat import load_chat_template
+from kiln.serve.metrics import Histogram, ServeMetrics
+from kiln.serve.protocol import ApiError, parse_body, parse_params
+from kiln.serve.rows import RowSettings
+from kiln.serve.scheduler import Job, QueueFull, Scheduler
+from kiln.serve.serve_options import ServeOptions
+from kiln.serve.server import check_serve
+from kiln.serve.texts import Served, TextStream
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _error(fn, *args) -> ApiError:
+    with pytest.raises(ApiError) as err:
+        fn(*args)
+    return err.value
+
+
+@pytest.mark.parametrize(("body", "param"), [
+    ({"prompt": "a", "logprobs": 2}, "logprobs"),
+    ({"prompt": "a", "temperature": -1}, "temperature"),
+    ({"prompt": "a", "top_p": 1.5}, "top_p"),
+    ({"prompt": "a", "top_k": 2.5}, "top_k"),
+    ({"prompt": "a", "max_tokens": 0}, "max_tokens"),
+    ({"prompt": "a", "seed": "x"}, "seed"),
+    ({"prompt": "a", "stream": "yes"}, "stream"),
+    ({"prompt": ""}, "prompt"),
+    ({"prompt": ["a", "b"]}, "prompt"),
+])
+def test_a_bad_field_is_named(body, param):
+    err = _error(parse_params, body, "completions")
+    assert (err.status, err.param) == (400, param)
+    assert err.body()["error"]["param"] == param
+
+
+def test_chat_fields_and_defaults():
+    p = parse_params({"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+                      "max_completion_tokens": 5, "top_k": -1}, "chat")
+    assert p.messages == [{"role": "user", "content": "hi"}] and p.max_tokens == 5 and p.top_k == 0
+    assert p.temperature == 1.0 and p.stop == () and not p.stream
+    assert parse_params({"prompt": "a"}, "completions").max_tokens is None
+    assert _error(parse_params, {"messages": [{"role": "user", "content": "x", "tool": 1}]}, "chat").param == \
+        "messages[0].tool"
+    assert _error(parse_body, b"[1]").code == "invalid_json"
+
+
+class WordTokenizer:
+    """ids are word numbers; decode joins words with spaces (like the test tokenizer.json)."""
+
+    def __init__(self, words):
+        self.words = words
+
+    def decode(self, ids):
+        return " ".join(self.words[i] for i in ids)
+
+    def encode(self, text, special=True):
+        return [self.words.index(w) for w in text.split()]
+
+
+def test_text_stream_holds_back_what_may_become_a_stop_string():
+    tok = WordTokenizer(["a", "b", "END", "c"])
+    s = TextStream(tok, ("b E",))
+    assert s.push(0, False) == "a"
+    assert s.push(1, False) == " "  # "a b": " b" could start "b E"... only "b" is held
+    assert s.push(2, False) == "" and s.stopped  # "a b END": cut before the stop string
+    s = TextStream(tok, ("zz",))
+    assert [s.push(t, i == 2) for i, t in enumerate([0, 3, 1])] == ["a", " c", " b"] and not s.stopped
+
+
+def test_served_refuses_what_does_not_fit(tmp_path):
+    tok = WordTokenizer(["a", "b", "c"])
+    served = Served("m", tok, None, context=8, vocab_size=3, stop_tokens=frozenset())
+    assert _error(served.job, parse_params({"prompt": "a b c", "max_tokens": 6}, "completions")).param == "max_tokens"
+    assert _error(served.job, parse_params({"prompt": [0] * 8}, "completions")).param == "prompt"
+    assert _error(served.job, parse_params({"prompt": [5]}, "completions")).param == "prompt"
+    assert _error(served.job, parse_params({"prompt": "a", "model": "x"}, "completions")).status == 404
+    assert _error(served.job, parse_params({"messages": [{"role": "user", "content": "a"}]}, "chat")).code == \
+        "no_chat_template"
+    job = served.job(parse_params({"prompt": "a b", "seed": 7, "temperature": 0.5}, "completions"))
+    assert job.prompt == [0, 1] and job.max_tokens == 6  # OpenAI's 16, or the room left
+    chat = Served("m", tok, None, context=32, vocab_size=3, stop_tokens=frozenset())
+    assert chat.job(parse_params({"prompt": [0, 1]}, "completions")).max_tokens == 16
+    assert job.settings == RowSettings(0.5, 0, 1.0, 7)
+
+
+def test_chat_template_from_tokenizer_config(tmp_path):
+    (tmp_path / "tokenizer_config.json").write_text(
+        '{"bos_token": {"content": "<s>"}, "chat_template": "{{ bos_token }}{% for m in messages %}[{{ m.role }}]'
+        '{{ m.content }}{% endfor %}{% if add_generation_prompt %}[assistant]{% endif %}'
+        '{% if messages|length > 2 %}{{ raise_exception(\'too many\') }}{% endif %}"}')
+    template = load_chat_template(tmp_path)
+    assert template.render([{"role": "user", "content": "hi"}]) == "<s>[user]hi[assistant]"
+    assert _error(template.render, [{"role": "user", "content": "x"}] * 3).code == "chat_template_error"
+    assert load_chat_template(tmp_path / "none") is None
+
+
+class FakeRows:
+    rows = 2
+
+
+def test_admission_bound_is_rows_plus_queue():
+    metrics = ServeMetrics("m")
+    sched = Scheduler(FakeRows(), max_queue=1, prefill_tokens=64, sink=lambda e: None, metrics=metrics)
+    jobs = [Job([1], 1, RowSettings()) for _ in range(4)]
+    for j in jobs[:3]:
+        sched.submit(j)
+    with pytest.raises(QueueFull):
+        sched.submit(jobs[3])
+    jobs[0].cancel()
+    sched._drop_cancelled()
+    sched.submit(jobs[3])
+    assert sched.load == (3, 0) and metrics.rejected == 1 and metrics.requests == {"cancelled": 1}
+
+
+def test_histogram_and_metrics_text():
+    h = Histogram((0.1, 1.0))
+    for v in (0.05, 0.1, 0.5, 2.0):
+        h.observe(v)
+    assert h.lines("x") == ['x_bucket{le="0.1"} 2', 'x_bucket{le="1.0"} 3', 'x_bucket{le="+Inf"} 4',
+                            "x_sum 2.65", "x_count 4"]
+    t = [0.0]
+    m = ServeMetrics("m", clock=lambda: t[0])
+    m.generated(30)
+    t[0] = 5.0
+    m.generated(20)
+    assert m.tokens_per_second() == 5.0
+    t[0] = 12.0  # the first 30 tokens are out of the 10 s window
+    assert m.tokens_per_second() == 2.0
+    assert "kiln_serve_generated_tokens_total 50" in m.text()
+
+
+def test_load_generator_arithmetic():
+    spec = importlib.util.spec_from_file_location("serve_load", ROOT / "benchmarks" / "serve_load.py")
+    load = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(load)
+    assert load.pct([], 0.5) is None
+    assert load.pct([5.0, 1.0, 3.0, 2.0], 0.5) == 2.0 and load.pct(list(range(1, 101)), 0.99) == 99
+    levels = [{"concurrency": 1, "tokens_per_s": 100.0, "itl_p50_ms": 10.0, "requests_per_s": 1.0, "ttft_p99_ms": 50.0},
+              {"concurrency": 8, "tokens_per_s": 700.0, "itl_p50_ms": 12.0, "requests_per_s": 7.0, "ttft_p99_ms": 900.0},
+              {"concurrency": 32, "tokens_per_s": 2000.0, "itl_p50_ms": 20.0, "requests_per_s": 20.0,
+               "ttft_p99_ms": 1500.0}]
+    out = load.with_ratios(levels)
+    assert [lv["tokens_per_s_vs_1"] for lv in out["levels"]] == [1.0, 7.0, 20.0]
+    assert [lv["itl_p50_vs_1"] for lv in out["levels"]] == [1.0, 1.2, 2.0]
+    assert out["requests_per_s_at_p99_ttft_under_1s"] == 7.0
+
+
+@pytest.mark.parametrize(("flags", "needles"), [
+    (["--model", "nowhere"], ["--model", "nowhere"]),
+    (["--model", "llama-tiny", "--max-batch", "0"], ["--max-batch", ">= 1"]),
+    (["--model", "llama-tiny", "--max-batch", "8", "--batch-buckets", "1,9"], ["--batch-buckets", "[1, --max-batch=8]"]),
+    (["--model", "llama-tiny", "--max-queue", "-1"], ["--max-queue"]),
+    (["--model", "llama-tiny", "--port", "70000"], ["--port"]),
+    (["--model", "llama-tiny", "--max-seq-len", "999999"], ["--max-seq-len", "positions"]),
+    (["--model", "llama-tiny", "--quant", "int3"], ["--quant"]),
+])
+def test_bad_flags_exit_2_naming_the_flag(bad_input, flags, needles):
+    bad_input(["serve", "--device", "cpu", *flags], needles)
+
+
+def test_the_api_key_comes_from_the_flag_or_the_environment(monkeypatch):
+    monkeypatch.delenv("KILN_API_KEY", raising=False)
+    assert check_serve(ServeOptions(model="llama-tiny", device="cpu")).api_key is None
+    monkeypatch.setenv("KILN_API_KEY", "from-env")
+    setup = check_serve(ServeOptions(model="llama-tiny", device="cpu"))
+    assert setup.api_key == "from-env" and setup.name == "llama-tiny"
+    assert setup.context == 256  # the model's positions, under the 2048 default cap
+    assert check_serve(ServeOptions(model="llama-tiny", device="cpu", api_key="flag")).api_key == "flag"

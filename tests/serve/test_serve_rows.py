@@ -1,0 +1,122 @@
+"""Continuous batching on CPU: requests joining and leaving a running batch get exactly the tokens
+they get decoded alone (greedy), through compaction too; seeded sampling ignores its neighbours."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kiln.llm import Engine, build_decoder, resolve_model
+from kiln.serve.row_sampling import hashed_uniform, pick_tokens
+from kiln.serve.rows import Rows, RowSettings, batch_buckets
+
+pytest.importorskip("transformers")
+
+from tests.llm.conftest import write_checkpoint  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    directory = write_checkpoint(tmp_path_factory.mktemp("rows") / "llama", "llama3-tied")
+    return build_decoder(resolve_model(str(directory)), device="cpu", dtype=torch.float32)
+
+
+def alone(model, prompt, n):
+    return Engine(model).generate([prompt], max_new_tokens=n).tokens[0]
+
+
+def run_schedule(rows: Rows, plan: dict[int, list[tuple[list[int], int, RowSettings]]], steps: int):
+    """Join the requests of `plan[step]` before that decode step; tokens per request, in plan order."""
+    out: dict[int, list[int]] = {}
+    row_of: dict[int, int] = {}
+    budget: dict[int, int] = {}
+    order = [req for step in sorted(plan) for req in plan[step]]
+    for step in range(steps):
+        for prompt, n, settings in plan.get(step, []):
+            i = order.index((prompt, n, settings))
+            row = rows.free_row()
+            assert row is not None and rows.place(len(prompt), n)
+            out[i] = [rows.join(row, prompt, n, settings)]
+            row_of[i], budget[i] = row, n
+        for i, row in list(row_of.items()):
+            if len(out[i]) == budget[i]:
+                rows.leave(row)
+                del row_of[i]
+        if rows.busy:
+            new = rows.step()
+            for i, row in row_of.items():
+                out[i].append(new[row])
+    return [out[i] for i in range(len(order))]
+
+
+def test_buckets():
+    assert batch_buckets(1) == [1] and batch_buckets(6) == [1, 2, 4, 6] and batch_buckets(8) == [1, 2, 4, 8]
+    assert batch_buckets(64, [32, 1, 8]) == [1, 8, 32, 64]
+
+
+def test_joining_and_leaving_rows_give_each_request_its_tokens_alone(model):
+    greedy = RowSettings()
+    a, b, c, d = [1, 17, 33, 8, 54], [1, 40, 41], [1, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20], [3]
+    plan = {0: [(a, 9, greedy)], 2: [(b, 6, greedy)], 5: [(c, 7, greedy), (d, 4, greedy)]}
+    rows = Rows(model, rows=4, capacity=64, compile=False, cuda_graphs=False)
+    shifts = []
+    real_shift = rows._shift
+    rows._shift = lambda n: (shifts.append(n), real_shift(n))
+    got = run_schedule(rows, plan, steps=16)
+    assert shifts == [7]  # c's 17 tokens need the cursor (10) moved right
+    assert got == [alone(model, a, 9), alone(model, b, 6), alone(model, c, 7), alone(model, d, 4)]
+    assert not rows.busy
+
+
+def test_compaction_keeps_running_rows_exact(model):
+    # capacity 40: the third request only fits once the rows shift left past the first one's slots.
+    greedy = RowSettings()
+    a, b, c = [1, 17, 33, 8, 54], [1, 40, 41, 42], [1, 60, 61, 62, 63, 64]
+    plan = {0: [(a, 12, greedy)], 3: [(b, 30, greedy)], 16: [(c, 20, greedy)]}
+    rows = Rows(model, rows=2, capacity=40, compile=False, cuda_graphs=False)
+    shifts = []
+    real_shift = rows._shift
+    rows._shift = lambda n: (shifts.append(n), real_shift(n))
+    got = run_schedule(rows, plan, steps=40)
+    assert shifts == [-4]  # row b's 4 padding slots (it joined at cursor 8 with 4 tokens)
+    assert got == [alone(model, a, 12), alone(model, b, 30), alone(model, c, 20)]
+
+
+def test_place_waits_when_no_room(model):
+    rows = Rows(model, rows=2, capacity=24, compile=False, cuda_graphs=False)
+    assert rows.place(4, 20)
+    rows.join(0, [1, 2, 3, 4], 20, RowSettings())
+    assert not rows.place(8, 4)  # the cursor (4) is before the end of an 8-token prompt
+    assert rows.place(2, 18) and rows.cursor == 4
+    assert not rows.place(2, 21)  # the busy row starts at slot 0: nothing to shift
+
+
+def test_seeded_sampling_does_not_depend_on_the_batch(model):
+    prompt = [1, 17, 33, 8, 54]
+    hot = RowSettings(temperature=1.5, top_k=20, top_p=0.95, seed=1234)
+    solo = run_schedule(Rows(model, rows=1, capacity=48, compile=False, cuda_graphs=False),
+                        {0: [(prompt, 10, hot)]}, steps=12)[0]
+    crowd = run_schedule(Rows(model, rows=4, capacity=48, compile=False, cuda_graphs=False),
+                         {0: [([1, 40, 41], 10, RowSettings())], 1: [(prompt, 10, hot)],
+                          2: [([1, 2], 6, RowSettings(temperature=1.0, seed=9))]}, steps=14)[1]
+    assert solo == crowd
+    other = run_schedule(Rows(model, rows=1, capacity=48, compile=False, cuda_graphs=False),
+                         {0: [(prompt, 10, RowSettings(temperature=1.5, top_k=20, top_p=0.95, seed=99))]}, steps=12)[0]
+    assert other != solo
+
+
+def test_hashed_noise_is_uniform_and_keyed():
+    u = hashed_uniform(torch.tensor([3, 3, 4]), torch.tensor([7, 8, 7]), 4096)
+    assert u.min() > 0 and u.max() < 1 and abs(u.mean().item() - 0.5) < 0.02
+    assert not torch.equal(u[0], u[1]) and not torch.equal(u[0], u[2])
+    assert torch.equal(u[0], hashed_uniform(torch.tensor([3]), torch.tensor([7]), 4096)[0])
+
+
+def test_pick_tokens_mixes_greedy_and_sampled_rows():
+    logits = torch.tensor([[0.0, 5.0, 1.0], [0.0, 5.0, 1.0]])
+    t = pick_tokens(logits, torch.tensor([0.0, 1.0]), torch.tensor([0, 1]), torch.tensor([1.0, 1.0]),
+                    torch.tensor([1, 2]), torch.tensor([4, 4]), False)
+    assert t.tolist() == [1, 1]  # row 0 greedy; row 1 top-1 keeps only the best
+    t = pick_tokens(logits, torch.tensor([0.0, 0.0]), torch.tensor([0, 0]), torch.tensor([1.0, 1.0]),
+                    torch.tensor([1, 2]), torch.tensor([4, 4]), True)
+    assert t.tolist() == [1, 1]
