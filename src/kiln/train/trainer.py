@@ -1,8 +1,9 @@
 """The trainer: one training run, read top to bottom, for one process or N ranks.
 
-`Trainer.__init__` sets up the process (device, CPU threads, precision, the run dir and its lock)
-and builds and checks everything that can fail on bad input (kiln.train.build_run: the resume
-decision, model, data, features), so a typo costs no compute and writes nothing. `fit` joins the
+`Trainer.__init__` sets up the process (device, measured compile defaults, precision, CPU threads,
+the run dir and its lock) and builds and checks everything that can fail on bad input
+(kiln.train.build_run: the resume decision, model, data, features), so a typo costs no compute
+and writes nothing. `fit` joins the
 process group, opens the run dir (rank 0: kiln.train.run_files), opens the metric sinks, runs the
 loop (kiln.train.loop, which owns the run's progress; the step itself in kiln.train.step) and
 ends the run however it ends (kiln.train.finish: status, cleanup, summary.json). A failure's
