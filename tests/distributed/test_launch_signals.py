@@ -67,8 +67,8 @@ def test_a_signal_stops_every_rank_with_a_checkpoint(tmp_path, signum, to_group)
 
 
 def test_ranks_that_died_of_the_stop_signal_are_a_stop_not_a_failure(tmp_path):
+    from kiln.checkpoint.signals import stopped_line
     from kiln.failure.ranks import RankFailure
-    from kiln.train.job import stopped_line
 
     assert RankFailure(rank=0, exitcode=-15, timestamp=0.0).ended_by("SIGTERM")  # killed before its handler
     assert RankFailure(rank=1, exitcode=130, timestamp=0.0).ended_by("SIGINT")  # a second Ctrl-C: at once

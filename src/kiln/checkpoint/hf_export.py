@@ -57,12 +57,12 @@ def tokenizer_dir_of(token_path: str | Path) -> Path | None:
     return directory if directory.is_dir() else None
 
 
-def save_model_files(run_dir: Path, hf_config: dict[str, Any], token_path: str | Path | None) -> Path:
-    """Write RUN_DIR/model/config.json and copy the data's tokenizer files beside it."""
+def save_model_files(run_dir: Path, hf_config: dict[str, Any], tokenizer: Path | None) -> Path:
+    """Write RUN_DIR/model/config.json and copy the data's tokenizer files (`tokenizer`, the
+    directory `tokenizer_dir_of` names) beside it."""
     target = Path(run_dir) / MODEL_DIR
     target.mkdir(parents=True, exist_ok=True)
     write_atomic(target / "config.json", json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
-    tokenizer = tokenizer_dir_of(token_path) if token_path else None
     if tokenizer is not None:
         copy_tokenizer_dir(tokenizer, target)
     return target

@@ -10,6 +10,8 @@ job and the launcher passes the signal on too (kiln.distributed.signal_relay).
 
 Python runs signal handlers in the main thread only, and `signal.signal` may only be called from
 it (Python docs, "signal — Set handlers for asynchronous events"); elsewhere this is a no-op.
+`stopped_line` says what a stop kept of a job of several processes: the checkpoint the same
+command continues from.
 """
 
 from __future__ import annotations
@@ -18,11 +20,13 @@ import logging
 import signal
 import threading
 import time
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
 import torch
 
+from kiln.checkpoint.storage import newest_intact
 from kiln.distributed.signal_relay import STOP_SIGNALS, is_repeat
 
 log = logging.getLogger("kiln.checkpoint")
@@ -119,3 +123,20 @@ def any_rank(flag: bool, group=None) -> bool:
     vote = torch.tensor([1 if flag else 0], dtype=torch.int32, device=device)
     dist.all_reduce(vote, op=dist.ReduceOp.MAX, group=group)
     return bool(vote.item())
+
+
+def stopped_line(signal_name: str, summary: dict | None, run_dir: Path, command: str, *, saved: bool = True) -> str:
+    """What a stop signal did to a multi-process run: which checkpoint is kept, how to continue.
+    `saved`: the ranks stopped as asked (each saved its part of a checkpoint at the step they agreed on)."""
+    if saved and summary is not None and summary.get("status") != "stopped":  # it came as the run ended
+        return f"kiln: {signal_name} arrived as the run ended; nothing to continue"
+    # The ranks have just written it (and checksummed it): sizes, not a second read of every byte.
+    newest = newest_intact(run_dir / "checkpoints", hashes=False)
+    if saved and newest is not None:
+        return (f"kiln: stopped by {signal_name}: every rank saved its part of checkpoint {newest}; "
+                f"the same command continues the run, as does: {command}")
+    if newest is None:
+        return (f"kiln: stopped by {signal_name} before any checkpoint of this run was saved; the same command "
+                "starts it again")
+    return (f"kiln: stopped by {signal_name} before the ranks saved; the newest complete checkpoint is {newest}: "
+            f"the same command continues from there, as does: {command}")

@@ -6,6 +6,7 @@ errno. So after a failed save whose errors carry no errno, rank 0 looks at the f
 the partial files still fill it: almost no free space means the disk is full; otherwise a small
 probe write shows a lost permission, a read-only remount or an exhausted quota with their real
 errno. Then the partial directory goes; the previous complete checkpoint is never touched.
+`kept` says what a failed run left: its newest intact checkpoint and the partial saves removed.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from kiln.checkpoint.layout import checkpoint_problem, complete_checkpoints
+from kiln.checkpoint.layout import checkpoint_problem, complete_checkpoints, read_marker
 from kiln.failure.classify import diagnose, short_error
 
 FULL_BELOW_BYTES = 1 << 20
@@ -113,3 +114,18 @@ def newest_intact(root: Path, *, hashes: bool = True) -> Path | None:
         if checkpoint_problem(path, hashes=hashes) is None:
             return path
     return None
+
+
+def kept(root: Path, removed: list[Path]) -> tuple[str, bool]:
+    """What a failed run left under `root` (its checkpoints), for the failure's report: ("checkpoint
+    step 5 is intact (path); the partial save ... was removed", whether the run can resume)."""
+    newest = newest_intact(root)
+    if newest is not None:
+        step = (read_marker(newest) or {}).get("step", "?")
+        text = f"checkpoint step {step} is intact ({newest})"
+    else:
+        text = "no complete checkpoint was saved before the failure"
+    if removed:
+        names = ", ".join(p.name for p in removed)
+        text += f"; the partial save{'s' if len(removed) > 1 else ''} ({names}) {'were' if len(removed) > 1 else 'was'} removed"
+    return text, newest is not None

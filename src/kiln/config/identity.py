@@ -3,7 +3,8 @@
 Bookkeeping keys (checkpoint cadence and retention, metric sinks, log/eval intervals, the device,
 loader worker counts, the distributed layout) may change between the attempts of one run without making it
 another run; everything else is the run's identity. kiln digests it into every checkpoint's
-completion marker and compares it with a run dir's saved config.toml before resuming there.
+completion marker and compares it with a run dir's saved config.toml before resuming there
+(`compare`: the same run, or the same run trained longer, continues its LR schedule's span).
 """
 
 from __future__ import annotations
@@ -75,3 +76,25 @@ def differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
                 return "(unset)" if v is missing else json.dumps(v)
             out.append(f"{key}: {show(a)} -> {show(b)}")
     return out
+
+
+def compare(saved: dict[str, Any], config: Any) -> tuple[list[str], bool]:
+    """(the differences of `config` from a run dir's saved identity, whether it raises training.steps),
+    `optim.decay_steps` compared as the span it means (`continuation_identities`): what decides
+    whether a rerun in that run dir continues the run there."""
+    saved, current = continuation_identities(saved, identity(config))
+    return differences(saved, current), current.get("training.steps", 0) > saved.get("training.steps", 0)
+
+
+def schedule_span(saved: dict[str, Any]) -> int:
+    """The steps a saved run's LR schedule spans (kiln.train.optim.schedule_steps of its config)."""
+    return int(saved.get("optim.decay_steps") or saved.get("training.steps") or 0)
+
+
+def continuation_identities(saved: dict[str, Any], current: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Both identities with `optim.decay_steps` as the span it means. For a rerun in the run dir
+    (as many steps or more), 0 means the run's own span: its schedule continues, never restarts."""
+    span = schedule_span(saved)
+    mine = current.get("optim.decay_steps") or (
+        span if current.get("training.steps", 0) >= saved.get("training.steps", 0) else current.get("training.steps"))
+    return {**saved, "optim.decay_steps": span}, {**current, "optim.decay_steps": mine}

@@ -298,4 +298,5 @@ def dump_toml(cfg: Config) -> str:
 
 
 def save_config(cfg: Config, path: str | Path) -> None:
-    safe_io.write_atomic(path, dump_toml(cfg))
+    text = dump_toml(cfg)
+    safe_io.write_atomic(path, text)

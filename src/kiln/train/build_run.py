@@ -62,6 +62,8 @@ class RunParts:
     """Its batches' sizes: `samples_per_batch`, `tokens_per_batch` (None unless tokens)."""
     eval_data: DataSource | None
     features: Features
+    tokenizer_dir: Path | None
+    """The tokenizer directory of prepared token data (kiln.checkpoint.hf_export.tokenizer_dir_of)."""
 
 
 def build_run(cfg: Config, run_dir: Path, dist: DistEnv, device: torch.device, policy: PrecisionPolicy, *,
@@ -72,21 +74,22 @@ def build_run(cfg: Config, run_dir: Path, dist: DistEnv, device: torch.device, p
                                 config_digest=config_digest(cfg))
     resume = decide_resume(cfg, run_dir, checkpointer, is_main=dist.is_main)
     check_run_fits(cfg, device.type)  # before building a model (or a batch) the host cannot hold
+    # The tokenizer prepared token data names: its BOS/EOS for the model, its files for the run dir.
+    tokenizer_dir = tokenizer_dir_of(cfg.data.path) if cfg.data.source == "tokens" else None
     seed_everything(cfg.training.seed)  # same seed on every rank: identical initial weights
     built = build_model(cfg.model, device=device)
+    num_params = sum(p.numel() for p in built.module.parameters())
+    param_bytes = torch.finfo(policy.param_dtype).bits // 8
+    strategy, strategy_reason = resolve_strategy(cfg, dist.world_size, num_params, param_bytes, device,
+                                                 launched=dist.launched)
     if built.hf_config is not None and cfg.data.source == "tokens":  # the data's BOS/EOS, not a preset's
-        built.hf_config, changed = align_config(built.hf_config, tokenizer_dir_of(cfg.data.path),
-                                                explicit=cfg.model.kwargs)
+        built.hf_config, changed = align_config(built.hf_config, tokenizer_dir, explicit=cfg.model.kwargs)
         if changed and dist.is_main:
             log.info("special tokens from the data's tokenizer: %s",
                      ", ".join(f"{k} {old} -> {new}" for k, (old, new) in changed.items()))
     if resume.path is not None:  # a checkpoint of another model is bad input: exit 2, nothing written
         checkpointer.check_model(resume.path, built.module)
     model = apply_precision(built.module.to(device), policy)
-    num_params = sum(p.numel() for p in model.parameters())
-    param_bytes = torch.finfo(policy.param_dtype).bits // 8
-    strategy, strategy_reason = resolve_strategy(cfg, dist.world_size, num_params, param_bytes, device,
-                                                 launched=dist.launched)
     shard = {"rank": dist.rank, "world_size": dist.world_size}
     train_data = build_data(cfg.data, built.input_spec, device=device, seed=cfg.training.seed, **shard)
     eval_data = None
@@ -98,12 +101,13 @@ def build_run(cfg: Config, run_dir: Path, dist: DistEnv, device: torch.device, p
     if cfg.compile.enabled and cfg.compile.regional and not built.blocks:
         raise ConfigError("compile.regional", f"{cfg.model.name} has no repeated blocks to compile one by one")
     features = resolve_features(cfg, built, model, policy, device, train_data)
-    if (mode_note := cuda_graph_mode_note(cfg.compile, device.type)) and dist.is_main:
-        log.warning(mode_note)
     check_tracker(cfg.metrics.tracker)  # a tracker that is not installed: exit 2 before any work
     if cfg.metrics.prometheus and dist.is_main:
         check_bindable(cfg.metrics.prometheus_host, cfg.metrics.prometheus_port)
+    if (mode_note := cuda_graph_mode_note(cfg.compile, device.type)) and dist.is_main:
+        log.warning(mode_note)
     return RunParts(cfg=cfg, run_dir=run_dir, dist=dist, device=device, policy=policy, cpu_plan=cpu_plan,
                     fault=fault, checkpointer=checkpointer, resume=resume, built=built, model=model,
                     num_params=num_params, strategy=strategy, strategy_reason=strategy_reason,
-                    train_data=train_data, eval_data=eval_data, features=features)
+                    train_data=train_data, eval_data=eval_data, features=features,
+                    tokenizer_dir=tokenizer_dir)

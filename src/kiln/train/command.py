@@ -57,10 +57,10 @@ def train_request(options: TrainOptions, *, verbose: bool, on_run_dir: Callable[
 
 def run_train(cfg: Config, request: TrainRequest) -> Outcome:
     """The run (or the job) `request` asks for, with `cfg` loaded from its --config and overrides."""
-    if request.launch is not None:
-        return launch_job(cfg, request.launch, run_dir=request.run_dir, rank_args=request.rank_args(),
-                          on_run_dir=request.on_run_dir)
-    return train_here(cfg, request.run_dir, request.on_run_dir)
+    if request.launch is None:
+        return train_here(cfg, request.run_dir, request.on_run_dir)
+    return launch_job(cfg, request.launch, run_dir=request.run_dir, rank_args=request.rank_args(),
+                      on_run_dir=request.on_run_dir)
 
 
 def train_here(cfg: Config, run_dir: str | None, on_run_dir: Callable[[Path], None]) -> Outcome:

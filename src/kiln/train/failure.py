@@ -14,28 +14,12 @@ from typing import Any
 
 import torch
 
-from kiln.checkpoint.layout import read_marker
-from kiln.checkpoint.storage import CheckpointSaveError, newest_intact, remove_partial
+from kiln.checkpoint.storage import CheckpointSaveError, kept, remove_partial
 from kiln.config.schema import Config
 from kiln.failure.classify import Diagnosis, causes, diagnose, reason, short_error
 from kiln.failure.report import FailureReport, error_log_name, resume_command
 from kiln.monitor.records import read_records
 from kiln.monitor.summary import read_summary, write_summary
-
-
-def kept(run_dir: Path, removed: list[Path]) -> tuple[str, bool]:
-    """("checkpoint step 5 is intact (path); the partial save ... was removed", resumable)."""
-    root = run_dir / "checkpoints"
-    newest = newest_intact(root)
-    if newest is not None:
-        step = (read_marker(newest) or {}).get("step", "?")
-        text = f"checkpoint step {step} is intact ({newest})"
-    else:
-        text = "no complete checkpoint was saved before the failure"
-    if removed:
-        names = ", ".join(p.name for p in removed)
-        text += f"; the partial save{'s' if len(removed) > 1 else ''} ({names}) {'were' if len(removed) > 1 else 'was'} removed"
-    return text, newest is not None
 
 
 def where_it_failed(exc: BaseException, step: int, steps_done: int, start: int = 1, *,
@@ -93,7 +77,7 @@ def training_report(exc: BaseException, facts: RunFacts, *, final: bool = True) 
         return report
     if run_dir.is_dir():
         report.removed = list(facts.removed_partial)
-        report.kept, resumable = kept(run_dir, report.removed)
+        report.kept, resumable = kept(run_dir / "checkpoints", report.removed)
         if resumable:
             command = resume_command(run_dir)
             # Under torchrun the ranks cannot know its flags; the kiln launcher prints its own command.
@@ -166,7 +150,7 @@ def group_report(run_dir: Path, first, failures: list, launcher: list[str], *, o
     report.removed = [p for f in failures for p in f.removed()]
     report.removed += remove_partial(run_dir / "checkpoints") if owner else []
     if run_dir.is_dir():
-        report.kept, resumable = kept(run_dir, report.removed)
+        report.kept, resumable = kept(run_dir / "checkpoints", report.removed)
         if resumable:
             report.resume = resume_command(run_dir, launcher)
     if run_dir.is_dir() and owner:

@@ -16,7 +16,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kiln.checkpoint.storage import newest_intact
+import torch
+
+from kiln.checkpoint.signals import stopped_line
+from kiln.compile_defaults import apply_measured_defaults
 from kiln.config.schema import Config
 from kiln.cpu.threads import launcher_env
 from kiln.distributed.launch import LaunchSpec, check_launch, launch, launcher_flags, uses_gpu
@@ -43,6 +46,11 @@ def launch_job(cfg: Config, spec: LaunchSpec, *, run_dir: str | Path | None, ran
                on_run_dir: Callable[[Path], None]) -> Outcome:
     """Run the job; `rank_args`: the `kiln train` arguments every rank gets (--config, overrides),
     `on_run_dir(dir)`: told the run dir once it is checked (the CLI's dependencies.log goes there)."""
+    world_size = spec.nproc_per_node * spec.nnodes
+    device = cfg.training.device
+    device_type = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else torch.device(device).type
+    # The config as the ranks will see it, so the run dir is chosen and checked with what they train.
+    apply_measured_defaults(cfg, device_type, world_size, launched=True)
     chosen, continuing = choose_run_dir(cfg, run_dir)
     if continuing:
         print(f"kiln: continuing the unfinished run of this config in {chosen} (pass --run-dir NEW_DIR to start a "
@@ -97,20 +105,3 @@ def _launch_locked(cfg: Config, spec: LaunchSpec, run_dir: Path, rank_args: list
                        [stopped_line(result.stopped_by, None, run_dir, resume, saved=False)])
     # The ranks said one line each at most; name the first failure, what was kept, what to do.
     raise RunFailed(group_report(run_dir, first_failure(result.failures), result.failures, flags, owner=owns_lock))
-
-
-def stopped_line(signal_name: str, summary: dict | None, run_dir: Path, command: str, *, saved: bool = True) -> str:
-    """What a stop signal did to a multi-process run: which checkpoint is kept, how to continue.
-    `saved`: the ranks stopped as asked (each saved its part of a checkpoint at the step they agreed on)."""
-    if saved and summary is not None and summary.get("status") != "stopped":  # it came as the run ended
-        return f"kiln: {signal_name} arrived as the run ended; nothing to continue"
-    # The ranks have just written it (and checksummed it): sizes, not a second read of every byte.
-    newest = newest_intact(run_dir / "checkpoints", hashes=False)
-    if saved and newest is not None:
-        return (f"kiln: stopped by {signal_name}: every rank saved its part of checkpoint {newest}; "
-                f"the same command continues the run, as does: {command}")
-    if newest is None:
-        return (f"kiln: stopped by {signal_name} before any checkpoint of this run was saved; the same command "
-                "starts it again")
-    return (f"kiln: stopped by {signal_name} before the ranks saved; the newest complete checkpoint is {newest}: "
-            f"the same command continues from there, as does: {command}")

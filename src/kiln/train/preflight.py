@@ -8,7 +8,6 @@ from pathlib import Path
 
 import torch
 
-from kiln.compile_defaults import apply_measured_defaults
 from kiln.config.errors import ConfigError
 from kiln.config.schema import Config
 from kiln.data import build_data
@@ -21,13 +20,10 @@ log = logging.getLogger("kiln.train")
 
 
 def preflight(cfg: Config, run_dir: Path, world_size: int = 1, *, locked: bool = False) -> None:
-    """Config was validated on load; here: the run dir (another config's run there is refused,
-    see kiln.train.rundir; compared after the ranks' measured compile defaults, which resolve
-    the same way; `locked`: the caller holds the run dir's lock), the model factory and its arguments (built on the meta device: no memory, no
-    compute), file data, and FSDP2 support."""
-    device = cfg.training.device
-    device_type = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else torch.device(device).type
-    apply_measured_defaults(cfg, device_type, world_size, launched=True)  # as the ranks will see it
+    """Config was validated on load, and its measured compile defaults applied as the ranks will
+    apply them (kiln.train.job); here: the run dir (another config's run there is refused, see
+    kiln.train.rundir; `locked`: the caller holds the run dir's lock), the model factory and its
+    arguments (built on the meta device: no memory, no compute), file data, and FSDP2 support."""
     check_run_dir(run_dir, cfg, cfg.checkpoint.resume, locked=locked)
 
     try:

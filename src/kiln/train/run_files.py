@@ -33,7 +33,7 @@ def open_run_dir(parts: RunParts) -> RunHistory:
         branch(run_dir, resume.path)
     save_config(cfg, run_dir / "config.toml")
     if parts.built.hf_config is not None:  # what `kiln export --out DIR` needs besides the weights
-        save_model_files(run_dir, parts.built.hf_config, cfg.data.path if cfg.data.source == "tokens" else None)
+        save_model_files(run_dir, parts.built.hf_config, parts.tokenizer_dir)
     if resume.path is None:  # a fresh start (or a restart with no checkpoint yet)
         (run_dir / "metrics.jsonl").unlink(missing_ok=True)
     else:  # the earlier segments, from the summary.json this segment will replace; records

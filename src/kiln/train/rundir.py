@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from kiln.config.errors import ConfigError
-from kiln.config.identity import differences, identity
+from kiln.config.identity import compare, identity, schedule_span
 from kiln.config.load import CONFIG_LIMIT
 from kiln.monitor.summary import read_summary
 from kiln.outputs import lock_holder
@@ -108,27 +108,6 @@ def check_run_dir(path: Path, config: Any = None, resume: str = "never", *, lock
         raise ConfigError("--run-dir", f"{path} holds a run of another config ({shown}); choose a new directory, "
                           "or pass checkpoint.resume=<one of its checkpoints> to start from it with this config")
     return "longer" if longer else "same config"
-
-
-def compare(saved: dict[str, Any], config: Any) -> tuple[list[str], bool]:
-    """(the differences of `config` from a run dir's saved identity, whether it raises training.steps),
-    `optim.decay_steps` compared as the span it means (`continuation_identities`)."""
-    saved, current = continuation_identities(saved, identity(config))
-    return differences(saved, current), current.get("training.steps", 0) > saved.get("training.steps", 0)
-
-
-def schedule_span(saved: dict[str, Any]) -> int:
-    """The steps a saved run's LR schedule spans (kiln.train.optim.schedule_steps of its config)."""
-    return int(saved.get("optim.decay_steps") or saved.get("training.steps") or 0)
-
-
-def continuation_identities(saved: dict[str, Any], current: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Both identities with `optim.decay_steps` as the span it means. For a rerun in the run dir
-    (as many steps or more), 0 means the run's own span: its schedule continues, never restarts."""
-    span = schedule_span(saved)
-    mine = current.get("optim.decay_steps") or (
-        span if current.get("training.steps", 0) >= saved.get("training.steps", 0) else current.get("training.steps"))
-    return {**saved, "optim.decay_steps": span}, {**current, "optim.decay_steps": mine}
 
 
 def continue_schedule(path: Path, config: Any) -> str | None:

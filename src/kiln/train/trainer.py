@@ -1,8 +1,9 @@
 """The trainer: one training run, read top to bottom, for one process or N ranks.
 
-`Trainer.__init__` sets up the process (device, CPU threads, precision, the run dir and its lock)
-and builds and checks everything that can fail on bad input (kiln.train.build_run: the resume
-decision, model, data, features), so a typo costs no compute and writes nothing. `fit` joins the
+`Trainer.__init__` sets up the process (device, measured compile defaults, precision, CPU threads,
+the run dir and its lock) and builds and checks everything that can fail on bad input
+(kiln.train.build_run: the resume decision, model, data, features), so a typo costs no compute
+and writes nothing. `fit` joins the
 process group, opens the run dir (rank 0: kiln.train.run_files), opens the metric sinks, runs the
 loop (kiln.train.loop, which owns the run's progress; the step itself in kiln.train.step) and
 ends the run however it ends (kiln.train.finish: status, cleanup, summary.json). A failure's
@@ -68,16 +69,16 @@ class Trainer:
         fault = planned_fault(self.dist.rank)  # a malformed KILN_FAULT is bad input, before any work
         multi = self.dist.world_size > 1
         self.device = device_for(self.dist, cfg.training.device) if multi else resolve_device(cfg.training.device)
-        cpu_plan = None
-        if self.device.type == "cpu":  # threads and pinning before anything runs in parallel or compiles
-            cpu_plan = configure_cpu(cfg.cpu, local_rank=self.dist.local_rank, local_world=self.dist.local_world_size)
-        policy = resolve_precision(cfg.precision.policy, self.device)
         note = apply_measured_defaults(cfg, self.device.type, self.dist.world_size,  # before the run-dir check
                                        launched=self.dist.launched,
                                        device_name=torch.cuda.get_device_name(self.device)
                                        if self.device.type == "cuda" else None)
         if note and self.dist.is_main:
             log.info(note)
+        policy = resolve_precision(cfg.precision.policy, self.device)
+        cpu_plan = None
+        if self.device.type == "cpu":  # threads and pinning before anything runs in parallel or compiles
+            cpu_plan = configure_cpu(cfg.cpu, local_rank=self.dist.local_rank, local_world=self.dist.local_world_size)
         if multi and run_dir is None:
             raise ConfigError("--run-dir", "several ranks need one run dir chosen up front; pass --run-dir")
         self.run_dir, continuing = choose_run_dir(cfg, run_dir)
