@@ -7,7 +7,7 @@ import pytest
 
 from kiln.bench import formulas
 from kiln.bench.train_llm import llm_train_bench as tb
-from kiln.bench.train_llm.llm_train_result import TrainRow
+from kiln.bench.train_llm.llm_train_result import TrainRow, compare
 from kiln.llm.presets import PRESETS
 
 
@@ -51,16 +51,16 @@ def _row(name, kind, tps, loss, status="ok"):
 def test_compare_against_plain_then_a_named_baseline_then_the_first():
     rows = [_row("kiln", "kiln", 150.0, 3.02), _row("plain", "plain", 100.0, 3.0),
             _row("tt", "torchtitan", 120.0, 3.2), _row("bad", "kiln", None, None, "error")]
-    tb.compare(rows, None, tol=0.02)
+    compare(rows, None, tol=0.02)
     assert rows[0].speedup_vs_ref == pytest.approx(1.5) and rows[0].ref == "plain"
     assert rows[0].loss_diff_vs_ref == pytest.approx(0.02) and rows[0].loss_check == "ok"
     assert rows[2].loss_check == "off"  # 0.2 > 2 % of 3.0
     assert "speedup_vs_ref" not in rows[3].to_json()
     named = [_row("a", "kiln", 100.0, 2.0), _row("b", "kiln", 130.0, 2.0)]
-    tb.compare(named, "b", tol=0.02)
+    compare(named, "b", tol=0.02)
     assert named[0].speedup_vs_ref == pytest.approx(100 / 130)
     first = [_row("a", "kiln", 100.0, 2.0), _row("b", "kiln", 130.0, 2.0)]
-    tb.compare(first, None, tol=0.02)
+    compare(first, None, tol=0.02)
     assert first[1].speedup_vs_ref == pytest.approx(1.3)
 
 

@@ -22,18 +22,16 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from kiln.bench.ceilings import matmul_dtype, measure_best_matmul
-from kiln.bench.formulas import peak_fraction, within_relative
+from kiln.bench.formulas import peak_fraction
 from kiln.bench.peers.plain.plain_loop import Hyper
 from kiln.monitor.flops import peak_flops_for_name
 from kiln.timing import Timing
 
-if TYPE_CHECKING:
-    from kiln.bench.train_llm.llm_train_result import TrainRow
 
 @dataclass(frozen=True)
 class RowSpec:
@@ -122,23 +120,6 @@ def figures(step_s: list[float], warmup: int, tokens_per_step: int, fpt: int, sp
                 mfu_spec=peak_fraction(fpt * tokens_per_step, median, spec * gpus if spec else None),
                 mfu_matmul=peak_fraction(fpt * tokens_per_step, median, matmul * gpus if matmul else None))
 
-
-def compare(rows: list[TrainRow], baseline: str | None, tol: float) -> None:
-    """Speed and final loss of every row (kiln.bench.train_llm.llm_train_result.TrainRow) against the
-    reference row: `baseline` if named, else the plain loop, else the first row that ran."""
-    ok = [r for r in rows if r.status == "ok" and r.get("tokens_per_s")]
-    if baseline is not None:
-        ref = next((r for r in ok if r.row == baseline), None)
-    else:
-        ref = next((r for r in ok if r.kind == "plain"), None) or (ok[0] if ok else None)
-    if ref is None:
-        return
-    for r in ok:
-        r.speedup_vs_ref = r.tokens_per_s / ref.tokens_per_s
-        if r.get("loss_last") is not None and ref.get("loss_last") is not None:
-            r.loss_diff_vs_ref = r.loss_last - ref.loss_last
-            r.loss_check = "ok" if within_relative(r.loss_last, ref.loss_last, tol) else "off"
-        r.ref = ref.row
 
 
 def deadline_left(start: float, deadline_s: float | None) -> float | None:

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from kiln.bench.formulas import within_relative
 from kiln.bench.train_llm.llm_train_bench import RowSpec, TrainLlmOptions, figures
 from kiln.bench.train_llm.llm_train_data import Corpus, Vocab
 from kiln.bench.typed_row import UNSET, JsonRow
@@ -116,3 +117,20 @@ def set_figures(row: TrainRow, step_s: list[float], ctx: TrainContext, warmup: i
     for key, value in figures(step_s, warmup, ctx.tokens_per_step, ctx.flops_per_token, ctx.spec, ctx.matmul,
                               ctx.nproc).items():
         setattr(row, key, value)
+
+def compare(rows: list[TrainRow], baseline: str | None, tol: float) -> None:
+    """Speed and final loss of every row against the
+    reference row: `baseline` if named, else the plain loop, else the first row that ran."""
+    ok = [r for r in rows if r.status == "ok" and r.get("tokens_per_s")]
+    if baseline is not None:
+        ref = next((r for r in ok if r.row == baseline), None)
+    else:
+        ref = next((r for r in ok if r.kind == "plain"), None) or (ok[0] if ok else None)
+    if ref is None:
+        return
+    for r in ok:
+        r.speedup_vs_ref = r.tokens_per_s / ref.tokens_per_s
+        if r.get("loss_last") is not None and ref.get("loss_last") is not None:
+            r.loss_diff_vs_ref = r.loss_last - ref.loss_last
+            r.loss_check = "ok" if within_relative(r.loss_last, ref.loss_last, tol) else "off"
+        r.ref = ref.row

@@ -18,7 +18,7 @@ from kiln.bench.train_llm import llm_train_bench as tb
 from kiln.bench.train_llm import llm_train_data as data
 from kiln.bench.train_llm import llm_train_rows as rows_mod
 from kiln.bench.train_llm.llm_train_kiln import KILN_ROWS
-from kiln.bench.train_llm.llm_train_result import RowRun, TrainContext, TrainRow
+from kiln.bench.train_llm.llm_train_result import RowRun, TrainContext, TrainRow, compare
 from kiln.runtime import resolve_device
 
 
@@ -99,7 +99,7 @@ def run(opts: tb.TrainLlmOptions, out: Path, log: Callable[[str], None] = print,
             ctx.elapsed_s = time.monotonic() - start
             progress([r.to_json() for r in results], ctx)
     ctx.matmul_end = tb.matmul_peak(device, opts.precision)
-    tb.compare(results, opts.baseline, opts.loss_tol)
+    compare(results, opts.baseline, opts.loss_tol)
     ctx.elapsed_s = time.monotonic() - start
     return [r.to_json() for r in results], ctx
 
