@@ -32,7 +32,7 @@ from kiln.monitor.nvml import import_nvml
 from kiln.precision import PrecisionPolicy
 from kiln.train.cross_entropy import CHUNK_LOGIT_BYTES, resolve_ce_kernel
 from kiln.train.gpu_memory import HEADROOM, GpuPlan, ModelShape, Setup, fits, gib, logits_bytes, plan_gpu, table
-from kiln.train.memory_plan import SKIP_ENV, Activations, meta_model, saved_activations
+from kiln.train.memory_plan import SKIP_ENV, Activations, meta_model, own_model, saved_activations
 
 log = logging.getLogger("kiln.train")
 
@@ -96,8 +96,13 @@ def measure(built: BuiltModel, cfg: Config, setup: Setup) -> Measured:
     under FSDP2, autocast's otherwise, else the parameters'): built on the meta device."""
     compute = setup.gather_bytes if setup.strategy == "fsdp" else (setup.autocast_bytes or setup.param_bytes)
     dtype = {4: torch.float32, 2: torch.bfloat16}[compute]
-    shape = model_shape(built, cfg, setup.gather_bytes)
-    acts = saved_activations(built, cfg, dtype, logits=False)
+    try:
+        shape = model_shape(built, cfg, setup.gather_bytes)
+    except ConfigError:  # distributed.fsdp_wrap names no module of this model: bad input under FSDP2 only
+        if setup.strategy == "fsdp":
+            raise
+        shape = model_shape(dataclasses.replace(built, blocks=[]), cfg, setup.gather_bytes)
+    acts = saved_activations(built, cfg, dtype, logits=False) if own_model(cfg) else None
     spec = built.input_spec
     seq = resolve_seq_len(cfg.data.seq_len, spec) if spec is not None and spec.kind == "tokens" else None
     kernel = resolve_ce_kernel(cfg.training.ce_kernel, built.hidden_states and built.task == "causal_lm")
@@ -116,7 +121,7 @@ def plan_of(m: Measured, setup: Setup, *, checkpointing: str, batch: int, seq: i
         logits = batch * m.shape.vocab * (m.compute_bytes + 8)
     plan = plan_gpu(m.shape, setup, activations=activations, logits=logits)
     if m.acts is None:
-        plan.notes.append("activations not measured (the model does not run on the meta device)")
+        plan.notes.append("activations not measured (a user model, or one that does not run on the meta device)")
     return plan
 
 
@@ -221,6 +226,9 @@ def plan_run(cfg: Config, strategy: str, world_size: int, policy: PrecisionPolic
     setup = run_setup(cfg, strategy, world_size, policy, num)
     m = measure(built, cfg, setup)
     plan = plan_of(m, setup, checkpointing=cfg.training.activation_checkpointing, batch=m.batch, seq=m.seq)
+    if cfg.precision.float8 != "none":
+        plan.notes.append("float8: weights, gathers and activations planned in the compute dtype (torchao's "
+                          "float8 casts are transient)")
     if announce:
         log.info(table(plan))
     if memory is not None:

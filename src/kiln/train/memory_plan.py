@@ -176,6 +176,12 @@ class HostPlan:
         return sum(self.parts.values())
 
 
+def own_model(cfg: Config) -> bool:
+    """Kiln's own models (the registry, `llama:`, `hf:`, `timm:`): the ones whose forward the plans run
+    on the meta device (a user's may do host work, or have side effects, even there)."""
+    return cfg.model.name in REGISTRY or cfg.model.name.startswith(("llama:", "hf:", "timm:"))
+
+
 def meta_model(cfg: Config) -> BuiltModel | None:
     """The model built on the meta device (shapes only: no memory, no compute), or None when its
     factory cannot build there. Bad input (ConfigError) is raised."""
@@ -203,9 +209,7 @@ def plan_host_memory(cfg: Config, device_type: str) -> HostPlan | None:
     parts = {"weights": num * width, "gradients": num * width,
              "optimizer state": num * (slots * (4 if policy.master_weights else width) + (4 if policy.master_weights
                                                                                             else 0))}
-    # Kiln's own models only: a user's forward may do host work, or have side effects, even on meta.
-    own = cfg.model.name in REGISTRY or cfg.model.name.startswith(("llama:", "hf:", "timm:"))
-    acts = saved_activations(built, cfg, policy.param_dtype) if own else None
+    acts = saved_activations(built, cfg, policy.param_dtype) if own_model(cfg) else None
     per_sample = 0
     if acts is not None:
         activations = acts.total(cfg.training.activation_checkpointing)
