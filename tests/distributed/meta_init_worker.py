@@ -1,6 +1,6 @@
 """The rank side of test_meta_init: kiln's decoder under FSDP2 through the trainer's own build (on the
-meta device, sharded, then each rank's shards filled); rank 0 saves the gathered initial weights and
-reports whether the meta build ran and the FLOPs the loop counted."""
+meta device, sharded, then each rank's shards filled), one forward (FSDP2's lazy init); rank 0 saves the
+gathered initial weights and reports whether the meta build ran and the FLOPs the loop counted."""
 
 from __future__ import annotations
 
@@ -32,6 +32,8 @@ def main(out: str) -> None:
     trainer = Trainer(cfg, Path(out).parent / "run")
     meta = trainer.parts.built.initial_values is not None and all(p.is_meta for p in trainer.parts.model.parameters())
     trainer.loop.prepare(_Sinks())
+    with torch.no_grad():  # FSDP2's lazy init (first forward) re-points and pads the local shards: values kept
+        trainer.loop.model(torch.zeros((1, 8), dtype=torch.long))
     weights = {}
     for name, param in trainer.loop.model.named_parameters():
         weights[name] = param.full_tensor() if hasattr(param, "full_tensor") else param.detach().clone()
