@@ -127,7 +127,7 @@ def test_disk_full_on_a_real_tiny_filesystem(tmp_path):
 
 def _locking_model(where: Path, lock_at: int) -> str:
     """A model factory whose forward takes write access away from the run dir at optimizer step
-    `lock_at` (forward call 1 is kiln's FLOP count, call n+1 is step n): `chmod` (the run dir and
+    `lock_at` (forward call n is step n: kiln counts FLOPs on a copy of the model, of fake tensors): `chmod` (the run dir and
     checkpoints/ become 0555) or `readonly` (a read-only bind mount over the run dir, as a
     filesystem remounted read-only after errors; files already open keep working)."""
     src = where / "locking_model.py"
@@ -140,7 +140,7 @@ def _locking_model(where: Path, lock_at: int) -> str:
                 self.run_dir, self.how, self.calls = run_dir, how, 0
             def forward(self, x):
                 self.calls += 1
-                if self.calls == {lock_at} + 1:
+                if self.calls == {lock_at}:
                     if self.how == "chmod":
                         for d in (self.run_dir, os.path.join(self.run_dir, "checkpoints")):
                             os.chmod(d, 0o555)

@@ -9,7 +9,7 @@ splits them back.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +79,16 @@ def empty_decoder(config: DecoderConfig, *, device: torch.device | str, dtype: t
     return model.eval().requires_grad_(False)
 
 
+def _init_tensor(name: str, tensor: Tensor, std: float, generator: torch.Generator) -> None:
+    """HF's rule for one parameter, in place: unit norms, zero biases, normal(0, std) otherwise."""
+    if name.endswith("norm.weight"):
+        tensor.fill_(1.0)
+    elif name.endswith(".bias"):
+        tensor.zero_()
+    else:
+        tensor.normal_(0.0, std, generator=generator)
+
+
 def init_random(model: Decoder, seed: int = 0) -> Decoder:
     """HF's initialisation: normal(0, initializer_range) matrices and embeddings, zero biases, unit norms."""
     std = model.config.initializer_range
@@ -86,51 +96,70 @@ def init_random(model: Decoder, seed: int = 0) -> Decoder:
     generator = torch.Generator(device=gen_device).manual_seed(seed)
     with torch.no_grad():
         for name, param in model.named_parameters():  # a tied weight is listed once
-            if name.endswith("norm.weight"):
-                param.fill_(1.0)
-            elif name.endswith(".bias"):
-                param.zero_()
-            else:
-                param.normal_(0.0, std, generator=generator)
+            _init_tensor(name, param, std, generator)
     return model
+
+
+def random_parameters(config: DecoderConfig, shapes: list[tuple[str, tuple[int, ...]]], device: torch.device,
+                      seed: int) -> Iterator[tuple[str, Tensor]]:
+    """`init_random`'s values one parameter at a time, as full fp32 tensors on `device`: the same
+    numbers (the same generator, seed, order and draws) without the whole model in memory, for a
+    model built on the meta device and sharded before its weights exist (kiln.distributed.materialise).
+    `shapes`: the model's `named_parameters()` names and shapes, in order."""
+    generator = torch.Generator(device=device).manual_seed(seed)
+    with torch.no_grad():
+        for name, shape in shapes:
+            tensor = torch.empty(shape, device=device, dtype=torch.float32)
+            _init_tensor(name, tensor, config.initializer_range, generator)
+            yield name, tensor
 
 
 def random_decoder(config: DecoderConfig, *, device: torch.device | str, dtype: torch.dtype, seed: int = 0) -> Decoder:
     return init_random(empty_decoder(config, device=device, dtype=dtype), seed)
 
 
-def load_hf_tensors(model: Decoder, get: Callable[[str], Tensor], available: Iterable[str], *, where: str,
-                    key: str = "--model") -> Decoder:
-    """Fill `model` from HF-named tensors: `get(name)` returns one, `available` lists them all."""
-    names = hf_names(model.config)
+def hf_parameters(config: DecoderConfig, shapes: dict[str, tuple[int, ...]], get: Callable[[str], Tensor],
+                  available: Iterable[str], *, device: torch.device | str, where: str,
+                  key: str = "--model") -> Iterator[tuple[str, Tensor]]:
+    """A checkpoint's HF-named tensors as kiln's parameters (`shapes`: name -> shape), one fused tensor
+    (in the checkpoint's dtype) on `device` at a time; the checkpoint's names are checked before the first."""
+    names = hf_names(config)
     available = set(available)
     wanted = {n for parts in names.values() for n in parts}
     missing = sorted(wanted - available)
     if missing:
         raise ConfigError(key, f"{where}: checkpoint lacks {len(missing)} tensors kiln needs, e.g. {missing[:3]}")
     unexpected = sorted(n for n in available - wanted
-                        if not n.endswith(_IGNORED_SUFFIXES) and not (n == "lm_head.weight" and model.config.tie_embeddings))
+                        if not n.endswith(_IGNORED_SUFFIXES) and not (n == "lm_head.weight" and config.tie_embeddings))
     if unexpected:
-        raise ConfigError(key, f"{where}: checkpoint has tensors kiln's {model.config.family} decoder does not use, "
+        raise ConfigError(key, f"{where}: checkpoint has tensors kiln's {config.family} decoder does not use, "
                           f"e.g. {unexpected[:3]} (a different architecture?)")
+    for kiln_name, parts in names.items():
+        shape = tuple(shapes[kiln_name])
+        tensors = [get(p) for p in parts]
+        for part, tensor in zip(parts, tensors):
+            if not tensor.is_floating_point():
+                raise ConfigError(key, f"{where}: {part} is {tensor.dtype}, not a floating-point weight (a "
+                                  "quantized checkpoint? kiln quantizes at load: --quant)")
+        if len({t.shape[1:] for t in tensors}) > 1:
+            pieces = ", ".join(f"{p} {tuple(t.shape)}" for p, t in zip(parts, tensors))
+            raise ConfigError(key, f"{where}: {pieces} cannot be fused: the config implies {shape} for {kiln_name}")
+        value = torch.cat([t.to(device=device) for t in tensors], dim=0)  # its dtype: the caller casts
+        if tuple(value.shape) != shape:
+            raise ConfigError(key, f"{where}: {' + '.join(parts)} has shape {tuple(value.shape)}, "
+                              f"the config implies {shape} for {kiln_name}")
+        yield kiln_name, value
+
+
+def load_hf_tensors(model: Decoder, get: Callable[[str], Tensor], available: Iterable[str], *, where: str,
+                    key: str = "--model") -> Decoder:
+    """Fill `model` from HF-named tensors: `get(name)` returns one, `available` lists them all."""
     params = dict(model.named_parameters(remove_duplicate=False))
+    shapes = {name: tuple(p.shape) for name, p in params.items()}
+    device = model.embed.weight.device
     with torch.no_grad():
-        for kiln_name, parts in names.items():
-            target = params[kiln_name]
-            tensors = [get(p) for p in parts]
-            for part, tensor in zip(parts, tensors):
-                if not tensor.is_floating_point():
-                    raise ConfigError(key, f"{where}: {part} is {tensor.dtype}, not a floating-point weight (a "
-                                      "quantized checkpoint? kiln quantizes at load: --quant)")
-            if len({t.shape[1:] for t in tensors}) > 1:
-                shapes = ", ".join(f"{p} {tuple(t.shape)}" for p, t in zip(parts, tensors))
-                raise ConfigError(key, f"{where}: {shapes} cannot be fused: the config implies "
-                                  f"{tuple(target.shape)} for {kiln_name}")
-            value = torch.cat([t.to(device=target.device, dtype=target.dtype) for t in tensors], dim=0)
-            if value.shape != target.shape:
-                raise ConfigError(key, f"{where}: {' + '.join(parts)} has shape {tuple(value.shape)}, "
-                                  f"the config implies {tuple(target.shape)} for {kiln_name}")
-            target.copy_(value)
+        for name, value in hf_parameters(model.config, shapes, get, available, device=device, where=where, key=key):
+            params[name].copy_(value)
     return model
 
 
@@ -159,7 +188,8 @@ def safetensors_files(directory: Path, key: str = "--model") -> list[Path]:
     return files
 
 
-def load_safetensors_dir(model: Decoder, directory: Path, key: str = "--model") -> Decoder:
+def open_safetensors_dir(directory: Path, key: str = "--model") -> tuple[Callable[[str], Tensor], list[str]]:
+    """`(get, names)`: read one tensor (on the CPU) of the model directory's safetensors by name, and all the names."""
     try:
         from safetensors import SafetensorError, safe_open
     except ImportError:
@@ -170,7 +200,12 @@ def load_safetensors_dir(model: Decoder, directory: Path, key: str = "--model") 
     except (SafetensorError, OSError) as exc:
         raise ConfigError(key, f"cannot open the safetensors in {directory}: {exc}") from None
     where_is = {name: h for h in handles for name in h.keys()}
-    return load_hf_tensors(model, lambda name: where_is[name].get_tensor(name), where_is, where=str(directory), key=key)
+    return (lambda name: where_is[name].get_tensor(name)), list(where_is)
+
+
+def load_safetensors_dir(model: Decoder, directory: Path, key: str = "--model") -> Decoder:
+    get, names = open_safetensors_dir(directory, key)
+    return load_hf_tensors(model, get, names, where=str(directory), key=key)
 
 
 def tensor_nbytes(t: Tensor) -> int:

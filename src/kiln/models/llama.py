@@ -15,14 +15,26 @@ seed, which the trainer sets from `training.seed`: the same seed gives the same 
 from __future__ import annotations
 
 import difflib
+from collections.abc import Iterator
+from functools import partial
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from kiln.config.errors import ConfigError
 from kiln.llm.config import ModelSource, config_from_dict, resolve_model
+from kiln.llm.decoder_config import DecoderConfig
 from kiln.llm.families import family_presets, family_spec
-from kiln.llm.weights import empty_decoder, has_weights, init_random, load_safetensors_dir
+from kiln.llm.weights import (
+    empty_decoder,
+    has_weights,
+    hf_parameters,
+    init_random,
+    load_safetensors_dir,
+    open_safetensors_dir,
+    random_parameters,
+)
 from kiln.models.spec import BuiltModel, InputSpec
 
 # Default sequence length of the InputSpec (data.seq_len=0); any length up to the model's
@@ -58,9 +70,12 @@ def build_llama(spec: str, kwargs: dict[str, Any], name: str, device: torch.devi
     config = source.config
     family = family_spec(config.family, "model.name")
     target = torch.device(device) if device is not None else torch.get_default_device()
+    initial = None
     if target.type == "meta":
         with torch.device("meta"):
             model = family.build(config)
+        shapes = [(n, tuple(p.shape)) for n, p in model.named_parameters()]
+        initial = partial(_initial_values, config, source.directory, shapes)
     else:  # the decoder the generation engine builds, then made trainable
         model = empty_decoder(config, device=target, dtype=torch.float32).requires_grad_(True)
         if has_weights(source.directory):
@@ -78,4 +93,16 @@ def build_llama(spec: str, kwargs: dict[str, Any], name: str, device: torch.devi
         blocks=list(model.layers),
         hf_config=hf_config,
         hidden_states=True,
+        initial_values=initial,
     )
+
+
+def _initial_values(config: DecoderConfig, directory: Path | None, shapes: list[tuple[str, tuple[int, ...]]],
+                    device: torch.device, seed: int) -> Iterator[tuple[str, torch.Tensor]]:
+    """The weights a build on `device` under torch seed `seed` holds, one parameter at a time: the
+    directory's safetensors, else `init_random`'s draws (kiln.llm.weights.random_parameters)."""
+    if has_weights(directory):
+        get, names = open_safetensors_dir(directory, "model.name")
+        yield from hf_parameters(config, dict(shapes), get, names, device=device, where=str(directory), key="model.name")
+    else:
+        yield from random_parameters(config, shapes, device, seed % 2**63)

@@ -6,7 +6,7 @@ without pulling in transformers or timm.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, get_args
 
@@ -61,6 +61,11 @@ class BuiltModel:
     hidden_states: bool = False
     """`module(inputs, hidden=True)` returns the final hidden states and `module.lm_head` is the output
     layer, so a fused linear + cross-entropy can replace logits + cross-entropy (training.ce_kernel)."""
+    initial_values: Callable[[torch.device, int], Iterator[tuple[str, torch.Tensor]]] | None = None
+    """Set when `module` was built on the meta device and its weights can be made one parameter at a
+    time (kiln's decoder): `initial_values(device, seed)` yields (name, full tensor) in
+    `named_parameters()` order, the values a build on `device` under torch seed `seed` would hold. An
+    FSDP2 run shards the meta model first, then fills only each rank's shards from these."""
 
 
 _SPEC_FIELDS = tuple(f.name for f in fields(InputSpec))

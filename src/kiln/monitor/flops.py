@@ -16,7 +16,21 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-__all__ = ["count_step_flops", "mfu", "peak_flops", "peak_flops_for_name"]
+__all__ = ["count_step_flops", "fake_copy", "mfu", "peak_flops", "peak_flops_for_name"]
+
+
+def fake_copy(meta_module: nn.Module, device: torch.device | str):
+    """`meta_module` (a model built on the meta device, given away: its tensors are replaced) made
+    of fake tensors on `device`, and the FakeTensorMode to run it in. A step run there dispatches
+    as on `device` (the same attention kernel, so the same count) while allocating nothing and
+    computing nothing: an 8B model's FLOPs are counted without its 32 GB of fp32 weights, its
+    gradients and an un-checkpointed forward at full length on the device."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    with mode:
+        meta_module.to_empty(device=torch.device(device))
+    return meta_module, mode
 
 
 def count_step_flops(

@@ -37,10 +37,10 @@ def _saved_ops() -> frozenset:
 
 def _policy(ctx, op, *args, **kwargs):
     """Called for every op of a checkpointed block, in forward and in recompute: kept to a lookup."""
-    return CheckpointPolicy.MUST_SAVE if op in _SAVED_OPS else CheckpointPolicy.PREFER_RECOMPUTE
+    return CheckpointPolicy.MUST_SAVE if op in SAVED_OPS else CheckpointPolicy.PREFER_RECOMPUTE
 
 
-_SAVED_OPS = _saved_ops()
+SAVED_OPS = _saved_ops()
 
 
 def _selective_context():

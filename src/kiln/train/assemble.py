@@ -6,7 +6,7 @@ that training runs.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import torch
 from torch import Tensor
@@ -14,6 +14,7 @@ from torch import Tensor
 from kiln.config.errors import ConfigError
 from kiln.config.schema import Config
 from kiln.distributed.apply import apply_parallel
+from kiln.distributed.materialise import materialise
 from kiln.precision import PrecisionPolicy, make_grad_scaler, with_precision
 from kiln.train.activation_checkpoint import apply_activation_checkpointing
 from kiln.train.capture import CapturedStep, capture_problem, scaler_problem
@@ -38,6 +39,7 @@ def build_train_step(
     sync_timer=None,
     ce_kernel: str = "plain",
     swiglu_kernel: str = "plain",
+    initial_values: Callable[[], Iterable[tuple[str, Tensor]]] | None = None,
 ) -> TrainStep | CapturedStep:
     """Compile and parallelise `model` (see kiln.distributed.apply for the order), then build the
     optimizer, LR schedule, grad scaler and the step function around it. `step.model` is the
@@ -48,7 +50,9 @@ def build_train_step(
     kiln.checkpoint.NonFiniteGuard) flags non-finite steps and, in `skip` mode, drops them.
     `sync_timer` (kiln.distributed.sync_timing.SyncTimer) times the DDP gradient all-reduce wait.
     `ce_kernel`, `swiglu_kernel`: the resolved `training.ce_kernel` and `training.swiglu_kernel`
-    (kiln.train.features).
+    (kiln.train.features). `initial_values()`: `model` is on the meta device (an FSDP2 run of kiln's
+    decoder, kiln.train.build_run): once sharded, each rank's shards are allocated on `device` and
+    filled from these full tensors (kiln.distributed.materialise), before the optimizer sees them.
 
     Before compile and parallelism (torchtitan's order): the SwiGLU kernel (kiln.train.swiglu),
     float8 linear layers in the blocks
@@ -59,6 +63,8 @@ def build_train_step(
     apply_float8(model, blocks, cfg.precision.float8)
     apply_activation_checkpointing(blocks, cfg.training.activation_checkpointing)
     model, grad_sync = apply_parallel(model, blocks, cfg, policy, device, strategy, sync_timer)
+    if initial_values is not None:
+        materialise(model, device, initial_values())
     build = loss_builder if loss_builder is not None else (lambda m: build_forward_loss(m, task, ce_kernel))
     reason = capture_problem(device, strategy) if cfg.compile.cudagraphs else None
     captured = cfg.compile.cudagraphs and reason is None

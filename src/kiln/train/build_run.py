@@ -32,7 +32,9 @@ from kiln.monitor.trackers import check_tracker
 from kiln.precision import PrecisionPolicy, apply_precision
 from kiln.runtime import seed_everything
 from kiln.train.features import Features, resolve_features
-from kiln.train.memory_plan import check_run_fits
+from kiln.train.gpu_memory import GpuPlan
+from kiln.train.gpu_plan import device_memory, plan_run
+from kiln.train.memory_plan import check_run_fits, meta_model
 from kiln.train.resume import Resume, decide_resume
 
 log = logging.getLogger("kiln.train")
@@ -54,7 +56,9 @@ class RunParts:
     resume: Resume
     built: BuiltModel
     model: torch.nn.Module
-    """`built.module` on the device, cast to the precision policy."""
+    """`built.module` on the device, cast to the precision policy; under FSDP2 (where
+    `built.initial_values` is set) still on the meta device: kiln.train.assemble shards it, then
+    allocates and fills each rank's shards (kiln.distributed.materialise)."""
     num_params: int
     strategy: str
     strategy_reason: str
@@ -64,6 +68,8 @@ class RunParts:
     features: Features
     tokenizer_dir: Path | None
     """The tokenizer directory of prepared token data (kiln.checkpoint.hf_export.tokenizer_dir_of)."""
+    memory_plan: GpuPlan | None
+    """The device memory plan per rank (kiln.train.gpu_plan); None when the model cannot be built on meta."""
 
 
 def build_run(cfg: Config, run_dir: Path, dist: DistEnv, device: torch.device, policy: PrecisionPolicy, *,
@@ -76,12 +82,20 @@ def build_run(cfg: Config, run_dir: Path, dist: DistEnv, device: torch.device, p
     check_run_fits(cfg, device.type)  # before building a model (or a batch) the host cannot hold
     # The tokenizer prepared token data names: its BOS/EOS for the model, its files for the run dir.
     tokenizer_dir = tokenizer_dir_of(cfg.data.path) if cfg.data.source == "tokens" else None
+    shape = meta_model(cfg)  # shapes only: the strategy and the GPU plan before any allocation
+    guess = None
+    if shape is not None:
+        guess, _ = resolve_strategy(cfg, dist.world_size, sum(p.numel() for p in shape.module.parameters()),
+                                    torch.finfo(policy.param_dtype).bits // 8, device, launched=dist.launched)
+    memory_plan = None if guess is None else plan_run(  # exit 2 here when the device cannot hold the run
+        cfg, guess, dist.world_size, policy, memory=device_memory(device), announce=dist.is_main and device.type == "cuda",
+        where=f"{device} ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else str(device))
     seed_everything(cfg.training.seed)  # same seed on every rank: identical initial weights
-    built = build_model(cfg.model, device=device)
-    num_params = sum(p.numel() for p in built.module.parameters())
-    param_bytes = torch.finfo(policy.param_dtype).bits // 8
-    strategy, strategy_reason = resolve_strategy(cfg, dist.world_size, num_params, param_bytes, device,
-                                                 launched=dist.launched)
+    # Sharded before its weights exist when FSDP2 will shard it and its weights can be made one
+    # parameter at a time (kiln's decoder): built whole on each rank's device first, an 8B model
+    # took its 32 GB of fp32 weights on every GPU before FSDP2 sharded them.
+    on_meta = guess == "fsdp" and shape.initial_values is not None
+    built = shape if on_meta else build_model(cfg.model, device=device)
     if built.hf_config is not None and cfg.data.source == "tokens":  # the data's BOS/EOS, not a preset's
         built.hf_config, changed = align_config(built.hf_config, tokenizer_dir, explicit=cfg.model.kwargs)
         if changed and dist.is_main:
@@ -89,7 +103,13 @@ def build_run(cfg: Config, run_dir: Path, dist: DistEnv, device: torch.device, p
                      ", ".join(f"{k} {old} -> {new}" for k, (old, new) in changed.items()))
     if resume.path is not None:  # a checkpoint of another model is bad input: exit 2, nothing written
         checkpointer.check_model(resume.path, built.module)
-    model = apply_precision(built.module.to(device), policy)
+    model = apply_precision(built.module if on_meta else built.module.to(device), policy)
+    num_params = sum(p.numel() for p in model.parameters())
+    param_bytes = torch.finfo(policy.param_dtype).bits // 8
+    strategy, strategy_reason = resolve_strategy(cfg, dist.world_size, num_params, param_bytes, device,
+                                                 launched=dist.launched)
+    if on_meta and strategy != "fsdp":  # the same resolver's answer; a guard all the same
+        raise RuntimeError(f"the model was built on the meta device for FSDP2, but the strategy is {strategy}")
     shard = {"rank": dist.rank, "world_size": dist.world_size}
     train_data = build_data(cfg.data, built.input_spec, device=device, seed=cfg.training.seed, **shard)
     eval_data = None
@@ -110,4 +130,4 @@ def build_run(cfg: Config, run_dir: Path, dist: DistEnv, device: torch.device, p
                     fault=fault, checkpointer=checkpointer, resume=resume, built=built, model=model,
                     num_params=num_params, strategy=strategy, strategy_reason=strategy_reason,
                     train_data=train_data, eval_data=eval_data, features=features,
-                    tokenizer_dir=tokenizer_dir)
+                    tokenizer_dir=tokenizer_dir, memory_plan=memory_plan)

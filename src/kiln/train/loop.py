@@ -31,16 +31,18 @@ from kiln.distributed.local_optim import update_paths
 from kiln.distributed.sync_timing import SyncTimer
 from kiln.distributed.world import barrier
 from kiln.failure.faults import inject
-from kiln.monitor.flops import count_step_flops, peak_flops
+from kiln.monitor.flops import count_step_flops, fake_copy, peak_flops
 from kiln.monitor.gpu_health import GpuHealthSampler
 from kiln.monitor.memory import memory_stats, reset_peak
 from kiln.monitor.sinks import first_step_message
 from kiln.monitor.stragglers import StragglerDetector
-from kiln.precision import PrecisionPolicy, with_precision
+from kiln.precision import PrecisionPolicy, apply_precision, with_precision
 from kiln.timing import synchronize
 from kiln.train.assemble import build_train_step
 from kiln.train.build_run import RunParts
+from kiln.train.gpu_plan import measured_peak, plan_record
 from kiln.train.losses import build_eval_fn, build_forward_loss
+from kiln.train.memory_plan import meta_model
 from kiln.train.meter import IntervalMeter
 from kiln.train.optim import lr_snapshot
 from kiln.train.step import evaluate
@@ -64,24 +66,52 @@ class Progress:
 
 
 def count_flops(model: torch.nn.Module, batch, *, task: str, ce_kernel: str, policy: PrecisionPolicy,
-                device: torch.device, accum: int) -> int:
+                device: torch.device, accum: int, spare: torch.nn.Module | None = None) -> int | None:
     """FLOPs of one optimizer step (`accum` micro-batches like `batch`) on one device, counted on the
     eager, unwrapped model (with the run's cross-entropy kernel, whose matmuls are those of plain
     logits + cross-entropy). The FLOPs of a causal LM or a classifier are per sample: one sequence
-    (two samples for a classifier, so batch norm still trains) is counted and scaled by the batch,
-    so counting takes a fraction of a step's time and memory (a CPU step of a large batch takes a
-    minute under the counter)."""
-    forward_loss = with_precision(build_forward_loss(model, task, ce_kernel), policy, device)
+    (two samples for a classifier, so batch norm still trains) is counted and scaled by the batch.
+
+    `spare`: the same model built on the meta device (given away): the step is counted on it made of
+    fake tensors on `device` (kiln.monitor.flops.fake_copy), the same count without touching the
+    device's memory. A real eager step of `model` would hold its gradients and an un-checkpointed
+    forward at full length before sharding and checkpointing apply (an 8B at seq 8192 filled an
+    80 GB GPU there). Without a spare, or where fake tensors cannot run the step (a Triton loss), it
+    runs for real on `model`; None when `model` has no data yet (FSDP2's meta build) and no spare ran."""
     inputs, targets = batch
     batch_size = inputs.shape[0]
     counted = {"causal_lm": 1, "classification": 2}.get(task, batch_size)
     counted = min(counted, batch_size)
     inputs, targets = inputs[:counted], targets[:counted]
-    try:
-        flops = count_step_flops(lambda: forward_loss(inputs, targets).backward(), device=device, module=model)
-    finally:
-        model.zero_grad(set_to_none=True)
+    flops = None
+    if spare is not None:
+        try:
+            flops = _count_fake(spare, inputs, targets, task=task, ce_kernel=ce_kernel, policy=policy, device=device)
+        except Exception as exc:  # noqa: BLE001  (any failure of the fake step: count for real, or skip)
+            log.debug("FLOPs not counted on fake tensors (%s: %s)", type(exc).__name__, exc)
+    if flops is None:
+        if any(p.is_meta for p in model.parameters()):
+            return None
+        forward_loss = with_precision(build_forward_loss(model, task, ce_kernel), policy, device)
+        try:
+            flops = count_step_flops(lambda: forward_loss(inputs, targets).backward(), device=device, module=model)
+        finally:
+            model.zero_grad(set_to_none=True)
     return flops * batch_size // counted * accum
+
+
+def _count_fake(spare: torch.nn.Module, inputs, targets, *, task: str, ce_kernel: str, policy: PrecisionPolicy,
+                device: torch.device) -> int:
+    model, mode = fake_copy(apply_precision(spare, policy), device)  # cast on meta: free
+    with mode:
+        inputs, targets = mode.from_tensor(inputs), mode.from_tensor(targets)
+    forward_loss = with_precision(build_forward_loss(model, task, ce_kernel), policy, device)
+
+    def step() -> None:
+        with mode:
+            forward_loss(inputs, targets).backward()
+
+    return count_step_flops(step, device=device)
 
 
 class TrainLoop:
@@ -107,17 +137,25 @@ class TrainLoop:
         flops_per_step = None
         if cfg.metrics.mfu:  # an eager step of a sample or two under torch's FLOP counter: seconds on a CPU
             sinks.waiting("counting the training step's FLOPs (for MFU; metrics.mfu=false skips it)")
+            spare = meta_model(cfg)
             flops_per_step = count_flops(p.model, self.pending[0], task=p.built.task, ce_kernel=p.features.ce_kernel,
-                                         policy=p.policy, device=device, accum=self.accum)
+                                         policy=p.policy, device=device, accum=self.accum,
+                                         spare=spare.module if spare is not None else None)
+            if flops_per_step is None and p.dist.is_main:
+                log.warning("the training step's FLOPs could not be counted without allocating the unsharded "
+                            "model: no MFU in this run's records")
         sinks.waiting("building the training step (precision, parallelism, optimizer)")
         peak, self.peak_source = peak_flops(device, cfg.precision.policy, cfg.metrics.peak_tflops,
                                             tf32=cfg.precision.tf32)
         self.guard = NonFiniteGuard(tcfg.nonfinite, tcfg.nonfinite_max_skips, device=device, window=tcfg.log_interval)
         self.multi = p.dist.world_size > 1
         self.sync_timer = SyncTimer(device) if self.multi and cfg.metrics.sync_timing else None
+        initial = p.built.initial_values
+        seed = torch.initial_seed()  # the seed build_run gave torch (later draws do not change it)
         self.step_fn = build_train_step(p.model, p.built.task, p.built.blocks, cfg, p.policy, device,
                                         strategy=p.strategy, guard=self.guard, sync_timer=self.sync_timer,
-                                        ce_kernel=p.features.ce_kernel, swiglu_kernel=p.features.swiglu_kernel)
+                                        ce_kernel=p.features.ce_kernel, swiglu_kernel=p.features.swiglu_kernel,
+                                        initial_values=None if initial is None else lambda: initial(device, seed))
         self.model = self.step_fn.model
         self.eval_fn = with_precision(build_eval_fn(self.model, p.built.task), p.policy, device)
         self.samples_per_step = p.train_data.samples_per_batch * self.accum
@@ -245,6 +283,7 @@ class TrainLoop:
             **self.meter.summary(self.record),
             "peak_mem_bytes": memory_stats(device).get("peak_mem_bytes"),
             "memory": memory_stats(device),
+            "memory_plan": plan_record(p.memory_plan, measured_peak(device)),
             "num_params": p.num_params,
             "world_size": p.dist.world_size,
             "strategy": p.strategy,

@@ -20,6 +20,7 @@ import os
 from dataclasses import dataclass
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from kiln.config.errors import ConfigError
 from kiln.config.schema import Config
@@ -29,6 +30,7 @@ from kiln.models.host_memory import gib, host_memory, optimizer_slots
 from kiln.models.registry import REGISTRY
 from kiln.models.spec import BuiltModel
 from kiln.precision import resolve_precision
+from kiln.train.activation_checkpoint import SAVED_OPS
 from kiln.train.cross_entropy import resolve_ce_kernel
 
 SKIP_ENV = "KILN_SKIP_MEMORY_CHECK"
@@ -47,6 +49,9 @@ class Activations:
     """Bytes of the blocks' inputs (what full activation checkpointing keeps)."""
     largest: int = 0
     """The largest single saved tensor (its gradient is as large, once)."""
+    selective: list[int] | None = None
+    """Bytes of each block's matmul and attention outputs: what `selective` checkpointing keeps
+    (kiln.train.activation_checkpoint); None when not measured."""
 
     def total(self, checkpointing: str) -> int:
         blocks = self.per_block or []
@@ -54,8 +59,8 @@ class Activations:
             kept = self.outside + sum(blocks)
         else:  # each block's input kept, one block's activations alive while it is recomputed
             kept = self.outside + self.block_inputs + max(blocks)
-            if checkpointing == "selective":  # matmul and attention outputs kept: about half, measured
-                kept += sum(blocks) // 2
+            if checkpointing == "selective":  # matmul and attention outputs kept (about half when not measured)
+                kept += sum(self.selective) if self.selective is not None else sum(blocks) // 2
         return kept + self.largest
 
 
@@ -75,15 +80,32 @@ def spec_kind(built: BuiltModel) -> str | None:
     return built.input_spec.kind if built.input_spec is not None else None
 
 
-def saved_activations(built: BuiltModel, cfg: Config, dtype: torch.dtype) -> Activations | None:
+class _SelectiveOutputs(TorchDispatchMode):
+    """Adds up, per block, the outputs of the ops selective checkpointing keeps."""
+
+    def __init__(self, acts: Activations, where: list[int], square: int | None):
+        super().__init__()
+        self.acts, self.where, self.square = acts, where, square
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if self.where[0] >= 0 and func in SAVED_OPS:
+            first = out[0] if isinstance(out, tuple) else out
+            if isinstance(first, torch.Tensor) and not (self.square and first.shape[-2:] == (self.square,) * 2):
+                self.acts.selective[self.where[0]] += first.numel() * first.element_size()
+        return out
+
+
+def saved_activations(built: BuiltModel, cfg: Config, dtype: torch.dtype, *, logits: bool = True) -> Activations | None:
     """What one micro-batch's forward + loss saves for backward, measured on the meta device
-    (None when the model cannot run there: a user model doing host work, say)."""
+    (None when the model cannot run there: a user model doing host work, say). `logits=False`: a
+    causal LM's forward stops at its hidden states (the GPU plan counts logits and loss itself)."""
     batch = _meta_inputs(built, cfg)
     if batch is None:
         return None
     model = built.module.to(dtype)
     params = {id(p) for p in model.parameters()}
-    acts = Activations(per_block=[0] * len(built.blocks))
+    acts = Activations(per_block=[0] * len(built.blocks), selective=[0] * len(built.blocks))
     seen: set[int] = set()
     where = [-1]  # index of the block running, -1 outside
     square = batch[1].shape[-1] if spec_kind(built) == "tokens" else None  # the sequence length
@@ -121,10 +143,10 @@ def saved_activations(built: BuiltModel, cfg: Config, dtype: torch.dtype) -> Act
     if dtype != torch.float32 and inputs.is_floating_point():
         inputs = inputs.to(dtype)
     try:
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), _SelectiveOutputs(acts, where, square):
             if built.task == "custom":  # the model computes its own loss
                 model(inputs, targets)
-            elif ce_kernel in ("chunked", "liger"):  # a fused linear + cross-entropy: hidden states, no logits
+            elif ce_kernel in ("chunked", "liger") or (not logits and built.hidden_states):  # hidden states only
                 model(inputs, hidden=True)
             else:  # the loss keeps log-softmax of the logits, in fp32: as large as fp32 logits
                 output = model(inputs)
@@ -154,15 +176,29 @@ class HostPlan:
         return sum(self.parts.values())
 
 
-def plan_host_memory(cfg: Config, device_type: str) -> HostPlan | None:
-    """The host bytes a run of `cfg` needs (see the module docstring); None when the model cannot
-    be built on the meta device."""
+def own_model(cfg: Config) -> bool:
+    """Kiln's own models (the registry, `llama:`, `hf:`, `timm:`): the ones whose forward the plans run
+    on the meta device (a user's may do host work, or have side effects, even there)."""
+    return cfg.model.name in REGISTRY or cfg.model.name.startswith(("llama:", "hf:", "timm:"))
+
+
+def meta_model(cfg: Config) -> BuiltModel | None:
+    """The model built on the meta device (shapes only: no memory, no compute), or None when its
+    factory cannot build there. Bad input (ConfigError) is raised."""
     try:
         with torch.device("meta"):
-            built = build_model(cfg.model)
+            return build_model(cfg.model)
     except ConfigError:
         raise
     except Exception:
+        return None
+
+
+def plan_host_memory(cfg: Config, device_type: str) -> HostPlan | None:
+    """The host bytes a run of `cfg` needs (see the module docstring); None when the model cannot
+    be built on the meta device."""
+    built = meta_model(cfg)
+    if built is None:
         return None
     num = sum(p.numel() for p in built.module.parameters())
     if device_type != "cpu":  # the model passes through the host once, as built (fp32)
@@ -173,9 +209,7 @@ def plan_host_memory(cfg: Config, device_type: str) -> HostPlan | None:
     parts = {"weights": num * width, "gradients": num * width,
              "optimizer state": num * (slots * (4 if policy.master_weights else width) + (4 if policy.master_weights
                                                                                             else 0))}
-    # Kiln's own models only: a user's forward may do host work, or have side effects, even on meta.
-    own = cfg.model.name in REGISTRY or cfg.model.name.startswith(("llama:", "hf:", "timm:"))
-    acts = saved_activations(built, cfg, policy.param_dtype) if own else None
+    acts = saved_activations(built, cfg, policy.param_dtype) if own_model(cfg) else None
     per_sample = 0
     if acts is not None:
         activations = acts.total(cfg.training.activation_checkpointing)

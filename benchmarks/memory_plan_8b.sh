@@ -1,0 +1,53 @@
+#!/bin/bash
+# Issue #42 items 1-2 on 4 GPUs: Llama-3.1-8B (random weights) at seq 8192 under FSDP2, bf16-mixed, regional
+# compile, `kiln train --nproc-per-node 4` as a user runs it: does it train (it hit a CUDA OOM on every rank
+# before step 1 at 78 GiB, with AC selective and with full), and how close is kiln's GPU memory plan to the
+# measured peak? Run from the repo root on a 4-GPU device machine (~6-7 min, < 8 with compile):
+#
+#   bash benchmarks/memory_plan_8b.sh
+#
+# Runs, each STEPS steps (default 20; no checkpoints, so no 8B save outlives the call):
+#   selective  data.batch_size=1 training.activation_checkpointing=selective
+#   full       data.batch_size=1 training.activation_checkpointing=full
+#   full-b2    data.batch_size=2 training.activation_checkpointing=full, only if kiln's plan says it fits
+#              (checked on the launcher's side first: a refusal costs seconds) and the time left allows
+#   refused    the documented config that cannot fit: AC none at batch 2 (its activations alone exceed
+#              80 GB per rank): must exit 2, before any rank allocates the model, timed from launch.
+# Env: STEPS, NPROC (default 4), TOTAL_S (default 450: no run starts after TOTAL_S - 150 s).
+# Writes (7 files): $OUT/r/nvidia-smi.csv, $OUT/r/{selective,full,full-b2,refused}.log (each run's console),
+# $OUT/r/memory_plan_8b/results.{json,md} (per run: exit code, seconds, tokens/s in total and per GPU,
+# MFU, the plan's parts and total, the measured peak allocated / reserved over the ranks, allocated / plan;
+# for the refusal its message and seconds to exit 2). Run dirs stay in /tmp.
+set -uo pipefail
+source benchmarks/device_env.sh
+start=$(date +%s)
+STEPS=${STEPS:-20}
+NPROC=${NPROC:-4}
+TOTAL=${TOTAL_S:-450}
+BASE=(model.name=llama:llama-3.1-8b distributed.strategy=fsdp data.seq_len=8192 compile.enabled=true
+      compile.regional=true precision.policy=bf16-mixed "training.steps=$STEPS" training.log_interval=5
+      checkpoint.interval=0 checkpoint.save_final=false metrics.tensorboard=false)
+
+run() {  # run NAME OVERRIDES...: one kiln train job, its console in $R/NAME.log, its exit code and seconds in /tmp
+  local name=$1; shift
+  local t0; t0=$(date +%s.%N)
+  rm -rf "/tmp/mp8b/$name"
+  timeout 300 python3 -m kiln train --nproc-per-node "$NPROC" --run-dir "/tmp/mp8b/$name" "${BASE[@]}" "$@" \
+    > "$R/$name.log" 2>&1
+  local code=$?
+  echo "$code $(python3 -c "import time; print(round(time.time() - $t0, 2))")" > "/tmp/mp8b/$name.exit"
+  echo "=== $name: exit $code after $(( $(date +%s) - start )) s"
+  grep -E "GPU memory plan|^  [a-z].*GiB|error:|tokens/s|step +[0-9]+/" "$R/$name.log" | grep -v '^W[0-9]' | tail -14
+}
+
+mkdir -p /tmp/mp8b
+run selective data.batch_size=1 training.activation_checkpointing=selective
+run full data.batch_size=1 training.activation_checkpointing=full
+if (( $(date +%s) - start < TOTAL - 150 )); then
+  run full-b2 data.batch_size=2 training.activation_checkpointing=full
+else
+  echo "=== full-b2: skipped, $(( $(date +%s) - start )) s spent of TOTAL_S=$TOTAL"
+fi
+run refused data.batch_size=2 training.activation_checkpointing=none
+python3 benchmarks/memory_plan_summary.py /tmp/mp8b "$R" selective full full-b2 refused
+echo "=== done after $(( $(date +%s) - start )) s"

@@ -1,0 +1,263 @@
+"""The GPU memory plan of a run, before any rank allocates its model, and the refusal (exit 2) of a run
+that cannot fit, naming the settings that would make it fit, cheapest first.
+
+The model is built on the meta device (no memory, no compute); its shape (parameters per FSDP2
+unit, matmul weights, vocabulary) and one micro-batch's saved activations under each checkpointing
+mode (kiln.train.memory_plan.saved_activations, in the compute dtype) go into the arithmetic of
+kiln.train.gpu_memory. The device's free memory is `torch.cuda.mem_get_info` on the rank, or, on
+the launcher's side, NVML's total (kiln.train.preflight), so a config that cannot fit is refused in
+seconds. The plan is printed at the start (rank 0), kept in summary.json under `memory_plan`, and
+the measured peak (torch.cuda.max_memory_allocated / reserved, the max over ranks) is recorded
+beside it at the end.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from kiln.config.errors import ConfigError
+from kiln.config.schema import Config
+from kiln.data.base import resolve_seq_len
+from kiln.distributed.fsdp import fsdp_units, reshards_after_forward
+from kiln.models.host_memory import optimizer_slots
+from kiln.models.spec import BuiltModel
+from kiln.monitor.nvml import import_nvml
+from kiln.precision import PrecisionPolicy
+from kiln.train.cross_entropy import CHUNK_LOGIT_BYTES, resolve_ce_kernel
+from kiln.train.gpu_memory import HEADROOM, GpuPlan, ModelShape, Setup, fits, gib, logits_bytes, plan_gpu, table
+from kiln.train.memory_plan import SKIP_ENV, Activations, meta_model, own_model, saved_activations
+
+log = logging.getLogger("kiln.train")
+
+_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+AC_ORDER = ("none", "selective", "full")
+# The most ranks the refusal looks for when naming how many would fit.
+MAX_RANKS = 1024
+
+
+def _width(dtype: torch.dtype) -> int:
+    return torch.finfo(dtype).bits // 8
+
+
+@dataclass(frozen=True)
+class Measured:
+    """What the plan knows of the model and one micro-batch, measured once on the meta device."""
+
+    shape: ModelShape
+    acts: Activations | None
+    batch: int
+    seq: int | None
+    """Tokens per sample (token models), else None."""
+    task: str
+    ce_kernel: str
+    compute_bytes: int
+
+
+def model_shape(built: BuiltModel, cfg: Config, gather_bytes: int) -> ModelShape:
+    """Parameter counts of `built` (on the meta device): total, FSDP2 units as kiln would group them,
+    matmul weights, and the logits' width."""
+    module = built.module
+    params = {id(p): p.numel() for p in module.parameters()}
+    units = []
+    for unit in fsdp_units(module, built.blocks, cfg.distributed, gather_bytes) if built.blocks else []:
+        members = unit if isinstance(unit, list) else [unit]
+        units.append(sum({id(p): p.numel() for m in members for p in m.parameters()}.values()))
+    linears = {id(m.weight): m.weight.numel() for m in module.modules() if isinstance(m, torch.nn.Linear)}
+    spec = built.input_spec
+    vocab = (spec.vocab_size or spec.num_classes or 0) if spec is not None else 0
+    return ModelShape(params=sum(params.values()), units=tuple(units), matmul_params=sum(linears.values()),
+                      vocab=vocab)
+
+
+def run_setup(cfg: Config, strategy: str, world_size: int, policy: PrecisionPolicy, num_params: int) -> Setup:
+    """How this run holds its state (kiln.train.gpu_memory.Setup) for `strategy` at `world_size`."""
+    d = cfg.distributed
+    gather = _width(policy.autocast_dtype or policy.param_dtype) if d.fsdp_param_dtype == "auto" \
+        else _BYTES[d.fsdp_param_dtype]
+    return Setup(strategy=strategy, world_size=world_size, param_bytes=_width(policy.param_dtype),
+                 optimizer_slots=optimizer_slots(cfg.optim.name, cfg.optim.momentum),
+                 master_weights=policy.master_weights,
+                 autocast_bytes=_width(policy.autocast_dtype) if policy.autocast_dtype is not None else None,
+                 gather_bytes=gather, reduce_bytes=_BYTES[d.fsdp_reduce_dtype],
+                 reshard_after_forward=reshards_after_forward(d, num_params * gather),
+                 prefetch=max(1, d.fsdp_forward_prefetch), ddp_bucket_views=d.ddp_gradient_as_bucket_view,
+                 compiled=cfg.compile.enabled)
+
+
+def measure(built: BuiltModel, cfg: Config, setup: Setup) -> Measured:
+    """The model's shape and one micro-batch's activations in the compute dtype (the gathered dtype
+    under FSDP2, autocast's otherwise, else the parameters'): built on the meta device."""
+    compute = setup.gather_bytes if setup.strategy == "fsdp" else (setup.autocast_bytes or setup.param_bytes)
+    dtype = {4: torch.float32, 2: torch.bfloat16}[compute]
+    try:
+        shape = model_shape(built, cfg, setup.gather_bytes)
+    except ConfigError:  # distributed.fsdp_wrap names no module of this model: bad input under FSDP2 only
+        if setup.strategy == "fsdp":
+            raise
+        shape = model_shape(dataclasses.replace(built, blocks=[]), cfg, setup.gather_bytes)
+    acts = saved_activations(built, cfg, dtype, logits=False) if own_model(cfg) else None
+    spec = built.input_spec
+    seq = resolve_seq_len(cfg.data.seq_len, spec) if spec is not None and spec.kind == "tokens" else None
+    kernel = resolve_ce_kernel(cfg.training.ce_kernel, built.hidden_states and built.task == "causal_lm")
+    return Measured(shape=shape, acts=acts, batch=cfg.data.batch_size, seq=seq, task=built.task,
+                    ce_kernel=kernel, compute_bytes=compute)
+
+
+def plan_of(m: Measured, setup: Setup, *, checkpointing: str, batch: int, seq: int | None) -> GpuPlan:
+    """The plan at another checkpointing mode, batch size or sequence length (activations and logits
+    scale with the tokens of a micro-batch: attention runs in fused kernels, linear in length)."""
+    scale = (batch * (seq or 1)) / (m.batch * (m.seq or 1))
+    activations = math.ceil(m.acts.total(checkpointing) * scale) if m.acts is not None else 0
+    if m.task == "causal_lm" and seq:
+        logits = logits_bytes(batch * seq, m.shape.vocab, m.ce_kernel, m.compute_bytes, CHUNK_LOGIT_BYTES)
+    else:
+        logits = batch * m.shape.vocab * (m.compute_bytes + 8)
+    plan = plan_gpu(m.shape, setup, activations=activations, logits=logits)
+    if m.acts is None:
+        plan.notes.append("activations not measured (a user model, or one that does not run on the meta device)")
+    return plan
+
+
+def fixes(m: Measured, setup: Setup, cfg: Config, free: int, capacity: int) -> list[str]:
+    """Single changes to this run that would make it fit, in order of what they cost: more
+    recomputation, a smaller batch, shorter sequences, more ranks, sharding."""
+    ac, batch, seq = cfg.training.activation_checkpointing, m.batch, m.seq
+    here = {"checkpointing": ac, "batch": batch, "seq": seq}
+
+    def ok(setup_=setup, **change) -> bool:
+        return fits(plan_of(m, setup_, **{**here, **change}).total, free, capacity)
+
+    out = []
+    for mode in AC_ORDER[AC_ORDER.index(ac) + 1:] if ac in AC_ORDER and m.shape.units else ():
+        if ok(checkpointing=mode):
+            out.append(f"training.activation_checkpointing={mode}")
+            break
+    if batch > 1 and (b := max((b for b in range(1, batch) if ok(batch=b)), default=0)):
+        out.append(f"data.batch_size={b}")
+    if seq and seq > 1:
+        lo, hi = 0, seq - 1  # the longest length that fits, by bisection (the plan grows with it)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if ok(seq=mid) else (lo, mid - 1)
+        if lo:
+            out.append(f"data.seq_len={lo}")
+    sharded = setup if setup.strategy == "fsdp" else dataclasses.replace(setup, strategy="fsdp")
+    if setup.strategy != "fsdp" and ok(sharded):
+        out.append("distributed.strategy=fsdp")
+    else:
+        world = next((w for w in range(setup.world_size + 1, MAX_RANKS + 1)
+                      if ok(dataclasses.replace(sharded, world_size=w))), None)
+        if world is not None:
+            fsdp = "" if setup.strategy == "fsdp" else " with distributed.strategy=fsdp"
+            out.append(f"{world} ranks (--nproc-per-node, or more nodes){fsdp}")
+    return out
+
+
+def _key(option: str) -> str:
+    return "--nproc-per-node" if option[0].isdigit() else option.split("=")[0]
+
+
+def check_fits(plan: GpuPlan, m: Measured, cfg: Config, *, free: int, capacity: int, where: str) -> None:
+    """ConfigError (exit 2) naming what would fit when `plan` does not fit `free` of `capacity` bytes."""
+    if fits(plan.total, free, capacity):
+        return
+    parts = ", ".join(f"{name} {gib(n)}" for name, n in plan.parts.items() if n)
+    options = fixes(m, plan.setup, cfg, free, capacity)
+    advice = ("it fits with any one of: " + "; ".join(options)) if options else \
+        "no single setting makes it fit: a smaller model, or devices with more memory"
+    s = plan.setup
+    raise ConfigError(_key(options[0]) if options else "model.name",
+                      f"this run needs about {gib(plan.total)} per rank ({s.strategy}, {s.world_size} "
+                      f"rank{'s' if s.world_size > 1 else ''}: {parts}); {where} has {gib(free)} free of "
+                      f"{gib(capacity)}, {HEADROOM:.0%} of it kept as headroom: {advice} ({SKIP_ENV}=1 tries anyway)")
+
+
+def measured_peak(device: torch.device) -> dict[str, int] | None:
+    """The most any rank allocated and reserved (CUDA allocator) since the last peak reset; None off
+    CUDA. A collective under several ranks: call it on every rank."""
+    if device.type != "cuda":
+        return None
+    import torch.distributed as dist
+
+    peaks = torch.tensor([torch.cuda.max_memory_allocated(device), torch.cuda.max_memory_reserved(device)],
+                         dtype=torch.int64, device=device)
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(peaks, op=dist.ReduceOp.MAX)
+    allocated, reserved = (int(v) for v in peaks.tolist())
+    return {"max_allocated_bytes": allocated, "max_reserved_bytes": reserved}
+
+
+def plan_record(plan: GpuPlan | None, measured: dict[str, int] | None) -> dict[str, Any] | None:
+    """The plan as summary.json keeps it (`memory_plan`), the measured peak (max over ranks) beside it."""
+    if plan is None:
+        return None
+    record = {"parts": dict(plan.parts), "total_bytes": plan.total, "strategy": plan.setup.strategy,
+              "world_size": plan.setup.world_size, "setup": dataclasses.asdict(plan.setup),
+              "notes": list(plan.notes), "measured": measured}
+    if measured:
+        record["allocated_over_plan"] = round(measured["max_allocated_bytes"] / plan.total, 4)
+    return record
+
+
+def device_memory(device: torch.device) -> tuple[int, int] | None:
+    """(free, total) bytes of a CUDA device as this process sees it; None elsewhere."""
+    if device.type != "cuda":
+        return None
+    free, total = torch.cuda.mem_get_info(device)
+    return int(free), int(total)
+
+
+def plan_run(cfg: Config, strategy: str, world_size: int, policy: PrecisionPolicy, *,
+             memory: tuple[int, int] | None, where: str, announce: bool) -> GpuPlan | None:
+    """The run's plan per rank (None when the model cannot be built on the meta device), refused
+    (ConfigError, exit 2) when `memory` = (free, total) bytes is given and it does not fit
+    (`KILN_SKIP_MEMORY_CHECK=1` only warns). `announce`: log the table (rank 0, the launcher)."""
+    built = meta_model(cfg)
+    if built is None:
+        return None
+    num = sum(p.numel() for p in built.module.parameters())
+    setup = run_setup(cfg, strategy, world_size, policy, num)
+    m = measure(built, cfg, setup)
+    plan = plan_of(m, setup, checkpointing=cfg.training.activation_checkpointing, batch=m.batch, seq=m.seq)
+    if cfg.precision.float8 != "none":
+        plan.notes.append("float8: weights, gathers and activations planned in the compute dtype (torchao's "
+                          "float8 casts are transient)")
+    if announce:
+        log.info(table(plan))
+    if memory is not None:
+        try:
+            check_fits(plan, m, cfg, free=memory[0], capacity=memory[1], where=where)
+        except ConfigError as exc:
+            if os.environ.get(SKIP_ENV) != "1":
+                raise
+            log.warning("%s", exc)
+    return plan
+
+
+def launcher_device_memory(ranks: int) -> tuple[int, int] | None:
+    """(least free, total) bytes over the first `ranks` visible GPUs, read through NVML, which opens no
+    CUDA context in the launcher (one would hold GPU memory through the run); None without NVML."""
+    pynvml = import_nvml()
+    if pynvml is None:
+        return None
+    try:
+        pynvml.nvmlInit()
+        try:
+            visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+            indices = [int(i) for i in visible.split(",")] if visible else list(range(pynvml.nvmlDeviceGetCount()))
+            infos = [pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i))
+                     for i in indices[:max(1, ranks)]]
+        finally:
+            pynvml.nvmlShutdown()
+    except (pynvml.NVMLError, ValueError):  # no driver, or GPUs named by UUID in CUDA_VISIBLE_DEVICES
+        return None
+    if not infos:
+        return None
+    return min(int(i.free) for i in infos), min(int(i.total) for i in infos)
