@@ -94,9 +94,9 @@ def test_launched_overrides_read_the_rank_files_and_log_every_step(tmp_path):
     assert cfg.optim.warmup_steps == opts.hyper.warmup_steps and cfg.data.batch_size == 2
 
 
-def test_plan_peak_reads_the_first_known_key():
-    assert ranks.plan_peak({"total_bytes": 7, "peak_bytes": 9}) == 9
-    assert ranks.plan_peak({"per_rank_bytes": 5.0}) == 5
+def test_plan_peak_reads_the_plans_total():
+    assert ranks.plan_peak({"total_bytes": 7, "parts": {"params": 3}}) == 7
+    assert ranks.plan_peak({"total_bytes": 5.0}) == 5
     assert ranks.plan_peak({"rows": []}) is None and ranks.plan_peak(None) is None
 
 

@@ -27,8 +27,6 @@ from kiln.monitor.records import read_records
 _REPLACED = ("data.source=", "data.path=", "data.token_dtype=", "training.device=")
 PLAN_KEY = "memory_plan"
 """summary.json's key for kiln's memory plan, when the run wrote one (else the first key naming a plan)."""
-PLAN_PEAK_KEYS = ("peak_bytes", "total_bytes", "planned_peak_bytes", "per_rank_bytes")
-"""Where in the plan the planned peak per rank may sit (the first found is reported)."""
 
 
 def launched_overrides(base: list[str], files: tuple[Path, Path], device_type: str) -> list[str]:
@@ -42,13 +40,9 @@ def launched_overrides(base: list[str], files: tuple[Path, Path], device_type: s
 
 
 def plan_peak(plan: Any) -> int | None:
-    """The planned peak bytes per rank in a summary.json memory plan, or None."""
-    if not isinstance(plan, dict):
-        return None
-    for key in PLAN_PEAK_KEYS:
-        if isinstance(plan.get(key), (int, float)):
-            return int(plan[key])
-    return None
+    """The planned peak bytes per rank of a summary.json `memory_plan` (kiln.train.gpu_plan.plan_record), or None."""
+    total = plan.get("total_bytes") if isinstance(plan, dict) else None
+    return int(total) if isinstance(total, (int, float)) else None
 
 
 def step_records(run_dir: Path) -> list[dict[str, Any]]:
@@ -74,8 +68,7 @@ def read_run(row: TrainRow, run: RowRun, run_dir: Path, code: int, timeout_s: fl
     elif len(records) < run.opts.steps:
         row.status, row.reason = "error", f"logged {len(records)} of {run.opts.steps} steps"
     row.applied_strategy, row.params = summary.get("strategy"), summary.get("num_params")
-    row.memory_plan = summary.get(PLAN_KEY, next((v for k, v in summary.items() if "plan" in k and isinstance(v, dict)),
-                                                 None))
+    row.memory_plan = summary.get(PLAN_KEY)
     row.plan_bytes = plan_peak(row.memory_plan)
     if records:
         set_figures(row, [r["step_ms"] / 1e3 for r in records[1:]], ctx, run.opts.warmup)
