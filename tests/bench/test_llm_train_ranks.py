@@ -144,7 +144,7 @@ def test_a_launched_run_is_read_back_from_its_metrics_and_summary(tmp_path):
                for i, ms, peak in ((1, 9000.0, 10), (2, 100.0, 30), (3, 100.0, 20))]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     (tmp_path / "summary.json").write_text(json.dumps({"status": "completed", "strategy": "fsdp", "num_params": 7,
-                                                       "memory_plan": {"peak_bytes": 25}}))
+                                                       "memory_plan": {"total_bytes": 25}}))
     row = ranks.read_run(TrainRow("k", "kiln"), _run(tmp_path), tmp_path, 0, 60.0)
     assert row.status == "ok" and row.losses == [4.0, 3.0, 2.0] and row.first_step_s == 9.0
     assert row.step_ms == pytest.approx(100.0) and row.tokens_per_s == pytest.approx(160.0)
