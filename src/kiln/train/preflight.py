@@ -12,6 +12,7 @@ from kiln.config.errors import ConfigError
 from kiln.config.schema import Config
 from kiln.data import build_data
 from kiln.distributed.fsdp import fsdp_available
+from kiln.distributed.launch import uses_gpu
 from kiln.distributed.strategy import resolve_strategy
 from kiln.models import build_model
 from kiln.monitor.prometheus import check_bindable
@@ -41,7 +42,7 @@ def preflight(cfg: Config, run_dir: Path, world_size: int = 1, *, locked: bool =
         build_data(cfg.data, built.input_spec if built else None, device=torch.device("cpu"), seed=cfg.training.seed)
     if cfg.metrics.prometheus:
         check_bindable(cfg.metrics.prometheus_host, cfg.metrics.prometheus_port)
-    if device_type == "cuda" and cfg.distributed.strategy != "auto":  # auto asks a rank's device
+    if uses_gpu(cfg.training.device) and cfg.distributed.strategy != "auto":  # auto asks a rank's device
         _plan_on_gpus(cfg, world_size)
     if cfg.distributed.strategy == "fsdp":
         if not fsdp_available():
