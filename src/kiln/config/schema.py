@@ -213,6 +213,8 @@ class DistributedConfig:
     """FSDP2: units whose all-gather each unit issues explicitly before its own forward (0 = FSDP2's implicit prefetch, which overlaps only while the CPU runs ahead of the device)."""
     replicate_degree: int = 1
     """FSDP2 as HSDP: `N` > 1 splits the ranks into N replicas of the model, each sharded over world size / N ranks (a 2-D device mesh `replicate` x `shard`; put one replica on each node, so the all-gathers and reduce-scatters stay on the node's fast links and only one gradient all-reduce per step crosses nodes). Needs distributed.strategy=fsdp and a world size divisible by N. 1 = plain FSDP2: shard over every rank."""
+    fsdp_backward_prefetch: int = 0
+    """FSDP2: units whose all-gather each unit issues explicitly before its own backward, in backward order (0 = FSDP2's default: the next unit, implicitly). Only with fsdp_reshard_after_forward resharding the units (else backward gathers nothing)."""
     fsdp_cpu_offload: bool = False
     """FSDP2: keep sharded parameters, gradients and optimizer state in CPU memory."""
     fsdp_local_update: bool = True

@@ -206,6 +206,7 @@ def validate(cfg: Config, *, check_torch: bool = True) -> None:
         ("distributed.fsdp_min_params", 1),
         ("distributed.fsdp_unit_blocks", 0),
         ("distributed.fsdp_forward_prefetch", 0),
+        ("distributed.fsdp_backward_prefetch", 0),
         ("distributed.replicate_degree", 1),
         ("checkpoint.interval", 0),
         ("checkpoint.keep", 1),

@@ -175,11 +175,13 @@ def apply_fsdp(
     # again first in backward, so resharding them would only add an all-gather.
     fully_shard(model, reshard_after_forward=not units and resharded, **kwargs)
     _set_forward_prefetch(sharded, cfg.fsdp_forward_prefetch)
+    _set_backward_prefetch(sharded, cfg.fsdp_backward_prefetch)
     # One rank: the units' parameters filled by one fused copy each (kiln.distributed.fsdp_one_rank).
     fused = cfg.fsdp_one_rank_fused_copy and install_one_rank_unshard(model) > 0
     # What was chosen, for the run's summary.json (the config's 0 / auto say only how to choose).
     model.kiln_fsdp_layout = {"unit_blocks": [len(u) if isinstance(u, list) else 1 for u in units],
                               "reshard_after_forward": resharded, "forward_prefetch": cfg.fsdp_forward_prefetch,
+                              "backward_prefetch": cfg.fsdp_backward_prefetch,
                               "mesh": _mesh_shape(mesh), "param_dtype": _dtype_name(mp.param_dtype),
                               "reduce_dtype": _dtype_name(mp.reduce_dtype), "one_rank_fused_copy": fused}
     return model
@@ -209,6 +211,17 @@ def _set_forward_prefetch(units: list, depth: int) -> None:
     modules = [_first_module(u) for u in units]
     for i, module in enumerate(modules[:-1]):
         module.set_modules_to_forward_prefetch(modules[i + 1:i + 1 + depth])
+
+
+def _set_backward_prefetch(units: list, depth: int) -> None:
+    """Explicit backward prefetch: each unit issues the all-gathers of the `depth` units that run
+    after it in backward (the ones before it in forward), so they overlap its gradient compute."""
+    if depth <= 0:
+        return
+    modules = [_first_module(u) for u in units]
+    for i in range(len(modules) - 1, 0, -1):
+        module = modules[i]
+        module.set_modules_to_backward_prefetch(modules[max(0, i - depth):i][::-1])
 
 
 def set_gradient_sync(model: torch.nn.Module, enabled: bool) -> None:
