@@ -5,6 +5,7 @@ model loads it and runs steps 4-6 again. Reports what the test compares, as JSON
 
 from __future__ import annotations
 
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -30,7 +31,9 @@ def build(seed: int):
     for i in (0, 2, 4):
         fully_shard(model[i], mp_policy=mp)
     fully_shard(model, mp_policy=mp)
-    optimizer = MasterAdamW(param_groups(model, 0.1), lr=LR, betas=(0.9, 0.95), eps=1e-8, use_kernel=False)
+    # KERNEL=1 (with TRITON_INTERPRET=1): the update runs kiln's Triton kernel on the local shards.
+    kernel = os.environ.get("KERNEL") == "1"
+    optimizer = MasterAdamW(param_groups(model, 0.1), lr=LR, betas=(0.9, 0.95), eps=1e-8, use_kernel=kernel)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0 / (1 + 0.1 * s))
 
     def forward_loss(inputs, targets):

@@ -99,7 +99,12 @@ def test_bf16_master_under_fsdp2_trains_to_the_one_process_losses_and_resumes_bi
     assert [r["ckpt_step"] for r in records if "ckpt_step" in r] == [4]  # the interval save, in step 5's record
 
 
-def test_bf16_master_under_fsdp2_resumes_bitwise_after_an_async_save(run_ranks, tmp_path):
+@pytest.mark.parametrize("kernel", [False, True], ids=["torch-ops", "triton-kernel-interpreted"])
+def test_bf16_master_under_fsdp2_resumes_bitwise_after_an_async_save(run_ranks, tmp_path, monkeypatch, kernel):
+    if kernel:  # the ranks import Triton fresh: its interpreter runs kiln's kernel on the CPU shards
+        pytest.importorskip("triton")
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+        monkeypatch.setenv("KERNEL", "1")
     reports = run_ranks("master_fsdp_worker.py", tmp_path / "report.json")["ranks"]
     for r in reports:
         assert r["async_in_flight"]  # the save was still being written while steps 4-6 ran
