@@ -29,3 +29,11 @@ def test_plain_gradients_go_to_torch():
     assert torch.allclose(norm, expected)
     clipped = torch.linalg.vector_norm(torch.cat([p.grad.flatten() for p in layer.parameters()]))
     assert clipped == pytest.approx(0.1, rel=1e-4)
+
+
+def test_hsdp_norm_sums_over_the_shard_groups_only(run_ranks, tmp_path):
+    r = run_ranks("hsdp_norm_worker.py", tmp_path / "report.json", nproc=4)
+    assert r["placements"] == ["Replicate", "Shard"] and r["local_path"] and r["groups"] == 1
+    assert r["norm"] == pytest.approx(r["torch_norm"], rel=1e-5)
+    assert r["clip_returned"] == pytest.approx(r["torch_norm"], rel=1e-5) and r["norm"] > 0.5
+    assert r["max_grad_diff"] < 1e-6

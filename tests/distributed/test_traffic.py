@@ -38,6 +38,7 @@ def test_fsdp_units_match_fully_shard(wrappers):
     # Every unit but the last is resharded after forward, so only those gather again in backward.
     assert [u["reshard"] for u in wrappers["fsdp_units"]] == [True, True, False]
     assert [u["prefetches"] for u in wrappers["fsdp_units"]] == [1, 1, 0]  # fsdp_forward_prefetch=1
+    assert [u["backward_prefetches"] for u in wrappers["fsdp_units"]] == [0, 1, 2]  # fsdp_backward_prefetch=2
     regathers = [c.label for c in t.collectives if c.op == "all_gather" and c.phase == "backward"]
     assert regathers == ["unit 2/3", "unit 1/3"]
     assert wrappers["state_dict_keys_kept"]

@@ -40,6 +40,7 @@ def main(out: str) -> None:
 
     fsdp = [*OVERRIDES, "distributed.strategy=fsdp", "distributed.fsdp_unit_blocks=2"]
     cfg = load_config(None, [*fsdp, "distributed.fsdp_reshard_after_forward=true", "distributed.fsdp_forward_prefetch=1",
+                             "distributed.fsdp_backward_prefetch=2",
                              "compile.enabled=true", "compile.backend=eager"])
     built = _model(cfg)
     keys = sorted(built.module.state_dict())
@@ -68,7 +69,8 @@ def _units(sharded) -> list[dict]:
         seen.add(id(group))
         units.append({"params": sum(p._sharded_param_data.numel() for p in group.fsdp_params) * dist.get_world_size(),
                       "reshard": group.post_forward_mesh_info is not None,
-                      "prefetches": len(module._get_fsdp_state()._states_to_forward_prefetch)})
+                      "prefetches": len(module._get_fsdp_state()._states_to_forward_prefetch),
+                      "backward_prefetches": len(module._get_fsdp_state()._states_to_backward_prefetch)})
     return units
 
 

@@ -8,7 +8,15 @@ import json
 import pytest
 
 from kiln.profile.profile_summary import summarise_trace
-from kiln.profile.trace import cpu_self_times, device_events, idle_gaps, kernel_table, kinds, load_trace
+from kiln.profile.trace import (
+    cpu_self_times,
+    device_events,
+    exposed_communication,
+    idle_gaps,
+    kernel_table,
+    kinds,
+    load_trace,
+)
 
 
 def k(name, ts, dur, cat="kernel", stream=7):
@@ -87,6 +95,25 @@ def test_cpu_self_times_subtract_nested_ops():
     assert out["by_kind"]["matmul"]["share"] == pytest.approx(0.095 / 0.170)
 
 
+def test_exposed_communication_is_collective_time_with_no_other_kernel_running():
+    # The all-reduce of KERNELS runs alone (the memcpy starts as it ends): all of it is exposed.
+    alone = exposed_communication(device_events(KERNELS), steps=2)
+    assert alone == {"comm_ms_per_step": 0.025, "exposed_ms_per_step": 0.025, "exposed_frac": 1.0}
+    # FSDP2-like: a reduce-scatter [100, 150] and an all-gather [140, 170] on their own streams, compute
+    # kernels [120, 130] and [145, 160] beside them: the collectives' union is 70 us, 25 of it hidden.
+    overlapped = device_events([
+        k("ncclDevKernel_ReduceScatter_Sum_f32_RING_LL", 100, 50, stream=3),
+        k("ncclDevKernel_AllGather_RING_LL", 140, 30, stream=4),
+        k("nvjet_tst_128x64_64x4_1x2_h_bz_NNT", 120, 10),
+        k("triton_poi_fused_gelu_0", 145, 15),
+    ])
+    figures = exposed_communication(overlapped, steps=1)
+    assert figures["comm_ms_per_step"] == pytest.approx(0.070)
+    assert figures["exposed_ms_per_step"] == pytest.approx(0.045)
+    assert figures["exposed_frac"] == pytest.approx(45 / 70)
+    assert exposed_communication(device_events(KERNELS[:1]), steps=1)["exposed_frac"] == 0.0  # no collectives
+
+
 def test_summarise_gzipped_trace(tmp_path):
     path = tmp_path / "t.pt.trace.json.gz"
     with gzip.open(path, "wt") as f:
@@ -95,6 +122,7 @@ def test_summarise_gzipped_trace(tmp_path):
     assert len(load_trace(path)) == 7
     gpu = summarise_trace(path, 2, "cuda")
     assert gpu["gpu"]["status"] == "ok" and gpu["gpu"]["idle"]["gaps"] == 3
+    assert gpu["gpu"]["communication"]["exposed_ms_per_step"] == pytest.approx(0.025)
     cpu = summarise_trace(path, 2, "cpu")
     assert cpu["gpu"]["status"] == "n/a" and "CPU run" in cpu["gpu"]["reason"]
     assert cpu["cpu"]["top"][0]["name"] == "aten::mm"

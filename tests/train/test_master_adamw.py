@@ -173,7 +173,6 @@ def test_policy_builds_bf16_model_and_master_optimizer():
     (["optim.name=sgd"], "optim.name"),
     (["compile.enabled=true", "compile.cudagraphs=true"], "compile.cudagraphs"),
     (["compile.enabled=true", "compile.scope=step"], "compile.scope"),
-    (["distributed.strategy=fsdp"], "FSDP2"),
 ])
 def test_combinations_it_cannot_run_exit_2_before_any_work(tmp_path, capsys, extra, needle):
     with pytest.raises(ConfigError, match="precision.policy"):

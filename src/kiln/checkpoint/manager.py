@@ -7,7 +7,9 @@ complete one; a crash at any point leaves the previous complete checkpoint as th
 A save that fails (full disk, lost permission, a dead peer) raises `CheckpointSaveError` on every
 rank after rank 0 removed its `.tmp` directory, so the space it held is free again and nothing
 half-written is left; the previous complete checkpoint is never touched.
-"""
+
+Each save's stall on the step and total time are recorded; async saves stage through page-locked
+host buffers on CUDA, kept from one save to the next (kiln.checkpoint.save_timing)."""
 
 from __future__ import annotations
 
@@ -45,6 +47,7 @@ from kiln.checkpoint.layout import (
     latest_complete,
     read_marker,
 )
+from kiln.checkpoint.save_timing import PinnedStaging, SaveTimes, save_progress
 from kiln.checkpoint.signals import interruption
 from kiln.checkpoint.state import AppState
 from kiln.checkpoint.storage import CheckpointSaveError, discard_partial, newest_intact, remove_partial
@@ -92,6 +95,8 @@ class Checkpointer:
         self._async_group = None
         self.removed_partial: list[Path] = []  # rank 0: .tmp directories of failed saves it removed
         self._async_storage: OSError | None = None  # rank 0: the storage's problem after a failed async save
+        self.times = SaveTimes()  # each save's stall on the training step and total time
+        self._staging = PinnedStaging()
         if cfg.async_save and self.distributed:
             # async_save runs DCP's collectives in a background thread: they need a CPU (gloo)
             # backend (dcp.async_save asserts it) and must not interleave with the training
@@ -133,6 +138,7 @@ class Checkpointer:
         `block=None` follows `cfg.async_save` (final saves always block). Non-blocking: returns once
         the state is staged in host memory; the checkpoint turns complete in the background and
         at most one save is in flight (this call first waits for the previous one)."""
+        entered = time.perf_counter()
         self.wait()
         if app_state.guard is not None:
             app_state.guard.check()  # never write a non-finite state (raises NonFiniteError)
@@ -141,8 +147,9 @@ class Checkpointer:
             return target  # e.g. the interval save fell on the last step, then the final save
         tmp = target.with_name(target.name + ".tmp")
         block = final or not self.cfg.async_save if block is None else block
+        timing = self.times.begin(step, asynchronous=not block, final=final)
         try:
-            self._save(step, app_state, tmp, target, final=final, block=block)
+            self._save(step, app_state, tmp, target, final=final, block=block, timing=timing)
         except BaseException as exc:
             # DCP raises only after every rank's writes ended (its results are gathered on rank 0
             # and broadcast), so rank 0 can remove the partial directory without racing a writer.
@@ -160,10 +167,12 @@ class Checkpointer:
                     raise
                 raise interrupted from None
             raise CheckpointSaveError(step, target, exc, storage=storage, rank=self.rank) from exc
+        self.times.stalled(timing, time.perf_counter() - entered)
         self.last_saved_step = step
         return target
 
-    def _save(self, step: int, app_state: AppState, tmp: Path, target: Path, *, final: bool, block: bool) -> None:
+    def _save(self, step: int, app_state: AppState, tmp: Path, target: Path, *, final: bool, block: bool,
+              timing: dict) -> None:
         if self.rank == 0:
             self.root.mkdir(parents=True, exist_ok=True)
             if tmp.is_symlink() or tmp.is_file():  # not kiln's: only the name goes, never what it names
@@ -177,13 +186,17 @@ class Checkpointer:
         started = time.perf_counter()
         state = {APP_KEY: app_state}
         if block:
-            with quiet_single_process():
+            if final and self.rank == 0:
+                log.info("writing the final checkpoint step %d into %s", step, tmp)
+            with quiet_single_process(), save_progress(tmp, step, enabled=self.rank == 0):
                 dcp.save(state, checkpoint_id=tmp, process_group=self.group)
             error = self._finalize(tmp, target, meta, started) if self.rank == 0 else None
             self._raise_if_any(error, step)
+            self.times.done(timing, time.perf_counter() - started)
             return
         with quiet_single_process():
-            response = dcp.async_save(state, checkpoint_id=tmp, process_group=self._async_group)
+            response = dcp.async_save(state, checkpoint_id=tmp, process_group=self._async_group,
+                                      **self._staging.kwargs())
         # torch >= 2.9 may return AsyncSaveResponse (staging + upload futures); older a Future.
         future: Future = getattr(response, "upload_completion", response)
         self._pending = (step, future, tmp)
@@ -192,9 +205,9 @@ class Checkpointer:
         if self.rank == 0:
             # Rank 0's DCP save returns after every rank's data is written and it has written
             # .metadata, so it can complete the checkpoint in the background, no barrier needed.
-            future.add_done_callback(lambda f: self._finalize_async(f, tmp, target, meta, started))
+            future.add_done_callback(lambda f: self._finalize_async(f, tmp, target, meta, started, timing))
         else:
-            future.add_done_callback(lambda f: self._finalized.set())
+            future.add_done_callback(lambda f: self._async_done(f, started, timing))
 
     def _discard(self, tmp: Path, error: BaseException | None) -> OSError | None:
         storage, removed = discard_partial(self.root, tmp, error)
@@ -241,9 +254,18 @@ class Checkpointer:
             raise CheckpointSaveError(step, target, exc, storage=self._async_storage, rank=self.rank) from exc
 
     def close(self, *, collective: bool = True) -> None:
-        self.wait(collective=collective)
+        try:
+            self.wait(collective=collective)
+        finally:
+            self._staging.close()
 
-    def _finalize_async(self, future: Future, tmp: Path, target: Path, meta: dict, started: float) -> None:
+    def _async_done(self, future: Future, started: float, timing: dict) -> None:  # ranks but 0
+        if future.exception() is None:
+            self.times.done(timing, time.perf_counter() - started)
+        self._finalized.set()
+
+    def _finalize_async(self, future: Future, tmp: Path, target: Path, meta: dict, started: float,
+                        timing: dict) -> None:
         self._async_storage = None
         try:
             error = future.exception()
@@ -252,6 +274,8 @@ class Checkpointer:
                 error = self._finalize_error
             if error is not None:
                 self._async_storage = self._discard(tmp, error)
+            else:
+                self.times.done(timing, time.perf_counter() - started)
         finally:
             self._finalized.set()
 

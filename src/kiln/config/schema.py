@@ -142,7 +142,7 @@ class OptimConfig:
 @dataclass(kw_only=True)
 class PrecisionConfig:
     policy: Policy = "fp32"
-    """`fp32`, `bf16-mixed` (autocast), `fp16-mixed` (autocast + GradScaler), `bf16-true` (weights in bf16), `bf16-master` (bf16 weights and gradients, fp32 master weights and AdamW moments in the optimizer: no autocast casts, clipping folded into a fused update; AdamW only, not with compile.cudagraphs, compile.scope=step or FSDP)."""
+    """`fp32`, `bf16-mixed` (autocast), `fp16-mixed` (autocast + GradScaler), `bf16-true` (weights in bf16), `bf16-master` (bf16 weights and gradients, fp32 master weights and AdamW moments in the optimizer: no autocast casts, clipping folded into a fused update; AdamW only, not with compile.cudagraphs, compile.scope=step; under FSDP2 each rank keeps the masters and moments of its own shard)."""
     tf32: bool = True
     """Allow TF32 tensor cores for fp32 matmuls and convolutions on CUDA."""
     float8: Float8 = "none"
@@ -211,6 +211,10 @@ class DistributedConfig:
     """FSDP2: `true` frees gathered parameters after forward (ZeRO-3, less memory), `false` keeps them until backward (ZeRO-2-like: one all-gather less per unit and step, less host work), `auto` keeps them when the whole model gathers <= 1 GiB (about 0.5 B parameters in bf16), else frees them. The root and the last unit are never resharded: backward needs them first."""
     fsdp_forward_prefetch: int = 0
     """FSDP2: units whose all-gather each unit issues explicitly before its own forward (0 = FSDP2's implicit prefetch, which overlaps only while the CPU runs ahead of the device)."""
+    replicate_degree: int = 1
+    """FSDP2 as HSDP: `N` > 1 splits the ranks into N replicas of the model, each sharded over world size / N ranks (a 2-D device mesh `replicate` x `shard`; put one replica on each node, so the all-gathers and reduce-scatters stay on the node's fast links and only one gradient all-reduce per step crosses nodes). Needs distributed.strategy=fsdp and a world size divisible by N. 1 = plain FSDP2: shard over every rank."""
+    fsdp_backward_prefetch: int = 0
+    """FSDP2: units whose all-gather each unit issues explicitly before its own backward, in backward order (0 = FSDP2's default: the next unit, implicitly). Only with fsdp_reshard_after_forward resharding the units (else backward gathers nothing)."""
     fsdp_cpu_offload: bool = False
     """FSDP2: keep sharded parameters, gradients and optimizer state in CPU memory."""
     fsdp_local_update: bool = True

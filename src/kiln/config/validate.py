@@ -151,9 +151,10 @@ def _check_master_weights(cfg: Config) -> None:
     if cfg.compile.enabled and cfg.compile.scope == "step":
         raise ConfigError("precision.policy", "bf16-master's update is its own fused kernel, not traced by "
                           "torch.compile: use compile.scope=model or model+loss", other)
-    if cfg.distributed.strategy == "fsdp":
-        raise ConfigError("precision.policy", "FSDP2 keeps its own fp32 shards: use precision.policy=bf16-mixed "
-                          "with distributed.fsdp_param_dtype=bf16", other)
+    if cfg.distributed.strategy == "fsdp" and cfg.distributed.fsdp_param_dtype not in ("auto", "bf16"):
+        raise ConfigError("distributed.fsdp_param_dtype", "bf16-master keeps bf16 parameters (fp32 masters live in "
+                          f"the optimizer); FSDP2 gathering them as {cfg.distributed.fsdp_param_dtype} would compute "
+                          "in another dtype", ("auto", "bf16"))
 
 
 def _check_choices(cfg: Config) -> None:
@@ -205,6 +206,8 @@ def validate(cfg: Config, *, check_torch: bool = True) -> None:
         ("distributed.fsdp_min_params", 1),
         ("distributed.fsdp_unit_blocks", 0),
         ("distributed.fsdp_forward_prefetch", 0),
+        ("distributed.fsdp_backward_prefetch", 0),
+        ("distributed.replicate_degree", 1),
         ("checkpoint.interval", 0),
         ("checkpoint.keep", 1),
         ("metrics.straggler_margin", 0),
@@ -236,6 +239,9 @@ def validate(cfg: Config, *, check_torch: bool = True) -> None:
             f"{cfg.optim.decay_steps or cfg.training.steps})",
         )
     _check_master_weights(cfg)
+    if cfg.distributed.replicate_degree > 1 and cfg.distributed.strategy != "fsdp":
+        raise ConfigError("distributed.replicate_degree", f"HSDP (replicas of FSDP2 shards) needs "
+                          f"distributed.strategy=fsdp; it is {cfg.distributed.strategy!r}", ("1",))
     dev = cfg.training.device
     if not (dev in ("auto", "cpu", "cuda") or re.fullmatch(r"cuda:[0-9]+", dev)):
         raise ConfigError("training.device", f"unknown device {dev!r}", ("auto", "cpu", "cuda", "cuda:N"))

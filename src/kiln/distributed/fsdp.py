@@ -3,6 +3,10 @@
 Consecutive repeated blocks become units (a unit's parameters are gathered just before it runs
 and, for models too large to keep gathered, freed after), then the root takes what is left
 (embeddings, head). This is torchtitan's layout with blocks grouped (see UNIT_TARGET_BYTES).
+
+With `distributed.replicate_degree=R` > 1 (HSDP) the units are sharded over a 2-D device mesh
+("replicate", "shard"): each of R replicas shards the model over world / R ranks (one node, its
+fast links), and FSDP2 all-reduces the reduce-scattered gradient shards across the replicas.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 import logging
 
 import torch
+import torch.distributed as dist
 
 from kiln.config.errors import ConfigError
 from kiln.config.schema import DistributedConfig
@@ -111,6 +116,18 @@ def fsdp_units(model: torch.nn.Module, blocks: list[torch.nn.Module], cfg: Distr
     return [m for m in model.modules() if type(m).__name__ in names and m is not model]
 
 
+def device_mesh(cfg: DistributedConfig, device_type: str):
+    """The 2-D ("replicate", "shard") mesh of HSDP, or None for FSDP2's default 1-D mesh over all
+    ranks. The world size was checked to split evenly (kiln.distributed.strategy.check_mesh)."""
+    replicas = cfg.replicate_degree
+    if replicas <= 1 or not dist.is_initialized():
+        return None
+    from torch.distributed.device_mesh import init_device_mesh
+
+    world = dist.get_world_size()
+    return init_device_mesh(device_type, (replicas, world // replicas), mesh_dim_names=("replicate", "shard"))
+
+
 def mixed_precision(cfg: DistributedConfig, policy: PrecisionPolicy):
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
@@ -133,6 +150,10 @@ def apply_fsdp(
     from torch.distributed.fsdp import fully_shard
 
     kwargs: dict = {"mp_policy": mixed_precision(cfg, policy)}
+    first = next(model.parameters(), None)
+    mesh = device_mesh(cfg, first.device.type if first is not None else "cpu")
+    if mesh is not None:
+        kwargs["mesh"] = mesh
     if cfg.fsdp_cpu_offload:
         from torch.distributed.fsdp import CPUOffloadPolicy
 
@@ -154,12 +175,27 @@ def apply_fsdp(
     # again first in backward, so resharding them would only add an all-gather.
     fully_shard(model, reshard_after_forward=not units and resharded, **kwargs)
     _set_forward_prefetch(sharded, cfg.fsdp_forward_prefetch)
+    _set_backward_prefetch(sharded, cfg.fsdp_backward_prefetch)
     # One rank: the units' parameters filled by one fused copy each (kiln.distributed.fsdp_one_rank).
     fused = cfg.fsdp_one_rank_fused_copy and install_one_rank_unshard(model) > 0
     # What was chosen, for the run's summary.json (the config's 0 / auto say only how to choose).
     model.kiln_fsdp_layout = {"unit_blocks": [len(u) if isinstance(u, list) else 1 for u in units],
-                              "reshard_after_forward": resharded, "one_rank_fused_copy": fused}
+                              "reshard_after_forward": resharded, "forward_prefetch": cfg.fsdp_forward_prefetch,
+                              "backward_prefetch": cfg.fsdp_backward_prefetch,
+                              "mesh": _mesh_shape(mesh), "param_dtype": _dtype_name(mp.param_dtype),
+                              "reduce_dtype": _dtype_name(mp.reduce_dtype), "one_rank_fused_copy": fused}
     return model
+
+
+def _dtype_name(dtype: torch.dtype | None) -> str | None:
+    return None if dtype is None else {v: k for k, v in _DTYPES.items()}.get(dtype, str(dtype))
+
+
+def _mesh_shape(mesh) -> dict[str, int]:
+    """{"replicate": R, "shard": S}: how the ranks hold the model (R = 1 without HSDP)."""
+    if mesh is not None:
+        return dict(zip(mesh.mesh_dim_names, mesh.shape))
+    return {"replicate": 1, "shard": dist.get_world_size() if dist.is_initialized() else 1}
 
 
 def _first_module(unit) -> torch.nn.Module:
@@ -175,6 +211,17 @@ def _set_forward_prefetch(units: list, depth: int) -> None:
     modules = [_first_module(u) for u in units]
     for i, module in enumerate(modules[:-1]):
         module.set_modules_to_forward_prefetch(modules[i + 1:i + 1 + depth])
+
+
+def _set_backward_prefetch(units: list, depth: int) -> None:
+    """Explicit backward prefetch: each unit issues the all-gathers of the `depth` units that run
+    after it in backward (the ones before it in forward), so they overlap its gradient compute."""
+    if depth <= 0:
+        return
+    modules = [_first_module(u) for u in units]
+    for i in range(len(modules) - 1, 0, -1):
+        module = modules[i]
+        module.set_modules_to_backward_prefetch(modules[max(0, i - depth):i][::-1])
 
 
 def set_gradient_sync(model: torch.nn.Module, enabled: bool) -> None:

@@ -1,7 +1,10 @@
 """Gradient norm and clipping on FSDP2's local shards: one all-reduce instead of DTensor dispatch.
 
 Under FSDP2 every gradient is a DTensor sharded on dim 0 across the ranks of a 1-D mesh, so the
-global squared norm is the sum over ranks of each rank's local squared norm. torch's
+global squared norm is the sum over ranks of each rank's local squared norm. Under HSDP (a 2-D
+mesh: replicate x shard) the replicas hold equal gradients after FSDP2's all-reduce, so the sum
+runs over the shard dimension's group only; in general over the groups of the mesh dimensions
+the gradients are sharded on, one all-reduce each. torch's
 `clip_grad_norm_` reaches the same number through DTensor dispatch, op by op and tensor by
 tensor on the host (a per-parameter cost that grows with the parameter count and made up much of
 FSDP2's host time per step at one rank; see the fsdp_host_overhead results). Here: two
@@ -20,17 +23,17 @@ import torch.distributed as dist
 from torch import Tensor
 
 
-def _sharded_locals(grads: list[Tensor]) -> tuple[list[Tensor], object] | None:
-    """(local shards, process group) when every gradient is a DTensor sharded over one 1-D mesh."""
+def _sharded_locals(grads: list[Tensor]) -> tuple[list[Tensor], list] | None:
+    """(local shards, the process groups to sum squared norms over) when every gradient is a
+    DTensor on one mesh, each mesh dimension Shard or Replicate, all laid out alike."""
     try:
-        from torch.distributed.tensor import DTensor, Shard
+        from torch.distributed.tensor import DTensor, Replicate, Shard
     except ImportError:  # torch without public DTensor: not FSDP2
         return None
     if not grads or not all(isinstance(g, DTensor) for g in grads):
         return None
     mesh = grads[0].device_mesh
-    if mesh.ndim != 1:
-        return None
+    kinds = tuple(isinstance(p, Shard) for p in grads[0].placements)
     # These checks run every step. FSDP2 hands each gradient its parameter's DTensorSpec, and its
     # parameters share a few spec objects (12 for the 152 of a ViT), so each spec is checked once.
     checked: set[int] = set()
@@ -38,15 +41,21 @@ def _sharded_locals(grads: list[Tensor]) -> tuple[list[Tensor], object] | None:
         spec = g._spec
         if id(spec) in checked:
             continue
-        if not (spec.mesh is mesh or spec.mesh == mesh) or not all(isinstance(p, Shard) for p in spec.placements):
-            return None  # replicated or multi-dim layouts (HSDP, TP): leave them to torch
+        if not (spec.mesh is mesh or spec.mesh == mesh) or not all(isinstance(p, (Shard, Replicate))
+                                                                   for p in spec.placements):
+            return None  # a Partial (unreduced) gradient or another mesh: leave it to torch
+        if tuple(isinstance(p, Shard) for p in spec.placements) != kinds:
+            return None  # mixed layouts would need a sum over different groups per tensor
         checked.add(id(spec))
+    if not any(kinds):
+        return None  # replicated everywhere: torch's path is one local norm already
     # Under no_grad (the callers') `to_local()` returns `_local_tensor` itself; reading it directly
     # skips a call per gradient.
-    return [g._local_tensor for g in grads], mesh.get_group()
+    groups = [mesh.get_group(dim) for dim, sharded in enumerate(kinds) if sharded]
+    return [g._local_tensor for g in grads], groups
 
 
-def _local_norm(local: list[Tensor], group) -> Tensor:
+def _local_norm(local: list[Tensor], groups: list) -> Tensor:
     """The global 2-norm from each rank's local shards (float32)."""
     present = [g for g in local if g.numel()]
     if present:
@@ -54,7 +63,8 @@ def _local_norm(local: list[Tensor], group) -> Tensor:
         squared = torch.stack(torch._foreach_norm(present, 2, dtype=torch.float32)).square().sum()
     else:
         squared = torch.zeros((), device=local[0].device)
-    dist.all_reduce(squared, group=group)
+    for group in groups:
+        dist.all_reduce(squared, group=group)
     return squared.sqrt()
 
 
@@ -84,8 +94,8 @@ def clip_grad_norm(params: list[Tensor], max_norm: float) -> Tensor:
     sharded = _sharded_locals(grads)
     if sharded is None:
         return torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
-    local, group = sharded
-    norm = _local_norm(local, group)
+    local, groups = sharded
+    norm = _local_norm(local, groups)
     coef = (max_norm / (norm + 1e-6)).clamp(max=1.0)
     present = [g for g in local if g.numel()]
     if present:

@@ -25,6 +25,14 @@ def device_memory_bytes(device: torch.device) -> int | None:
     return None
 
 
+def check_mesh(replicate_degree: int, world_size: int) -> None:
+    """ConfigError unless `distributed.replicate_degree` replicas split `world_size` ranks evenly."""
+    if replicate_degree > 1 and world_size % replicate_degree:
+        raise ConfigError("distributed.replicate_degree", f"{replicate_degree} replicas cannot split {world_size} "
+                          f"ranks evenly; use a divisor of the world size",
+                          [str(d) for d in range(1, world_size + 1) if world_size % d == 0])
+
+
 def wraps_one_rank(cfg: Config, world_size: int, launched: bool) -> bool:
     """A one-rank job that still applies a DDP/FSDP wrapper: launched by torchrun (kiln's launcher
     or plain) with `distributed.strategy` ddp or fsdp named."""
@@ -37,6 +45,7 @@ def resolve_strategy(cfg: Config, world_size: int, num_params: int, param_bytes:
     `fsdp`: it applies the wrapper, which is how `kiln bench scale` measures a strategy's own cost
     at one rank (the reference its N-rank points are compared with)."""
     chosen = cfg.distributed.strategy
+    check_mesh(cfg.distributed.replicate_degree, world_size)
     if world_size == 1:
         if wraps_one_rank(cfg, world_size, launched):
             return chosen, f"distributed.strategy={chosen} on one rank (the wrapper's own cost, no peers)"

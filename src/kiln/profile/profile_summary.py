@@ -6,7 +6,14 @@ from pathlib import Path
 from typing import Any
 
 from kiln.profile.memory_window import na
-from kiln.profile.trace import cpu_self_times, device_events, idle_gaps, kernel_table, load_trace
+from kiln.profile.trace import (
+    cpu_self_times,
+    device_events,
+    exposed_communication,
+    idle_gaps,
+    kernel_table,
+    load_trace,
+)
 
 KIND_LABELS = {"triton": "Triton kernels", "matmul": "matmul kernels", "attention": "attention kernels",
                "communication": "communication",
@@ -25,7 +32,8 @@ def summarise_trace(trace_path: Path, steps: int, device_type: str) -> dict[str,
         out["gpu"] = na("the trace holds no GPU kernel events (CUPTI unavailable or busy in another profiler?)")
         return out
     top, totals = kernel_table(kernels, steps)
-    out["gpu"] = {"status": "ok", **totals, "idle": idle_gaps(kernels, steps), "top_kernels": top}
+    out["gpu"] = {"status": "ok", **totals, "idle": idle_gaps(kernels, steps),
+                  "communication": exposed_communication(kernels, steps), "top_kernels": top}
     return out
 
 
@@ -59,8 +67,12 @@ def render_markdown(s: dict[str, Any]) -> str:
         lines += [f"{gpu['kernels_per_step']:.0f} kernels/step, {gpu['kernel_ms_per_step']:.3f} ms of kernel time/step.",
                   "", "| kind | ms/step | share of kernel time |", "|---|---|---|"]
         lines += [f"| {KIND_LABELS[k]} | {v['ms_per_step']:.3f} | {_pct(v['share'])} |" for k, v in gpu["by_kind"].items()]
+        comm = gpu["communication"]
         lines += ["", "Triton matmul templates count as both Triton and matmul; fused attention kernels "
                   "(flash, cuDNN SDPA) as attention only.", "",
+                  f"Communication: {comm['comm_ms_per_step']:.3f} ms/step of collective kernels, **exposed "
+                  f"{comm['exposed_ms_per_step']:.3f} ms/step** ({_pct(comm['exposed_frac'])} of it ran while no "
+                  "other kernel did: what the step loses to collectives not hidden behind compute).", "",
                   "## GPU idle gaps between kernels (the launch-bound signature)", "",
                   f"GPU busy {idle['busy_ms_per_step']:.3f} ms/step, **idle {idle['idle_ms_per_step']:.3f} ms/step = "
                   f"{_pct(idle['idle_frac'])} of the GPU timeline** ({idle['gpu_span_ms']:.2f} ms from the first "

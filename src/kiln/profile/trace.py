@@ -126,6 +126,40 @@ def idle_gaps(kernels: list[dict[str, Any]], steps: int, top: int = 5) -> dict[s
     }
 
 
+def _length(merged: list[list[float]]) -> float:
+    return sum(b - a for a, b in merged)
+
+
+def _overlap(a: list[list[float]], b: list[list[float]]) -> float:
+    """Total length of the intersection of two sorted, disjoint interval lists."""
+    i = j = 0
+    total = 0.0
+    while i < len(a) and j < len(b):
+        lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        total += max(0.0, hi - lo)
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+def exposed_communication(kernels: list[dict[str, Any]], steps: int) -> dict[str, Any]:
+    """Communication the step cannot hide: the time some collective kernel (NCCL) runs while no
+    other kernel does, on any stream. FSDP2's all-gathers and reduce-scatters run on their own
+    streams; what overlaps compute costs the step nothing but bandwidth, what does not is time
+    the GPU spends waiting on the network. `exposed_frac`: that share of the collectives' time."""
+    comm, compute = [], []
+    for e in kernels:
+        span = (float(e["ts"]), float(e["ts"]) + float(e["dur"]))
+        (comm if "communication" in kinds(e["name"], e["cat"]) else compute).append(span)
+    comm_union, compute_union = merge_intervals(comm), merge_intervals(compute)
+    busy = _length(comm_union)
+    exposed = busy - _overlap(comm_union, compute_union)
+    return {"comm_ms_per_step": busy / 1e3 / steps, "exposed_ms_per_step": exposed / 1e3 / steps,
+            "exposed_frac": exposed / busy if busy > 0 else 0.0}
+
+
 def kernel_table(kernels: list[dict[str, Any]], steps: int, top: int = 15) -> tuple[list[dict[str, Any]], dict]:
     """Top device events by total time, and GPU time per kind (shares of the summed kernel time)."""
     by_name: dict[str, list[float]] = defaultdict(list)

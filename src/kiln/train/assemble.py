@@ -11,14 +11,13 @@ from collections.abc import Callable, Iterable
 import torch
 from torch import Tensor
 
-from kiln.config.errors import ConfigError
 from kiln.config.schema import Config
 from kiln.distributed.apply import apply_parallel
 from kiln.distributed.materialise import materialise
 from kiln.precision import PrecisionPolicy, make_grad_scaler, with_precision
 from kiln.train.activation_checkpoint import apply_activation_checkpointing
 from kiln.train.capture import CapturedStep, capture_problem, scaler_problem
-from kiln.train.float8 import apply_float8, check_float8
+from kiln.train.float8 import apply_float8, check_float8, install_scale_precompute
 from kiln.train.losses import build_forward_loss
 from kiln.train.optim import DeviceSchedule, build_optimizer, build_scheduler, schedule_steps
 from kiln.train.step import TrainStep
@@ -60,7 +59,7 @@ def build_train_step(
     (`training.activation_checkpointing`, kiln.train.activation_checkpoint)."""
     check_float8(cfg.precision.float8, device, cfg.precision.policy)  # the trainer checked; other callers too
     apply_swiglu_kernel(model, swiglu_kernel)
-    apply_float8(model, blocks, cfg.precision.float8)
+    apply_float8(model, blocks, cfg.precision.float8, fsdp=strategy == "fsdp")  # tensorwise: float8 all-gathers
     apply_activation_checkpointing(blocks, cfg.training.activation_checkpointing)
     model, grad_sync = apply_parallel(model, blocks, cfg, policy, device, strategy, sync_timer)
     if initial_values is not None:
@@ -74,11 +73,10 @@ def build_train_step(
     compiled_update = cfg.compile.enabled and cfg.compile.scope == "step"
     purpose = "compiled" if compiled_update else "captured" if captured else "eager"
     shard_local = strategy == "fsdp" and cfg.distributed.fsdp_local_update
-    if policy.master_weights and strategy == "fsdp":  # distributed.strategy=auto chose FSDP2
-        raise ConfigError("precision.policy", "FSDP2 keeps its own fp32 shards: use precision.policy=bf16-mixed "
-                          "with distributed.fsdp_param_dtype=bf16, or distributed.strategy=ddp", ("bf16-mixed",))
     optimizer = build_optimizer(model, cfg.optim, device, param_dtype=policy.param_dtype, purpose=purpose,
                                 shard_local=shard_local, master_weights=policy.master_weights)
+    if cfg.precision.float8 != "none" and purpose == "eager":  # the scales of float8 all-gathers, once per step
+        install_scale_precompute(model, optimizer)
     horizon = schedule_steps(cfg)
     scheduler = build_scheduler(optimizer, cfg.optim, horizon)
     scaler = make_grad_scaler(policy, device)

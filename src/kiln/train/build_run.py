@@ -8,6 +8,7 @@ read-only inputs of the loop (kiln.train.loop) and of the run's opening and end.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,7 +77,16 @@ def build_run(cfg: Config, run_dir: Path, dist: DistEnv, device: torch.device, p
               cpu_plan: CpuPlan | None, fault: Fault | None) -> RunParts:
     """Everything that can fail on bad input (ConfigError: exit 2), in the order a mistake is cheapest
     to find: the run dir's run, the host memory, the model, the data, the features."""
-    checkpointer = Checkpointer(run_dir, cfg.checkpoint, rank=dist.rank, world_size=dist.world_size,
+    ckpt = cfg.checkpoint
+    if ckpt.async_save and dist.world_size > 1 and device.type == "cpu":
+        # Seen with torch 2.13 (DDP and FSDP2): an async save's DCP collectives (a gloo group of its
+        # own, in DCP's thread) and the training's gloo collectives both waited until the timeout.
+        # NCCL training does not share the hang; the Checkpointer alone, beside gloo steps, does not either.
+        if dist.is_main:
+            log.warning("checkpoint.async_save=true on gloo (CPU) ranks: saving in the foreground (an async save "
+                        "beside gloo training collectives hung); NCCL runs save in the background")
+        ckpt = dataclasses.replace(ckpt, async_save=False)
+    checkpointer = Checkpointer(run_dir, ckpt, rank=dist.rank, world_size=dist.world_size,
                                 config_digest=config_digest(cfg))
     resume = decide_resume(cfg, run_dir, checkpointer, is_main=dist.is_main)
     check_run_fits(cfg, device.type)  # before building a model (or a batch) the host cannot hold

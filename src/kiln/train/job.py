@@ -23,6 +23,7 @@ from kiln.compile_defaults import apply_measured_defaults
 from kiln.config.schema import Config
 from kiln.cpu.threads import launcher_env
 from kiln.distributed.launch import LaunchSpec, check_launch, launch, launcher_flags, uses_gpu
+from kiln.distributed.strategy import check_mesh
 from kiln.failure import RunFailed
 from kiln.failure.faults import planned_fault
 from kiln.failure.ranks import first_failure
@@ -56,6 +57,7 @@ def launch_job(cfg: Config, spec: LaunchSpec, *, run_dir: str | Path | None, ran
         print(f"kiln: continuing the unfinished run of this config in {chosen} (pass --run-dir NEW_DIR to start a "
               "new run instead)", file=sys.stderr)
     check_launch(spec, cfg.training.device)
+    check_mesh(cfg.distributed.replicate_degree, spec.nproc_per_node * spec.nnodes)  # HSDP: exit 2 before any rank
     planned_fault(0)  # a malformed KILN_FAULT is bad input, before the run dir is created
     # Node rank 0's launcher holds the run dir's lock for its ranks from before the checks until the
     # job's report is written: a refused launcher starts nothing and touches nothing there.

@@ -266,6 +266,7 @@ class TrainLoop:
         p, tcfg = self.parts, self.cfg.training
         self.record = self.meter.record(step, float(lr), grad_norm)
         self.record.update(self.guard.check())  # NonFiniteError: exit 1 naming the step
+        self.record.update(p.checkpointer.times.fresh())  # the newest finished save's stall and total time
         if p.eval_data is not None and (step % tcfg.eval_interval == 0 or step == tcfg.steps):
             p.eval_data.reset()  # every eval pass sees the same batches
             self.evals = evaluate(self.model, self.eval_fn, p.eval_data, tcfg.eval_steps, device=self.device,
@@ -290,6 +291,7 @@ class TrainLoop:
             "strategy_reason": p.strategy_reason,
             "optimizer_update_steps": update_paths(self.step_fn.optimizer),
             "fsdp_layout": getattr(p.model, "kiln_fsdp_layout", None),
+            "checkpoint_saves": p.checkpointer.times.summary(),
             "global_batch": p.train_data.samples_per_batch * self.accum * p.dist.world_size,
             "device": str(device),
             "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",

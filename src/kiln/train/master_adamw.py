@@ -16,6 +16,12 @@ The masters are created from the parameters at the first step (bf16 values, exac
 live in `state`, so `state_dict()` carries them and a resume restores the exact fp32 weights;
 `load_state_dict` keeps them (and the moments) in fp32, where torch's would cast every
 floating-point state tensor to the parameter's dtype.
+
+Under FSDP2 each parameter is a DTensor holding this rank's shard: its master and moments are
+DTensors laid out like it (so DCP saves and reshards them as it does the parameters), and the
+update runs on the local shards as plain tensors, one kernel per local shard, with no DTensor
+dispatch and no communication (AdamW is elementwise). The clipping coefficient comes from the
+global norm over the shards (kiln.distributed.sharded_norm), so every rank scales alike.
 """
 
 from __future__ import annotations
@@ -27,6 +33,32 @@ import torch
 from torch import Tensor
 
 _FP32_STATE = ("master", "exp_avg", "exp_avg_sq")
+
+try:  # public since torch 2.4; without it no parameter is a DTensor
+    from torch.distributed.tensor import DTensor
+except ImportError:  # pragma: no cover - torch built without distributed
+    DTensor = None
+
+
+def _is_dtensor(t: Tensor) -> bool:
+    return DTensor is not None and isinstance(t, DTensor)
+
+
+def _local(t: Tensor) -> Tensor:
+    """The tensor the update writes: a DTensor's local shard, or the tensor itself; inside
+    torchao's float8 all-gather wrapper of a weight (FSDP2 + float8 tensorwise), its bf16 data."""
+    local = t._local_tensor if _is_dtensor(t) else t
+    inner = getattr(local, "_tensor", None)
+    return inner if isinstance(inner, Tensor) else local
+
+
+def _fp32_like(p: Tensor, values: Tensor) -> Tensor:
+    """`values` (fp32, shaped like p's local part) as state of `p`: a DTensor laid out like `p`
+    when `p` is one (its global shape and placements), else `values` itself."""
+    if not _is_dtensor(p):
+        return values
+    return DTensor.from_local(values, p.device_mesh, p.placements, run_check=False, shape=p.shape,
+                              stride=p.stride())
 
 
 def reference_update_(param: Tensor, grad: Tensor, master: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor,
@@ -71,10 +103,11 @@ class MasterAdamW(torch.optim.Optimizer):
     def _state_of(self, p: Tensor) -> dict[str, Any]:
         state = self.state[p]
         if not state:
+            master = _local(p.detach()).to(torch.float32, copy=True).contiguous()
             state["step"] = torch.tensor(0.0)
-            state["master"] = p.detach().to(torch.float32, copy=True).contiguous()
-            state["exp_avg"] = torch.zeros_like(state["master"])
-            state["exp_avg_sq"] = torch.zeros_like(state["master"])
+            state["master"] = _fp32_like(p, master)
+            state["exp_avg"] = _fp32_like(p, torch.zeros_like(master))
+            state["exp_avg_sq"] = _fp32_like(p, torch.zeros_like(master))
         return state
 
     @torch.no_grad()
@@ -97,18 +130,33 @@ class MasterAdamW(torch.optim.Optimizer):
                 state = self._state_of(p)
                 state["step"] += 1
                 step = int(state["step"].item())
-                grad = p.grad if p.grad.is_contiguous() else p.grad.contiguous()
-                c = coef.to(p.device) if coef is not None else None
-                if self._kernel_for(p.device) and p.is_contiguous():
+                param, grad = _local(p), self._local_grad(p)
+                master, exp_avg, exp_avg_sq = (_local(state[k]) for k in _FP32_STATE)
+                if not grad.is_contiguous():
+                    grad = grad.contiguous()
+                c = coef.to(param.device) if coef is not None else None
+                if self._kernel_for(param.device) and param.is_contiguous():
                     from kiln.kernels.master_kernel import master_adamw_
 
-                    master_adamw_(p, grad, state["master"], state["exp_avg"], state["exp_avg_sq"], c,
+                    master_adamw_(param, grad, master, exp_avg, exp_avg_sq, c,
                                   decay=1 - lr * wd, beta1=beta1, beta2=beta2, step_size=lr / (1 - beta1**step),
                                   bc2_sqrt=math.sqrt(1 - beta2**step), eps=eps)
                 else:
-                    reference_update_(p, grad, state["master"], state["exp_avg"], state["exp_avg_sq"], c, lr=lr,
+                    reference_update_(param, grad, master, exp_avg, exp_avg_sq, c, lr=lr,
                                       weight_decay=wd, beta1=beta1, beta2=beta2, eps=eps, step=step)
         return loss
+
+    @staticmethod
+    def _local_grad(p: Tensor) -> Tensor:
+        """The gradient's part of this rank's shard; a DTensor gradient laid out unlike its
+        parameter (a Partial sum not reduced yet) has no such part."""
+        grad = p.grad
+        if not _is_dtensor(p):
+            return grad
+        if not _is_dtensor(grad) or grad.placements != p.placements:
+            raise RuntimeError(f"MasterAdamW: a gradient laid out as {getattr(grad, 'placements', 'a plain tensor')} "
+                               f"for a parameter sharded as {p.placements}; the update runs on reduced local shards")
+        return grad._local_tensor
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """torch's load, then the masters and moments restored in fp32 (torch casts them to the

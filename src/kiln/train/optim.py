@@ -56,11 +56,12 @@ def build_optimizer(
     schedule changes it and a captured one reads it from the device. `shard_local` (FSDP2, eager
     update): the same optimizer whose step runs on the local shards (kiln.distributed.local_optim).
     `master_weights` (precision.policy=bf16-master): AdamW over fp32 masters of the bf16
-    parameters (kiln.train.master_adamw), eager only; config validation refuses the rest."""
+    parameters (kiln.train.master_adamw), eager only; config validation refuses the rest. Under
+    FSDP2 it updates the local shards itself (`shard_local` is implied)."""
     shard_local = shard_local and purpose == "eager"
     groups = param_groups(model, cfg.weight_decay)
     if master_weights:
-        if cfg.name != "adamw" or purpose != "eager" or shard_local:
+        if cfg.name != "adamw" or purpose != "eager":
             raise ValueError("fp32 master weights run kiln's eager AdamW only (see kiln.config.validate)")
         return MasterAdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps)
     lr_as_tensor = lr_as_tensor or purpose != "eager"

@@ -1,0 +1,141 @@
+"""How long checkpoint saves take, and word while a long one runs.
+
+Each save records two times: `stall_s`, how long the training loop was held in `save()` (a
+blocking save: all of it; an async one: waiting for the previous save, then staging the state in
+host memory), and `total_s`, from its start to the checkpoint being complete on disk. The newest
+finished save's figures go into the next metrics record, all of them into summary.json.
+
+A save that takes long (an 8B model's end-of-run checkpoint) logs a line every
+`PROGRESS_EVERY_S` seconds on rank 0 with the bytes written so far, so a run past its last step
+is visibly writing, not hung.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger("kiln.checkpoint")
+
+PROGRESS_EVERY_S = 30.0
+"""Seconds between the progress lines of a save still running."""
+KEPT = 50
+"""The newest saves summary.json lists one by one (all count in its totals)."""
+
+
+class SaveTimes:
+    """Per-save stall and total times of one run's checkpoints (every rank its own)."""
+
+    def __init__(self) -> None:
+        self.saves: list[dict] = []
+        self._reported = 0  # saves whose figures went into a metrics record
+        self._lock = threading.Lock()  # an async save completes in DCP's thread
+
+    def begin(self, step: int, *, asynchronous: bool, final: bool) -> dict:
+        entry = {"step": step, "async": asynchronous, "final": final, "stall_s": None, "total_s": None}
+        with self._lock:
+            self.saves.append(entry)
+        return entry
+
+    @staticmethod
+    def stalled(entry: dict, seconds: float) -> None:
+        entry["stall_s"] = round(seconds, 4)
+
+    def done(self, entry: dict, seconds: float) -> None:
+        with self._lock:
+            entry["total_s"] = round(seconds, 4)
+
+    def fresh(self) -> dict[str, float]:
+        """The newest completed save not yet reported, as metrics keys (empty when none)."""
+        with self._lock:
+            finished = [i for i, e in enumerate(self.saves) if e["total_s"] is not None]
+            if not finished or finished[-1] < self._reported:
+                return {}
+            self._reported = finished[-1] + 1
+            entry = self.saves[finished[-1]]
+        return {"ckpt_step": entry["step"], "ckpt_stall_s": entry["stall_s"], "ckpt_total_s": entry["total_s"]}
+
+    def summary(self) -> dict | None:
+        """For summary.json: counts, the worst stall and total, the newest saves one by one."""
+        with self._lock:
+            saves = [dict(e) for e in self.saves]
+        if not saves:
+            return None
+        stalls = [e["stall_s"] for e in saves if e["stall_s"] is not None]
+        totals = [e["total_s"] for e in saves if e["total_s"] is not None]
+        return {"count": len(saves), "stall_s_max": max(stalls, default=None),
+                "stall_s_sum": round(sum(stalls), 4), "total_s_max": max(totals, default=None),
+                "saves": saves[-KEPT:]}
+
+
+def _bytes_under(path: Path) -> int:
+    total = 0
+    with contextlib.suppress(OSError):
+        for file in path.rglob("*"):
+            with contextlib.suppress(OSError):
+                if file.is_file():
+                    total += file.stat().st_size
+    return total
+
+
+@contextlib.contextmanager
+def save_progress(tmp: Path, step: int, *, enabled: bool, every_s: float | None = None) -> Iterator[None]:
+    """While the body runs, log every `every_s` seconds (PROGRESS_EVERY_S) how long the save of
+    `step` into `tmp` has run and how much it wrote; nothing when the body ends sooner."""
+    if not enabled:
+        yield
+        return
+    period = PROGRESS_EVERY_S if every_s is None else every_s
+    stop = threading.Event()
+    started = time.perf_counter()
+
+    def report() -> None:
+        while not stop.wait(period):
+            log.info("checkpoint step %d: still writing after %.0f s, %.2f GiB in %s so far", step,
+                     time.perf_counter() - started, _bytes_under(tmp) / 2**30, tmp)
+
+    thread = threading.Thread(target=report, name="kiln-ckpt-progress", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def pinned_stager():
+    """DCP's stager for async saves with page-locked host buffers, kept across saves (one
+    allocation, fast device-to-host copies) on CUDA; None (DCP's default copy) elsewhere or on a
+    torch without it. Its owner closes it after the last save."""
+    if not torch.cuda.is_available():
+        return None
+    try:
+        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+        return DefaultStager(StagingOptions(use_pinned_memory=True, use_shared_memory=False, use_async_staging=False,
+                                            use_non_blocking_copy=True))
+    except (ImportError, TypeError):  # an older torch's staging API
+        return None
+
+
+class PinnedStaging:
+    """The `async_stager` of a run's async saves: made at the first, closed after the last."""
+
+    def __init__(self) -> None:
+        self._stager, self._made = None, False
+
+    def kwargs(self) -> dict:
+        if not self._made:
+            self._stager, self._made = pinned_stager(), True
+        return {"async_stager": self._stager} if self._stager is not None else {}
+
+    def close(self) -> None:
+        if self._stager is not None:
+            self._stager.close()  # frees its page-locked buffers
+        self._stager, self._made = None, False
