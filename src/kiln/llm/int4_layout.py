@@ -2,7 +2,14 @@
 groups along the input dimension packed eight to an int32 word down K ([K/8, N], outputs
 contiguous), scales and offsets [K/group, N]; an RMSNorm weight may be folded in when quantizing,
 and a SwiGLU's gate and up rows interleaved (kiln.kernels.triton_int4 reads it, and explains why).
-Up to MAX_ROWS rows (decode) go through the kernel; longer inputs dequantize and call `linear`."""
+
+Which kernel multiplies a layer's input of M rows (`int4_path`), chosen by measurement on an H100
+(the int4_gemm results README): one row, kiln.kernels.triton_int4's one-row kernel (programs per
+row, nothing padded); from INT4_ROWS_FROM rows up to kiln.kernels.triton_rows' MAX_ROWS (a decode
+step at batch > 1), triton_rows' kernel, which reads each weight tile once for all rows; more rows
+(prefill), PREFILL_PATH: `dequant` writes the weight out in the model dtype once per call and calls
+the dense matmul (kiln.kernels.triton_int4_dequant), `rows` tiles the rows in triton_rows' kernel.
+Off CUDA (and outside Triton's interpreter) the layer dequantizes in torch and calls `linear`."""
 
 from __future__ import annotations
 
@@ -11,9 +18,23 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 import kiln.kernels.triton_int4  # noqa: F401  (registers kiln::int4_matvec)
+import kiln.kernels.triton_int4_dequant  # noqa: F401  (registers kiln::int4_linear_dequant)
+import kiln.kernels.triton_rows  # noqa: F401  (registers kiln::int4_rows)
 from kiln.kernels.triton_launch import interpreting
-from kiln.kernels.triton_matvec import MAX_ROWS
+from kiln.kernels.triton_rows import MAX_ROWS
 from kiln.llm.quant_torch import _int4_groups
+
+INT4_ROWS_FROM = 2
+"""Rows from which the row kernel (one weight read for all rows) replaces the one-row kernel."""
+PREFILL_PATH = "dequant"
+"""Above MAX_ROWS rows: `dequant` (the weight in the model dtype, then the dense matmul) or `rows`."""
+
+
+def int4_path(rows: int) -> str:
+    """`matvec`, `rows` or `dequant`: the kernel an input of `rows` rows goes through (module docstring)."""
+    if rows > MAX_ROWS:
+        return PREFILL_PATH
+    return "rows" if rows >= INT4_ROWS_FROM else "matvec"
 
 
 def pack_words(q: Tensor) -> Tensor:
@@ -45,7 +66,7 @@ def split_halves(t: Tensor, dim: int = 0) -> Tensor:
 
 
 class Int4TritonLinear(nn.Module):
-    """kiln's int4 layout (module docstring); up to MAX_ROWS rows go through the kernel.
+    """kiln's int4 layout (module docstring); its product goes through `int4_path`'s kernel.
 
     `folded_norm`: the weight stands for W diag(norm_w) (an RMSNorm's weight folded in: the
     model's norm must then apply no weight of its own). `interleaved`: gate and up rows
@@ -93,10 +114,15 @@ class Int4TritonLinear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         rows = x.numel() // self.in_features
-        if rows > MAX_ROWS or not (x.is_cuda or interpreting()):
+        if not (x.is_cuda or interpreting()):
             return F.linear(x, self.dequantize(x.dtype), self._bias())
-        y = torch.ops.kiln.int4_matvec(x.reshape(rows, self.in_features), self.weight, self.scale, self.offset,
-                                       self.group_size, self.bias)
+        flat, path = x.reshape(rows, self.in_features), int4_path(rows)
+        if path == "dequant":
+            y = torch.ops.kiln.int4_linear_dequant(flat, self.weight, self.scale, self.offset, self.group_size)
+            y = y if self.bias is None else y + self.bias
+        else:
+            op = torch.ops.kiln.int4_rows if path == "rows" else torch.ops.kiln.int4_matvec
+            y = op(flat, self.weight, self.scale, self.offset, self.group_size, self.bias)
         if self.interleaved:
             y = split_halves(y, dim=1)
         return y.view(*x.shape[:-1], self.out_features)
