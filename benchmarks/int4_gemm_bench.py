@@ -2,6 +2,7 @@
 w_gate_up, w_down, lm_head; group 128, no fused work) at each row count M, through
 
 - `bf16`: `F.linear` on the dense bf16 weight (cuBLAS);
+- `int4`: kiln's int4 layer (`Int4TritonLinear`), the kernel kiln.llm.int4_layout.int4_path picks by M;
 - `tinygemm`: torch's int4 kernel (`aten._weight_int4pack_mm`, gpt-fast's and torchao's int4);
 - `int4 matvec`: kiln.kernels.triton_int4, the one-row kernel (programs per row), M <= 8;
 - `int4 rows`: kiln.kernels.triton_rows, one weight read for all rows (the setting its rule picks), M <= 64;
@@ -56,7 +57,7 @@ def int4_bytes(out_f: int, in_f: int) -> int:
 def variants_for(rows: int, sweep: bool, sms: int, out_f: int) -> list[str]:
     from kiln.kernels.triton_rows import MAX_ROWS
 
-    names = ["bf16", "tinygemm"] + (["int4 rows"] if rows <= MAX_ROWS else ["dequant"]) + (
+    names = ["bf16", "tinygemm", "int4"] + (["int4 rows"] if rows <= MAX_ROWS else ["dequant"]) + (
         ["int4 matvec"] if rows <= 8 else [])
     if sweep:
         names += ["int4 rows " + "/".join(map(str, s)) for s in SWEEP.get(rows, [])
@@ -95,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     row_counts = [int(r) for r in args.rows.split(",")]
     sweep_rows = {int(r) for r in args.sweep_rows.split(",") if r}
     models = args.models.split(",")
-    graphs, meta, alive, skipped = {}, {}, [], []
+    graphs, meta, alive, skipped, fused_checks = {}, {}, [], [], []
     started = time.perf_counter()
     for model in models:
         config = resolve_model(model).config
@@ -127,7 +128,10 @@ def main(argv: list[str] | None = None) -> int:
                                     for o in own],
                     "dequant": [lambda o=o, x=x: torch.ops.kiln.int4_linear_dequant(x, o.weight, o.scale, o.offset, GROUP)
                                 for o in own],
+                    "int4": [lambda o=o, x=x: o(x) for o in own],
                 }
+                if m in (8, 16) and name == "attn.wqkv":
+                    fused_checks.append(fused_check(own[0], deq, x, config.norm_eps, f"{model} {name} rows={m}"))
                 sweeping = m in sweep_rows and model == models[0]
                 for variant in variants_for(m, sweeping, sms, out_f):
                     setting = _setting(variant)
@@ -164,11 +168,26 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     env = {"models": models, "torch": torch.__version__, "gpu": torch.cuda.get_device_name(), "sms": sms,
            "repeats": args.repeats, "stream_read_gb_s": stream_bps / 1e9, "stream_kernel": stream_kernel,
-           "spec_tb_s": args.spec_tb_s, "command": "python " + " ".join(sys.argv), "skipped": skipped}
+           "spec_tb_s": args.spec_tb_s, "command": "python " + " ".join(sys.argv), "skipped": skipped,
+           "fused_checks": fused_checks}
     (out / "results.json").write_text(json.dumps({"config": env, "results": results}, indent=2) + "\n")
     (out / "results.md").write_text(summary(results, env) + "\n")
     print(summary(results, env))
     return 0
+
+
+def fused_check(layer, deq: torch.Tensor, x: torch.Tensor, eps: float, what: str) -> dict:
+    """The row kernel with the decode step's fused parts (the folded norm's 1/rms before, a residual
+    after; the SwiGLU epilogue) against fp32 math: max error relative to the largest output."""
+    res = torch.randn(x.shape[0], deq.shape[0], device=x.device, dtype=x.dtype)
+    xf = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)
+    y = torch.ops.kiln.int4_rows(x, layer.weight, layer.scale, layer.offset, GROUP, None, None, eps, "rms", False, res)
+    ref = xf @ deq.t() + res.float()
+    act = torch.ops.kiln.int4_rows(x, layer.weight, layer.scale, layer.offset, GROUP, None, None, eps, "rms", True, None)
+    gate, up = (xf @ deq.t()).view(x.shape[0], -1, 2).unbind(-1)
+    ref_act = F.silu(gate) * up
+    return {"case": what, "rms_residual_rel_err": float((y.float() - ref).abs().max() / ref.abs().max()),
+            "rms_swiglu_rel_err": float((act.float() - ref_act).abs().max() / ref_act.abs().max())}
 
 
 def summary(results: list[dict], env: dict) -> str:
@@ -191,6 +210,9 @@ def summary(results: list[dict], env: dict) -> str:
             lines.append(f"| {name} | {m} | " + " | ".join(cells) + " |")
         lines.append("")
     errs = [r for r in results if r["rel_err"] is not None and r["rel_err"] > 0.02]
+    lines += ["Fused parts at 8 and 16 rows (relative error vs fp32): " + "; ".join(
+        f"{c['case']}: rms+residual {c['rms_residual_rel_err']:.2g}, rms+swiglu {c['rms_swiglu_rel_err']:.2g}"
+        for c in env["fused_checks"]), ""]
     lines += ["Relative errors above 2 % vs fp32 with the dequantized weight: " + (
         "; ".join(f"{r['model']} {r['projection']} r{r['rows']} {r['variant']} {r['rel_err']:.2g}" for r in errs) or "none"),
         "", "Skipped: " + ("; ".join(env["skipped"]) or "none"), "", f"Command: `{env['command']}`; torch {env['torch']}."]

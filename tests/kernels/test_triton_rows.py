@@ -67,13 +67,13 @@ def test_splits_of_many_row_blocks_are_refused():
 
 
 def test_settings_rule():
-    """Prefill: 128 x 128 tiles, no splits; decode: 64-wide blocks, splits doubled until every SM has
-    two programs, never past MAX_SPLIT or the groups."""
+    """Prefill: 128 x 128 tiles, no splits; decode: 128-wide blocks of 16 rows, splits doubled until
+    every SM has two programs, never past MAX_SPLIT or the groups."""
     assert tr.choose_setting(512, 5120, 3072, 128, 132)[:5] == (128, 1, 8, 3, tr.PREFILL_BLOCK_M)
-    assert tr.choose_setting(16, 5120, 3072, 128, 132)[:2] == (tr.DECODE_BLOCK_N, 4)  # 80 blocks x 4 >= 264
+    assert tr.choose_setting(16, 5120, 3072, 128, 132)[:2] == (128, 8)  # 40 blocks x 8 >= 264
     assert tr.choose_setting(2, 128256, 3072, 128, 132)[1] == 1
     assert tr.choose_setting(33, 3072, 256, 128, 132)[1] == 2  # 2 groups: 2 splits at most
-    assert tr.choose_setting(64, 5120, 3072, 128, 132)[1] == 1  # 80 blocks x 4 row blocks
+    assert tr.choose_setting(64, 5120, 3072, 128, 132)[1] == 2  # 40 blocks x 4 row blocks x 2
     assert [tr.row_block(r) for r in (2, 16, 64, 65)] == [16, 16, tr.DECODE_BLOCK_M, tr.PREFILL_BLOCK_M]
 
 
@@ -91,18 +91,19 @@ def test_dequantized_product_for_prefill():
                                rtol=1e-4, atol=1e-4)
     assert torch.equal(dq.int4_dequantize_t(layer.weight, layer.scale, layer.offset, 64, torch.float32),
                        layer.dequantize(torch.float32, stored_order=True).t())
-    assert [ti.int4_path(r) for r in (1, ti.INT4_ROWS_FROM, tr.MAX_ROWS, tr.MAX_ROWS + 1)] == [
-        "matvec", "rows", "rows", ti.PREFILL_PATH]
-    for rows in (1, 3, tr.MAX_ROWS + 1):
+    assert [ti.int4_path(r) for r in (1, ti.INT4_ROWS_FROM - 1, ti.INT4_ROWS_FROM, ti.ROWS_UP_TO, ti.ROWS_UP_TO + 1)] == [
+        "matvec", "matvec", "rows", "rows", "dequant"]
+    for rows in (1, ti.INT4_ROWS_FROM, ti.ROWS_UP_TO + 1):
         xr = torch.randn(rows, 256)
         torch.testing.assert_close(layer(xr), xr @ layer.dequantize(torch.float32).t() + layer.bias, rtol=1e-4,
                                    atol=1e-4)
 
 
 @interpreted
-def test_batched_decode_with_int4_triton_weights():
+def test_batched_decode_with_int4_triton_weights(monkeypatch):
     """Three prompts, left-padded to different lengths: every decode step through the row kernels
-    equals the dequantized reference's."""
+    (taken from 2 rows here) equals the dequantized reference's."""
+    monkeypatch.setattr(ti, "INT4_ROWS_FROM", 2)
     from kiln.llm.config import config_from_dict
     from kiln.llm.quant import QuantSpec, dequantized_reference, quantize_decoder
     from kiln.llm.weights import random_decoder
@@ -121,16 +122,18 @@ def test_batched_decode_with_int4_triton_weights():
 
 @interpreted
 def test_decode_steps_pick_the_kernel_by_rows(monkeypatch):
-    """One row: the one-row kernels; several: int4 weights through the row kernel, dense weights
-    through the model's own matmul; more rows than the kernels take (prefill): the plain layer."""
+    """One row: the one-row kernels; several: dense weights through the model's own matmul, int4
+    weights through the row kernel from INT4_ROWS_FROM rows; more rows than that kernel takes: the
+    plain layer (int4: its dequantized matmul)."""
     calls = []
     for name in ("matvec", "int4_matvec", "int4_rows"):
         real = getattr(torch.ops.kiln, name)
         monkeypatch.setattr(torch.ops.kiln, name, lambda *a, _r=real, _n=name: calls.append(_n) or _r(*a))
     dense = nn.Linear(64, 32)
     int4 = ti.Int4TritonLinear.from_linear(nn.Linear(64, 32), 32)
-    for layer in (dense, int4):
-        for rows in (1, dm.ROWS_KERNEL_FROM, tr.MAX_ROWS + 1):
+    for layer, row_counts in ((dense, (1, dm.ROWS_KERNEL_FROM, tr.MAX_ROWS + 1)),
+                              (int4, (1, ti.INT4_ROWS_FROM, ti.ROWS_UP_TO + 1))):
+        for rows in row_counts:
             y = dm.fused_linear(layer, torch.randn(rows, 1, 64))
             assert y.shape == (rows, 1, 32)
-    assert calls == ["matvec", "int4_matvec", "int4_rows"]
+    assert calls == ["matvec", "int4_matvec", "int4_rows"]  # the last int4 call: the dequantized matmul

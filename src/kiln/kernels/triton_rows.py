@@ -212,10 +212,10 @@ def choose_setting(rows: int, n: int, k: int, group: int, sms: int) -> tuple[int
     return DECODE_BLOCK_N, split, 4, DECODE_STAGES, row_block(rows), DECODE_PREFETCH
 
 
-DECODE_BLOCK_N = 64
+DECODE_BLOCK_N = 128
 DECODE_BLOCK_M = 16
-DECODE_STAGES = 1
-DECODE_PREFETCH = 1
+DECODE_STAGES = 3
+DECODE_PREFETCH = 0
 
 
 def _run(args: tuple, flags: dict, M: int, N: int, setting: tuple) -> None:

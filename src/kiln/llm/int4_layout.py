@@ -4,11 +4,12 @@ contiguous), scales and offsets [K/group, N]; an RMSNorm weight may be folded in
 and a SwiGLU's gate and up rows interleaved (kiln.kernels.triton_int4 reads it, and explains why).
 
 Which kernel multiplies a layer's input of M rows (`int4_path`), chosen by measurement on an H100
-(the int4_gemm results README): one row, kiln.kernels.triton_int4's one-row kernel (programs per
-row, nothing padded); from INT4_ROWS_FROM rows up to kiln.kernels.triton_rows' MAX_ROWS (a decode
-step at batch > 1), triton_rows' kernel, which reads each weight tile once for all rows; more rows
-(prefill), PREFILL_PATH: `dequant` writes the weight out in the model dtype once per call and calls
-the dense matmul (kiln.kernels.triton_int4_dequant), `rows` tiles the rows in triton_rows' kernel.
+(the int4_gemm results README): below INT4_ROWS_FROM rows kiln.kernels.triton_int4's one-row
+kernel (programs per row: its cost grows with the rows, but nothing is padded); from there up to
+ROWS_UP_TO rows kiln.kernels.triton_rows' kernel, which reads and unpacks each weight tile once
+for a block of 16 rows (its cost is the unpacking, the same for 1 or 16 rows); above that (larger
+batches, prefill) `dequant`: the weight written out in the model dtype once per call by
+kiln.kernels.triton_int4_dequant, then the dense matmul, whose cost barely grows with the rows.
 Off CUDA (and outside Triton's interpreter) the layer dequantizes in torch and calls `linear`."""
 
 from __future__ import annotations
@@ -21,19 +22,18 @@ import kiln.kernels.triton_int4  # noqa: F401  (registers kiln::int4_matvec)
 import kiln.kernels.triton_int4_dequant  # noqa: F401  (registers kiln::int4_linear_dequant)
 import kiln.kernels.triton_rows  # noqa: F401  (registers kiln::int4_rows)
 from kiln.kernels.triton_launch import interpreting
-from kiln.kernels.triton_rows import MAX_ROWS
 from kiln.llm.quant_torch import _int4_groups
 
-INT4_ROWS_FROM = 2
-"""Rows from which the row kernel (one weight read for all rows) replaces the one-row kernel."""
-PREFILL_PATH = "dequant"
-"""Above MAX_ROWS rows: `dequant` (the weight in the model dtype, then the dense matmul) or `rows`."""
+INT4_ROWS_FROM = 8
+"""Rows from which the row kernel (one weight read for a block of rows) replaces the one-row kernel."""
+ROWS_UP_TO = 16
+"""Rows up to which the row kernel runs; more take the dequantized weight and the dense matmul."""
 
 
 def int4_path(rows: int) -> str:
     """`matvec`, `rows` or `dequant`: the kernel an input of `rows` rows goes through (module docstring)."""
-    if rows > MAX_ROWS:
-        return PREFILL_PATH
+    if rows > ROWS_UP_TO:
+        return "dequant"
     return "rows" if rows >= INT4_ROWS_FROM else "matvec"
 
 
