@@ -108,6 +108,7 @@ OWN_CLOCKS = {
     "benchmarks/llm_real_text_check.py": "how long each check took (progress lines)",
     "benchmarks/rope_probe.py": "the compile and warm-up time (progress line)",
     "benchmarks/rows_bench.py": "its --budget-s",
+    "benchmarks/int4_gemm_bench.py": "its --budget-s and progress lines",
 }
 """Files that read a clock themselves, and what for: wall times of a whole phase, budgets and
 progress, never the samples a comparison ranks (those go through kiln.timing)."""

@@ -1,26 +1,27 @@
-"""kiln's int4 decode projections for several rows at once (a decode step at batch > 1), written
-in Triton, with the same fused parts as the one-row int4 kernel (kiln.kernels.triton_int4): an RMSNorm
-(or a folded norm's 1/rms) or a SwiGLU before, the SwiGLU of interleaved gate/up rows after, a bias
-and a residual add after.
+"""kiln's int4 products for several rows at once (a decode step at batch > 1), written in Triton,
+with the same fused parts as the one-row int4 kernel (kiln.kernels.triton_int4): an RMSNorm (or a
+folded norm's 1/rms) or a SwiGLU before, the SwiGLU of interleaved gate/up rows after, a bias and
+a residual add after. kiln.llm.int4_layout.int4_path decides at which row counts it runs.
 
-A program owns a block of BLOCK_N outputs (and a split of K) for *all* rows: it reads each weight
-tile once and multiplies it with every row's inputs on the tensor cores (`tl.dot`, rows padded to
-BLOCK_M >= 16). The one-row kernel gives each row its own programs, which at batch B read and
-unpack every weight tile B times, so a step's cost grew with the batch. int4 words (word [r, n]
-holds inputs 8r..8r+7 of output n) are unpacked to a [GROUP, BLOCK_N] tile of q (exact in the model
-dtype), one product with the inputs per group, and a group's scale and offset are applied once per
-output: scale * sum q x + offset * sum x.
+A program owns a block of BLOCK_N outputs, a block of BLOCK_M rows and a split of K: it reads and
+unpacks each weight tile once for all the block's rows and multiplies on the tensor cores
+(`tl.dot`, rows padded to 16). The one-row kernel gives each row its own programs, which at batch
+B read and unpack every weight tile B times. Per group of inputs, int4 words (word [r, n] holds
+inputs 8r..8r+7 of output n) become a [GROUP, BLOCK_N] tile of MAGIC + q in the model dtype (q
+written into MAGIC's low mantissa bits: no conversion instruction), one product with the inputs,
+and scale * (sum q x) + offset * (sum x) applied once per group and output, the MAGIC * sum x
+term removed with the offset's. A folded norm's 1/rms comes from the squares of the x tiles the
+loop reads (each split's, added by the block's last program), not from a pass of its own.
 
-Dense (bf16/fp16) weights at batch > 1 take the model's own matmul (cuBLAS) instead: a Triton
-kernel of this design was slower than cuBLAS on most of the 3B shape's projections (the
-decode_batch results README).
-
-Splits of K are added in a fixed order by the last program of a block to arrive
-(kiln.kernels.triton_matvec._split_sum), so results do not depend on arrival order. With programmatic
-dependent launch (Hopper) a program waits for the previous kernel before reading anything, then
-lets the next kernel be scheduled. Launch settings are autotuned per shape and row bucket
-(BLOCK_M) on the first call; the chosen settings are cached across processes where Triton can.
-Tests run the kernel on CPU through Triton's interpreter.
+Launch settings come from a rule (`choose_setting`), not from autotuning, so warm-up tunes
+nothing and every process picks the same: 128-wide blocks of 16 rows, Triton's pipeliner, and the
+fewest splits of K that give every SM two programs (a sweep over blocks, splits, stages, row
+blocks and a register prefetch is in the int4_gemm results README). Splits are added in a fixed
+order by the last program of a block to arrive (kiln.kernels.triton_matvec._split_sum), so
+results do not depend on arrival order. With programmatic dependent launch (Hopper) a program waits
+for the previous kernel before reading anything, then lets the next kernel be scheduled. Dense
+weights at batch > 1 take the model's own matmul (cuBLAS). Tests run the kernel on CPU through
+Triton's interpreter.
 """
 
 from __future__ import annotations
@@ -36,8 +37,8 @@ from kiln.kernels.triton_launch import arrival_counters, interpreting, pdl_enabl
 from kiln.kernels.triton_matvec import _split_sum, _x_tile
 
 MAX_ROWS = 64
-"""Rows (batch x tokens) a decode step may have: up to here one program covers every row; longer
-inputs (prefill) are tiled into row blocks of PREFILL_BLOCK_M."""
+"""Rows (batch x tokens) of a decode step: up to here blocks of DECODE_BLOCK_M rows, splits of K
+allowed; longer inputs are tiled into row blocks of PREFILL_BLOCK_M."""
 MAX_SPLIT = 8
 
 
@@ -192,6 +193,8 @@ def _int4_rows(X, Q, Scale, Offset, Y, NormW, Bias, Res, Part, Arrived, M, N, ep
 
 PREFILL_BLOCK_M = 128
 INTERPRETED_INT4 = (16, 1)
+SWEEP_SETTINGS = [(bn, split) for bn in (32, 64, 128) for split in (1, 2, 4, 8)]
+"""(BLOCK_N, SPLIT) pairs benchmarks sweep around `choose_setting`'s pick."""
 
 
 def _sms(device: torch.device) -> int:
