@@ -201,6 +201,13 @@ def _sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+DECODE_BLOCK_N = 128
+DECODE_BLOCK_M = 16
+DECODE_STAGES = 3
+DECODE_PREFETCH = 0
+"""The rule's decode setting (BLOCK_N, BLOCK_M, Triton pipeliner stages, no register prefetch)."""
+
+
 def choose_setting(rows: int, n: int, k: int, group: int, sms: int) -> tuple[int, int, int, int, int, int]:
     """(BLOCK_N, SPLIT, warps, stages, BLOCK_M, PREFETCH) for a product of `rows` rows by an [n, k]
     weight, by rule instead of autotuning (no tuning at warm-up, the same choice in every process):
@@ -215,27 +222,17 @@ def choose_setting(rows: int, n: int, k: int, group: int, sms: int) -> tuple[int
     return DECODE_BLOCK_N, split, 4, DECODE_STAGES, row_block(rows), DECODE_PREFETCH
 
 
-DECODE_BLOCK_N = 128
-DECODE_BLOCK_M = 16
-DECODE_STAGES = 3
-DECODE_PREFETCH = 0
-
-
 def _run(args: tuple, flags: dict, M: int, N: int, setting: tuple) -> None:
     bn, split, warps, stages, prefetch = setting
     if flags["PDL"]:
         flags["launch_pdl"] = True
     blocks = triton.cdiv(M, flags["BLOCK_M"])
-    _rows_kernel()[(blocks * triton.cdiv(N, bn), split)](*args, BLOCK_N=bn, SPLIT=split, num_warps=warps,
-                                                          num_stages=stages, PREFETCH=prefetch, **flags)
+    _KERNEL[(blocks * triton.cdiv(N, bn), split)](*args, BLOCK_N=bn, SPLIT=split, num_warps=warps, num_stages=stages,
+                                                   PREFETCH=prefetch, **flags)
 
 
-_JITTED = triton.heuristics({"PER_SPLIT": lambda a: -(-(a["K"] // a["GROUP"]) // a["SPLIT"])})(
+_KERNEL = triton.heuristics({"PER_SPLIT": lambda a: -(-(a["K"] // a["GROUP"]) // a["SPLIT"])})(
     triton.jit(_int4_rows, do_not_specialize=["M"]))
-
-
-def _rows_kernel():
-    return _JITTED
 
 
 def row_block(rows: int) -> int:
@@ -252,17 +249,18 @@ def int4_rows(x: Tensor, packed: Tensor, scale: Tensor, offset: Tensor, group_si
     x = x.contiguous()
     M = x.shape[0]
     KW, N = packed.shape
-    y = torch.empty(M, N // 2 if swiglu else N, dtype=x.dtype, device=x.device)
-    part = torch.empty(MAX_SPLIT * M * (N + 1), dtype=torch.float32, device=x.device)  # partials, sums of squares
-    res = residual.contiguous() if residual is not None else None
-    args = (x, packed, scale, offset, y, norm_weight, bias, res, part, arrival_counters(x.device, N), M, N, eps,
-            x.stride(0), y.stride(0), res.stride(0) if res is not None else 0)
     given = setting or (INTERPRETED_INT4 if interpreting() else None)
     if given is None:
         given = choose_setting(M, N, 8 * KW, group_size, _sms(x.device))
     bn, split, warps, stages, bm, prefetch = (*given, *(4, 2, row_block(M), 1)[len(given) - 2:])
     if split > 1 and triton.cdiv(M, bm) * triton.cdiv(N, bn) > N:
         raise ValueError(f"int4_rows: {M} rows in blocks of {bm} with splits of K need more arrival counters than {N}")
+    y = torch.empty(M, N // 2 if swiglu else N, dtype=x.dtype, device=x.device)
+    # each split's partial sums, then its sums of squares per row (a folded norm's); unused without splits
+    part = torch.empty(split * M * (N + 1) if split > 1 else 1, dtype=torch.float32, device=x.device)
+    res = residual.contiguous() if residual is not None else None
+    args = (x, packed, scale, offset, y, norm_weight, bias, res, part, arrival_counters(x.device, N), M, N, eps,
+            x.stride(0), y.stride(0), res.stride(0) if res is not None else 0)
     flags = {"K": 8 * KW, "GROUP": group_size, "PROLOGUE": prologue, "SWIGLU": swiglu, "HAS_BIAS": bias is not None,
              "HAS_RES": res is not None, "PDL": pdl_enabled(x.device), "BLOCK_M": bm}
     _run(args, flags, M, N, (bn, split, warps, stages, bool(prefetch)))
