@@ -39,13 +39,13 @@ from matvec_bench import L2_BYTES, eager, projections  # noqa: E402  (the same s
 
 def variants_for(rows: int, int4: bool, sweep: bool) -> list[str]:
     from kiln.kernels.triton_matvec import MAX_ROWS
-    from kiln.kernels.triton_rows import INT4_SETTINGS
+    from kiln.kernels.triton_rows import SWEEP_SETTINGS
 
     names = ["cublas"] + (["matvec"] if rows <= MAX_ROWS else [])
     if int4:
         names += ["int4 rows"] + (["int4 matvec"] if rows <= MAX_ROWS else [])
         if sweep:
-            names += [f"int4 rows {bn}/{split}" for bn, split, _ in INT4_SETTINGS]
+            names += [f"int4 rows {bn}/{split}" for bn, split in SWEEP_SETTINGS]
     return names
 
 
@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         results.append({"projection": name, "rows": m, "variant": variant, **info, "us_per_call": us,
                         "us_p10": statistics.quantiles(samples, n=10)[0], "us_p90": statistics.quantiles(samples, n=10)[-1],
                         "gb_per_s": info["weight_bytes"] / us / 1e3})
-    tuned = {str(k): str(v) for k, v in getattr(triton_rows._kernel(), "cache", {}).items()}
+    tuned = {str(k): str(v) for k, v in getattr(triton_matvec._kernel(), "cache", {}).items()}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     env = {"model": args.model, "torch": torch.__version__, "gpu": torch.cuda.get_device_name(), "repeats": args.repeats,

@@ -113,6 +113,7 @@ OWN_CLOCKS = {
     "benchmarks/rows_bench.py": "its --budget-s",
     "benchmarks/serve_load.py": "a load generator's client-side arrival time of each streamed token (what a client "
                                 "sees over HTTP; no device timing applies)",
+    "benchmarks/int4_gemm_bench.py": "its --budget-s and progress lines",
 }
 """Files that read a clock themselves, and what for: wall times of a whole phase, budgets and
 progress, never the samples a comparison ranks (those go through kiln.timing)."""

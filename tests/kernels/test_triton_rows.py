@@ -13,7 +13,7 @@ from torch import nn
 
 from kiln.llm import decode_matvec as dm
 
-from .test_triton_int4 import check_int4_op
+from .test_triton_int4 import check_int4_op, eager_reference
 from .triton_interpreter import interpreted, not_in_subprocess, rerun_interpreted
 
 tr = pytest.importorskip("kiln.kernels.triton_rows", reason="Triton is not installed (pip install 'kiln[test]')")
@@ -36,6 +36,9 @@ def test_row_tiles_are_powers_of_two_from_16():
     (24, 256, 64, 5, False, "rmsnorm", False, True, [32, 2]),    # unfolded norm per x, a residual
     (24, 128, 32, 2, True, "silu_mul", False, False, [16, 4]),   # SwiGLU of the input halves first
     (48, 256, 32, 17, False, "rms", True, False, [32, 2]),       # folded norm's scalar; SwiGLU epilogue; 17 rows
+    (24, 256, 64, 9, False, "rms", False, True, [16, 4, 4, 3]),  # folded norm's sums of squares from 4 splits
+    (40, 128, 32, 70, True, "none", False, False, [32, 1, 4, 2, 32]),  # prefill: 3 row blocks of 32, a partial one
+    (32, 256, 64, 20, False, "rms", True, False, [16, 2, 4, 2, 16, 0]),  # 2 row blocks x 2 splits; no prefetch
 ])
 def test_int4_rows_match_the_dequantized_math(out_f, in_f, group, rows, bias, prologue, swiglu, residual, setting):
     check_int4_op(torch.ops.kiln.int4_rows, out_f, in_f, group, rows, bias, prologue, swiglu, residual, setting,
@@ -43,9 +46,64 @@ def test_int4_rows_match_the_dequantized_math(out_f, in_f, group, rows, bias, pr
 
 
 @interpreted
-def test_batched_decode_with_int4_triton_weights():
+def test_16_bit_inputs_take_the_magic_number_path():
+    """In fp16 (and bf16) the unpacked tile holds MAGIC + q (q in the mantissa's low bits); the product
+    is corrected by MAGIC times each row's input sum. fp16 only: Triton's interpreter multiplies bf16
+    tiles' raw bits in `tl.dot` (the GPU benchmark checks bf16 against fp32)."""
+    torch.manual_seed(2)
+    layer = ti.Int4TritonLinear.from_linear(nn.Linear(256, 32, bias=False), 64).to(torch.float16)
+    x = torch.randn(3, 256).to(torch.float16)
+    y = torch.ops.kiln.int4_rows(x, layer.weight, layer.scale, layer.offset, 64, None, None, 1e-5, "rms", False, None,
+                                 [16, 2])
+    expected = eager_reference(layer, x, "rms", False, None, None)
+    torch.testing.assert_close(y.float(), expected, rtol=2e-2, atol=2e-2 * float(expected.abs().max()))
+
+
+def test_splits_of_many_row_blocks_are_refused():
+    layer = ti.Int4TritonLinear.from_linear(nn.Linear(64, 16), 32)
+    with pytest.raises(ValueError, match="arrival counters"):
+        tr.int4_rows(torch.randn(300, 64), layer.weight, layer.scale, layer.offset, 32, None, None, 0.0, 0, False, None,
+                     [16, 2, 4, 2, 16])  # 19 row blocks x 1 output block > 16 counters
+
+
+def test_settings_rule():
+    """Prefill: 128 x 128 tiles, no splits; decode: 128-wide blocks of 16 rows, splits doubled until
+    every SM has two programs, never past MAX_SPLIT or the groups."""
+    assert tr.choose_setting(512, 5120, 3072, 128, 132)[:5] == (128, 1, 8, 3, tr.PREFILL_BLOCK_M)
+    assert tr.choose_setting(16, 5120, 3072, 128, 132)[:2] == (128, 8)  # 40 blocks x 8 >= 264
+    assert tr.choose_setting(2, 128256, 3072, 128, 132)[1] == 1
+    assert tr.choose_setting(33, 3072, 256, 128, 132)[1] == 2  # 2 groups: 2 splits at most
+    assert tr.choose_setting(64, 5120, 3072, 128, 132)[1] == 2  # 40 blocks x 4 row blocks x 2
+    assert [tr.row_block(r) for r in (2, 16, 64, 65)] == [16, 16, tr.DECODE_BLOCK_M, tr.PREFILL_BLOCK_M]
+
+
+@interpreted
+def test_dequantized_product_for_prefill():
+    """kiln::int4_linear_dequant equals x times the layer's dequantized weight, and the layer takes
+    int4_path's kernel at each row count."""
+    import kiln.kernels.triton_int4_dequant as dq
+
+    torch.manual_seed(3)
+    layer = ti.Int4TritonLinear.from_linear(nn.Linear(256, 40, bias=True), 64)
+    x = torch.randn(5, 256)
+    expected = x @ layer.dequantize(torch.float32, stored_order=True).t()
+    torch.testing.assert_close(dq.int4_linear_dequant(x, layer.weight, layer.scale, layer.offset, 64), expected,
+                               rtol=1e-4, atol=1e-4)
+    assert torch.equal(dq.int4_dequantize_t(layer.weight, layer.scale, layer.offset, 64, torch.float32),
+                       layer.dequantize(torch.float32, stored_order=True).t())
+    assert [ti.int4_path(r) for r in (1, ti.INT4_ROWS_FROM - 1, ti.INT4_ROWS_FROM, ti.ROWS_UP_TO, ti.ROWS_UP_TO + 1)] == [
+        "matvec", "matvec", "rows", "rows", "dequant"]
+    for rows in (1, ti.INT4_ROWS_FROM, ti.ROWS_UP_TO + 1):
+        xr = torch.randn(rows, 256)
+        torch.testing.assert_close(layer(xr), xr @ layer.dequantize(torch.float32).t() + layer.bias, rtol=1e-4,
+                                   atol=1e-4)
+
+
+@interpreted
+def test_batched_decode_with_int4_triton_weights(monkeypatch):
     """Three prompts, left-padded to different lengths: every decode step through the row kernels
-    equals the dequantized reference's."""
+    (taken from 2 rows here) equals the dequantized reference's."""
+    monkeypatch.setattr(ti, "INT4_ROWS_FROM", 2)
     from kiln.llm.config import config_from_dict
     from kiln.llm.quant import QuantSpec, dequantized_reference, quantize_decoder
     from kiln.llm.weights import random_decoder
@@ -64,16 +122,18 @@ def test_batched_decode_with_int4_triton_weights():
 
 @interpreted
 def test_decode_steps_pick_the_kernel_by_rows(monkeypatch):
-    """One row: the one-row kernels; several: int4 weights through the row kernel, dense weights
-    through the model's own matmul; more rows than the kernels take (prefill): the plain layer."""
+    """One row: the one-row kernels; several: dense weights through the model's own matmul, int4
+    weights through the row kernel from INT4_ROWS_FROM rows; more rows than that kernel takes: the
+    plain layer (int4: its dequantized matmul)."""
     calls = []
     for name in ("matvec", "int4_matvec", "int4_rows"):
         real = getattr(torch.ops.kiln, name)
         monkeypatch.setattr(torch.ops.kiln, name, lambda *a, _r=real, _n=name: calls.append(_n) or _r(*a))
     dense = nn.Linear(64, 32)
     int4 = ti.Int4TritonLinear.from_linear(nn.Linear(64, 32), 32)
-    for layer in (dense, int4):
-        for rows in (1, dm.ROWS_KERNEL_FROM, tr.MAX_ROWS + 1):
+    for layer, row_counts in ((dense, (1, dm.ROWS_KERNEL_FROM, tr.MAX_ROWS + 1)),
+                              (int4, (1, ti.INT4_ROWS_FROM, ti.ROWS_UP_TO + 1))):
+        for rows in row_counts:
             y = dm.fused_linear(layer, torch.randn(rows, 1, 64))
             assert y.shape == (rows, 1, 32)
-    assert calls == ["matvec", "int4_matvec", "int4_rows"]
+    assert calls == ["matvec", "int4_matvec", "int4_rows"]  # the last int4 call: the dequantized matmul

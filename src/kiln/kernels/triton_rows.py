@@ -1,31 +1,30 @@
-"""kiln's int4 decode projections for several rows at once (a decode step at batch > 1), written
-in Triton, with the same fused parts as the one-row int4 kernel (kiln.kernels.triton_int4): an RMSNorm
-(or a folded norm's 1/rms) or a SwiGLU before, the SwiGLU of interleaved gate/up rows after, a bias
-and a residual add after.
+"""kiln's int4 products for several rows at once (a decode step at batch > 1), written in Triton,
+with the same fused parts as the one-row int4 kernel (kiln.kernels.triton_int4): an RMSNorm (or a
+folded norm's 1/rms) or a SwiGLU before, the SwiGLU of interleaved gate/up rows after, a bias and
+a residual add after. kiln.llm.int4_layout.int4_path decides at which row counts it runs.
 
-A program owns a block of BLOCK_N outputs (and a split of K) for *all* rows: it reads each weight
-tile once and multiplies it with every row's inputs on the tensor cores (`tl.dot`, rows padded to
-BLOCK_M >= 16). The one-row kernel gives each row its own programs, which at batch B read and
-unpack every weight tile B times, so a step's cost grew with the batch. int4 words (word [r, n]
-holds inputs 8r..8r+7 of output n) are unpacked to a [GROUP, BLOCK_N] tile of q (exact in the model
-dtype), one product with the inputs per group, and a group's scale and offset are applied once per
-output: scale * sum q x + offset * sum x.
+A program owns a block of BLOCK_N outputs, a block of BLOCK_M rows and a split of K: it reads and
+unpacks each weight tile once for all the block's rows and multiplies on the tensor cores
+(`tl.dot`, rows padded to 16). The one-row kernel gives each row its own programs, which at batch
+B read and unpack every weight tile B times. Per group of inputs, int4 words (word [r, n] holds
+inputs 8r..8r+7 of output n) become a [GROUP, BLOCK_N] tile of MAGIC + q in the model dtype (q
+written into MAGIC's low mantissa bits: no conversion instruction), one product with the inputs,
+and scale * (sum q x) + offset * (sum x) applied once per group and output, the MAGIC * sum x
+term removed with the offset's. A folded norm's 1/rms comes from the squares of the x tiles the
+loop reads (each split's, added by the block's last program), not from a pass of its own.
 
-Dense (bf16/fp16) weights at batch > 1 take the model's own matmul (cuBLAS) instead: a Triton
-kernel of this design was slower than cuBLAS on most of the 3B shape's projections (the
-decode_batch results README).
-
-Splits of K are added in a fixed order by the last program of a block to arrive
-(kiln.kernels.triton_matvec._split_sum), so results do not depend on arrival order. With programmatic
-dependent launch (Hopper) a program waits for the previous kernel before reading anything, then
-lets the next kernel be scheduled. Launch settings are autotuned per shape and row bucket
-(BLOCK_M) on the first call; the chosen settings are cached across processes where Triton can.
-Tests run the kernel on CPU through Triton's interpreter.
+Launch settings come from a rule (`choose_setting`), not from autotuning, so warm-up tunes
+nothing and every process picks the same: 128-wide blocks of 16 rows, Triton's pipeliner, and the
+fewest splits of K that give every SM two programs (a sweep over blocks, splits, stages, row
+blocks and a register prefetch is in the int4_gemm results README). Splits are added in a fixed
+order by the last program of a block to arrive (kiln.kernels.triton_matvec._split_sum), so
+results do not depend on arrival order. With programmatic dependent launch (Hopper) a program waits
+for the previous kernel before reading anything, then lets the next kernel be scheduled. Dense
+weights at batch > 1 take the model's own matmul (cuBLAS). Tests run the kernel on CPU through
+Triton's interpreter.
 """
 
 from __future__ import annotations
-
-import inspect
 
 import torch
 import triton
@@ -38,9 +37,9 @@ from kiln.kernels.triton_launch import arrival_counters, interpreting, pdl_enabl
 from kiln.kernels.triton_matvec import _split_sum, _x_tile
 
 MAX_ROWS = 64
-"""Rows (batch x tokens) up to which the row kernel runs; longer inputs (prefill) use the layer's
-dequantized matmul."""
-MAX_SPLIT = 4
+"""Rows (batch x tokens) of a decode step: up to here blocks of DECODE_BLOCK_M rows, splits of K
+allowed; longer inputs are tiled into row blocks of PREFILL_BLOCK_M."""
+MAX_SPLIT = 8
 
 
 def block_m(rows: int) -> int:
@@ -82,53 +81,102 @@ def _rows_epilogue(y, Y, Bias, Res, m, n, n_ok, ok, stride_ym, stride_rm, HAS_BI
     tl.store(Y + m[:, None] * stride_ym + n[None, :], y, mask=ok)
 
 
+@triton.jit
+def _group_tiles(X, Q, Scale, Offset, NormW, g, m, m_ok, n, n_ok, r, stride_xm, rstd, N, K: tl.constexpr,
+                 GROUP: tl.constexpr, PROLOGUE: tl.constexpr):
+    """Group g's words [RP, BLOCK_N], scales and offsets [BLOCK_N] and inputs [BLOCK_M, 8 RP] (the
+    prologue applied; the padding past GROUP reads as 0)."""
+    R: tl.constexpr = GROUP // 8
+    RP: tl.constexpr = max(2, R)
+    GROUPS: tl.constexpr = K // GROUP
+    g_ok = g < GROUPS
+    words = tl.load(Q + (g * R + r)[:, None] * N + n[None, :], mask=g_ok & (r < R)[:, None] & n_ok[None, :], other=0)
+    scale = tl.load(Scale + g * N + n, mask=g_ok & n_ok, other=0.0).to(tl.float32)
+    offset = tl.load(Offset + g * N + n, mask=g_ok & n_ok, other=0.0).to(tl.float32)
+    k = g * GROUP + tl.arange(0, 8 * RP)
+    x = _rows_x(X, NormW, m, m_ok & g_ok, tl.where(k < g * GROUP + GROUP, k, K), stride_xm, rstd, K,
+                PROLOGUE if PROLOGUE != 3 else 0)
+    return words, scale, offset, x
+
+
+@triton.jit
+def _unpacked(words, dtype: tl.constexpr, MAGIC: tl.constexpr):
+    """words [RP, BLOCK_N] -> [8 RP, BLOCK_N] of MAGIC + q in `dtype` (input 8r + j: nibble j of word
+    row r), exact: in 16-bit types q goes into the low mantissa bits of MAGIC's bit pattern (one
+    shift and one and-or per value, no int-to-float conversion); fp32 (tests) converts q itself,
+    MAGIC 0."""
+    shifts = 4 * tl.arange(0, 8)
+    q = (words[:, None, :] >> shifts[None, :, None]) & 15  # [RP, 8, BLOCK_N]
+    q = tl.reshape(q, [8 * words.shape[0], words.shape[1]])
+    if dtype == tl.float32:
+        return q.to(tl.float32)
+    if dtype == tl.float16:
+        return (q | 0x6400).to(tl.int16).to(tl.float16, bitcast=True)  # 1024 + q
+    return (q | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True)  # 128 + q
+
+
 def _int4_rows(X, Q, Scale, Offset, Y, NormW, Bias, Res, Part, Arrived, M, N, eps,
                stride_xm, stride_ym, stride_rm,
                K: tl.constexpr, GROUP: tl.constexpr, PROLOGUE: tl.constexpr, SWIGLU: tl.constexpr,
                HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, PDL: tl.constexpr,
-               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, PER_SPLIT: tl.constexpr):
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, PER_SPLIT: tl.constexpr,
+               PREFETCH: tl.constexpr):
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
+    m_blocks = tl.cdiv(M, BLOCK_M)
+    pid_m = pid % m_blocks  # row blocks fastest: the programs sharing a weight tile run together (L2)
+    pid_n = pid // m_blocks
     R: tl.constexpr = GROUP // 8  # word rows per group
     RP: tl.constexpr = max(2, R)  # 8 RP >= 16: the tensor cores' smallest K
-    GROUPS: tl.constexpr = K // GROUP
     dtype = X.dtype.element_ty
-    n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    MAGIC: tl.constexpr = 0.0 if dtype == tl.float32 else 1024.0 if dtype == tl.float16 else 128.0
+    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < N
-    m = tl.arange(0, BLOCK_M)
+    m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     m_ok = m < M
     r = tl.arange(0, RP)
-    r_ok = r < R
-    shifts = 4 * tl.arange(0, 8)
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
     rstd = tl.zeros([BLOCK_M], dtype=tl.float32)
-    if PROLOGUE == 1 or PROLOGUE == 3:
+    if PROLOGUE == 1:  # an unfolded norm scales x before its product: the whole row's rms first
         rstd = _rows_rstd(X, m, m_ok, stride_xm, eps, K, BLOCK_M, 128)
+    squares = tl.zeros([BLOCK_M], dtype=tl.float32)  # a folded norm's: from the x tiles the loop reads
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     g0 = pid_k * PER_SPLIT
+    last_g = g0 + PER_SPLIT - 1
+    # PREFETCH: the next group's tiles are requested before this one is computed (the last reloads its
+    # own: an L2 hit); else Triton's pipeliner (num_stages) schedules the loads.
+    words, scale, offset, x = _group_tiles(X, Q, Scale, Offset, NormW, g0, m, m_ok, n, n_ok, r, stride_xm, rstd, N, K,
+                                           GROUP, PROLOGUE)
     for i in tl.range(0, PER_SPLIT):
         g = g0 + i
-        g_ok = g < GROUPS
-        words = tl.load(Q + (g * R + r)[:, None] * N + n[None, :], mask=g_ok & r_ok[:, None] & n_ok[None, :], other=0)
-        # Per group: y = scale * sum_k q_k x_k + offset * sum_k x_k: the words unpacked to a [GROUP,
-        # BLOCK_N] tile of q (word row r, nibble j: input 8r + j), one product with the inputs, the
-        # scale and offset applied once per group and output.
-        q = (words[:, None, :] >> shifts[None, :, None]) & 15  # [RP, 8, BLOCK_N]: input 8r + j
-        q = tl.reshape(q, [8 * RP, BLOCK_N]).to(dtype)  # exact in the model dtype
-        k = g * GROUP + tl.arange(0, 8 * RP)
-        x = _rows_x(X, NormW, m, m_ok & g_ok, tl.where(k < g * GROUP + GROUP, k, K), stride_xm, rstd, K,
-                    PROLOGUE if PROLOGUE != 3 else 0)  # [BLOCK_M, 8 RP]; the padding reads as 0
-        part = tl.dot(x, q)
-        xsum = tl.sum(x.to(tl.float32), 1)
-        scale = tl.load(Scale + g * N + n, mask=g_ok & n_ok, other=0.0).to(tl.float32)
-        offset = tl.load(Offset + g * N + n, mask=g_ok & n_ok, other=0.0).to(tl.float32)
-        acc += part * scale[None, :] + xsum[:, None] * offset[None, :]
+        if PREFETCH:
+            words_n, scale_n, offset_n, x_n = _group_tiles(X, Q, Scale, Offset, NormW, tl.minimum(g + 1, last_g), m,
+                                                           m_ok, n, n_ok, r, stride_xm, rstd, N, K, GROUP, PROLOGUE)
+        else:
+            words, scale, offset, x = _group_tiles(X, Q, Scale, Offset, NormW, g, m, m_ok, n, n_ok, r, stride_xm,
+                                                   rstd, N, K, GROUP, PROLOGUE)
+        # y = scale * sum_k q_k x_k + offset * sum_k x_k per group; the tile holds MAGIC + q, whose
+        # product is corrected by MAGIC * sum_k x_k with the offset's term.
+        xf = x.to(tl.float32)
+        xsum = tl.sum(xf, 1)
+        if PROLOGUE == 3:
+            squares += tl.sum(xf * xf, 1)
+        part = tl.dot(x, _unpacked(words, dtype, MAGIC))
+        acc += part * scale[None, :] + xsum[:, None] * (offset - MAGIC * scale)[None, :]
+        if PREFETCH:
+            words, scale, offset, x = words_n, scale_n, offset_n, x_n
     ok = m_ok[:, None] & n_ok[None, :]
+    if PROLOGUE == 3 and SPLIT > 1:  # each split's sums of squares, read back by the block's last program
+        tl.store(Part + SPLIT * M * N + pid_k * M + m, squares, mask=m_ok)
     y, last = _split_sum(acc, Part, Arrived, pid, pid_k, m[:, None], n[None, :], ok, M, N, SPLIT)
     if PROLOGUE == 3:
-        y = y * rstd[:, None]
+        if SPLIT > 1:
+            squares = tl.zeros([BLOCK_M], dtype=tl.float32)
+            for s in tl.static_range(SPLIT):
+                squares += tl.load(Part + SPLIT * M * N + s * M + m, mask=m_ok & last, other=0.0)
+        y = y * tl.rsqrt(squares / K + eps)[:, None]
     if SWIGLU:  # rows of the weight are gate, up, gate, up, ...: write silu(gate) * up
         if HAS_BIAS:
             y += tl.load(Bias + n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
@@ -137,82 +185,85 @@ def _int4_rows(X, Q, Scale, Offset, Y, NormW, Bias, Res, Part, Arrived, M, N, ep
         gate = gate.to(tl.float32)
         act = (gate * tl.sigmoid(gate)).to(dtype).to(tl.float32)
         act = (act * up.to(tl.float32)).to(dtype)
-        h = pid * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+        h = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
         tl.store(Y + m[:, None] * stride_ym + h[None, :], act, mask=m_ok[:, None] & (h < N // 2)[None, :] & last)
     else:
         _rows_epilogue(y, Y, Bias, Res, m, n, n_ok, ok & last, stride_ym, stride_rm, HAS_BIAS, HAS_RES)
 
 
-INT4_SETTINGS = [(bn, split, stages) for bn in (32, 64, 128) for split in (1, 2, 4) for stages in (2,)]
-"""(BLOCK_N, SPLIT, stages) the autotuner may try for int4 weights."""
+PREFILL_BLOCK_M = 128
 INTERPRETED_INT4 = (16, 1)
-_KERNELS: dict[bool, object] = {}
+SWEEP_SETTINGS = [(bn, split) for bn in (32, 64, 128) for split in (1, 2, 4, 8)]
+"""(BLOCK_N, SPLIT) pairs benchmarks sweep around `choose_setting`'s pick."""
 
 
-def _sms() -> int:
-    return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+def _sms(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def _prune_int4(configs, named_args, **kwargs):
-    args = {**named_args, **kwargs}
-    groups = args["K"] // args["GROUP"]
-    valid = [c for c in configs if c.kwargs["SPLIT"] <= groups and c.kwargs["BLOCK_N"] <= max(32, args["N"])]
-    programs = {id(c): -(-args["N"] // c.kwargs["BLOCK_N"]) * c.kwargs["SPLIT"] for c in valid}
-    floor = min(_sms(), max(programs.values(), default=0))
-    return [c for c in valid if programs[id(c)] >= floor] or configs[:1]
+DECODE_BLOCK_N = 128
+DECODE_BLOCK_M = 16
+DECODE_STAGES = 3
+DECODE_PREFETCH = 0
+"""The rule's decode setting (BLOCK_N, BLOCK_M, Triton pipeliner stages, no register prefetch)."""
 
 
-def _cached() -> dict:
-    """`cache_results=True` where this Triton has it: chosen settings kept in Triton's cache dir."""
-    return {"cache_results": True} if "cache_results" in inspect.signature(triton.autotune).parameters else {}
+def choose_setting(rows: int, n: int, k: int, group: int, sms: int) -> tuple[int, int, int, int, int, int]:
+    """(BLOCK_N, SPLIT, warps, stages, BLOCK_M, PREFETCH) for a product of `rows` rows by an [n, k]
+    weight, by rule instead of autotuning (no tuning at warm-up, the same choice in every process):
+    above MAX_ROWS rows (prefill) 128 x 128 tiles, 8 warps, no splits; else DECODE_BLOCK_N-wide
+    blocks of `row_block` rows, and the fewest splits of K that give every SM two programs."""
+    if rows > MAX_ROWS:
+        return 128, 1, 8, 3, PREFILL_BLOCK_M, 0
+    blocks = -(-rows // row_block(rows)) * -(-n // DECODE_BLOCK_N)
+    split = 1
+    while blocks * split < 2 * sms and split < min(MAX_SPLIT, k // group):
+        split *= 2
+    return DECODE_BLOCK_N, split, 4, DECODE_STAGES, row_block(rows), DECODE_PREFETCH
 
 
-def _int4_per_split(a) -> int:
-    return -(-(a["K"] // a["GROUP"]) // a["SPLIT"])
-
-
-def _kernel():
-    interpret = interpreting()
-    if interpret not in _KERNELS:
-        jitted = triton.heuristics({"PER_SPLIT": _int4_per_split})(triton.jit(_int4_rows, do_not_specialize=["M"]))
-        configs = [triton.Config({"BLOCK_N": bn, "SPLIT": s}, num_warps=4, num_stages=st) for bn, s, st in INT4_SETTINGS]
-        _KERNELS[interpret] = jitted if interpret else triton.autotune(
-            configs=configs, key=["N", "K", "GROUP", "BLOCK_M", "PROLOGUE", "SWIGLU", "HAS_RES"],
-            prune_configs_by={"early_config_prune": _prune_int4}, **_cached())(jitted)
-    return _KERNELS[interpret]
-
-
-def _run(args: tuple, flags: dict, N: int, setting: dict | None) -> None:
+def _run(args: tuple, flags: dict, M: int, N: int, setting: tuple) -> None:
+    bn, split, warps, stages, prefetch = setting
     if flags["PDL"]:
         flags["launch_pdl"] = True
-    kernel = _kernel()
-    if setting is not None:
-        kernel = getattr(kernel, "fn", kernel) if hasattr(kernel, "configs") else kernel  # past the autotuner
-        kernel[(triton.cdiv(N, setting["BLOCK_N"]), setting["SPLIT"])](*args, **setting, **flags)
-    else:
-        kernel[lambda meta: (triton.cdiv(N, meta["BLOCK_N"]), meta["SPLIT"])](*args, **flags)
+    blocks = triton.cdiv(M, flags["BLOCK_M"])
+    _KERNEL[(blocks * triton.cdiv(N, bn), split)](*args, BLOCK_N=bn, SPLIT=split, num_warps=warps, num_stages=stages,
+                                                   PREFETCH=prefetch, **flags)
+
+
+_KERNEL = triton.heuristics({"PER_SPLIT": lambda a: -(-(a["K"] // a["GROUP"]) // a["SPLIT"])})(
+    triton.jit(_int4_rows, do_not_specialize=["M"]))
+
+
+def row_block(rows: int) -> int:
+    """The rows one program covers by default: all of them up to DECODE_BLOCK_M (`block_m`), else
+    blocks of DECODE_BLOCK_M up to MAX_ROWS rows and of PREFILL_BLOCK_M above."""
+    return min(block_m(rows), DECODE_BLOCK_M) if rows <= MAX_ROWS else PREFILL_BLOCK_M
 
 
 def int4_rows(x: Tensor, packed: Tensor, scale: Tensor, offset: Tensor, group_size: int, bias: Tensor | None,
               norm_weight: Tensor | None, eps: float, prologue: int, swiglu: bool, residual: Tensor | None,
               setting: list[int] | None = None) -> Tensor:
-    """kiln::int4_matvec's product for 1 < M <= MAX_ROWS rows (`prologue` as its codes).
-    `setting` (BLOCK_N, SPLIT[, warps, stages]) skips the autotuner."""
+    """kiln::int4_matvec's product for M >= 1 rows (`prologue` as its codes). `setting` (BLOCK_N,
+    SPLIT[, warps, stages[, BLOCK_M[, PREFETCH]]]) overrides `choose_setting`."""
     x = x.contiguous()
     M = x.shape[0]
     KW, N = packed.shape
+    given = setting or (INTERPRETED_INT4 if interpreting() else None)
+    if given is None:
+        given = choose_setting(M, N, 8 * KW, group_size, _sms(x.device))
+    bn, split, warps, stages, bm, prefetch = (*given, *(4, 2, row_block(M), 1)[len(given) - 2:])
+    if split > 1 and triton.cdiv(M, bm) * triton.cdiv(N, bn) > N:
+        raise ValueError(f"int4_rows: {M} rows in blocks of {bm} with splits of K need more arrival counters than {N}")
     y = torch.empty(M, N // 2 if swiglu else N, dtype=x.dtype, device=x.device)
-    part = torch.empty(MAX_SPLIT * M * N, dtype=torch.float32, device=x.device)
+    # each split's partial sums, then its sums of squares per row (a folded norm's); unused without splits
+    part = torch.empty(split * M * (N + 1) if split > 1 else 1, dtype=torch.float32, device=x.device)
     res = residual.contiguous() if residual is not None else None
     args = (x, packed, scale, offset, y, norm_weight, bias, res, part, arrival_counters(x.device, N), M, N, eps,
             x.stride(0), y.stride(0), res.stride(0) if res is not None else 0)
     flags = {"K": 8 * KW, "GROUP": group_size, "PROLOGUE": prologue, "SWIGLU": swiglu, "HAS_BIAS": bias is not None,
-             "HAS_RES": res is not None, "PDL": pdl_enabled(x.device), "BLOCK_M": block_m(M)}
-    given = setting or (INTERPRETED_INT4 if interpreting() else None)
-    if given is not None:
-        bn, split, warps, stages = (*given, 4, 2)[:4]
-        given = {"BLOCK_N": bn, "SPLIT": split, "num_warps": warps, "num_stages": stages}
-    _run(args, flags, N, given)
+             "HAS_RES": res is not None, "PDL": pdl_enabled(x.device), "BLOCK_M": bm}
+    _run(args, flags, M, N, (bn, split, warps, stages, bool(prefetch)))
     return y
 
 

@@ -10,7 +10,8 @@ folded into the projections and the SwiGLU is the gate/up kernel's epilogue. Pro
 kernel does not read (torchao's int4 and int8 layouts, bitsandbytes) keep their own matmul with
 the norm, SwiGLU and residual add computed around it, which is what `inductor` does for every
 projection. At several rows (batch > 1) dense projections take the model's own matmul with the
-same work around it, and int4@triton ones kiln.kernels.triton_rows' kernel (`ROWS_KERNEL_FROM`).
+same work around it (`ROWS_KERNEL_FROM`), and int4@triton ones kiln.kernels.triton_rows' kernel
+(from kiln.llm.int4_layout's INT4_ROWS_FROM).
 kiln.llm.kernels.use_decode_kernels swaps these calls into a model's decode steps.
 
 `auto`, the default, is `triton` where it runs (CUDA, fp16/bf16), else `inductor`; the
@@ -56,16 +57,16 @@ def check(choice: str, device: torch.device, dtype: torch.dtype, *, key: str = "
 
 
 ROWS_KERNEL_FROM = 2
-"""Rows (batch x tokens) from which a decode step's projections leave the one-row kernels: int4
-weights go to kiln.kernels.triton_rows' kernel (one weight read for all rows), dense weights to the
-model's own matmul (cuBLAS), which read them at least as fast on most of an H100's decode shapes."""
+"""Rows (batch x tokens) from which a decode step's dense projections leave the one-row kernel for
+the model's own matmul (cuBLAS), which reads them at least as fast on most of an H100's decode
+shapes (int4 weights: kiln.llm.int4_layout.INT4_ROWS_FROM)."""
 
 
 def _kernel_reads(layer: nn.Module, x: Tensor) -> str | None:
     """Which kiln op reads `layer`'s weight for input x, or None (the model's own matmul: a layout
     kiln's kernels do not read, dense weights at several rows, or more rows than they take)."""
     from kiln.kernels.triton_rows import MAX_ROWS
-    from kiln.llm.int4_layout import Int4TritonLinear  # Triton is optional
+    from kiln.llm.int4_layout import Int4TritonLinear, int4_path  # Triton is optional
 
     rows = x.numel() // x.shape[-1]
     if rows > MAX_ROWS or not (x.is_cuda or interpreting()):
@@ -73,7 +74,7 @@ def _kernel_reads(layer: nn.Module, x: Tensor) -> str | None:
     if type(layer) is nn.Linear and type(layer.weight) in (Tensor, nn.Parameter) and layer.weight.dtype == x.dtype:
         return "matvec" if rows < ROWS_KERNEL_FROM else None  # a plain weight (torchao's subclasses keep nn.Linear)
     if isinstance(layer, Int4TritonLinear):
-        return "int4"
+        return "int4" if int4_path(rows) != "dequant" else None  # many rows: the layer's dequantized matmul
     return None
 
 
@@ -116,15 +117,18 @@ def fused_mlp(ffn: nn.Module, x: Tensor, norm: nn.Module, residual: Tensor) -> T
 
 def _int4(layer: nn.Module, rows: Tensor, norm: nn.Module | None, prologue: str, swiglu: bool,
           residual: Tensor | None) -> Tensor:
-    """kiln::int4_matvec on an `Int4TritonLinear`; a norm whose weight the layer folded in is one
+    """kiln::int4_matvec (one row) or kiln::int4_rows (several, as kiln.llm.int4_layout.int4_path
+    picks) on an `Int4TritonLinear`; a norm whose weight the layer folded in is one
     scalar per row (the `rms` prologue)."""
     if norm is not None:
         if layer.folded_norm != getattr(norm, "folded", False):
             raise ValueError("int4@triton: a layer with a folded norm weight needs its norm folded too (and back)")
         prologue = "rms" if layer.folded_norm else "rmsnorm"
     norm_weight = norm.weight if norm is not None and not layer.folded_norm else None
+    from kiln.llm.int4_layout import int4_path  # Triton is optional
+
     eps = norm.eps if norm is not None else 0.0
-    op = torch.ops.kiln.int4_rows if rows.shape[0] >= ROWS_KERNEL_FROM else torch.ops.kiln.int4_matvec
+    op = torch.ops.kiln.int4_rows if int4_path(rows.shape[0]) == "rows" else torch.ops.kiln.int4_matvec
     return op(rows, layer.weight, layer.scale, layer.offset, layer.group_size, layer.bias,
                                       norm_weight, eps, prologue, swiglu, residual)
 

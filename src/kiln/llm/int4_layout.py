@@ -2,7 +2,15 @@
 groups along the input dimension packed eight to an int32 word down K ([K/8, N], outputs
 contiguous), scales and offsets [K/group, N]; an RMSNorm weight may be folded in when quantizing,
 and a SwiGLU's gate and up rows interleaved (kiln.kernels.triton_int4 reads it, and explains why).
-Up to MAX_ROWS rows (decode) go through the kernel; longer inputs dequantize and call `linear`."""
+
+Which kernel multiplies a layer's input of M rows (`int4_path`), chosen by measurement on an H100
+(the int4_gemm results README): below INT4_ROWS_FROM rows kiln.kernels.triton_int4's one-row
+kernel (programs per row: its cost grows with the rows, but nothing is padded); from there up to
+ROWS_UP_TO rows kiln.kernels.triton_rows' kernel, which reads and unpacks each weight tile once
+for a block of 16 rows (its cost is the unpacking, the same for 1 or 16 rows); above that (larger
+batches, prefill) `dequant`: the weight written out in the model dtype once per call by
+kiln.kernels.triton_int4_dequant, then the dense matmul, whose cost barely grows with the rows.
+Off CUDA (and outside Triton's interpreter) the layer dequantizes in torch and calls `linear`."""
 
 from __future__ import annotations
 
@@ -11,9 +19,22 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 import kiln.kernels.triton_int4  # noqa: F401  (registers kiln::int4_matvec)
+import kiln.kernels.triton_int4_dequant  # noqa: F401  (registers kiln::int4_linear_dequant)
+import kiln.kernels.triton_rows  # noqa: F401  (registers kiln::int4_rows)
 from kiln.kernels.triton_launch import interpreting
-from kiln.kernels.triton_matvec import MAX_ROWS
 from kiln.llm.quant_torch import _int4_groups
+
+INT4_ROWS_FROM = 8
+"""Rows from which the row kernel (one weight read for a block of rows) replaces the one-row kernel."""
+ROWS_UP_TO = 16
+"""Rows up to which the row kernel runs; more take the dequantized weight and the dense matmul."""
+
+
+def int4_path(rows: int) -> str:
+    """`matvec`, `rows` or `dequant`: the kernel an input of `rows` rows goes through (module docstring)."""
+    if rows > ROWS_UP_TO:
+        return "dequant"
+    return "rows" if rows >= INT4_ROWS_FROM else "matvec"
 
 
 def pack_words(q: Tensor) -> Tensor:
@@ -45,7 +66,7 @@ def split_halves(t: Tensor, dim: int = 0) -> Tensor:
 
 
 class Int4TritonLinear(nn.Module):
-    """kiln's int4 layout (module docstring); up to MAX_ROWS rows go through the kernel.
+    """kiln's int4 layout (module docstring); its product goes through `int4_path`'s kernel.
 
     `folded_norm`: the weight stands for W diag(norm_w) (an RMSNorm's weight folded in: the
     model's norm must then apply no weight of its own). `interleaved`: gate and up rows
@@ -93,10 +114,15 @@ class Int4TritonLinear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         rows = x.numel() // self.in_features
-        if rows > MAX_ROWS or not (x.is_cuda or interpreting()):
+        if not (x.is_cuda or interpreting()):
             return F.linear(x, self.dequantize(x.dtype), self._bias())
-        y = torch.ops.kiln.int4_matvec(x.reshape(rows, self.in_features), self.weight, self.scale, self.offset,
-                                       self.group_size, self.bias)
+        flat, path = x.reshape(rows, self.in_features), int4_path(rows)
+        if path == "dequant":
+            y = torch.ops.kiln.int4_linear_dequant(flat, self.weight, self.scale, self.offset, self.group_size)
+            y = y if self.bias is None else y + self.bias
+        else:
+            op = torch.ops.kiln.int4_rows if path == "rows" else torch.ops.kiln.int4_matvec
+            y = op(flat, self.weight, self.scale, self.offset, self.group_size, self.bias)
         if self.interleaved:
             y = split_halves(y, dim=1)
         return y.view(*x.shape[:-1], self.out_features)

@@ -1,0 +1,58 @@
+"""kiln's int4 layout (kiln.llm.int4_layout) dequantized to the model dtype in one Triton kernel: one
+way an int4 layer prefills (many rows), by writing its weight out once per call and handing the
+product to the dense matmul (cuBLAS), which is compute-bound there. kiln.llm.int4_layout picks
+between this and the row kernel's prefill tiles (kiln.kernels.triton_rows).
+
+A program unpacks one group of input rows for BLOCK_N outputs: words [GROUP/8, BLOCK_N] (word [r,
+n] holds inputs 8r..8r+7 of output n) to q [GROUP, BLOCK_N], then w = q * scale + offset in fp32,
+rounded once to the model dtype, stored as W^T [K, N] (outputs contiguous, as the words are), so
+y = x @ W^T. Tests run it on CPU through Triton's interpreter.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+
+@triton.jit
+def _dequant(Q, Scale, Offset, W, N, GROUP: tl.constexpr, BLOCK_N: tl.constexpr):
+    g = tl.program_id(0)
+    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = n < N
+    R: tl.constexpr = GROUP // 8
+    r = tl.arange(0, R)
+    words = tl.load(Q + (g * R + r)[:, None] * N + n[None, :], mask=n_ok[None, :], other=0)
+    q = (words[:, None, :] >> (4 * tl.arange(0, 8))[None, :, None]) & 15  # [R, 8, BLOCK_N]: input 8r + j
+    q = tl.reshape(q, [GROUP, BLOCK_N]).to(tl.float32)
+    scale = tl.load(Scale + g * N + n, mask=n_ok, other=0.0).to(tl.float32)
+    offset = tl.load(Offset + g * N + n, mask=n_ok, other=0.0).to(tl.float32)
+    w = q * scale[None, :] + offset[None, :]
+    k = g * GROUP + tl.arange(0, GROUP)
+    tl.store(W + k[:, None] * N + n[None, :], w.to(W.dtype.element_ty), mask=n_ok[None, :])
+
+
+BLOCK_N = 128
+
+
+def int4_dequantize_t(packed: Tensor, scale: Tensor, offset: Tensor, group_size: int, dtype: torch.dtype) -> Tensor:
+    """The int4 weight as W^T [K, N] in `dtype` (packed [K/8, N] int32, scale and offset [K/group, N])."""
+    KW, N = packed.shape
+    K = 8 * KW
+    w = torch.empty(K, N, dtype=dtype, device=packed.device)
+    _dequant[(K // group_size, triton.cdiv(N, BLOCK_N))](packed, scale, offset, w, N, GROUP=group_size,
+                                                          BLOCK_N=BLOCK_N, num_warps=4)
+    return w
+
+
+@torch.library.custom_op("kiln::int4_linear_dequant", mutates_args=())
+def int4_linear_dequant(x: Tensor, packed: Tensor, scale: Tensor, offset: Tensor, group_size: int) -> Tensor:
+    """x [M, K] times the int4 weight: dequantized to x's dtype by the kernel, then x @ W^T."""
+    return x @ int4_dequantize_t(packed, scale, offset, group_size, x.dtype)
+
+
+@int4_linear_dequant.register_fake
+def _(x, packed, scale, offset, group_size):
+    return x.new_empty(x.shape[0], packed.shape[1])
