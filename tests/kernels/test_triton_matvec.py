@@ -107,9 +107,8 @@ def test_fused_decode_with_int4_triton_weights():
     model = random_decoder(config_from_dict(small), device="cpu", dtype=torch.float32, seed=0)
     spec = QuantSpec(kind="int4", group_size=32, backend="triton")
     quantized = quantize_decoder(model, spec)
-    # A two-token prompt (a multi-row prefill, half the interpreted programs of four), three decode steps.
-    tokens = torch.randint(0, 96, (1, 5), generator=torch.Generator().manual_seed(5))
-    assert_decode_matches_matmul(quantized, "matmul", tokens, torch.tensor([0]), prompt=2, matvec="triton", tol=1e-4,
+    tokens = torch.randint(0, 96, (1, 7), generator=torch.Generator().manual_seed(5))
+    assert_decode_matches_matmul(quantized, "matmul", tokens, torch.tensor([0]), prompt=4, matvec="triton", tol=1e-4,
                                  reference=dequantized_reference(model, quantized, spec))
 
 
