@@ -51,3 +51,8 @@ def bad_input(capsys):
         return err
 
     return check
+
+
+def pytest_configure(config):
+    # tests/kernels/triton_interpreter.py: the interpreter subprocess selects its tests with `-m interpreted`.
+    config.addinivalue_line("markers", "interpreted: a Triton kernel test, run in the TRITON_INTERPRET=1 subprocess")

@@ -52,6 +52,13 @@ def _run(tmp_path: Path, name: str, *extra: str, data_path: Path | None = None) 
     return run_dir
 
 
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory) -> Path:
+    """A llama-tiny run without a tokenizer, trained once: the tests below only export it (an export
+    reads the run dir and writes only under its --out, which each test puts in its own tmp_path)."""
+    return _run(tmp_path_factory.mktemp("tiny"), "run", "model.name=llama:llama-tiny", "data.synthetic_samples=16")
+
+
 def _kiln_weights(run_dir: Path, tmp_path: Path) -> dict[str, torch.Tensor]:
     """The checkpoint's model under the training model's own names (the one-file export)."""
     out = tmp_path / f"{run_dir.name}.safetensors"
@@ -141,15 +148,15 @@ def test_hf_run_exports_a_directory_with_equal_logits(tmp_path, data):
     torch.testing.assert_close(_hf_logits(out, TOKENS), expected, rtol=0, atol=0)
 
 
-def test_run_without_a_tokenizer_exports_model_files_only(tmp_path):
-    run_dir = _run(tmp_path, "run", "model.name=llama:llama-tiny", "data.synthetic_samples=16")
+def test_run_without_a_tokenizer_exports_model_files_only(tmp_path, tiny_run):
+    run_dir = tiny_run
     out = tmp_path / "hf"
     assert main(["export", str(run_dir), "--out", str(out)]) == 0
     assert {p.name for p in out.iterdir()} == {"config.json", "model.safetensors", "generation_config.json"}
 
 
-def test_bad_outputs_and_runs_exit_2(tmp_path, capsys):
-    run_dir = _run(tmp_path, "run", "model.name=llama:llama-tiny", "data.synthetic_samples=16")
+def test_bad_outputs_and_runs_exit_2(tmp_path, capsys, tiny_run):
+    run_dir = tiny_run
     existing = tmp_path / "existing"
     existing.mkdir()
     (existing / "keep.txt").write_text("mine")
@@ -163,10 +170,10 @@ def test_bad_outputs_and_runs_exit_2(tmp_path, capsys):
     assert (existing / "keep.txt").read_text() == "mine"
 
 
-def test_a_directory_named_like_a_part_is_never_touched(tmp_path, capsys):
+def test_a_directory_named_like_a_part_is_never_touched(tmp_path, capsys, tiny_run):
     """The export is written under a fresh temporary name: a `hf.part` of the user's (or a link
     planted there) is neither used nor removed."""
-    run_dir = _run(tmp_path, "run", "model.name=llama:llama-tiny", "data.synthetic_samples=16")
+    run_dir = tiny_run
     part = tmp_path / "hf.part"
     part.mkdir()
     (part / "mine.txt").write_text("keep")
@@ -174,8 +181,8 @@ def test_a_directory_named_like_a_part_is_never_touched(tmp_path, capsys):
     assert sorted(p.name for p in part.iterdir()) == ["mine.txt"] and (tmp_path / "hf" / "config.json").is_file()
 
 
-def test_force_replaces_an_earlier_export_directory_whole_and_nothing_else(tmp_path, capsys):
-    run_dir = _run(tmp_path, "forced", "model.name=llama:llama-tiny", "data.synthetic_samples=16")
+def test_force_replaces_an_earlier_export_directory_whole_and_nothing_else(tmp_path, capsys, tiny_run):
+    run_dir = tiny_run
     out = tmp_path / "hf"
     out.mkdir()
     (out / "stale.txt").write_text("the user's file")

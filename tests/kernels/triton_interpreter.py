@@ -1,7 +1,9 @@
 """Running kiln's Triton kernels on CPU in tests: Triton picks its interpreter (TRITON_INTERPRET=1)
 when it is first imported, which torch._dynamo does early in any test process; so a test module
 with kernel tests marks them `interpreted` and runs itself again in a subprocess started with the
-variable set (`rerun_interpreted`), where only those run. The first such module to ask runs every
+variable set (`rerun_interpreted`), where only those run (selected by their `interpreted` marker:
+the module's other tests already ran in this process, and a second run under the interpreter
+would only repeat them, compiles and all). The first such module to ask runs every
 module of the session that has kernel tests in one subprocess (one interpreter start, not one per
 module) and each module's `test_under_interpreter` then reports its own module's outcome."""
 
@@ -18,7 +20,15 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]  # pytest's rootdir: junit names tests from it
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-interpreted = pytest.mark.skipif(not INTERPRETED, reason="runs in its module's interpreter subprocess")
+MARKER = "interpreted"
+
+
+def interpreted(test):
+    """Mark a kernel test: skipped here, run (and selected by MARKER) in the interpreter subprocess."""
+    skip = pytest.mark.skipif(not INTERPRETED, reason="runs in its module's interpreter subprocess")
+    return getattr(pytest.mark, MARKER)(skip(test))
+
+
 not_in_subprocess = pytest.mark.skipif(INTERPRETED, reason="this is the interpreter subprocess")
 
 _OUTCOMES: dict[str, str] = {}
@@ -58,7 +68,7 @@ def rerun_interpreted(test_file: str) -> None:
         with tempfile.TemporaryDirectory(prefix="kiln-interpreted-") as tmp:
             report = Path(tmp) / "report.xml"
             run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *files,
-                                  "-k", "not test_under_interpreter", f"--junitxml={report}"],
+                                  "-m", MARKER, f"--junitxml={report}"],
                                  env=env, capture_output=True, text=True, timeout=600 * len(files))
             _OUTCOMES.update(_outcomes(files, report, run.stdout[-4000:] + run.stderr[-2000:]))
     assert not _OUTCOMES[test_file], _OUTCOMES[test_file]
