@@ -24,7 +24,7 @@ from pathlib import Path
 
 from kiln.bench.results import write_results
 from kiln.config import load_config
-from kiln.config.errors import ConfigError
+from kiln.errors import ConfigError
 from kiln.monitor.env import collect_env
 
 RECIPES = {

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from kiln.config import load_config
-from kiln.config.errors import ConfigError
+from kiln.errors import ConfigError
 from kiln.llm.config import config_from_dict, resolve_model
 from kiln.llm.engine import Engine
 from kiln.llm.families import FAMILIES

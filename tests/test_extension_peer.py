@@ -24,7 +24,7 @@ import torch
 
 from kiln.bench.train_llm.llm_train_result import RowRun, TrainRow, set_figures
 from kiln.bench.peers.interface import NothingPrepared
-from kiln.config.errors import ConfigError
+from kiln.errors import ConfigError
 
 
 class ToyPeer:

@@ -16,7 +16,7 @@ Order notes, where a dependency looks surprising but is right:
 - llm < models: kiln's decoder and its checkpoints are single-device model code; models/ adapts
   them (and HF models) into trainable models, so models/llama.py and models/hf.py import llm/.
 - runtime (device, seeds, deterministic mode, run-dir names) sits beside precision, low: it
-  imports only config.errors, and bench/, advise/, tune/ and cli/ use it without importing train/.
+  imports only errors, and bench/, advise/, tune/ and cli/ use it without importing train/.
 - kernels < llm, train: a kernel knows tensors, not models; llm/ and train/ swap it into a model.
 """
 
@@ -40,7 +40,7 @@ else:  # pragma: no cover - exercised on 3.10 only
 REPO = Path(__file__).resolve().parents[1]
 SRC = REPO / "src"
 
-LEAF = ("__init__", "config", "imports", "signing", "noise", "tables", "activity", "timing", "outputs", "safe_io")
+LEAF = ("__init__", "errors", "config", "imports", "signing", "noise", "tables", "activity", "timing", "outputs", "safe_io")
 ROOMS: tuple[tuple[str, ...], ...] = (
     LEAF,
     ("cpu",),
@@ -338,7 +338,7 @@ def test_the_optional_dependency_rule_sees_kiln_modules_that_need_one(kiln_graph
     # training step does not.
     assert kiln_graph.need["kiln.kernels.triton_int4"] is not None
     assert kiln_graph.need["kiln.train.step"] is None
-    assert kiln_graph.need["kiln.config.errors"] is None
+    assert kiln_graph.need["kiln.errors"] is None
 
 
 # -- the checker itself, on a small package with each fault planted ------------------------------

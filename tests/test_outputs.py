@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from kiln.config.errors import ConfigError
+from kiln.errors import ConfigError
 from kiln.outputs import LOCK_ENV, LOCK_FILE, RunDirLock, held_for_me, lock_holder
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from kiln.config.errors import ConfigError
+from kiln.errors import ConfigError
 from kiln.safe_io import (
     LinkRefused,
     UnsafeFile,

@@ -42,8 +42,8 @@ def test_a_non_tensor_value_in_a_checkpoint_is_read_without_unpickling_code(tmp_
 
 @pytest.mark.parametrize("ext", [".pt", ".npy"])
 def test_a_data_file_holding_a_pickle_is_refused(tmp_path, canary, ext):
-    from kiln.config.errors import ConfigError
     from kiln.data.files import load_array
+    from kiln.errors import ConfigError
 
     path = tmp_path / f"inputs{ext}"
     if ext == ".pt":
@@ -69,7 +69,7 @@ def test_a_model_dir_with_a_pickled_checkpoint_is_refused_by_generate(tmp_path, 
 def test_a_model_dir_with_a_pickled_checkpoint_is_refused_for_training(tmp_path, canary):
     pytest.importorskip("transformers")
     from kiln.config import load_config
-    from kiln.config.errors import ConfigError
+    from kiln.errors import ConfigError
     from kiln.models import build_model
 
     model_dir = tmp_path / "model"
@@ -103,7 +103,7 @@ def test_run_dir_bookkeeping_files_are_plain_data(tmp_path, canary):
     (step / "kiln_complete.json").write_bytes(blob)
     (tmp_path / "checkpoints" / "branch.json").write_bytes(blob)
     assert "marker" in checkpoint_problem(step)
-    from kiln.config.errors import ConfigError
+    from kiln.errors import ConfigError
 
     with pytest.raises(ConfigError, match="branch.json: cannot be read"):  # refused, never a restart
         branch_point(tmp_path / "checkpoints")

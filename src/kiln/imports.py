@@ -16,7 +16,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from kiln.config.errors import ConfigError
+from kiln.errors import ConfigError
 
 FORMS = ("package.module:function", "path/to/file.py:function")
 

@@ -15,7 +15,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from kiln.config.errors import ConfigError
+from kiln.errors import ConfigError
 from kiln.safe_io import LinkRefused, open_truncate, read_text, refuse_links
 
 LOCK_FILE = ".kiln.lock"

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
-from kiln.config.errors import ConfigError
 from kiln.cpu.topology import read_topology
+from kiln.errors import ConfigError
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from kiln.config.errors import ConfigError
+from kiln.errors import ConfigError
 
 
 def resolve_device(spec: str) -> torch.device:

@@ -16,8 +16,8 @@ from kiln.bench.llm.llm_options import PRESETS, LlmBenchPlan, check_options
 from kiln.bench.llm.llm_request import LlmBenchOptions
 from kiln.cli import bench_llm_cmd
 from kiln.cli.main import build_parser
-from kiln.config.errors import ConfigError
 from kiln.config.options import flag_of
+from kiln.errors import ConfigError
 from kiln.llm.quant import QuantSpec
 
 

@@ -17,8 +17,8 @@ from kiln.bench.scale.scale_plan import (
     threshold_for,
 )
 from kiln.config import load_config
-from kiln.config.errors import ConfigError
 from kiln.distributed.traffic import Collective, StepTraffic
+from kiln.errors import ConfigError
 
 
 def test_parsers_accept_the_documented_forms():

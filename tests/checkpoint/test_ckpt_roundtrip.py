@@ -18,7 +18,7 @@ import torch.distributed.checkpoint as dcp
 
 from kiln.checkpoint import AppState, CheckpointSaveError
 from kiln.checkpoint.layout import MARKER, latest_complete
-from kiln.config.errors import ConfigError
+from kiln.errors import ConfigError
 
 from .ckpt_helpers import assert_bitwise_equal, checkpointer, make_run, seed_all, snapshot
 

@@ -10,11 +10,11 @@ import sys
 import pytest
 
 from kiln.config import load_config
-from kiln.config.errors import ConfigError
 from kiln.config.schema import CpuConfig
 from kiln.cpu import threads as cpu_threads
 from kiln.cpu.threads import plan_cpu
 from kiln.cpu.topology import format_cpulist, parse_cpulist, read_topology
+from kiln.errors import ConfigError
 
 
 def _fake_sysfs(tmp_path, sockets=2, cores=4, smt=2, flags="fpu avx2 avx512f avx512_bf16 amx_bf16 amx_tile"):

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kiln.config.errors import ConfigError
 from kiln.data.eval_tokens import read_ppl_tokens
 from kiln.data.prepare import prepare
 from kiln.data.prepare_options import PrepareOptions
+from kiln.errors import ConfigError
 
 
 class _Words:

@@ -11,8 +11,8 @@ import pytest
 
 from kiln.cli.main import main
 from kiln.config import load_config
-from kiln.config.errors import ConfigError
 from kiln.data.special_tokens import align_config, special_tokens
+from kiln.errors import ConfigError
 from kiln.train.trainer import train
 
 pytest.importorskip("transformers")

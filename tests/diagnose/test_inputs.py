@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kiln.config.errors import ConfigError
 from kiln.diagnose.inputs import parse_input_spec, parse_input_specs
 from kiln.diagnose.vary import make_variants, parse_vary
+from kiln.errors import ConfigError
 
 
 def test_input_specs():

@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from kiln.cli.main import main
-from kiln.config.errors import ConfigError
 from kiln.diagnose import break_kinds as classify
 from kiln.diagnose.explain import explain_target
 from kiln.diagnose.inputs import load_input_sets
 from kiln.diagnose.target import load_target
+from kiln.errors import ConfigError
 
 from .conftest import CORPUS, statement_line
 

@@ -15,7 +15,7 @@ import torch
 
 from kiln.cli.main import main
 from kiln.config import load_config
-from kiln.config.errors import ConfigError
+from kiln.errors import ConfigError
 from kiln.train.trainer import train
 
 BASE = [

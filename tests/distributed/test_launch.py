@@ -13,8 +13,8 @@ import pytest
 
 from kiln.cli.main import main
 from kiln.config import load_config
-from kiln.config.errors import ConfigError
 from kiln.distributed.launch import LaunchSpec, check_launch, torchrun_command
+from kiln.errors import ConfigError
 from kiln.train.trainer import train
 
 BASE = [

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from kiln.config import load_config
-from kiln.config.errors import ConfigError
 from kiln.distributed.strategy import resolve_strategy
+from kiln.errors import ConfigError
 
 CPU = torch.device("cpu")
 

@@ -136,7 +136,7 @@ def test_the_preset_names_of_kiln_train_work(capsys):
 
 
 def test_every_hf_preset_of_kiln_train_resolves_or_names_its_family():
-    from kiln.config.errors import ConfigError
+    from kiln.errors import ConfigError
     from kiln.llm.config import resolve_model
     from kiln.models.hf import PRESETS as TRAIN_PRESETS
 

@@ -13,7 +13,7 @@ import copy
 import pytest
 import torch
 
-from kiln.config.errors import ConfigError
+from kiln.errors import ConfigError
 from kiln.kernels.triton_launch import arrival_counters
 from kiln.llm import Engine, build_decoder, resolve_model
 from kiln.llm import decode_attention as da

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kiln.config.errors import ConfigError
+from kiln.errors import ConfigError
 from kiln.llm.quant import QuantSpec, check_quant, quantize_decoder
 
 from .triton_interpreter import interpreted, not_in_subprocess, rerun_interpreted

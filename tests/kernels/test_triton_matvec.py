@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kiln.config.errors import ConfigError
+from kiln.errors import ConfigError
 from kiln.llm import decode_matvec as dm
 from kiln.llm.config import resolve_model
 from kiln.llm.kernels import use_decode_kernels

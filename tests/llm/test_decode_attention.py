@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kiln.config.errors import ConfigError
+from kiln.errors import ConfigError
 from kiln.llm import Engine, build_decoder, resolve_model
 from kiln.llm import decode_attention as da
 

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from kiln.config.errors import ConfigError
+from kiln.errors import ConfigError
 from kiln.llm.config import config_from_dict, resolve_model
 from kiln.llm.model import Decoder
 from kiln.llm.presets import PRESETS

@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 import torch
 
-from kiln.config.errors import ConfigError
+from kiln.errors import ConfigError
 from kiln.llm.config import ModelSource, config_from_dict
 from kiln.llm.hf_model import build_hf_model
 from kiln.llm.rope import inv_frequencies

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kiln.config.errors import ConfigError
+from kiln.errors import ConfigError
 from kiln.llm import Engine, Sampling, bucket_length, build_decoder, resolve_model
 from kiln.llm.engine import MAX_STOP_TOKENS, check_lengths
 from kiln.llm.weights import empty_decoder

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-from kiln.config.errors import ConfigError
+from kiln.errors import ConfigError
 from kiln.llm import quant as quant_mod
 from kiln.llm.config import config_from_dict
 from kiln.llm.engine import Engine

@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from kiln.config.errors import ConfigError
+from kiln.errors import ConfigError
 from kiln.llm import build_decoder, resolve_model
 from kiln.llm.rope import inv_frequencies
 from kiln.llm.weights import random_decoder

@@ -121,7 +121,7 @@ def test_timm_adapter_with_fake_timm(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_vit_attention_backend_is_a_choice():
     import torch
 
-    from kiln.config.errors import ConfigError
+    from kiln.errors import ConfigError
     from kiln.models.vit import build_vit
 
     small = dict(img_size=32, patch_size=16, embed_dim=32, depth=1, num_heads=2, num_classes=5)

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kiln.config.errors import ConfigError
+from kiln.errors import ConfigError
 from kiln.train.cross_entropy import (
     ChunkedLinearCrossEntropy,
     chunk_tokens,

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from kiln.config import load_config
-from kiln.config.errors import ConfigError
+from kiln.errors import ConfigError
 from kiln.train import build_run, gpu_plan
 from kiln.train.gpu_memory import (
     COMPILE_WORKSPACE_BYTES,

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kiln.config.errors import ConfigError
 from kiln.config.schema import ModelConfig
+from kiln.errors import ConfigError
 from kiln.models import build_model
 from kiln.train.activation_checkpoint import apply_activation_checkpointing
 from kiln.train.attention import choose_attention

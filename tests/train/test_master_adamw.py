@@ -9,7 +9,7 @@ import torch
 
 from kiln.cli.main import main
 from kiln.config import load_config
-from kiln.config.errors import ConfigError
+from kiln.errors import ConfigError
 from kiln.precision import apply_precision, resolve_precision
 from kiln.train.master_adamw import MasterAdamW, reference_update_
 from kiln.train.optim import build_optimizer

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from kiln.config import load_config
-from kiln.config.errors import ConfigError
+from kiln.errors import ConfigError
 from kiln.precision import apply_precision, autocast, make_grad_scaler, resolve_precision, tf32_enabled
 from kiln.train.trainer import train
 

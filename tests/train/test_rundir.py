@@ -11,9 +11,9 @@ import sys
 import pytest
 
 from kiln.config import load_config
-from kiln.config.errors import ConfigError
 from kiln.config.identity import config_digest, differences, identity
 from kiln.config.load import save_config
+from kiln.errors import ConfigError
 from kiln.outputs import RunDirLock
 from kiln.train.rundir import check_run_dir, no_checkpoint_decision
 

@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from kiln.cli.main import main
-from kiln.config.errors import ConfigError
 from kiln.config.schema import ModelConfig
+from kiln.errors import ConfigError
 from kiln.llm.model import FeedForward
 from kiln.models import build_model
 from kiln.train.losses import build_forward_loss

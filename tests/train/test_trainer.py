@@ -7,7 +7,7 @@ import textwrap
 import pytest
 
 from kiln.config import load_config
-from kiln.config.errors import ConfigError
+from kiln.errors import ConfigError
 from kiln.train.trainer import Trainer, train
 
 METRIC_KEYS = {"step", "loss", "lr", "grad_norm", "samples_per_s", "step_ms", "data_wait_frac"}

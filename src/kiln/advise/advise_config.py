@@ -3,9 +3,9 @@ as one config. Imports no torch, so a bad request is refused at once."""
 
 from __future__ import annotations
 
-from kiln.config.errors import ConfigError
 from kiln.config.load import load_config
 from kiln.config.schema import Config
+from kiln.errors import ConfigError
 
 
 def advise_config(config: str | None, words: list[str], device: str | None) -> Config:

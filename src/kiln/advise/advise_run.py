@@ -15,12 +15,12 @@ import torch
 from kiln.advise import channels_last as layout
 from kiln.advise import runs, shapes, static
 from kiln.advise.findings import Finding, failed
-from kiln.config.errors import ConfigError
 from kiln.config.schema import Config
 from kiln.cpu.threads import cpu_settings
 from kiln.diagnose.explain import explain_target
 from kiln.diagnose.inputs import inputs_from_spec, to_device
 from kiln.diagnose.target import Target, retarget
+from kiln.errors import ConfigError
 from kiln.models import build_model
 from kiln.noise import filtered_fds
 from kiln.precision import apply_precision, autocast, resolve_precision, tf32_enabled

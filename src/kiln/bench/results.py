@@ -11,7 +11,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from kiln.config.errors import ConfigError
+from kiln.errors import ConfigError
 from kiln.outputs import claim_output_dir, release_output_dir
 from kiln.safe_io import write_atomic
 from kiln.tables import Adaptive

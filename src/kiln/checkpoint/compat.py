@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from kiln.checkpoint.dcp_io import APP_KEY, flat_keys, is_dropped, preview, prune_to
-from kiln.config.errors import ConfigError
+from kiln.errors import ConfigError
 
 
 def check_model_keys(path: Path, saved: dict[str, tuple[int, ...]], current: dict[str, tuple[int, ...]],

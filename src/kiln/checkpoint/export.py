@@ -21,7 +21,7 @@ import torch
 from kiln.checkpoint.dcp_io import APP_KEY, CheckpointReadError, dcp_load, read_metadata
 from kiln.checkpoint.export_target import check_export_target
 from kiln.checkpoint.layout import checkpoint_problem, checkpoint_step, latest_complete, read_marker
-from kiln.config.errors import ConfigError
+from kiln.errors import ConfigError
 from kiln.safe_io import check_target, write_json
 
 MODEL_PREFIX = f"{APP_KEY}.model."

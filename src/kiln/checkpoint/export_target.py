@@ -12,8 +12,8 @@ import os
 import struct
 from pathlib import Path
 
-from kiln.config.errors import ConfigError
 from kiln.data.tokenizers_io import TOKENIZER_FILES
+from kiln.errors import ConfigError
 from kiln.outputs import probe_writable
 from kiln.safe_io import LinkRefused, open_read, refuse_links, regular_file_problem
 

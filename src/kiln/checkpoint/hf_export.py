@@ -25,10 +25,10 @@ import torch
 from kiln.checkpoint.export import readable_weights
 from kiln.checkpoint.export_target import check_export_target
 from kiln.checkpoint.layout import read_marker
-from kiln.config.errors import ConfigError
 from kiln.data.prepared import META_FILE
 from kiln.data.special_tokens import align_config
 from kiln.data.tokenizers_io import copy_tokenizer_dir
+from kiln.errors import ConfigError
 from kiln.llm.weights import kiln_layout, to_hf_state_dict
 from kiln.safe_io import read_json, write_atomic, write_json
 

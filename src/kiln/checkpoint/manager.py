@@ -52,8 +52,8 @@ from kiln.checkpoint.signals import interruption
 from kiln.checkpoint.state import AppState
 from kiln.checkpoint.storage import CheckpointSaveError, discard_partial, newest_intact, remove_partial
 from kiln.checkpoint.timeline import branch_point
-from kiln.config.errors import ConfigError
 from kiln.config.schema import CheckpointConfig
+from kiln.errors import ConfigError
 from kiln.safe_io import write_json
 
 log = logging.getLogger("kiln.checkpoint")

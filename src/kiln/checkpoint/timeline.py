@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from kiln.checkpoint.layout import STEP_DIR, checkpoint_problem, checkpoint_step
-from kiln.config.errors import ConfigError
+from kiln.errors import ConfigError
 from kiln.safe_io import read_json, write_json
 
 log = logging.getLogger("kiln.checkpoint")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from kiln.config.errors import ConfigError
+from kiln.errors import ConfigError
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 

@@ -1,6 +1,5 @@
 """Configuration: dataclass tree, TOML loading, overrides and validation."""
 
-from kiln.config.errors import ConfigError
 from kiln.config.load import apply_override, dump_toml, load_config, save_config
 from kiln.config.schema import (
     CheckpointConfig,
@@ -16,6 +15,7 @@ from kiln.config.schema import (
     TrainingConfig,
 )
 from kiln.config.validate import is_import_path, validate
+from kiln.errors import ConfigError
 
 __all__ = [
     "CheckpointConfig",

@@ -16,14 +16,14 @@ from pathlib import Path
 from typing import Any
 
 from kiln.config.choices import SWITCH_CHOICES, is_switch, literal_values, switch_keys, switch_spelling
-from kiln.config.errors import ConfigError
 from kiln.config.schema import Config
+from kiln.errors import ConfigError
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
-from kiln import safe_io  # (module, not name: safe_io imports config.errors, which loads this package)
+from kiln import safe_io
 from kiln.config.validate import validate
 
 CONFIG_LIMIT = 4 << 20

@@ -7,8 +7,8 @@ import math
 import re
 
 from kiln.config.choices import field_choices, switch_keys
-from kiln.config.errors import ConfigError
 from kiln.config.schema import DATA_SOURCES, Config
+from kiln.errors import ConfigError
 
 # Modes the seeds (and older blog posts) use that torch never had, with where to go instead.
 _MODE_HINTS = {

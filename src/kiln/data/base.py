@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from torch import Tensor
 
-from kiln.config.errors import ConfigError
+from kiln.errors import ConfigError
 
 
 class InputSpecLike(Protocol):

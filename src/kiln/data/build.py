@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import torch
 
-from kiln.config.errors import ConfigError
 from kiln.config.schema import DATA_SOURCES, DataConfig
 from kiln.config.validate import is_import_path
 from kiln.data.base import DataSource, InputSpecLike, check_sample_shape, check_spec, resolve_seq_len
@@ -14,6 +13,7 @@ from kiln.data.prepared import is_prepared, read_prepared
 from kiln.data.synthetic import SyntheticSource
 from kiln.data.user_data import KEY as USER_KEY
 from kiln.data.user_data import load_user_dataset
+from kiln.errors import ConfigError
 
 SPLITS = ("train", "eval")
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
-from kiln.config.errors import ConfigError
 from kiln.data.prepared import is_prepared, read_prepared
+from kiln.errors import ConfigError
 
 _IDS = re.compile(r"[\d\s,]+")
 

@@ -16,8 +16,8 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from kiln.config.errors import ConfigError
 from kiln.data.base import InputSpecLike, check_sample_shape
+from kiln.errors import ConfigError
 
 TOKEN_DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
 # Token ids are checked against vocab_size on this many leading tokens: enough to catch a wrong

@@ -22,9 +22,9 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, Sampler, get_worker_info
 
-from kiln.config.errors import ConfigError
 from kiln.config.schema import DataConfig
 from kiln.data.base import DataSource, batches_per_epoch
+from kiln.errors import ConfigError
 
 
 class ResumableSampler(Sampler[int]):

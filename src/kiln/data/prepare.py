@@ -26,10 +26,10 @@ from typing import Any
 
 import numpy as np
 
-from kiln.config.errors import ConfigError
 from kiln.data import prepared as layout
 from kiln.data import text_sources, tokenizers_io
 from kiln.data.prepare_options import PrepareOptions
+from kiln.errors import ConfigError
 
 # (stage, done, total): stage is `checking`, `training BPE`, `tokenizing` or `splitting`; done and
 # total count input bytes (total 0 when a stage has no measure).

@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from kiln.config.errors import ConfigError
 from kiln.data.files import TOKEN_DTYPES
+from kiln.errors import ConfigError
 from kiln.safe_io import read_json
 
 FORMAT = "kiln-tokens"

@@ -14,8 +14,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from kiln.config.errors import ConfigError
 from kiln.data.tokenizers_io import json_object
+from kiln.errors import ConfigError
 
 # config.json field -> the tokenizer_config.json / special_tokens_map.json key naming that token.
 FIELDS = {"bos_token_id": "bos_token", "eos_token_id": "eos_token", "pad_token_id": "pad_token"}

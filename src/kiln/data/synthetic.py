@@ -35,7 +35,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from kiln.config.errors import ConfigError
 from kiln.config.schema import DataConfig
 from kiln.data.base import (
     DataSource,
@@ -46,6 +45,7 @@ from kiln.data.base import (
     derive_seed,
     resolve_seq_len,
 )
+from kiln.errors import ConfigError
 from kiln.models.spec import CONTRACT_HINT
 
 POOL_BYTES = {"train": 512 * 2**20, "eval": 128 * 2**20}

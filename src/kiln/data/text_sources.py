@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from kiln.config.errors import ConfigError
+from kiln.errors import ConfigError
 
 TEXT_EXTENSIONS = (".txt", ".text", ".md", ".rst")
 JSONL_EXTENSIONS = (".jsonl", ".ndjson")

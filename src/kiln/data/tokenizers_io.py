@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kiln.config.errors import ConfigError
+from kiln.errors import ConfigError
 from kiln.safe_io import read_bytes, write_atomic
 
 INSTALL_HINT = "pip install 'kiln[llm]' (or: pip install tokenizers)"

@@ -14,7 +14,7 @@ from typing import Any
 
 from torch.utils.data import IterableDataset
 
-from kiln.config.errors import ConfigError
+from kiln.errors import ConfigError
 from kiln.imports import load_callable
 
 KEY = "data.source"

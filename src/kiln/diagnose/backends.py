@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kiln.config.errors import ConfigError
 from kiln.config.validate import compile_backends, compile_modes
+from kiln.errors import ConfigError
 from kiln.models.user import load_factory
 
 DEFAULT_LADDER = ("eager", "aot_eager", "aot_eager_decomp_partition", "inductor")

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_map
 
-from kiln.config.errors import ConfigError
+from kiln.errors import ConfigError
 from kiln.imports import load_callable
 from kiln.models.spec import InputSpec
 

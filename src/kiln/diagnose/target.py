@@ -22,9 +22,9 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from kiln.config.errors import ConfigError
 from kiln.config.schema import ModelConfig
 from kiln.diagnose.inputs import SPEC_FORMS, as_input_set, inputs_from_spec, load_input_sets, parse_input_specs
+from kiln.errors import ConfigError
 from kiln.models import build_model
 from kiln.models.factory_args import bind_kwargs
 from kiln.models.registry import REGISTRY

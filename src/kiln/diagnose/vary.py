@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_leaves, tree_map
 
-from kiln.config.errors import ConfigError
+from kiln.errors import ConfigError
 
 VARY_FORMS = ("batch", "batch=4,8", "dim1", "dim1=16,32", "scalars", "dtype", "autocast")
 DEFAULT_VARY = ("batch", "scalars")

@@ -16,9 +16,9 @@ import logging
 import torch
 import torch.distributed as dist
 
-from kiln.config.errors import ConfigError
 from kiln.config.schema import DistributedConfig
 from kiln.distributed.fsdp_one_rank import install_one_rank_unshard
+from kiln.errors import ConfigError
 from kiln.precision import PrecisionPolicy
 
 log = logging.getLogger("kiln.distributed")

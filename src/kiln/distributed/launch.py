@@ -23,8 +23,8 @@ from pathlib import Path
 
 import torch
 
-from kiln.config.errors import ConfigError
 from kiln.distributed.signal_relay import SignalRelay
+from kiln.errors import ConfigError
 from kiln.failure.ranks import REPORT_ENV, RankFailure, load_failures
 from kiln.safe_io import open_truncate
 

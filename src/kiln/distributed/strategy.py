@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from kiln.config.errors import ConfigError
 from kiln.config.schema import Config
+from kiln.errors import ConfigError
 
 # Share of device memory the training state (params + grads + optimizer) may take before `auto`
 # shards it; the rest is for activations, workspace and fragmentation.

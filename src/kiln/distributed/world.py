@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from kiln.config.errors import ConfigError
+from kiln.errors import ConfigError
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ import signal
 import time
 from dataclasses import dataclass
 
-from kiln.config.errors import ConfigError
+from kiln.errors import ConfigError
 
 ONCE = ("kill", "hang", "cuda-oom", "host-oom", "kill-worker")
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import torch
 
-from kiln.config.errors import ConfigError
 from kiln.data.special_tokens import agrees, special_tokens
+from kiln.errors import ConfigError
 from kiln.generate.llm_checks import at_least, checked_source, device_from_flag, dtype_from_flag, one_quant, parse_ids
 from kiln.generate.request import GenerateOptions
 from kiln.llm.config import ModelSource

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from kiln.config.errors import ConfigError
+from kiln.errors import ConfigError
 from kiln.llm import decode_attention, decode_matvec
 from kiln.llm.config import ModelSource, resolve_model
 from kiln.llm.quant import QuantSpec, bitsandbytes_missing, check_quant, parse_quant

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kiln.config.errors import ConfigError
+from kiln.errors import ConfigError
 from kiln.llm.decoder_config import DecoderConfig
 from kiln.llm.families import family_presets, family_spec
 from kiln.llm.hf_config import PRESETS as HF_PRESETS

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from kiln.config.errors import ConfigError
+from kiln.errors import ConfigError
 from kiln.llm.decoder_config import RopeConfig
 
 ROPE_TYPES = ("default", "linear", "llama3")

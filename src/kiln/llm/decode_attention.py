@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from kiln.config.errors import ConfigError
+from kiln.errors import ConfigError
 
 KERNELS = ("auto", "matmul", "flash", "triton")
 """`auto` (the default): `triton` where it can run (the fastest of the three where measured),

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from kiln.config.errors import ConfigError
+from kiln.errors import ConfigError
 from kiln.kernels.triton_launch import interpreting
 
 CHOICES = ("auto", "inductor", "triton")

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from kiln.config.errors import ConfigError
+from kiln.errors import ConfigError
 from kiln.llm.decode_attention import check as check_decode_attention
 from kiln.llm.decode_matvec import check as check_decode_matvec
 from kiln.llm.families import takes_kernel

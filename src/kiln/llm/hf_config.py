@@ -11,7 +11,7 @@ import difflib
 import inspect
 from typing import TYPE_CHECKING, Any
 
-from kiln.config.errors import ConfigError
+from kiln.errors import ConfigError
 from kiln.llm.presets import PRESETS as LLM_PRESETS
 
 if TYPE_CHECKING:

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kiln.config.errors import ConfigError
+from kiln.errors import ConfigError
 from kiln.llm.config_fields import positive, positive_field, real, rope_config
 from kiln.llm.decoder_config import DecoderConfig
 from kiln.llm.family import FamilySpec

@@ -40,7 +40,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor, nn
 
-from kiln.config.errors import ConfigError
+from kiln.errors import ConfigError
 from kiln.llm.decoder_config import DecoderConfig
 from kiln.llm.families import family_spec, takes_kernel
 from kiln.llm.quant_torch import (

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from kiln.config.errors import ConfigError
+from kiln.errors import ConfigError
 
 
 @dataclass(frozen=True)

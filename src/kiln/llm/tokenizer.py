@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from kiln.config.errors import ConfigError
+from kiln.errors import ConfigError
 
 INSTALL_HINT = "pip install 'kiln[llm]'"
 

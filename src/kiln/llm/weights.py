@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from kiln.config.errors import ConfigError
+from kiln.errors import ConfigError
 from kiln.llm.config import ModelSource, config_from_dict, has_weights
 from kiln.llm.decoder_config import DecoderConfig
 from kiln.llm.families import FAMILIES, family_spec

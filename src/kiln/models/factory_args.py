@@ -13,7 +13,7 @@ import typing
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from kiln.config.errors import ConfigError
+from kiln.errors import ConfigError
 
 _SIMPLE = (bool, int, float, str)
 

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from kiln.config.errors import ConfigError
+from kiln.errors import ConfigError
 from kiln.llm.hf_config import PRESETS, dtype_kwarg, import_transformers, make_config
 from kiln.llm.weights import has_weights
 from kiln.models.blocks import find_repeated_blocks

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from kiln.config.errors import ConfigError
+from kiln.errors import ConfigError
 from kiln.llm.families import family_spec
 
 GIB = 1 << 30

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from kiln.config.errors import ConfigError
+from kiln.errors import ConfigError
 from kiln.llm.config import ModelSource, config_from_dict, resolve_model
 from kiln.llm.decoder_config import DecoderConfig
 from kiln.llm.families import family_presets, family_spec

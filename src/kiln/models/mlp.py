@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from kiln.config.errors import ConfigError
+from kiln.errors import ConfigError
 from kiln.models.spec import InputSpec
 
 

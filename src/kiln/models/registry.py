@@ -17,8 +17,8 @@ from typing import Any, get_args
 import torch
 import torch.nn as nn
 
-from kiln.config.errors import ConfigError
 from kiln.config.schema import ModelConfig, Task
+from kiln.errors import ConfigError
 from kiln.llm.families import family_presets
 from kiln.llm.hf_config import PRESETS as HF_PRESETS
 from kiln.models.factory_args import bind_kwargs

@@ -12,8 +12,8 @@ from typing import Any, get_args
 
 import torch
 
-from kiln.config.errors import ConfigError
 from kiln.config.schema import Task
+from kiln.errors import ConfigError
 
 INPUT_KINDS = ("features", "images", "tokens")
 # Tasks a model may declare; "auto" is a config value only (it means "ask the model").

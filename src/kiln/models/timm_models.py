@@ -11,7 +11,7 @@ from typing import Any
 
 import torch.nn as nn
 
-from kiln.config.errors import ConfigError
+from kiln.errors import ConfigError
 from kiln.models.blocks import find_repeated_blocks
 from kiln.models.spec import BuiltModel, InputSpec
 

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from kiln.config.errors import ConfigError
+from kiln.errors import ConfigError
 from kiln.imports import FORMS as IMPORT_FORMS
 from kiln.imports import load_callable
 from kiln.models.blocks import find_repeated_blocks

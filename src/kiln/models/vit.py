@@ -13,7 +13,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from kiln.config.errors import ConfigError
+from kiln.errors import ConfigError
 from kiln.models.spec import InputSpec
 
 

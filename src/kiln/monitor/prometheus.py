@@ -18,7 +18,7 @@ from collections.abc import Iterator, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from kiln.config.errors import ConfigError
+from kiln.errors import ConfigError
 from kiln.monitor.sink import MetricsSink
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"

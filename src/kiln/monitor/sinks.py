@@ -22,8 +22,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from kiln.config.choices import SWITCH_CHOICES
-from kiln.config.errors import ConfigError
 from kiln.config.schema import MetricsConfig
+from kiln.errors import ConfigError
 from kiln.monitor.prometheus import PrometheusSink
 from kiln.monitor.records import keep_through, torn_tail
 from kiln.monitor.sink import MetricsSink, scalars

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from kiln.config.errors import ConfigError
+from kiln.errors import ConfigError
 from kiln.monitor.sink import MetricsSink, scalars
 
 Tracker = Literal["none", "mlflow", "wandb"]

@@ -12,10 +12,10 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from kiln.config.errors import ConfigError
 from kiln.config.load import load_config
 from kiln.config.schema import Config
 from kiln.config.validate import validate
+from kiln.errors import ConfigError
 from kiln.monitor.summary import write_summary
 from kiln.profile.profile_request import ProfileRequest
 from kiln.profile.profile_summary import render_markdown, summarise_trace

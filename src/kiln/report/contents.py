@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from kiln.config.errors import ConfigError
+from kiln.errors import ConfigError
 from kiln.outputs import refuse_held_by_another
 from kiln.report import plots
 from kiln.report.render import REPORT_FILES, Block, Heading, Image, Para, Table, write_report

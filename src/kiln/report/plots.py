@@ -6,7 +6,7 @@ import io
 import math
 from typing import Any
 
-from kiln.config.errors import ConfigError
+from kiln.errors import ConfigError
 
 MIB = 2**20
 

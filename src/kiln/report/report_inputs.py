@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kiln.config.errors import ConfigError
+from kiln.errors import ConfigError
 from kiln.monitor.records import BrokenRecordsError, read_records
 from kiln.safe_io import MiB, read_json
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kiln.config.errors import ConfigError
+from kiln.errors import ConfigError
 from kiln.generate.llm_checks import at_least, checked_source, device_from_flag, dtype_from_flag, one_quant
 from kiln.llm import decode_attention, decode_matvec
 from kiln.llm.config import ModelSource

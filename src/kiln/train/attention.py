@@ -16,8 +16,8 @@ from typing import get_args
 
 import torch
 
-from kiln.config.errors import ConfigError
 from kiln.config.schema import Attention
+from kiln.errors import ConfigError
 
 CHOICES = get_args(Attention)
 _NAMES = {"FLASH_ATTENTION": "flash", "CUDNN_ATTENTION": "cudnn", "EFFICIENT_ATTENTION": "efficient",

@@ -18,7 +18,6 @@ import torch
 from kiln.checkpoint import Checkpointer, config_digest
 from kiln.checkpoint.hf_export import tokenizer_dir_of
 from kiln.compile import cuda_graph_mode_note
-from kiln.config.errors import ConfigError
 from kiln.config.schema import Config
 from kiln.cpu.threads import CpuPlan
 from kiln.data import build_data
@@ -26,6 +25,7 @@ from kiln.data.base import DataSource
 from kiln.data.special_tokens import align_config
 from kiln.distributed.strategy import resolve_strategy
 from kiln.distributed.world import DistEnv
+from kiln.errors import ConfigError
 from kiln.failure.faults import Fault
 from kiln.models import BuiltModel, build_model
 from kiln.monitor.prometheus import check_bindable

@@ -12,9 +12,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from kiln.config.errors import ConfigError
 from kiln.config.schema import Config
 from kiln.distributed.launch import LaunchSpec
+from kiln.errors import ConfigError
 from kiln.failure import RunFailed, quiet_child_signals
 from kiln.failure.ranks import publish, under_kiln_launcher
 from kiln.monitor.summary import summary_line

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from kiln.config.errors import ConfigError
+from kiln.errors import ConfigError
 
 KERNELS = ("plain", "chunked", "liger", "triton")
 IGNORE_INDEX = -100

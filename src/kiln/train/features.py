@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from kiln.config.errors import ConfigError
 from kiln.config.schema import Config
+from kiln.errors import ConfigError
 from kiln.precision import PrecisionPolicy
 from kiln.train.attention import choose_attention
 from kiln.train.cross_entropy import resolve_ce_kernel

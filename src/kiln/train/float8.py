@@ -25,7 +25,7 @@ import logging
 
 import torch
 
-from kiln.config.errors import ConfigError
+from kiln.errors import ConfigError
 
 RECIPES = ("none", "tensorwise", "rowwise")
 INSTALL_HINT = "pip install 'kiln[quant]' (torchao)"

@@ -22,10 +22,10 @@ from typing import Any
 
 import torch
 
-from kiln.config.errors import ConfigError
 from kiln.config.schema import Config
 from kiln.data.base import resolve_seq_len
 from kiln.distributed.fsdp import fsdp_units, reshards_after_forward
+from kiln.errors import ConfigError
 from kiln.models.host_memory import optimizer_slots
 from kiln.models.spec import BuiltModel
 from kiln.monitor.nvml import import_nvml

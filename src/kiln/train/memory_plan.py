@@ -22,9 +22,9 @@ from dataclasses import dataclass
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from kiln.config.errors import ConfigError
 from kiln.config.schema import Config
 from kiln.data.base import resolve_seq_len
+from kiln.errors import ConfigError
 from kiln.models import build_model
 from kiln.models.host_memory import gib, host_memory, optimizer_slots
 from kiln.models.registry import REGISTRY

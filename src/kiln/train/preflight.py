@@ -8,12 +8,12 @@ from pathlib import Path
 
 import torch
 
-from kiln.config.errors import ConfigError
 from kiln.config.schema import Config
 from kiln.data import build_data
 from kiln.distributed.fsdp import fsdp_available
 from kiln.distributed.launch import uses_gpu
 from kiln.distributed.strategy import resolve_strategy
+from kiln.errors import ConfigError
 from kiln.models import build_model
 from kiln.monitor.prometheus import check_bindable
 from kiln.precision import resolve_precision

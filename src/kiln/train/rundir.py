@@ -34,9 +34,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kiln.config.errors import ConfigError
 from kiln.config.identity import compare, identity, schedule_span
 from kiln.config.load import CONFIG_LIMIT
+from kiln.errors import ConfigError
 from kiln.monitor.summary import read_summary
 from kiln.outputs import lock_holder
 

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from kiln.config.errors import ConfigError
+from kiln.errors import ConfigError
 from kiln.llm.decoder_config import DecoderConfig
 from kiln.llm.families import takes_kernel
 from kiln.llm.model import FeedForward

@@ -26,11 +26,11 @@ import torch
 from kiln.checkpoint.signals import SignalExit
 from kiln.compile_cache import compile_cache_dir
 from kiln.compile_defaults import apply_measured_defaults
-from kiln.config.errors import ConfigError
 from kiln.config.schema import Config
 from kiln.cpu.threads import configure_cpu
 from kiln.distributed.numa import bind_to_gpu_numa_node
 from kiln.distributed.world import DistEnv, backend_for, destroy_process_group, device_for, init_process_group
+from kiln.errors import ConfigError
 from kiln.failure.faults import planned_fault
 from kiln.failure.report import FailureReport, quiet_child_signals
 from kiln.monitor.gpu_health import start_gpu_health

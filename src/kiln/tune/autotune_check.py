@@ -12,9 +12,9 @@ import torch
 
 from kiln.bench.compile.recipes import PRECISIONS, split_values
 from kiln.config import load_config
-from kiln.config.errors import ConfigError
 from kiln.config.schema import Config
 from kiln.config.validate import compile_modes, validate_compile
+from kiln.errors import ConfigError
 from kiln.models import build_model
 from kiln.precision import cpu_bf16_native, resolve_precision
 from kiln.runtime import resolve_device

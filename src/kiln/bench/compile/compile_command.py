@@ -18,8 +18,8 @@ from kiln.bench.compile.compile_request import AXES, CompileRequest
 from kiln.bench.compile.recipes import EAGER, Axes, check_axes, expand_matrix, recipe_config, split_values
 from kiln.bench.compile.seed_presets import Preset, get_preset, plan_preset
 from kiln.config import load_config
-from kiln.config.errors import ConfigError
 from kiln.config.validate import validate_compile
+from kiln.errors import ConfigError
 from kiln.monitor.env import collect_env
 from kiln.precision import resolve_precision
 from kiln.runtime import resolve_device

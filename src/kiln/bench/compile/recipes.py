@@ -14,9 +14,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import get_args
 
-from kiln.config.errors import ConfigError
 from kiln.config.schema import Config, Policy
 from kiln.config.validate import compile_backends, compile_modes, validate_compile
+from kiln.errors import ConfigError
 
 EAGER = "eager"
 PRECISIONS = get_args(Policy)

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kiln.bench.compile.recipes import Axes, Recipe, variants, with_references
-from kiln.config.errors import ConfigError
+from kiln.errors import ConfigError
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ import torch
 
 from kiln.bench.llm.llm_engines import HF_ENGINES
 from kiln.bench.llm.llm_options import LlmBenchPlan
-from kiln.config.errors import ConfigError
+from kiln.errors import ConfigError
 from kiln.llm.config import resolve_model
 from kiln.llm.weights import TORCH_DTYPES
 from kiln.models.host_memory import decoder_params, gib, host_memory

@@ -18,9 +18,9 @@ from kiln.bench.llm.llm_engines import ENGINES, PREFILL_MODES, TUNING
 from kiln.bench.llm.llm_quant import load_ppl_tokens
 from kiln.bench.llm.llm_request import LlmBenchOptions
 from kiln.bench.peers.gpt_fast.flags import check_flags as gpt_fast_fields
-from kiln.config.errors import ConfigError
 from kiln.config.load import parse_literal
 from kiln.config.validate import inductor_option_names
+from kiln.errors import ConfigError
 from kiln.generate.llm_checks import device_from_flag, dtype_from_flag, quant_specs
 from kiln.llm import decode_attention, decode_matvec
 from kiln.llm.config import preset_names, resolve_model

@@ -16,8 +16,8 @@ from typing import Any
 from kiln.bench.scale.predict import Phases
 from kiln.bench.scale.scale_analysis import analyse_points, overlap_cost, prediction_rows, topology
 from kiln.bench.scale.scale_report import write_scale_results
-from kiln.config.errors import ConfigError
 from kiln.distributed.traffic import StepTraffic
+from kiln.errors import ConfigError
 
 
 def _read(path: Path, flag: str) -> dict:

@@ -39,11 +39,11 @@ from kiln.bench.scale.scale_report import write_scale_results
 from kiln.bench.scale.scale_request import CommRequest, PredictionFlags, PredictRequest, ScaleRequest, VariantFlags
 from kiln.bench.scale.scale_run import point_overrides
 from kiln.config import load_config
-from kiln.config.errors import ConfigError
 from kiln.config.schema import Config
 from kiln.distributed.fsdp import fsdp_available
 from kiln.distributed.traffic import StepTraffic
 from kiln.distributed.world import DistEnv
+from kiln.errors import ConfigError
 from kiln.monitor.env import collect_env
 from kiln.runtime import default_run_dir
 

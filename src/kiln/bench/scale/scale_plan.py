@@ -17,8 +17,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from kiln.config.errors import ConfigError
 from kiln.config.schema import Config
+from kiln.errors import ConfigError
 
 STRATEGIES = ("ddp", "fsdp")
 # The seed's validate_scaling_efficiency thresholds (2/4/8 GPUs: 85/80/75 %).

@@ -15,7 +15,7 @@ from kiln.bench.train_llm.llm_train_bench import RowSpec, TrainLlmOptions
 from kiln.bench.train_llm.llm_train_recipes import KILN_RECIPES
 from kiln.bench.train_llm.llm_train_request import TrainLlmRequest
 from kiln.config import load_config
-from kiln.config.errors import ConfigError
+from kiln.errors import ConfigError
 from kiln.llm.config import resolve_model
 from kiln.runtime import resolve_device
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from kiln.bench.peers.gpt_fast.process import QUANTS, check_checkout, model_args
-from kiln.config.errors import ConfigError
+from kiln.errors import ConfigError
 
 
 def _positive(flag: str, value: float | None) -> None:

@@ -30,8 +30,8 @@ import torch
 from torch import Tensor
 
 from kiln.bench.peers.gpt_fast.row import ENGINE, GptFastRow
-from kiln.config.errors import ConfigError
 from kiln.distributed.launch import run_bounded
+from kiln.errors import ConfigError
 
 QUANTS = ("none", "int4")
 REQUIRED_FILES = ("generate.py", "model.py", "quantize.py", "tokenizer.py")

@@ -11,7 +11,7 @@ import numpy as np
 from kiln.bench.peers.interface import Bench
 from kiln.bench.peers.torchtitan import job_file as titan
 from kiln.bench.train_llm.llm_train_result import RowRun, TrainRow, set_figures
-from kiln.config.errors import ConfigError
+from kiln.errors import ConfigError
 
 MIXED = {"bf16-mixed": "bfloat16", "fp32": "float32"}
 """The bench's precision -> torchtitan's mixed_precision_param."""
