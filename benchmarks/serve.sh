@@ -3,7 +3,8 @@
 #   PART=bf16,int4,generate bash benchmarks/serve.sh      # parts comma-separated, run in order
 # The Llama-3.2-3B shape (MODEL names another preset), RANDOM weights (the shape is what is measured;
 # the text is noise), prompts of 512 random token ids, 128 greedy tokens each, streamed.
-#   bf16      kiln serve --max-batch 64 --batch-buckets 1,8,32,64, then benchmarks/serve_load.py at 1, 8, 32
+#   bf16      kiln serve --max-batch 64 --batch-buckets 1,8,32,64 (warmed before it binds: every decode bucket and
+#             the 512-token prompt bucket, the only one these prompts use), then benchmarks/serve_load.py at 1, 8, 32
 #             and 64 concurrent streams (DURATION_S each, default 20; each level warmed up first) -> $R/serve_bf16
 #   int4      the same with --quant ${QUANT4:-int4@triton} -> $R/serve_int4
 #   text      MODEL_DIR (an exported model, e.g. llm_real_text.sh's $WORK/hf) served; one chat request (a plain
@@ -41,12 +42,13 @@ serve_part() {  # label, extra kiln serve flags...
   local cap=$(left); [ "$cap" -gt "$PART_S" ] && cap=$PART_S
   local t0=$(date +%s)
   python3 -m kiln serve --model "$MODEL" --port "$PORT" --max-batch 64 --batch-buckets 1,8,32,64 --max-seq-len 1024 \
-    --max-queue 64 --drain-s 5 "$@" > "$R/$label.server.log" 2>&1 &
+    --warmup-prompt-buckets 512 --max-queue 64 --drain-s 5 "$@" > "$R/$label.server.log" 2>&1 &
   local pid=$!
   until curl -sf "http://127.0.0.1:$PORT/health" >/dev/null; do
     sleep 1
     kill -0 $pid 2>/dev/null || { echo "serve.sh: kiln serve exited; see $R/$label.server.log" >&2; tail -5 "$R/$label.server.log"; return 1; }
-    [ $(( $(date +%s) - t0 )) -gt 240 ] && { echo "serve.sh: no /health after 240 s" >&2; kill -TERM $pid; return 1; }
+    [ $(( $(date +%s) - t0 )) -gt $(( cap - 120 )) ] && { echo "serve.sh: no /health after $(( cap - 120 )) s (warm-up: see" \
+      "$R/$label.server.log)" >&2; kill -TERM $pid; return 1; }
   done
   local rest=$(( cap - ($(date +%s) - t0) - 15 ))
   step "load_$label" timeout "$rest" python3 benchmarks/serve_load.py --url "http://127.0.0.1:$PORT" --label "$label" \
@@ -63,7 +65,7 @@ serve_text() {
   until curl -sf "http://127.0.0.1:$PORT/health" >/dev/null; do
     sleep 1
     kill -0 $pid 2>/dev/null || { echo "serve.sh: kiln serve exited; see $R/text/server.log" >&2; return 1; }
-    [ $(( $(date +%s) - t0 )) -gt 240 ] && { kill -TERM $pid; return 1; }
+    [ $(( $(date +%s) - t0 )) -gt 450 ] && { kill -TERM $pid; return 1; }  # warm-up compiles every bucket
   done
   name=$(basename "$MODEL_DIR")
   local q=${PROMPT:-What is a kiln?}

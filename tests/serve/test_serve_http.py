@@ -99,10 +99,10 @@ def alone(model_dir):
 def test_models_health_and_metrics(server, client):
     assert [m.id for m in client.models.list().data] == ["tiny"]
     health = httpx.get(server[0] + "/health").json()
-    assert health["status"] == "ok"
+    assert health["status"] == "ok" and health["warmup_s"] > 0  # warmed before binding (the default)
     text = httpx.get(server[0] + "/metrics", headers={"Authorization": f"Bearer {KEY}"}).text
     for name in ("kiln_serve_queue_depth", "kiln_serve_running", "kiln_serve_ttft_seconds_bucket",
-                 "kiln_serve_inter_token_seconds_count", "kiln_serve_tokens_per_second"):
+                 "kiln_serve_inter_token_seconds_count", "kiln_serve_tokens_per_second", "kiln_serve_warmup_seconds"):
         assert name in text
 
 

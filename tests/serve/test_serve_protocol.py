@@ -163,6 +163,9 @@ def test_load_generator_arithmetic():
     (["--model", "llama-tiny", "--port", "70000"], ["--port"]),
     (["--model", "llama-tiny", "--max-seq-len", "999999"], ["--max-seq-len", "positions"]),
     (["--model", "llama-tiny", "--quant", "int3"], ["--quant"]),
+    (["--model", "llama-tiny", "--warmup-prompt-buckets", "16,100"], ["--warmup-prompt-buckets", "100", "256"]),
+    (["--model", "llama-tiny", "--no-warmup", "--warmup-prompt-buckets", "16"], ["--warmup-prompt-buckets",
+                                                                                 "--no-warmup"]),
 ])
 def test_bad_flags_exit_2_naming_the_flag(bad_input, flags, needles):
     bad_input(["serve", "--device", "cpu", *flags], needles)

@@ -120,3 +120,41 @@ def test_pick_tokens_mixes_greedy_and_sampled_rows():
     t = pick_tokens(logits, torch.tensor([0.0, 0.0]), torch.tensor([0, 0]), torch.tensor([1.0, 1.0]),
                     torch.tensor([1, 2]), torch.tensor([4, 4]), True)
     assert t.tolist() == [1, 1]
+
+
+def closed_loop(model, L: int, N: int, cap: int):
+    """Every row that frees is taken at once by a new request (`L`-token prompts, `N` tokens each);
+    (the step a join had to wait at or None, each request's tokens, the shifts)."""
+    rows = Rows(model, rows=3, capacity=cap, compile=False, cuda_graphs=False)
+    shifts = []
+    real_shift = rows._shift
+    rows._shift = lambda n: (shifts.append(n), real_shift(n))
+    prompts = [[1 + (7 * i + j) % 90 for j in range(L)] for i in range(24)]
+    got: dict[int, list[int]] = {}
+    row_of: dict[int, int] = {}
+    nxt = 0
+    for step in range(30):
+        while nxt < len(prompts) and (row := rows.free_row()) is not None and (step > 0 or nxt == 0):
+            if not rows.place(L, N):
+                return step, got, shifts
+            got[nxt] = [rows.join(row, prompts[nxt], N, RowSettings())]
+            row_of[nxt] = row
+            nxt += 1
+        new = rows.step() if rows.busy else {}
+        for i, row in list(row_of.items()):
+            got[i].append(new[row])
+            if len(got[i]) == N:
+                rows.leave(row)
+                del row_of[i]
+    return None, {i: (prompts[i], t) for i, t in got.items()}, shifts
+
+
+def test_closed_loop_joins_wait_only_when_rows_lack_room_for_prompt_and_twice_the_answer(model):
+    # The benchmark's load scaled down (512-token prompts, 128 new tokens, 1024 slots): all rows share
+    # one cursor, so a join needs the cursor >= L and <= capacity - N; a left shift frees at most the
+    # oldest busy row's padding, which leaves room only if capacity >= L + 2N - 2 (here 14).
+    waited, got, shifts = closed_loop(model, 8, 4, 14)
+    assert waited is None and len(got) > 12 and len(shifts) >= 3 and all(s < 0 for s in shifts)
+    late = max(i for i in got if len(got[i][1]) == 4)  # admitted after shifts: still exact
+    assert got[late][1] == alone(model, got[late][0], 4)
+    assert closed_loop(model, 8, 4, 13)[0] == 3

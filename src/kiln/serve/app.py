@@ -144,7 +144,7 @@ def build_app(state: State) -> Any:
         if state.draining:
             return JSONResponse({"status": "draining"}, status_code=503)
         queued, running = state.scheduler.load
-        return {"status": "ok", "running": running, "queued": queued}
+        return {"status": "ok", "running": running, "queued": queued, "warmup_s": state.metrics.warmup_s}
 
     @app.get("/metrics")
     async def metrics():

@@ -56,6 +56,8 @@ class ServeMetrics:
         self.prompt_tokens = 0
         self.requests: dict[str, int] = {}
         self.rejected = 0
+        self.warmup_s = 0.0
+        """Seconds compiling the decode and prefill variants before the server bound its port."""
         self._recent: deque[tuple[float, int]] = deque()
 
     def set_load(self, queued: int, running: int) -> None:
@@ -84,6 +86,10 @@ class ServeMetrics:
         with self.lock:
             self.requests[reason] = self.requests.get(reason, 0) + 1
 
+    def warmed(self, seconds: float) -> None:
+        with self.lock:
+            self.warmup_s = seconds
+
     def refused(self) -> None:
         with self.lock:
             self.rejected += 1
@@ -111,6 +117,9 @@ class ServeMetrics:
                 f"kiln_serve_prompt_tokens_total {self.prompt_tokens}",
                 "# HELP kiln_serve_rejected_total Requests refused with 429 (queue full).",
                 "# TYPE kiln_serve_rejected_total counter", f"kiln_serve_rejected_total {self.rejected}",
+                "# HELP kiln_serve_warmup_seconds Seconds compiling every decode and prefill variant before "
+                "binding (0: --no-warmup).",
+                "# TYPE kiln_serve_warmup_seconds gauge", f"kiln_serve_warmup_seconds {self.warmup_s!r}",
                 "# HELP kiln_serve_requests_total Finished requests by finish reason.",
                 "# TYPE kiln_serve_requests_total counter",
                 *(f'kiln_serve_requests_total{{reason="{r}"}} {n}' for r, n in sorted(self.requests.items())),

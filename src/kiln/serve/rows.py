@@ -209,18 +209,8 @@ class Rows:
         the first new token (already at the cursor's slot)."""
         n, p, b = len(prompt), self.cursor, self.buf
         padded = bucket_length(n)
-        tokens = torch.zeros(1, padded, dtype=torch.long)
-        tokens[0, padded - n:] = torch.as_tensor(prompt, dtype=torch.long)
-        tokens = tokens.to(self.device)
-        pad = torch.tensor([padded - n], device=self.device) if padded != n else None
-        dev = self.device
-        temperature = torch.tensor([settings.temperature], dtype=torch.float32, device=dev)
-        top_k = torch.tensor([settings.top_k], dtype=torch.long, device=dev)
-        top_p = torch.tensor([settings.top_p], dtype=torch.float32, device=dev)
-        seed = torch.tensor([settings.seed], dtype=torch.long, device=dev)
-        first = self._prefill(self.model, tokens, pad, self.scratch, temperature, top_k, top_p, seed,
-                              torch.tensor([n], device=dev))
-        for name, value in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p), ("seed", seed)):
+        first, settings_t = self._prefill_alone(prompt, settings)
+        for name, value in settings_t.items():
             getattr(b, name)[row: row + 1].copy_(value)
         for dst, src in zip((*b.cache.k, *b.cache.v), (*self.scratch.k, *self.scratch.v)):
             dst[row, p - n: p] = src[0, padded - n: padded]
@@ -230,6 +220,46 @@ class Rows:
         self.ends[row] = p + max_tokens
         self.greedy[row] = settings.temperature == 0
         return int(first[0])
+
+    def _prefill_alone(self, prompt: list[int], settings: RowSettings) -> tuple[Tensor, dict[str, Tensor]]:
+        """`prompt` left-padded to its bucket and prefilled into the scratch cache: its first new
+        token [1] and its sampling settings as device tensors (one compiled variant per bucket, and
+        per padded or not: an unpadded prompt takes the flash path)."""
+        n, dev = len(prompt), self.device
+        padded = bucket_length(n)
+        tokens = torch.zeros(1, padded, dtype=torch.long)
+        tokens[0, padded - n:] = torch.as_tensor(prompt, dtype=torch.long)
+        pad = torch.tensor([padded - n], device=dev) if padded != n else None
+        values = {"temperature": torch.tensor([settings.temperature], dtype=torch.float32, device=dev),
+                  "top_k": torch.tensor([settings.top_k], dtype=torch.long, device=dev),
+                  "top_p": torch.tensor([settings.top_p], dtype=torch.float32, device=dev),
+                  "seed": torch.tensor([settings.seed], dtype=torch.long, device=dev)}
+        first = self._prefill(self.model, tokens.to(dev), pad, self.scratch, *values.values(),
+                              torch.tensor([n], device=dev))
+        return first, values
+
+    # -- warm-up (before the server takes requests) ----------------------------------------------
+
+    @torch.inference_mode()
+    def warm_prefill(self, bucket: int, padded: bool) -> None:
+        """Compile the prefill of prompt bucket `bucket` (`padded`: a prompt shorter than it, else
+        one that fills it) by prefilling a dummy prompt; the rows are untouched."""
+        self._prefill_alone([0] * (bucket - 1 if padded else bucket), RowSettings())
+
+    @torch.inference_mode()
+    def warm_decode(self, n: int, greedy_only: bool) -> None:
+        """Compile (and capture as a CUDA graph) the decode step of batch bucket `n`, with no row
+        busy; the cursor, tokens and pads are reset after (the dummy keys/values are never read:
+        a request's slots are written before its row attends to them)."""
+        if self.busy:
+            raise RuntimeError("warm-up runs before any request: rows are busy")
+        key = (n, greedy_only)
+        self._run(n, greedy_only)
+        while self.cuda_graphs and key not in self._graphs:
+            self._run(n, greedy_only)
+        self.buf.tokens.zero_()
+        self.buf.pad.zero_()
+        self._set_cursor(0)
 
     def leave(self, row: int) -> None:
         self.busy.pop(row, None)

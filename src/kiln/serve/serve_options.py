@@ -37,8 +37,15 @@ class ServeOptions:
     max_queue: int = option(64, help="requests waiting for a row beyond --max-batch; more get HTTP 429 (default 64)")
     max_seq_len: int | None = option(None, help="slots per KV-cache row: prompt + max_tokens of one request "
                                      "(default: the model's positions, at most 2048)")
-    prefill_tokens: int = option(2048, help="prompt tokens prefilled per scheduler iteration between decode steps "
-                                 "(default 2048; one waiting request always gets its turn)")
+    prefill_tokens: int = option(512, help="prompt tokens prefilled per scheduler iteration between decode steps: "
+                                 "bounds how long joining requests pause the running streams (default 512; one "
+                                 "waiting request always gets its turn)")
+    no_warmup: bool = option(False, shape="switch", help="bind at once and compile each decode batch bucket and "
+                             "prompt bucket on first use, under load (tests, CPU); by default all are compiled "
+                             "before the port is bound")
+    warmup_prompt_buckets: list[int] = option(default_factory=list, shape="comma",
+                                              help="prompt buckets warmed, comma-separated (default: every bucket "
+                                              "up to --max-seq-len); others compile on first use")
     api_key: str | None = option(None, record="never", help=f"require 'Authorization: Bearer KEY' on every route "
                                  f"but /health (default: ${API_KEY_ENV} if set, else none)")
     served_model_name: str | None = option(None, help="the model id clients send (default: the --model "

@@ -32,6 +32,7 @@ from kiln.serve.rows import Rows
 from kiln.serve.scheduler import Scheduler
 from kiln.serve.serve_options import API_KEY_ENV, ServeOptions
 from kiln.serve.texts import Served
+from kiln.serve.warmup import chosen_prompt_buckets, warm_up
 
 DEFAULT_CONTEXT = 2048
 DEVICE_MEMORY_MARGIN = 0.9
@@ -49,6 +50,8 @@ class ServeSetup:
     compile: bool
     api_key: str | None
     name: str
+    warmup_buckets: list[int]
+    """Prompt buckets warmed before binding (empty with --no-warmup)."""
 
 
 def check_serve(opts: ServeOptions) -> ServeSetup:
@@ -78,10 +81,14 @@ def check_serve(opts: ServeOptions) -> ServeSetup:
     if device.type == "cpu":  # the rows are allocated at start: refuse what cannot fit
         check_generation_fits(config, dtype=dtype, dtype_bytes=TORCH_DTYPES[dtype].itemsize, rows=opts.max_batch,
                               tokens=context)
+    buckets = chosen_prompt_buckets(context, opts.warmup_prompt_buckets)
+    if opts.no_warmup and opts.warmup_prompt_buckets:
+        raise ConfigError("--warmup-prompt-buckets", "names buckets to warm, and --no-warmup skips warm-up: give one")
     compile_on = opts.compile == "on" or (opts.compile == "auto" and device.type == "cuda")
     api_key = opts.api_key or os.environ.get(API_KEY_ENV) or None
     name = opts.served_model_name or (source.directory.name if source.directory is not None else str(opts.model))
-    return ServeSetup(opts, source, device, dtype, context, quant, compile_on, api_key, name)
+    return ServeSetup(opts, source, device, dtype, context, quant, compile_on, api_key, name,
+                      [] if opts.no_warmup else buckets)
 
 
 def _check_device_memory(setup: ServeSetup, cache_bytes: int) -> None:
@@ -138,6 +145,8 @@ def run_serve(opts: ServeOptions, say: Callable[[str], None]) -> int:
     served = served_model(setup)
     rows = build_rows(setup, say)
     metrics = ServeMetrics(setup.name)
+    if not opts.no_warmup:  # before the port is bound: no request ever waits for a compile
+        metrics.warmed(warm_up(rows, setup.warmup_buckets, say))
     state = State(served, None, metrics, setup.api_key)  # type: ignore[arg-type]
     scheduler = Scheduler(rows, max_queue=opts.max_queue, prefill_tokens=opts.prefill_tokens, sink=state.deliver,
                           metrics=metrics)
