@@ -100,6 +100,8 @@ LOWER_BOUNDS = [
     ("distributed.fsdp_min_params", "1", "0"),
     ("distributed.fsdp_unit_blocks", "0", "-1"),
     ("distributed.fsdp_forward_prefetch", "0", "-1"),
+    ("distributed.fsdp_backward_prefetch", "0", "-1"),
+    ("distributed.replicate_degree", "1", "0"),
     ("checkpoint.interval", "0", "-1"),
     ("checkpoint.keep", "1", "0"),
     ("metrics.straggler_margin", "0", "-0.1"),
@@ -115,6 +117,12 @@ def test_lower_bound(key, ok, bad):
     err = error_of(f"{key}={bad}")
     assert err.key == key
     assert "must be" in str(err)
+
+
+def test_replicate_degree_needs_fsdp():
+    check("distributed.replicate_degree=2", "distributed.strategy=fsdp")
+    err = error_of("distributed.replicate_degree=2", "distributed.strategy=ddp")
+    assert err.key == "distributed.replicate_degree" and "distributed.strategy=fsdp" in str(err)
 
 
 def test_lr_must_be_positive():

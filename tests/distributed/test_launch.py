@@ -58,7 +58,9 @@ def test_two_ranks_match_one_process(tmp_path, strategy, accum):
         # The layout chosen (the config says 0 and auto): all 3 tiny blocks in one unit, kept gathered.
         # Two ranks: torch's all-gather copy-out, not kiln's one-rank fused copy.
         assert summary["fsdp_layout"] == {"unit_blocks": [3], "reshard_after_forward": False,
-                                          "one_rank_fused_copy": False}
+                                          "forward_prefetch": 0, "backward_prefetch": 0,
+                                          "mesh": {"replicate": 1, "shard": 2}, "param_dtype": "fp32",
+                                          "reduce_dtype": "fp32", "one_rank_fused_copy": False}
     else:
         assert summary["fsdp_layout"] is None
     # Same samples per step (rank r takes every 2nd sample of the shared order): same trajectory.

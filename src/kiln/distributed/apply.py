@@ -66,7 +66,7 @@ def apply_parallel(
 
         return wrapped, ddp_sync
     if strategy == "fsdp":
-        sharded = apply_fsdp(model, blocks, cfg.distributed, policy)
+        sharded = apply_fsdp(model, blocks, cfg.distributed, policy, device)
         if module_compile and not per_block:
             sharded.compile(**compile_kwargs(cfg.compile))
 

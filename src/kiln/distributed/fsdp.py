@@ -143,15 +143,17 @@ def apply_fsdp(
     blocks: list[torch.nn.Module],
     cfg: DistributedConfig,
     policy: PrecisionPolicy,
+    device: torch.device,
 ) -> torch.nn.Module:
+    """Shard `model` (on `device`, or still on the meta device when its weights are filled after
+    sharding: kiln.distributed.materialise) in FSDP2 units over the ranks, or HSDP's 2-D mesh."""
     if not fsdp_available():
         raise ConfigError("distributed.strategy", f"FSDP2 (fully_shard) is not in torch {torch.__version__}",
                           ("ddp", "none"))
     from torch.distributed.fsdp import fully_shard
 
     kwargs: dict = {"mp_policy": mixed_precision(cfg, policy)}
-    first = next(model.parameters(), None)
-    mesh = device_mesh(cfg, first.device.type if first is not None else "cpu")
+    mesh = device_mesh(cfg, device.type)  # the run's device: a meta-built model's parameters say `meta`
     if mesh is not None:
         kwargs["mesh"] = mesh
     if cfg.fsdp_cpu_offload:
