@@ -40,6 +40,7 @@ from kiln.timing import cuda_graph_of, replay_rounds
 
 sys.path.insert(0, str(Path(__file__).parent))
 from matvec_bench import L2_BYTES, projections  # noqa: E402  (the same shapes)
+from rows_bench import swept_setting  # noqa: E402  (a swept variant's launch setting, named the same way)
 
 GROUP = 128
 SWEEP = {
@@ -63,11 +64,6 @@ def variants_for(rows: int, sweep: bool, sms: int, out_f: int) -> list[str]:
         names += ["int4 rows " + "/".join(map(str, s)) for s in SWEEP.get(rows, [])
                   if -(-rows // s[4]) * -(-out_f // s[0]) * s[1] >= sms // 2]
     return names
-
-
-def _setting(variant: str) -> list[int] | None:
-    tail = variant.rsplit(" ", 1)[-1]
-    return [int(v) for v in tail.split("/")] if "/" in tail else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -134,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
                     fused_checks.append(fused_check(own[0], deq, x, config.norm_eps, f"{model} {name} rows={m}"))
                 sweeping = m in sweep_rows and model == models[0]
                 for variant in variants_for(m, sweeping, sms, out_f):
-                    setting = _setting(variant)
+                    setting = swept_setting(variant)
                     if variant.startswith("int4 rows"):
                         calls = [lambda o=o, x=x, st=setting: torch.ops.kiln.int4_rows(
                             x, o.weight, o.scale, o.offset, GROUP, None, None, 0.0, "none", False, None, st) for o in own]
@@ -192,7 +188,7 @@ def fused_check(layer, deq: torch.Tensor, x: torch.Tensor, eps: float, what: str
 
 def summary(results: list[dict], env: dict) -> str:
     """A table per model: us per call (fraction of the read stream) per variant; the best swept setting."""
-    names = [n for n in dict.fromkeys(r["variant"] for r in results) if _setting(n) is None]
+    names = [n for n in dict.fromkeys(r["variant"] for r in results) if swept_setting(n) is None]
     lines = [f"# int4 products by rows, {env['gpu']} (us per call; weight bytes/s as a fraction of the read "
              f"stream {env['stream_read_gb_s']:.0f} GB/s and of the datasheet {env['spec_tb_s']} TB/s)", ""]
     for model in dict.fromkeys(r["model"] for r in results):
@@ -204,7 +200,7 @@ def summary(results: list[dict], env: dict) -> str:
             for v in names:
                 r = next((r for r in mine if r["variant"] == v), None)
                 cells.append("-" if r is None else f"{r['us_per_call']:.1f} ({r['of_stream']:.0%}/{r['of_spec']:.0%})")
-            swept = [r for r in mine if _setting(r["variant"]) is not None]
+            swept = [r for r in mine if swept_setting(r["variant"]) is not None]
             best = min(swept, key=lambda r: r["us_per_call"], default=None)
             cells.append("-" if best is None else f"{best['variant'].rsplit(' ', 1)[1]} {best['us_per_call']:.1f}")
             lines.append(f"| {name} | {m} | " + " | ".join(cells) + " |")

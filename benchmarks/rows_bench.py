@@ -49,7 +49,7 @@ def variants_for(rows: int, int4: bool, sweep: bool) -> list[str]:
     return names
 
 
-def _setting(variant: str) -> list[int] | None:
+def swept_setting(variant: str) -> list[int] | None:
     """The launch setting a swept variant names (`int4 rows 64/2` -> [64, 2]), else None."""
     tail = variant.rsplit(" ", 1)[-1]
     return [int(v) for v in tail.split("/")] if "/" in tail else None
@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
                         nw, eps, "rmsnorm" if nw is not None else "silu_mul" if p == "silu_mul" else "none",
                         False, r, st)
             for variant in variants_for(m, bool(own), args.sweep):
-                base, setting = variant.rsplit(" ", 1)[0] if _setting(variant) else variant, _setting(variant)
+                base, setting = variant.rsplit(" ", 1)[0] if swept_setting(variant) else variant, swept_setting(variant)
                 fn = fns[base] if setting is None else (
                     lambda w, f=fns[base], st=setting: f(w, st))
                 y = fn(ws[0])  # autotunes here, outside the graph
@@ -141,10 +141,10 @@ def main(argv: list[str] | None = None) -> int:
            "command": "python " + " ".join(sys.argv), "skipped_over_budget": skipped}
     (out / "results.json").write_text(json.dumps({"config": env, "results": results, "autotuned": tuned}, indent=2,
                                                  default=str) + "\n")
-    names = [n for n in dict.fromkeys(r["variant"] for r in results) if _setting(n) is None]
+    names = [n for n in dict.fromkeys(r["variant"] for r in results) if swept_setting(n) is None]
     best = {}  # (projection, rows, kernel) -> the fastest swept setting
     for r in results:
-        if _setting(r["variant"]) is not None:
+        if swept_setting(r["variant"]) is not None:
             key = (r["projection"], r["rows"], r["variant"].rsplit(" ", 1)[0])
             if key not in best or r["us_per_call"] < best[key]["us_per_call"]:
                 best[key] = r
