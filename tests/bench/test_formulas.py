@@ -290,3 +290,21 @@ def test_batched_rows_compare_each_batch_with_its_own_and_with_batch_1(tmp_path)
     assert four["prefill_flops"] == 4000 and one["prefill_flops"] == 1000
     assert four["kv_bytes_per_step"] == 4 * one["kv_bytes_per_step"]
     assert four["greedy_match_batch1"] == 2 and "step_vs_batch1" not in one
+
+
+def test_causal_attention_flops_halve_torchs_count_and_add_the_recomputed_scores():
+    from torch.utils.flop_counter import FlopCounterMode
+
+    b, h, s, d = 2, 3, 16, 8
+    assert f.causal_attention_flops(batch=b, heads=h, seq_len=s, head_dim=d, backward=False) == 2 * b * h * s * s * d
+    assert f.causal_attention_flops(batch=b, heads=h, seq_len=s, head_dim=d, backward=True) == 7 * b * h * s * s * d
+    q, k, v = (torch.randn(b, h, s, d, requires_grad=True) for _ in range(3))
+    with FlopCounterMode(display=False) as fwd:
+        out = torch.softmax(q @ k.transpose(-1, -2), dim=-1) @ v  # the two products SDPA's kernels compute
+    with FlopCounterMode(display=False) as bwd:
+        out.sum().backward()
+    full_fwd, full_bwd = fwd.get_total_flops(), bwd.get_total_flops()
+    # torch counts every score (no causal half) and no recompute: forward 2 products, backward 4.
+    assert f.causal_attention_flops(batch=b, heads=h, seq_len=s, head_dim=d, backward=False) * 2 == full_fwd
+    assert f.causal_attention_flops(batch=b, heads=h, seq_len=s, head_dim=d, backward=True) * 2 \
+        == full_fwd + full_bwd + full_fwd // 2

@@ -112,3 +112,11 @@ def flops_params(hf: dict[str, Any]) -> int:
 def flops_per_token(hf: dict[str, Any], seq_len: int) -> int:
     """6 x flops_params + 12 x layers x hidden x seq_len (forward and backward)."""
     return 6 * flops_params(hf) + 12 * int(hf["num_hidden_layers"]) * int(hf["hidden_size"]) * seq_len
+
+
+def causal_attention_flops(*, batch: int, heads: int, seq_len: int, head_dim: int, backward: bool) -> int:
+    """Matmul FLOPs of causal self-attention over `seq_len` tokens, the masked half not counted:
+    forward QK^T and PV, 2 x 2 x B x H x S^2 x D / 2; backward five such products where forward has
+    two (dV, dP, dS->dQ, dS->dK and the recomputed QK^T), so forward + backward is 3.5x forward."""
+    forward = 2 * batch * heads * seq_len * seq_len * head_dim
+    return forward * 7 // 2 if backward else forward
