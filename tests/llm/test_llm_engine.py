@@ -126,6 +126,25 @@ def test_compiled_engine_matches_eager_and_counts_its_compiles(model):
     assert len(engine.compiled) == 3 and any("len19" in name for name in engine.compiled)
 
 
+def test_blocks_scope_compiles_one_block_for_every_layer_and_matches_eager(model):
+    """`compile_scope="blocks"`: the layers share one compiled block per shape (prefill, decode),
+    the greedy tokens equal eager's, and the model's blocks are left as they were."""
+    from torch._dynamo.utils import counters
+
+    assert len(model.layers) >= 2
+    eager = Engine(model).generate(PROMPTS, max_new_tokens=6).tokens
+    torch._dynamo.reset()
+    before = counters["stats"]["unique_graphs"]
+    engine = Engine(model, compile=True, compile_scope="blocks")
+    assert engine.generate(PROMPTS, max_new_tokens=6).tokens == eager
+    assert counters["stats"]["unique_graphs"] - before == 2  # one block graph for prefill, one for decode
+    assert sorted(engine.compiled) == ["decode[b2,cap22,greedy]", "prefill[b2,len16,cap22,pad,greedy]"]
+    assert all("forward" not in layer.__dict__ for layer in model.layers)
+    assert Engine(model).generate(PROMPTS, max_new_tokens=6).tokens == eager
+    with pytest.raises(ConfigError, match="compile_scope"):
+        Engine(model, compile=True, compile_scope="layers")
+
+
 @pytest.mark.parametrize("shape", [(3, 16384), (1, 128256), (2, 129), (4, 128), (2, 7)])
 def test_cumsum_short_scans_equals_cumsum(shape):
     from kiln.llm.sampling import cumsum_short_scans

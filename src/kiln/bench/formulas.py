@@ -117,6 +117,6 @@ def flops_per_token(hf: dict[str, Any], seq_len: int) -> int:
 def causal_attention_flops(*, batch: int, heads: int, seq_len: int, head_dim: int, backward: bool) -> int:
     """Matmul FLOPs of causal self-attention over `seq_len` tokens, the masked half not counted:
     forward QK^T and PV, 2 x 2 x B x H x S^2 x D / 2; backward five such products where forward has
-    two (dV, dP, dS->dQ, dS->dK and the recomputed QK^T), so forward + backward is 3.5x forward."""
+    two (dV, dP, dS->dQ, dS->dK and the recomputed QK^T), so forward + backward is seven halves of forward."""
     forward = 2 * batch * heads * seq_len * seq_len * head_dim
     return forward * 7 // 2 if backward else forward

@@ -13,19 +13,23 @@ One `generate` call:
    all in place, so on CUDA the whole step is one graph replay. The host reads nothing per token;
    with stop tokens it reads the "all rows done" flag every `stop_check_interval` steps.
 Compiled variants (prefill per bucket, decode per batch/capacity; greedy or sampled) are counted
-with the seconds their first call took (compile + autotuning): `Engine.compiled`.
+with the seconds their first call took (compile + autotuning): `Engine.compiled`. `compile_scope`
+says what is compiled: the whole step (`step`) or each repeated block once (`blocks`,
+kiln.llm.block_compile: a shorter warm-up for some fusion).
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, get_args
 
 import torch
 from torch import Tensor
 
 from kiln.errors import ConfigError
+from kiln.llm.block_compile import CompileScope, blocks_installed, compiled_block_forwards
 from kiln.llm.decode_attention import check as check_decode_attention
 from kiln.llm.decode_matvec import check as check_decode_matvec
 from kiln.llm.families import takes_kernel
@@ -149,12 +153,13 @@ class Engine:
     else `matmul`), `matmul`, `flash` or `triton` (kiln.llm.decode_attention). `decode_matvec`: the
     decode step's projections, `auto` (`triton` where it runs, else `inductor`), `inductor` or
     `triton` (kiln.llm.decode_matvec). The chosen kernels are swapped into `model` in place
-    (kiln.llm.kernels.use_decode_kernels)."""
+    (kiln.llm.kernels.use_decode_kernels). `compile_scope`: `step` (the whole step compiled) or
+    `blocks` (each repeated block compiled once, kiln.llm.block_compile)."""
 
     def __init__(self, model: Decoder, *, compile: bool = False, cuda_graphs: bool | None = None,
                  inductor_options: dict[str, Any] | None = None, stop_check_interval: int = 8,
                  compile_prefill: bool | None = None, prefill_inductor_options: dict[str, Any] | None = None,
-                 decode_attention: str = "auto", decode_matvec: str = "auto"):
+                 decode_attention: str = "auto", decode_matvec: str = "auto", compile_scope: CompileScope = "step"):
         self.model = model.eval()
         self.config = model.config
         self.device = model.embed.weight.device
@@ -163,6 +168,8 @@ class Engine:
         self.cuda_graphs = (compile and self.device.type == "cuda") if cuda_graphs is None else cuda_graphs
         if self.cuda_graphs and self.device.type != "cuda":
             raise ConfigError("cuda_graphs", f"CUDA graphs need a CUDA device; the model is on {self.device}")
+        if compile_scope not in get_args(CompileScope):
+            raise ConfigError("compile_scope", f"unknown value {compile_scope!r}", get_args(CompileScope))
         if stop_check_interval < 1:
             raise ConfigError("stop_check_interval", f"must be >= 1, got {stop_check_interval}")
         self.stop_check_interval = stop_check_interval
@@ -177,11 +184,16 @@ class Engine:
         self.inductor_options = default_inductor_options(self.device) if inductor_options is None else inductor_options
         self.compile_prefill = compile if compile_prefill is None else compile_prefill
         prefill_options = self.inductor_options if prefill_inductor_options is None else prefill_inductor_options
+        self.compile_scope = compile_scope
         kwargs = {"fullgraph": True, "dynamic": False}
+        whole = compile_scope == "step"
         self._prefill = torch.compile(prefill_step, **kwargs, options=prefill_options or None) \
-            if self.compile_prefill else prefill_step
+            if self.compile_prefill and whole else prefill_step
         self._decode = torch.compile(decode_step, **kwargs, options=self.inductor_options or None) \
-            if compile else decode_step
+            if compile and whole else decode_step
+        self._prefill_blocks = compiled_block_forwards(model, prefill_options) \
+            if self.compile_prefill and not whole else None
+        self._decode_blocks = compiled_block_forwards(model, self.inductor_options) if compile and not whole else None
         self.slots: Slots | None = None
         self._graphs: dict[bool, torch.cuda.CUDAGraph] = {}
         self.compiled: dict[str, float] = {}
@@ -251,11 +263,15 @@ class Engine:
         with dynamo_config.patch({limit: 64}):
             self.compiled[name] = time_calls(lambda: fn(*args), calls=1, device=self.device)
 
-    def _call(self, name: str, fn, *args) -> None:
-        if fn not in (prefill_step, decode_step) and name not in self.compiled:
-            self._first_call(name, fn, *args)
-        else:
-            fn(*args)
+    def _call(self, name: str, fn, blocks: list | None, *args) -> None:
+        with self._blocks(blocks):
+            if (blocks is not None or fn not in (prefill_step, decode_step)) and name not in self.compiled:
+                self._first_call(name, fn, *args)
+            else:
+                fn(*args)
+
+    def _blocks(self, blocks: list | None) -> contextlib.AbstractContextManager:
+        return blocks_installed(self.model, blocks) if blocks is not None else contextlib.nullcontext()
 
     @torch.inference_mode()
     def run_prefill(self, prep: Prepared) -> None:
@@ -263,7 +279,7 @@ class Engine:
         s = self.slots
         name = f"prefill[b{s.cache.batch},len{prep.padded_len},cap{s.cache.capacity}{',pad' if padded else ''}" \
                f"{',greedy' if prep.greedy else ',sampled'}]"
-        self._call(name, self._prefill, self.model, s, prep.padded_len, padded, prep.greedy)
+        self._call(name, self._prefill, self._prefill_blocks, self.model, s, prep.padded_len, padded, prep.greedy)
 
     @torch.inference_mode()
     def run_decode(self, prep: Prepared, steps: int, clock: StepClock | None = None) -> int:
@@ -284,18 +300,18 @@ class Engine:
             graph.replay()
             return
         if not self.cuda_graphs:
-            self._call(name, self._decode, self.model, s, greedy)
+            self._call(name, self._decode, self._decode_blocks, self.model, s, greedy)
             return
         # Warm up on a side stream (compiles on the first call), then capture; capturing runs
         # nothing, so this step itself is the warm-up step's real work.
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
-            self._call(name, self._decode, self.model, s, greedy)
+            self._call(name, self._decode, self._decode_blocks, self.model, s, greedy)
         torch.cuda.current_stream(self.device).wait_stream(stream)
         if warmups_left <= 1:
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
+            with torch.cuda.graph(graph), self._blocks(self._decode_blocks):
                 self._decode(self.model, s, greedy)
             self._graphs[greedy] = graph
 

@@ -7,8 +7,10 @@
   prefill staying eager;
 - `kiln-eager`: kiln's engine, no compile, no CUDA graphs;
 - `kiln-compiled`: kiln's engine, prefill compiled per padded length, decode compiled and
-  replayed as a CUDA graph.
-Both HF engines share one HF model and both kiln engines one kiln model (each engine keeps its
+  replayed as a CUDA graph;
+- `kiln-blocks`: the same with each repeated block compiled once for all layers instead of the
+  whole step (kiln.llm.block_compile): its warm-up against kiln-compiled's, and what it costs.
+Both HF engines share one HF model and the kiln engines one kiln model (each engine keeps its
 own cache), so weights are built once per library. Every engine exposes `prefill()` (one prompt
 forward that fills the cache, timed by the bench) and `generate(clock)` (the full request, with
 a clock mark after the prefill and after every decode step).
@@ -28,6 +30,8 @@ from kiln.profile.decode import profile_decode
 from kiln.timing import StepClock
 
 ENGINES: tuple[str, ...] = get_args(EngineName)
+DEFAULT_ENGINES = ("hf-eager", "hf-compiled", "kiln-eager", "kiln-compiled")
+"""What runs without `--engines`: `kiln-blocks` is asked for (a warm-up comparison, one more compile)."""
 HF_ENGINES = ("hf-eager", "hf-compiled")
 
 
@@ -52,11 +56,12 @@ class KilnEngine:
                  inductor_options: dict[str, Any] | None = None, *, prefill: str = "compiled", tuning: str = "full",
                  decode_attention: str = "auto", decode_matvec: str = "auto"):
         self.name = name
-        compiled = name == "kiln-compiled"
+        compiled = name in ("kiln-compiled", "kiln-blocks")
         decode_options, prefill_options = kiln_inductor_options(model.embed.weight.device, inductor_options, tuning)
         self.engine = Engine(model, compile=compiled, inductor_options=decode_options,
                              compile_prefill=compiled and prefill == "compiled", prefill_inductor_options=prefill_options,
-                             decode_attention=decode_attention, decode_matvec=decode_matvec)
+                             decode_attention=decode_attention, decode_matvec=decode_matvec,
+                             compile_scope="blocks" if name == "kiln-blocks" else "step")
         self.prompts, self.new_tokens = prompts, new_tokens
         notes = []
         if compiled and self.engine.device.type != "cuda":

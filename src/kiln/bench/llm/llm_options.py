@@ -14,7 +14,7 @@ import difflib
 from dataclasses import dataclass, field
 from typing import Any
 
-from kiln.bench.llm.llm_engines import ENGINES, PREFILL_MODES, TUNING
+from kiln.bench.llm.llm_engines import DEFAULT_ENGINES, ENGINES, PREFILL_MODES, TUNING
 from kiln.bench.llm.llm_quant import load_ppl_tokens
 from kiln.bench.llm.llm_request import LlmBenchOptions
 from kiln.bench.peers.gpt_fast.flags import check_flags as gpt_fast_fields
@@ -40,7 +40,7 @@ class LlmPreset:
     batch: int
     prompt_len: int
     new_tokens: int
-    engines: tuple[str, ...] = ENGINES
+    engines: tuple[str, ...] = DEFAULT_ENGINES
 
 
 PRESETS = {
@@ -62,7 +62,7 @@ class LlmBenchPlan:
 
     model: str
     """Preset, config.json or model directory (kiln.llm.config.resolve_model)."""
-    engines: list[str] = field(default_factory=lambda: list(ENGINES))
+    engines: list[str] = field(default_factory=lambda: list(DEFAULT_ENGINES))
     """Engines to run, in order."""
     batches: tuple[int, ...] = (1,)
     """Batch sizes (prompts per request), in the order given; each engine runs once per batch."""
@@ -132,7 +132,7 @@ def check_options(opts: LlmBenchOptions) -> LlmBenchPlan:
     if not model:
         raise ConfigError("--model", "give a model (a preset, config.json or model directory) or --preset",
                           preset_names())
-    engines = list(opts.engines) or list(preset.engines if preset else ENGINES)
+    engines = list(opts.engines) or list(preset.engines if preset else DEFAULT_ENGINES)
     _one_of("--engines", "engine", engines, ENGINES)
     if len(set(engines)) != len(engines):
         raise ConfigError("--engines", f"an engine is listed twice: {','.join(engines)}")
@@ -156,7 +156,7 @@ def check_options(opts: LlmBenchOptions) -> LlmBenchPlan:
                               f"{sizes['new_tokens']} new tokens (at most {fits}: the window follows the graph's "
                               "warm-up steps within one request); raise --new-tokens or profile fewer steps")
         if not kiln_rows:
-            raise ConfigError("--profile-decode", "profiles kiln's engines; add kiln-eager or kiln-compiled to --engines")
+            raise ConfigError("--profile-decode", "profiles kiln's engines; add kiln-eager, kiln-compiled or kiln-blocks to --engines")
     _positive("--deadline-s", opts.deadline_s)
     device = device_from_flag(opts.device)
     dtype = dtype_from_flag(opts.dtype, device)

@@ -24,7 +24,7 @@ from kiln.generate.llm_flags import (
     quants_option,
 )
 
-Engine = Literal["hf-eager", "hf-compiled", "kiln-eager", "kiln-compiled"]
+Engine = Literal["hf-eager", "hf-compiled", "kiln-eager", "kiln-compiled", "kiln-blocks"]
 PrefillMode = Literal["compiled", "eager"]
 Tuning = Literal["full", "decode", "off"]
 
@@ -74,7 +74,7 @@ class LlmBenchOptions:
     end_by_s: float | None = option(None, help="gpt-fast rows end by this many seconds after the bench started (with "
                                     "--deadline-s, a time-boxed run); a row out of time records why")
     engines: list[Engine] = option(default_factory=list, shape="comma_each",
-                                   help="comma-separated: hf-eager,hf-compiled,kiln-eager,kiln-compiled")
+                                   help="comma-separated: hf-eager,hf-compiled,kiln-eager,kiln-compiled,kiln-blocks")
     quants: list[str] = quants_option()
     batch: list[int] = option(default_factory=list, shape="comma_each",
                               help="batch sizes (prompts per request), comma-separated, e.g. 1,4,16,64: every engine "
