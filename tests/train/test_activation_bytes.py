@@ -122,6 +122,7 @@ def test_arithmetic_by_hand():
     dims = DecoderDims(32, 4096, 32, 8, 128, 14336, 128256)
     assert block_saved(dims, Widths(2, 2), Micro(1, 8192), "selective") == 801 * 2**20
     assert block_saved(dims, Widths(2, 2), Micro(1, 8192), "full") == 64 * 2**20
+    assert block_saved(dims, Widths(2, 2), Micro(1, 8192, compiled=True), "selective") == 737 * 2**20  # no down output
     assert block_saved(dims, Widths(2, 2), Micro(1, 8192, attention="efficient"), "selective") == 801 * 2**20
     # no checkpointing, fused SwiGLU: two norms of 384 MiB + 32 KiB (two fp32 copies, bf16 in and out, rsqrt), q/k/v 96, rotated q/k 80, attention 65, MLP 672
     none = block_saved(dims, Widths(2, 2), Micro(1, 8192, "fused"), "none")
@@ -129,3 +130,51 @@ def test_arithmetic_by_hand():
     # backward recomputes what a selective block did not keep (944 MiB + 64 KiB) and makes the gate/up gradient
     assert recompute_bytes(dims, Widths(2, 2), Micro(1, 8192, "fused"), "selective") == \
         none - 801 * 2**20 + 64 * 2**20 + 448 * 2**20
+
+
+def _alive_after_compiled_forward(mode: str, swiglu: str) -> tuple[int, DecoderDims]:
+    """Bytes of what compiled blocks (AOT autograd's min-cut partitioner, the one inductor uses, with
+    eager kernels) keep alive after the forward: their saved tensors and the block inputs among them,
+    the checkpoint's CPU RNG states and the rotary cos/sin (both held outside the blocks) aside."""
+    from functorch.compile import make_boxed_func, min_cut_rematerialization_partition
+    from torch._dynamo.backends.common import aot_autograd
+
+    torch._dynamo.reset()
+    kept: list[tuple[StorageWeakRef, torch.dtype]] = []
+
+    def forward_compiler(gm, example_inputs):
+        def run(args):
+            outs = gm(*args)
+            kept.extend((StorageWeakRef(t.untyped_storage()), t.dtype) for t in outs if isinstance(t, torch.Tensor))
+            return outs
+
+        run._boxed_call = True
+        return run
+
+    backend = aot_autograd(fw_compiler=forward_compiler, bw_compiler=make_boxed_func,
+                           partition_fn=min_cut_rematerialization_partition)
+    torch.manual_seed(0)
+    built = build_llama("llama-tiny", TINY, "tiny", device="cpu")
+    model = built.module.to(torch.bfloat16)
+    apply_swiglu_kernel(model, swiglu)
+    apply_activation_checkpointing(built.blocks, mode)
+    for block in built.blocks:
+        block.compile(backend=backend)
+    tokens = torch.randint(0, 512, (B, T))
+    params = {StorageWeakRef(p.untyped_storage()).cdata for p in model.parameters()}
+    out = model(tokens, hidden=True)
+    gc.collect()
+    skip = params | {StorageWeakRef(out.untyped_storage()).cdata}
+    alive = {ref.cdata: torch.UntypedStorage._new_with_weak_ptr(ref.cdata).nbytes() for ref, dtype in kept
+             if not ref.expired() and ref.cdata not in skip and dtype != torch.uint8}  # uint8: RNG states
+    c = model.config
+    dims = DecoderDims(c.n_layers, c.dim, c.n_heads, c.n_kv_heads, c.head_dim, c.ffn_dim, c.vocab_size)
+    torch._dynamo.reset()
+    return sum(alive.values()) - 2 * B * T * c.head_dim * 2, dims  # less the cos/sin the blocks take as inputs
+
+
+@pytest.mark.parametrize(("mode", "swiglu"), [("none", "plain"), ("none", "fused"), ("selective", "fused"),
+                                              ("full", "fused")])
+def test_compiled_blocks(mode, swiglu):
+    alive, dims = _alive_after_compiled_forward(mode, swiglu)
+    assert alive == dims.layers * block_saved(dims, Widths(2, 2), Micro(B, T, swiglu, compiled=True), mode)

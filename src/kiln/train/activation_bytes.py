@@ -15,7 +15,12 @@ residual stream, the model's dtype; c of the matmul outputs, autocast's or the m
 - the MLP keeps the gate/up output (N x 2I x c) and the input of its down projection (N x I x c),
   plus silu(gate) (N x I x c) when the SwiGLU is plain PyTorch (the fused kernel recomputes it).
 `selective` (kiln.train.activation_checkpoint) keeps each block's input and the outputs of its
-matmuls and attention kernel, `full` the block's input only; outside the blocks the rotary
+matmuls and attention kernel, `full` the block's input only. Compiled blocks (`compiled`) keep
+what AOT autograd's min-cut partitioner, the one inductor uses, leaves for backward: without
+checkpointing the block's input, each norm's rsqrt and output, q/k/v, rotated q and k, attention's
+output and statistics, the out-projection's output, gate/up and the down projection's input
+(nothing in fp32, silu(gate) recomputed); under `selective` all it keeps eagerly but the down
+projection's output, which backward never reads; outside the blocks the rotary
 cos/sin and the final norm (whose output is the hidden states the loss reads) are kept in every
 mode. tests/train/test_activation_bytes.py checks each sum against the tensors a CPU forward
 leaves alive. Backward adds, for a checkpointed block, what recomputing it materialises beyond
@@ -62,6 +67,8 @@ class Micro:
     seq: int
     swiglu: Literal["plain", "fused"] = "plain"
     attention: Literal["flash", "cudnn", "efficient"] = "flash"
+    compiled: bool = False
+    """The blocks run compiled (torch.compile): what the partitioner keeps, not eager autograd."""
 
     @property
     def tokens(self) -> int:
@@ -87,7 +94,11 @@ def block_saved(d: DecoderDims, w: Widths, m: Micro, mode: Mode) -> int:
         return n * d.dim * w.residual
     qkv_out, attn_out, gate_up = n * (q + 2 * kv) * c, n * q * c + attention_stats(d, m), n * 2 * inner * c
     if mode == "selective":  # the input, then every matmul's and the attention kernel's output
-        return n * d.dim * w.residual + qkv_out + attn_out + n * d.dim * c + gate_up + n * d.dim * c
+        down_out = 0 if m.compiled else n * d.dim * c
+        return n * d.dim * w.residual + qkv_out + attn_out + n * d.dim * c + gate_up + down_out
+    if m.compiled:  # the input, norms' rsqrt and outputs, q/k/v and rotated q/k, attention, wo's output, MLP
+        return n * d.dim * w.residual + 2 * (n * 4 + n * d.dim * c) + qkv_out + n * (q + kv) * c + attn_out + \
+            n * d.dim * c + gate_up + n * inner * c
     ffn = gate_up + n * inner * c * (1 if m.swiglu == "fused" else 2)
     return 2 * norm_saved(n, d.dim, w, c) + qkv_out + n * (q + kv) * c + attn_out + ffn
 
@@ -123,9 +134,10 @@ def loss_saved(d: DecoderDims, w: Widths, tokens: int, kernel: str, autocast: bo
     return tokens * d.dim * w.matmul + d.vocab * d.dim * w.matmul + 8
 
 
-def loss_transient(d: DecoderDims, w: Widths, tokens: int, kernel: str, autocast: bool, chunk_bytes: int) -> int:
+def loss_transient(d: DecoderDims, w: Widths, tokens: int, kernel: str, autocast: bool, chunk: int) -> int:
     """The loss's peak on top of what it keeps: plain's logits (and their fp32 copy under autocast);
-    the chunked kernel's one chunk of fp32 logits and their gradient."""
+    the chunked kernel's logits of one chunk of `chunk` tokens and their gradient, in the matmul
+    dtype (on a GPU its fp32 arithmetic runs fused in one compiled kernel)."""
     if kernel == "plain":
         return tokens * d.vocab * (w.matmul + (4 if autocast else 0))
-    return 2 * min(tokens * d.vocab * 4, max(d.vocab * 4, chunk_bytes))
+    return 2 * min(tokens, chunk) * d.vocab * w.matmul
