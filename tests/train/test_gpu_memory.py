@@ -90,7 +90,7 @@ def test_logits_and_headroom():
     assert logits_bytes(10, 50, "plain", 2, 400) == 10 * 50 * (2 + 4 + 4)
     assert logits_bytes(10, 50, "chunked", 2, 400) == 2 * 400  # one 400-byte chunk of fp32 logits + its gradient
     assert logits_bytes(1, 50, "chunked", 2, 400) == 2 * 200  # less than a chunk
-    assert fits(95, 100, 100) and not fits(96, 100, 100)  # 5 % of the device kept free
+    assert fits(97, 100, 100) and not fits(98, 100, 100)  # 3 % of the device kept free
 
 
 # A model of 5 x 2^27 parameters (4 units of 2^27 and a root of 2^27) at 2 FSDP ranks: per rank,
@@ -123,17 +123,17 @@ def test_a_run_that_cannot_fit_names_what_would_cheapest_first():
     plan = plan_of(MEASURED, SETUP, checkpointing="none", batch=4, seq=1024)
     with pytest.raises(ConfigError) as err:
         check_fits(plan, MEASURED, _cfg(), free=20 * GIB, capacity=20 * GIB, where="cuda:0 (H100)")
-    # 19 GiB usable for the reserved figure (allocated a + (a - 3.75) / 2): full checkpointing 12.5 -> 16.9;
+    # 19.4 GiB usable for the reserved figure (allocated a + (a - 3.75) / 2): full checkpointing 12.5 -> 16.9;
     # batch 2: 14.5 -> 19.9, batch 1: 10 -> 13.1; length s (below 512 backward's start is the peak, the
-    # reduce-scatter buffers over the loss's chunk): a = 6.5 + 16 s / 1024, 7.875 + 24 s / 1024 <= 19 at s <= 474
+    # reduce-scatter buffers over the loss's chunk): a = 6.5 + 16 s / 1024, 7.875 + 24 s / 1024 <= 19.4 at s <= 491
     assert err.value.key == "training.activation_checkpointing"
     assert ("this run needs about 33.4 GiB per rank (fsdp, 2 ranks: parameters 1.2 GiB, gradients 1.2 GiB, "
             "optimizer state 2.5 GiB, all-gather buffers 0.8 GiB, reduce-scatter buffers 1.0 GiB, activations "
             "16.0 GiB, loss transient 2.0 GiB, workspace (allowance) 1.0 GiB; allocated peak 23.5 GiB + allocator "
-            "slack 9.9 GiB); cuda:0 (H100) has 20.0 GiB free of 20.0 GiB, 5% of it kept as headroom: it fits with "
-            "any one of: training.activation_checkpointing=full; data.batch_size=1; data.seq_len=474 "
+            "slack 9.9 GiB); cuda:0 (H100) has 20.0 GiB free of 20.0 GiB, 3% of it kept as headroom: it fits with "
+            "any one of: training.activation_checkpointing=full; data.batch_size=1; data.seq_len=491 "
             "(KILN_SKIP_MEMORY_CHECK=1 tries anyway)") in str(err.value)
-    check_fits(plan, MEASURED, _cfg(), free=36 * GIB, capacity=36 * GIB, where="x")  # 33.4 <= 34.2: fits
+    check_fits(plan, MEASURED, _cfg(), free=35 * GIB, capacity=35 * GIB, where="x")  # 33.4 <= 33.95: fits
 
 
 def test_sharding_or_more_ranks_are_named_when_the_state_is_what_does_not_fit():
@@ -142,10 +142,10 @@ def test_sharding_or_more_ranks_are_named_when_the_state_is_what_does_not_fit():
     ddp = dataclasses.replace(SETUP, strategy="ddp", autocast_bytes=None)  # 5 x 2^27 x (4 + 4 + 8) = 10 GiB of state
     plan = plan_of(one, ddp, checkpointing="full", batch=1, seq=1024)
     assert plan.total == 14 * GIB and plan.reserved == 69 * GIB // 4  # 7.5 + 5 + 0.5 + 1, + (14 - 7.5) / 2
-    with pytest.raises(ConfigError) as err:  # 15.2 usable: DDP at length s: 9 + 8.25 s / 1024 (s <= 769);
-        check_fits(plan, one, cfg, free=16 * GIB, capacity=16 * GIB, where="x")  # FSDP2 at 2 ranks 15.375, at 3 14.125
+    with pytest.raises(ConfigError) as err:  # 14.55 usable: DDP at length s: 9 + 8.25 s / 1024 (s <= 688);
+        check_fits(plan, one, cfg, free=15 * GIB, capacity=15 * GIB, where="x")  # FSDP2 at 2 ranks 15.375, at 3 14.125
     assert err.value.key == "data.seq_len" and str(err.value).endswith(
-        "it fits with any one of: data.seq_len=769; 3 ranks (--nproc-per-node, or more nodes) with "
+        "it fits with any one of: data.seq_len=688; 3 ranks (--nproc-per-node, or more nodes) with "
         "distributed.strategy=fsdp (KILN_SKIP_MEMORY_CHECK=1 tries anyway)")
     with pytest.raises(ConfigError, match="no single setting makes it fit"):
         check_fits(plan, one, cfg, free=GIB, capacity=GIB, where="x")

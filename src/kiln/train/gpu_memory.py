@@ -50,7 +50,7 @@ WORKSPACE_BYTES = GIB
 COMPILE_WORKSPACE_BYTES = GIB
 # Share of the device kept free beyond the plan's reserved figure: NCCL's buffers and the CUDA
 # context take memory the caching allocator does not count.
-HEADROOM = 0.05
+HEADROOM = 0.03
 # The caching allocator's reserved-but-unallocated bytes, as a share of the per-step bytes (the
 # allocated peak less parameters, gradients and optimizer state): blocks cached at the sizes of
 # activations, gathers and the loss's chunks that later requests of other sizes cannot reuse.
