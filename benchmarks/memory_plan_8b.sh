@@ -20,10 +20,11 @@
 #   selective-master  the same under precision.policy=bf16-master
 #   full              data.batch_size=1 training.activation_checkpointing=full
 # Env: PART (all, plan), STEPS, NPROC (default 4), TOTAL_S (default 450: no run starts after TOTAL_S - 150 s).
-# Writes (7 files): $OUT/r/nvidia-smi.csv, $OUT/r/{selective,full,full-b2,refused}.log (each run's console),
-# $OUT/r/memory_plan_8b/results.{json,md} (per run: exit code, seconds, tokens/s in total and per GPU,
-# MFU, the plan's parts and total, the measured peak allocated / reserved over the ranks, allocated / plan;
-# for the refusal its message and seconds to exit 2). Run dirs stay in /tmp.
+# Writes (7 files; PART=plan 6): $OUT/r/nvidia-smi.csv, $OUT/r/{selective,full,full-b2,refused}.log (PART=plan:
+# {selective,selective-master,full}.log; each run's console), $OUT/r/memory_plan_8b/results.{json,md} (per
+# run: exit code, seconds, tokens/s in total and per GPU, MFU, the plan's parts, moments, allocated peak and
+# reserved figure, the measured peaks allocated / reserved over the ranks, each over the plan's, the plan
+# check; for the refusal its message and seconds to exit 2). Run dirs stay in /tmp.
 set -uo pipefail
 source benchmarks/device_env.sh
 start=$(date +%s)
