@@ -3,12 +3,15 @@ that cannot fit, naming the settings that would make it fit, cheapest first.
 
 The model is built on the meta device (no memory, no compute); its shape (parameters per FSDP2
 unit, matmul weights, vocabulary) and one micro-batch's saved activations under each checkpointing
-mode (kiln.train.memory_plan.saved_activations, in the compute dtype) go into the arithmetic of
-kiln.train.gpu_memory. The device's free memory is `torch.cuda.mem_get_info` on the rank, or, on
+mode go into the arithmetic of kiln.train.gpu_memory. For kiln's decoder the activations are
+counted from its shapes (kiln.train.activation_bytes, for the SwiGLU and attention kernels the run
+uses); other models' are measured on the meta device (kiln.train.memory_plan.saved_activations, in
+the compute dtype). The device's free memory is `torch.cuda.mem_get_info` on the rank, or, on
 the launcher's side, NVML's total (kiln.train.preflight), so a config that cannot fit is refused in
 seconds. The plan is printed at the start (rank 0), kept in summary.json under `memory_plan`, and
 the measured peak (torch.cuda.max_memory_allocated / reserved, the max over ranks) is recorded
-beside it at the end.
+beside it at the end: the allocated peak against the plan's, the reserved one against the plan's
+reserved figure (allocated + the allocator's slack), which is also what a run is refused on.
 """
 
 from __future__ import annotations
@@ -26,13 +29,27 @@ from kiln.config.schema import Config
 from kiln.data.base import resolve_seq_len
 from kiln.distributed.fsdp import fsdp_units, reshards_after_forward
 from kiln.errors import ConfigError
+from kiln.llm.model import Attention, Block, Decoder, FeedForward, RMSNorm
 from kiln.models.host_memory import optimizer_slots
 from kiln.models.spec import BuiltModel
 from kiln.monitor.nvml import import_nvml
 from kiln.precision import PrecisionPolicy
-from kiln.train.cross_entropy import CHUNK_LOGIT_BYTES, resolve_ce_kernel
-from kiln.train.gpu_memory import HEADROOM, GpuPlan, ModelShape, Setup, fits, gib, logits_bytes, plan_gpu, table
+from kiln.train import activation_bytes as ab
+from kiln.train.cross_entropy import CHUNK_LOGIT_BYTES, chunk_tokens, resolve_ce_kernel
+from kiln.train.gpu_memory import (
+    HEADROOM,
+    GpuPlan,
+    ModelShape,
+    Setup,
+    StepMemory,
+    fits,
+    gib,
+    logits_bytes,
+    plan_gpu,
+    table,
+)
 from kiln.train.memory_plan import SKIP_ENV, Activations, meta_model, own_model, saved_activations
+from kiln.train.swiglu import resolve_swiglu_kernel
 
 log = logging.getLogger("kiln.train")
 
@@ -58,6 +75,14 @@ class Measured:
     task: str
     ce_kernel: str
     compute_bytes: int
+    dims: ab.DecoderDims | None = None
+    """kiln's decoder: its activations are counted from these shapes (then `acts` is None)."""
+    widths: ab.Widths | None = None
+    swiglu: str = "plain"
+    attention: str = "flash"
+    autocast: bool = False
+    accumulating: bool = False
+    compiled: bool = False
 
 
 def model_shape(built: BuiltModel, cfg: Config, gather_bytes: int) -> ModelShape:
@@ -91,9 +116,25 @@ def run_setup(cfg: Config, strategy: str, world_size: int, policy: PrecisionPoli
                  compiled=cfg.compile.enabled)
 
 
+def decoder_dims(module: torch.nn.Module) -> ab.DecoderDims | None:
+    """The shapes of a kiln decoder whose blocks are the ones kiln.train.activation_bytes counts
+    (Llama's: RMSNorm, grouped-query attention without q/k norms or sliding windows, SwiGLU); None
+    for any other model."""
+    if not isinstance(module, Decoder):
+        return None
+    c = module.config
+    plain = all(type(b) is Block and type(b.attn) is Attention and type(b.attn_norm) is RMSNorm
+                and type(b.ffn_norm) is RMSNorm and isinstance(b.ffn, FeedForward) for b in module.layers)
+    if not plain or c.qk_norm or any(c.layer_window(i) is not None for i in range(c.n_layers)):
+        return None
+    return ab.DecoderDims(c.n_layers, c.dim, c.n_heads, c.n_kv_heads, c.head_dim, c.ffn_dim, c.vocab_size)
+
+
 def measure(built: BuiltModel, cfg: Config, setup: Setup) -> Measured:
-    """The model's shape and one micro-batch's activations in the compute dtype (the gathered dtype
-    under FSDP2, autocast's otherwise, else the parameters'): built on the meta device."""
+    """The model's shape and what one micro-batch keeps: kiln's decoder by its shapes, other models
+    measured on the meta device in the compute dtype (the gathered dtype under FSDP2, autocast's
+    otherwise, else the parameters')."""
+    residual = setup.gather_bytes if setup.strategy == "fsdp" else setup.param_bytes
     compute = setup.gather_bytes if setup.strategy == "fsdp" else (setup.autocast_bytes or setup.param_bytes)
     dtype = {4: torch.float32, 2: torch.bfloat16}[compute]
     try:
@@ -102,26 +143,50 @@ def measure(built: BuiltModel, cfg: Config, setup: Setup) -> Measured:
         if setup.strategy == "fsdp":
             raise
         shape = model_shape(dataclasses.replace(built, blocks=[]), cfg, setup.gather_bytes)
-    acts = saved_activations(built, cfg, dtype, logits=False) if own_model(cfg) else None
+    dims = decoder_dims(built.module)
+    acts = saved_activations(built, cfg, dtype, logits=False) if own_model(cfg) and dims is None else None
     spec = built.input_spec
     seq = resolve_seq_len(cfg.data.seq_len, spec) if spec is not None and spec.kind == "tokens" else None
     kernel = resolve_ce_kernel(cfg.training.ce_kernel, built.hidden_states and built.task == "causal_lm")
+    matmul = min(residual, setup.autocast_bytes or residual)
+    attention = cfg.model.attention if cfg.model.attention in ab.ATTENTION_STATS_PAD else "flash"
     return Measured(shape=shape, acts=acts, batch=cfg.data.batch_size, seq=seq, task=built.task,
-                    ce_kernel=kernel, compute_bytes=compute)
+                    ce_kernel=kernel, compute_bytes=compute, dims=dims, widths=ab.Widths(residual, matmul),
+                    swiglu=resolve_swiglu_kernel(cfg.training.swiglu_kernel, built.module, torch.device("cuda")),
+                    attention=attention, autocast=setup.autocast_bytes is not None,
+                    accumulating=cfg.training.grad_accum_steps > 1, compiled=cfg.compile.enabled)
+
+
+def decoder_step(m: Measured, *, checkpointing: str, batch: int, seq: int) -> StepMemory:
+    """One micro-batch of kiln's decoder, counted from its shapes (kiln.train.activation_bytes)."""
+    d, w = m.dims, m.widths
+    micro = ab.Micro(batch, seq, m.swiglu, m.attention, m.compiled)
+    tokens = micro.tokens
+    kernel = "plain" if m.ce_kernel in ("plain", "triton") else "chunked"  # triton: plain's logits, no fp32 copy
+    loss_back = 2 * tokens * d.vocab * (4 if m.autocast else w.matmul) if kernel == "plain" else 0
+    return StepMemory(activations=ab.activations_saved(d, w, micro, checkpointing),
+                      loss=ab.loss_saved(d, w, tokens, kernel, m.autocast),
+                      loss_transient=ab.loss_transient(d, w, tokens, kernel, m.autocast, chunk_tokens(d.vocab)),
+                      backward_transient=max(ab.recompute_bytes(d, w, micro, checkpointing), loss_back),
+                      accumulating=m.accumulating)
 
 
 def plan_of(m: Measured, setup: Setup, *, checkpointing: str, batch: int, seq: int | None) -> GpuPlan:
-    """The plan at another checkpointing mode, batch size or sequence length (activations and logits
-    scale with the tokens of a micro-batch: attention runs in fused kernels, linear in length)."""
+    """The plan at another checkpointing mode, batch size or sequence length (a measured model's
+    activations and logits scale with the tokens of a micro-batch: attention runs in fused
+    kernels, linear in length)."""
+    if m.dims is not None and seq:
+        return plan_gpu(m.shape, setup, decoder_step(m, checkpointing=checkpointing, batch=batch, seq=seq))
     scale = (batch * (seq or 1)) / (m.batch * (m.seq or 1))
     activations = math.ceil(m.acts.total(checkpointing) * scale) if m.acts is not None else 0
     if m.task == "causal_lm" and seq:
         logits = logits_bytes(batch * seq, m.shape.vocab, m.ce_kernel, m.compute_bytes, CHUNK_LOGIT_BYTES)
     else:
         logits = batch * m.shape.vocab * (m.compute_bytes + 8)
-    plan = plan_gpu(m.shape, setup, activations=activations, logits=logits)
-    if m.acts is None:
-        plan.notes.append("activations not measured (a user model, or one that does not run on the meta device)")
+    plan = plan_gpu(m.shape, setup, StepMemory(activations, loss_transient=logits, accumulating=m.accumulating))
+    plan.notes.append("activations measured on the meta device (a model kiln.train.activation_bytes does not count)"
+                      if m.acts is not None else
+                      "activations not measured (a user model, or one that does not run on the meta device)")
     return plan
 
 
@@ -132,7 +197,7 @@ def fixes(m: Measured, setup: Setup, cfg: Config, free: int, capacity: int) -> l
     here = {"checkpointing": ac, "batch": batch, "seq": seq}
 
     def ok(setup_=setup, **change) -> bool:
-        return fits(plan_of(m, setup_, **{**here, **change}).total, free, capacity)
+        return fits(plan_of(m, setup_, **{**here, **change}).reserved, free, capacity)
 
     out = []
     for mode in AC_ORDER[AC_ORDER.index(ac) + 1:] if ac in AC_ORDER and m.shape.units else ():
@@ -166,15 +231,16 @@ def _key(option: str) -> str:
 
 def check_fits(plan: GpuPlan, m: Measured, cfg: Config, *, free: int, capacity: int, where: str) -> None:
     """ConfigError (exit 2) naming what would fit when `plan` does not fit `free` of `capacity` bytes."""
-    if fits(plan.total, free, capacity):
+    if fits(plan.reserved, free, capacity):
         return
     parts = ", ".join(f"{name} {gib(n)}" for name, n in plan.parts.items() if n)
+    parts += f"; allocated peak {gib(plan.total)} + allocator slack {gib(plan.slack)}"
     options = fixes(m, plan.setup, cfg, free, capacity)
     advice = ("it fits with any one of: " + "; ".join(options)) if options else \
         "no single setting makes it fit: a smaller model, or devices with more memory"
     s = plan.setup
     raise ConfigError(_key(options[0]) if options else "model.name",
-                      f"this run needs about {gib(plan.total)} per rank ({s.strategy}, {s.world_size} "
+                      f"this run needs about {gib(plan.reserved)} per rank ({s.strategy}, {s.world_size} "
                       f"rank{'s' if s.world_size > 1 else ''}: {parts}); {where} has {gib(free)} free of "
                       f"{gib(capacity)}, {HEADROOM:.0%} of it kept as headroom: {advice} ({SKIP_ENV}=1 tries anyway)")
 
@@ -198,11 +264,13 @@ def plan_record(plan: GpuPlan | None, measured: dict[str, int] | None) -> dict[s
     """The plan as summary.json keeps it (`memory_plan`), the measured peak (max over ranks) beside it."""
     if plan is None:
         return None
-    record = {"parts": dict(plan.parts), "total_bytes": plan.total, "strategy": plan.setup.strategy,
+    record = {"parts": dict(plan.parts), "total_bytes": plan.total, "phases": dict(plan.phases),
+              "slack_bytes": plan.slack, "reserved_bytes": plan.reserved, "strategy": plan.setup.strategy,
               "world_size": plan.setup.world_size, "setup": dataclasses.asdict(plan.setup),
               "notes": list(plan.notes), "measured": measured}
     if measured:
         record["allocated_over_plan"] = round(measured["max_allocated_bytes"] / plan.total, 4)
+        record["reserved_over_plan"] = round(measured["max_reserved_bytes"] / plan.reserved, 4)
     return record
 
 
