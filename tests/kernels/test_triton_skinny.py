@@ -41,6 +41,7 @@ def reference(x, w, bias, norm_w, eps, silu_mul, residual):
     (5, 64, 256, "rmsnorm", True, [32, 64, 3]),      # 4 K tiles in 3 uneven splits (the last gets none)
     (16, 48, 80, "silu_mul", False, [32, 32, 2]),    # a K tail inside a tile; a full 16-row tile
     (17, 32, 128, "residual", True, [16, 32, 4]),    # a 32-row tile, 4 splits, a bias and a residual
+    (9, 24, 192, "rmsnorm", False, [16, 32, 4]),     # the norm's sums of squares from 4 uneven splits
     (64, 32, 128, "none", False, [32, 64, 2, 4, 2]),  # a full 64-row tile; every mask off (EVEN)
 ])
 def test_skinny_matches_the_math(rows, out_f, in_f, part, bias, setting):
@@ -73,8 +74,8 @@ def test_split_partials_are_all_added():
 @interpreted
 def test_batched_decode_through_the_row_kernel(monkeypatch):
     """Three prompts, left-padded to different lengths: each decode step's dense projections go
-    through the row kernel (the table made to hold every shape) and equal the plain model's."""
-    monkeypatch.setattr(ts, "table_setting", lambda rows, n, k: ts.INTERPRETED_SETTING)
+    through the row kernel (made to take every shape) and equal the plain model's."""
+    monkeypatch.setattr(ts, "takes", lambda rows, n, k: True)
     calls = []
     real = torch.ops.kiln.skinny
     monkeypatch.setattr(torch.ops.kiln, "skinny", lambda *a, _r=real: calls.append(a[0].shape[0]) or _r(*a))
@@ -93,14 +94,14 @@ def test_batched_decode_through_the_row_kernel(monkeypatch):
 
 
 @interpreted
-def test_decode_steps_take_the_row_kernel_where_the_table_holds_the_shape(monkeypatch):
-    """One row: the one-row kernel; several: the row kernel for a shape in the table, the model's own
+def test_decode_steps_take_the_row_kernel_where_it_was_measured_faster(monkeypatch):
+    """One row: the one-row kernel; several: the row kernel for a shape in TAKEN, the model's own
     matmul for one that is not; more rows than the kernel takes: the plain layer."""
     calls = []
     for name in ("matvec", "skinny"):
         real = getattr(torch.ops.kiln, name)
         monkeypatch.setattr(torch.ops.kiln, name, lambda *a, _r=real, _n=name: calls.append(_n) or _r(*a))
-    monkeypatch.setattr(ts, "SETTINGS", {(16, 32, 64): (16, 32, 2, 4, 2)})
+    monkeypatch.setattr(ts, "TAKEN", frozenset({(16, 32, 64)}))
     held, other = nn.Linear(64, 32), nn.Linear(64, 48)
     for layer, rows in ((held, 1), (held, 2), (held, 16), (held, 17), (other, 4), (held, ts.MAX_ROWS + 1)):
         x = torch.randn(rows, 1, 64)
@@ -111,9 +112,11 @@ def test_decode_steps_take_the_row_kernel_where_the_table_holds_the_shape(monkey
 def test_table_and_rule():
     """The table is keyed by the row tile; the rule doubles splits until every SM has two programs,
     never past MAX_SPLIT nor below two 128-wide K tiles per split."""
-    assert ts.table_setting(1, 5120, 3072) is None and ts.table_setting(ts.MAX_ROWS + 1, 5120, 3072) is None
+    assert ts.table_setting(ts.MAX_ROWS + 1, 5120, 3072) is None
     for (tile, n, k), setting in ts.SETTINGS.items():
         assert tile in (16, 32, 64) and ts.table_setting(tile, n, k) == setting
+        assert ts.takes(tile, n, k) == ((tile, n, k) in ts.TAKEN) and not ts.takes(1, n, k)
+    assert ts.TAKEN <= set(ts.SETTINGS)  # every shape taken runs at a measured setting
     assert ts.default_setting(16, 5120, 3072, 132)[:3] == (64, 128, 4)  # 80 blocks x 4 >= 264
     assert ts.default_setting(16, 128256, 3072, 132)[2] == 1
     assert ts.default_setting(16, 3072, 8192, 132)[2] == 8  # 48 blocks: the most splits
@@ -123,3 +126,21 @@ def test_table_and_rule():
 def test_more_rows_than_the_kernel_takes_are_refused():
     with pytest.raises(ValueError, match="MAX_ROWS"):
         ts.launch(torch.randn(ts.MAX_ROWS + 1, 32), torch.randn(8, 32), None, None, 0.0, False, None, [16, 32, 1])
+
+
+def test_taken_shapes_are_those_faster_at_every_row_count_of_their_tile():
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    from skinny_table import row_tile, taken
+
+    def row(variant, rows, shape, us):
+        return {"variant": variant, "rows": rows, "shape": shape, "us_per_call": us}
+
+    results = [row("cublas", r, [64, 32], 10.0) for r in (1, 2, 16, 32)] + [
+        row("skinny", 1, [64, 32], 99.0), row("skinny", 2, [64, 32], 9.0), row("skinny", 16, [64, 32], 9.5),
+        row("skinny", 32, [64, 32], 10.5), row("cublas", 4, [8, 32], 5.0), row("skinny", 4, [8, 32], 4.0),
+        row("skinny", 8, [8, 32], 6.0), row("cublas", 8, [8, 32], 5.0)]
+    assert [row_tile(r) for r in (2, 16, 17, 33, 64)] == [16, 16, 32, 64, 64]
+    assert taken(results) == [(16, 64, 32)]  # 1 row is not a tile's; [8, 32] lost at 8 rows; 32 rows lost

@@ -11,7 +11,7 @@ kernel does not read (torchao's int4 and int8 layouts, bitsandbytes) keep their 
 the norm, SwiGLU and residual add computed around it, which is what `inductor` does for every
 projection. At several rows (batch > 1, from `ROWS_KERNEL_FROM`) dense projections take
 kiln.kernels.triton_skinny's kernel (the same fused parts, each weight tile read once for all rows)
-for the shapes its measured table holds, where it beat the model's own matmul, else that matmul
+for the shapes where it was measured faster than the model's own matmul, else that matmul
 with the same work around it; int4@triton ones take kiln.kernels.triton_rows' kernel (from
 kiln.llm.int4_layout's INT4_ROWS_FROM).
 kiln.llm.kernels.use_decode_kernels swaps these calls into a model's decode steps.
@@ -69,7 +69,7 @@ def _kernel_reads(layer: nn.Module, x: Tensor) -> str | None:
     """Which kiln op reads `layer`'s weight for input x, or None (the model's own matmul: a layout
     kiln's kernels do not read, dense weights at several rows, or more rows than they take)."""
     from kiln.kernels.triton_rows import MAX_ROWS
-    from kiln.kernels.triton_skinny import table_setting
+    from kiln.kernels.triton_skinny import takes
     from kiln.llm.int4_layout import Int4TritonLinear, int4_path  # Triton is optional
 
     rows = x.numel() // x.shape[-1]
@@ -78,7 +78,7 @@ def _kernel_reads(layer: nn.Module, x: Tensor) -> str | None:
     if type(layer) is nn.Linear and type(layer.weight) in (Tensor, nn.Parameter) and layer.weight.dtype == x.dtype:
         if rows < ROWS_KERNEL_FROM:  # a plain weight (torchao's subclasses keep nn.Linear)
             return "matvec"
-        return "skinny" if table_setting(rows, *layer.weight.shape) is not None else None
+        return "skinny" if takes(rows, *layer.weight.shape) else None
     if isinstance(layer, Int4TritonLinear):
         return "int4" if int4_path(rows) != "dequant" else None  # many rows: the layer's dequantized matmul
     return None
