@@ -116,7 +116,11 @@ SETTINGS: dict[tuple[int, int, int], tuple[int, int, int, int, int]] = {
 """(row tile, N, K) -> (BLOCK_N, BLOCK_K, SPLIT, warps, stages): the fastest setting of a sweep on
 an H100 per shape (decode_rows results README)."""
 # measured: begin (benchmarks/skinny_table.py rewrites these lines from a rows_bench run)
-TAKEN: frozenset[tuple[int, int, int]] = frozenset()
+TAKEN: frozenset[tuple[int, int, int]] = frozenset({
+    (16, 3072, 3072),
+    (16, 3072, 8192),
+    (16, 128256, 3072),
+})
 # measured: end
 """The (row tile, N, K) where the kernel at its setting beat the model's own matmul (cuBLAS) at every
 row count measured in that tile; kiln.llm.decode_matvec takes the kernel for these shapes only."""
