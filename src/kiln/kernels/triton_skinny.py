@@ -22,9 +22,9 @@ Launch settings come from a small table measured on an H100 (`SETTINGS`, keyed b
 N and K; the sweep's command is in the decode_rows results README), not from autotuning: warm-up
 tunes nothing and every process picks the same; shapes it does not hold take the rule
 `default_setting`. kiln.llm.decode_matvec takes the kernel only for the shapes in `TAKEN`, where
-it was measured faster than the model's own matmul; elsewhere that matmul runs. With programmatic dependent launch (Hopper) a program waits
-for the previous kernel before reading anything, then lets the next kernel be scheduled. Tests
-run the kernel on CPU through Triton's interpreter.
+it was measured faster than the model's own matmul; elsewhere that matmul runs. With programmatic
+dependent launch (Hopper) a program waits for the previous kernel before reading anything, then
+lets the next kernel be scheduled. Tests run the kernel on CPU through Triton's interpreter.
 """
 
 from __future__ import annotations
