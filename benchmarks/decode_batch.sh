@@ -4,7 +4,9 @@
 # Parts (Llama-3.2-3B shape unless MODEL names another preset, e.g. llama-3.1-8b; random weights, bf16):
 #   rows    benchmarks/rows_bench.py --sweep --int4 at ROWS (default 1,4,8,16,64): every projection through
 #           cuBLAS, the one-row kernels and the row kernels with every launch setting, each in its own CUDA
-#           graph -> $R/rows (ROWS_S caps its seconds; it prepares no new case in its last 90)
+#           graph -> $R/rows (ROWS_S caps its seconds; it prepares no new case in its last 90). SWEEP_SKINNY
+#           (row counts, e.g. 16,32,64) adds every launch setting of the dense row kernel (triton_skinny.py);
+#           SWEEP_INT4=0 leaves out the int4 row kernel's; PREP=N compiles first in N processes at once.
 #   bench   kiln bench llm --engines kiln-compiled at BATCHES (default 1,4,16,64) and QUANT (default
 #           none,int4@triton), prompt 512, 128 new tokens, with gpt-fast's rows beside them when a checkout
 #           is carried at .peers/gpt-fast (GPT_FAST=0 leaves them out) -> $R/bench (what is left of ~9 min)
@@ -33,9 +35,16 @@ for part in ${PART//,/ }; do
   case $part in
     rows)
       cap=$(left); [ "$cap" -gt "${ROWS_S:-$cap}" ] && cap=$ROWS_S
-      step rows timeout "$cap" python3 benchmarks/rows_bench.py --sweep --int4 --rows "${ROWS:-1,4,8,16,64}" \
-        --budget-s $(( cap - 90 )) \
-        --out "$R/rows" ;;
+      rows_args=(--int4 --rows "${ROWS:-1,4,8,16,64}" ${SWEEP_SKINNY:+--sweep-skinny "$SWEEP_SKINNY"})
+      [ "${SWEEP_INT4:-1}" = 1 ] && rows_args+=(--sweep)
+      for (( i = 0; i < ${PREP:-0}; i++ )); do  # compile in PREP processes at once, into Triton's disk cache
+        python3 benchmarks/rows_bench.py "${rows_args[@]}" --prepare-only --shard "$i/$PREP" --out /tmp/prep \
+          > "$R/rows_prep_$i.log" 2>&1 &
+      done
+      wait; echo "=== rows: prepared after $(( $(date +%s) - start )) s"
+      cap=$(left); [ "$cap" -gt "${ROWS_S:-$cap}" ] && cap=$ROWS_S
+      step rows timeout "$cap" python3 benchmarks/rows_bench.py "${rows_args[@]}" --repeats "${REPEATS:-20}" \
+        --budget-s $(( cap - 90 )) --out "$R/rows" ;;
     bench)
       peer=()
       if [ "${GPT_FAST:-1}" = 1 ] && [ -f .peers/gpt-fast/generate.py ]; then

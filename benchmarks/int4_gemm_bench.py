@@ -2,6 +2,7 @@
 w_gate_up, w_down, lm_head; group 128, no fused work) at each row count M, through
 
 - `bf16`: `F.linear` on the dense bf16 weight (cuBLAS);
+- `bf16 skinny`: kiln.kernels.triton_skinny on the dense weight (its table's or rule's setting), M <= 64;
 - `int4`: kiln's int4 layer (`Int4TritonLinear`), the kernel kiln.llm.int4_layout.int4_path picks by M;
 - `tinygemm`: torch's int4 kernel (`aten._weight_int4pack_mm`, gpt-fast's and torchao's int4);
 - `int4 matvec`: kiln.kernels.triton_int4, the one-row kernel (programs per row), M <= 8;
@@ -58,7 +59,8 @@ def int4_bytes(out_f: int, in_f: int) -> int:
 def variants_for(rows: int, sweep: bool, sms: int, out_f: int) -> list[str]:
     from kiln.kernels.triton_rows import MAX_ROWS
 
-    names = ["bf16", "tinygemm", "int4"] + (["int4 rows"] if rows <= MAX_ROWS else ["dequant"]) + (
+    names = ["bf16"] + (["bf16 skinny"] if rows <= MAX_ROWS else []) + ["tinygemm", "int4"] + (
+        ["int4 rows"] if rows <= MAX_ROWS else ["dequant"]) + (
         ["int4 matvec"] if rows <= 8 else [])
     if sweep:
         names += ["int4 rows " + "/".join(map(str, s)) for s in SWEEP.get(rows, [])
@@ -81,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         print("int4_gemm_bench: needs a CUDA device", file=sys.stderr)
         return 2
     import kiln.kernels.triton_int4_dequant  # noqa: F401  (registers the ops)
+    import kiln.kernels.triton_skinny  # noqa: F401
     from kiln.llm.int4_layout import Int4TritonLinear
     from kiln.llm.quant_torch import Int4WeightOnlyLinear
 
@@ -118,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
                 alive.append(x)
                 ops = {
                     "bf16": [lambda w=w, x=x: F.linear(x, w) for w in ws],
+                    "bf16 skinny": [lambda w=w, x=x: torch.ops.kiln.skinny(x, w, None, None, 0.0, False, None) for w in ws],
                     "tinygemm": [lambda t=t, x=x: torch.ops.aten._weight_int4pack_mm(x, t.weight, GROUP, t.scales_and_zeros)
                                  for t in tiny],
                     "int4 matvec": [lambda o=o, x=x: torch.ops.kiln.int4_matvec(x, o.weight, o.scale, o.offset, GROUP)
@@ -142,10 +146,10 @@ def main(argv: list[str] | None = None) -> int:
                     except Exception as exc:  # a setting this GPU cannot run (shared memory): skip it
                         skipped.append(f"{model} {name} rows={m} {variant}: {type(exc).__name__}: {str(exc)[:120]}")
                         continue
-                    err = float((y.float() - exact).abs().max() / exact.abs().max()) if variant != "bf16" else None
+                    err = float((y.float() - exact).abs().max() / exact.abs().max()) if variant[:4] != "bf16" else None
                     key = (model, name, m, variant)
                     graphs[key] = cuda_graph_of(lambda calls=calls: [c() for c in calls], 1)
-                    wbytes = out_f * in_f * 2 if variant == "bf16" else int4_bytes(out_f, in_f)
+                    wbytes = out_f * in_f * 2 if variant.startswith("bf16") else int4_bytes(out_f, in_f)
                     meta[key] = {"model": model, "projection": name, "shape": [out_f, in_f], "rows": m,
                                  "variant": variant, "weight_bytes": wbytes, "rel_err": err, "calls_per_replay": len(calls)}
                 print(f"{model} {name} rows={m}: ready ({time.perf_counter() - started:.0f} s)", flush=True)

@@ -9,9 +9,11 @@ kernels of their own. With int4@triton weights (kiln.kernels.triton_int4) the no
 folded into the projections and the SwiGLU is the gate/up kernel's epilogue. Projections the
 kernel does not read (torchao's int4 and int8 layouts, bitsandbytes) keep their own matmul with
 the norm, SwiGLU and residual add computed around it, which is what `inductor` does for every
-projection. At several rows (batch > 1) dense projections take the model's own matmul with the
-same work around it (`ROWS_KERNEL_FROM`), and int4@triton ones kiln.kernels.triton_rows' kernel
-(from kiln.llm.int4_layout's INT4_ROWS_FROM).
+projection. At several rows (batch > 1, from `ROWS_KERNEL_FROM`) dense projections take
+kiln.kernels.triton_skinny's kernel (the same fused parts, each weight tile read once for all rows)
+for the shapes where it was measured faster than the model's own matmul, else that matmul
+with the same work around it; int4@triton ones take kiln.kernels.triton_rows' kernel (from
+kiln.llm.int4_layout's INT4_ROWS_FROM).
 kiln.llm.kernels.use_decode_kernels swaps these calls into a model's decode steps.
 
 `auto`, the default, is `triton` where it runs (CUDA, fp16/bf16), else `inductor`; the
@@ -39,6 +41,7 @@ def triton_unavailable(device: torch.device, dtype: torch.dtype) -> str | None:
         return f"needs fp16 or bf16 (the model is {str(dtype).replace('torch.', '')})"
     try:
         import kiln.kernels.triton_rows  # noqa: F401  (registers the kernels' ops)
+        import kiln.kernels.triton_skinny  # noqa: F401
     except ImportError as exc:
         return f"needs Triton, which does not import here ({exc})"
     return None
@@ -58,21 +61,24 @@ def check(choice: str, device: torch.device, dtype: torch.dtype, *, key: str = "
 
 ROWS_KERNEL_FROM = 2
 """Rows (batch x tokens) from which a decode step's dense projections leave the one-row kernel for
-the model's own matmul (cuBLAS), which reads them at least as fast on most of an H100's decode
-shapes (int4 weights: kiln.llm.int4_layout.INT4_ROWS_FROM)."""
+kiln.kernels.triton_skinny's row kernel where its table holds the shape, else the model's own
+matmul (cuBLAS) (int4 weights: kiln.llm.int4_layout.INT4_ROWS_FROM)."""
 
 
 def _kernel_reads(layer: nn.Module, x: Tensor) -> str | None:
     """Which kiln op reads `layer`'s weight for input x, or None (the model's own matmul: a layout
     kiln's kernels do not read, dense weights at several rows, or more rows than they take)."""
     from kiln.kernels.triton_rows import MAX_ROWS
+    from kiln.kernels.triton_skinny import takes
     from kiln.llm.int4_layout import Int4TritonLinear, int4_path  # Triton is optional
 
     rows = x.numel() // x.shape[-1]
     if rows > MAX_ROWS or not (x.is_cuda or interpreting()):
         return None
     if type(layer) is nn.Linear and type(layer.weight) in (Tensor, nn.Parameter) and layer.weight.dtype == x.dtype:
-        return "matvec" if rows < ROWS_KERNEL_FROM else None  # a plain weight (torchao's subclasses keep nn.Linear)
+        if rows < ROWS_KERNEL_FROM:  # a plain weight (torchao's subclasses keep nn.Linear)
+            return "matvec"
+        return "skinny" if takes(rows, *layer.weight.shape) else None
     if isinstance(layer, Int4TritonLinear):
         return "int4" if int4_path(rows) != "dequant" else None  # many rows: the layer's dequantized matmul
     return None
@@ -94,9 +100,10 @@ def fused_linear(layer: nn.Module, x: Tensor, *, norm: nn.Module | None = None, 
     out = layer.out_features
     rows = x.reshape(-1, x.shape[-1])
     res = residual.reshape(-1, out) if residual is not None else None
-    if reads == "matvec":
+    if reads in ("matvec", "skinny"):
         norm_weight, eps = (norm.weight, norm.eps) if norm is not None else (None, 0.0)
-        y = torch.ops.kiln.matvec(rows, layer.weight, layer.bias, norm_weight, eps, silu_mul, res)
+        op = torch.ops.kiln.matvec if reads == "matvec" else torch.ops.kiln.skinny
+        y = op(rows, layer.weight, layer.bias, norm_weight, eps, silu_mul, res)
     else:
         y = _int4(layer, rows, norm, "silu_mul" if silu_mul else "none", False, res)
         if layer.interleaved:
