@@ -65,6 +65,25 @@ def test_kernel_matches_direct_softmax(heads, kv_heads, dim, capacity, window):
         assert not arrival_counters(q.device, 3 * kv_heads).any()
 
 
+@interpreted
+@pytest.mark.parametrize("window", [0, 30])
+def test_looping_program_reads_only_its_rows_valid_slots(monkeypatch, window):
+    """Few programs, so each loops over all of a row's blocks with the step's slot mid-cache (a server's
+    rows): the blocks outside a row's valid range are not loaded, and the result is unchanged."""
+    monkeypatch.setattr(td, "TARGET_PROGRAMS", 1)
+    gen = torch.Generator().manual_seed(7)
+    q = torch.randn(3, 4, 16, generator=gen)
+    k = torch.randn(3, 260, 2, 16, generator=gen)
+    v = torch.randn(3, 260, 2, 16, generator=gen)
+    start, pos = torch.tensor([0, 70, 85]), torch.tensor([90])
+    block, per_chunk, chunks, _ = td.launch_settings(3, 2, 260)
+    assert chunks == 1 and per_chunk // block >= 4  # one program per row and head walks every block
+    poisoned_k, poisoned_v = k.clone(), v.clone()
+    poisoned_k[:, 128:], poisoned_v[:, 128:] = float("nan"), float("nan")  # past the step: never read
+    got = td.decode_attention(q, poisoned_k, poisoned_v, start, pos, 0.25, window)
+    torch.testing.assert_close(got, direct(q, k, v, start, pos, 0.25, window), rtol=1e-5, atol=1e-5)
+
+
 def test_chunking_fills_the_gpu_in_whole_blocks():
     assert td.chunking(1, 8, 1280) == (64, 20)  # 20 chunks x 8 heads: 160 programs of one block each
     assert td.chunking(1, 8, 8192) == (256, 32)

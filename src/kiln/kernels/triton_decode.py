@@ -148,11 +148,11 @@ def _chunk_attention(Q, K, V, Start, Pos, Part, Lse, Arrived, Y, InvFreq, slots,
     acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
     for i in range(0, ITERS):  # a static trip count
         s_ok = (s >= lo) & (s < hi)
-        # The next block's keys and values are loaded before this one is used, masked by the cache's
-        # size only, so the reads do not wait for the step's position (at batch 1 the cache is ~2 %
-        # of a step's bytes; slots outside [lo, hi) are masked out of the softmax).
+        # The next block's keys and values are loaded before this one is used, and only its slots in
+        # the row's valid range [lo, hi): a looping program (a larger batch, or a cache with more
+        # slots than the rows use, as a server's) reads no slot it would mask out of the softmax.
         s_next = s + BLOCK
-        next_ok = (s_next < slots)[:, None] & (d < D)[None, :] & (i + 1 < ITERS)
+        next_ok = ((s_next < slots) & (s_next >= lo) & (s_next < hi))[:, None] & (d < D)[None, :] & (i + 1 < ITERS)
         k_next = tl.load(K + b * stride_kb + s_next[:, None] * stride_ks + kv * stride_kh + d[None, :], mask=next_ok,
                          other=0.0)
         v_next = tl.load(V + b * stride_vb + s_next[:, None] * stride_vs + kv * stride_vh + d[None, :], mask=next_ok,
