@@ -1,10 +1,7 @@
 """kiln serve's pieces without a server: request checks, chat templates, text with stop strings,
-the scheduler's admission bound, the metrics text, and the load generator's arithmetic."""
+the scheduler's admission bound and the metrics text."""
 
 from __future__ import annotations
-
-import importlib.util
-from pathlib import Path
 
 import pytest
 
@@ -16,8 +13,6 @@ from kiln.serve.scheduler import Job, QueueFull, Scheduler
 from kiln.serve.serve_options import ServeOptions
 from kiln.serve.server import check_serve
 from kiln.serve.texts import Served, TextStream
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def _error(fn, *args) -> ApiError:
@@ -137,22 +132,6 @@ def test_histogram_and_metrics_text():
     t[0] = 12.0  # the first 30 tokens are out of the 10 s window
     assert m.tokens_per_second() == 2.0
     assert "kiln_serve_generated_tokens_total 50" in m.text()
-
-
-def test_load_generator_arithmetic():
-    spec = importlib.util.spec_from_file_location("serve_load", ROOT / "benchmarks" / "serve_load.py")
-    load = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(load)
-    assert load.pct([], 0.5) is None
-    assert load.pct([5.0, 1.0, 3.0, 2.0], 0.5) == 2.0 and load.pct(list(range(1, 101)), 0.99) == 99
-    levels = [{"concurrency": 1, "tokens_per_s": 100.0, "itl_p50_ms": 10.0, "requests_per_s": 1.0, "ttft_p99_ms": 50.0},
-              {"concurrency": 8, "tokens_per_s": 700.0, "itl_p50_ms": 12.0, "requests_per_s": 7.0, "ttft_p99_ms": 900.0},
-              {"concurrency": 32, "tokens_per_s": 2000.0, "itl_p50_ms": 20.0, "requests_per_s": 20.0,
-               "ttft_p99_ms": 1500.0}]
-    out = load.with_ratios(levels)
-    assert [lv["tokens_per_s_vs_1"] for lv in out["levels"]] == [1.0, 7.0, 20.0]
-    assert [lv["itl_p50_vs_1"] for lv in out["levels"]] == [1.0, 1.2, 2.0]
-    assert out["requests_per_s_at_p99_ttft_under_1s"] == 7.0
 
 
 @pytest.mark.parametrize(("flags", "needles"), [
