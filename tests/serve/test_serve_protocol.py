@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from kiln.serve.app import TokenEvent, _choice, _sse
 from kiln.serve.chat import load_chat_template
 from kiln.serve.metrics import Histogram, ServeMetrics
 from kiln.serve.protocol import ApiError, parse_body, parse_params
@@ -158,3 +159,63 @@ def test_the_api_key_comes_from_the_flag_or_the_environment(monkeypatch):
     assert setup.api_key == "from-env" and setup.name == "llama-tiny"
     assert setup.context == 256  # the model's positions, under the 2048 default cap
     assert check_serve(ServeOptions(model="llama-tiny", device="cpu", api_key="flag")).api_key == "flag"
+
+
+@pytest.mark.parametrize("route", ["completions", "chat"])
+@pytest.mark.parametrize("text", ["a", " word", 'quote " and \\ backslash', "line\nbreak", "é ✓ 😀", "\x00"])
+def test_a_token_event_is_byte_for_byte_the_general_one(route, text):
+    params = parse_params({"prompt": "x"} if route == "completions" else {"messages": [{"role": "user",
+                                                                                        "content": "x"}]}, route)
+    head = {"id": "cmpl-1", "created": 5, "model": "m", "object": "text_completion"}
+    assert TokenEvent(head, route)(text) == _sse({**head, "choices": [_choice(params, text, None, False)]})
+
+
+class TimedRows:
+    """Rows whose every call takes `cost` seconds of a fake clock (what the device does)."""
+
+    rows, capacity = 4, 100
+
+    def __init__(self, clock: list[float], cost: float):
+        self.clock, self.cost, self.busy = clock, cost, set()
+
+    def _spend(self):
+        self.clock[0] += self.cost
+
+    def free_row(self):
+        return next(r for r in range(self.rows) if r not in self.busy)
+
+    def place(self, prompt_len, max_tokens):
+        self._spend()
+        return True
+
+    def join(self, row, prompt, max_tokens, settings):
+        self._spend()
+        self.busy.add(row)
+        return 7
+
+    def leave(self, row):
+        self.busy.discard(row)
+
+    def launch(self):
+        self._spend()
+        return sorted(self.busy)
+
+    def collect(self, launched):
+        self._spend()
+        return {r: 7 for r in launched}
+
+
+def test_the_host_time_per_iteration_leaves_out_the_rows_calls():
+    t = [0.0]
+
+    def sink(events):  # host work inside the iteration: 0.25 s of the fake clock per hand-off
+        t[0] += 0.25
+
+    metrics = ServeMetrics("m", clock=lambda: t[0])
+    sched = Scheduler(TimedRows(t, 10.0), max_queue=4, prefill_tokens=64, sink=sink, metrics=metrics,
+                      clock=lambda: t[0])
+    sched.submit(Job([1, 2], 3, RowSettings()))
+    sched.iterate()  # admit (place + join) and launch: 30 s of rows, one hand-off
+    sched.iterate()  # launch and collect: 20 s of rows, one hand-off
+    assert metrics.host.count == 2 and metrics.host.sum == 0.5
+    assert "kiln_serve_iteration_host_seconds_count 2" in metrics.text()
