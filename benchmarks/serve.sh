@@ -101,6 +101,8 @@ serve_text() {
   mkdir -p "$R/text"
   if [ -z "$dir" ]; then  # the real-text recipe, short: train, export (with its tokenizer), generate
     local work=${TEXT_WORK:-/tmp/serve_text}
+    [ "$cap" -ge 240 ] || { echo "serve.sh: PART=text trains a model first (~4 min): $cap s left; run it in a call" \
+      "of its own, or set MODEL_DIR" >&2; return 1; }
     step text_recipe timeout -k 10 $(( cap - 90 )) env WORK="$work" STEPS="${TEXT_STEPS:-300}" \
       TRAIN_CAP_S="${TEXT_TRAIN_S:-120}" SKIP_CHECK=1 SKIP_BENCH=1 bash benchmarks/llm_real_text.sh
     dir=$work/hf

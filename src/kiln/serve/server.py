@@ -39,11 +39,11 @@ DEFAULT_CONTEXT = 2048
 DEVICE_MEMORY_MARGIN = 0.9
 """Share of the device's free memory the KV rows may take (the rest: activations, scratch, graphs)."""
 GIL_SWITCH_S = 0.0005
-"""Python's thread switch interval while serving (its default is 5 ms). The scheduler thread waits
-for the decode step with the GIL released; when the step ends it must take the GIL back from the
-event loop, which at many streams spends a long stretch per step writing every stream's token.
-With 5 ms it can wait that long, and the next step starts late once the host's share of a step
-nears the step itself; 0.5 ms keeps that wait a small part of a decode step."""
+"""Python's thread switch interval while serving, a tenth of its default. The scheduler thread
+waits for the decode step with the GIL released; when the step ends it must take the GIL back from
+the event loop, which at many streams spends a long stretch per step writing every stream's token.
+At the default it can wait that long, and the next step starts late once the host's share of a
+step nears the step itself; a shorter interval keeps that wait a small part of a decode step."""
 
 
 @dataclass
