@@ -219,3 +219,25 @@ def test_the_host_time_per_iteration_leaves_out_the_rows_calls():
     sched.iterate()  # launch and collect: 20 s of rows, one hand-off
     assert metrics.host.count == 2 and metrics.host.sum == 0.5
     assert "kiln_serve_iteration_host_seconds_count 2" in metrics.text()
+
+
+def test_text_stream_decoding_a_few_tokens_at_a_time_gives_the_whole_decode(tmp_path):
+    from tokenizers import Tokenizer as Raw
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    from kiln.llm.tokenizer import Tokenizer
+
+    raw = Raw(models.BPE())
+    raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    raw.decoder = decoders.ByteLevel()
+    corpus = ["the kiln fires clay", "café ✓ naïve 😀 漢字", "  spaced  words\\n\\tand tabs"]
+    alphabet = pre_tokenizers.ByteLevel.alphabet()  # every byte a token: any text encodes
+    raw.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=300, initial_alphabet=alphabet))
+    raw.save(str(tmp_path / "tokenizer.json"))
+    tok = Tokenizer(tmp_path / "tokenizer.json")
+    for text in [*corpus, "😀😀 漢 é", "x✓y"]:  # multi-byte characters split over byte tokens
+        ids = raw.encode(text).ids
+        stream = TextStream(tok, ())
+        parts = [stream.push(t, i == len(ids) - 1) for i, t in enumerate(ids)]
+        assert "".join(parts) == raw.decode(ids) == text
+        assert all("\ufffd" not in p for p in parts)
