@@ -3,9 +3,9 @@
 #   PART=bf16,int4,generate bash benchmarks/serve.sh      # parts comma-separated, run in order
 # The Llama-3.2-3B shape (MODEL names another preset), RANDOM weights (the shape is what is measured;
 # the text is noise), prompts of PROMPT_LEN (512) random token ids, MAX_TOKENS (128) greedy tokens each, streamed.
-#   bf16      kiln serve --max-batch 64 --batch-buckets 1,8,32,64 --max-seq-len MAX_SEQ_LEN (default 768: the
-#             prompt plus twice the answer, the room docs/guide/serve.md asks for; every step's attention reads
-#             every slot of a row, so slots beyond that are read for nothing), warmed before it binds (every
+#   bf16      kiln serve --max-batch 64 --batch-buckets 1,8,32,64 --max-seq-len MAX_SEQ_LEN (default 1024; each
+#             step's attention reads every slot of a row, but fewer slots than 896 make the rows shift, a copy of
+#             every busy row's span, every few joins: docs/guide/serve.md), warmed before it binds (every
 #             decode bucket and the 512-token prompt bucket, the only one these prompts use); then
 #             benchmarks/serve_load.py: closed loop at 1, 8, 32 and 64 concurrent streams (DURATION_S each,
 #             default 20; each level warmed up first), then the open-loop sweep: Poisson arrivals at
@@ -46,7 +46,7 @@ QUANT4=${QUANT4:-int4@triton}
 PORT=${PORT:-8011}
 MAX_BATCH=${MAX_BATCH:-64}
 BATCH_BUCKETS=${BATCH_BUCKETS:-1,8,32,64}
-MAX_SEQ_LEN=${MAX_SEQ_LEN:-768}
+MAX_SEQ_LEN=${MAX_SEQ_LEN:-1024}
 PROMPT_LEN=${PROMPT_LEN:-512}
 MAX_TOKENS=${MAX_TOKENS:-128}
 CONCURRENCY=${CONCURRENCY:-1,8,32,64}
