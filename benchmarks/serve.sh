@@ -141,7 +141,7 @@ for part in ${PART//,/ }; do
       cap=$(left); [ "$cap" -gt "$PART_S" ] && cap=$PART_S
       step generate timeout "$cap" python3 -m kiln bench llm --model "$MODEL" --prompt-len "$PROMPT_LEN" \
         --new-tokens "$MAX_TOKENS" --tuning decode --prefill eager --repeats 3 --engines kiln-compiled \
-        --batch "$CONCURRENCY" --quant "none,$QUANT4" --deadline-s $(( cap * 2 / 3 )) --out "$R/generate" ;;
+        --batch "$CONCURRENCY" --quant "none,$QUANT4" --deadline-s $(( cap * 2 / 3 )) "${DEV[@]}" --out "$R/generate" ;;
   esac
   python3 benchmarks/serve_load.py --summary "$R" > /dev/null
   pack
