@@ -24,6 +24,8 @@
 # $R/<part>.server.log, its /metrics after the load $R/<part>.metrics.txt. Each part is bounded by PART_S
 # (default 470 s); the whole call by BUDGET_S (default 570 s): run one part per device call when compiles are cold.
 # Needs fastapi, uvicorn and httpx on the device: carry wheels in .whl/ (device_env.sh installs them).
+# SERVE_FLAGS adds kiln serve flags to bf16/int4 (e.g. "--decode-attention flash": it reads only the slots a row
+# uses, where triton and matmul read all MAX_SEQ_LEN of them); TAG suffixes their labels (a second run, same $OUT).
 # CPU smoke test of the plumbing: DEVICE=cpu MODEL=llama-tiny VOCAB=512 MAX_SEQ_LEN=64 PROMPT_LEN=16 MAX_TOKENS=8
 #   BATCH_BUCKETS=1,2,4 MAX_BATCH=4 CONCURRENCY=1,4 OPEN_BASE=4 WARMUP_BUCKETS=none PART=bf16 (text: DRY=1).
 set -uo pipefail
@@ -52,6 +54,8 @@ MAX_TOKENS=${MAX_TOKENS:-128}
 CONCURRENCY=${CONCURRENCY:-1,8,32,64}
 WARMUP_BUCKETS=${WARMUP_BUCKETS:-512}  # none: --no-warmup
 DEV=(); [ -n "${DEVICE:-}" ] && DEV=(--device "$DEVICE")
+read -r -a EXTRA <<< "${SERVE_FLAGS:-}"  # more kiln serve flags for bf16/int4, e.g. "--decode-attention flash"
+SUFFIX=${TAG:+_$TAG}  # labels (and result folders) of a second run in the same $OUT
 WARM=(--warmup-prompt-buckets "$WARMUP_BUCKETS"); [ "$WARMUP_BUCKETS" = none ] && WARM=(--no-warmup)
 left() { echo $(( BUDGET_S - ($(date +%s) - start) )); }
 pack() { tar czf "$OUT/serve.tgz" -C "$R" .; }
@@ -77,7 +81,8 @@ serve_part() {  # label, quant, extra kiln serve flags...
   local t0=$(date +%s)
   port_free || return 1
   python3 -m kiln serve --model "$MODEL" --port "$PORT" --max-batch "$MAX_BATCH" --batch-buckets "$BATCH_BUCKETS" \
-    --max-seq-len "$MAX_SEQ_LEN" "${WARM[@]}" --max-queue 64 --drain-s 5 "${DEV[@]}" "$@" > "$R/$label.server.log" 2>&1 &
+    --max-seq-len "$MAX_SEQ_LEN" "${WARM[@]}" --max-queue 64 --drain-s 5 "${DEV[@]}" "${EXTRA[@]}" "$@" \
+    > "$R/$label.server.log" 2>&1 &
   local pid=$!
   wait_health $pid "$R/$label.server.log" $(( cap - 120 )) || return 1
   local rest=$(( cap - ($(date +%s) - t0) - 15 ))
@@ -135,8 +140,8 @@ print(json.dumps({"model": sys.argv[2], key: text, "max_tokens": 64, "temperatur
 for part in ${PART//,/ }; do
   case $part in
     text) serve_text ;;
-    bf16) serve_part bf16 none ;;
-    int4) serve_part int4 "$QUANT4" --quant "$QUANT4" ;;
+    bf16) serve_part "bf16$SUFFIX" none ;;
+    int4) serve_part "int4$SUFFIX" "$QUANT4" --quant "$QUANT4" ;;
     generate)
       cap=$(left); [ "$cap" -gt "$PART_S" ] && cap=$PART_S
       step generate timeout "$cap" python3 -m kiln bench llm --model "$MODEL" --prompt-len "$PROMPT_LEN" \

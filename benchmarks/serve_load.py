@@ -213,7 +213,7 @@ def side_by_side(serve_rows: list[dict], engine_rows: list[dict]) -> list[dict]:
     for r in serve_rows:
         if r.get("mode", "closed") != "closed":
             continue
-        quant = r.get("quant") or ("none" if r.get("label") == "bf16" else None)
+        quant = r.get("quant") or ("none" if str(r.get("label")).startswith("bf16") else None)
         e = engine.get((quant, r["concurrency"]), {})
         b1 = engine.get((quant, 1), {})
         step = e.get("decode_step_ms")
