@@ -122,6 +122,7 @@ serve_text() {
   local name q
   name=$(basename "$dir")
   q=${PROMPT:-How do I install a Python package?}
+  printf '%s\n' "$q" > "$R/text/prompt.txt"
   body() {  # route -> its request body
     python3 -c 'import json, sys
 key, text = ("messages", [{"role": "user", "content": sys.argv[3]}]) if sys.argv[1] == "chat" else ("prompt", sys.argv[3])

@@ -237,8 +237,9 @@ def summary(directory: Path) -> str:
         out.append(f"- {cfg['label']}: requests/s at p99 TTFT < 1 s: open loop (Poisson arrivals) "
                    f"{_cell(cfg.get('open_rate_at_p99_ttft_under_1s'))}; best closed-loop level "
                    f"{_cell(cfg.get('requests_per_s_at_p99_ttft_under_1s'))}")
-    out += ["", "Closed loop (N clients, each sends its next request when the last one ends):", "",
-            markdown(rows, COLUMNS)]
+    if rows:
+        out += ["", "Closed loop (N clients, each sends its next request when the last one ends):", "",
+                markdown(rows, COLUMNS)]
     if opens:
         out += ["Open loop (Poisson arrivals at the offered rate; TTFT from the scheduled arrival):", "",
                 markdown(opens, OPEN_COLUMNS)]
@@ -254,7 +255,34 @@ def summary(directory: Path) -> str:
         keep = ["label", "quant", "batch", "status", "ttft_ms", "decode_tok_s", "decode_tok_s_per_seq", "decode_step_ms",
                 "token_ms_p50", "token_ms_p90", "roofline_frac", "request_tok_s"]
         out += ["`kiln bench llm` (kiln generate's engine, one static batch per row):", "", markdown(engine, keep)]
+    out += text_section(directory / "text")
     return "\n".join(out)
+
+
+def text_section(directory: Path) -> list[str]:
+    """serve.sh's text part, if run: the real-text model's answer and the server's counters."""
+    answer = directory / "answer.json"
+    if not answer.is_file():
+        return []
+    try:
+        body = json.loads(answer.read_text())
+    except ValueError:
+        return ["## The real-text model served", "", f"answer.json is not JSON: {answer.read_text()[:300]!r}", ""]
+    choice = (body.get("choices") or [{}])[0]
+    text = choice.get("text", (choice.get("message") or {}).get("content"))
+    route = "/v1/completions" if "text" in choice else "/v1/chat/completions"
+    prompt = directory / "prompt.txt"
+    lines = ["## The real-text model served", ""]
+    if prompt.is_file():
+        lines += [f"Prompt: {prompt.read_text().strip()!r}", ""]
+    lines += [f"{route} ({'chat: no template, so ' if (directory / 'chat.json').is_file() else ''}"
+             f"{body.get('object', '?')}), finish `{choice.get('finish_reason')}`, usage {body.get('usage')}:", "",
+             "```", str(text if text is not None else body), "```", ""]
+    metrics = directory / "metrics.txt"
+    if metrics.is_file():
+        keep = [ln for ln in metrics.read_text().splitlines() if ln.startswith("kiln_serve_") and "_bucket{" not in ln]
+        lines += ["`/metrics` after it (histogram buckets left out):", "", "```", *keep, "```", ""]
+    return lines
 
 
 def _floats(text: str) -> list[float]:

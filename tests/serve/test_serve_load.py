@@ -111,3 +111,17 @@ def test_an_open_loop_level_against_a_stand_in_server(load, monkeypatch):
     assert row["mode"] == "open" and row["offered_rps"] == 20.0
     assert row["requests"] == arrivals and row["failed"] == 0 and row["tokens"] == 3 * arrivals
     assert row["ttft_p99_ms"] is not None and row["ttft_p99_ms"] >= 0
+
+
+def test_the_text_parts_answer_and_counters_in_the_summary(load, tmp_path):
+    text = tmp_path / "text"
+    text.mkdir()
+    (text / "prompt.txt").write_text("The kernel\n")
+    (text / "chat.json").write_text('{"error": {"code": "no_chat_template"}}')
+    (text / "answer.json").write_text(json.dumps({"object": "text_completion", "usage": {"completion_tokens": 2},
+                                                  "choices": [{"text": " boots", "finish_reason": "length"}]}))
+    (text / "metrics.txt").write_text('# HELP x\nkiln_serve_running 0\nkiln_serve_ttft_seconds_bucket{le="0.1"} 1\n')
+    out = load.summary(tmp_path)
+    assert "Prompt: 'The kernel'" in out and "/v1/completions (chat: no template, so text_completion)" in out
+    assert "```\n boots\n```" in out and "kiln_serve_running 0" in out and "_bucket" not in out
+    assert "Closed loop" not in out  # no load part run
