@@ -17,8 +17,8 @@
 #             .data/realtext carried) and its export served; one chat request (then the plain completion when the
 #             model has no chat template: the 400 is kept as chat.json) and /metrics -> $R/text (answer.json,
 #             metrics.txt, server.log); PROMPT sets the question. Served eager (TEXT_COMPILE=off): no compile wait.
-#   generate  kiln bench llm --batch 1,8,32,64 --quant none,$QUANT4 (kiln generate's engine, one static batch per
-#             row: the same figures without a server) -> $R/generate
+#   generate  kiln bench llm --batch 1,8,32,64 --quant GEN_QUANT (default none,$QUANT4) (kiln generate's engine, one
+#             static batch per row: the same figures without a server) -> $R/generate
 # Then $R/summary.md: one table of every part run, and the server's inter-token p50 beside the engine's decode
 # step at the same batch and the bandwidth roofline (needs PART=generate in the same $OUT). The server's log is
 # $R/<part>.server.log, its /metrics after the load $R/<part>.metrics.txt. Each part is bounded by PART_S
@@ -147,7 +147,7 @@ for part in ${PART//,/ }; do
       cap=$(left); [ "$cap" -gt "$PART_S" ] && cap=$PART_S
       step generate timeout "$cap" python3 -m kiln bench llm --model "$MODEL" --prompt-len "$PROMPT_LEN" \
         --new-tokens "$MAX_TOKENS" --tuning decode --prefill eager --repeats 3 --engines kiln-compiled \
-        --batch "$CONCURRENCY" --quant "none,$QUANT4" --deadline-s $(( cap * 2 / 3 )) "${DEV[@]}" --out "$R/generate" ;;
+        --batch "$CONCURRENCY" --quant "${GEN_QUANT:-none,$QUANT4}" --deadline-s $(( cap * 2 / 3 )) "${DEV[@]}" --out "$R/generate" ;;
   esac
   python3 benchmarks/serve_load.py --summary "$R" > /dev/null
   pack
