@@ -6,10 +6,18 @@ token ids and --max-tokens greedy tokens, streamed. Before a level is timed, C s
 it up (the server compiles each decode batch bucket on its first use). Per level: aggregate
 tokens/s (completion tokens over the level's wall time), requests/s, TTFT and inter-token latency
 p50/p99 (every gap between two streamed tokens of a request), and the level's ratios to the
-single-stream level. "Requests/s at p99 TTFT < 1 s" is the best requests/s of the levels whose p99
-TTFT stays under 1 s (closed-loop levels, not an open-loop arrival sweep).
+single-stream level.
 
-    python benchmarks/serve_load.py --url http://127.0.0.1:8011 --label bf16 --out DIR/serve_bf16
+Then, with --open-fractions, an open-loop sweep: requests arrive as a Poisson process at each rate
+(the fractions times the requests/s of the closed-loop level --open-base, e.g. 0.25x .. 1.5x the
+32-stream rate), whatever the server's pace, for --open-duration-s, at most --open-max-in-flight at
+once (an arrival beyond it is refused: counted as failed). TTFT counts from the scheduled arrival,
+so a server that falls behind shows it. The sweep stops after the first rate whose p99 TTFT
+reaches 1 s; "requests/s at p99 TTFT < 1 s" is the highest offered rate with no failure and a p99
+TTFT under 1 s. --deadline-s: no level or rate starts unless its duration and a margin fit.
+
+    python benchmarks/serve_load.py --url http://127.0.0.1:8011 --label bf16 --out DIR/serve_bf16 \
+        --open-fractions 0.25,0.5,0.75,1,1.25,1.5
     python benchmarks/serve_load.py --summary DIR     # DIR/summary.md: every DIR/serve_*/results.json, and
                                                       # the `kiln bench llm` rows of DIR/generate/results.json
 The timestamps are the client's wall clock on purpose: TTFT and inter-token latency are what a
@@ -31,6 +39,9 @@ from pathlib import Path
 from kiln.bench.results import refuse_held_results, write_results
 from kiln.monitor.env import collect_env
 
+BAR_MS = 1000.0
+"""The p99 TTFT bar of the open-loop sweep."""
+
 
 def pct(values: list[float], q: float) -> float | None:
     """The q-quantile (0..1) by nearest rank; None for no values."""
@@ -40,8 +51,31 @@ def pct(values: list[float], q: float) -> float | None:
     return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
 
 
-async def one_request(client, url: str, body: dict, timeout: float) -> dict:
-    sent = time.perf_counter()
+def arrival_times(rate: float, duration: float, rng: random.Random) -> list[float]:
+    """Seconds after the start at which requests arrive: a Poisson process of `rate` per second
+    (exponential gaps), every arrival before `duration`."""
+    times, t = [], rng.expovariate(rate)
+    while t < duration:
+        times.append(t)
+        t += rng.expovariate(rate)
+    return times
+
+
+def open_rates(base: float, fractions: list[float]) -> list[float]:
+    """The offered rates of the sweep: `fractions` of `base` requests/s, ascending."""
+    return sorted(base * f for f in fractions)
+
+
+def best_open_rate(rows: list[dict], bar_ms: float = BAR_MS) -> float | None:
+    """The highest offered rate with no failed request and a p99 TTFT under `bar_ms`."""
+    fine = [r["offered_rps"] for r in rows if not r["failed"] and r["ttft_p99_ms"] is not None
+            and r["ttft_p99_ms"] < bar_ms]
+    return max(fine) if fine else None
+
+
+async def one_request(client, url: str, body: dict, timeout: float, sent: float | None = None) -> dict:
+    """One streamed request; TTFT counts from `sent` (the scheduled arrival; default: now)."""
+    sent = time.perf_counter() if sent is None else sent
     stamps: list[float] = []
     error = None
     try:
@@ -69,9 +103,29 @@ def body_for(rng: random.Random, args) -> dict:
     return {"model": args.model, "prompt": prompt, "max_tokens": args.max_tokens, "temperature": 0, "stream": True}
 
 
+def stats(done: list[dict], wall: float, refused: int = 0) -> dict:
+    """A level's figures from its requests (`refused`: arrivals never sent, counted as failed)."""
+    ok = [r for r in done if r["error"] is None]
+    ttft = [r["ttft"] for r in ok if r["ttft"] is not None]
+    gaps = [g for r in ok for g in r["gaps"]]
+    tokens = sum(r["tokens"] for r in ok)
+    errors = {r["error"] for r in done if r["error"]} | ({"over --open-max-in-flight"} if refused else set())
+    return {"requests": len(done) + refused, "failed": len(done) - len(ok) + refused, "errors": sorted(errors)[:3],
+            "wall_s": wall, "tokens": tokens, "tokens_per_s": tokens / wall if wall > 0 else None,
+            "requests_per_s": len(ok) / wall if wall > 0 else None,
+            "ttft_p50_ms": _ms(pct(ttft, 0.5)), "ttft_p99_ms": _ms(pct(ttft, 0.99)),
+            "itl_p50_ms": _ms(pct(gaps, 0.5)), "itl_p99_ms": _ms(pct(gaps, 0.99)),
+            "itl_mean_ms": _ms(statistics.fmean(gaps) if gaps else None)}
+
+
+def _client(httpx, args, connections: int):
+    limits = httpx.Limits(max_connections=connections + 4, max_keepalive_connections=connections + 4)
+    return httpx.AsyncClient(limits=limits, headers=args.headers)
+
+
 async def level(httpx, args, c: int, rng: random.Random) -> dict:
-    limits = httpx.Limits(max_connections=c + 4, max_keepalive_connections=c + 4)
-    async with httpx.AsyncClient(limits=limits, headers=args.headers) as client:
+    """Closed loop: `c` clients, each sending its next request when the last one ends."""
+    async with _client(httpx, args, c) as client:
         warm = [{**body_for(rng, args), "max_tokens": 4} for _ in range(c)]
         await asyncio.gather(*[one_request(client, args.url, b, args.request_timeout_s) for b in warm])
         start = time.perf_counter()
@@ -83,16 +137,35 @@ async def level(httpx, args, c: int, rng: random.Random) -> dict:
                 done.append(await one_request(client, args.url, body_for(rng, args), args.request_timeout_s))
         await asyncio.gather(*[worker() for _ in range(c)])
         wall = max(r["end"] for r in done) - start
-    ok = [r for r in done if r["error"] is None]
-    ttft = [r["ttft"] for r in ok if r["ttft"] is not None]
-    gaps = [g for r in ok for g in r["gaps"]]
-    tokens = sum(r["tokens"] for r in ok)
-    return {"concurrency": c, "requests": len(done), "failed": len(done) - len(ok),
-            "errors": sorted({r["error"] for r in done if r["error"]})[:3], "wall_s": wall,
-            "tokens": tokens, "tokens_per_s": tokens / wall, "requests_per_s": len(ok) / wall,
-            "ttft_p50_ms": _ms(pct(ttft, 0.5)), "ttft_p99_ms": _ms(pct(ttft, 0.99)),
-            "itl_p50_ms": _ms(pct(gaps, 0.5)), "itl_p99_ms": _ms(pct(gaps, 0.99)),
-            "itl_mean_ms": _ms(statistics.fmean(gaps) if gaps else None)}
+    return {"mode": "closed", "concurrency": c, **stats(done, wall)}
+
+
+async def open_level(httpx, args, rate: float, rng: random.Random) -> dict:
+    """Open loop: Poisson arrivals at `rate` per second for --open-duration-s, whatever the server's
+    pace; at most --open-max-in-flight at once (an arrival beyond it is refused and counted)."""
+    times = arrival_times(rate, args.open_duration_s, rng)
+    bodies = [body_for(rng, args) for _ in times]
+    done: list[dict] = []
+    refused = 0
+    in_flight = 0
+    async with _client(httpx, args, args.open_max_in_flight) as client:
+        start = time.perf_counter()
+
+        async def send(at: float, body: dict):
+            nonlocal in_flight
+            done.append(await one_request(client, args.url, body, args.request_timeout_s, sent=at))
+            in_flight -= 1
+        tasks = []
+        for t, body in zip(times, bodies):
+            await asyncio.sleep(max(0.0, start + t - time.perf_counter()))
+            if in_flight >= args.open_max_in_flight:
+                refused += 1
+                continue
+            in_flight += 1
+            tasks.append(asyncio.create_task(send(start + t, body)))
+        await asyncio.gather(*tasks)
+        wall = max([args.open_duration_s, *(r["end"] - start for r in done)])
+    return {"mode": "open", "offered_rps": rate, **stats(done, wall, refused)}
 
 
 def _ms(seconds: float | None) -> float | None:
@@ -105,12 +178,16 @@ def with_ratios(levels: list[dict]) -> dict:
         if one and one["tokens_per_s"] and one["itl_p50_ms"] and lv["itl_p50_ms"]:
             lv["tokens_per_s_vs_1"] = lv["tokens_per_s"] / one["tokens_per_s"]
             lv["itl_p50_vs_1"] = lv["itl_p50_ms"] / one["itl_p50_ms"]
-    under = [lv["requests_per_s"] for lv in levels if lv["ttft_p99_ms"] is not None and lv["ttft_p99_ms"] < 1000]
+    under = [lv["requests_per_s"] for lv in levels if lv["ttft_p99_ms"] is not None and lv["ttft_p99_ms"] < BAR_MS]
     return {"levels": levels, "requests_per_s_at_p99_ttft_under_1s": max(under) if under else None}
 
 
 COLUMNS = ["label", "concurrency", "requests", "failed", "tokens_per_s", "tokens_per_s_vs_1", "requests_per_s",
            "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "itl_p50_vs_1"]
+OPEN_COLUMNS = ["label", "offered_rps", "requests", "failed", "requests_per_s", "tokens_per_s", "ttft_p50_ms",
+                "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms"]
+SIDE_COLUMNS = ["label", "streams", "itl_p50_ms", "itl_p50_vs_1", "engine_step_ms", "itl_vs_engine_step",
+                "roofline_step_ms", "itl_vs_roofline", "engine_step_vs_b1"]
 
 
 def _cell(v) -> str:
@@ -123,40 +200,124 @@ def markdown(rows: list[dict], columns: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def side_by_side(serve_rows: list[dict], engine_rows: list[dict]) -> list[dict]:
+    """Each closed-loop server level beside `kiln bench llm`'s row of the same quantization and
+    batch: the server's inter-token p50, the engine's decode step, the bandwidth roofline's step
+    (batch / roofline tokens/s), and their ratios."""
+    engine = {(r.get("quant"), r.get("batch")): r for r in engine_rows if r.get("status") == "ok"}
+    out = []
+    for r in serve_rows:
+        if r.get("mode", "closed") != "closed":
+            continue
+        quant = r.get("quant") or ("none" if str(r.get("label")).startswith("bf16") else None)
+        e = engine.get((quant, r["concurrency"]), {})
+        b1 = engine.get((quant, 1), {})
+        step = e.get("decode_step_ms")
+        roof = r["concurrency"] * 1e3 / e["roofline_tok_s"] if e.get("roofline_tok_s") else None
+        out.append({"label": r.get("label"), "streams": r["concurrency"], "itl_p50_ms": r.get("itl_p50_ms"),
+                    "itl_p50_vs_1": r.get("itl_p50_vs_1"), "engine_step_ms": step,
+                    "itl_vs_engine_step": _ratio(r.get("itl_p50_ms"), step), "roofline_step_ms": roof,
+                    "itl_vs_roofline": _ratio(r.get("itl_p50_ms"), roof),
+                    "engine_step_vs_b1": _ratio(step, b1.get("decode_step_ms"))})
+    return out
+
+
 def summary(directory: Path) -> str:
     out = ["# kiln serve under load\n"]
-    rows = []
+    rows, opens = [], []
     for path in sorted(directory.glob("serve_*/results.json")):
         data = json.loads(path.read_text())
-        rows += data["results"]
-        best = data["config"].get("requests_per_s_at_p99_ttft_under_1s")
-        out.append(f"- {data['config']['label']}: requests/s at p99 TTFT < 1 s: {_cell(best)}")
-    out += ["", markdown(rows, COLUMNS)]
+        rows += [r for r in data["results"] if r.get("mode", "closed") == "closed"]
+        opens += [r for r in data["results"] if r.get("mode") == "open"]
+        cfg = data["config"]
+        out.append(f"- {cfg['label']}: requests/s at p99 TTFT < 1 s: open loop (Poisson arrivals) "
+                   f"{_cell(cfg.get('open_rate_at_p99_ttft_under_1s'))}; best closed-loop level "
+                   f"{_cell(cfg.get('requests_per_s_at_p99_ttft_under_1s'))}")
+    if rows:
+        out += ["", "Closed loop (N clients, each sends its next request when the last one ends):", "",
+                markdown(rows, COLUMNS)]
+    if opens:
+        out += ["Open loop (Poisson arrivals at the offered rate; TTFT from the scheduled arrival):", "",
+                markdown(opens, OPEN_COLUMNS)]
     gen = directory / "generate" / "results.json"
     if gen.is_file():
+        engine = json.loads(gen.read_text())["results"]
+        out += ["The server's inter-token p50 beside the engine's decode step at the same batch "
+                "(`kiln bench llm`, same quantization) and the bandwidth roofline's step:", "",
+                markdown(side_by_side(rows, engine), SIDE_COLUMNS),
+                "The roofline's bytes per step: the weights and the keys and values the requests attend "
+                "(kiln.bench.formulas.kv_bytes_per_step). The engine's cache holds prompt + answer slots; the "
+                "server's rows hold --max-seq-len slots, and its decode attention reads all of them.", ""]
         keep = ["label", "quant", "batch", "status", "ttft_ms", "decode_tok_s", "decode_tok_s_per_seq", "decode_step_ms",
                 "token_ms_p50", "token_ms_p90", "roofline_frac", "request_tok_s"]
-        out += ["`kiln bench llm` (kiln generate's engine, one static batch per row):", "",
-                markdown(json.loads(gen.read_text())["results"], keep)]
+        out += ["`kiln bench llm` (kiln generate's engine, one static batch per row):", "", markdown(engine, keep)]
+    out += text_section(directory / "text")
     return "\n".join(out)
 
 
-def main() -> int:
+def text_section(directory: Path) -> list[str]:
+    """serve.sh's text part, if run: the real-text model's answer and the server's counters."""
+    answer = directory / "answer.json"
+    if not answer.is_file():
+        return []
+    try:
+        body = json.loads(answer.read_text())
+    except ValueError:
+        return ["## The real-text model served", "", f"answer.json is not JSON: {answer.read_text()[:300]!r}", ""]
+    choice = (body.get("choices") or [{}])[0]
+    text = choice.get("text", (choice.get("message") or {}).get("content"))
+    route = "/v1/completions" if "text" in choice else "/v1/chat/completions"
+    prompt = directory / "prompt.txt"
+    lines = ["## The real-text model served", ""]
+    if prompt.is_file():
+        lines += [f"Prompt: {prompt.read_text().strip()!r}", ""]
+    lines += [f"{route} ({'chat: no template, so ' if (directory / 'chat.json').is_file() else ''}"
+             f"{body.get('object', '?')}), finish `{choice.get('finish_reason')}`, usage {body.get('usage')}:", "",
+             "```", str(text if text is not None else body), "```", ""]
+    metrics = directory / "metrics.txt"
+    if metrics.is_file():
+        keep = [ln for ln in metrics.read_text().splitlines() if ln.startswith("kiln_serve_") and "_bucket{" not in ln]
+        lines += ["`/metrics` after it (histogram buckets left out):", "", "```", *keep, "```", ""]
+    return lines
+
+
+def _floats(text: str) -> list[float]:
+    return [float(x) for x in text.split(",") if x.strip()]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--url", default="http://127.0.0.1:8011")
     p.add_argument("--model", default=None, help="the served model id (default: the server's /v1/models)")
     p.add_argument("--label", default="serve")
+    p.add_argument("--quant", default="none", help="the server's --quant, recorded to match `kiln bench llm` rows")
     p.add_argument("--concurrency", default="1,8,32,64")
     p.add_argument("--prompt-len", type=int, default=512)
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--vocab", type=int, default=128256, help="prompt token ids are drawn below this")
     p.add_argument("--duration-s", type=float, default=20.0, help="seconds each level sends requests")
     p.add_argument("--request-timeout-s", type=float, default=300.0)
+    p.add_argument("--open-fractions", type=_floats, default=[], help="open-loop rates as fractions of the "
+                   "--open-base level's requests/s, comma-separated (default: no open-loop sweep)")
+    p.add_argument("--open-base", type=int, default=32, help="the closed-loop concurrency whose requests/s the "
+                   "fractions scale (default 32; the highest level run if absent)")
+    p.add_argument("--open-duration-s", type=float, default=10.0, help="seconds of arrivals per open-loop rate")
+    p.add_argument("--open-max-in-flight", type=int, default=128, help="open-loop requests in flight at most")
+    p.add_argument("--deadline-s", type=float, default=None, help="start no level or rate after this many seconds "
+                   "from the start unless it fits (duration + 30 s margin)")
     p.add_argument("--api-key", default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="results directory (results.json, results.md); must hold no results")
     p.add_argument("--summary", default=None, metavar="DIR", help="only write DIR/summary.md from earlier runs")
-    args = p.parse_args()
+    return p.parse_args(argv)
+
+
+def main() -> int:
+    args = parse_args()
     if args.summary:
         text = summary(Path(args.summary))
         (Path(args.summary) / "summary.md").write_text(text)
@@ -169,25 +330,53 @@ def main() -> int:
         return 2
     if args.out:
         refuse_held_results(Path(args.out))
+    t0 = time.monotonic()
+
+    def fits(seconds: float) -> bool:
+        return args.deadline_s is None or time.monotonic() - t0 + seconds + 30 <= args.deadline_s
     args.headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     if args.model is None:
         args.model = httpx.get(args.url + "/v1/models", headers=args.headers).json()["data"][0]["id"]
     rng = random.Random(args.seed)
-    levels = []
+    levels, skipped = [], []
     for c in (int(x) for x in args.concurrency.split(",")):
+        if not fits(args.duration_s):
+            skipped.append(f"{c} streams")
+            continue
         lv = asyncio.run(level(httpx, args, c, rng))
         print(json.dumps(lv), flush=True)
         levels.append(lv)
     ratios = with_ratios(levels)
-    rows = [{"label": args.label, "status": "ok" if lv["requests"] > lv["failed"] else "error",
-             "reason": "; ".join(lv["errors"]) or None, **lv} for lv in ratios["levels"]]
-    config = {"label": args.label, "url": args.url, "model": args.model, "prompt_len": args.prompt_len,
-              "max_tokens": args.max_tokens, "duration_s": args.duration_s,
-              "requests_per_s_at_p99_ttft_under_1s": ratios["requests_per_s_at_p99_ttft_under_1s"]}
+    opens = []
+    if args.open_fractions and levels:
+        base_level = next((lv for lv in levels if lv["concurrency"] == args.open_base), levels[-1])
+        for rate in open_rates(base_level["requests_per_s"] or 0.0, args.open_fractions):
+            if rate <= 0 or not fits(args.open_duration_s):
+                skipped.append(f"{rate:.3g} requests/s")
+                continue
+            row = asyncio.run(open_level(httpx, args, rate, rng))
+            print(json.dumps(row), flush=True)
+            opens.append(row)
+            if row["failed"] or row["ttft_p99_ms"] is None or row["ttft_p99_ms"] >= BAR_MS:
+                break  # higher rates only queue more
+    rows = [{"label": args.label, "quant": args.quant, "status": "ok" if lv["requests"] > lv["failed"] else "error",
+             "reason": "; ".join(lv["errors"]) or None, **lv} for lv in [*ratios["levels"], *opens]]
+    config = {"label": args.label, "quant": args.quant, "url": args.url, "model": args.model,
+              "prompt_len": args.prompt_len, "max_tokens": args.max_tokens, "duration_s": args.duration_s,
+              "requests_per_s_at_p99_ttft_under_1s": ratios["requests_per_s_at_p99_ttft_under_1s"],
+              "open_fractions": args.open_fractions, "open_duration_s": args.open_duration_s,
+              "open_max_in_flight": args.open_max_in_flight,
+              "open_rate_at_p99_ttft_under_1s": best_open_rate(opens), "skipped": skipped}
+    closed_rows = [r for r in rows if r["mode"] == "closed"]
+    open_rows = [r for r in rows if r["mode"] == "open"]
     if args.out:
+        sections = [("Closed loop", closed_rows, COLUMNS)] + ([("Open loop", open_rows, OPEN_COLUMNS)] if open_rows else [])
         write_results(args.out, env=collect_env(), config=config, results=rows, columns=COLUMNS,
-                      title=f"kiln serve under load: {args.label}", command="python " + " ".join(sys.argv))
-    print(markdown(rows, COLUMNS))
+                      title=f"kiln serve under load: {args.label}", command="python " + " ".join(sys.argv),
+                      sections=sections, notes=f"Skipped for the deadline: {', '.join(skipped)}." if skipped else "")
+    print(markdown(closed_rows, COLUMNS))
+    if open_rows:
+        print(markdown(open_rows, OPEN_COLUMNS))
     return 0
 
 

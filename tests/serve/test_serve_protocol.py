@@ -1,13 +1,11 @@
 """kiln serve's pieces without a server: request checks, chat templates, text with stop strings,
-the scheduler's admission bound, the metrics text, and the load generator's arithmetic."""
+the scheduler's admission bound and the metrics text."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
+from kiln.serve.app import TokenEvent, _choice, _sse
 from kiln.serve.chat import load_chat_template
 from kiln.serve.metrics import Histogram, ServeMetrics
 from kiln.serve.protocol import ApiError, parse_body, parse_params
@@ -16,8 +14,6 @@ from kiln.serve.scheduler import Job, QueueFull, Scheduler
 from kiln.serve.serve_options import ServeOptions
 from kiln.serve.server import check_serve
 from kiln.serve.texts import Served, TextStream
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def _error(fn, *args) -> ApiError:
@@ -139,22 +135,6 @@ def test_histogram_and_metrics_text():
     assert "kiln_serve_generated_tokens_total 50" in m.text()
 
 
-def test_load_generator_arithmetic():
-    spec = importlib.util.spec_from_file_location("serve_load", ROOT / "benchmarks" / "serve_load.py")
-    load = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(load)
-    assert load.pct([], 0.5) is None
-    assert load.pct([5.0, 1.0, 3.0, 2.0], 0.5) == 2.0 and load.pct(list(range(1, 101)), 0.99) == 99
-    levels = [{"concurrency": 1, "tokens_per_s": 100.0, "itl_p50_ms": 10.0, "requests_per_s": 1.0, "ttft_p99_ms": 50.0},
-              {"concurrency": 8, "tokens_per_s": 700.0, "itl_p50_ms": 12.0, "requests_per_s": 7.0, "ttft_p99_ms": 900.0},
-              {"concurrency": 32, "tokens_per_s": 2000.0, "itl_p50_ms": 20.0, "requests_per_s": 20.0,
-               "ttft_p99_ms": 1500.0}]
-    out = load.with_ratios(levels)
-    assert [lv["tokens_per_s_vs_1"] for lv in out["levels"]] == [1.0, 7.0, 20.0]
-    assert [lv["itl_p50_vs_1"] for lv in out["levels"]] == [1.0, 1.2, 2.0]
-    assert out["requests_per_s_at_p99_ttft_under_1s"] == 7.0
-
-
 @pytest.mark.parametrize(("flags", "needles"), [
     (["--model", "nowhere"], ["--model", "nowhere"]),
     (["--model", "llama-tiny", "--max-batch", "0"], ["--max-batch", ">= 1"]),
@@ -179,3 +159,85 @@ def test_the_api_key_comes_from_the_flag_or_the_environment(monkeypatch):
     assert setup.api_key == "from-env" and setup.name == "llama-tiny"
     assert setup.context == 256  # the model's positions, under the 2048 default cap
     assert check_serve(ServeOptions(model="llama-tiny", device="cpu", api_key="flag")).api_key == "flag"
+
+
+@pytest.mark.parametrize("route", ["completions", "chat"])
+@pytest.mark.parametrize("text", ["a", " word", 'quote " and \\ backslash', "line\nbreak", "é ✓ 😀", "\x00"])
+def test_a_token_event_is_byte_for_byte_the_general_one(route, text):
+    params = parse_params({"prompt": "x"} if route == "completions" else {"messages": [{"role": "user",
+                                                                                        "content": "x"}]}, route)
+    head = {"id": "cmpl-1", "created": 5, "model": "m", "object": "text_completion"}
+    assert TokenEvent(head, route)(text) == _sse({**head, "choices": [_choice(params, text, None, False)]})
+
+
+class TimedRows:
+    """Rows whose every call takes `cost` seconds of a fake clock (what the device does)."""
+
+    rows, capacity = 4, 100
+
+    def __init__(self, clock: list[float], cost: float):
+        self.clock, self.cost, self.busy = clock, cost, set()
+
+    def _spend(self):
+        self.clock[0] += self.cost
+
+    def free_row(self):
+        return next(r for r in range(self.rows) if r not in self.busy)
+
+    def place(self, prompt_len, max_tokens):
+        self._spend()
+        return True
+
+    def join(self, row, prompt, max_tokens, settings):
+        self._spend()
+        self.busy.add(row)
+        return 7
+
+    def leave(self, row):
+        self.busy.discard(row)
+
+    def launch(self):
+        self._spend()
+        return sorted(self.busy)
+
+    def collect(self, launched):
+        self._spend()
+        return {r: 7 for r in launched}
+
+
+def test_the_host_time_per_iteration_leaves_out_the_rows_calls():
+    t = [0.0]
+
+    def sink(events):  # host work inside the iteration: 0.25 s of the fake clock per hand-off
+        t[0] += 0.25
+
+    metrics = ServeMetrics("m", clock=lambda: t[0])
+    sched = Scheduler(TimedRows(t, 10.0), max_queue=4, prefill_tokens=64, sink=sink, metrics=metrics,
+                      clock=lambda: t[0])
+    sched.submit(Job([1, 2], 3, RowSettings()))
+    sched.iterate()  # admit (place + join) and launch: 30 s of rows, one hand-off
+    sched.iterate()  # launch and collect: 20 s of rows, one hand-off
+    assert metrics.host.count == 2 and metrics.host.sum == 0.5
+    assert "kiln_serve_iteration_host_seconds_count 2" in metrics.text()
+
+
+def test_text_stream_decoding_a_few_tokens_at_a_time_gives_the_whole_decode(tmp_path):
+    from tokenizers import Tokenizer as Raw
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    from kiln.llm.tokenizer import Tokenizer
+
+    raw = Raw(models.BPE())
+    raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    raw.decoder = decoders.ByteLevel()
+    corpus = ["the kiln fires clay", "café ✓ naïve 😀 漢字", "  spaced  words\\n\\tand tabs"]
+    alphabet = pre_tokenizers.ByteLevel.alphabet()  # every byte a token: any text encodes
+    raw.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=300, initial_alphabet=alphabet))
+    raw.save(str(tmp_path / "tokenizer.json"))
+    tok = Tokenizer(tmp_path / "tokenizer.json")
+    for text in [*corpus, "😀😀 漢 é", "x✓y"]:  # multi-byte characters split over byte tokens
+        ids = raw.encode(text).ids
+        stream = TextStream(tok, ())
+        parts = [stream.push(t, i == len(ids) - 1) for i, t in enumerate(ids)]
+        assert "".join(parts) == raw.decode(ids) == text
+        assert all("\ufffd" not in p for p in parts)

@@ -82,6 +82,23 @@ def test_compaction_keeps_running_rows_exact(model):
     assert got == [alone(model, a, 12), alone(model, b, 30), alone(model, c, 20)]
 
 
+def test_a_shift_copies_the_rows_up_to_the_last_busy_one_and_a_row_past_them_joins_exact(model):
+    # As above with 4 rows: at the shift only row 1 is busy, so rows 2 and 3 keep their old slots;
+    # d then joins row 2 (a and c hold 0 and 1), which its prefill and steps overwrite before reading.
+    greedy = RowSettings()
+    a, b, c, d = [1, 17, 33, 8, 54], [1, 40, 41, 42], [1, 60, 61, 62, 63, 64], [1, 9, 8, 7, 6, 5, 4]
+    plan = {0: [(a, 12, greedy)], 3: [(b, 30, greedy)], 16: [(c, 20, greedy)], 17: [(d, 8, greedy)]}
+    rows = Rows(model, rows=4, capacity=40, compile=False, cuda_graphs=False)
+    for t in (*rows.buf.cache.k, *rows.buf.cache.v):
+        t[2:].fill_(7.0)  # stale keys and values where d will join
+    copied = []
+    real_shift = rows._shift
+    rows._shift = lambda n: (copied.append(max(rows.busy) + 1), real_shift(n))
+    got = run_schedule(rows, plan, steps=40)
+    assert copied == [2]
+    assert got == [alone(model, a, 12), alone(model, b, 30), alone(model, c, 20), alone(model, d, 8)]
+
+
 def test_place_waits_when_no_room(model):
     rows = Rows(model, rows=2, capacity=24, compile=False, cuda_graphs=False)
     assert rows.place(4, 20)

@@ -72,12 +72,15 @@ async def _events(state: State, job: Job, params: Params, request) -> AsyncItera
     try:
         state.scheduler.submit(job)
         while True:
-            try:
-                event = await asyncio.wait_for(queue.get(), DISCONNECT_POLL_S)
-            except asyncio.TimeoutError:
-                if request is not None and await request.is_disconnected():
-                    return
-                continue
+            if request is None:  # streamed: Starlette cancels this generator when the client goes
+                event = await queue.get()
+            else:
+                try:
+                    event = await asyncio.wait_for(queue.get(), DISCONNECT_POLL_S)
+                except asyncio.TimeoutError:
+                    if await request.is_disconnected():
+                        return
+                    continue
             if event.error is not None:
                 raise ApiError(500, event.error, type="server_error", code="engine_failed")
             text = stream.push(event.token, event.finish is not None)
@@ -175,6 +178,7 @@ def build_app(state: State) -> Any:
 
         async def sse():
             chunk_kind = kind if route == "completions" else "chat.completion.chunk"
+            token_event = TokenEvent({**head, "object": chunk_kind}, route)
             try:
                 if route == "chat":
                     delta = {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
@@ -182,7 +186,8 @@ def build_app(state: State) -> Any:
                 pending = [first] if first is not None else []
                 async for item in _chain(pending, events):
                     text, finish = item
-                    yield _sse({**head, "object": chunk_kind, "choices": [_choice(params, text, finish, False)]})
+                    yield token_event(text) if finish is None and (text or route == "completions") else \
+                        _sse({**head, "object": chunk_kind, "choices": [_choice(params, text, finish, False)]})
                 if params.include_usage:
                     yield _sse({**head, "object": chunk_kind, "choices": [], "usage": _usage(job)})
                 yield "data: [DONE]\n\n"
@@ -213,3 +218,20 @@ async def _chain(first: list, rest: AsyncIterator) -> AsyncIterator:
 
 def _sse(payload: dict[str, Any]) -> str:
     return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+
+
+class TokenEvent:
+    """The server-sent event of one token's text mid-stream (no finish reason yet), byte for byte
+    what `_sse` writes for it: the request's envelope is rendered once, and per token only the
+    text is JSON-encoded (at many streams this runs once per stream per decode step)."""
+
+    def __init__(self, head: dict[str, Any], route: Route):
+        mark = "\x00text\x00"
+        if route == "completions":
+            choice = {"index": 0, "text": mark, "logprobs": None, "finish_reason": None}
+        else:
+            choice = {"index": 0, "delta": {"content": mark}, "finish_reason": None}
+        self.before, self.after = _sse({**head, "choices": [choice]}).split(json.dumps(mark))
+
+    def __call__(self, text: str) -> str:
+        return self.before + json.dumps(text, ensure_ascii=False) + self.after

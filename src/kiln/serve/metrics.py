@@ -1,5 +1,6 @@
 """`kiln serve`'s Prometheus metrics: queue depth, running batch, TTFT and inter-token latency
-histograms, generated tokens (a counter and a recent tokens/s gauge), requests by outcome.
+histograms, generated tokens (a counter and a recent tokens/s gauge), requests by outcome, and the
+scheduler's host time per iteration.
 
 The scheduler thread records, `/metrics` reads; one lock keeps a scrape consistent. The text format
 is written here (Prometheus text exposition 0.0.4: a histogram is cumulative `_bucket{le=...}`
@@ -16,6 +17,8 @@ from collections import deque
 from kiln.monitor.prometheus import CONTENT_TYPE
 
 LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+HOST_BUCKETS_S = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 0.1)
+"""Bounds of the scheduler's host time per iteration: tens of microseconds to a decode step."""
 RATE_WINDOW_S = 10.0
 """Span of the `tokens_per_second` gauge."""
 __all__ = ["CONTENT_TYPE", "Histogram", "ServeMetrics"]
@@ -50,6 +53,7 @@ class ServeMetrics:
         self.lock = threading.Lock()
         self.ttft = Histogram()
         self.itl = Histogram()
+        self.host = Histogram(HOST_BUCKETS_S)
         self.queue_depth = 0
         self.running = 0
         self.tokens = 0
@@ -73,6 +77,10 @@ class ServeMetrics:
         with self.lock:
             for s in seconds:
                 self.itl.observe(s)
+
+    def host_time(self, seconds: float) -> None:
+        with self.lock:
+            self.host.observe(seconds)
 
     def generated(self, n: int) -> None:
         now = self.clock()
@@ -128,5 +136,9 @@ class ServeMetrics:
                 "# HELP kiln_serve_inter_token_seconds Time between consecutive tokens of a request.",
                 "# TYPE kiln_serve_inter_token_seconds histogram",
                 *self.itl.lines("kiln_serve_inter_token_seconds"),
+                "# HELP kiln_serve_iteration_host_seconds Scheduler host time per iteration, the rows' calls "
+                "(prefill, decode launch, the wait for the step) excluded.",
+                "# TYPE kiln_serve_iteration_host_seconds histogram",
+                *self.host.lines("kiln_serve_iteration_host_seconds"),
             ]
         return "\n".join(lines) + "\n"

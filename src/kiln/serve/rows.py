@@ -192,12 +192,15 @@ class Rows:
 
     @torch.inference_mode()
     def _shift(self, shift: int) -> None:
-        """Move every row's slots by `shift` (< 0: left); no busy row's token leaves the rows."""
-        p, b = self.cursor, self.buf
+        """Move every row's slots by `shift` (< 0: left); no busy row's token leaves the rows. Only
+        the rows up to the last busy one are copied: a free row's slots are written before they
+        are read (a joining prompt's, then each step's), and the copy is the whole live span of
+        every row it covers."""
+        p, b, n = self.cursor, self.buf, max(self.busy) + 1
         src, dst = (slice(-shift, p + 1), slice(0, p + 1 + shift)) if shift < 0 else \
             (slice(0, p + 1), slice(shift, p + 1 + shift))
         for t in (*b.cache.k, *b.cache.v, b.tokens):
-            t[:, dst] = t[:, src].clone()
+            t[:n, dst] = t[:n, src].clone()
         b.pad.add_(shift).clamp_(min=0)
         self.busy = {r: pad + shift for r, pad in self.busy.items()}
         self.ends = {r: end + shift for r, end in self.ends.items()}

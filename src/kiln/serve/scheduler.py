@@ -68,6 +68,8 @@ class Scheduler:
         self._stopping = False
         self._pending = None
         """The decode step started last iteration and the jobs of its rows then, not yet read."""
+        self._rows_s = 0.0
+        """Seconds inside the rows' calls this iteration."""
         self._thread: threading.Thread | None = None
 
     # -- from other threads ----------------------------------------------------------------------
@@ -121,18 +123,23 @@ class Scheduler:
 
     def iterate(self) -> None:
         """One scheduler iteration: cancellations, admissions, start a decode step, then hand on the
-        tokens of the step started last time (the device computes while the host does this)."""
+        tokens of the step started last time (the device computes while the host does this).
+        Records the iteration's host time: its wall time less the time inside the rows' calls
+        (prefill, shifts, the step's launch and the wait for it), so what the scheduler itself
+        costs per step shows on /metrics; it must stay below a decode step or the device waits."""
+        begun = self.clock()
+        self._rows_s = 0.0
         events: list[Event] = []
         self._drop_cancelled()
         self._admit(events)
-        started = self.rows.launch() if self.running else None
+        started = self._on_rows(self.rows.launch) if self.running else None
         if started is None and self._pending is None:
             for row in list(self.running):  # at the rows' end (never, by admission): end them, not spin
                 events.append(Event(self.running[row], None, "error", "the KV rows ran out of slots"))
                 self._release(row, "error")
         if self._pending is not None:
             launched, jobs = self._pending
-            tokens = self.rows.collect(launched)
+            tokens = self._on_rows(self.rows.collect, launched)
             now = self.clock()
             gaps = []
             for row, job in jobs.items():
@@ -147,6 +154,15 @@ class Scheduler:
         self.metrics.set_load(*self.load)
         if events:
             self.sink(events)
+        self.metrics.host_time(self.clock() - begun - self._rows_s)
+
+    def _on_rows(self, call, *args):
+        """`call(*args)`, its time counted as the rows' (device work and waits), not the host's."""
+        start = self.clock()
+        try:
+            return call(*args)
+        finally:
+            self._rows_s += self.clock() - start
 
     def _advance(self, row: int, job: Job, token: int) -> Event:
         job.generated += 1
@@ -180,11 +196,11 @@ class Scheduler:
             if job is None or (budget < len(job.prompt) and budget < self.prefill_tokens):
                 return
             row = self.rows.free_row()
-            if row is None or not self.rows.place(len(job.prompt), job.max_tokens):
+            if row is None or not self._on_rows(self.rows.place, len(job.prompt), job.max_tokens):
                 return
             with self._cond:
                 self.waiting.popleft()
-            first = self.rows.join(row, job.prompt, job.max_tokens, job.settings)
+            first = self._on_rows(self.rows.join, row, job.prompt, job.max_tokens, job.settings)
             now = self.clock()
             job.last = now
             self.metrics.first_token(now - job.arrived, len(job.prompt))

@@ -3,10 +3,10 @@
 `Served` is what the server knows of its model (name, tokenizer, chat template, context, stop
 tokens) and turns `Params` into a `Job`, refusing a prompt that cannot fit (400 naming it: the KV
 rows are fixed, so an over-long request is an error, never an out-of-memory).
-`TextStream` turns token ids into text as they come: it decodes the whole completion each time and
-sends only what is new, holds back a trailing incomplete UTF-8 character and any tail that could
-still become a stop string, and ends the text at the first stop string (OpenAI's `stop`, which
-is not part of the answer).
+`TextStream` turns token ids into text as they come: it decodes only the newest tokens (with the
+last ones before them as context) and sends what is new, holds back a trailing incomplete UTF-8
+character and any tail that could still become a stop string, and ends the text at the first stop
+string (OpenAI's `stop`, which is not part of the answer).
 """
 
 from __future__ import annotations
@@ -78,15 +78,33 @@ class TextStream:
     def __init__(self, tokenizer: Tokenizer | None, stop: tuple[str, ...]):
         self.tokenizer, self.stop = tokenizer, stop
         self.ids: list[int] = []
+        self.text = ""
+        """The completion's text so far (what the tokens decoded to, up to the last complete character)."""
+        self.prefix = 0
+        self.read = 0
+        """ids[prefix:read] are the tokens last decoded into `text`, decoded again as context for the
+        next ones; ids[read:] are not in `text` yet."""
         self.sent = 0
         self.stopped = False
+
+    def _decode_new(self, last: bool) -> None:
+        """Add the text of ids[read:] to `text`, decoding only from `prefix` on (a few tokens, not the
+        whole completion: this runs per token per stream). Decoded with the tokens before them and
+        the text of those cut off, so a tokenizer that drops a leading space at the start of a
+        decode drops it on both sides; held while it ends in an incomplete UTF-8 character."""
+        before = self.tokenizer.decode(self.ids[self.prefix: self.read])
+        after = self.tokenizer.decode(self.ids[self.prefix:])
+        if len(after) > len(before) and (last or not after.endswith("\ufffd")):
+            self.text += after[len(before):]
+            self.prefix, self.read = self.read, len(self.ids)
 
     def push(self, token: int, last: bool) -> str:
         """The new text after `token` (all that is left when `last`); sets `stopped` at a stop string."""
         if self.tokenizer is None or self.stopped:
             return ""
         self.ids.append(token)
-        text = self.tokenizer.decode(self.ids)
+        self._decode_new(last)
+        text = self.text
         hits = [i for i in (text.find(s, max(0, self.sent - len(s))) for s in self.stop) if i >= 0]
         if hits:
             self.stopped = True
@@ -94,8 +112,6 @@ class TextStream:
         if last:
             return self._take(text, len(text))
         end = len(text)
-        if text.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for its next token
-            end -= 1
         held = max((n for s in self.stop for n in range(1, len(s)) if text[:end].endswith(s[:n])), default=0)
         return self._take(text, end - held)
 
