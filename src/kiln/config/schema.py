@@ -26,6 +26,10 @@ Schedule = Literal["cosine", "linear", "constant"]
 Policy = Literal["fp32", "bf16-mixed", "fp16-mixed", "bf16-true", "bf16-master"]
 Float8 = Literal["none", "tensorwise", "rowwise"]
 Scope = Literal["model", "model+loss", "step"]
+CompileScope = Literal["step", "blocks"]
+"""What an inference engine compiles (kiln.llm.block_compile): the whole prefill / decode step
+(`step`: the most fusion, the longest compile) or each repeated block once for every layer
+(`blocks`: the shortest warm-up)."""
 CompileDefaults = Literal["measured", "torch"]
 Strategy = Literal["none", "ddp", "fsdp", "auto"]
 Backend = Literal["auto", "nccl", "gloo"]

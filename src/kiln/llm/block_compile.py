@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
-CompileScope = Literal["step", "blocks"]
-"""`step`: the whole prefill / decode step is one compiled graph (the most fusion, the longest
-compile); `blocks`: each repeated block compiled once and reused (the shortest warm-up)."""
+from kiln.config.schema import CompileScope
+
+__all__ = ["CompileScope", "blocks_installed", "compiled_block_forwards"]
 
 
 def compiled_block_forwards(model: torch.nn.Module, options: dict[str, Any] | None) -> list[Callable]:

@@ -25,6 +25,7 @@ while the host works (a row that finished at step t has run one step more, which
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +33,7 @@ import torch
 import torch._dynamo.config as dynamo_config
 from torch import Tensor
 
+from kiln.llm.block_compile import CompileScope, blocks_installed, compiled_block_forwards
 from kiln.llm.engine import GRAPH_WARMUP_STEPS, bucket_length
 from kiln.llm.model import Decoder, KVCache
 from kiln.serve.row_sampling import pick_tokens
@@ -120,7 +122,8 @@ class Rows:
     """`rows` KV-cache rows of `capacity` slots over `model`; not thread-safe (one scheduler thread)."""
 
     def __init__(self, model: Decoder, *, rows: int, capacity: int, compile: bool, cuda_graphs: bool,
-                 buckets: list[int] | None = None, inductor_options: dict[str, Any] | None = None):
+                 buckets: list[int] | None = None, inductor_options: dict[str, Any] | None = None,
+                 compile_scope: CompileScope = "blocks"):
         self.model, self.config = model, model.config
         dev, dtype = model.embed.weight.device, model.embed.weight.dtype
         self.device, self.rows, self.capacity, self.cuda_graphs = dev, rows, capacity, cuda_graphs
@@ -142,9 +145,14 @@ class Rows:
         self._limits = dynamo_config.patch({limit: 64})
         # Decode takes the tuned options (its matrix-vector products); prefill, compiled once per prompt
         # bucket, skips the tuning (as `kiln bench llm --tuning decode` does).
+        # `blocks` (kiln.llm.block_compile): each repeated block compiled once for every layer, bucket
+        # and prompt length, so warming every variant takes seconds; `step`: the whole step per variant.
+        whole = compile and compile_scope == "step"
         self._decode = self._limits(torch.compile(row_decode_step, **kwargs, options=inductor_options or None)) \
-            if compile else row_decode_step
-        self._prefill = self._limits(torch.compile(row_prefill, **kwargs)) if compile else row_prefill
+            if whole else self._limits(row_decode_step)
+        self._prefill = self._limits(torch.compile(row_prefill, **kwargs)) if whole else self._limits(row_prefill)
+        self._decode_blocks = compiled_block_forwards(model, inductor_options) if compile and not whole else None
+        self._prefill_blocks = compiled_block_forwards(model, None) if compile and not whole else None
         self._graphs: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}
         self._warm: dict[tuple[int, bool], int] = {}
         pinned = self.device.type == "cuda"
@@ -237,8 +245,9 @@ class Rows:
                   "top_k": torch.tensor([settings.top_k], dtype=torch.long, device=dev),
                   "top_p": torch.tensor([settings.top_p], dtype=torch.float32, device=dev),
                   "seed": torch.tensor([settings.seed], dtype=torch.long, device=dev)}
-        first = self._prefill(self.model, tokens.to(dev), pad, self.scratch, *values.values(),
-                              torch.tensor([n], device=dev))
+        with self._blocks(self._prefill_blocks):
+            first = self._prefill(self.model, tokens.to(dev), pad, self.scratch, *values.values(),
+                                  torch.tensor([n], device=dev))
         return first, values
 
     # -- warm-up (before the server takes requests) ----------------------------------------------
@@ -314,18 +323,22 @@ class Rows:
             return
         view = self.views[n]
         if not self.cuda_graphs:
-            self._decode(self.model, view, greedy_only)
+            with self._blocks(self._decode_blocks):
+                self._decode(self.model, view, greedy_only)
             return
         stream = torch.cuda.Stream(self.device)  # warm up off the capture, as kiln.llm.engine does
         stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
+        with torch.cuda.stream(stream), self._blocks(self._decode_blocks):
             self._decode(self.model, view, greedy_only)
         torch.cuda.current_stream(self.device).wait_stream(stream)
         self._warm[key] = self._warm.get(key, 0) + 1
         if self._warm[key] >= GRAPH_WARMUP_STEPS:
             graph = torch.cuda.CUDAGraph()
             pos = self.buf.pos.clone()
-            with torch.cuda.graph(graph):
+            with torch.cuda.graph(graph), self._blocks(self._decode_blocks):
                 self._decode(self.model, view, greedy_only)
             self.buf.pos.copy_(pos)  # capture runs nothing, but keep the cursor exact regardless
             self._graphs[key] = graph
+
+    def _blocks(self, blocks: list | None) -> contextlib.AbstractContextManager:
+        return blocks_installed(self.model, blocks) if blocks is not None else contextlib.nullcontext()

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Literal, get_args
 
 from kiln.config.options import option
+from kiln.config.schema import CompileScope
 from kiln.generate import llm_flags as llm
 
 Compile = Literal["auto", "on", "off"]
@@ -28,6 +29,10 @@ class ServeOptions:
     decode_matvec: str = llm.decode_matvec_option()
     compile: Compile = option("auto", choices=get_args(Compile),
                               help="compile prefill/decode and replay decode as CUDA graphs (auto: on for CUDA)")
+    compile_scope: CompileScope = option("blocks", choices=get_args(CompileScope),
+                                         help="what is compiled: blocks (default: each repeated block once for every "
+                                         "layer and bucket, a warm-up of seconds) or step (the whole step per bucket: "
+                                         "more fusion, minutes of warm-up)")
     host: str = option("127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     port: int = option(8000, help="TCP port (default 8000)")
     max_batch: int = option(8, help="KV-cache rows: requests decoded at once (default 8); fixed at start")
