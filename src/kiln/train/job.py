@@ -19,7 +19,6 @@ from pathlib import Path
 import torch
 
 from kiln.checkpoint.signals import stopped_line
-from kiln.compile_defaults import apply_measured_defaults
 from kiln.config.schema import Config
 from kiln.cpu.threads import launcher_env
 from kiln.distributed.launch import LaunchSpec, check_launch, launch, launcher_flags, uses_gpu
@@ -30,6 +29,7 @@ from kiln.failure.ranks import first_failure
 from kiln.failure.report import resume_command
 from kiln.monitor.summary import read_summary, summary_line
 from kiln.outputs import LOCK_ENV, RunDirLock
+from kiln.train.compile_defaults import apply_measured_defaults
 from kiln.train.failure import group_report
 from kiln.train.preflight import preflight
 from kiln.train.rundir import choose_run_dir

@@ -25,7 +25,6 @@ import torch
 
 from kiln.checkpoint.signals import SignalExit
 from kiln.compile_cache import compile_cache_dir
-from kiln.compile_defaults import apply_measured_defaults
 from kiln.config.schema import Config
 from kiln.cpu.threads import configure_cpu
 from kiln.distributed.numa import bind_to_gpu_numa_node
@@ -40,6 +39,7 @@ from kiln.precision import resolve_precision, tf32_enabled
 from kiln.runtime import deterministic_mode, resolve_device
 from kiln.train.attention import attention_backend
 from kiln.train.build_run import build_run
+from kiln.train.compile_defaults import apply_measured_defaults
 from kiln.train.failure import RunFacts, training_report
 from kiln.train.finish import call_failure_hook, finish_run, record_end, release_run
 from kiln.train.loop import TrainLoop
