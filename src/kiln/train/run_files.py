@@ -27,6 +27,7 @@ def open_run_dir(parts: RunParts) -> RunHistory:
     """Rank 0: the run dir with this run's config and model files, its metrics cut back to the
     checkpoint a resumed run continues from (or removed for a fresh start)."""
     cfg, run_dir, resume = parts.cfg, parts.run_dir, parts.resume
+    features = describe_features(parts.features) if parts.built.task == "causal_lm" else None
     history = RunHistory()
     run_dir.mkdir(parents=True, exist_ok=True)
     if resume.branching and resume.path is not None:  # one timeline per run dir
@@ -41,6 +42,6 @@ def open_run_dir(parts: RunParts) -> RunHistory:
         history = read_history(run_dir, checkpoint_step(resume.path))
         trim_metrics(run_dir / "metrics.jsonl", checkpoint_step(resume.path))
     log.info("strategy: %s (%s)", parts.strategy, parts.strategy_reason)
-    if parts.built.task == "causal_lm":
-        log.info(describe_features(parts.features))
+    if features is not None:
+        log.info(features)
     return history

@@ -74,10 +74,10 @@ def inspect_run_dir(path: Path) -> RunDirState:
     if path.exists() and not path.is_dir():
         raise ConfigError("--run-dir", f"{path} exists and is not a directory")
     held = [m for m in RUN_MARKERS if (path / m).exists()]
-    saved = status = None
+    status = (read_summary(path) or {}).get("status")
+    saved = None
     with contextlib.suppress(OSError, ValueError):  # unreadable: treated as absent, and said so
         saved = identity(tomllib.loads(read_text(path / "config.toml", CONFIG_LIMIT)))
-    status = (read_summary(path) or {}).get("status")
     return RunDirState(path, held, saved, status)
 
 
@@ -175,9 +175,10 @@ def no_checkpoint_decision(path: Path) -> str:
 
 def already_complete_summary(path: Path, checkpoint: Path) -> dict[str, Any]:
     """The summary of a run whose newest checkpoint is its last step: what it wrote, untouched."""
+    step = checkpoint_step(checkpoint)
     summary: dict[str, Any] = read_summary(path) or {}
     summary.update(already_complete=True, run_dir=str(path), checkpoint=str(checkpoint))
-    summary.setdefault("steps", checkpoint_step(checkpoint))
+    summary.setdefault("steps", step)
     summary.setdefault("status", "completed")
     return summary
 
