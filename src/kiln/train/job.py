@@ -103,14 +103,14 @@ def job_outcome(result: LaunchResult, run_dir: Path, flags: list[str], *, owner:
         # The ranks said one line each at most; name the first failure, what was kept, what to do.
         report = group_report(run_dir, first_failure(result.failures), result.failures, flags, owner=owner)
         raise RunFailed(report)
-    resume = resume_command(run_dir, flags)
+    summary = read_summary(run_dir) if result.code == 0 else None
+    stop = None
+    if result.stopped_by is not None:  # what the stop kept, and the command that continues the run
+        stop = stopped_line(result.stopped_by, summary, run_dir, resume_command(run_dir, flags),
+                            saved=result.code == 0)
     if result.code != 0:
         # The ranks died of the signal itself: it came before they trained (nothing of this run to
         # save yet) or a second one said "now". Not a failure: say what is kept.
-        return Outcome(128 + signal.Signals[result.stopped_by].value,
-                       [stopped_line(result.stopped_by, None, run_dir, resume, saved=False)])
-    summary = read_summary(run_dir)
+        return Outcome(128 + signal.Signals[result.stopped_by].value, [stop])
     lines = [summary_line(summary, run_dir) if summary else f"kiln: completed; run dir {run_dir}"]
-    if result.stopped_by is not None:
-        lines.append(stopped_line(result.stopped_by, summary, run_dir, resume))
-    return Outcome(0, lines)
+    return Outcome(0, lines + ([stop] if stop else []))
