@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 
 from kiln.checkpoint.hf_export import save_model_files
-from kiln.checkpoint.layout import checkpoint_step
 from kiln.checkpoint.timeline import branch
 from kiln.config.load import save_config
 from kiln.train.build_run import RunParts
@@ -39,8 +38,8 @@ def open_run_dir(parts: RunParts) -> RunHistory:
         (run_dir / "metrics.jsonl").unlink(missing_ok=True)
     else:  # the earlier segments, from the summary.json this segment will replace; records
         # past the checkpoint run again, so they are cut before the sink opens the file
-        history = read_history(run_dir, checkpoint_step(resume.path))
-        trim_metrics(run_dir / "metrics.jsonl", checkpoint_step(resume.path))
+        history = read_history(run_dir, resume.step)
+        trim_metrics(run_dir / "metrics.jsonl", resume.step)
     log.info("strategy: %s (%s)", parts.strategy, parts.strategy_reason)
     if features is not None:
         log.info(features)

@@ -44,7 +44,6 @@ if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
-from kiln.checkpoint.layout import checkpoint_step
 from kiln.checkpoint.storage import newest_intact
 from kiln.monitor.records import keep_through
 from kiln.runtime import DEFAULT_RUNS_ROOT, default_run_dir, run_slug
@@ -173,9 +172,8 @@ def no_checkpoint_decision(path: Path) -> str:
             "starting over from step 0")
 
 
-def already_complete_summary(path: Path, checkpoint: Path) -> dict[str, Any]:
-    """The summary of a run whose newest checkpoint is its last step: what it wrote, untouched."""
-    step = checkpoint_step(checkpoint)
+def already_complete_summary(path: Path, checkpoint: Path, step: int) -> dict[str, Any]:
+    """The summary of a run whose newest checkpoint (of `step`) is its last step: what it wrote, untouched."""
     summary: dict[str, Any] = read_summary(path) or {}
     summary.update(already_complete=True, run_dir=str(path), checkpoint=str(checkpoint))
     summary.setdefault("steps", step)

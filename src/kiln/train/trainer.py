@@ -109,7 +109,7 @@ class Trainer:
         parts, cfg, main = self.parts, self.cfg, self.dist.is_main
         if parts.resume.already_complete:  # nothing to train, nothing written
             self._lock.release()
-            return already_complete_summary(self.run_dir, parts.resume.path)
+            return already_complete_summary(self.run_dir, parts.resume.path, parts.resume.step)
         if self.dist.world_size > 1 or self.dist.launched:
             init_process_group(self.dist, self.device, backend_for(self.device, cfg.distributed.backend),
                                cfg.distributed.timeout_s, run_dir=self.run_dir)
