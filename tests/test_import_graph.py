@@ -53,7 +53,6 @@ ROOMS: tuple[tuple[str, ...], ...] = (
     ("monitor",),
     ("distributed",),
     ("checkpoint",),
-    ("compile_defaults",),
     ("train",),
     ("generate",),
     ("serve",),

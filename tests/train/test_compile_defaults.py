@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from kiln.compile_defaults import MEASURED, apply_measured_defaults, family
 from kiln.config import load_config
+from kiln.train.compile_defaults import MEASURED, apply_measured_defaults, family
 
 
 def _cfg(*overrides):
@@ -88,7 +88,7 @@ def test_each_recipe_names_committed_results_whose_readme_tells_what_they_showed
         assert (results / recipe.results).is_dir(), name
         machine = recipe.results.split("/", 1)[0]
         readme = (results / machine / "README.md").read_text(encoding="utf-8")
-        assert f"`{recipe.results}`" in readme and f"`kiln.compile_defaults` `{name}`" in readme, name
+        assert f"`{recipe.results}`" in readme and f"`kiln.train.compile_defaults` `{name}`" in readme, name
 
 
 def test_families():

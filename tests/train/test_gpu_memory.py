@@ -223,12 +223,16 @@ def test_summary_keeps_the_plan_and_the_measured_peak(tmp_path):
 
 
 def test_the_launcher_refuses_with_nvmls_figures(tmp_path, monkeypatch):
+    from kiln.precision import resolve_precision
     from kiln.train import preflight
+    from kiln.train.memory_plan import meta_model
+    from kiln.train.plan import Placement
 
     monkeypatch.setattr(preflight, "launcher_device_memory", lambda ranks: (GIB, GIB))
     cfg = load_config(None, ["model.name=llama:llama-tiny", "distributed.strategy=fsdp", "data.seq_len=32"])
+    policy = resolve_precision(cfg.precision.policy, torch.device("meta"))
     with pytest.raises(ConfigError, match=r"\(fsdp, 2 ranks: .*each GPU \(NVML, before starting ranks\)"):
-        preflight._plan_on_gpus(cfg, 2)
+        preflight._plan_on_gpus(cfg, meta_model(cfg), policy, Placement("cuda", 2, launched=True))
     monkeypatch.setattr(preflight, "launcher_device_memory", lambda ranks: None)  # no NVML: the ranks check
-    preflight._plan_on_gpus(cfg, 2)
+    preflight._plan_on_gpus(cfg, meta_model(cfg), policy, Placement("cuda", 2, launched=True))
     assert gpu_plan.MAX_RANKS >= 8

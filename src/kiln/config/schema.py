@@ -174,7 +174,7 @@ class CompileConfig:
     cudagraphs: bool = False
     """Capture the whole optimizer step (forward, loss, backward, clipping, non-finite guard, optimizer update, LR schedule) in one CUDA graph and replay it every step; with `enabled` the compiled code is captured, without it the eager kernels. Needs one process on CUDA and a fixed batch shape; otherwise (or if capture fails, e.g. on a host sync) the normal step runs and the reason is logged."""
     defaults: CompileDefaults = "measured"
-    """What `enabled=true` with no other compile key set means: `measured` (kiln's fastest accurate recipe for the model family on one CUDA GPU, as measured and published in docs/benchmarks.md; see kiln.compile_defaults) or `torch` (torch.compile's defaults)."""
+    """What `enabled=true` with no other compile key set means: `measured` (kiln's fastest accurate recipe for the model family on one CUDA GPU, as measured and published in docs/benchmarks.md; see kiln.train.compile_defaults) or `torch` (torch.compile's defaults)."""
     cache_dir: str = ""
     """Where compiled kernels are cached (inductor and Triton caches): empty for kiln's cache dir (`$KILN_CACHE_DIR` or `~/.cache/kiln/compile`), `torch` for torch's own default, or a path."""
     save_cache: bool = True

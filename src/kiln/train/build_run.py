@@ -1,6 +1,6 @@
 """Build and check everything of a run that can fail on bad input, so a mistake costs no compute and
 writes nothing: the checkpointer and the resume decision, the host-memory check, the model, the
-strategy, the data, the features, the metrics checks.
+strategy, the data, the features (the config-level facts were settled by kiln.train.plan).
 
 `build_run` runs under the run dir's lock (the trainer takes it first) and returns `RunParts`, the
 read-only inputs of the loop (kiln.train.loop) and of the run's opening and end.
@@ -17,7 +17,6 @@ import torch
 
 from kiln.checkpoint import Checkpointer, config_digest
 from kiln.checkpoint.hf_export import tokenizer_dir_of
-from kiln.compile import cuda_graph_mode_note
 from kiln.config.schema import Config
 from kiln.cpu.threads import CpuPlan
 from kiln.data import build_data
@@ -28,14 +27,13 @@ from kiln.distributed.world import DistEnv
 from kiln.errors import ConfigError
 from kiln.failure.faults import Fault
 from kiln.models import BuiltModel, build_model
-from kiln.monitor.prometheus import check_bindable
-from kiln.monitor.trackers import check_tracker
 from kiln.precision import PrecisionPolicy, apply_precision
 from kiln.runtime import seed_everything
 from kiln.train.features import Features, resolve_features
 from kiln.train.gpu_memory import GpuPlan
-from kiln.train.gpu_plan import device_memory, plan_run
+from kiln.train.gpu_plan import device_memory
 from kiln.train.memory_plan import check_run_fits, meta_model
+from kiln.train.plan import Placement, TrainPlan, plan_device_memory
 from kiln.train.resume import Resume, decide_resume
 
 log = logging.getLogger("kiln.train")
@@ -73,10 +71,11 @@ class RunParts:
     """The device memory plan per rank (kiln.train.gpu_plan); None when the model cannot be built on meta."""
 
 
-def build_run(cfg: Config, run_dir: Path, dist: DistEnv, device: torch.device, policy: PrecisionPolicy, *,
+def build_run(plan: TrainPlan, where: Placement, dist: DistEnv, device: torch.device, *,
               cpu_plan: CpuPlan | None, fault: Fault | None) -> RunParts:
     """Everything that can fail on bad input (ConfigError: exit 2), in the order a mistake is cheapest
     to find: the run dir's run, the host memory, the model, the data, the features."""
+    cfg, run_dir, policy = plan.cfg, plan.run_dir, plan.policy
     ckpt = cfg.checkpoint
     if ckpt.async_save and dist.world_size > 1 and device.type == "cpu":
         # Seen with torch 2.13 (DDP and FSDP2): an async save's DCP collectives (a gloo group of its
@@ -90,22 +89,26 @@ def build_run(cfg: Config, run_dir: Path, dist: DistEnv, device: torch.device, p
                                 config_digest=config_digest(cfg))
     resume = decide_resume(cfg, run_dir, checkpointer, is_main=dist.is_main)
     check_run_fits(cfg, device.type)  # before building a model (or a batch) the host cannot hold
-    # The tokenizer prepared token data names: its BOS/EOS for the model, its files for the run dir.
-    tokenizer_dir = tokenizer_dir_of(cfg.data.path) if cfg.data.source == "tokens" else None
     shape = meta_model(cfg)  # shapes only: the strategy and the GPU plan before any allocation
-    guess = None
-    if shape is not None:
-        guess, _ = resolve_strategy(cfg, dist.world_size, sum(p.numel() for p in shape.module.parameters()),
-                                    torch.finfo(policy.param_dtype).bits // 8, device, launched=dist.launched)
-    memory_plan = None if guess is None else plan_run(  # exit 2 here when the device cannot hold the run
-        cfg, guess, dist.world_size, policy, memory=device_memory(device), announce=dist.is_main and device.type == "cuda",
-        where=f"{device} ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else str(device))
+    guess = memory_plan = None
+    if shape is not None:  # exit 2 here when the device cannot hold the run
+        label = f"{device} ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else str(device)
+        guess, memory_plan = plan_device_memory(cfg, shape, policy, where, device, memory=device_memory(device),
+                                                device_label=label, announce=dist.is_main and device.type == "cuda")
     seed_everything(cfg.training.seed)  # same seed on every rank: identical initial weights
     # Sharded before its weights exist when FSDP2 will shard it and its weights can be made one
     # parameter at a time (kiln's decoder): built whole on each rank's device first, an 8B model
     # took its 32 GB of fp32 weights on every GPU before FSDP2 sharded them.
     on_meta = guess == "fsdp" and shape.initial_values is not None
     built = shape if on_meta else build_model(cfg.model, device=device)
+    # The tokenizer prepared token data names: its BOS/EOS for the model, its files for the run dir.
+    tokenizer_dir = tokenizer_dir_of(cfg.data.path) if cfg.data.source == "tokens" else None
+    num_params = sum(p.numel() for p in built.module.parameters())
+    param_bytes = torch.finfo(policy.param_dtype).bits // 8
+    strategy, strategy_reason = resolve_strategy(cfg, dist.world_size, num_params, param_bytes, device,
+                                                 launched=dist.launched)
+    if on_meta and strategy != "fsdp":  # the same resolver's answer as the guess above; a guard all the same
+        raise RuntimeError(f"the model was built on the meta device for FSDP2, but the strategy is {strategy}")
     if built.hf_config is not None and cfg.data.source == "tokens":  # the data's BOS/EOS, not a preset's
         built.hf_config, changed = align_config(built.hf_config, tokenizer_dir, explicit=cfg.model.kwargs)
         if changed and dist.is_main:
@@ -114,12 +117,6 @@ def build_run(cfg: Config, run_dir: Path, dist: DistEnv, device: torch.device, p
     if resume.path is not None:  # a checkpoint of another model is bad input: exit 2, nothing written
         checkpointer.check_model(resume.path, built.module)
     model = apply_precision(built.module if on_meta else built.module.to(device), policy)
-    num_params = sum(p.numel() for p in model.parameters())
-    param_bytes = torch.finfo(policy.param_dtype).bits // 8
-    strategy, strategy_reason = resolve_strategy(cfg, dist.world_size, num_params, param_bytes, device,
-                                                 launched=dist.launched)
-    if on_meta and strategy != "fsdp":  # the same resolver's answer; a guard all the same
-        raise RuntimeError(f"the model was built on the meta device for FSDP2, but the strategy is {strategy}")
     shard = {"rank": dist.rank, "world_size": dist.world_size}
     train_data = build_data(cfg.data, built.input_spec, device=device, seed=cfg.training.seed, **shard)
     eval_data = None
@@ -131,11 +128,6 @@ def build_run(cfg: Config, run_dir: Path, dist: DistEnv, device: torch.device, p
     if cfg.compile.enabled and cfg.compile.regional and not built.blocks:
         raise ConfigError("compile.regional", f"{cfg.model.name} has no repeated blocks to compile one by one")
     features = resolve_features(cfg, built, model, policy, device, train_data)
-    check_tracker(cfg.metrics.tracker)  # a tracker that is not installed: exit 2 before any work
-    if cfg.metrics.prometheus and dist.is_main:
-        check_bindable(cfg.metrics.prometheus_host, cfg.metrics.prometheus_port)
-    if (mode_note := cuda_graph_mode_note(cfg.compile, device.type)) and dist.is_main:
-        log.warning(mode_note)
     return RunParts(cfg=cfg, run_dir=run_dir, dist=dist, device=device, policy=policy, cpu_plan=cpu_plan,
                     fault=fault, checkpointer=checkpointer, resume=resume, built=built, model=model,
                     num_params=num_params, strategy=strategy, strategy_reason=strategy_reason,

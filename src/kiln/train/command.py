@@ -75,16 +75,14 @@ def train_here(cfg: Config, run_dir: str | None, on_run_dir: Callable[[Path], No
     on_run_dir(trainer.run_dir)  # built under the run dir's lock
     try:
         summary = trainer.fit()
-    except Exception as exc:  # cleaned up, summary written: say what, where, what was kept
-        if isinstance(exc, ConfigError):
-            trainer.leave_group()
-            raise
-        with quiet_child_signals():
-            report = trainer.report(exc)
-        # The process group is left once the message is out (see Trainer's keep_group_on_failure).
-        raise RunFailed(report, after_report=trainer.leave_group) from exc
-    except BaseException:
-        trainer.leave_group()
+    except BaseException as exc:
+        if isinstance(exc, Exception) and not isinstance(exc, ConfigError):
+            # Cleaned up, summary written: say what, where, what was kept.
+            with quiet_child_signals():
+                report = trainer.report(exc)
+            # The process group is left once the message is out (see Trainer's keep_group_on_failure).
+            raise RunFailed(report, after_report=trainer.leave_group) from exc
+        trainer.leave_group()  # bad input, Ctrl-C, a stop signal: nothing to report here
         raise
     if not trainer.dist.is_main:
         return Outcome(0)

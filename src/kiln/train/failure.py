@@ -145,18 +145,18 @@ def group_report(run_dir: Path, first, failures: list, launcher: list[str], *, o
         diagnosis = first.diagnosis()
         near = first.where or _where_of_peers(failures) or _where_of_metrics(run_dir)
         where = f"on rank {first.rank}" + f" {near}".rstrip()
-    report = FailureReport(diagnosis, where=where, log_dir=run_dir if run_dir.is_dir() else None)
     # Rank 0 removed the partial directory of a save that failed; a killed rank's is removed here.
-    report.removed = [p for f in failures for p in f.removed()]
-    report.removed += remove_partial(run_dir / "checkpoints") if owner else []
-    if run_dir.is_dir():
-        report.kept, resumable = kept(run_dir / "checkpoints", report.removed)
-        if resumable:
-            report.resume = resume_command(run_dir, launcher)
+    removed = [p for f in failures for p in f.removed()]
+    removed += remove_partial(run_dir / "checkpoints") if owner else []
+    kept_now, resumable = kept(run_dir / "checkpoints", removed) if run_dir.is_dir() else (None, False)
+    resume = resume_command(run_dir, launcher) if resumable else None
+    summary = None
     if run_dir.is_dir() and owner:
-        report.summary = record_group_failure(
+        summary = record_group_failure(
             run_dir, f"rank {first.rank}: {diagnosis.detail}" if first is not None else diagnosis.what,
             first.rank if first is not None else None, {f.rank: f.diagnosis().detail for f in failures})
+    report = FailureReport(diagnosis, where=where, log_dir=run_dir if run_dir.is_dir() else None, kept=kept_now,
+                           resume=resume, summary=summary, removed=removed)
     report.notes += [f.log_section() for f in failures]
     return report
 

@@ -28,11 +28,13 @@ class Resume:
     """The run dir holds this run, finished: nothing to train."""
     branching: bool
     """`checkpoint.resume=PATH`: a new timeline continues from another checkpoint."""
+    step: int = 0
+    """The step of `path` (read once from its completion marker; -1 without one); 0 for a fresh start."""
 
     @property
     def first_step(self) -> int:
         """The step this run (segment) begins with, as far as the decision knows."""
-        return checkpoint_step(self.path) + 1 if self.path is not None else 1
+        return self.step + 1
 
 
 def decide_resume(cfg: Config, run_dir: Path, checkpointer: Checkpointer, *, is_main: bool) -> Resume:
@@ -54,8 +56,9 @@ def decide_resume(cfg: Config, run_dir: Path, checkpointer: Checkpointer, *, is_
         if said and is_main:
             log.info(said)
     path = checkpointer.resolve_resume(resume)
-    if path is not None and resume == "auto" and checkpoint_step(path) >= cfg.training.steps:
-        return Resume(path, True, branching)
+    step = checkpoint_step(path) if path is not None else 0
+    if path is not None and resume == "auto" and step >= cfg.training.steps:
+        return Resume(path, True, branching, step)
     if note in ("same config", "longer"):
         if path is None:
             log.warning(no_checkpoint_decision(run_dir))
@@ -63,4 +66,4 @@ def decide_resume(cfg: Config, run_dir: Path, checkpointer: Checkpointer, *, is_
             log.info("%s holds this run with fewer steps: continuing it from %s", run_dir, path.name)
         else:
             log.info("%s holds an unfinished run of this config: continuing it", run_dir)
-    return Resume(path, False, branching)
+    return Resume(path, False, branching, step)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 
 from kiln.checkpoint.hf_export import save_model_files
-from kiln.checkpoint.layout import checkpoint_step
 from kiln.checkpoint.timeline import branch
 from kiln.config.load import save_config
 from kiln.train.build_run import RunParts
@@ -27,6 +26,7 @@ def open_run_dir(parts: RunParts) -> RunHistory:
     """Rank 0: the run dir with this run's config and model files, its metrics cut back to the
     checkpoint a resumed run continues from (or removed for a fresh start)."""
     cfg, run_dir, resume = parts.cfg, parts.run_dir, parts.resume
+    features = describe_features(parts.features) if parts.built.task == "causal_lm" else None
     history = RunHistory()
     run_dir.mkdir(parents=True, exist_ok=True)
     if resume.branching and resume.path is not None:  # one timeline per run dir
@@ -38,9 +38,9 @@ def open_run_dir(parts: RunParts) -> RunHistory:
         (run_dir / "metrics.jsonl").unlink(missing_ok=True)
     else:  # the earlier segments, from the summary.json this segment will replace; records
         # past the checkpoint run again, so they are cut before the sink opens the file
-        history = read_history(run_dir, checkpoint_step(resume.path))
-        trim_metrics(run_dir / "metrics.jsonl", checkpoint_step(resume.path))
+        history = read_history(run_dir, resume.step)
+        trim_metrics(run_dir / "metrics.jsonl", resume.step)
     log.info("strategy: %s (%s)", parts.strategy, parts.strategy_reason)
-    if parts.built.task == "causal_lm":
-        log.info(describe_features(parts.features))
+    if features is not None:
+        log.info(features)
     return history

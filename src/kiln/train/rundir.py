@@ -44,7 +44,6 @@ if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
-from kiln.checkpoint.layout import checkpoint_step
 from kiln.checkpoint.storage import newest_intact
 from kiln.monitor.records import keep_through
 from kiln.runtime import DEFAULT_RUNS_ROOT, default_run_dir, run_slug
@@ -74,10 +73,10 @@ def inspect_run_dir(path: Path) -> RunDirState:
     if path.exists() and not path.is_dir():
         raise ConfigError("--run-dir", f"{path} exists and is not a directory")
     held = [m for m in RUN_MARKERS if (path / m).exists()]
-    saved = status = None
+    status = (read_summary(path) or {}).get("status")
+    saved = None
     with contextlib.suppress(OSError, ValueError):  # unreadable: treated as absent, and said so
         saved = identity(tomllib.loads(read_text(path / "config.toml", CONFIG_LIMIT)))
-    status = (read_summary(path) or {}).get("status")
     return RunDirState(path, held, saved, status)
 
 
@@ -173,11 +172,11 @@ def no_checkpoint_decision(path: Path) -> str:
             "starting over from step 0")
 
 
-def already_complete_summary(path: Path, checkpoint: Path) -> dict[str, Any]:
-    """The summary of a run whose newest checkpoint is its last step: what it wrote, untouched."""
+def already_complete_summary(path: Path, checkpoint: Path, step: int) -> dict[str, Any]:
+    """The summary of a run whose newest checkpoint (of `step`) is its last step: what it wrote, untouched."""
     summary: dict[str, Any] = read_summary(path) or {}
     summary.update(already_complete=True, run_dir=str(path), checkpoint=str(checkpoint))
-    summary.setdefault("steps", checkpoint_step(checkpoint))
+    summary.setdefault("steps", step)
     summary.setdefault("status", "completed")
     return summary
 

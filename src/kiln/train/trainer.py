@@ -1,14 +1,13 @@
 """The trainer: one training run, read top to bottom, for one process or N ranks.
 
-`Trainer.__init__` sets up the process (device, measured compile defaults, precision, CPU threads,
-the run dir and its lock) and builds and checks everything that can fail on bad input
-(kiln.train.build_run: the resume decision, model, data, features), so a typo costs no compute
-and writes nothing. `fit` joins the
-process group, opens the run dir (rank 0: kiln.train.run_files), opens the metric sinks, runs the
-loop (kiln.train.loop, which owns the run's progress; the step itself in kiln.train.step) and
-ends the run however it ends (kiln.train.finish: status, cleanup, summary.json). A failure's
-report (kiln.train.failure) is built from `facts()`. One process and N torchrun ranks run the
-same code.
+`Trainer.__init__` sets up the process: its device, the run's plan (kiln.train.plan: measured
+compile defaults, run dir, precision), CPU threads and the run dir's lock; then it builds and checks
+everything that can fail on bad input (kiln.train.build_run: the resume decision, model, data,
+features), so a typo costs no compute and writes nothing. `fit` joins the process group, opens
+the run dir (rank 0: kiln.train.run_files), opens the metric sinks, runs the loop
+(kiln.train.loop, which owns the run's progress; the step itself in kiln.train.step) and ends the
+run however it ends (kiln.train.finish: status, cleanup, summary.json). A failure's report
+(kiln.train.failure) is built from `facts()`. One process and N torchrun ranks run the same code.
 """
 
 from __future__ import annotations
@@ -25,7 +24,6 @@ import torch
 
 from kiln.checkpoint.signals import SignalExit
 from kiln.compile_cache import compile_cache_dir
-from kiln.compile_defaults import apply_measured_defaults
 from kiln.config.schema import Config
 from kiln.cpu.threads import configure_cpu
 from kiln.distributed.numa import bind_to_gpu_numa_node
@@ -36,15 +34,16 @@ from kiln.failure.report import FailureReport, quiet_child_signals
 from kiln.monitor.gpu_health import start_gpu_health
 from kiln.monitor.sinks import build_sinks
 from kiln.outputs import RunDirLock, held_for_me
-from kiln.precision import resolve_precision, tf32_enabled
+from kiln.precision import tf32_enabled
 from kiln.runtime import deterministic_mode, resolve_device
 from kiln.train.attention import attention_backend
 from kiln.train.build_run import build_run
 from kiln.train.failure import RunFacts, training_report
 from kiln.train.finish import call_failure_hook, finish_run, record_end, release_run
 from kiln.train.loop import TrainLoop
+from kiln.train.plan import Placement, plan_train
 from kiln.train.run_files import open_run_dir
-from kiln.train.rundir import already_complete_summary, choose_run_dir
+from kiln.train.rundir import already_complete_summary
 from kiln.train.segments import RunHistory
 
 log = logging.getLogger("kiln.train")
@@ -69,29 +68,29 @@ class Trainer:
         fault = planned_fault(self.dist.rank)  # a malformed KILN_FAULT is bad input, before any work
         multi = self.dist.world_size > 1
         self.device = device_for(self.dist, cfg.training.device) if multi else resolve_device(cfg.training.device)
-        note = apply_measured_defaults(cfg, self.device.type, self.dist.world_size,  # before the run-dir check
-                                       launched=self.dist.launched,
-                                       device_name=torch.cuda.get_device_name(self.device)
-                                       if self.device.type == "cuda" else None)
-        if note and self.dist.is_main:
-            log.info(note)
-        policy = resolve_precision(cfg.precision.policy, self.device)
+        if multi and run_dir is None:
+            raise ConfigError("--run-dir", "several ranks need one run dir chosen up front; pass --run-dir")
+        where = Placement(self.device.type, self.dist.world_size, launched=self.dist.launched,
+                          device_name=torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else None,
+                          is_main=self.dist.is_main)
+        plan = plan_train(cfg, run_dir, where, self.device)
+        if plan.compile_note and self.dist.is_main:
+            log.info(plan.compile_note)
+        if plan.continuing and self.dist.is_main:
+            log.info(plan.continuing_line())
+        if plan.graph_note and self.dist.is_main:
+            log.warning(plan.graph_note)
+        self.run_dir = plan.run_dir
         cpu_plan = None
         if self.device.type == "cpu":  # threads and pinning before anything runs in parallel or compiles
             cpu_plan = configure_cpu(cfg.cpu, local_rank=self.dist.local_rank, local_world=self.dist.local_world_size)
-        if multi and run_dir is None:
-            raise ConfigError("--run-dir", "several ranks need one run dir chosen up front; pass --run-dir")
-        self.run_dir, continuing = choose_run_dir(cfg, run_dir)
-        if continuing and self.dist.is_main:
-            log.info("continuing the unfinished run of this config in %s (pass --run-dir NEW_DIR to start a new "
-                     "run instead)", self.run_dir)
         # The run dir's lock before any look at the dir, held until `fit` ends: two kiln processes
         # never both decide a dir is theirs. Rank 0 holds it (or its launcher, for it).
         self._lock = RunDirLock(self.run_dir)
         if self.dist.is_main and not held_for_me(self.run_dir):
             self._lock.acquire()
         try:
-            self.parts = build_run(cfg, self.run_dir, self.dist, self.device, policy, cpu_plan=cpu_plan, fault=fault)
+            self.parts = build_run(plan, where, self.dist, self.device, cpu_plan=cpu_plan, fault=fault)
         except SystemExit as exc:  # a factory's sys.exit(0) must not end kiln silently with success
             self._lock.release(remove_if_created=True)
             raise ConfigError("model.name", f"user code called sys.exit({exc.code!r}) while kiln built the model "
@@ -110,7 +109,7 @@ class Trainer:
         parts, cfg, main = self.parts, self.cfg, self.dist.is_main
         if parts.resume.already_complete:  # nothing to train, nothing written
             self._lock.release()
-            return already_complete_summary(self.run_dir, parts.resume.path)
+            return already_complete_summary(self.run_dir, parts.resume.path, parts.resume.step)
         if self.dist.world_size > 1 or self.dist.launched:
             init_process_group(self.dist, self.device, backend_for(self.device, cfg.distributed.backend),
                                cfg.distributed.timeout_s, run_dir=self.run_dir)
