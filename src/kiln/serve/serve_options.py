@@ -31,8 +31,8 @@ class ServeOptions:
                               help="compile prefill/decode and replay decode as CUDA graphs (auto: on for CUDA)")
     compile_scope: CompileScope = option("blocks", choices=get_args(CompileScope),
                                          help="what is compiled: blocks (default: each repeated block once for every "
-                                         "layer and bucket, a warm-up of seconds) or step (the whole step per bucket: "
-                                         "more fusion, minutes of warm-up)")
+                                         "layer and bucket, the shortest warm-up) or step (the whole step per bucket "
+                                         "and sampling mode: more fusion, a far longer warm-up)")
     host: str = option("127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     port: int = option(8000, help="TCP port (default 8000)")
     max_batch: int = option(8, help="KV-cache rows: requests decoded at once (default 8); fixed at start")
