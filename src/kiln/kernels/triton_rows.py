@@ -60,6 +60,25 @@ def _rows_rstd(X, m, m_ok, stride_xm, eps, K: tl.constexpr, BLOCK_M: tl.constexp
 
 
 @triton.jit
+def _keep_squares(Part, squares, pid_k, m, m_ok, M, N, SPLIT: tl.constexpr):
+    """A norm folded into the loop: this split's sums of squares [BLOCK_M], stored after its partial
+    products in `Part` for the block's last program (`_split_rstd`); nothing with one split."""
+    if SPLIT > 1:
+        tl.store(Part + SPLIT * M * N + pid_k * M + m, squares, mask=m_ok)
+
+
+@triton.jit
+def _split_rstd(squares, Part, m, m_ok, last, M, N, eps, K: tl.constexpr, SPLIT: tl.constexpr):
+    """1 / rms of each row [BLOCK_M] from every split's sums of squares (`_keep_squares`; read by the
+    block's last program, `last`), or from this program's own with one split."""
+    if SPLIT > 1:
+        squares = tl.zeros_like(squares)
+        for s in tl.static_range(SPLIT):
+            squares += tl.load(Part + SPLIT * M * N + s * M + m, mask=m_ok & last, other=0.0)
+    return tl.rsqrt(squares / K + eps)
+
+
+@triton.jit
 def _rows_x(X, NormW, m, m_ok, k, stride_xm, rstd, K: tl.constexpr, PROLOGUE: tl.constexpr):
     """The [BLOCK_M, len(k)] input tile in the model dtype, the prologue applied as eager rounds it."""
     at = X + m[:, None] * stride_xm + k[None, :]
@@ -168,15 +187,11 @@ def _int4_rows(X, Q, Scale, Offset, Y, NormW, Bias, Res, Part, Arrived, M, N, ep
         if PREFETCH:
             words, scale, offset, x = words_n, scale_n, offset_n, x_n
     ok = m_ok[:, None] & n_ok[None, :]
-    if PROLOGUE == 3 and SPLIT > 1:  # each split's sums of squares, read back by the block's last program
-        tl.store(Part + SPLIT * M * N + pid_k * M + m, squares, mask=m_ok)
+    if PROLOGUE == 3:
+        _keep_squares(Part, squares, pid_k, m, m_ok, M, N, SPLIT)
     y, last = _split_sum(acc, Part, Arrived, pid, pid_k, m[:, None], n[None, :], ok, M, N, SPLIT)
     if PROLOGUE == 3:
-        if SPLIT > 1:
-            squares = tl.zeros([BLOCK_M], dtype=tl.float32)
-            for s in tl.static_range(SPLIT):
-                squares += tl.load(Part + SPLIT * M * N + s * M + m, mask=m_ok & last, other=0.0)
-        y = y * tl.rsqrt(squares / K + eps)[:, None]
+        y = y * _split_rstd(squares, Part, m, m_ok, last, M, N, eps, K, SPLIT)[:, None]
     if SWIGLU:  # rows of the weight are gate, up, gate, up, ...: write silu(gate) * up
         if HAS_BIAS:
             y += tl.load(Bias + n, mask=n_ok, other=0.0).to(tl.float32)[None, :]

@@ -37,7 +37,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from kiln.kernels.triton_launch import arrival_counters, interpreting, pdl_enabled
 from kiln.kernels.triton_matvec import _split_sum
-from kiln.kernels.triton_rows import _rows_epilogue, _rows_x, block_m
+from kiln.kernels.triton_rows import _keep_squares, _rows_epilogue, _rows_x, _split_rstd, block_m
 
 MAX_ROWS = 64
 """Rows (batch x tokens) the kernel takes: all of them in one row tile, so each weight tile is read once."""
@@ -81,15 +81,11 @@ def _skinny(X, W, Y, NormW, Bias, Res, Part, Arrived, M, N, eps,
         acc = tl.dot(w, tl.trans(x), acc)
     y = tl.trans(acc)  # [BLOCK_M, BLOCK_N]
     ok = m_ok[:, None] & n_ok[None, :]
-    if PROLOGUE == 1 and SPLIT > 1:  # each split's sums of squares, read back by the block's last program
-        tl.store(Part + SPLIT * M * N + pid_k * M + m, squares, mask=m_ok)
+    if PROLOGUE == 1:
+        _keep_squares(Part, squares, pid_k, m, m_ok, M, N, SPLIT)
     y, last = _split_sum(y, Part, Arrived, pid, pid_k, m[:, None], n[None, :], ok, M, N, SPLIT)
     if PROLOGUE == 1:
-        if SPLIT > 1:
-            squares = tl.zeros([BLOCK_M], dtype=tl.float32)
-            for s in tl.static_range(SPLIT):
-                squares += tl.load(Part + SPLIT * M * N + s * M + m, mask=m_ok & last, other=0.0)
-        y = y * tl.rsqrt(squares / K + eps)[:, None]
+        y = y * _split_rstd(squares, Part, m, m_ok, last, M, N, eps, K, SPLIT)[:, None]
     _rows_epilogue(y, Y, Bias, Res, m, n, n_ok, ok & last, stride_ym, stride_rm, HAS_BIAS, HAS_RES)
 
 
