@@ -147,12 +147,13 @@ class Rows:
         # bucket, skips the tuning (as `kiln bench llm --tuning decode` does).
         # `blocks` (kiln.llm.block_compile): each repeated block compiled once for every layer, bucket
         # and prompt length, so warming every variant takes seconds; `step`: the whole step per variant.
-        whole = compile and compile_scope == "step"
+        whole, blocks = compile and compile_scope == "step", compile and compile_scope == "blocks"
         self._decode = self._limits(torch.compile(row_decode_step, **kwargs, options=inductor_options or None)) \
-            if whole else self._limits(row_decode_step)
-        self._prefill = self._limits(torch.compile(row_prefill, **kwargs)) if whole else self._limits(row_prefill)
-        self._decode_blocks = compiled_block_forwards(model, inductor_options) if compile and not whole else None
-        self._prefill_blocks = compiled_block_forwards(model, None) if compile and not whole else None
+            if whole else self._limits(row_decode_step) if blocks else row_decode_step
+        self._prefill = self._limits(torch.compile(row_prefill, **kwargs)) if whole \
+            else self._limits(row_prefill) if blocks else row_prefill
+        self._decode_blocks = compiled_block_forwards(model, inductor_options) if blocks else None
+        self._prefill_blocks = compiled_block_forwards(model, None) if blocks else None
         self._graphs: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}
         self._warm: dict[tuple[int, bool], int] = {}
         pinned = self.device.type == "cuda"
