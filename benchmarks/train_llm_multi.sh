@@ -15,7 +15,9 @@
 #   PART=8b-float8 bash benchmarks/train_llm_multi.sh  # the same shape and call, float8 on both sides:
 #        rows kiln-sel (bf16 reference), kiln-fp8 (kiln-sel with precision.float8=tensorwise) and
 #        torchtitan with its float8 converter (tensorwise, float8 all-gather of the FSDP2 weights,
-#        precomputed scales); STEPS_8B default 40 here. Writes $OUT/r/8b-float8/.
+#        precomputed scales); STEPS_8B default 40 here; BASELINE_8B (default kiln-sel) names the row the
+#        others are compared with, e.g. KILN_ROWS_8B=kiln-master-sel,kiln-master-fp8,torchtitan
+#        BASELINE_8B=kiln-master-sel for bf16-master with and without float8. Writes $OUT/r/8b-float8/.
 #   PART=1b-weak bash benchmarks/train_llm_multi.sh  # `kiln bench scale` of the Llama-3.2-1B shape,
 #        NPROCS_1B (1,4) ranks, weak scaling (seq 2048, batch 4 per rank, synthetic tokens) with
 #        RECIPE_1B (default kiln's fastest one-GPU recipe: bf16-master, compiled model and loss,
@@ -57,6 +59,7 @@ declare -A RECIPE=(
   [kiln-master-sel]="distributed.strategy=fsdp compile.enabled=true compile.regional=true training.activation_checkpointing=selective precision.policy=bf16-master"
   [kiln-master-sel-cudnn]="distributed.strategy=fsdp compile.enabled=true compile.regional=true training.activation_checkpointing=selective precision.policy=bf16-master model.attention=cudnn"
   [kiln-fp8]="distributed.strategy=fsdp compile.enabled=true compile.regional=true training.activation_checkpointing=selective precision.float8=tensorwise"
+  [kiln-master-fp8]="distributed.strategy=fsdp compile.enabled=true compile.regional=true training.activation_checkpointing=selective precision.policy=bf16-master precision.float8=tensorwise"
 )
 
 TITAN_FP8=(--torchtitan-set 'model.converters=["quantize.linear.float8"]'
@@ -98,7 +101,7 @@ part_1b_weak() {
 
 case ${PART:-8b} in
   8b) part_8b 8b kiln-sel,plain,torchtitan,kiln-full ;;
-  8b-float8) STEPS_8B=${STEPS_8B:-40} part_8b 8b-float8 kiln-sel,kiln-fp8,torchtitan --baseline kiln-sel "${TITAN_FP8[@]}" ;;
+  8b-float8) STEPS_8B=${STEPS_8B:-40} part_8b 8b-float8 kiln-sel,kiln-fp8,torchtitan --baseline "${BASELINE_8B:-kiln-sel}" "${TITAN_FP8[@]}" ;;
   1b-weak) part_1b_weak ;;
   *) echo "PART must be 8b, 8b-float8 or 1b-weak (one per call), got '${PART:-}'" >&2; exit 2 ;;
 esac
