@@ -62,8 +62,9 @@ declare -A RECIPE=(
   [kiln-master-fp8]="distributed.strategy=fsdp compile.enabled=true compile.regional=true training.activation_checkpointing=selective precision.policy=bf16-master precision.float8=tensorwise"
 )
 
+# torchtitan 0.2.2's float8 is tensorwise when no recipe_name is set, and it refuses a recipe_name beside
+# the float8 all-gather ("not supported").
 TITAN_FP8=(--torchtitan-set 'model.converters=["quantize.linear.float8"]'
-           --torchtitan-set quantize.linear.float8.recipe_name=tensorwise
            --torchtitan-set quantize.linear.float8.enable_fsdp_float8_all_gather=true
            --torchtitan-set quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp=true)
 
