@@ -33,7 +33,7 @@ from kiln.failure.faults import planned_fault
 from kiln.failure.report import FailureReport, quiet_child_signals
 from kiln.monitor.gpu_health import start_gpu_health
 from kiln.monitor.sinks import build_sinks
-from kiln.outputs import RunDirLock, held_for_me
+from kiln.outputs import RunDirLock
 from kiln.precision import tf32_enabled
 from kiln.runtime import deterministic_mode, resolve_device
 from kiln.train.attention import attention_backend
@@ -87,7 +87,7 @@ class Trainer:
         # The run dir's lock before any look at the dir, held until `fit` ends: two kiln processes
         # never both decide a dir is theirs. Rank 0 holds it (or its launcher, for it).
         self._lock = RunDirLock(self.run_dir)
-        if self.dist.is_main and not held_for_me(self.run_dir):
+        if self.dist.is_main:
             self._lock.acquire()
         try:
             self.parts = build_run(plan, where, self.dist, self.device, cpu_plan=cpu_plan, fault=fault)
