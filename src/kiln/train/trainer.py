@@ -43,7 +43,6 @@ from kiln.train.finish import call_failure_hook, finish_run, record_end, release
 from kiln.train.loop import TrainLoop
 from kiln.train.plan import Placement, plan_train
 from kiln.train.run_files import open_run_dir
-from kiln.train.rundir import already_complete_summary
 from kiln.train.segments import RunHistory
 
 log = logging.getLogger("kiln.train")
@@ -109,7 +108,7 @@ class Trainer:
         parts, cfg, main = self.parts, self.cfg, self.dist.is_main
         if parts.resume.already_complete:  # nothing to train, nothing written
             self._lock.release()
-            return already_complete_summary(self.run_dir, parts.resume.path, parts.resume.step)
+            return dict(parts.resume.summary)
         if self.dist.world_size > 1 or self.dist.launched:
             init_process_group(self.dist, self.device, backend_for(self.device, cfg.distributed.backend),
                                cfg.distributed.timeout_s, run_dir=self.run_dir)
