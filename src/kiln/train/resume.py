@@ -1,8 +1,8 @@
 """The resume decision: what a run does with the run dir it was given, decided before any work.
 
 `decide_resume` compares the run dir's run with this config (kiln.train.rundir, which reads the
-dir once) and asks the checkpoint manager which checkpoint to continue from. Every rank decides (read-only), so bad input
-stops all of them before the process group forms.
+dir once) and asks the checkpoint manager which checkpoint to continue from. Every rank decides
+(read-only), so bad input stops all of them before the process group forms.
 """
 
 from __future__ import annotations
