@@ -42,6 +42,16 @@ def test_a_launcher_holds_the_lock_for_its_rank(tmp_path, monkeypatch):
     assert not held_for_me(tmp_path)
 
 
+def test_a_rank_acquires_under_its_launchers_lock(tmp_path, monkeypatch):
+    with RunDirLock(tmp_path):  # the launcher's lock (this process stands in for it)
+        monkeypatch.setenv(LOCK_ENV, f"{os.getpid()}:{tmp_path}")
+        rank = RunDirLock(tmp_path).acquire()
+        assert not rank.held  # its launcher holds it for it: not taken again, no error
+        monkeypatch.setenv(LOCK_ENV, f"{os.getpid() + 1}:{tmp_path}")
+        with pytest.raises(ConfigError, match="in use by a running kiln process"):
+            RunDirLock(tmp_path).acquire()  # held, but not by the launcher named
+
+
 def test_held_by_another_counts_only_other_processes(tmp_path):
     from kiln.outputs import held_by_another
 

@@ -133,16 +133,22 @@ def refuse_held_by_another(path: str | Path, flag: str, hint: str) -> None:
         raise ConfigError(flag, f"{path}{where} is in use by a running kiln process (pid {held[1]}); {hint}")
 
 
+def _launcher_pid(path: Path) -> str | None:
+    """The pid LOCK_ENV names as holding `path`'s lock for this process, or None."""
+    pid, _, where = os.environ.get(LOCK_ENV, "").partition(":")
+    if not pid or not where:
+        return None
+    with contextlib.suppress(OSError):
+        if os.path.samefile(where, path):
+            return pid
+    return None
+
+
 def held_for_me(path: Path) -> bool:
     """True when this process's launcher holds `path`'s lock on its behalf (LOCK_ENV names it and
     the lock is held by that pid)."""
-    pid, _, where = os.environ.get(LOCK_ENV, "").partition(":")
-    if not pid or not where:
-        return False
-    with contextlib.suppress(OSError):
-        if os.path.samefile(where, path):
-            return lock_holder(Path(path)) == pid
-    return False
+    pid = _launcher_pid(path)
+    return pid is not None and lock_holder(Path(path)) == pid
 
 
 class RunDirLock:
@@ -153,7 +159,9 @@ class RunDirLock:
     inspected, so two kiln processes never both decide a dir is theirs.
 
     A dir that did not exist is created to be locked; if the holder releases it with
-    `remove_if_created=True` (bad input, nothing trained) and the dir is empty, it is removed."""
+    `remove_if_created=True` (bad input, nothing trained) and the dir is empty, it is removed.
+    A dir this process's launcher holds for it (LOCK_ENV) is not taken again: `acquire` returns
+    without holding it, and the process works under its launcher's lock."""
 
     def __init__(self, path: Path) -> None:
         self.dir = Path(path)
@@ -184,7 +192,10 @@ class RunDirLock:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             os.close(fd)
+            launcher = _launcher_pid(self.dir)
             pid = lock_holder(self.dir) or "?"
+            if pid == launcher:  # held for this process by its launcher: it works under that lock
+                return self
             raise ConfigError("--run-dir", f"{self.dir} is in use by a running kiln process (pid {pid}); "
                               "choose another directory") from None
         try:  # a link or a special file anywhere in the dir: refused before anything is written

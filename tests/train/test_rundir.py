@@ -15,7 +15,7 @@ from kiln.config.identity import config_digest, differences, identity
 from kiln.config.load import save_config
 from kiln.errors import ConfigError
 from kiln.outputs import RunDirLock
-from kiln.train.rundir import check_run_dir, no_checkpoint_decision
+from kiln.train.rundir import check_run_dir, inspect_run_dir, no_checkpoint_decision
 
 ARGS = [
     "model.kwargs.hidden_size=32", "model.kwargs.num_layers=2", "model.kwargs.num_classes=4",
@@ -95,10 +95,10 @@ def test_decisions(tmp_path):
         check_run_dir(run, cfg, "auto")
     save_config(cfg, run / "config.toml")
     assert check_run_dir(run, cfg, "/some/checkpoint") is None  # an explicit checkpoint: the user's choice
-    assert "starting over" in no_checkpoint_decision(run)  # died before its first checkpoint
+    assert "starting over" in no_checkpoint_decision(inspect_run_dir(run))  # died before its first checkpoint
     (run / "summary.json").write_text(json.dumps({"status": "completed"}))
     with pytest.raises(ConfigError, match="completed run of this config and no checkpoint"):
-        no_checkpoint_decision(run)
+        no_checkpoint_decision(inspect_run_dir(run))
     file_path = tmp_path / "file"
     file_path.write_text("x")
     with pytest.raises(ConfigError, match="not a directory"):

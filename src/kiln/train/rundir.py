@@ -61,23 +61,28 @@ class RunDirState:
     """The run markers present (summary.json, metrics.jsonl, checkpoints)."""
     saved_identity: dict[str, Any] | None
     """Identity of the run's config.toml; None when it is missing or unreadable."""
-    status: str | None
-    """summary.json's status; None without a readable summary."""
+    summary: dict[str, Any] | None
+    """summary.json as the run wrote it; None without a readable one."""
 
     @property
     def holds_run(self) -> bool:
         return bool(self.held)
+
+    @property
+    def status(self) -> str | None:
+        """summary.json's status; None without a readable summary."""
+        return (self.summary or {}).get("status")
 
 
 def inspect_run_dir(path: Path) -> RunDirState:
     if path.exists() and not path.is_dir():
         raise ConfigError("--run-dir", f"{path} exists and is not a directory")
     held = [m for m in RUN_MARKERS if (path / m).exists()]
-    status = (read_summary(path) or {}).get("status")
+    summary = read_summary(path)
     saved = None
     with contextlib.suppress(OSError, ValueError):  # unreadable: treated as absent, and said so
         saved = identity(tomllib.loads(read_text(path / "config.toml", CONFIG_LIMIT)))
-    return RunDirState(path, held, saved, status)
+    return RunDirState(path, held, saved, summary)
 
 
 def check_run_dir(path: Path, config: Any = None, resume: str = "never", *, locked: bool = False) -> str | None:
@@ -85,19 +90,24 @@ def check_run_dir(path: Path, config: Any = None, resume: str = "never", *, lock
     overwrite another run (see the module docstring); return a note for the log, or None.
     Reads only: nothing is written or removed. `locked`: the caller (or its launcher) holds the
     run dir's lock, so the dir cannot be in use by anyone else."""
-    path = Path(path)
+    return judge_run_dir(Path(path), config, resume, locked=locked)[0]
+
+
+def judge_run_dir(path: Path, config: Any, resume: str, *, locked: bool) -> tuple[str | None, RunDirState]:
+    """`check_run_dir`'s note, and what the dir holds (read once: the resume decision continues the
+    saved run's schedule and, for a completed run, returns its summary from it)."""
     state = inspect_run_dir(path)
     pid = lock_holder(path) if path.is_dir() and not locked else None
     if pid is not None:
         raise ConfigError("--run-dir", f"{path} is in use by a running kiln process (pid {pid}); choose another directory")
     if not state.holds_run:
-        return None
+        return None, state
     held = ", ".join(state.held)
     if resume == "never" or config is None:
         raise ConfigError("--run-dir", f"{path} already holds a run ({held}); rerun with checkpoint.resume=auto "
                           "to continue it, or choose a new directory")
     if resume != "auto":
-        return None  # an explicit checkpoint: the user chose where to start from
+        return None, state  # an explicit checkpoint: the user chose where to start from
     if state.saved_identity is None:
         raise ConfigError("--run-dir", f"{path} holds a run ({held}) but no readable config.toml to compare this "
                           "config with; choose a new directory, or pass checkpoint.resume=<its checkpoint dir>")
@@ -106,13 +116,13 @@ def check_run_dir(path: Path, config: Any = None, resume: str = "never", *, lock
         shown = "; ".join(diff[:6]) + (f"; +{len(diff) - 6} more" if len(diff) > 6 else "")
         raise ConfigError("--run-dir", f"{path} holds a run of another config ({shown}); choose a new directory, "
                           "or pass checkpoint.resume=<one of its checkpoints> to start from it with this config")
-    return "longer" if longer else "same config"
+    return ("longer" if longer else "same config"), state
 
 
-def continue_schedule(path: Path, config: Any) -> str | None:
-    """Give `config` the span of the run saved in `path` when it leaves `optim.decay_steps` at 0 (see
-    `continuation_identities`); returns what that means for the LR when the run is trained longer."""
-    saved = inspect_run_dir(path).saved_identity or {}
+def continue_schedule(state: RunDirState, config: Any) -> str | None:
+    """Give `config` the span of the run saved in the dir (`state`) when it leaves `optim.decay_steps`
+    at 0 (see `continuation_identities`); returns what that means for the LR when the run is trained longer."""
+    saved = state.saved_identity or {}
     span = schedule_span(saved)
     if config.optim.decay_steps or not span or span == config.training.steps:
         return None
@@ -161,10 +171,10 @@ def choose_run_dir(config: Any, run_dir: str | Path | None) -> tuple[Path, bool]
     return default_run_dir(config.model.name), False
 
 
-def no_checkpoint_decision(path: Path) -> str:
+def no_checkpoint_decision(state: RunDirState) -> str:
     """With `auto`, the same config and no complete checkpoint: start over, unless the run
     finished (then starting over would overwrite it). Returns the note to log."""
-    state = inspect_run_dir(path)
+    path = state.path
     if state.status == "completed":
         raise ConfigError("--run-dir", f"{path} holds a completed run of this config and no checkpoint to continue "
                           "from (checkpoint.save_final=false); choose a new directory")
@@ -172,10 +182,10 @@ def no_checkpoint_decision(path: Path) -> str:
             "starting over from step 0")
 
 
-def already_complete_summary(path: Path, checkpoint: Path, step: int) -> dict[str, Any]:
+def already_complete_summary(state: RunDirState, checkpoint: Path, step: int) -> dict[str, Any]:
     """The summary of a run whose newest checkpoint (of `step`) is its last step: what it wrote, untouched."""
-    summary: dict[str, Any] = read_summary(path) or {}
-    summary.update(already_complete=True, run_dir=str(path), checkpoint=str(checkpoint))
+    summary: dict[str, Any] = dict(state.summary or {})
+    summary.update(already_complete=True, run_dir=str(state.path), checkpoint=str(checkpoint))
     summary.setdefault("steps", step)
     summary.setdefault("status", "completed")
     return summary

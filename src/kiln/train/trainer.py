@@ -33,7 +33,7 @@ from kiln.failure.faults import planned_fault
 from kiln.failure.report import FailureReport, quiet_child_signals
 from kiln.monitor.gpu_health import start_gpu_health
 from kiln.monitor.sinks import build_sinks
-from kiln.outputs import RunDirLock, held_for_me
+from kiln.outputs import RunDirLock
 from kiln.precision import tf32_enabled
 from kiln.runtime import deterministic_mode, resolve_device
 from kiln.train.attention import attention_backend
@@ -43,7 +43,6 @@ from kiln.train.finish import call_failure_hook, finish_run, record_end, release
 from kiln.train.loop import TrainLoop
 from kiln.train.plan import Placement, plan_train
 from kiln.train.run_files import open_run_dir
-from kiln.train.rundir import already_complete_summary
 from kiln.train.segments import RunHistory
 
 log = logging.getLogger("kiln.train")
@@ -87,7 +86,7 @@ class Trainer:
         # The run dir's lock before any look at the dir, held until `fit` ends: two kiln processes
         # never both decide a dir is theirs. Rank 0 holds it (or its launcher, for it).
         self._lock = RunDirLock(self.run_dir)
-        if self.dist.is_main and not held_for_me(self.run_dir):
+        if self.dist.is_main:
             self._lock.acquire()
         try:
             self.parts = build_run(plan, where, self.dist, self.device, cpu_plan=cpu_plan, fault=fault)
@@ -109,7 +108,7 @@ class Trainer:
         parts, cfg, main = self.parts, self.cfg, self.dist.is_main
         if parts.resume.already_complete:  # nothing to train, nothing written
             self._lock.release()
-            return already_complete_summary(self.run_dir, parts.resume.path, parts.resume.step)
+            return dict(parts.resume.summary)
         if self.dist.world_size > 1 or self.dist.launched:
             init_process_group(self.dist, self.device, backend_for(self.device, cfg.distributed.backend),
                                cfg.distributed.timeout_s, run_dir=self.run_dir)

@@ -9,6 +9,7 @@ in the model dtype: they are the reference recipe, not a quantization target.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -17,7 +18,7 @@ import torch
 
 from kiln.bench.llm.llm_engine_row import EngineRow
 from kiln.bench.row_failure import failure
-from kiln.bench.typed_row import UNSET, JsonRow
+from kiln.bench.typed_row import JsonRow
 from kiln.data.eval_tokens import read_ppl_tokens
 from kiln.kernels.triton_matvec import MAX_ROWS
 from kiln.llm.quality import (
@@ -37,41 +38,20 @@ from kiln.llm.weights import count_bytes, decode_weight_bytes
 Log = Callable[[str], None]
 
 
-@dataclass(frozen=True)
-class QuantFigures(JsonRow):
-    """A quantized copy's figures, set on each of its kiln rows: the fields of kiln.bench.llm.llm_engine_row
-    EngineRow of the same names, in its order; a figure not measured stays UNSET and is not written."""
+def _quant_figures() -> type[JsonRow]:
+    """QuantFigures: EngineRow's fields from `quant_kind` through `ppl_judged` (their one definition),
+    as a frozen row of their own."""
+    names = [f.name for f in dataclasses.fields(EngineRow)]
+    section = dataclasses.fields(EngineRow)[names.index("quant_kind"):names.index("ppl_judged") + 1]
+    return dataclasses.make_dataclass("QuantFigures", [(f.name, f.type, dataclasses.field(default=f.default))
+                                                       for f in section],
+                                      bases=(JsonRow,), frozen=True)
 
-    quant_kind: str
-    quant_backend: str | None
-    group_size: int | None
-    quant_lm_head: bool | None
-    weight_bytes: int = UNSET
-    model_bytes: int = UNSET
-    # Drift against the unquantized model (kiln.llm.quality logit_drift, kernel_fidelity) and its verdict.
-    drift_max_abs: float = UNSET
-    drift_mean_abs: float = UNSET
-    drift_rel_err: float = UNSET
-    drift_top1: float = UNSET
-    drift_kl: float = UNSET
-    drift_positions: int = UNSET
-    fidelity_kl: float = UNSET
-    fidelity_max_abs: float = UNSET
-    fidelity_prompt_kl: float = UNSET
-    fidelity_decode_kl: float = UNSET
-    fidelity_decode_rows: int = UNSET
-    drift_bound: float | None = UNSET
-    fidelity_bound: float = UNSET
-    drift_judged: str = UNSET
-    drift_ok: bool = UNSET
-    drift_problem: str | None = UNSET
-    # Perplexity on --ppl-file (kiln.llm.quality perplexity, judge_ppl).
-    ppl: float = UNSET
-    ppl_ref: float = UNSET
-    ppl_ratio: float = UNSET
-    ppl_tokens: int = UNSET
-    ppl_bound: float | None = UNSET
-    ppl_judged: bool = UNSET
+
+QuantFigures = _quant_figures()
+"""A quantized copy's figures, set on each of its kiln rows (llm_bench, `row.update(**figures.to_json())`):
+the kiln.bench.llm.llm_engine_row EngineRow fields of the quantized copy and its quality, in its
+order; a figure not measured stays UNSET and is not written."""
 
 
 @dataclass
