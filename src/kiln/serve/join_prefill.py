@@ -1,10 +1,10 @@
 """Joining requests' prompts, prefilled together into a scratch cache, one CUDA graph per variant.
 
-A join's prefill runs between decode steps, so every millisecond of it is a pause in every running
-stream. Run as Python over per-block compiled layers, a prompt's prefill pays the host's launches
-and dynamo's guards once per layer and per kernel, far more than its arithmetic; here each variant
-(prompt bucket T, rows k, padded or not) is captured once as a CUDA graph over fixed input buffers
-and replayed, so a join costs two host-to-device copies, one replay and the copies into its row.
+A join's prefill runs between decode steps, so all of its time is a pause in every running
+stream. Run as Python over per-block compiled layers, the host launches every kernel and checks
+dynamo's guards layer by layer; here each variant (prompt bucket T, rows k, padded or not) is
+captured once as a CUDA graph over fixed input buffers and replayed, so a join costs two
+host-to-device copies, one replay and the copies into its row.
 
 Up to k waiting prompts of the same bucket are prefilled in one forward (k from `PREFILL_ROWS`,
 k x T within the scheduler's prefill budget, so the variants warmed stay few), each left-padded

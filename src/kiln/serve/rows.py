@@ -126,8 +126,8 @@ class Rows:
         """The scheduler's prompt tokens per iteration: which batches of joins are prefilled together."""
         c = self.config
         self.kv = torch.zeros(2, c.n_layers, rows, capacity, c.n_kv_heads, c.head_dim, dtype=dtype, device=dev)
-        """Every layer's keys and values in one tensor (the cache's lists are views): a shift or a
-        join's copy is one copy for all layers."""
+        """Every layer's keys and values in one tensor (the cache's lists are views): a join's copy
+        into its row is one copy for all layers."""
         self.buf = RowBuffers(
             cache=flat_cache(self.kv),
             tokens=torch.zeros(rows, capacity, dtype=torch.long, device=dev),
@@ -220,8 +220,8 @@ class Rows:
         p, b, n = self.cursor, self.buf, max(self.busy) + 1
         src, dst = (slice(-shift, p + 1), slice(0, p + 1 + shift)) if shift < 0 else \
             (slice(0, p + 1), slice(shift, p + 1 + shift))
-        self.kv[:, :, :n, dst] = self.kv[:, :, :n, src].clone()
-        b.tokens[:n, dst] = b.tokens[:n, src].clone()
+        for t in (*self.kv.flatten(0, 1), b.tokens):  # layer by layer: the clone is one layer's span
+            t[:n, dst] = t[:n, src].clone()
         b.pad.add_(shift).clamp_(min=0)
         self.busy = {r: pad + shift for r, pad in self.busy.items()}
         self.ends = {r: end + shift for r, end in self.ends.items()}
