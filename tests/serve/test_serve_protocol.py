@@ -181,17 +181,20 @@ class TimedRows:
     def _spend(self):
         self.clock[0] += self.cost
 
-    def free_row(self):
-        return next(r for r in range(self.rows) if r not in self.busy)
+    def free_rows(self, n):
+        return [r for r in range(self.rows) if r not in self.busy][:n]
+
+    def prefill_sizes(self, bucket):
+        return [1]
 
     def place(self, prompt_len, max_tokens):
         self._spend()
         return True
 
-    def join(self, row, prompt, max_tokens, settings):
+    def join_many(self, joins):
         self._spend()
-        self.busy.add(row)
-        return 7
+        self.busy.update(row for row, *_ in joins)
+        return [7] * len(joins)
 
     def leave(self, row):
         self.busy.discard(row)

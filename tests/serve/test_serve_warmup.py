@@ -38,11 +38,12 @@ def test_prompt_buckets_reach_the_longest_prompt_a_row_holds():
 
 
 def test_warm_up_runs_every_variant_once_and_leaves_the_rows_new(model):
-    rows = Rows(model, rows=3, capacity=40, compile=False, cuda_graphs=False)  # batch buckets 1, 2, 3
+    # batch buckets 1, 2, 3; a budget of 32 prompt tokens prefills two 16-token prompts together
+    rows = Rows(model, rows=3, capacity=40, compile=False, cuda_graphs=False, prefill_tokens=32)
     prefills, decodes = [], []
-    real_prefill, real_decode = rows._prefill, rows._decode
-    rows._prefill = lambda m, tokens, pad, *rest: (prefills.append((tokens.shape[1], pad is None)),
-                                                   real_prefill(m, tokens, pad, *rest))[1]
+    real_prefill, real_decode = rows.prefill.fn, rows._decode
+    rows.prefill.fn = lambda m, tokens, pad, *rest: (prefills.append((*tokens.shape, pad is None)),
+                                                     real_prefill(m, tokens, pad, *rest))[1]
     rows._decode = lambda m, view, greedy: (decodes.append((view.tokens.shape[0], greedy)),
                                             real_decode(m, view, greedy))[1]
     lines: list[str] = []
@@ -50,14 +51,15 @@ def test_warm_up_runs_every_variant_once_and_leaves_the_rows_new(model):
     total = warm_up(rows, [16, 64], lines.append, clock=lambda: float(next(ticks)))
     assert decodes == [(1, True), (1, False), (2, True), (2, False), (3, True), (3, False)]
     # 64 >= capacity 40: no prompt fills bucket 64 and leaves a slot, so only its padded variant.
-    assert prefills == [(16, True), (16, False), (64, False)]
-    assert total == 9.0  # one clock tick per variant
+    assert prefills == [(1, 16, True), (1, 16, False), (2, 16, True), (2, 16, False), (1, 64, False)]
+    assert total == 11.0  # one clock tick per variant
     assert lines[0] == "kiln: warmed decode batch 1 (greedy) in 1.0 s"
     assert lines[6] == "kiln: warmed prefill 16-token prompt (bucket 16) in 1.0 s"
-    assert lines[-1] == "kiln: warm-up done in 9.0 s (6 decode and 3 prefill variants)"
+    assert lines[8] == "kiln: warmed prefill 2 x 16-token prompt (bucket 16) in 1.0 s"
+    assert lines[-1] == "kiln: warm-up done in 11.0 s (6 decode and 5 prefill variants)"
     assert rows.cursor == 0 and int(rows.buf.pos) == 0 and not rows.busy
     assert not rows.buf.tokens.any() and not rows.buf.pad.any()
-    rows._prefill, rows._decode = real_prefill, real_decode
+    rows.prefill.fn, rows._decode = real_prefill, real_decode
     prompt = [1, 17, 33, 8, 54]
     assert rows.place(len(prompt), 6)
     got = [rows.join(0, prompt, 6, RowSettings())]

@@ -5,11 +5,12 @@ Design (continuous batching on kiln's static cache, kiln.llm.engine's layout kep
   server refuses work (HTTP 429) rather than running out of it.
 - All rows share one decode cursor `pos` (the slot the next step reads and writes), as in
   kiln.llm.engine, so the decode step keeps the model's and the decode kernels' one-slot shape and
-  stays one CUDA graph per batch bucket. A request joins at cursor P: its prompt (L tokens) is
-  prefilled alone into a one-row scratch cache (padded to kiln's prompt buckets, so prefill
-  compiles once per bucket) and its keys/values are copied into slots P-L..P-1 of a free row, whose
-  `pad` becomes P-L; RoPE positions count from the row's first real token, so they match the
-  scratch's. The first token is sampled from the prefill's logits and written at slot P.
+  stays one CUDA graph per batch bucket. Requests join at cursor P: their prompts (L tokens each,
+  up to a few of one prompt bucket together) are prefilled into a scratch cache
+  (kiln.serve.join_prefill: padded to kiln's prompt buckets, one CUDA graph per variant) and each
+  one's keys/values are copied into slots P-L..P-1 of a free row, whose `pad` becomes P-L; RoPE
+  positions count from the row's first real token, so they match the scratch's. The first token is
+  sampled from the prefill's logits and written at slot P.
 - The decode step runs over the first `bucket` rows (powers of two up to `rows`, the smallest that
   holds every busy row; new requests take the lowest free row). Free rows inside the bucket are
   computed and ignored: shapes never change, nothing recompiles, a graph is replayed.
@@ -36,7 +37,18 @@ from torch import Tensor
 from kiln.llm.block_compile import CompileScope, blocks_installed, compiled_block_forwards
 from kiln.llm.engine import GRAPH_WARMUP_STEPS, bucket_length
 from kiln.llm.model import Decoder, KVCache
+from kiln.serve.join_prefill import (
+    PREFILL_ROWS,
+    JoinPrefill,
+    RowSettings,
+    flat_cache,
+    prefill_sizes,
+    row_prefill,
+    split_sizes,
+)
 from kiln.serve.row_sampling import pick_tokens
+
+__all__ = ["Launched", "RowBuffers", "RowSettings", "Rows", "batch_buckets", "cache_rows", "row_decode_step"]
 
 
 def batch_buckets(rows: int, chosen: list[int] | None = None) -> list[int]:
@@ -92,13 +104,6 @@ def row_decode_step(model: Decoder, b: RowBuffers, greedy_only: bool) -> None:
     b.pos.add_(1)
 
 
-def row_prefill(model: Decoder, tokens: Tensor, pad: Tensor | None, cache: KVCache, temperature: Tensor,
-                top_k: Tensor, top_p: Tensor, seed: Tensor, length: Tensor) -> Tensor:
-    """A left-padded prompt [1, T] into the scratch cache; returns its first new token [1]."""
-    logits = model(tokens, cache=cache, pad=pad, last_only=True)
-    return pick_tokens(logits[:, -1].float(), temperature, top_k, top_p, seed, length, False)
-
-
 @dataclass(frozen=True)
 class Launched:
     """A decode step started and not yet read: the busy rows then, where their tokens land."""
@@ -108,27 +113,23 @@ class Launched:
     event: Any
 
 
-@dataclass(frozen=True)
-class RowSettings:
-    """One request's sampling, as the row keeps it."""
-
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int = 0
-
-
 class Rows:
     """`rows` KV-cache rows of `capacity` slots over `model`; not thread-safe (one scheduler thread)."""
 
     def __init__(self, model: Decoder, *, rows: int, capacity: int, compile: bool, cuda_graphs: bool,
                  buckets: list[int] | None = None, inductor_options: dict[str, Any] | None = None,
-                 compile_scope: CompileScope = "blocks"):
+                 compile_scope: CompileScope = "blocks", prefill_tokens: int = 512):
         self.model, self.config = model, model.config
         dev, dtype = model.embed.weight.device, model.embed.weight.dtype
         self.device, self.rows, self.capacity, self.cuda_graphs = dev, rows, capacity, cuda_graphs
+        self.prefill_tokens = prefill_tokens
+        """The scheduler's prompt tokens per iteration: which batches of joins are prefilled together."""
+        c = self.config
+        self.kv = torch.zeros(2, c.n_layers, rows, capacity, c.n_kv_heads, c.head_dim, dtype=dtype, device=dev)
+        """Every layer's keys and values in one tensor (the cache's lists are views): a join's copy
+        into its row is one copy for all layers."""
         self.buf = RowBuffers(
-            cache=KVCache(self.config, rows, capacity, dtype=dtype, device=dev),
+            cache=flat_cache(self.kv),
             tokens=torch.zeros(rows, capacity, dtype=torch.long, device=dev),
             pad=torch.zeros(rows, dtype=torch.long, device=dev),
             pos=torch.zeros(1, dtype=torch.long, device=dev),
@@ -136,7 +137,6 @@ class Rows:
             top_k=torch.zeros(rows, dtype=torch.long, device=dev),
             top_p=torch.ones(rows, dtype=torch.float32, device=dev),
             seed=torch.zeros(rows, dtype=torch.long, device=dev))
-        self.scratch = KVCache(self.config, 1, bucket_length(capacity), dtype=dtype, device=dev)
         self.buckets = batch_buckets(rows, buckets)
         self.views = {n: self.buf.head(n) for n in self.buckets}
         kwargs = {"fullgraph": True, "dynamic": False}
@@ -154,6 +154,10 @@ class Rows:
             else self._limits(row_prefill) if blocks else row_prefill
         self._decode_blocks = compiled_block_forwards(model, inductor_options) if blocks else None
         self._prefill_blocks = compiled_block_forwards(model, None) if blocks else None
+        longest = bucket_length(capacity)  # the largest k x T a batch of joins may take, within the budget
+        self.prefill = JoinPrefill(model, slots=max(longest, min(prefill_tokens, max(PREFILL_ROWS) * longest)),
+                                   fn=self._prefill, cuda_graphs=cuda_graphs,
+                                   installed=lambda: self._blocks(self._prefill_blocks))
         self._graphs: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}
         self._warm: dict[tuple[int, bool], int] = {}
         pinned = self.device.type == "cuda"
@@ -171,6 +175,14 @@ class Rows:
 
     def free_row(self) -> int | None:
         return next((r for r in range(self.rows) if r not in self.busy), None)
+
+    def free_rows(self, n: int) -> list[int]:
+        """Up to `n` free rows, lowest first (a lower row keeps the decode bucket small)."""
+        return [r for r in range(self.rows) if r not in self.busy][:n]
+
+    def prefill_sizes(self, bucket: int) -> list[int]:
+        """How many prompts of `bucket` are prefilled in one forward (each is warmed)."""
+        return prefill_sizes(bucket, self.prefill_tokens)
 
     def place(self, prompt_len: int, max_tokens: int) -> bool:
         """Move the cursor so that a prompt of `prompt_len` fits before it and `max_tokens` after
@@ -208,56 +220,51 @@ class Rows:
         p, b, n = self.cursor, self.buf, max(self.busy) + 1
         src, dst = (slice(-shift, p + 1), slice(0, p + 1 + shift)) if shift < 0 else \
             (slice(0, p + 1), slice(shift, p + 1 + shift))
-        for t in (*b.cache.k, *b.cache.v, b.tokens):
+        for t in (*self.kv.flatten(0, 1), b.tokens):  # layer by layer: the clone is one layer's span
             t[:n, dst] = t[:n, src].clone()
         b.pad.add_(shift).clamp_(min=0)
         self.busy = {r: pad + shift for r, pad in self.busy.items()}
         self.ends = {r: end + shift for r, end in self.ends.items()}
         self._set_cursor(p + shift)
 
-    @torch.inference_mode()
     def join(self, row: int, prompt: list[int], max_tokens: int, settings: RowSettings) -> int:
         """Prefill `prompt` into free `row` so that it ends at the cursor (after `place`); returns
         the first new token (already at the cursor's slot)."""
-        n, p, b = len(prompt), self.cursor, self.buf
-        padded = bucket_length(n)
-        first, settings_t = self._prefill_alone(prompt, settings)
-        for name, value in settings_t.items():
-            getattr(b, name)[row: row + 1].copy_(value)
-        for dst, src in zip((*b.cache.k, *b.cache.v), (*self.scratch.k, *self.scratch.v)):
-            dst[row, p - n: p] = src[0, padded - n: padded]
-        b.tokens[row, p] = first[0]
-        b.pad[row] = p - n
-        self.busy[row] = p - n
-        self.ends[row] = p + max_tokens
-        self.greedy[row] = settings.temperature == 0
-        return int(first[0])
+        return self.join_many([(row, prompt, max_tokens, settings)])[0]
 
-    def _prefill_alone(self, prompt: list[int], settings: RowSettings) -> tuple[Tensor, dict[str, Tensor]]:
-        """`prompt` left-padded to its bucket and prefilled into the scratch cache: its first new
-        token [1] and its sampling settings as device tensors (one compiled variant per bucket, and
-        per padded or not: an unpadded prompt takes the flash path)."""
-        n, dev = len(prompt), self.device
-        padded = bucket_length(n)
-        tokens = torch.zeros(1, padded, dtype=torch.long)
-        tokens[0, padded - n:] = torch.as_tensor(prompt, dtype=torch.long)
-        pad = torch.tensor([padded - n], device=dev) if padded != n else None
-        values = {"temperature": torch.tensor([settings.temperature], dtype=torch.float32, device=dev),
-                  "top_k": torch.tensor([settings.top_k], dtype=torch.long, device=dev),
-                  "top_p": torch.tensor([settings.top_p], dtype=torch.float32, device=dev),
-                  "seed": torch.tensor([settings.seed], dtype=torch.long, device=dev)}
-        with self._blocks(self._prefill_blocks):
-            first = self._prefill(self.model, tokens.to(dev), pad, self.scratch, *values.values(),
-                                  torch.tensor([n], device=dev))
-        return first, values
+    @torch.inference_mode()
+    def join_many(self, joins: list[tuple[int, list[int], int, RowSettings]]) -> list[int]:
+        """Prefill the prompts of `joins` (row, prompt, max_tokens, settings; free rows, prompts of
+        one bucket, `place`d for the longest prompt and max_tokens) so that each ends at the cursor,
+        in batches of `prefill_sizes`; their first new tokens, read with one wait for the device."""
+        p, b = self.cursor, self.buf
+        T = bucket_length(max(len(prompt) for _, prompt, _, _ in joins))
+        done = 0
+        for k in split_sizes(len(joins), self.prefill_sizes(T)):
+            batch = joins[done:done + k]
+            first, settings = self.prefill.run([prompt for _, prompt, _, _ in batch], [s for *_, s in batch])
+            scratch = self.prefill.scratch(k, T)
+            for i, (row, prompt, max_tokens, sampling) in enumerate(batch):
+                n = len(prompt)
+                self.kv[:, :, row, p - n:p] = scratch[:, :, i, T - n:]
+                for name, value in settings.items():
+                    getattr(b, name)[row:row + 1].copy_(value[i:i + 1])
+                b.tokens[row, p:p + 1].copy_(first[i:i + 1])
+                b.pad[row] = p - n
+                self.busy[row], self.ends[row] = p - n, p + max_tokens
+                self.greedy[row] = sampling.temperature == 0
+            done += k
+        return b.tokens[[row for row, *_ in joins], p].tolist()
 
     # -- warm-up (before the server takes requests) ----------------------------------------------
 
     @torch.inference_mode()
-    def warm_prefill(self, bucket: int, padded: bool) -> None:
-        """Compile the prefill of prompt bucket `bucket` (`padded`: a prompt shorter than it, else
-        one that fills it) by prefilling a dummy prompt; the rows are untouched."""
-        self._prefill_alone([0] * (bucket - 1 if padded else bucket), RowSettings())
+    def warm_prefill(self, bucket: int, padded: bool, k: int = 1) -> None:
+        """Compile (and capture) the prefill of `k` prompts of bucket `bucket` (`padded`: prompts
+        shorter than it, else ones that fill it) by prefilling dummy prompts; the rows are untouched."""
+        prompt = [0] * (bucket - 1 if padded else bucket)
+        for _ in range(GRAPH_WARMUP_STEPS + 1 if self.cuda_graphs else 1):
+            self.prefill.run([prompt] * k, [RowSettings()] * k)
 
     @torch.inference_mode()
     def warm_decode(self, n: int, greedy_only: bool) -> None:

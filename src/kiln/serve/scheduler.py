@@ -1,7 +1,9 @@
 """The continuous-batching loop: one thread owns the rows (kiln.serve.rows) and, per iteration,
 drops cancelled requests, admits waiting ones (prefill, up to `prefill_tokens` prompt tokens per
 iteration so decoding is never starved by a burst of prompts; the first waiting request always
-gets its turn), then runs one decode step for every running request and hands the new tokens on.
+gets its turn; the head of the queue and the requests right behind it in the same prompt bucket
+are prefilled in one forward), then runs one decode step for every running request and hands the
+new tokens on.
 
 Admission control: at most `rows + max_queue` requests are in the server; `submit` refuses more
 (`QueueFull`, HTTP 429). The KV cache is allocated once, so load never costs memory. Requests are
@@ -11,6 +13,7 @@ from this thread (the HTTP layer moves them onto its event loop).
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -18,6 +21,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from kiln.llm.engine import bucket_length
 from kiln.serve.metrics import ServeMetrics
 from kiln.serve.rows import Rows, RowSettings
 
@@ -192,22 +196,51 @@ class Scheduler:
         budget = self.prefill_tokens
         while True:
             with self._cond:
-                job = self.waiting[0] if self.waiting else None
-            if job is None or (budget < len(job.prompt) and budget < self.prefill_tokens):
+                group = self._group(budget)
+            rows = self.rows.free_rows(len(group))
+            group = group[:len(rows)]
+            if not group:
                 return
-            row = self.rows.free_row()
-            if row is None or not self._on_rows(self.rows.place, len(job.prompt), job.max_tokens):
-                return
+            if not self._on_rows(self.rows.place, max(len(j.prompt) for j in group), max(j.max_tokens for j in group)):
+                if len(group) == 1 or not self._on_rows(self.rows.place, len(group[0].prompt), group[0].max_tokens):
+                    return
+                group = group[:1]
             with self._cond:
-                self.waiting.popleft()
-            first = self._on_rows(self.rows.join, row, job.prompt, job.max_tokens, job.settings)
+                for _ in group:
+                    self.waiting.popleft()
+            firsts = self._on_rows(self.rows.join_many, [(row, job.prompt, job.max_tokens, job.settings)
+                                                         for row, job in zip(rows, group)])
             now = self.clock()
-            job.last = now
-            self.metrics.first_token(now - job.arrived, len(job.prompt))
-            self.metrics.generated(1)
-            self.running[row] = job
-            events.append(self._advance(row, job, first))
-            budget -= len(job.prompt)
+            for row, job, first in zip(rows, group, firsts):
+                job.last = now
+                self.metrics.first_token(now - job.arrived, len(job.prompt))
+                self.metrics.generated(1)
+                self.running[row] = job
+                events.append(self._advance(row, job, first))
+                budget -= len(job.prompt)
+
+    def _group(self, budget: int) -> list[Job]:
+        """The waiting requests prefilled together next: the head of the queue (if `budget` prompt
+        tokens are left for it, or none was prefilled yet this iteration) and those right behind it
+        in its prompt bucket, while their prompts fit `budget`, their number a warmed batch size and
+        the longest prompt with the longest answer a row."""
+        if not self.waiting:
+            return []
+        head = self.waiting[0]
+        if budget < len(head.prompt) and budget < self.prefill_tokens:
+            return []
+        bucket = bucket_length(len(head.prompt))
+        most = max(k for k in self.rows.prefill_sizes(bucket) if k == 1 or k * bucket <= budget)
+        group, used = [head], len(head.prompt)
+        longest, answer = len(head.prompt), head.max_tokens
+        for job in itertools.islice(self.waiting, 1, most):
+            n = len(job.prompt)
+            if bucket_length(n) != bucket or used + n > budget or \
+                    max(longest, n) + max(answer, job.max_tokens) > self.rows.capacity:
+                break
+            group.append(job)
+            used, longest, answer = used + n, max(longest, n), max(answer, job.max_tokens)
+        return group
 
     def _fail_all(self, message: str) -> None:
         with self._cond:

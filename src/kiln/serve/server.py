@@ -130,7 +130,8 @@ def build_rows(setup: ServeSetup, say: Callable[[str], None]) -> Rows:
     return Rows(model.eval(), rows=opts.max_batch, capacity=setup.context, buckets=opts.batch_buckets,
                 compile=setup.compile,
                 cuda_graphs=setup.compile and setup.device.type == "cuda",
-                inductor_options=default_inductor_options(setup.device), compile_scope=opts.compile_scope)
+                inductor_options=default_inductor_options(setup.device), compile_scope=opts.compile_scope,
+                prefill_tokens=opts.prefill_tokens)
 
 
 def served_model(setup: ServeSetup) -> Served:

@@ -42,8 +42,9 @@ def chosen_prompt_buckets(capacity: int, chosen: list[int]) -> list[int]:
 def warm_up(rows: Rows, buckets: list[int], say: Callable[[str], None],
             clock: Callable[[], float] = time.perf_counter) -> float:
     """Compile every decode bucket (greedy-only and sampling variants) and the prefill of each of
-    `buckets` (a prompt filling it and one shorter: two variants, as unpadded prompts take
-    another attention path); one line per variant, then the total. Returns the total seconds."""
+    `buckets` for each number of prompts prefilled together (`rows.prefill_sizes`; prompts filling
+    the bucket and shorter ones: two variants, as unpadded prompts take another attention path);
+    one line per variant, then the total. Returns the total seconds."""
     def timed(what: str, work: Callable[[], None]) -> float:
         start = clock()
         work()
@@ -59,9 +60,11 @@ def warm_up(rows: Rows, buckets: list[int], say: Callable[[str], None],
             total += timed(f"decode batch {n} ({'greedy' if greedy else 'sampling'})",
                            lambda n=n, greedy=greedy: rows.warm_decode(n, greedy))
     for bucket in buckets:  # a prompt filling the bucket only where it leaves a slot for a new token
-        for padded in (False, True) if bucket < rows.capacity else (True,):
-            prefills += 1
-            total += timed(f"prefill {bucket - 1 if padded else bucket}-token prompt (bucket {bucket})",
-                           lambda bucket=bucket, padded=padded: rows.warm_prefill(bucket, padded))
+        for k in rows.prefill_sizes(bucket):
+            for padded in (False, True) if bucket < rows.capacity else (True,):
+                prefills += 1
+                what = f"{k} x " if k > 1 else ""
+                total += timed(f"prefill {what}{bucket - 1 if padded else bucket}-token prompt (bucket {bucket})",
+                               lambda bucket=bucket, padded=padded, k=k: rows.warm_prefill(bucket, padded, k))
     say(f"kiln: warm-up done in {total:.1f} s ({2 * len(rows.buckets)} decode and {prefills} prefill variants)")
     return total
