@@ -9,8 +9,11 @@ host-to-device copies, one replay and the copies into its row.
 Up to k waiting prompts of the same bucket are prefilled in one forward (k from `PREFILL_ROWS`,
 k x T within the scheduler's prefill budget, so the variants warmed stay few), each left-padded
 to T in its own scratch row, masked and positioned from its first token exactly as when alone.
-The scratch is one flat buffer of keys/values [2, layers, slots, kv heads, head dim] viewed as k
-rows of T slots per variant, so its size is the largest k x T, not k rows of a whole context.
+The scratch holds, per layer, one keys and one values buffer [slots, kv heads, head dim], each viewed
+as k rows of T slots per variant, so its size is the largest k x T, not k rows of a whole context.
+Every layer's keys and values stay separate tensors: a compiled block that takes two inputs of one
+storage (keys and values as views of one buffer) gets them through a "synthetic base", a copy of that
+whole buffer per call, which is slow and has crashed the decode step's warm-up on a GPU.
 """
 
 from __future__ import annotations
@@ -56,12 +59,13 @@ def split_sizes(n: int, sizes: list[int]) -> list[int]:
     return out
 
 
-def flat_cache(kv: Tensor) -> KVCache:
-    """A KVCache over `kv` [2, layers, rows, slots, kv heads, head dim]: each layer's keys and values
-    are views, so every layer's slots move with one copy of `kv`."""
+def scratch_cache(k: list[Tensor], v: list[Tensor], rows: int, T: int) -> KVCache:
+    """A KVCache of `rows` rows of `T` slots over the first rows x T slots of each layer's scratch
+    buffers `k`, `v` ([slots, kv heads, head dim]); views, so a prefill writes the scratch."""
     cache = KVCache.__new__(KVCache)
-    cache.k, cache.v = list(kv[0].unbind(0)), list(kv[1].unbind(0))
-    cache.batch, cache.capacity = kv.shape[2], kv.shape[3]
+    cache.k = [t[:rows * T].unflatten(0, (rows, T)) for t in k]
+    cache.v = [t[:rows * T].unflatten(0, (rows, T)) for t in v]
+    cache.batch, cache.capacity = rows, T
     return cache
 
 
@@ -101,14 +105,16 @@ class JoinPrefill:
         config, weight = model.config, model.embed.weight
         self.model, self.fn, self.cuda_graphs, self.installed = model, fn, cuda_graphs, installed
         self.device = weight.device
-        self.kv = torch.zeros(2, config.n_layers, slots, config.n_kv_heads, config.head_dim, dtype=weight.dtype,
-                              device=self.device)
+        shape = (slots, config.n_kv_heads, config.head_dim)
+        self.k = [torch.zeros(shape, dtype=weight.dtype, device=self.device) for _ in range(config.n_layers)]
+        self.v = [torch.zeros(shape, dtype=weight.dtype, device=self.device) for _ in range(config.n_layers)]
+        self.slots = slots
         self._variants: dict[tuple[int, int, bool], _Variant] = {}
         self._pool = None
 
-    def scratch(self, k: int, T: int) -> Tensor:
-        """The keys/values the last prefill of k rows of bucket T wrote: [2, layers, k, T, heads, dim]."""
-        return self.kv[:, :, :k * T].unflatten(2, (k, T))
+    def scratch(self, k: int, T: int) -> KVCache:
+        """The keys/values the last prefill of k rows of bucket T wrote: per layer [k, T, heads, dim]."""
+        return scratch_cache(self.k, self.v, k, T)
 
     def run(self, prompts: list[list[int]], settings: list[RowSettings]) -> tuple[Tensor, dict[str, Tensor]]:
         """Prefill `prompts` (one bucket) left-padded to it: their first tokens [k] and their sampling
@@ -132,14 +138,14 @@ class JoinPrefill:
     def _variant(self, k: int, T: int, padded: bool) -> _Variant:
         key = (k, T, padded)
         if key not in self._variants:
-            if k * T > self.kv.shape[2]:
-                raise RuntimeError(f"{k} prompts of bucket {T} exceed the scratch's {self.kv.shape[2]} slots")
+            if k * T > self.slots:
+                raise RuntimeError(f"{k} prompts of bucket {T} exceed the scratch's {self.slots} slots")
             dev = self.device
             self._variants[key] = _Variant(
                 ints=torch.zeros(k * T + 4 * k, dtype=torch.long, device=dev),
                 floats=torch.zeros(2 * k, dtype=torch.float32, device=dev),
                 first=torch.zeros(k, dtype=torch.long, device=dev),
-                cache=flat_cache(self.scratch(k, T)))
+                cache=self.scratch(k, T))
         return self._variants[key]
 
     def _replay(self, v: _Variant, k: int, T: int, padded: bool) -> None:

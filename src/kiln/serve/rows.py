@@ -41,7 +41,6 @@ from kiln.serve.join_prefill import (
     PREFILL_ROWS,
     JoinPrefill,
     RowSettings,
-    flat_cache,
     prefill_sizes,
     row_prefill,
     split_sizes,
@@ -124,12 +123,8 @@ class Rows:
         self.device, self.rows, self.capacity, self.cuda_graphs = dev, rows, capacity, cuda_graphs
         self.prefill_tokens = prefill_tokens
         """The scheduler's prompt tokens per iteration: which batches of joins are prefilled together."""
-        c = self.config
-        self.kv = torch.zeros(2, c.n_layers, rows, capacity, c.n_kv_heads, c.head_dim, dtype=dtype, device=dev)
-        """Every layer's keys and values in one tensor (the cache's lists are views): a join's copy
-        into its row is one copy for all layers."""
         self.buf = RowBuffers(
-            cache=flat_cache(self.kv),
+            cache=KVCache(self.config, rows, capacity, dtype=dtype, device=dev),
             tokens=torch.zeros(rows, capacity, dtype=torch.long, device=dev),
             pad=torch.zeros(rows, dtype=torch.long, device=dev),
             pos=torch.zeros(1, dtype=torch.long, device=dev),
@@ -220,7 +215,7 @@ class Rows:
         p, b, n = self.cursor, self.buf, max(self.busy) + 1
         src, dst = (slice(-shift, p + 1), slice(0, p + 1 + shift)) if shift < 0 else \
             (slice(0, p + 1), slice(shift, p + 1 + shift))
-        for t in (*self.kv.flatten(0, 1), b.tokens):  # layer by layer: the clone is one layer's span
+        for t in (*b.cache.k, *b.cache.v, b.tokens):
             t[:n, dst] = t[:n, src].clone()
         b.pad.add_(shift).clamp_(min=0)
         self.busy = {r: pad + shift for r, pad in self.busy.items()}
@@ -246,7 +241,8 @@ class Rows:
             scratch = self.prefill.scratch(k, T)
             for i, (row, prompt, max_tokens, sampling) in enumerate(batch):
                 n = len(prompt)
-                self.kv[:, :, row, p - n:p] = scratch[:, :, i, T - n:]
+                for dst, src in zip((*b.cache.k, *b.cache.v), (*scratch.k, *scratch.v), strict=True):
+                    dst[row, p - n:p] = src[i, T - n:]
                 for name, value in settings.items():
                     getattr(b, name)[row:row + 1].copy_(value[i:i + 1])
                 b.tokens[row, p:p + 1].copy_(first[i:i + 1])
