@@ -1,6 +1,8 @@
 """kiln's recipes under FSDP2 on gloo ranks: bf16-master with fp32 masters of each rank's shard
 (trains to the one-process losses, resumes bitwise, also after an async save), HSDP on 2 x 2
-ranks (a replicate x shard mesh), and the configurations they refuse."""
+ranks (a replicate x shard mesh), and the configurations they refuse. The decoder is built on the
+meta device and sharded (tests/distributed/test_meta_init.py): these resumes are also the DCP loads
+into meta-built shards."""
 
 from __future__ import annotations
 
@@ -89,6 +91,7 @@ def test_bf16_master_under_fsdp2_trains_to_the_one_process_losses_and_resumes_bi
     train(load_config(None, [*BASE, *extra, f"data.batch_size={GLOBAL_BATCH}"]), single)
     summary, clean = _trains_then_resumes_bitwise(tmp_path, 2, *extra)
     assert summary["strategy"] == "fsdp" and summary["precision"] == "bf16-master"
+    assert summary["memory_plan"]["strategy"] == "fsdp"  # planned for the sharded, meta-built decoder
     assert summary["fsdp_layout"]["param_dtype"] == "bf16" and summary["fsdp_layout"]["reduce_dtype"] == "fp32"
     assert summary["fsdp_layout"]["mesh"] == {"replicate": 1, "shard": 2}
     # Each rank's bf16 gradient of its half batch is rounded before the fp32 reduce-scatter; one
