@@ -1,6 +1,8 @@
 """kiln's recipes under FSDP2 on gloo ranks: bf16-master with fp32 masters of each rank's shard
 (trains to the one-process losses, resumes bitwise, also after an async save), HSDP on 2 x 2
-ranks (a replicate x shard mesh), and the configurations they refuse."""
+ranks (a replicate x shard mesh), and the configurations they refuse. The decoder is built on the
+meta device and sharded (tests/distributed/test_meta_init.py): these resumes are also the DCP loads
+into meta-built shards."""
 
 from __future__ import annotations
 
@@ -32,9 +34,12 @@ def _losses(run_dir: Path) -> list[float]:
 
 
 def _ranks(run_dir: Path, nproc: int, *extra: str, fault: str | None = None) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "kiln", "train", "--nproc-per-node", str(nproc), "--run-dir", str(run_dir), *BASE,
-           f"data.batch_size={GLOBAL_BATCH // nproc}", "distributed.strategy=fsdp", "distributed.fsdp_unit_blocks=1",
-           *extra]
+    """`kiln train` on `nproc` gloo ranks; with `fault`, every rank dies of it on the first attempt and
+    the elastic agent (--max-restarts 1) restarts the group, which resumes from the run dir."""
+    restarts = ["--max-restarts", "1"] if fault else []
+    cmd = [sys.executable, "-m", "kiln", "train", "--nproc-per-node", str(nproc), *restarts, "--run-dir", str(run_dir),
+           *BASE, f"data.batch_size={GLOBAL_BATCH // nproc}", "distributed.strategy=fsdp",
+           "distributed.fsdp_unit_blocks=1", *extra]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     if fault:
         env["KILN_FAULT"] = fault
@@ -61,15 +66,16 @@ def _checkpoint_tensors(path: Path) -> dict[str, torch.Tensor]:
 
 
 def _trains_then_resumes_bitwise(tmp_path: Path, nproc: int, *extra: str) -> tuple[dict, Path]:
-    """A clean run of 6 steps; a run that dies after step 5 (its step-4 checkpoint kept), then the
-    same command resumed: the final checkpoints are equal bit for bit, optimizer state included."""
+    """A clean run of 6 steps; a run whose ranks die after step 5 (its step-4 checkpoint kept) and are
+    restarted by the launcher (one launch, not a second command: the same resume from the run dir):
+    the final checkpoints are equal bit for bit, optimizer state included."""
     clean = tmp_path / "clean"
     proc = _ranks(clean, nproc, *extra)
     assert proc.returncode == 0, proc.stderr[-3000:]
     crashed = tmp_path / "crashed"
-    assert _ranks(crashed, nproc, *extra, fault="host-oom@5").returncode == 1
-    proc = _ranks(crashed, nproc, *extra)
+    proc = _ranks(crashed, nproc, *extra, fault="host-oom@5")
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "injected by KILN_FAULT=host-oom@5" in proc.stderr  # the first attempt did die
     summary = json.loads((crashed / "summary.json").read_text())
     assert summary["resumed_from"].endswith("step_00000004")
     a = _checkpoint_tensors(clean / "checkpoints" / "step_00000006")
@@ -85,6 +91,7 @@ def test_bf16_master_under_fsdp2_trains_to_the_one_process_losses_and_resumes_bi
     train(load_config(None, [*BASE, *extra, f"data.batch_size={GLOBAL_BATCH}"]), single)
     summary, clean = _trains_then_resumes_bitwise(tmp_path, 2, *extra)
     assert summary["strategy"] == "fsdp" and summary["precision"] == "bf16-master"
+    assert summary["memory_plan"]["strategy"] == "fsdp"  # planned for the sharded, meta-built decoder
     assert summary["fsdp_layout"]["param_dtype"] == "bf16" and summary["fsdp_layout"]["reduce_dtype"] == "fp32"
     assert summary["fsdp_layout"]["mesh"] == {"replicate": 1, "shard": 2}
     # Each rank's bf16 gradient of its half batch is rounded before the fp32 reduce-scatter; one

@@ -30,9 +30,11 @@ def _losses(run_dir):
     return [json.loads(line)["loss"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def _single(tmp_path, batch=16):
-    run_dir = tmp_path / "single"
-    train(load_config(None, [*BASE, f"data.batch_size={batch}"]), run_dir)
+@pytest.fixture(scope="module")
+def single(tmp_path_factory):
+    """One process with the global batch: the trajectory both strategies' two ranks must follow."""
+    run_dir = tmp_path_factory.mktemp("single") / "run"
+    train(load_config(None, [*BASE, "data.batch_size=16"]), run_dir)
     return run_dir
 
 
@@ -42,8 +44,7 @@ def _kiln(*args):
 
 
 @pytest.mark.parametrize(("strategy", "accum"), [("ddp", 1), ("fsdp", 2)])
-def test_two_ranks_match_one_process(tmp_path, strategy, accum):
-    single = _single(tmp_path)
+def test_two_ranks_match_one_process(tmp_path, single, strategy, accum):
     run_dir = tmp_path / strategy
     per_rank = 16 // (2 * accum)
     proc = _kiln("--nproc-per-node", "2", "--run-dir", str(run_dir), *BASE, f"distributed.strategy={strategy}",

@@ -78,23 +78,3 @@ def test_a_checkpoint_directory_loads_into_the_shards(run_ranks, tmp_path, monke
     sharded = {plain_name(k): v for k, v in torch.load(tmp_path / "report.pt").items()}
     reference = _one_process([o for o in overrides if not o.startswith("distributed.")])
     assert sharded.keys() == reference.keys() and all(torch.equal(sharded[k], v) for k, v in reference.items())
-
-
-def test_a_meta_built_fsdp_run_resumes_from_its_checkpoint(tmp_path):
-    """The shards filled from the initial values are ordinary FSDP2 parameters: DCP loads a checkpoint
-    into them (a run trained longer from its step-4 checkpoint at 2 ranks)."""
-    import os
-    import subprocess
-    import sys
-
-    run_dir = tmp_path / "run"
-    base = [sys.executable, "-m", "kiln", "train", "--nproc-per-node", "2", "--run-dir", str(run_dir),
-            *[o for o in BASE if o != "training.steps=1"], "model.kwargs.tie_word_embeddings=true",
-            "training.log_interval=2"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    for steps in (4, 6):
-        proc = subprocess.run([*base, f"training.steps={steps}"], capture_output=True, text=True, env=env, timeout=600)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["steps"] == 6 and summary["resumed_from"].endswith("step_00000004")
-    assert summary["strategy"] == "fsdp" and summary["memory_plan"]["strategy"] == "fsdp"

@@ -58,6 +58,29 @@ def test_raising_faults(monkeypatch):
         inject(Fault("kill-worker", 1), 1)
 
 
+def test_a_hung_rank_ends_on_sigterm(monkeypatch):
+    """The hang sleeps with SIGTERM's default action restored (kiln's own handler would only ask for a
+    stop at the next step): torchrun's stop before a restart ends it without waiting out its grace."""
+    import signal
+
+    class Slept(Exception):
+        pass
+
+    def sleep(seconds):
+        raise Slept(signal.getsignal(signal.SIGTERM))
+
+    monkeypatch.setattr(faults.time, "sleep", sleep)
+    before = signal.signal(signal.SIGTERM, lambda *_: None)  # as a kiln rank's stop handler
+    try:
+        inject(Fault("hang", 2), 1)  # not its step: nothing changes
+        assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+        with pytest.raises(Slept) as slept:
+            inject(Fault("hang", 2), 2)
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert slept.value.args == (signal.SIG_DFL,)
+
+
 @pytest.mark.parametrize("argv", [[], ["--nproc-per-node", "2"]])
 def test_a_bogus_fault_is_refused_before_the_run_dir_exists(bad_input, tmp_path, monkeypatch, argv):
     monkeypatch.setenv("KILN_FAULT", "bogus")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import shlex
 import typing
 from dataclasses import MISSING, dataclass
@@ -74,8 +75,16 @@ def flag_name(f: dataclasses.Field) -> str:
     return spec.name if spec and spec.name else "--" + f.name.replace("_", "-")
 
 
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    """The resolved annotations of a request class, once per class: a command's parser asks for
+    each of its fields, and resolving them all again per field made building `kiln`'s parser
+    cost more than a short run."""
+    return typing.get_type_hints(cls)
+
+
 def _choices(cls: type, f: dataclasses.Field) -> tuple[str, ...]:
-    return typing.get_args(typing.get_type_hints(cls)[f.name])
+    return typing.get_args(_hints(cls)[f.name])
 
 
 def flag_names(cls: type, f: dataclasses.Field) -> list[str]:
@@ -103,7 +112,7 @@ def default_of(f: dataclasses.Field) -> Any:
 
 def _item_type(cls: type, f: dataclasses.Field) -> type:
     """The parse type of a field: int, float, Path or str (the list's item type for list fields)."""
-    hint = typing.get_type_hints(cls)[f.name]
+    hint = _hints(cls)[f.name]
     args = [a for a in typing.get_args(hint) if a is not type(None)] or [hint]
     if typing.get_origin(args[0]) in (list, tuple):
         args = list(typing.get_args(args[0])[:1])

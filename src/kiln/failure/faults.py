@@ -5,7 +5,9 @@ own drill).
 optimizer step K, before the step counts as done:
 
 - `kill`: SIGKILL this process (a crashed or OOM-killed rank);
-- `hang`: stop participating (sleep), so the others' next collective times out;
+- `hang`: stop participating (sleep), so the others' next collective times out; the hung rank
+  takes SIGTERM's default action again, so the stop torchrun sends the group before a restart
+  ends it at once instead of after torchrun's shutdown grace (a test's wait, not the recovery);
 - `slow@K:MS`: sleep MS milliseconds after every step from K on (a straggler: a slow host, a
   throttled GPU, a noisy neighbour);
 - `cuda-oom`: raise torch.cuda.OutOfMemoryError, as a too-large batch would inside the step;
@@ -75,6 +77,7 @@ def inject(fault: Fault | None, step: int) -> None:
     elif fault.kind == "kill-worker":
         _kill_a_loader_worker()
     else:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # kiln's stop-at-the-next-step handler would keep it
         while True:  # hang: the peers' collective must time out (distributed.timeout_s)
             time.sleep(3600)
 
