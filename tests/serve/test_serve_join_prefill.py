@@ -5,9 +5,8 @@ of the queue with the requests behind it in its bucket, within the prefill budge
 from __future__ import annotations
 
 import pytest
-import torch
 
-from kiln.llm import Engine, build_decoder, resolve_model
+from kiln.llm import Engine
 from kiln.serve.join_prefill import prefill_sizes, split_sizes
 from kiln.serve.metrics import ServeMetrics
 from kiln.serve.rows import Rows, RowSettings
@@ -15,13 +14,7 @@ from kiln.serve.scheduler import Job, Scheduler
 
 pytest.importorskip("transformers")
 
-from tests.llm.conftest import write_checkpoint  # noqa: E402
 
-
-@pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    directory = write_checkpoint(tmp_path_factory.mktemp("joins") / "llama", "llama3-tied")
-    return build_decoder(resolve_model(str(directory)), device="cpu", dtype=torch.float32)
 
 
 def test_batch_sizes_and_their_split():

@@ -6,19 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kiln.llm import Engine, build_decoder, resolve_model
+from kiln.llm import Engine
 from kiln.serve.row_sampling import hashed_uniform, pick_tokens
 from kiln.serve.rows import Rows, RowSettings, batch_buckets
 
 pytest.importorskip("transformers")
 
-from tests.llm.conftest import write_checkpoint  # noqa: E402
 
-
-@pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    directory = write_checkpoint(tmp_path_factory.mktemp("rows") / "llama", "llama3-tied")
-    return build_decoder(resolve_model(str(directory)), device="cpu", dtype=torch.float32)
 
 
 def alone(model, prompt, n):

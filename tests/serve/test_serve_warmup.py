@@ -6,23 +6,16 @@ from __future__ import annotations
 import itertools
 
 import pytest
-import torch
 
 from kiln.errors import ConfigError
-from kiln.llm import Engine, build_decoder, resolve_model
+from kiln.llm import Engine
 from kiln.serve.metrics import ServeMetrics
 from kiln.serve.rows import Rows, RowSettings
 from kiln.serve.warmup import chosen_prompt_buckets, prompt_buckets, warm_up
 
 pytest.importorskip("transformers")
 
-from tests.llm.conftest import write_checkpoint  # noqa: E402
 
-
-@pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    directory = write_checkpoint(tmp_path_factory.mktemp("warm") / "llama", "llama3-tied")
-    return build_decoder(resolve_model(str(directory)), device="cpu", dtype=torch.float32)
 
 
 def test_prompt_buckets_reach_the_longest_prompt_a_row_holds():
