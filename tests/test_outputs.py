@@ -31,6 +31,19 @@ def test_release_keeps_a_dir_that_holds_files(tmp_path):
     assert [p.name for p in (tmp_path / "run").iterdir()] == ["metrics.jsonl"]
 
 
+def test_released_on_error_undoes_the_lock_only_when_the_block_raises(tmp_path):
+    lock = RunDirLock(tmp_path / "run")
+    with lock.released_on_error():
+        lock.acquire()
+    assert lock.held  # no error: still held
+    lock.release()
+    lock = RunDirLock(tmp_path / "other")
+    with pytest.raises(ValueError), lock.released_on_error():
+        lock.acquire()
+        raise ValueError("bad input")
+    assert not lock.held and not (tmp_path / "other").exists()  # created for the lock: removed again
+
+
 def test_a_launcher_holds_the_lock_for_its_rank(tmp_path, monkeypatch):
     monkeypatch.setenv(LOCK_ENV, f"{os.getpid()}:{tmp_path}")
     assert not held_for_me(tmp_path)  # named, but nobody holds it

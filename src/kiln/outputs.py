@@ -13,6 +13,7 @@ import atexit
 import contextlib
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from kiln.errors import ConfigError
@@ -221,6 +222,16 @@ class RunDirLock:
         os.close(self._fd)  # closing releases the lock
         self._fd = None
         _mine.discard(os.path.abspath(self.dir))
+
+    @contextlib.contextmanager
+    def released_on_error(self) -> Iterator[None]:
+        """Release the lock if the block raises, removing the dir if acquiring it created it (and it
+        is still empty): a run refused on bad input leaves the dir as it was."""
+        try:
+            yield
+        except BaseException:
+            self.release(remove_if_created=True)
+            raise
 
     @property
     def held(self) -> bool:

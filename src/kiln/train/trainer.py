@@ -86,17 +86,14 @@ class Trainer:
         # The run dir's lock before any look at the dir, held until `fit` ends: two kiln processes
         # never both decide a dir is theirs. Rank 0 holds it (or its launcher, for it).
         self._lock = RunDirLock(self.run_dir)
-        if self.dist.is_main:
-            self._lock.acquire()
         try:
-            self.parts = build_run(plan, where, self.dist, self.device, cpu_plan=cpu_plan, fault=fault)
+            with self._lock.released_on_error():  # bad input: the dir is as it was
+                if self.dist.is_main:
+                    self._lock.acquire()
+                self.parts = build_run(plan, where, self.dist, self.device, cpu_plan=cpu_plan, fault=fault)
         except SystemExit as exc:  # a factory's sys.exit(0) must not end kiln silently with success
-            self._lock.release(remove_if_created=True)
             raise ConfigError("model.name", f"user code called sys.exit({exc.code!r}) while kiln built the model "
                               "and data; raise an exception to report a problem") from None
-        except BaseException:
-            self._lock.release(remove_if_created=True)  # bad input: the dir is as it was
-            raise
         self.loop = TrainLoop(self.parts)  # it owns the run's progress (read here for the summary and a report)
         # How the end went, for a failure's report (kept here, written by `fit` and `leave_group` only).
         self.failed_at: float | None = None
