@@ -26,8 +26,8 @@
 # Needs fastapi, uvicorn and httpx on the device: carry wheels in .whl/ (device_env.sh installs them).
 # SERVE_FLAGS adds kiln serve flags to bf16/int4 (e.g. "--decode-attention flash": it reads only the slots a row
 # uses, where triton and matmul read all MAX_SEQ_LEN of them); TAG suffixes their labels (a second run, same $OUT).
-# E.g. SERVE_FLAGS="--prefill-tokens 2048" TAG=p2048: up to four 512-token joins prefilled in one forward (each k
-# is warmed too: 6 prefill variants of the 512 bucket instead of 2).
+# E.g. SERVE_FLAGS="--prefill-tokens 2048 --join-batch 4" TAG=p2048: up to four 512-token joins prefilled in one
+# forward (each k is warmed too: 6 prefill variants of the 512 bucket instead of 2).
 # CPU smoke test of the plumbing: DEVICE=cpu MODEL=llama-tiny VOCAB=512 MAX_SEQ_LEN=64 PROMPT_LEN=16 MAX_TOKENS=8
 #   BATCH_BUCKETS=1,2,4 MAX_BATCH=4 CONCURRENCY=1,4 OPEN_BASE=4 WARMUP_BUCKETS=none PART=bf16 (text: DRY=1).
 set -uo pipefail

@@ -21,6 +21,7 @@ def test_batch_sizes_and_their_split():
     assert prefill_sizes(16, 512) == [1, 2, 4] and prefill_sizes(512, 512) == [1]
     assert prefill_sizes(512, 1024) == [1, 2] and prefill_sizes(512, 2048) == [1, 2, 4]
     assert prefill_sizes(1024, 64) == [1]  # one prompt always, over the budget too
+    assert prefill_sizes(16, 512, 1) == [1] and prefill_sizes(16, 512, 2) == [1, 2]  # --join-batch caps k
     assert split_sizes(7, [1, 2, 4]) == [4, 2, 1] and split_sizes(3, [1, 2]) == [2, 1]
     assert split_sizes(4, [1]) == [1, 1, 1, 1] and split_sizes(0, [1, 2, 4]) == []
 
@@ -31,7 +32,7 @@ def test_joins_prefilled_together_each_get_their_tokens_alone(model):
     prompts = [[1, 5, 9], [1, 17, 33, 8, 54, 60, 2, 7, 11], [3] * 16, [1, 40, 41, 42, 43], [9, 8, 7, 6, 5, 4, 3, 2],
                [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13], [60, 61]]
     late = [[1, 70, 71, 72], [5] * 12]
-    rows = Rows(model, rows=9, capacity=64, compile=False, cuda_graphs=False, prefill_tokens=64)
+    rows = Rows(model, rows=9, capacity=64, compile=False, cuda_graphs=False, prefill_tokens=64, join_batch=4)
     sizes = []
     real = rows.prefill.fn
     rows.prefill.fn = lambda m, tokens, *rest: (sizes.append(tuple(tokens.shape)), real(m, tokens, *rest))[1]

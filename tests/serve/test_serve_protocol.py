@@ -141,6 +141,7 @@ def test_histogram_and_metrics_text():
     (["--model", "llama-tiny", "--max-batch", "8", "--batch-buckets", "1,9"], ["--batch-buckets", "[1, --max-batch=8]"]),
     (["--model", "llama-tiny", "--max-queue", "-1"], ["--max-queue"]),
     (["--model", "llama-tiny", "--port", "70000"], ["--port"]),
+    (["--model", "llama-tiny", "--join-batch", "3"], ["--join-batch", "1", "2", "4"]),
     (["--model", "llama-tiny", "--max-seq-len", "999999"], ["--max-seq-len", "positions"]),
     (["--model", "llama-tiny", "--quant", "int3"], ["--quant"]),
     (["--model", "llama-tiny", "--warmup-prompt-buckets", "16,100"], ["--warmup-prompt-buckets", "100", "256"]),

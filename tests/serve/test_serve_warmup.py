@@ -32,7 +32,7 @@ def test_prompt_buckets_reach_the_longest_prompt_a_row_holds():
 
 def test_warm_up_runs_every_variant_once_and_leaves_the_rows_new(model):
     # batch buckets 1, 2, 3; a budget of 32 prompt tokens prefills two 16-token prompts together
-    rows = Rows(model, rows=3, capacity=40, compile=False, cuda_graphs=False, prefill_tokens=32)
+    rows = Rows(model, rows=3, capacity=40, compile=False, cuda_graphs=False, prefill_tokens=32, join_batch=2)
     prefills, decodes = [], []
     real_prefill, real_decode = rows.prefill.fn, rows._decode
     rows.prefill.fn = lambda m, tokens, pad, *rest: (prefills.append((*tokens.shape, pad is None)),

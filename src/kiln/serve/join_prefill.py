@@ -7,7 +7,7 @@ captured once as a CUDA graph over fixed input buffers and replayed, so a join c
 host-to-device copies, one replay and the copies into its row.
 
 Up to k waiting prompts of the same bucket are prefilled in one forward (k from `PREFILL_ROWS`,
-k x T within the scheduler's prefill budget, so the variants warmed stay few), each left-padded
+at most `--join-batch`, k x T within the scheduler's prefill budget, so the variants warmed stay few), each left-padded
 to T in its own scratch row, masked and positioned from its first token exactly as when alone.
 The scratch holds, per layer, one keys and one values buffer [slots, kv heads, head dim], each viewed
 as k rows of T slots per variant, so its size is the largest k x T, not k rows of a whole context.
@@ -43,10 +43,10 @@ class RowSettings:
     seed: int = 0
 
 
-def prefill_sizes(bucket: int, budget: int) -> list[int]:
+def prefill_sizes(bucket: int, budget: int, most: int = max(PREFILL_ROWS)) -> list[int]:
     """Rows prefilled together for prompt bucket `bucket` within `budget` prompt tokens: 1 always,
-    larger k from PREFILL_ROWS while k x bucket fits."""
-    return [k for k in PREFILL_ROWS if k == 1 or k * bucket <= budget]
+    larger k from PREFILL_ROWS up to `most` while k x bucket fits."""
+    return [k for k in PREFILL_ROWS if k == 1 or (k <= most and k * bucket <= budget)]
 
 
 def split_sizes(n: int, sizes: list[int]) -> list[int]:

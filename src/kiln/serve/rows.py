@@ -38,7 +38,6 @@ from kiln.llm.block_compile import CompileScope, blocks_installed, compiled_bloc
 from kiln.llm.engine import GRAPH_WARMUP_STEPS, bucket_length
 from kiln.llm.model import Decoder, KVCache
 from kiln.serve.join_prefill import (
-    PREFILL_ROWS,
     JoinPrefill,
     RowSettings,
     prefill_sizes,
@@ -117,12 +116,13 @@ class Rows:
 
     def __init__(self, model: Decoder, *, rows: int, capacity: int, compile: bool, cuda_graphs: bool,
                  buckets: list[int] | None = None, inductor_options: dict[str, Any] | None = None,
-                 compile_scope: CompileScope = "blocks", prefill_tokens: int = 512):
+                 compile_scope: CompileScope = "blocks", prefill_tokens: int = 512, join_batch: int = 1):
         self.model, self.config = model, model.config
         dev, dtype = model.embed.weight.device, model.embed.weight.dtype
         self.device, self.rows, self.capacity, self.cuda_graphs = dev, rows, capacity, cuda_graphs
-        self.prefill_tokens = prefill_tokens
-        """The scheduler's prompt tokens per iteration: which batches of joins are prefilled together."""
+        self.prefill_tokens, self.join_batch = prefill_tokens, join_batch
+        """The scheduler's prompt tokens per iteration, and the most prompts prefilled in one forward:
+        which batches of joins are prefilled together (each size is one more warm-up variant)."""
         self.buf = RowBuffers(
             cache=KVCache(self.config, rows, capacity, dtype=dtype, device=dev),
             tokens=torch.zeros(rows, capacity, dtype=torch.long, device=dev),
@@ -150,7 +150,7 @@ class Rows:
         self._decode_blocks = compiled_block_forwards(model, inductor_options) if blocks else None
         self._prefill_blocks = compiled_block_forwards(model, None) if blocks else None
         longest = bucket_length(capacity)  # the largest k x T a batch of joins may take, within the budget
-        self.prefill = JoinPrefill(model, slots=max(longest, min(prefill_tokens, max(PREFILL_ROWS) * longest)),
+        self.prefill = JoinPrefill(model, slots=max(longest, min(prefill_tokens, join_batch * longest)),
                                    fn=self._prefill, cuda_graphs=cuda_graphs,
                                    installed=lambda: self._blocks(self._prefill_blocks))
         self._graphs: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}
@@ -177,7 +177,7 @@ class Rows:
 
     def prefill_sizes(self, bucket: int) -> list[int]:
         """How many prompts of `bucket` are prefilled in one forward (each is warmed)."""
-        return prefill_sizes(bucket, self.prefill_tokens)
+        return prefill_sizes(bucket, self.prefill_tokens, self.join_batch)
 
     def place(self, prompt_len: int, max_tokens: int) -> bool:
         """Move the cursor so that a prompt of `prompt_len` fits before it and `max_tokens` after

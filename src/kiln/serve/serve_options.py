@@ -43,9 +43,11 @@ class ServeOptions:
     max_seq_len: int | None = option(None, help="slots per KV-cache row: prompt + max_tokens of one request "
                                      "(default: the model's positions, at most 2048)")
     prefill_tokens: int = option(512, help="prompt tokens prefilled per scheduler iteration between decode steps: "
-                                 "bounds how long joining requests pause the running streams; waiting prompts of "
-                                 "one bucket are prefilled together, 2 or 4 where that many buckets fit (default "
-                                 "512; one waiting request always gets its turn)")
+                                 "bounds how long joining requests pause the running streams (default 512; one "
+                                 "waiting request always gets its turn)")
+    join_batch: int = option(1, help="most waiting prompts of one prompt bucket prefilled in one forward: 1, 2 or 4 "
+                             "(default 1), within --prefill-tokens; each size above 1 adds a warm-up variant per "
+                             "prompt bucket it fits")
     no_warmup: bool = option(False, shape="switch", help="bind at once and compile each decode batch bucket and "
                              "prompt bucket on first use, under load (tests, CPU); by default all are compiled "
                              "before the port is bound")

@@ -28,6 +28,7 @@ from kiln.llm.weights import TORCH_DTYPES, build_decoder, has_weights
 from kiln.models.host_memory import check_generation_fits
 from kiln.serve.app import INSTALL_HINT, State, build_app
 from kiln.serve.chat import load_chat_template
+from kiln.serve.join_prefill import PREFILL_ROWS
 from kiln.serve.metrics import ServeMetrics
 from kiln.serve.rows import Rows
 from kiln.serve.scheduler import Scheduler
@@ -66,6 +67,8 @@ def check_serve(opts: ServeOptions) -> ServeSetup:
     at_least("--max-batch", opts.max_batch, 1)
     at_least("--max-queue", opts.max_queue, 0)
     at_least("--prefill-tokens", opts.prefill_tokens, 1)
+    if opts.join_batch not in PREFILL_ROWS:
+        raise ConfigError("--join-batch", f"got {opts.join_batch}", tuple(map(str, PREFILL_ROWS)))
     at_least("--max-seq-len", opts.max_seq_len, 2)
     at_least("--drain-s", opts.drain_s, 0)
     if opts.batch_buckets and (min(opts.batch_buckets) < 1 or max(opts.batch_buckets) > opts.max_batch):
@@ -131,7 +134,7 @@ def build_rows(setup: ServeSetup, say: Callable[[str], None]) -> Rows:
                 compile=setup.compile,
                 cuda_graphs=setup.compile and setup.device.type == "cuda",
                 inductor_options=default_inductor_options(setup.device), compile_scope=opts.compile_scope,
-                prefill_tokens=opts.prefill_tokens)
+                prefill_tokens=opts.prefill_tokens, join_batch=opts.join_batch)
 
 
 def served_model(setup: ServeSetup) -> Served:
