@@ -6,14 +6,14 @@ dynamo's guards layer by layer; here each variant (prompt bucket T, rows k, padd
 captured once as a CUDA graph over fixed input buffers and replayed, so a join costs two
 host-to-device copies, one replay and the copies into its row.
 
-Up to k waiting prompts of the same bucket are prefilled in one forward (k from `PREFILL_ROWS`,
-at most `--join-batch`, k x T within the scheduler's prefill budget, so the variants warmed stay few), each left-padded
-to T in its own scratch row, masked and positioned from its first token exactly as when alone.
-The scratch holds, per layer, one keys and one values buffer [slots, kv heads, head dim], each viewed
-as k rows of T slots per variant, so its size is the largest k x T, not k rows of a whole context.
-Every layer's keys and values stay separate tensors: a compiled block that takes two inputs of one
-storage (keys and values as views of one buffer) gets them through a "synthetic base", a copy of that
-whole buffer per call, which is slow and has crashed the decode step's warm-up on a GPU.
+Up to k waiting prompts of the same bucket are prefilled in one forward (k from `PREFILL_ROWS`, at
+most `--join-batch`, k x T within the scheduler's prefill budget, so the variants warmed stay few),
+each left-padded to T in its own scratch row, masked and positioned from its first token exactly as
+when alone. The scratch holds, per layer, one keys and one values buffer [slots, kv heads, head
+dim], each viewed as k rows of T slots per variant, so its size is the largest k x T, not k rows of
+a whole context. Every layer's keys and values stay separate tensors (here and in the rows): a
+compiled block whose mutated inputs share one storage (keys and values as views of one buffer) gets
+them through AOTAutograd's "synthetic base", a copy of that whole buffer per call.
 """
 
 from __future__ import annotations
