@@ -1,6 +1,6 @@
 """Microbenchmark of one decode step's attention on a GPU: the matmul path (compiled as the engine
 compiles it), FlashAttention's varlen kernel and kiln's Triton kernel over a sweep of its launch
-settings (slots per block, programs aimed at, warps), on one layer of a model's shape.
+settings (slots per block, programs aimed at, warps, the looping programs' pipeline stages), on one layer of a model's shape.
 
 Each variant is captured as back-to-back calls in one CUDA graph (as in a decode step: no launch
 gaps from the host), at least `--layers` of them and each on its own copy of the keys and values,
@@ -47,6 +47,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="calls per graph replay, at least (more where 3x the L2 cache needs more K/V copies)")
     ap.add_argument("--repeats", type=int, default=30)
     ap.add_argument("--batch", type=int, default=1, help="rows attending at once (each over all --slots)")
+    ap.add_argument("--blocks", default="16,32,64", help="slots per block to sweep")
+    ap.add_argument("--targets", default="128,256,512,1024", help="programs aimed at, to sweep")
+    ap.add_argument("--warps", default="2,4", help="warps per program, to sweep")
+    ap.add_argument("--stages", default="0", help="LOOP_STAGES to sweep (0: the hand-prefetched loop; N: Triton's "
+                    "pipeline with N stages, where a program loops)")
     ap.add_argument("--rope", action="store_true", help="also the fused RoPE + cache write + attention op "
                     "(kiln::decode_attention_rope, what a Llama decode step runs) at each launch setting")
     args = ap.parse_args(argv)
@@ -81,12 +86,14 @@ def main(argv: list[str] | None = None) -> int:
         reference = Attention._decode_attention(attn, q.float().transpose(1, 2), k.float().transpose(1, 2),
                                                 v.float().transpose(1, 2), mask).transpose(1, 2)
     settings = {}
-    for block, target, warps in itertools.product((16, 32, 64), (128, 256, 512, 1024), (2, 4)):
-        name = f"triton block {block} target {target} warps {warps}"
-        settings[name] = (block, target, warps)
+    ints = lambda text: [int(t) for t in text.split(",")]  # noqa: E731
+    for block, target, warps, stages in itertools.product(ints(args.blocks), ints(args.targets), ints(args.warps),
+                                                          ints(args.stages)):
+        name = f"triton block {block} target {target} warps {warps}" + (f" stages {stages}" if stages else "")
+        settings[name] = (block, target, warps, stages)
 
-        def run(k, v, block=block, target=target, warps=warps):
-            td.BLOCK_S, td.TARGET_PROGRAMS, td.NUM_WARPS = block, target, warps
+        def run(k, v, block=block, target=target, warps=warps, stages=stages):
+            td.BLOCK_S, td.TARGET_PROGRAMS, td.NUM_WARPS, td.LOOP_STAGES = block, target, warps, stages or None
             return td.triton_decode(q, k, v, pad, pos, scale, None)
 
         variants[name] = run
@@ -94,26 +101,27 @@ def main(argv: list[str] | None = None) -> int:
             qkv0 = torch.randn(B, 1, (H + 2 * Hkv) * D, device=dev, dtype=dtype, generator=gen)
 
             def run_auto(k, v, qkv=qkv0, inv_freq=attn_inv_freq(config, dev)):
-                td.BLOCK_S, td.TARGET_PROGRAMS, td.NUM_WARPS = None, 256, None
+                td.BLOCK_S, td.TARGET_PROGRAMS, td.NUM_WARPS, td.LOOP_STAGES = None, 256, None, None
                 return td.triton_decode_rope(qkv, inv_freq, k, v, pad, pos, scale, None, H)
 
             variants["rope kiln's choice " + "/".join(map(str, td.launch_settings(B, Hkv, S)))] = run_auto
         if args.rope:  # the projection's output, rotated and written into the cache by the kernel itself
             qkv = torch.randn(B, 1, (H + 2 * Hkv) * D, device=dev, dtype=dtype, generator=gen)
             inv_freq = attn_inv_freq(config, dev)
-            settings[f"rope {name}"] = (block, target, warps)
+            settings[f"rope {name}"] = (block, target, warps, stages)
 
-            def run_rope(k, v, block=block, target=target, warps=warps, qkv=qkv, inv_freq=inv_freq):
-                td.BLOCK_S, td.TARGET_PROGRAMS, td.NUM_WARPS = block, target, warps
+            def run_rope(k, v, block=block, target=target, warps=warps, stages=stages, qkv=qkv, inv_freq=inv_freq):
+                td.BLOCK_S, td.TARGET_PROGRAMS, td.NUM_WARPS, td.LOOP_STAGES = block, target, warps, stages or None
                 return td.triton_decode_rope(qkv, inv_freq, k, v, pad, pos, scale, None, H)
 
             variants[f"rope {name}"] = run_rope
-    graphs, errors = {}, {}
-    for name, fn in variants.items():
-        out = fn(k, v).float()
-        out = fn(k, v).float()  # a second call too: the first of a compiled variant also tunes it
+    errors = {}
+    for name, fn in variants.items():  # every error before any graph: the rope variants (and their graphs'
+        # warm-up calls, over every copy) write the step's slot, which would change the reference's cache
+        out = fn(k.clone(), v.clone()).float()
+        out = fn(k.clone(), v.clone()).float()  # a second call too: the first of a compiled variant also tunes it
         errors[name] = float((out - reference).abs().max()) if not name.startswith("rope") else None
-        graphs[name] = cuda_graph_of(lambda fn=fn: [fn(*kv) for kv in kvs], 1)
+    graphs = {name: cuda_graph_of(lambda fn=fn: [fn(*kv) for kv in kvs], 1) for name, fn in variants.items()}
     times = {name: [ms * 1000 / calls for ms in samples]
              for name, samples in replay_rounds(graphs, args.repeats).items()}
     results = []
@@ -122,9 +130,9 @@ def main(argv: list[str] | None = None) -> int:
         row = {"variant": name, "us_per_call": us, "kv_gb_per_s": kv_bytes / us / 1e3,
                "max_abs_vs_eager_fp32": errors[name]}
         if name in settings:
-            block, target, warps = settings[name]
+            block, target, warps, stages = settings[name]
             td.TARGET_PROGRAMS = target
-            row.update(block=block, target=target, warps=warps, chunks=td.chunking(B, Hkv, S, block)[1])
+            row.update(block=block, target=target, warps=warps, stages=stages, chunks=td.chunking(B, Hkv, S, block)[1])
         results.append(row)
     results.sort(key=lambda r: r["us_per_call"])
     out = Path(args.out)

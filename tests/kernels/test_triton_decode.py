@@ -66,11 +66,14 @@ def test_kernel_matches_direct_softmax(heads, kv_heads, dim, capacity, window):
 
 
 @interpreted
+@pytest.mark.parametrize("stages", [None, 3])
 @pytest.mark.parametrize("window", [0, 30])
-def test_looping_program_reads_only_its_rows_valid_slots(monkeypatch, window):
+def test_looping_program_reads_only_its_rows_valid_slots(monkeypatch, window, stages):
     """Few programs, so each loops over all of a row's blocks with the step's slot mid-cache (a server's
-    rows): the blocks outside a row's valid range are not loaded, and the result is unchanged."""
+    rows): the blocks outside a row's valid range are not loaded, and the result is unchanged; with
+    the next block prefetched by hand (None) and through Triton's pipeline (LOOP_STAGES)."""
     monkeypatch.setattr(td, "TARGET_PROGRAMS", 1)
+    monkeypatch.setattr(td, "LOOP_STAGES", stages)
     gen = torch.Generator().manual_seed(7)
     q = torch.randn(3, 4, 16, generator=gen)
     k = torch.randn(3, 260, 2, 16, generator=gen)
@@ -83,6 +86,29 @@ def test_looping_program_reads_only_its_rows_valid_slots(monkeypatch, window):
     got = td.decode_attention(q, poisoned_k, poisoned_v, start, pos, 0.25, window)
     torch.testing.assert_close(got, direct(q, k, v, start, pos, 0.25, window), rtol=1e-5, atol=1e-5)
 
+
+
+@interpreted
+def test_pipelined_loop_rotates_writes_and_attends_as_the_prefetching_one(monkeypatch):
+    """The fused RoPE op in looping programs (few programs, left-padded rows, the step's slot mid-cache):
+    with Triton's pipeline (LOOP_STAGES) the output and the caches it writes equal the hand-prefetched
+    loop's."""
+    monkeypatch.setattr(td, "TARGET_PROGRAMS", 1)
+    gen = torch.Generator().manual_seed(11)
+    heads, kv_heads, dim = 4, 2, 16
+    qkv = torch.randn(3, (heads + 2 * kv_heads) * dim, generator=gen)
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, dim, 2).float() / dim))
+    cache_k, cache_v = torch.randn(3, 260, kv_heads, dim, generator=gen), torch.randn(3, 260, kv_heads, dim, generator=gen)
+    pad, pos = torch.tensor([0, 70, 85]), torch.tensor([150])
+    assert td.launch_settings(3, kv_heads, 260)[1] // td.launch_settings(3, kv_heads, 260)[0] >= 4
+    results = {}
+    for stages in (None, 3):
+        monkeypatch.setattr(td, "LOOP_STAGES", stages)
+        k, v = cache_k.clone(), cache_v.clone()
+        results[stages] = (td.decode_attention_rope(qkv, inv_freq, k, v, pad, pos, 0.25, 0, heads), k, v)
+    for mine, theirs in zip(results[3], results[None]):
+        torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-5)
+    assert not torch.equal(results[3][1], cache_k)  # the step's key was written
 
 def test_chunking_fills_the_gpu_in_whole_blocks():
     assert td.chunking(1, 8, 1280) == (64, 20)  # 20 chunks x 8 heads: 160 programs of one block each

@@ -52,6 +52,10 @@ BLOCK_S: int | None = None
 Set (with NUM_WARPS) by benchmarks/decode_attention_bench.py's sweep."""
 NUM_WARPS: int | None = None
 """Warps per program; None: `launch_settings` chooses."""
+LOOP_STAGES: int | None = None
+"""Where a program loops over several blocks: None, each next block is loaded into registers while
+the current one is used; N, Triton's software pipeline keeps N - 1 blocks in flight through shared
+memory (`tl.range(num_stages=N)`). Set by benchmarks/decode_attention_bench.py's sweep."""
 
 
 def chunking(batch: int, kv_heads: int, capacity: int, block: int = 64) -> tuple[int, int]:
@@ -89,13 +93,27 @@ def _rotate(at, d, cos, sin, mask, HALF: tl.constexpr):
     return x * cos + tl.where(d < HALF, -partner, partner) * sin
 
 
+@triton.jit
+def _online_block(q, k, v, s_ok, scale, m, total, acc):
+    """One block of slots into the running softmax: (max, sum of weights, weighted values)."""
+    scores = tl.dot(q, tl.trans(k)) * scale  # [BLOCK_G, BLOCK] in fp32
+    scores = tl.where(s_ok[None, :], scores, float("-inf"))
+    m_new = tl.maximum(m, tl.max(scores, 1))
+    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # a block with no valid slot: weights 0, not NaN
+    alpha = tl.exp(m - m_ref)
+    p = tl.exp(scores - m_ref[:, None])
+    total = total * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    return m_new, total, acc
+
+
 def _chunk_attention(Q, K, V, Start, Pos, Part, Lse, Arrived, Y, InvFreq, slots,
                      stride_qb, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
                      stride_pb, stride_ph, stride_pc, stride_lb, stride_lh, stride_yb, stride_yh,
                      scale, window, kv_heads,
                      G: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
                      CHUNK: tl.constexpr, CHUNKS: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK: tl.constexpr,
-                     HAS_START: tl.constexpr, ROPE: tl.constexpr, PDL: tl.constexpr):
+                     HAS_START: tl.constexpr, ROPE: tl.constexpr, PDL: tl.constexpr, STAGES: tl.constexpr):
     row_head = tl.program_id(0)
     chunk = tl.program_id(1)
     b = row_head // kv_heads
@@ -108,7 +126,7 @@ def _chunk_attention(Q, K, V, Start, Pos, Part, Lse, Arrived, Y, InvFreq, slots,
     # below, so they are read before waiting for the previous kernel (one memory round trip less
     # after it; slots outside the row's valid range are masked out of the softmax).
     s = chunk * CHUNK + tl.arange(0, BLOCK)
-    kv_ok = (s < slots)[:, None] & (d < D)[None, :]
+    kv_ok = (s < slots)[:, None] & (d < D)[None, :] & (STAGES == 0)  # the pipeline loads its own
     k = tl.load(K + b * stride_kb + s[:, None] * stride_ks + kv * stride_kh + d[None, :], mask=kv_ok, other=0.0)
     v = tl.load(V + b * stride_vb + s[:, None] * stride_vs + kv * stride_vh + d[None, :], mask=kv_ok, other=0.0)
     if PDL:  # programmatic dependent launch: the next kernel may be scheduled as these programs end;
@@ -146,31 +164,36 @@ def _chunk_attention(Q, K, V, Start, Pos, Part, Lse, Arrived, Y, InvFreq, slots,
     m = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
     total = tl.zeros([BLOCK_G], dtype=tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
-    for i in range(0, ITERS):  # a static trip count
-        s_ok = (s >= lo) & (s < hi)
-        # The next block's keys and values are loaded before this one is used, and only its slots in
-        # the row's valid range [lo, hi): a looping program (a larger batch, or a cache with more
-        # slots than the rows use, as a server's) reads no slot it would mask out of the softmax.
-        s_next = s + BLOCK
-        next_ok = ((s_next < slots) & (s_next >= lo) & (s_next < hi))[:, None] & (d < D)[None, :] & (i + 1 < ITERS)
-        k_next = tl.load(K + b * stride_kb + s_next[:, None] * stride_ks + kv * stride_kh + d[None, :], mask=next_ok,
-                         other=0.0)
-        v_next = tl.load(V + b * stride_vb + s_next[:, None] * stride_vs + kv * stride_vh + d[None, :], mask=next_ok,
-                         other=0.0)
-        if ROPE:  # the step's own slot: the new key and value (its write above may not be visible yet)
-            here = (s == end - 1)[:, None]
-            k = tl.where(here, k_new[None, :], k)
-            v = tl.where(here, v_new[None, :].to(v.dtype), v)
-        scores = tl.dot(q, tl.trans(k)) * scale  # [BLOCK_G, BLOCK] in fp32
-        scores = tl.where(s_ok[None, :], scores, float("-inf"))
-        m_new = tl.maximum(m, tl.max(scores, 1))
-        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # a block with no valid slot: weights 0, not NaN
-        alpha = tl.exp(m - m_ref)
-        p = tl.exp(scores - m_ref[:, None])
-        total = total * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m = m_new
-        s, k, v = s_next, k_next, v_next
+    if STAGES > 0:  # Triton's pipeline: the block loaded before the wait is not used, each is loaded in the loop
+        for i in tl.range(0, ITERS, num_stages=STAGES):
+            s = chunk * CHUNK + i * BLOCK + tl.arange(0, BLOCK)
+            s_ok = (s >= lo) & (s < hi)
+            ok = s_ok[:, None] & (d < D)[None, :]
+            k = tl.load(K + b * stride_kb + s[:, None] * stride_ks + kv * stride_kh + d[None, :], mask=ok, other=0.0)
+            v = tl.load(V + b * stride_vb + s[:, None] * stride_vs + kv * stride_vh + d[None, :], mask=ok, other=0.0)
+            if ROPE:
+                here = (s == end - 1)[:, None]
+                k = tl.where(here, k_new[None, :], k)
+                v = tl.where(here, v_new[None, :].to(v.dtype), v)
+            m, total, acc = _online_block(q, k, v, s_ok, scale, m, total, acc)
+    else:
+        for i in range(0, ITERS):  # a static trip count
+            s_ok = (s >= lo) & (s < hi)
+            # The next block's keys and values are loaded before this one is used, and only its slots in
+            # the row's valid range [lo, hi): a looping program (a larger batch, or a cache with more
+            # slots than the rows use, as a server's) reads no slot it would mask out of the softmax.
+            s_next = s + BLOCK
+            next_ok = ((s_next < slots) & (s_next >= lo) & (s_next < hi))[:, None] & (d < D)[None, :] & (i + 1 < ITERS)
+            k_next = tl.load(K + b * stride_kb + s_next[:, None] * stride_ks + kv * stride_kh + d[None, :], mask=next_ok,
+                             other=0.0)
+            v_next = tl.load(V + b * stride_vb + s_next[:, None] * stride_vs + kv * stride_vh + d[None, :], mask=next_ok,
+                             other=0.0)
+            if ROPE:  # the step's own slot: the new key and value (its write above may not be visible yet)
+                here = (s == end - 1)[:, None]
+                k = tl.where(here, k_new[None, :], k)
+                v = tl.where(here, v_new[None, :].to(v.dtype), v)
+            m, total, acc = _online_block(q, k, v, s_ok, scale, m, total, acc)
+            s, k, v = s_next, k_next, v_next
     has = total > 0
     part = tl.where(has[:, None], acc / tl.where(has, total, 1.0)[:, None], 0.0)
     lse = tl.where(has, m + tl.log(tl.where(has, total, 1.0)), float("-inf"))
@@ -181,7 +204,9 @@ def _chunk_attention(Q, K, V, Start, Pos, Part, Lse, Arrived, Y, InvFreq, slots,
 
     # The last chunk of this (row, key/value head) to finish combines all of them, each weighted
     # by its share of the softmax mass (empty chunks weigh 0), so no second kernel is launched.
-    # acq_rel: the other chunks' stores above are visible once their arrival is counted.
+    # acq_rel: the other chunks' stores above are visible once their arrival is counted. One thread
+    # of the program does the atomic, so a barrier first puts every warp's stores before its release.
+    tl.debug_barrier()
     arrived = tl.atomic_add(Arrived + row_head, 1, sem="acq_rel")
     if arrived == CHUNKS - 1:
         # One [chunks, D] tile per head, loaded at once (a loop over chunks would serialise ~40
@@ -237,7 +262,7 @@ def _launch(q: Tensor | None, qkv_rows: Tensor | None, inv_freq: Tensor | None, 
         scale, window, Hkv,
         G=group, BLOCK_G=max(16, triton.next_power_of_2(group)), D=D, BLOCK_D=triton.next_power_of_2(D),
         CHUNK=per_chunk, CHUNKS=chunks, BLOCK_C=triton.next_power_of_2(chunks), BLOCK=block, HAS_START=start is not None,
-        ROPE=rope, PDL=pdl, num_warps=warps, num_stages=2, **({"launch_pdl": True} if pdl else {}))
+        ROPE=rope, PDL=pdl, STAGES=LOOP_STAGES if per_chunk > block and LOOP_STAGES else 0, num_warps=warps, num_stages=2, **({"launch_pdl": True} if pdl else {}))
     return y
 
 

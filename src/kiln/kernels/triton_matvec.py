@@ -83,6 +83,7 @@ def _split_sum(y, Part, Arrived, pid, pid_k, row, n, n_ok, M, N, SPLIT: tl.const
     if SPLIT > 1:
         part_at = Part + row * N + n
         tl.store(part_at + pid_k * M * N, y, mask=n_ok)
+        tl.debug_barrier()  # one thread does the atomic: every warp's stores come before its release
         arrived = tl.atomic_add(Arrived + pid, 1, sem="acq_rel")
         last = arrived == SPLIT - 1
         y = tl.zeros(y.shape, dtype=tl.float32)
