@@ -10,6 +10,8 @@ import torch.nn.functional as F
 
 pytest.importorskip("triton")  # kiln's int4 layout module registers Triton kernels
 
+from kiln.errors import ConfigError  # noqa: E402
+from kiln.llm import int4_gemlite  # noqa: E402
 from kiln.llm.int4_gemlite import (  # noqa: E402
     GEMLITE_KERNELS,
     Int4GemliteLinear,
@@ -18,6 +20,7 @@ from kiln.llm.int4_gemlite import (  # noqa: E402
     meta_args,
 )
 from kiln.llm.int4_layout import Int4TritonLinear  # noqa: E402
+from kiln.llm.quant import QuantSpec, check_quant, dequantized_reference, quantize_decoder  # noqa: E402
 
 
 def test_meta_args_describe_kilns_layout_in_gemlites_order():
@@ -46,3 +49,49 @@ def test_layer_holds_int4_triton_tensors_and_computes_with_them_on_cpu():
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without a GPU")
 def test_gemlite_is_missing_without_cuda():
     assert "CUDA" in gemlite_missing()
+
+
+@pytest.fixture(scope="module")
+def config():
+    from kiln.llm.config import config_from_dict
+
+    return config_from_dict({"model_type": "llama", "vocab_size": 64, "hidden_size": 128, "intermediate_size": 256,
+                             "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2,
+                             "max_position_embeddings": 64})
+
+
+@pytest.mark.parametrize(("device", "dtype", "needle"), [
+    ("cpu", torch.float32, "CUDA with fp16/bf16, not cpu float32"),
+    ("cpu", torch.bfloat16, "CUDA with fp16/bf16, not cpu bfloat16"),
+    ("cuda", torch.float32, "CUDA with fp16/bf16, not cuda float32"),
+])
+def test_int4_gemlite_where_it_cannot_run_names_quant(config, device, dtype, needle):
+    with pytest.raises(ConfigError) as err:
+        check_quant(QuantSpec("int4", backend="gemlite"), config, device, dtype)
+    assert err.value.key == "--quant" and needle in str(err.value), str(err.value)
+
+
+def test_int4_gemlite_without_gemlite_gives_the_install_hint(config, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(int4_gemlite, "load_gemlite", lambda: (_ for _ in ()).throw(ImportError("No module named 'gemlite'")))
+    with pytest.raises(ConfigError) as err:
+        check_quant(QuantSpec("int4", backend="gemlite"), config, "cuda", torch.bfloat16)
+    assert err.value.key == "--quant" and "No module named 'gemlite'" in str(err.value)
+    assert "pip install 'kiln[gemlite]'" in str(err.value)
+
+
+def test_int8_at_gemlite_is_kilns_torch_layer(config):
+    assert check_quant(QuantSpec("int8", backend="gemlite"), config, "cpu", torch.float32).backend == "torch"
+
+
+def test_quantized_decoder_swaps_every_projection_for_the_gemlite_layer(config):
+    from kiln.llm.weights import random_decoder
+
+    model = random_decoder(config, device="cpu", dtype=torch.float32, seed=0)
+    spec = QuantSpec("int4", backend="gemlite", group_size=64)
+    quantized = quantize_decoder(model, spec)
+    layers = [m for m in quantized.modules() if isinstance(m, Int4GemliteLinear)]
+    assert len(layers) == 4 * config.n_layers + 1  # wqkv, wo, w_gate_up, w_down per block, and the head
+    tokens = torch.tensor([[1, 5, 9, 3]])
+    reference = dequantized_reference(model, quantized, spec)
+    assert torch.allclose(quantized(tokens), reference(tokens), atol=1e-5)

@@ -5,10 +5,10 @@ gemlite packs uint4 eight to an int32 word along the input dimension, transposed
 (input 8r+j in bits 4j..4j+3 of word [r, n]): bit for bit kiln.llm.int4_layout's `pack_words`.
 Its grouped asymmetric mode (W_group_mode 4: w = fma(q, scale, zero), scale and zero [K/group,
 N]) is kiln's `q * scale + offset`, so `Int4GemliteLinear` holds the very tensors an
-`Int4TritonLinear` built without folding holds and passes them to gemlite's op
-(`gemlite::forward_functional`, a torch custom op with a fake implementation: CUDA graphs and
-torch.compile take it as one opaque call). gemlite picks its kernel by rows (GEMV split-K up to
-4 rows, GEMM split-K below 64, GEMM above) unless a layer names one (`GemliteKernel`).
+`Int4TritonLinear` built without folding holds and passes them to gemlite's op through
+`kiln::gemlite_int4` (a torch custom op with a fake implementation: torch.compile and CUDA graphs
+take it as one opaque call). gemlite picks its kernel by rows (GEMV split-K up to 4 rows, GEMM
+split-K below 64, GEMM above) unless a layer names one (`GemliteKernel`).
 
 gemlite is optional (`pip install 'kiln[gemlite]'`) and imported on first use: it queries the
 CUDA device while importing, so it never imports on a machine without one. It ships launch
@@ -57,6 +57,14 @@ def kernel_index(kernel: GemliteKernel) -> int:
     return GEMLITE_KERNELS.index(kernel) - 1
 
 
+def device_problem(device: torch.device, dtype: torch.dtype) -> str | None:
+    """Why int4@gemlite cannot run on this device/dtype (for a ConfigError naming --quant), or None."""
+    if device.type != "cuda" or dtype not in (torch.float16, torch.bfloat16):
+        return f"int4@gemlite runs gemlite's Triton kernels: CUDA with fp16/bf16, not {device} {str(dtype)[6:]}"
+    missing = gemlite_missing()
+    return None if missing is None else f"int4@gemlite: {missing}"
+
+
 def gemlite_missing() -> str | None:
     """Why gemlite cannot run here (not installed, no CUDA device, an unexpected version), or None."""
     if not torch.cuda.is_available():
@@ -96,6 +104,30 @@ def config_table() -> str | None:
     return load_gemlite().core.selected_tag
 
 
+_TUNED: set[tuple] = set()
+"""(rows, weight shape, group, kernel, dtype) keys gemlite has been called with. A key's first call
+autotunes, and autotuning reruns a split-K kernel into that call's output (it adds, so the output
+is a multiple): `gemlite_int4` makes a key's first call twice and returns the second."""
+
+
+@torch.library.custom_op("kiln::gemlite_int4", mutates_args=())
+def gemlite_int4(x: Tensor, weight: Tensor, scale: Tensor, offset: Tensor, meta_scale: Tensor, group_size: int,
+                 kernel: int) -> Tensor:
+    """x [M, K] @ the int4 weight (kiln's layout) through gemlite's op; `kernel`: `kernel_index`."""
+    tensors, meta = [weight, scale, offset, meta_scale], meta_args(group_size, x.dtype)
+    key = (x.shape[0], *weight.shape, group_size, kernel, x.dtype)
+    if key not in _TUNED and not torch.cuda.is_current_stream_capturing():
+        torch.ops.gemlite.forward_functional(x, None, tensors, meta, kernel)
+        _TUNED.add(key)
+    return torch.ops.gemlite.forward_functional(x, None, tensors, meta, kernel)
+
+
+@gemlite_int4.register_fake
+def _(x: Tensor, weight: Tensor, scale: Tensor, offset: Tensor, meta_scale: Tensor, group_size: int,
+      kernel: int) -> Tensor:
+    return x.new_empty(x.shape[0], weight.shape[1])
+
+
 class Int4GemliteLinear(nn.Module):
     """kiln's int4 layout (module docstring), multiplied by gemlite's kernels on CUDA (`kernel`:
     gemlite's choice by rows, or one named); off CUDA the weight is dequantized in torch."""
@@ -115,6 +147,8 @@ class Int4GemliteLinear(nn.Module):
     @torch.no_grad()
     def from_linear(cls, linear: nn.Linear, group_size: int, kernel: GemliteKernel = "auto") -> Int4GemliteLinear:
         """Quantizes `linear`'s weight: asymmetric 4-bit groups of `group_size` inputs (min/max)."""
+        if linear.weight.is_cuda:
+            load_gemlite()  # registers gemlite's op
         own = Int4TritonLinear.from_linear(linear, group_size)  # the same rounding and words, nothing folded
         return cls(own.weight, own.scale, own.offset, linear.bias, group_size=group_size, kernel=kernel)
 
@@ -129,9 +163,10 @@ class Int4GemliteLinear(nn.Module):
         if not x.is_cuda:
             return F.linear(x, self.dequantize(x.dtype), self.bias)
         flat = x.reshape(-1, self.in_features)
-        y = torch.ops.gemlite.forward_functional(flat, self.bias, [self.weight, self.scale, self.offset, self.meta_scale],
-                                                 meta_args(self.group_size, x.dtype), kernel_index(self.kernel))
-        return y.view(*x.shape[:-1], self.out_features)
+        y = torch.ops.kiln.gemlite_int4(flat, self.weight, self.scale, self.offset, self.meta_scale, self.group_size,
+                                        kernel_index(self.kernel))
+        y = y.view(*x.shape[:-1], self.out_features)
+        return y if self.bias is None else y + self.bias
 
     def extra_repr(self) -> str:
         kernel = "" if self.kernel == "auto" else f", kernel={self.kernel}"
