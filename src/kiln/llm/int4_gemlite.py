@@ -8,7 +8,10 @@ N]) is kiln's `q * scale + offset`, so `Int4GemliteLinear` holds the very tensor
 `Int4TritonLinear` built without folding holds and passes them to gemlite's op through
 `kiln::gemlite_int4` (a torch custom op with a fake implementation: torch.compile and CUDA graphs
 take it as one opaque call). gemlite picks its kernel by rows (GEMV split-K up to 4 rows, GEMM
-split-K below 64, GEMM above) unless a layer names one (`GemliteKernel`).
+split-K below 64, GEMM above) unless a layer names one (`GemliteKernel`). Above `GEMLITE_UP_TO`
+rows (prefill) the layer takes int4@triton's prefill path instead, the weight dequantized once
+(kiln.kernels.triton_int4_dequant) and the dense matmul: gemlite's autotuner keys on the exact row
+count, so every new prompt length would autotune again.
 
 gemlite is optional (`pip install 'kiln[gemlite]'`) and imported on first use: it queries the
 CUDA device while importing, so it never imports on a machine without one. It ships launch
@@ -38,6 +41,9 @@ INSTALL_GEMLITE = "pip install 'kiln[gemlite]'"
 SIBLING_CONFIGS = {"h200": "h100", "h800": "h100", "h20": "h100"}
 """GPU name fragment -> the gemlite config table it uses when gemlite ships none of its own (the same
 architecture, so the same tile shapes fit; only the bandwidth differs)."""
+
+GEMLITE_UP_TO = 64
+"""Rows up to which gemlite's kernels multiply (decode batches); more take the dequantized weight."""
 
 _GEMLITE_DTYPE = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 """torch dtype -> gemlite's DType value (gemlite.dtypes.DType: FP32 0, FP16 1, BF16 2)."""
@@ -116,7 +122,7 @@ def gemlite_int4(x: Tensor, weight: Tensor, scale: Tensor, offset: Tensor, meta_
     """x [M, K] @ the int4 weight (kiln's layout) through gemlite's op; `kernel`: `kernel_index`."""
     tensors, meta = [weight, scale, offset, meta_scale], meta_args(group_size, x.dtype)
     key = (x.shape[0], *weight.shape, group_size, kernel, x.dtype)
-    if key not in _TUNED and not torch.cuda.is_current_stream_capturing():
+    if key not in _TUNED and not (x.is_cuda and torch.cuda.is_current_stream_capturing()):
         torch.ops.gemlite.forward_functional(x, None, tensors, meta, kernel)
         _TUNED.add(key)
     return torch.ops.gemlite.forward_functional(x, None, tensors, meta, kernel)
@@ -129,8 +135,9 @@ def _(x: Tensor, weight: Tensor, scale: Tensor, offset: Tensor, meta_scale: Tens
 
 
 class Int4GemliteLinear(nn.Module):
-    """kiln's int4 layout (module docstring), multiplied by gemlite's kernels on CUDA (`kernel`:
-    gemlite's choice by rows, or one named); off CUDA the weight is dequantized in torch."""
+    """kiln's int4 layout (module docstring), multiplied by gemlite's kernels on CUDA up to
+    `GEMLITE_UP_TO` rows (`kernel`: gemlite's choice by rows, or one named), by the dequantized
+    weight above; off CUDA the weight is dequantized in torch."""
 
     def __init__(self, packed: Tensor, scale: Tensor, offset: Tensor, bias: Tensor | None, *, group_size: int,
                  kernel: GemliteKernel = "auto"):
@@ -163,8 +170,11 @@ class Int4GemliteLinear(nn.Module):
         if not x.is_cuda:
             return F.linear(x, self.dequantize(x.dtype), self.bias)
         flat = x.reshape(-1, self.in_features)
-        y = torch.ops.kiln.gemlite_int4(flat, self.weight, self.scale, self.offset, self.meta_scale, self.group_size,
-                                        kernel_index(self.kernel))
+        if flat.shape[0] > GEMLITE_UP_TO:
+            y = torch.ops.kiln.int4_linear_dequant(flat, self.weight, self.scale, self.offset, self.group_size)
+        else:
+            y = torch.ops.kiln.gemlite_int4(flat, self.weight, self.scale, self.offset, self.meta_scale,
+                                            self.group_size, kernel_index(self.kernel))
         y = y.view(*x.shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias
 
