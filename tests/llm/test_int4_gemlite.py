@@ -99,7 +99,8 @@ def test_quantized_decoder_swaps_every_projection_for_the_gemlite_layer(config):
 
 def test_a_keys_first_call_is_made_twice_and_the_second_kept():
     """gemlite's autotuning reruns a split-K kernel into the first call's output; a stand-in op that
-    triples its first result per key shows kiln's op returns the clean second call, once tuned one call."""
+    triples its first result per key shows kiln's op returns the clean second call, once tuned one
+    call; and the op compiles whole."""
     if hasattr(torch.ops.gemlite, "forward_functional"):
         pytest.skip("gemlite's real op is registered in this process")
     calls, seen = [], set()
@@ -125,3 +126,7 @@ def test_a_keys_first_call_is_made_twice_and_the_second_kept():
     assert torch.equal(torch.ops.kiln.gemlite_int4(x, *args), exact) and len(calls) == 3
     one = x[:1]
     assert torch.equal(torch.ops.kiln.gemlite_int4(one, *args), one @ layer.dequantize().t()) and len(calls) == 5
+    # its fake implementation lets torch.compile trace it whole (shape, dtype) and the graph call it
+    torch.library.opcheck(torch.ops.kiln.gemlite_int4, (x, *args))
+    compiled = torch.compile(lambda v: torch.ops.kiln.gemlite_int4(v, *args), backend="aot_eager", fullgraph=True)
+    assert torch.equal(compiled(x), exact)
