@@ -8,6 +8,12 @@ w_gate_up, w_down, lm_head; group 128, no fused work) at each row count M, throu
 - `int4 matvec`: kiln.kernels.triton_int4, the one-row kernel (programs per row), M <= 8;
 - `int4 rows`: kiln.kernels.triton_rows, one weight read for all rows (the setting its rule picks), M <= 64;
 - `dequant`: kiln.kernels.triton_int4_dequant then the bf16 matmul (prefill), M > 64;
+- `gemlite KERNEL`: gemlite's Triton kernels (kiln.llm.int4_gemlite, `pip install 'kiln[gemlite]'`)
+  on kiln's very int4 tensors: at each M the kernel gemlite itself picks (GEMV_REVSPLITK up to 4
+  rows, GEMM_SPLITK below 64, GEMM above), and each kernel of `--gemlite-kernels` that serves M
+  (GEMV kinds up to 16 rows, GEMM_SPLITK up to 64, GEMM from 16); skipped with the reason when
+  gemlite does not import. Its launch settings come from the table it ships for this GPU (H100's
+  on an H200); a shape the table lacks is autotuned (gemlite's "fast" set) on its first call;
 - with `--sweep-rows` (16 and/or 64), `int4 rows BN/SPLIT/warps/stages/BM/PREFETCH`: other launch
   settings at those rows (the first model's shapes), to check the rule.
 
@@ -16,10 +22,13 @@ CUDA graph, replayed `--repeats` times with variants interleaved; figures are th
 the weight bytes read per second (int4: the packed words plus scales and offsets), that rate as a
 fraction of the datasheet's (`--spec-tb-s`, 3.35 for an H100 SXM) and of a read-only stream
 measured in the same process (kiln.bench.ceilings), and TFLOP/s. Outputs are checked against an
-fp32 product with the layer's dequantized weight (`rel_err`).
+fp32 product with the layer's dequantized weight (`rel_err`). Every variant's first call (Triton's
+compile, gemlite's autotuning) runs before capture and is timed (`first_call_s`; gemlite's sum in
+the summary).
 
     python benchmarks/int4_gemm_bench.py --out DIR [--models llama-3.2-3b,llama-3.1-8b]
         [--rows 1,2,4,8,16,32,64,512] [--sweep-rows 16,64] [--budget-s S]
+        [--gemlite-kernels GEMV,GEMV_REVSPLITK,GEMM_SPLITK,GEMM]
 """
 
 from __future__ import annotations
@@ -56,12 +65,25 @@ def int4_bytes(out_f: int, in_f: int) -> int:
     return out_f * in_f // 2 + 2 * out_f * (in_f // GROUP) * 2
 
 
-def variants_for(rows: int, sweep: bool, sms: int, out_f: int) -> list[str]:
+GEMLITE_ROWS = {"GEMV": (1, 16), "GEMV_REVSPLITK": (1, 16), "GEMV_SPLITK": (1, 16), "GEMM_SPLITK": (1, 64),
+                "GEMM": (16, 1 << 20)}
+"""Rows (least, most) at which a gemlite kernel is timed when named in --gemlite-kernels."""
+
+
+def gemlite_variants(rows: int, choice: str | None, kernels: list[str]) -> list[str]:
+    """`gemlite KERNEL` names at `rows` rows: gemlite's own `choice` first, then each of `kernels` serving them."""
+    if choice is None:
+        return []
+    extra = [k for k in kernels if k != choice and GEMLITE_ROWS[k][0] <= rows <= GEMLITE_ROWS[k][1]]
+    return [f"gemlite {k}" for k in [choice, *extra]]
+
+
+def variants_for(rows: int, sweep: bool, sms: int, out_f: int, gemlite: list[str] | None = None) -> list[str]:
     from kiln.kernels.triton_rows import MAX_ROWS
 
     names = ["bf16"] + (["bf16 skinny"] if rows <= MAX_ROWS else []) + ["tinygemm", "int4"] + (
         ["int4 rows"] if rows <= MAX_ROWS else ["dequant"]) + (
-        ["int4 matvec"] if rows <= 8 else [])
+        ["int4 matvec"] if rows <= 8 else []) + (gemlite or [])
     if sweep:
         names += ["int4 rows " + "/".join(map(str, s)) for s in SWEEP.get(rows, [])
                   if -(-rows // s[4]) * -(-out_f // s[0]) * s[1] >= sms // 2]
@@ -78,7 +100,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--spec-tb-s", type=float, default=3.35, help="the GPU's datasheet memory bandwidth, TB/s")
     ap.add_argument("--budget-s", type=float, default=None,
                     help="prepare no new (shape, rows) case after this many seconds; time and write what is ready")
+    ap.add_argument("--gemlite-kernels", default="",
+                    help="gemlite kernels timed besides the one it picks: GEMV, GEMV_REVSPLITK, GEMV_SPLITK, GEMM_SPLITK, GEMM")
     args = ap.parse_args(argv)
+    gemlite_kernels = [k for k in args.gemlite_kernels.split(",") if k]
+    if bad := [k for k in gemlite_kernels if k not in GEMLITE_ROWS]:
+        ap.error(f"--gemlite-kernels: unknown {bad[0]!r}; choose from {', '.join(GEMLITE_ROWS)}")
     if not torch.cuda.is_available():
         print("int4_gemm_bench: needs a CUDA device", file=sys.stderr)
         return 2
@@ -86,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     import kiln.kernels.triton_skinny  # noqa: F401
     from kiln.llm.int4_layout import Int4TritonLinear
     from kiln.llm.quant_torch import Int4WeightOnlyLinear
+
+    gemlite, gemlite_env = gemlite_setup()
 
     torch.manual_seed(0)
     dev, dt = torch.device("cuda"), torch.bfloat16
@@ -95,7 +124,9 @@ def main(argv: list[str] | None = None) -> int:
     row_counts = [int(r) for r in args.rows.split(",")]
     sweep_rows = {int(r) for r in args.sweep_rows.split(",") if r}
     models = args.models.split(",")
-    graphs, meta, alive, skipped, fused_checks = {}, {}, [], [], []
+    graphs, meta, alive, fused_checks = {}, {}, [], []
+    skipped = [] if gemlite else [f"gemlite: {gemlite_env['missing']}"]
+    unused_scale = torch.zeros((), device=dev)  # gemlite's op takes an fp4 meta scale int4 does not read
     started = time.perf_counter()
     for model in models:
         config = resolve_model(model).config
@@ -115,6 +146,8 @@ def main(argv: list[str] | None = None) -> int:
             ws = ws[:copies_bf16]
             deq = own[0].dequantize(torch.float32)
             alive.append((ws, own, tiny))
+            if gemlite and "packing_equal" not in gemlite_env:
+                gemlite_env["packing_equal"] = gemlite_packing_equal(gemlite, own[0])
             for m in row_counts:
                 x = torch.randn(m, in_f, device=dev, dtype=dt)
                 exact = x.float() @ deq.t()
@@ -130,10 +163,13 @@ def main(argv: list[str] | None = None) -> int:
                                 for o in own],
                     "int4": [lambda o=o, x=x: o(x) for o in own],
                 }
+                choice = gemlite.core.get_matmul_type(m, 4) if gemlite else None
+                for kernel in GEMLITE_ROWS:
+                    ops[f"gemlite {kernel}"] = [lambda o=o, x=x, k=kernel: gemlite_call(x, o, k, unused_scale) for o in own]
                 if m in (8, 16) and name == "attn.wqkv":
                     fused_checks.append(fused_check(own[0], deq, x, config.norm_eps, f"{model} {name} rows={m}"))
                 sweeping = m in sweep_rows and model == models[0]
-                for variant in variants_for(m, sweeping, sms, out_f):
+                for variant in variants_for(m, sweeping, sms, out_f, gemlite_variants(m, choice, gemlite_kernels)):
                     setting = swept_setting(variant)
                     if variant.startswith("int4 rows"):
                         calls = [lambda o=o, x=x, st=setting: torch.ops.kiln.int4_rows(
@@ -141,8 +177,13 @@ def main(argv: list[str] | None = None) -> int:
                     else:
                         calls = ops[variant]
                     try:
-                        y = calls[0]()  # compiles here, outside the graph
+                        first = time.perf_counter()
+                        calls[0]()  # compiles (and gemlite autotunes) here, outside the graph
                         torch.cuda.synchronize()
+                        first = time.perf_counter() - first
+                        # checked on a second call: autotuning reruns gemlite's split-K kernels, which add
+                        # into the first call's output
+                        y = calls[0]()
                     except Exception as exc:  # a setting this GPU cannot run (shared memory): skip it
                         skipped.append(f"{model} {name} rows={m} {variant}: {type(exc).__name__}: {str(exc)[:120]}")
                         continue
@@ -151,7 +192,8 @@ def main(argv: list[str] | None = None) -> int:
                     graphs[key] = cuda_graph_of(lambda calls=calls: [c() for c in calls], 1)
                     wbytes = out_f * in_f * 2 if variant.startswith("bf16") else int4_bytes(out_f, in_f)
                     meta[key] = {"model": model, "projection": name, "shape": [out_f, in_f], "rows": m,
-                                 "variant": variant, "weight_bytes": wbytes, "rel_err": err, "calls_per_replay": len(calls)}
+                                 "variant": variant, "weight_bytes": wbytes, "rel_err": err, "calls_per_replay": len(calls),
+                                 "first_call_s": first, "gemlite_choice": variant == f"gemlite {choice}"}
                 print(f"{model} {name} rows={m}: ready ({time.perf_counter() - started:.0f} s)", flush=True)
     times = {key: [ms * 1000 / meta[key]["calls_per_replay"] for ms in samples]
              for key, samples in replay_rounds(graphs, args.repeats).items()}
@@ -169,11 +211,42 @@ def main(argv: list[str] | None = None) -> int:
     env = {"models": models, "torch": torch.__version__, "gpu": torch.cuda.get_device_name(), "sms": sms,
            "repeats": args.repeats, "stream_read_gb_s": stream_bps / 1e9, "stream_kernel": stream_kernel,
            "spec_tb_s": args.spec_tb_s, "command": "python " + " ".join(sys.argv), "skipped": skipped,
-           "fused_checks": fused_checks}
+           "fused_checks": fused_checks, "gemlite": gemlite_env,
+           "gemlite_first_calls_s": sum(v["first_call_s"] for v in meta.values() if v["variant"].startswith("gemlite"))}
     (out / "results.json").write_text(json.dumps({"config": env, "results": results}, indent=2) + "\n")
     (out / "results.md").write_text(summary(results, env) + "\n")
     print(summary(results, env))
     return 0
+
+
+def gemlite_setup() -> tuple[object | None, dict]:
+    """gemlite (None when it cannot run here) and what to record of it: version and launch-settings
+    table, or why it is missing."""
+    from kiln.llm.int4_gemlite import gemlite_missing, load_gemlite
+
+    missing = gemlite_missing()
+    if missing:
+        print(f"int4_gemm_bench: gemlite rows skipped: {missing}", flush=True)
+        return None, {"missing": missing}
+    gemlite = load_gemlite()
+    return gemlite, {"version": gemlite.__version__, "config_table": gemlite.core.selected_tag}
+
+
+def gemlite_call(x: torch.Tensor, layer, kernel: str, unused_scale: torch.Tensor) -> torch.Tensor:
+    """gemlite's op on kiln's int4 tensors (kiln.llm.int4_gemlite: the same words, scales and offsets)."""
+    from kiln.llm.int4_gemlite import kernel_index, meta_args
+
+    return torch.ops.gemlite.forward_functional(x, None, [layer.weight, layer.scale, layer.offset, unused_scale],
+                                                meta_args(GROUP, x.dtype), kernel_index(kernel))
+
+
+def gemlite_packing_equal(gemlite, layer) -> bool:
+    """Whether gemlite's own 32-bit packing of the layer's 4-bit values gives kiln's words bit for bit."""
+    from kiln.llm.int4_layout import unpack_words
+
+    q = unpack_words(layer.weight).to(torch.uint8)
+    words, per_word = gemlite.bitpack.pack_weights_over_cols_triton(q, 4, 32, True)
+    return per_word == 8 and torch.equal(words.contiguous(), layer.weight)
 
 
 def fused_check(layer, deq: torch.Tensor, x: torch.Tensor, eps: float, what: str) -> dict:
@@ -215,7 +288,14 @@ def summary(results: list[dict], env: dict) -> str:
         for c in env["fused_checks"]), ""]
     lines += ["Relative errors above 2 % vs fp32 with the dequantized weight: " + (
         "; ".join(f"{r['model']} {r['projection']} r{r['rows']} {r['variant']} {r['rel_err']:.2g}" for r in errs) or "none"),
-        "", "Skipped: " + ("; ".join(env["skipped"]) or "none"), "", f"Command: `{env['command']}`; torch {env['torch']}."]
+        "", "Skipped: " + ("; ".join(env["skipped"]) or "none"), ""]
+    if "version" in env["gemlite"]:
+        g = env["gemlite"]
+        lines += [f"gemlite {g['version']}: table {g['config_table']}, its packing equals "
+                  f"kiln's words: {g.get('packing_equal')}; first calls (compile + autotune) {env['gemlite_first_calls_s']:.0f} s; "
+                  "its own pick by rows: " + ", ".join(f"{r['rows']}: {r['variant'][8:]}" for r in dict(
+                      ((r["rows"]), r) for r in results if r.get("gemlite_choice")).values()), ""]
+    lines.append(f"Command: `{env['command']}`; torch {env['torch']}.")
     return "\n".join(lines)
 
 

@@ -46,7 +46,8 @@ def group_size_option() -> Any:
 def quant_backend_option() -> Any:
     return option("torchao", help="int8/int4 through torchao (default; pip install 'kiln[quant]'), torch (kiln's "
                   "layers on torch's ops: tinygemm for int4), inductor (int4 dequantized inside inductor's fused "
-                  "decode kernels), triton (int4 read by kiln's Triton kernel; CUDA), or auto (torchao where it can, "
+                  "decode kernels), triton (int4 read by kiln's Triton kernel; CUDA), gemlite (int4 through gemlite's "
+                  "Triton kernels; CUDA, pip install 'kiln[gemlite]'), or auto (torchao where it can, "
                   "else torch); a --quant entry KIND@BACKEND overrides it for that entry")
 
 

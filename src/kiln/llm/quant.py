@@ -23,6 +23,8 @@ Backends (`QuantSpec.backend`):
   read it (W diag(norm_w), quantized as one; the norm keeps weight 1 and `folded`): the same
   model in exact arithmetic, and the kernel's norm becomes one scalar per row. The MLP's gate and
   up rows are stored interleaved, so the kernel can write the SwiGLU itself.
+- `gemlite` (`pip install 'kiln[gemlite]'`): gemlite's Triton kernels on the same int4 layout,
+  nothing folded (kiln.llm.int4_gemlite); CUDA, fp16/bf16 (int8: as `torch`).
 - `auto`: torchao where it is installed and supports the kind on this device, else `torch`.
 - nf4 always goes through bitsandbytes (`Linear4bit`, as transformers' `load_in_4bit` does).
 Everything a spec cannot do on this device/dtype/model is a ConfigError naming the flag
@@ -53,8 +55,8 @@ from kiln.llm.quant_torch import (
 )
 
 QUANT_KINDS = ("none", "int8", "int4", "nf4")
-BACKENDS = ("torchao", "torch", "inductor", "triton", "auto")
-OWN_INT4 = ("inductor", "triton")
+BACKENDS = ("torchao", "torch", "inductor", "triton", "gemlite", "auto")
+OWN_INT4 = ("inductor", "triton", "gemlite")
 """Backends whose int4 layer is kiln's plain-byte layout (int8 on them is the `torch` layer)."""
 NF4_BLOCK_SIZES = (64, 128, 256, 512, 1024, 2048, 4096)
 DEFAULT_GROUP = {"int8": None, "int4": 128, "nf4": 64}
@@ -72,7 +74,7 @@ class QuantSpec:
     group_size: int | None = None
     """Input features per scale (int8: None = per output channel; int4: 32/64/128/256; nf4: block size)."""
     backend: str = "torchao"
-    """torchao, torch, inductor, triton or auto for int8/int4 (nf4 is always bitsandbytes)."""
+    """torchao, torch, inductor, triton, gemlite or auto for int8/int4 (nf4 is always bitsandbytes)."""
     lm_head: bool = True
     """Quantize the output head too (the largest single matrix of small Llamas)."""
 
@@ -151,6 +153,13 @@ def _int4_device_problem(device: torch.device, dtype: torch.dtype, backend: str)
         except ImportError as exc:
             return "--quant", f"int4@triton needs Triton, which does not import here ({exc})"
         return None
+    if backend == "gemlite":
+        try:
+            from kiln.llm.int4_gemlite import device_problem  # Triton (and gemlite) are optional
+        except ImportError as exc:
+            return "--quant", f"int4@gemlite needs Triton, which does not import here ({exc})"
+        problem = device_problem(device, dtype)
+        return None if problem is None else ("--quant", problem)
     if device.type == "cuda" and backend != "inductor":
         major, minor = torch.cuda.get_device_capability(device)
         if major < 8:
@@ -341,6 +350,8 @@ def _torch(model: nn.Module, spec: QuantSpec) -> None:
         _triton_int4(model, spec)
         return
     int4 = Int4FusedLinear if spec.backend == "inductor" else Int4WeightOnlyLinear
+    if spec.kind == "int4" and spec.backend == "gemlite":
+        from kiln.llm.int4_gemlite import Int4GemliteLinear as int4  # Triton and gemlite are optional
     for parent, name, linear in list(_targets(model, spec.lm_head)):
         if spec.kind == "int8":
             layer = Int8WeightOnlyLinear.from_linear(linear, spec.group)
@@ -355,8 +366,8 @@ def quantize_decoder(model: nn.Module, spec: QuantSpec) -> nn.Module:
     if spec.kind == "none":
         return model
     quantized = shallow_copy(model)
-    {"torchao": _torchao, "torch": _torch, "inductor": _torch, "triton": _torch, "bitsandbytes": _bitsandbytes}[spec.library](
-        quantized, spec)
+    {"torchao": _torchao, "torch": _torch, "inductor": _torch, "triton": _torch, "gemlite": _torch,
+     "bitsandbytes": _bitsandbytes}[spec.library](quantized, spec)
     quantized.quant = spec
     return quantized.eval()
 
