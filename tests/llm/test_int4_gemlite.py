@@ -130,3 +130,15 @@ def test_a_keys_first_call_is_made_twice_and_the_second_kept():
     torch.library.opcheck(torch.ops.kiln.gemlite_int4, (x, *args))
     compiled = torch.compile(lambda v: torch.ops.kiln.gemlite_int4(v, *args), backend="aot_eager", fullgraph=True)
     assert torch.equal(compiled(x), exact)
+
+
+def test_rows_go_to_kilns_one_row_kernel_then_gemlite_then_the_dequantized_weight():
+    """Below INT4_ROWS_FROM rows kiln's one-row kernel (measured faster than gemlite's GEMV kernels at
+    1 and 4 rows), gemlite up to GEMLITE_UP_TO, the dequantized weight above; a named kernel is gemlite's
+    at every row count it takes."""
+    from kiln.llm.int4_layout import INT4_ROWS_FROM
+
+    assert [int4_gemlite.gemlite_path(r, "auto") for r in (1, INT4_ROWS_FROM - 1, INT4_ROWS_FROM, int4_gemlite.GEMLITE_UP_TO,
+                                                  int4_gemlite.GEMLITE_UP_TO + 1)] == ["matvec", "matvec", "gemlite", "gemlite",
+                                                                             "dequant"]
+    assert int4_gemlite.gemlite_path(1, "GEMV") == "gemlite" and int4_gemlite.gemlite_path(int4_gemlite.GEMLITE_UP_TO + 1, "GEMV") == "dequant"
