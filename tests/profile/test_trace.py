@@ -77,6 +77,10 @@ def test_kernel_table_shares():
     assert by["communication"]["share"] == pytest.approx(50 / total)
     assert by["memcpy"]["share"] == pytest.approx(5 / total)
     assert top[0]["name"].startswith("ncclDevKernel") and top[0]["avg_us"] == 50
+    excl = {row["name"][:8]: row["excl_us_per_step"] for row in top}
+    # the addmm overlaps the matmul from 40 to 50 us: that time is the matmul's, the addmm keeps 50-60
+    assert excl == {"triton_p": 5, "nvjet_ts": 10, "triton_t": 5, "ncclDevK": 25, "Memcpy D": 2.5, "void at:": 7.5}
+    assert sum(excl.values()) * 2 == 110  # the GPU's busy time over the two steps
 
 
 def test_cpu_self_times_subtract_nested_ops():

@@ -157,9 +157,12 @@ def render_decode_profile(s: dict[str, Any], title: str) -> str:
                   + (f" ({100 * busy_bw:.1f}% of copy bandwidth while busy)" if busy_bw else "") + " |",
                   f"| GPU idle between kernels | {idle['idle_ms_per_step']:.3f} ms ({100 * idle['idle_frac']:.1f}%) |",
                   f"| kernels | {gpu['kernels_per_step']:.0f} (median gap {idle['gap_us_median']:.1f} us) |", "",
-                  "| kernel | calls/step | avg us | share of kernel time |", "|---|---|---|---|"]
-        lines += [f"| `{_short(k['name'])}` | {k['calls_per_step']:.2f} | {k['avg_us']:.1f} | {100 * k['share']:.1f}% |"
-                  for k in gpu["top_kernels"]]
+                  "| kernel | calls/step | avg us | share of kernel time | exclusive us/step |", "|---|---|---|---|---|"]
+        lines += [f"| `{_short(k['name'])}` | {k['calls_per_step']:.2f} | {k['avg_us']:.1f} | {100 * k['share']:.1f}% | "
+                  f"{k['excl_us_per_step']:.1f} |" for k in gpu["top_kernels"]]
+        lines += ["", "Exclusive: how far the GPU's timeline advanced while the kernel was the latest to end. A kernel "
+                  "launched early (programmatic dependent launch) waits for its predecessor inside its own duration, "
+                  "so its avg us overstates it; the exclusive times add up to the busy time."]
     else:
         lines += [f"GPU: n/a ({gpu['reason']}).", ""]
     lines += ["", "| host op | calls/step | self ms/step |", "|---|---|---|"]

@@ -161,18 +161,27 @@ def exposed_communication(kernels: list[dict[str, Any]], steps: int) -> dict[str
 
 
 def kernel_table(kernels: list[dict[str, Any]], steps: int, top: int = 15) -> tuple[list[dict[str, Any]], dict]:
-    """Top device events by total time, and GPU time per kind (shares of the summed kernel time)."""
+    """Top device events by total time, and GPU time per kind (shares of the summed kernel time).
+    Each row also has its exclusive time (`excl_us_per_step`): how far the GPU's timeline advanced
+    while one of its events was the latest to end. Overlapping events (two streams, or a kernel
+    launched early by programmatic dependent launch that waits for its predecessor) count their
+    shared time once, for the earlier; the exclusive times add up to the GPU's busy time."""
     by_name: dict[str, list[float]] = defaultdict(list)
     by_kind: dict[str, float] = defaultdict(float)
+    exclusive: dict[str, float] = defaultdict(float)
     total = 0.0
-    for e in kernels:
-        dur = float(e["dur"])
+    end = None
+    for e in sorted(kernels, key=lambda e: float(e["ts"])):
+        start, dur = float(e["ts"]), float(e["dur"])
+        exclusive[e["name"]] += max(0.0, start + dur - max(start, end if end is not None else start))
+        end = start + dur if end is None else max(end, start + dur)
         by_name[e["name"]].append(dur)
         total += dur
         for kind in kinds(e["name"], e["cat"]):
             by_kind[kind] += dur
     rows = sorted(({"name": n, "calls_per_step": len(d) / steps, "total_ms": sum(d) / 1e3,
-                    "avg_us": sum(d) / len(d), "share": sum(d) / total if total else 0.0}
+                    "avg_us": sum(d) / len(d), "share": sum(d) / total if total else 0.0,
+                    "excl_us_per_step": exclusive[n] / steps}
                    for n, d in by_name.items()), key=lambda r: -r["total_ms"])
     share = {k: {"ms_per_step": by_kind.get(k, 0.0) / 1e3 / steps, "share": by_kind.get(k, 0.0) / total if total else 0.0}
              for k in ("triton", "matmul", "attention", "communication", "memcpy", "memset", "other")}
