@@ -191,7 +191,7 @@ def test_a_run_dir_given_as_model_is_told_to_export_first(tmp_path, bad_input):
 
 def test_a_compiled_request_says_it_compiles_and_what_took_how_long(model_dir, capsys, monkeypatch):
     """Before the first call: a line saying it compiles; after: the seconds per compiled variant
-    (prefill, decode). The engine's own compile is replaced by recorded seconds: compiling on a
+    (prefill, decode) and why (graphs compiled, or loaded from inductor's cache). The engine's own compile is replaced by recorded seconds: compiling on a
     2-core CPU would cost the suite half a minute."""
     from kiln.generate import generation as run_module
     from kiln.llm import engine as engine_module
@@ -203,6 +203,7 @@ def test_a_compiled_request_says_it_compiles_and_what_took_how_long(model_dir, c
         def generate(self, *args, **kwargs):
             out = super().generate(*args, **kwargs)
             self.compiled = {"prefill[b1,len16,cap26,greedy]": 1.5, "decode[b1,cap26,greedy]": 2.25}
+            self.graph_cache = {"prefill[b1,len16,cap26,greedy]": (2, 0), "decode[b1,cap26,greedy]": (0, 1)}
             return out
 
     monkeypatch.setattr(run_module, "Engine", Recorded)
@@ -211,7 +212,8 @@ def test_a_compiled_request_says_it_compiles_and_what_took_how_long(model_dir, c
     err = capsys.readouterr().err
     assert code == 0, err
     assert err.index("compiling prefill and decode") < err.index("TTFT")
-    assert "includes compiling, 3.8 s: prefill 1.5 s, decode 2.2 s" in err
+    assert ("includes compiling, 3.8 s: prefill 1.5 s (2 graphs from the compile cache), decode 2.2 s "
+            "(1 graph compiled)") in err
 
 
 def test_an_fp32_8b_on_a_small_host_is_refused_before_it_is_built(bad_input, monkeypatch):

@@ -118,6 +118,8 @@ def test_compiled_engine_matches_eager_and_counts_its_compiles(model):
     engine = Engine(model, compile=True)
     assert engine.generate(PROMPTS, max_new_tokens=6).tokens == eager
     assert sorted(engine.compiled) == ["decode[b2,cap22,greedy]", "prefill[b2,len16,cap22,pad,greedy]"]
+    # each first call compiled its graph or loaded it from inductor's cache (an earlier run's)
+    assert set(engine.graph_cache) == set(engine.compiled) and all(sum(n) >= 1 for n in engine.graph_cache.values())
     engine.generate([[1, 2, 3, 4], [1, 5, 6]], max_new_tokens=6)
     assert len(engine.compiled) == 2
     longer = [list(range(1, 20)), [1, 2]]
@@ -165,3 +167,12 @@ def test_batched_greedy_equals_each_prompt_decoded_alone(checkpoints, family):
     alone = [engine.generate([p], max_new_tokens=10).tokens[0] for p in prompts]
     assert batched.tokens == alone
     assert batched.padded_len == 32 and batched.prompt_lens == [3, 9, 17, 5]
+
+
+def test_warmup_reasons_say_per_variant_what_the_first_call_did():
+    from kiln.llm.engine import warmup_reasons
+
+    compiled = {"prefill[b1,len16,cap26,greedy]": 1.54, "decode[b1,cap26,greedy]": 2.25, "decode[b2,cap26,greedy]": 0.5}
+    cache = {"prefill[b1,len16,cap26,greedy]": (2, 1), "decode[b1,cap26,greedy]": (0, 1)}
+    assert warmup_reasons(compiled, cache) == ("prefill 1.5 s (1 graph compiled, 2 graphs from the compile cache), "
+                                               "decode 2.2 s (1 graph compiled), decode 0.5 s")

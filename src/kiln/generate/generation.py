@@ -11,7 +11,7 @@ from pathlib import Path
 
 from kiln.generate.check_generate import GenerateRequest, check_generate
 from kiln.generate.request import GenerateOptions
-from kiln.llm.engine import Engine
+from kiln.llm.engine import Engine, warmup_reasons
 from kiln.llm.quant import quantize_decoder
 from kiln.llm.weights import TORCH_DTYPES, build_decoder, decode_weight_bytes, has_weights
 from kiln.timing import StepClock
@@ -29,6 +29,7 @@ class Generation:
     ttft_s: float
     decode_s: float
     compiled: dict[str, float]
+    graph_cache: dict[str, tuple[int, int]]
 
     def summary(self) -> str:
         """The one line printed on stderr after the text: tokens, TTFT, decode rate, compile time."""
@@ -37,8 +38,7 @@ class Generation:
         rate = (f", decode {len(req.prompts) * self.steps / self.decode_s:.1f} tok/s"
                 if self.steps and self.decode_s > 0 else "")
         compiled = (f" (first call: includes compiling, {sum(self.compiled.values()):.1f} s: "
-                    + ", ".join(f"{name.split('[')[0]} {seconds:.1f} s" for name, seconds in self.compiled.items())
-                    + ")" if self.compiled else "")
+                    + warmup_reasons(self.compiled, self.graph_cache) + ")" if self.compiled else "")
         quant = f", {req.quant.describe()}" if req.quant.kind != "none" else ""
         return (f"kiln: {new} tokens, TTFT {self.ttft_s * 1e3:.1f} ms{rate}{compiled} "
                 f"({req.device}, {req.dtype}{quant})")
@@ -65,7 +65,8 @@ def run_generate(opts: GenerateOptions, say: Callable[[str], None]) -> Generatio
                           stop_tokens=req.stop_tokens, seed=opts.seed, max_seq_len=opts.max_seq_len, clock=clock)
     marks = clock.marks_s()
     texts = [req.tokenizer.decode(t) for t in out.tokens] if req.tokenizer is not None else None
-    gen = Generation(req, out.tokens, out.finish, texts, out.steps, marks[0], marks[-1] - marks[0], engine.compiled)
+    gen = Generation(req, out.tokens, out.finish, texts, out.steps, marks[0], marks[-1] - marks[0], engine.compiled,
+                     engine.graph_cache)
     if opts.json:
         _write_json(gen, Path(opts.json))
     return gen
@@ -77,5 +78,8 @@ def _write_json(gen: Generation, path: Path) -> None:
                "sampling": dataclasses.asdict(req.sampling), "stop_tokens": req.stop_tokens, "prompts": req.texts,
                "prompt_tokens": req.prompts, "tokens": gen.tokens, "text": gen.texts, "finish": gen.finish,
                "ttft_ms": gen.ttft_s * 1e3, "decode_s": gen.decode_s, "steps": gen.steps,
-               "compiled": gen.compiled, "quant": dataclasses.asdict(req.quant)}
+               "compiled": gen.compiled,
+               "graph_cache": {name: {"from_cache": hits, "compiled": misses}
+                               for name, (hits, misses) in gen.graph_cache.items()},
+               "quant": dataclasses.asdict(req.quant)}
     path.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")

@@ -50,6 +50,7 @@ from kiln.bench.results import refuse_held_results
 from kiln.bench.row_failure import failure
 from kiln.compile import compile_counters
 from kiln.llm.config import resolve_model
+from kiln.llm.engine import warmup_reasons
 from kiln.llm.hf_model import build_hf_model, hf_available
 from kiln.llm.weights import (
     TORCH_DTYPES,
@@ -187,7 +188,10 @@ class LlmBench:
                                  else None),
                      **r.engine.compile_stats())
         r.row.note = r.engine.note
-        self.log(f"{r.name}: warm-up {r.row.warmup_s:.1f} s (first call {first:.1f} s)")
+        why = ""  # kiln's engine: each compiled variant's seconds, and whether it compiled or loaded its graphs
+        if isinstance(r.engine, KilnEngine) and r.engine.engine.compiled:
+            why = f": {warmup_reasons(r.engine.engine.compiled, r.engine.engine.graph_cache)}"
+        self.log(f"{r.name}: warm-up {r.row.warmup_s:.1f} s (first call {first:.1f} s){why}")
 
     def time_prefill(self, ready: list[LlmRow]) -> None:
         """Each engine's prompt forward, interleaved. An engine whose prefill cannot be called on

@@ -81,6 +81,7 @@ class EngineRow(JsonRow):
     decode_attention: str | None = UNSET
     decode_matvec: str | None = UNSET
     compiled_variants: dict[str, Any] | None = UNSET
+    graph_cache: dict[str, Any] | None = UNSET  # per variant: graphs from inductor's cache / compiled anew
     kv_cache_bytes: int | None = UNSET
     note: str | None = UNSET
     # Prefill alone (LlmBench.time_prefill) and the decode profile (llm_profile).

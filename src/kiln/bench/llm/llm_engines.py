@@ -90,7 +90,9 @@ class KilnEngine:
     def compile_stats(self) -> dict[str, Any]:
         return {"compiles": len(self.engine.compiled) if self.engine.compile else 0,
                 "decode_attention": self.engine.decode_kernel, "decode_matvec": self.engine.decode_matvec,
-                "compiled_variants": dict(self.engine.compiled), "kv_cache_bytes": self.engine.cache_bytes}
+                "compiled_variants": dict(self.engine.compiled), "kv_cache_bytes": self.engine.cache_bytes,
+                "graph_cache": {name: {"from_cache": hits, "compiled": misses}
+                                for name, (hits, misses) in self.engine.graph_cache.items()}}
 
 
 class HfEngine:
@@ -149,4 +151,4 @@ class HfEngine:
         compiled = getattr(self.model, "_compiled_call", None) is not None  # GenerationMixin.get_compiled_call
         if self.static and self.note is None and not compiled:
             self.note = "transformers did not compile decode (no _compiled_call after generate)"
-        return {"compiles": int(compiled), "compiled_variants": None, "kv_cache_bytes": None}
+        return {"compiles": int(compiled), "compiled_variants": None, "kv_cache_bytes": None, "graph_cache": None}
