@@ -188,3 +188,12 @@ def test_doctor_writes_its_repro_into_a_run_dir_not_the_current_directory(tmp_pa
     assert run_dir.name.endswith("-doctor-relu_net")
     repro = json.loads(report.read_text())["repro"]
     assert repro is not None and Path(repro).parent.resolve() == run_dir.resolve()
+
+
+def test_a_mistyped_flag_is_answered_with_the_closest_flag_of_its_command(bad_input):
+    """An unknown flag exits 2 in one line; where a flag of the command that was given (down its
+    subcommands) is close, the line names it; a flag close to none gets no guess."""
+    err = bad_input(["generate", "--max-new-tokns", "3", "--model", "x"], ["--max-new-tokns"])
+    assert err.endswith("(did you mean --max-new-tokens?)")
+    assert bad_input(["bench", "llm", "--modle", "x"], ["--modle"]).endswith("(did you mean --model?)")
+    assert "did you mean" not in bad_input(["bench", "llm", "--zzz"], ["unrecognized arguments: --zzz"])

@@ -74,10 +74,27 @@ def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argpa
     dest = next((d for d in TRAILING_WORDS if isinstance(getattr(args, d, None), list)), None)
     unknown = [word for word in extra if dest is None or word.startswith("-")]
     if unknown:
-        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}{_suggestion(parser, args, unknown)}")
     if dest is not None:
         getattr(args, dest).extend(extra)
     return args
+
+
+def _suggestion(parser: argparse.ArgumentParser, args: argparse.Namespace, unknown: list[str]) -> str:
+    """` (did you mean --steps?)`: the command's flags closest to the unrecognized ones, or nothing."""
+    import difflib
+
+    command = parser
+    while True:  # down the chosen subcommands (`kiln bench llm`) to the parser that took the flags
+        chosen = next((a.choices.get(getattr(args, a.dest, None) or "") for a in command._actions
+                       if isinstance(a, argparse._SubParsersAction)), None)
+        if chosen is None:
+            break
+        command = chosen
+    flags = [o for a in command._actions for o in a.option_strings if o.startswith("--")]
+    close = [m for word in unknown if word.startswith("--")
+             for m in difflib.get_close_matches(word.split("=")[0], flags, n=1, cutoff=0.6)]
+    return f" (did you mean {', '.join(dict.fromkeys(close))}?)" if close else ""
 
 
 def _setup_logging() -> None:
