@@ -2,10 +2,10 @@
 and the tokenizer files, loadable by `transformers.AutoModelForCausalLM.from_pretrained` and by
 `kiln generate --model DIR`.
 
-At the start of training the trainer saves what the checkpoint lacks into RUN_DIR/model/
-(`save_model_files`): the model's config.json fields and, when the token file the run reads
-(`data.path`) has a `meta.json` beside it naming a tokenizer directory, that tokenizer's files, so
-the run dir alone is enough to export later. `export_hf_dir` then takes the weights of a
+At the start of training the trainer saves what the checkpoint lacks (`save_run_files`): the
+resolved config.toml and, into RUN_DIR/model/, the model's config.json fields and, when the token
+file the run reads (`data.path`) has a `meta.json` beside it naming a tokenizer directory, that
+tokenizer's files, so the run dir alone is enough to export later. `export_hf_dir` then takes the weights of a
 checkpoint (FSDP shards gathered, see kiln.checkpoint.export), renames kiln's fused decoder
 tensors to HF's (its family's name map, kiln.llm.weights.to_hf_state_dict; `hf:` runs already
 use HF's names) and writes the directory under a temporary name, renamed into place when complete.
@@ -25,6 +25,8 @@ import torch
 from kiln.checkpoint.export import readable_weights
 from kiln.checkpoint.export_target import check_export_target
 from kiln.checkpoint.layout import read_marker
+from kiln.config.load import save_config
+from kiln.config.schema import Config
 from kiln.data.prepared import META_FILE
 from kiln.data.special_tokens import align_config
 from kiln.data.tokenizers_io import copy_tokenizer_dir
@@ -57,15 +59,18 @@ def tokenizer_dir_of(token_path: str | Path) -> Path | None:
     return directory if directory.is_dir() else None
 
 
-def save_model_files(run_dir: Path, hf_config: dict[str, Any], tokenizer: Path | None) -> Path:
-    """Write RUN_DIR/model/config.json and copy the data's tokenizer files (`tokenizer`, the
-    directory `tokenizer_dir_of` names) beside it."""
+def save_run_files(run_dir: Path, cfg: Config, hf_config: dict[str, Any] | None, tokenizer: Path | None) -> None:
+    """RUN_DIR/config.toml (the resolved config) and, for a model with an HF config, what `kiln export
+    --out DIR` needs besides the weights: RUN_DIR/model/config.json and the data's tokenizer files
+    (`tokenizer`, the directory `tokenizer_dir_of` names) beside it."""
+    save_config(cfg, run_dir / "config.toml")
+    if hf_config is None:
+        return
     target = Path(run_dir) / MODEL_DIR
     target.mkdir(parents=True, exist_ok=True)
     write_atomic(target / "config.json", json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
     if tokenizer is not None:
         copy_tokenizer_dir(tokenizer, target)
-    return target
 
 
 def _generation_config(config: dict[str, Any]) -> dict[str, Any] | None:

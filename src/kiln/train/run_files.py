@@ -1,19 +1,19 @@
 """Opening a run dir (rank 0, under its lock, once the process group formed): the files a run writes
 there before its first step.
 
-`open_run_dir` writes the resolved `config.toml`, the model files `kiln export` needs, branches
-the timeline when `checkpoint.resume=PATH` starts from another checkpoint, and cuts metrics.jsonl
-back to the checkpoint a resumed run continues from (removed for a fresh start). It returns the
-run's earlier segments (kiln.train.segments), read from the summary.json this segment replaces.
+`open_run_dir` branches the timeline when `checkpoint.resume=PATH` starts from another checkpoint,
+writes the resolved `config.toml` and the model files `kiln export` needs (kiln.checkpoint.hf_export
+`save_run_files`), and cuts metrics.jsonl back to the checkpoint a resumed run continues from
+(removed for a fresh start). It returns the run's earlier segments (kiln.train.segments), read from
+the summary.json this segment replaces.
 """
 
 from __future__ import annotations
 
 import logging
 
-from kiln.checkpoint.hf_export import save_model_files
+from kiln.checkpoint.hf_export import save_run_files
 from kiln.checkpoint.timeline import branch
-from kiln.config.load import save_config
 from kiln.train.build_run import RunParts
 from kiln.train.features import describe_features
 from kiln.train.rundir import trim_metrics
@@ -31,9 +31,7 @@ def open_run_dir(parts: RunParts) -> RunHistory:
     run_dir.mkdir(parents=True, exist_ok=True)
     if resume.branching and resume.path is not None:  # one timeline per run dir
         branch(run_dir, resume.path)
-    save_config(cfg, run_dir / "config.toml")
-    if parts.built.hf_config is not None:  # what `kiln export --out DIR` needs besides the weights
-        save_model_files(run_dir, parts.built.hf_config, parts.tokenizer_dir)
+    save_run_files(run_dir, cfg, parts.built.hf_config, parts.tokenizer_dir)
     if resume.path is None:  # a fresh start (or a restart with no checkpoint yet)
         (run_dir / "metrics.jsonl").unlink(missing_ok=True)
     else:  # the earlier segments, from the summary.json this segment will replace; records
