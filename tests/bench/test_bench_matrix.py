@@ -109,8 +109,8 @@ def test_plain_baseline_step_scope_and_warm_start_rows(tiny_mlp):
     from kiln.compile_cache import artifacts_supported
 
     # Warm inductor caches (fresh_cache=False), as the other matrix tests: no assertion here depends on
-    # a cold first compile, which cost a C++ build of every kernel of three rows (167 s of 256 s for the
-    # file on a loaded 2-core machine); the warm-start compile itself still starts from empty caches.
+    # a cold first compile, which costs a C++ build of every kernel of three rows (most of the file's
+    # time on CPU); the warm-start compile itself still starts from empty caches.
     plan = [Recipe("fp32", "default", "inductor", "step"), Recipe("fp32", "default", "inductor", "model"),
             Recipe("fp32", runner="plain"), Recipe("fp32", "default", "inductor", "model", runner="plain")]
     opts = CompileBenchOptions(cfg=load_config(None, tiny_mlp), recipes=with_references(plan), steps=3, warmup=1,
