@@ -87,9 +87,9 @@ class _MetadataUnpickler(pickle.Unpickler):
 @functools.cache
 def _safe_io_classes() -> tuple[type, type]:
     """`(SafeFileSystemReader, SafeLoadPlanner)`, made on first use: importing
-    torch.distributed.checkpoint (and DTensor with it) costs a process that only launches ranks,
-    parses a config or reads a run dir about a second, so modules that merely may read a
-    checkpoint import it when one is read."""
+    torch.distributed.checkpoint (and DTensor and sympy with it) is a large part of the start-up
+    of a process that only launches ranks, parses a config or reads a run dir, so modules that
+    merely may read a checkpoint import it when one is read."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
     from torch.distributed.checkpoint.metadata import Metadata, StorageMeta

@@ -65,8 +65,8 @@ class AppState:
     """Model, optimizer, scheduler, scaler, progress, RNG and data position of one rank.
 
     A DCP `Stateful` by its two methods (DCP's `Stateful` is a runtime-checkable protocol), not by
-    subclassing it: importing torch.distributed.checkpoint costs a process about a second, so it
-    is imported when a state is made, not when a launcher or a config check imports this module.
+    subclassing it: torch.distributed.checkpoint (DTensor and sympy with it) is a large import, so
+    it is imported when a state is made, not when a launcher or a config check imports this module.
 
     `progress` is a plain dict the trainer updates at every step (cheap: Python ints); it is read
     when a checkpoint is taken and overwritten in place by a load. `data` is anything with

@@ -37,8 +37,8 @@ _FP32_STATE = ("master", "exp_avg", "exp_avg_sq")
 
 
 def _is_dtensor(t: Tensor) -> bool:
-    """Whether `t` is a DTensor, without importing torch.distributed.tensor (about a second, with
-    sympy): no tensor is one before that module is loaded, and FSDP2 loads it to make any."""
+    """Whether `t` is a DTensor, without importing torch.distributed.tensor (a large import, sympy
+    with it): no tensor is one before that module is loaded, and FSDP2 loads it to make any."""
     module = sys.modules.get("torch.distributed.tensor")
     dtensor = getattr(module, "DTensor", None)
     return dtensor is not None and isinstance(t, dtensor)
