@@ -6,6 +6,7 @@ import os
 import tempfile
 
 import pytest
+from tests.kernels.triton_interpreter import start_early, stop_early
 
 # Two cores, several pytest workers at most: keep intra-op threads low so timings don't matter
 # and results do not depend on the machine's load.
@@ -56,3 +57,12 @@ def bad_input(capsys):
 def pytest_configure(config):
     # tests/kernels/triton_interpreter.py: the interpreter subprocess selects its tests with `-m interpreted`.
     config.addinivalue_line("markers", "interpreted: a Triton kernel test, run in the TRITON_INTERPRET=1 subprocess")
+
+
+def pytest_collection_finish(session):
+    # tests/kernels/triton_interpreter.py: the Triton interpreter run starts now, beside the first tests.
+    start_early([str(item.path) for item in session.items if item.name == "test_under_interpreter"])
+
+
+def pytest_sessionfinish(session, exitstatus):
+    stop_early()

@@ -291,3 +291,18 @@ def test_resuming_fp32_masters_under_another_optimizer_says_they_are_not_loaded(
     other = checkpointer(tmp_path).load(path, app(torch.optim.AdamW))
     assert any("optimizer state master is not used" in note and "precision.policy=bf16-master" in note
                for note in other.notes), other.notes
+
+
+def test_app_state_is_a_dcp_stateful_and_the_launcher_imports_no_dcp() -> None:
+    """AppState is a DCP Stateful by its methods (DCP checks the runtime protocol), so kiln's modules
+    import torch.distributed.checkpoint, and DTensor and sympy with it, only when a state is made or
+    read: the process that launches the ranks, and any command that never touches a checkpoint,
+    starts without that second."""
+    from torch.distributed.checkpoint.stateful import Stateful
+
+    assert isinstance(make_run(seed=0).app, Stateful)
+    code = ("import sys, kiln.train.command, kiln.checkpoint.export\n"
+            "print(sorted(m for m in ('torch.distributed.checkpoint', 'torch.distributed.tensor', 'sympy')"
+            " if m in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr[-2000:]

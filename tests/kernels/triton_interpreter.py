@@ -5,7 +5,10 @@ variable set (`rerun_interpreted`), where only those run (selected by their `int
 the module's other tests already ran in this process, and a second run under the interpreter
 would only repeat them, compiles and all). The first such module to ask runs every
 module of the session that has kernel tests in one subprocess (one interpreter start, not one per
-module) and each module's `test_under_interpreter` then reports its own module's outcome."""
+module) and each module's `test_under_interpreter` then reports its own module's outcome. The
+session starts that subprocess as soon as its tests are collected (tests/conftest.py calls
+`start_early`): it runs on the second core beside the session's first tests, whose own processes
+are mostly single-threaded, instead of after them."""
 
 from __future__ import annotations
 
@@ -59,16 +62,63 @@ def _outcomes(files: list[str], report: Path, output: str) -> dict[str, str]:
     return outcomes
 
 
+class _Run:
+    """The interpreter subprocess of `files`, its output and junit report in a temporary directory."""
+
+    def __init__(self, files: list[str]) -> None:
+        self.files = files
+        self.tmp = tempfile.TemporaryDirectory(prefix="kiln-interpreted-")
+        self.report = Path(self.tmp.name) / "report.xml"
+        self.output = Path(self.tmp.name) / "output.txt"
+        env = {**os.environ, "TRITON_INTERPRET": "1"}
+        with open(self.output, "w") as out:  # a file, not a pipe: nobody reads it while the session runs
+            self.proc = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *files,
+                                          "-m", MARKER, f"--junitxml={self.report}"],
+                                         env=env, stdout=out, stderr=subprocess.STDOUT, text=True)
+
+    def outcomes(self) -> dict[str, str]:
+        """Wait for the run (at most 10 minutes a file) and read each file's outcome."""
+        try:
+            self.proc.wait(timeout=600 * len(self.files))
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        output = self.output.read_text(errors="replace")[-6000:]
+        try:
+            return _outcomes(self.files, self.report, output)
+        finally:
+            self.tmp.cleanup()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.tmp.cleanup()
+
+
+_EARLY: list[_Run] = []
+"""The run `start_early` started, until a test reads its outcomes."""
+
+
+def start_early(files: list[str]) -> None:
+    """Start the interpreter run of `files` (the modules whose `test_under_interpreter` the session
+    collected) in the background; their tests read its outcomes when they run."""
+    if files and not INTERPRETED and not _EARLY:
+        _EARLY.append(_Run(sorted(set(files))))
+
+
+def stop_early() -> None:
+    """End a background run no test waited for (the session stopped before them)."""
+    while _EARLY:
+        _EARLY.pop().stop()
+
+
 def rerun_interpreted(test_file: str) -> None:
     """Run `test_file` under Triton's interpreter (with the session's other such files, once);
     fail with its output unless every one of its tests passed."""
+    if test_file not in _OUTCOMES and _EARLY:
+        _OUTCOMES.update(_EARLY.pop().outcomes())
     if test_file not in _OUTCOMES:
         files = sorted(({test_file} | _session_files()) - set(_OUTCOMES))
-        env = {**os.environ, "TRITON_INTERPRET": "1"}
-        with tempfile.TemporaryDirectory(prefix="kiln-interpreted-") as tmp:
-            report = Path(tmp) / "report.xml"
-            run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *files,
-                                  "-m", MARKER, f"--junitxml={report}"],
-                                 env=env, capture_output=True, text=True, timeout=600 * len(files))
-            _OUTCOMES.update(_outcomes(files, report, run.stdout[-4000:] + run.stderr[-2000:]))
+        _OUTCOMES.update(_Run(files).outcomes())
     assert not _OUTCOMES[test_file], _OUTCOMES[test_file]

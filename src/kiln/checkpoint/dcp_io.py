@@ -15,20 +15,21 @@ reads checkpoints only through:
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import io
 import pickle
 import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
-from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
 
 from kiln.safe_io import open_read, regular_file_problem
+
+if TYPE_CHECKING:
+    from torch.distributed.checkpoint.metadata import Metadata
 
 APP_KEY = "app"
 """The one top-level key of every kiln checkpoint: `dcp.save({"app": AppState})`, so tensor keys read
@@ -83,38 +84,49 @@ class _MetadataUnpickler(pickle.Unpickler):
         return super().find_class(module, name)
 
 
-class SafeFileSystemReader(dcp.FileSystemReader):
-    """FileSystemReader whose `.metadata` is read by the allow-list unpickler.
+@functools.cache
+def _safe_io_classes() -> tuple[type, type]:
+    """`(SafeFileSystemReader, SafeLoadPlanner)`, made on first use: importing
+    torch.distributed.checkpoint (and DTensor and sympy with it) is a large part of the start-up
+    of a process that only launches ranks, parses a config or reads a run dir, so modules that
+    merely may read a checkpoint import it when one is read."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+    from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
-    The signature takes no `rank` on purpose: torch >= 2.8 then never falls back to per-rank
-    metadata files (which kiln never writes)."""
+    class SafeFileSystemReader(dcp.FileSystemReader):
+        """FileSystemReader whose `.metadata` is read by the allow-list unpickler.
 
-    def read_metadata(self) -> Metadata:  # type: ignore[override]
-        with open_read(Path(self.path) / ".metadata", METADATA_LIMIT) as f:  # a regular file, bounded
-            metadata = _MetadataUnpickler(f).load()
-        if not isinstance(metadata, Metadata):
-            raise UnsafeCheckpointError(f"{self.path}/.metadata does not hold DCP metadata")
-        # What FileSystemReader.read_metadata does after unpickling (torch 2.6 .. 2.13).
-        if getattr(metadata, "storage_meta", None) is None:
-            metadata.storage_meta = StorageMeta()
-        metadata.storage_meta.load_id = getattr(self, "load_id", None)
-        return metadata
+        The signature takes no `rank` on purpose: torch >= 2.8 then never falls back to per-rank
+        metadata files (which kiln never writes)."""
 
+        def read_metadata(self) -> Metadata:  # type: ignore[override]
+            with open_read(Path(self.path) / ".metadata", METADATA_LIMIT) as f:  # a regular file, bounded
+                metadata = _MetadataUnpickler(f).load()
+            if not isinstance(metadata, Metadata):
+                raise UnsafeCheckpointError(f"{self.path}/.metadata does not hold DCP metadata")
+            # What FileSystemReader.read_metadata does after unpickling (torch 2.6 .. 2.13).
+            if getattr(metadata, "storage_meta", None) is None:
+                metadata.storage_meta = StorageMeta()
+            metadata.storage_meta.load_id = getattr(self, "load_id", None)
+            return metadata
 
-class SafeLoadPlanner(DefaultLoadPlanner):
-    """DefaultLoadPlanner that reads non-tensor values with `torch.load(weights_only=True)`.
+    class SafeLoadPlanner(DefaultLoadPlanner):
+        """DefaultLoadPlanner that reads non-tensor values with `torch.load(weights_only=True)`.
 
-    Same body as DefaultLoadPlanner.load_bytes (torch 2.6 .. 2.13) except for `weights_only`."""
+        Same body as DefaultLoadPlanner.load_bytes (torch 2.6 .. 2.13) except for `weights_only`."""
 
-    def load_bytes(self, read_item, value: io.BytesIO) -> None:
-        obj = torch.load(value, weights_only=True)
-        fqn = read_item.dest_index.fqn
-        if self.flatten_state_dict:
-            from torch.distributed.checkpoint._traverse import set_element
+        def load_bytes(self, read_item, value: io.BytesIO) -> None:
+            obj = torch.load(value, weights_only=True)
+            fqn = read_item.dest_index.fqn
+            if self.flatten_state_dict:
+                from torch.distributed.checkpoint._traverse import set_element
 
-            set_element(self.original_state_dict, self.mappings[fqn], obj)
-        else:
-            self.state_dict[fqn] = obj
+                set_element(self.original_state_dict, self.mappings[fqn], obj)
+            else:
+                self.state_dict[fqn] = obj
+
+    return SafeFileSystemReader, SafeLoadPlanner
 
 
 @contextlib.contextmanager
@@ -127,13 +139,17 @@ def quiet_single_process() -> Iterator[None]:
 
 
 def read_metadata(path: Path) -> Metadata:
-    return SafeFileSystemReader(path).read_metadata()
+    reader, _ = _safe_io_classes()
+    return reader(path).read_metadata()
 
 
 def dcp_load(state_dict: dict[str, Any], path: Path, *, process_group=None, no_dist: bool = False) -> None:
     """`dcp.load` through the safe reader and planner. `no_dist=True` reads in this process alone
     even when a process group exists (export); torch versions without the flag infer it."""
-    kwargs: dict[str, Any] = {"storage_reader": SafeFileSystemReader(path), "planner": SafeLoadPlanner()}
+    import torch.distributed.checkpoint as dcp
+
+    reader, planner = _safe_io_classes()
+    kwargs: dict[str, Any] = {"storage_reader": reader(path), "planner": planner()}
     if process_group is not None:
         kwargs["process_group"] = process_group
     if no_dist and "no_dist" in inspect.signature(dcp.load).parameters:
@@ -181,6 +197,8 @@ def check_files(path: Path, metadata: Metadata) -> str | None:
 
 def tensor_shapes(metadata: Metadata, prefix: str) -> dict[str, tuple[int, ...]]:
     """`{key without prefix: global shape}` of the tensors whose key starts with `prefix`."""
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
     out = {}
     for key, md in metadata.state_dict_metadata.items():
         if key.startswith(prefix) and isinstance(md, TensorStorageMetadata):

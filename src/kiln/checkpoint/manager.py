@@ -26,7 +26,6 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 
 from kiln.checkpoint.compat import check_model_keys, prune_template, unused_optimizer_state
 from kiln.checkpoint.dcp_io import (
@@ -173,6 +172,8 @@ class Checkpointer:
 
     def _save(self, step: int, app_state: AppState, tmp: Path, target: Path, *, final: bool, block: bool,
               timing: dict) -> None:
+        import torch.distributed.checkpoint as dcp  # here, not at the top: see AppState
+
         if self.rank == 0:
             self.root.mkdir(parents=True, exist_ok=True)
             if tmp.is_symlink() or tmp.is_file():  # not kiln's: only the name goes, never what it names

@@ -25,13 +25,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_state_dict,
-    set_state_dict,
-)
-from torch.distributed.checkpoint.stateful import Stateful
 
 log = logging.getLogger("kiln.checkpoint")
 
@@ -68,8 +61,12 @@ def restore_rng(state: dict[str, Any], device: torch.device | None) -> None:
         torch.cuda.set_rng_state(state["cuda"].cpu(), device)
 
 
-class AppState(Stateful):
+class AppState:
     """Model, optimizer, scheduler, scaler, progress, RNG and data position of one rank.
+
+    A DCP `Stateful` by its two methods (DCP's `Stateful` is a runtime-checkable protocol), not by
+    subclassing it: torch.distributed.checkpoint (DTensor and sympy with it) is a large import, so
+    it is imported when a state is made, not when a launcher or a config check imports this module.
 
     `progress` is a plain dict the trainer updates at every step (cheap: Python ints); it is read
     when a checkpoint is taken and overwritten in place by a load. `data` is anything with
@@ -103,6 +100,8 @@ class AppState(Stateful):
         optimizer's hyper-parameters (lr, weight decay, betas, ...) and the schedule's base LRs
         are then this config's, not the checkpoint's (a branch with another learning rate)."""
         self._fresh: tuple[list[dict[str, Any]], list[float] | None] | None = None
+        from torch.distributed.checkpoint.state_dict import StateDictOptions
+
         # Sharded (not gathered) state under FSDP2: each rank writes its own shards.
         self.options = StateDictOptions(full_state_dict=False, cpu_offload=False)
 
@@ -112,6 +111,8 @@ class AppState(Stateful):
 
     # -- Stateful ----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=self.options)
         local: dict[str, Any] = {"rng": capture_rng(self.device)}
         if self.data is not None:
@@ -133,6 +134,8 @@ class AppState(Stateful):
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
         self.notes = []
         set_state_dict(
             self.model,
@@ -200,6 +203,8 @@ class AppState(Stateful):
     # -- for the Checkpointer -----------------------------------------------------------------
     def model_shapes(self) -> dict[str, tuple[int, ...]]:
         """Global shapes of the model's state (DTensor.shape is the unsharded shape)."""
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
         sd = get_model_state_dict(self.model, options=self.options)
         return {k: tuple(v.shape) for k, v in sd.items() if isinstance(v, torch.Tensor)}
 

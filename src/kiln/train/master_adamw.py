@@ -27,6 +27,7 @@ global norm over the shards (kiln.distributed.sharded_norm), so every rank scale
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any
 
 import torch
@@ -34,14 +35,13 @@ from torch import Tensor
 
 _FP32_STATE = ("master", "exp_avg", "exp_avg_sq")
 
-try:  # public since torch 2.4; without it no parameter is a DTensor
-    from torch.distributed.tensor import DTensor
-except ImportError:  # pragma: no cover - torch built without distributed
-    DTensor = None
-
 
 def _is_dtensor(t: Tensor) -> bool:
-    return DTensor is not None and isinstance(t, DTensor)
+    """Whether `t` is a DTensor, without importing torch.distributed.tensor (a large import, sympy
+    with it): no tensor is one before that module is loaded, and FSDP2 loads it to make any."""
+    module = sys.modules.get("torch.distributed.tensor")
+    dtensor = getattr(module, "DTensor", None)
+    return dtensor is not None and isinstance(t, dtensor)
 
 
 def _local(t: Tensor) -> Tensor:
@@ -57,6 +57,8 @@ def _fp32_like(p: Tensor, values: Tensor) -> Tensor:
     when `p` is one (its global shape and placements), else `values` itself."""
     if not _is_dtensor(p):
         return values
+    from torch.distributed.tensor import DTensor
+
     return DTensor.from_local(values, p.device_mesh, p.placements, run_check=False, shape=p.shape,
                               stride=p.stride())
 
