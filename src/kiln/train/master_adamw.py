@@ -36,12 +36,19 @@ from torch import Tensor
 _FP32_STATE = ("master", "exp_avg", "exp_avg_sq")
 
 
+_DTENSOR: list[type] = []
+"""DTensor's class once torch.distributed.tensor is loaded (found once, not per parameter and step)."""
+
+
 def _is_dtensor(t: Tensor) -> bool:
     """Whether `t` is a DTensor, without importing torch.distributed.tensor (a large import, sympy
     with it): no tensor is one before that module is loaded, and FSDP2 loads it to make any."""
-    module = sys.modules.get("torch.distributed.tensor")
-    dtensor = getattr(module, "DTensor", None)
-    return dtensor is not None and isinstance(t, dtensor)
+    if not _DTENSOR:
+        module = sys.modules.get("torch.distributed.tensor")
+        if module is None:
+            return False
+        _DTENSOR.append(module.DTensor)
+    return isinstance(t, _DTENSOR[0])
 
 
 def _local(t: Tensor) -> Tensor:
