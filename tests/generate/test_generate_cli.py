@@ -203,7 +203,8 @@ def test_a_compiled_request_says_it_compiles_and_what_took_how_long(model_dir, c
         def generate(self, *args, **kwargs):
             out = super().generate(*args, **kwargs)
             self.compiled = {"prefill[b1,len16,cap26,greedy]": 1.5, "decode[b1,cap26,greedy]": 2.25}
-            self.graph_cache = {"prefill[b1,len16,cap26,greedy]": (2, 0), "decode[b1,cap26,greedy]": (0, 1)}
+            self.graph_cache = {"prefill[b1,len16,cap26,greedy]": {"from_cache": 2, "compiled": 0},
+                                "decode[b1,cap26,greedy]": {"from_cache": 0, "compiled": 1}}
             return out
 
     monkeypatch.setattr(run_module, "Engine", Recorded)

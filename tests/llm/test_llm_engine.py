@@ -119,7 +119,7 @@ def test_compiled_engine_matches_eager_and_counts_its_compiles(model):
     assert engine.generate(PROMPTS, max_new_tokens=6).tokens == eager
     assert sorted(engine.compiled) == ["decode[b2,cap22,greedy]", "prefill[b2,len16,cap22,pad,greedy]"]
     # each first call compiled its graph or loaded it from inductor's cache (an earlier run's)
-    assert set(engine.graph_cache) == set(engine.compiled) and all(sum(n) >= 1 for n in engine.graph_cache.values())
+    assert set(engine.graph_cache) == set(engine.compiled) and all(sum(n.values()) >= 1 for n in engine.graph_cache.values())
     engine.generate([[1, 2, 3, 4], [1, 5, 6]], max_new_tokens=6)
     assert len(engine.compiled) == 2
     longer = [list(range(1, 20)), [1, 2]]
@@ -173,6 +173,7 @@ def test_warmup_reasons_say_per_variant_what_the_first_call_did():
     from kiln.llm.engine import warmup_reasons
 
     compiled = {"prefill[b1,len16,cap26,greedy]": 1.54, "decode[b1,cap26,greedy]": 2.25, "decode[b2,cap26,greedy]": 0.5}
-    cache = {"prefill[b1,len16,cap26,greedy]": (2, 1), "decode[b1,cap26,greedy]": (0, 1)}
+    cache = {"prefill[b1,len16,cap26,greedy]": {"from_cache": 2, "compiled": 1},
+             "decode[b1,cap26,greedy]": {"from_cache": 0, "compiled": 1}}
     assert warmup_reasons(compiled, cache) == ("prefill 1.5 s (1 graph compiled, 2 graphs from the compile cache), "
                                                "decode 2.2 s (1 graph compiled), decode 0.5 s")

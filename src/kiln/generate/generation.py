@@ -29,7 +29,7 @@ class Generation:
     ttft_s: float
     decode_s: float
     compiled: dict[str, float]
-    graph_cache: dict[str, tuple[int, int]]
+    graph_cache: dict[str, dict[str, int]]
 
     def summary(self) -> str:
         """The one line printed on stderr after the text: tokens, TTFT, decode rate, compile time."""
@@ -78,8 +78,5 @@ def _write_json(gen: Generation, path: Path) -> None:
                "sampling": dataclasses.asdict(req.sampling), "stop_tokens": req.stop_tokens, "prompts": req.texts,
                "prompt_tokens": req.prompts, "tokens": gen.tokens, "text": gen.texts, "finish": gen.finish,
                "ttft_ms": gen.ttft_s * 1e3, "decode_s": gen.decode_s, "steps": gen.steps,
-               "compiled": gen.compiled,
-               "graph_cache": {name: {"from_cache": hits, "compiled": misses}
-                               for name, (hits, misses) in gen.graph_cache.items()},
-               "quant": dataclasses.asdict(req.quant)}
+               "compiled": gen.compiled, "graph_cache": gen.graph_cache, "quant": dataclasses.asdict(req.quant)}
     path.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")

@@ -262,7 +262,8 @@ def _launch(q: Tensor | None, qkv_rows: Tensor | None, inv_freq: Tensor | None, 
         scale, window, Hkv,
         G=group, BLOCK_G=max(16, triton.next_power_of_2(group)), D=D, BLOCK_D=triton.next_power_of_2(D),
         CHUNK=per_chunk, CHUNKS=chunks, BLOCK_C=triton.next_power_of_2(chunks), BLOCK=block, HAS_START=start is not None,
-        ROPE=rope, PDL=pdl, STAGES=LOOP_STAGES if per_chunk > block and LOOP_STAGES else 0, num_warps=warps, num_stages=2, **({"launch_pdl": True} if pdl else {}))
+        ROPE=rope, PDL=pdl, STAGES=LOOP_STAGES if per_chunk > block and LOOP_STAGES else 0, num_warps=warps,
+        num_stages=2, **({"launch_pdl": True} if pdl else {}))
     return y
 
 

@@ -198,9 +198,10 @@ class Engine:
         self._graphs: dict[bool, torch.cuda.CUDAGraph] = {}
         self.compiled: dict[str, float] = {}
         """Variant -> seconds of its first call (compile and tuning included); compiled engines only."""
-        self.graph_cache: dict[str, tuple[int, int]] = {}
-        """Variant -> (graphs inductor loaded from its compile cache, graphs it compiled anew) in its
-        first call: why that call took the time it did (a warm start loads, a cold one compiles)."""
+        self.graph_cache: dict[str, dict[str, int]] = {}
+        """Variant -> {"from_cache": graphs inductor loaded from its compile cache, "compiled": graphs it
+        compiled anew} in its first call: why that call took the time it did (a warm start loads, a
+        cold one compiles). As written to results.json and generate's --json."""
 
     # -- buffers --------------------------------------------------------------------------------
 
@@ -267,7 +268,7 @@ class Engine:
         with dynamo_config.patch({limit: 64}):
             self.compiled[name] = time_calls(lambda: fn(*args), calls=1, device=self.device)
         after = graph_cache_counts()
-        self.graph_cache[name] = (after[0] - before[0], after[1] - before[1])
+        self.graph_cache[name] = {"from_cache": after[0] - before[0], "compiled": after[1] - before[1]}
 
     def _call(self, name: str, fn, blocks: list | None, *args) -> None:
         with self._blocks(blocks):
@@ -364,13 +365,13 @@ def graph_cache_counts() -> tuple[int, int]:
     return int(counters["inductor"].get("fxgraph_cache_hit", 0)), int(counters["inductor"].get("fxgraph_cache_miss", 0))
 
 
-def warmup_reasons(compiled: dict[str, float], graph_cache: dict[str, tuple[int, int]]) -> str:
+def warmup_reasons(compiled: dict[str, float], graph_cache: dict[str, dict[str, int]]) -> str:
     """Each compiled variant's first-call seconds and why: `decode 2.2 s (1 graph compiled)`,
     `prefill 1.5 s (2 graphs from the compile cache)`; the variant's kind only (its shape dropped)."""
     parts = []
     for name, seconds in compiled.items():
-        hits, misses = graph_cache.get(name, (0, 0))
+        counts = graph_cache.get(name, {})
         why = [f"{n} graph{'s' if n != 1 else ''} {what}" for n, what in
-               ((misses, "compiled"), (hits, "from the compile cache")) if n]
+               ((counts.get("compiled", 0), "compiled"), (counts.get("from_cache", 0), "from the compile cache")) if n]
         parts.append(f"{name.split('[')[0]} {seconds:.1f} s" + (f" ({', '.join(why)})" if why else ""))
     return ", ".join(parts)

@@ -349,9 +349,10 @@ def _torch(model: nn.Module, spec: QuantSpec) -> None:
     if spec.kind == "int4" and spec.backend == "triton":
         _triton_int4(model, spec)
         return
-    int4 = Int4FusedLinear if spec.backend == "inductor" else Int4WeightOnlyLinear
     if spec.kind == "int4" and spec.backend == "gemlite":
         from kiln.llm.int4_gemlite import Int4GemliteLinear as int4  # Triton and gemlite are optional
+    else:
+        int4 = Int4FusedLinear if spec.backend == "inductor" else Int4WeightOnlyLinear
     for parent, name, linear in list(_targets(model, spec.lm_head)):
         if spec.kind == "int8":
             layer = Int8WeightOnlyLinear.from_linear(linear, spec.group)

@@ -91,8 +91,7 @@ class KilnEngine:
         return {"compiles": len(self.engine.compiled) if self.engine.compile else 0,
                 "decode_attention": self.engine.decode_kernel, "decode_matvec": self.engine.decode_matvec,
                 "compiled_variants": dict(self.engine.compiled), "kv_cache_bytes": self.engine.cache_bytes,
-                "graph_cache": {name: {"from_cache": hits, "compiled": misses}
-                                for name, (hits, misses) in self.engine.graph_cache.items()}}
+                "graph_cache": dict(self.engine.graph_cache)}
 
 
 class HfEngine:
