@@ -30,6 +30,7 @@ from kiln.llm.tokenizer import load_tokenizer
 KEY = "test-key"
 TEMPLATE = "{{ bos_token }}{% for m in messages %}{{ m['content'] }} {% endfor %}{% if add_generation_prompt %}w0{% endif %}"
 SRC = Path(__file__).resolve().parents[2] / "src"
+LONG = 2048
 
 
 def _free_port() -> int:
@@ -44,6 +45,10 @@ def model_dir(tmp_path_factory):
     write_tokenizer(d)
     # No stop token: every answer runs to max_tokens, so lengths (and so timings) are known.
     (d / "generation_config.json").write_text(json.dumps({"eos_token_id": []}))
+    # 2048 slots per row (the server's default cap): a stream asked for 2,000 tokens is still running
+    # when its client leaves, however loaded the machine is.
+    config = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**config, "max_position_embeddings": LONG}))
     (d / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": "</s>",
                                                          "chat_template": TEMPLATE}))
     return d
@@ -154,7 +159,8 @@ def _metric(url: str, line: str) -> float:
 def test_full_server_says_429_and_a_client_leaving_frees_its_row(server, client):
     url = server[0]
     cancelled = _metric(url, 'kiln_serve_requests_total{reason="cancelled"}')
-    streams = [client.completions.create(model="tiny", prompt=[1, 2, 3], max_tokens=240, temperature=0, stream=True)
+    streams = [client.completions.create(model="tiny", prompt=[1, 2, 3], max_tokens=LONG - 48, temperature=0,
+                                         stream=True)
                for _ in range(2)]
     for s in streams:
         next(iter(s))  # both rows busy
@@ -180,8 +186,8 @@ def test_full_server_says_429_and_a_client_leaving_frees_its_row(server, client)
 @pytest.mark.parametrize(("body", "param"), [
     ({"prompt": "w1", "bogus": 1}, "bogus"),
     ({"prompt": "w1", "temperature": 5}, "temperature"),
-    ({"prompt": "w1", "max_tokens": 300}, "max_tokens"),
-    ({"prompt": [1] * 300}, "prompt"),
+    ({"prompt": "w1", "max_tokens": LONG + 1}, "max_tokens"),
+    ({"prompt": [1] * (LONG + 1)}, "prompt"),
     ({"prompt": "w1", "n": 2}, "n"),
     ({"prompt": "w1", "stop": 3}, "stop"),
 ])
