@@ -13,7 +13,7 @@ from kiln.config.schema import Config
 from kiln.cpu.busy import LoadReading, read_load
 from kiln.cpu.threads import plan_cpu
 from kiln.cpu.topology import process_affinity, read_topology
-from kiln.distributed.strategy import STATE_BUDGET, device_memory_bytes, training_state_bytes
+from kiln.train.strategy import STATE_BUDGET, device_memory_bytes, training_state_bytes
 
 
 def check_graph_breaks(report: dict[str, Any], cfg: Config) -> Finding:

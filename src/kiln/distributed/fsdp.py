@@ -118,7 +118,7 @@ def fsdp_units(model: torch.nn.Module, blocks: list[torch.nn.Module], cfg: Distr
 
 def device_mesh(cfg: DistributedConfig, device_type: str):
     """The 2-D ("replicate", "shard") mesh of HSDP, or None for FSDP2's default 1-D mesh over all
-    ranks. The world size was checked to split evenly (kiln.distributed.strategy.check_mesh)."""
+    ranks. The world size was checked to split evenly (`check_mesh` of the run's strategy decision)."""
     replicas = cfg.replicate_degree
     if replicas <= 1 or not dist.is_initialized():
         return None

@@ -22,7 +22,6 @@ from kiln.cpu.threads import CpuPlan
 from kiln.data import build_data
 from kiln.data.base import DataSource
 from kiln.data.special_tokens import align_config
-from kiln.distributed.strategy import resolve_strategy
 from kiln.distributed.world import DistEnv
 from kiln.errors import ConfigError
 from kiln.failure.faults import Fault
@@ -35,6 +34,7 @@ from kiln.train.gpu_plan import device_memory
 from kiln.train.memory_plan import check_run_fits, meta_model
 from kiln.train.plan import Placement, TrainPlan, plan_device_memory
 from kiln.train.resume import Resume, decide_resume
+from kiln.train.strategy import resolve_strategy
 
 log = logging.getLogger("kiln.train")
 
@@ -101,14 +101,14 @@ def build_run(plan: TrainPlan, where: Placement, dist: DistEnv, device: torch.de
     # took its 32 GB of fp32 weights on every GPU before FSDP2 sharded them.
     on_meta = guess == "fsdp" and shape.initial_values is not None
     built = shape if on_meta else build_model(cfg.model, device=device)
-    # The tokenizer prepared token data names: its BOS/EOS for the model, its files for the run dir.
-    tokenizer_dir = tokenizer_dir_of(cfg.data.path) if cfg.data.source == "tokens" else None
     num_params = sum(p.numel() for p in built.module.parameters())
     param_bytes = torch.finfo(policy.param_dtype).bits // 8
     strategy, strategy_reason = resolve_strategy(cfg, dist.world_size, num_params, param_bytes, device,
                                                  launched=dist.launched)
     if on_meta and strategy != "fsdp":  # the same resolver's answer as the guess above; a guard all the same
         raise RuntimeError(f"the model was built on the meta device for FSDP2, but the strategy is {strategy}")
+    # The tokenizer prepared token data names: its BOS/EOS for the model, its files for the run dir.
+    tokenizer_dir = tokenizer_dir_of(cfg.data.path) if cfg.data.source == "tokens" else None
     if built.hf_config is not None and cfg.data.source == "tokens":  # the data's BOS/EOS, not a preset's
         built.hf_config, changed = align_config(built.hf_config, tokenizer_dir, explicit=cfg.model.kwargs)
         if changed and dist.is_main:

@@ -21,8 +21,8 @@ import inspect
 from dataclasses import dataclass, fields
 
 from kiln.config.schema import CompileConfig, Config
-from kiln.distributed.strategy import wraps_one_rank
 from kiln.models.registry import REGISTRY
+from kiln.train.strategy import wraps_one_rank
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,6 @@ from kiln.checkpoint.signals import stopped_line
 from kiln.config.schema import Config
 from kiln.cpu.threads import launcher_env
 from kiln.distributed.launch import LaunchResult, LaunchSpec, check_launch, launch, launcher_flags, uses_gpu
-from kiln.distributed.strategy import check_mesh
 from kiln.failure import RunFailed
 from kiln.failure.faults import planned_fault
 from kiln.failure.ranks import first_failure
@@ -33,6 +32,7 @@ from kiln.outputs import LOCK_ENV, RunDirLock
 from kiln.train.failure import group_report
 from kiln.train.plan import Placement, TrainPlan, plan_train
 from kiln.train.preflight import preflight
+from kiln.train.strategy import check_mesh
 
 
 @dataclass(frozen=True)
@@ -54,8 +54,8 @@ def launch_job(cfg: Config, spec: LaunchSpec, *, run_dir: str | Path | None, ran
     plan = plan_train(cfg, run_dir, where, torch.device("meta"))
     if plan.continuing:
         print(f"kiln: {plan.continuing_line()}", file=sys.stderr)
-    check_launch(spec, cfg.training.device)
     check_mesh(cfg.distributed.replicate_degree, where.world_size)  # HSDP: exit 2 before any rank
+    check_launch(spec, cfg.training.device)
     # CPU ranks: threads per rank, not torchrun's 1
     env = {} if uses_gpu(cfg.training.device) else launcher_env(cfg.cpu, spec.nproc_per_node)
     planned_fault(0)  # a malformed KILN_FAULT is bad input, before the run dir is created

@@ -19,7 +19,6 @@ import torch
 
 from kiln.compile import cuda_graph_mode_note
 from kiln.config.schema import Config
-from kiln.distributed.strategy import resolve_strategy
 from kiln.models.spec import BuiltModel
 from kiln.monitor.prometheus import check_bindable
 from kiln.monitor.trackers import check_tracker
@@ -28,6 +27,7 @@ from kiln.train.compile_defaults import apply_measured_defaults
 from kiln.train.gpu_memory import GpuPlan
 from kiln.train.gpu_plan import plan_run
 from kiln.train.rundir import choose_run_dir
+from kiln.train.strategy import resolve_strategy
 
 
 @dataclass(frozen=True)

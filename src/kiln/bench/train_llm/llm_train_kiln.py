@@ -17,7 +17,6 @@ from kiln.bench.train_llm.llm_train_rows import in_process_row
 from kiln.compile_cache import compile_cache_dir
 from kiln.config import load_config
 from kiln.config.schema import Config
-from kiln.distributed.strategy import resolve_strategy
 from kiln.models import build_model
 from kiln.precision import apply_precision, resolve_precision, tf32_enabled
 from kiln.runtime import deterministic_mode, resolve_device, seed_everything
@@ -25,6 +24,7 @@ from kiln.train.assemble import build_train_step
 from kiln.train.attention import attention_backend
 from kiln.train.compile_defaults import apply_measured_defaults
 from kiln.train.features import resolve_features
+from kiln.train.strategy import resolve_strategy
 
 
 def _process_group(device: torch.device, stack: contextlib.ExitStack) -> None:

@@ -1,5 +1,6 @@
 """Which strategy a run uses, and why: `auto` picks FSDP when one device could not hold the
-model's training state comfortably, DDP otherwise."""
+model's training state comfortably, DDP otherwise. A decision of the run's plan (kiln.train.plan,
+build_run, the launcher's checks); kiln.distributed applies the wrapper it names."""
 
 from __future__ import annotations
 

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from kiln.config import load_config
-from kiln.distributed.strategy import resolve_strategy
 from kiln.errors import ConfigError
+from kiln.train.strategy import resolve_strategy
 
 CPU = torch.device("cpu")
 
