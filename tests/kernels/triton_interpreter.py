@@ -5,10 +5,10 @@ variable set (`rerun_interpreted`), where only those run (selected by their `int
 the module's other tests already ran in this process, and a second run under the interpreter
 would only repeat them, compiles and all). The first such module to ask runs every
 module of the session that has kernel tests in one subprocess (one interpreter start, not one per
-module) and each module's `test_under_interpreter` then reports its own module's outcome. The
-session starts that subprocess as soon as its tests are collected (tests/conftest.py calls
-`start_early`): it runs on the second core beside the session's first tests, whose own processes
-are mostly single-threaded, instead of after them."""
+module) and each module's `test_under_interpreter` then reports its own module's outcome. A
+session without pytest-xdist starts that subprocess as soon as its tests are collected
+(tests/conftest.py calls `start_early`): it runs on the second core beside the session's first
+tests, whose own processes are mostly single-threaded, instead of after them."""
 
 from __future__ import annotations
 
@@ -24,6 +24,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]  # pytest's rootdir: junit names tests from it
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 MARKER = "interpreted"
+XDIST_WORKER = "PYTEST_XDIST_WORKER" in os.environ
+"""A pytest-xdist worker collects every test but runs only its share: it starts no early run, and
+the worker that gets the `triton-interpreter` group runs the subprocess when its first test asks."""
 
 
 def interpreted(test):
@@ -32,7 +35,11 @@ def interpreted(test):
     return getattr(pytest.mark, MARKER)(skip(test))
 
 
-not_in_subprocess = pytest.mark.skipif(INTERPRETED, reason="this is the interpreter subprocess")
+def not_in_subprocess(test):
+    """Mark a module's `test_under_interpreter`: skipped in the subprocess itself; under pytest-xdist
+    (`--dist loadgroup`) every module's lands on one worker, which starts one subprocess for them all."""
+    skip = pytest.mark.skipif(INTERPRETED, reason="this is the interpreter subprocess")
+    return pytest.mark.xdist_group("triton-interpreter")(skip(test))
 
 _OUTCOMES: dict[str, str] = {}
 """Test file -> what went wrong in its interpreter run ("" when every test passed)."""
@@ -103,7 +110,7 @@ _EARLY: list[_Run] = []
 def start_early(files: list[str]) -> None:
     """Start the interpreter run of `files` (the modules whose `test_under_interpreter` the session
     collected) in the background; their tests read its outcomes when they run."""
-    if files and not INTERPRETED and not _EARLY:
+    if files and not INTERPRETED and not _EARLY and not XDIST_WORKER:
         _EARLY.append(_Run(sorted(set(files))))
 
 
