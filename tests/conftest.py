@@ -66,3 +66,19 @@ def pytest_collection_finish(session):
 
 def pytest_sessionfinish(session, exitstatus):
     stop_early()
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """The README's `-n 2` runs: each test file's tests go to one worker (a module's fixtures are set up
+    once, not once per worker: some launch ranks or a server), and every `test_under_interpreter` to the
+    same worker, so one Triton interpreter subprocess serves them all (tests/kernels/triton_interpreter.py)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByFile(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return INTERPRETER_SCOPE if nodeid.endswith("::test_under_interpreter") else nodeid.split("::", 1)[0]
+
+    return ByFile(config, log)
+
+
+INTERPRETER_SCOPE = "triton-interpreter"

@@ -25,8 +25,9 @@ ROOT = Path(__file__).resolve().parents[2]  # pytest's rootdir: junit names test
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 MARKER = "interpreted"
 XDIST_WORKER = "PYTEST_XDIST_WORKER" in os.environ
-"""A pytest-xdist worker collects every test but runs only its share: it starts no early run, and
-the worker that gets the `triton-interpreter` group runs the subprocess when its first test asks."""
+"""A pytest-xdist worker collects every test but runs only its share: it starts no early run; every
+module's `test_under_interpreter` is sent to one worker (tests/conftest.py's scheduler), which runs
+the subprocess for them all when the first asks."""
 
 
 def interpreted(test):
@@ -35,11 +36,7 @@ def interpreted(test):
     return getattr(pytest.mark, MARKER)(skip(test))
 
 
-def not_in_subprocess(test):
-    """Mark a module's `test_under_interpreter`: skipped in the subprocess itself; under pytest-xdist
-    (`--dist loadgroup`) every module's lands on one worker, which starts one subprocess for them all."""
-    skip = pytest.mark.skipif(INTERPRETED, reason="this is the interpreter subprocess")
-    return pytest.mark.xdist_group("triton-interpreter")(skip(test))
+not_in_subprocess = pytest.mark.skipif(INTERPRETED, reason="this is the interpreter subprocess")
 
 _OUTCOMES: dict[str, str] = {}
 """Test file -> what went wrong in its interpreter run ("" when every test passed)."""
