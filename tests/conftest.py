@@ -71,7 +71,9 @@ def pytest_sessionfinish(session, exitstatus):
 def pytest_xdist_make_scheduler(config, log):
     """The README's `-n 2` runs: each test file's tests go to one worker (a module's fixtures are set up
     once, not once per worker: some launch ranks or a server), and every `test_under_interpreter` to the
-    same worker, so one Triton interpreter subprocess serves them all (tests/kernels/triton_interpreter.py)."""
+    same worker, so one Triton interpreter subprocess serves them all (tests/kernels/triton_interpreter.py).
+    A scheduler rather than `xdist_group` marks: `--dist loadgroup` does not group under pytest 9.2
+    (pytest-dev/pytest-xdist#1386)."""
     from xdist.scheduler import LoadScopeScheduling
 
     class ByFile(LoadScopeScheduling):
