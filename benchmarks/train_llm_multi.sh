@@ -24,7 +24,13 @@
 #        Triton cross-entropy): the 1-rank baseline runs it without a wrapper, the fsdp points under
 #        FSDP2. Writes $OUT/r/1b-weak/results.{json,md} (efficiency per point, exposed communication).
 #
-# DRY=1 PART=8b runs part 8b's command on the CPU (2 gloo ranks, a tiny Llama, STEPS_8B=4 WARMUP_8B=1
+#   PART=8b-save bash benchmarks/train_llm_multi.sh  # `kiln train --nproc-per-node 4` of the 8B shape
+#        (bf16-master, selective AC, seq 8192) for STEPS_SAVE (70) steps with an async DCP checkpoint
+#        every SAVE_EVERY (30) steps, keep 1: each save's stall on the training step and its total time
+#        (summary.json's checkpoint_saves). Writes $OUT/r/8b-save/{summary.json,saves.jsonl,
+#        checkpoint_bytes.txt} and $OUT/r/train_8b_save.log. PART=1b-weak+8b-save runs both parts.
+#
+# DRY=1 PART=8b (or 8b-save) runs part 8b's command on the CPU (2 gloo ranks, a tiny Llama, STEPS_8B=4 WARMUP_8B=1
 # LR_WARMUP_8B=2 KILN_ROWS_8B=kiln-sel,plain): a check of the script, not a measurement.
 # Env: KILN_ROWS_8B (default kiln-sel,plain,torchtitan,kiln-full: names from the RECIPE table below, e.g.
 # kiln-master-sel (bf16-master) and kiln-master-sel-cudnn (the same with model.attention=cudnn, the kernel
@@ -82,7 +88,7 @@ part_8b() {  # part_8b NAME DEFAULT_ROWS [FLAGS...]
   local shape=(--model llama-3.1-8b --seq-len 8192 --batch-size 1 --nproc-per-node 4)
   # DRY=1: the same command on the CPU, 2 gloo ranks of a tiny Llama (checks the script, not speed).
   [ -n "${DRY:-}" ] && shape=(--model "$DRY_MODEL" --seq-len 16 --batch-size 2 --nproc-per-node 2 --device cpu)
-  step "train_llm_multi_$part" timeout $(( left - 10 )) python3 -m kiln bench train-llm "${shape[@]}" \
+  step "train_llm_multi_$part" timeout -k 20 $(( left - 10 )) python3 -m kiln bench train-llm "${shape[@]}" \
     --steps "${STEPS_8B:-30}" --warmup "${WARMUP_8B:-10}" --lr-warmup "${LR_WARMUP_8B:-10}" --rows "$rows" \
     "${recipes[@]}" --plain-ac "${PLAIN_AC_8B:-full}" --skip-invalid-recipes --deadline-s "$deadline" \
     --row-timeout-s 270 --torchtitan-timeout-s 270 --data-dir "$data" --out "$R/$part" "$@" ${EXTRA_8B:-}
@@ -91,11 +97,29 @@ part_8b() {  # part_8b NAME DEFAULT_ROWS [FLAGS...]
   rm -rf "$data"
 }
 
+part_8b_save() {  # kiln train at 8B with async checkpoints: each save's stall on the step and total time
+  local run=/tmp/kiln-8b-save steps=${STEPS_SAVE:-70} every=${SAVE_EVERY:-30} shape
+  shape=(model.name=llama:llama-3.1-8b data.seq_len=8192 data.batch_size=1)
+  [ -n "${DRY:-}" ] && shape=("model.name=llama:$DRY_MODEL" data.seq_len=16 data.batch_size=2 training.device=cpu)
+  rm -rf "$run"
+  local left=$(( TOTAL - ($(date +%s) - start) ))
+  step train_8b_save timeout -k 20 $(( left - 25 )) python3 -m kiln train --nproc-per-node "${NPROC_SAVE:-4}" \
+    --run-dir "$run" "${shape[@]}" distributed.strategy=fsdp compile.enabled=true compile.regional=true \
+    precision.policy=bf16-master training.activation_checkpointing=selective "training.steps=$steps" \
+    training.log_interval=5 metrics.tensorboard=false "checkpoint.interval=$every" checkpoint.async_save=true \
+    checkpoint.keep=1 checkpoint.save_final=false
+  mkdir -p "$R/8b-save"
+  cp "$run/summary.json" "$R/8b-save/summary.json" 2>/dev/null
+  grep -h "ckpt\|checkpoint" "$run"/metrics.jsonl 2>/dev/null | tail -20 > "$R/8b-save/saves.jsonl"
+  du -sb "$run"/checkpoints/* 2>/dev/null > "$R/8b-save/checkpoint_bytes.txt"
+  rm -rf "$run"
+}
+
 part_1b_weak() {
   local recipe=${RECIPE_1B:-compile.enabled=true compile.scope=model+loss training.ce_kernel=triton precision.policy=bf16-master}
   local left=$(( TOTAL - ($(date +%s) - start) ))
   # shellcheck disable=SC2086  # the recipe is several KEY=VALUE overrides
-  step scale_1b_weak timeout $(( left - 10 )) python3 -m kiln bench scale --model llama:llama-3.2-1b \
+  step scale_1b_weak timeout -k 20 $(( left - 10 )) python3 -m kiln bench scale --model llama:llama-3.2-1b \
     --nprocs "${NPROCS_1B:-1,4}" --strategies fsdp --weak --steps "${STEPS_1B:-40}" --timeout 200 \
     --thresholds 2:95,4:95 --out "$R/1b-weak" data.seq_len=2048 data.batch_size=4 $recipe
 }
@@ -104,6 +128,8 @@ case ${PART:-8b} in
   8b) part_8b 8b kiln-sel,plain,torchtitan,kiln-full ;;
   8b-float8) STEPS_8B=${STEPS_8B:-40} part_8b 8b-float8 kiln-sel,kiln-fp8,torchtitan --baseline "${BASELINE_8B:-kiln-sel}" "${TITAN_FP8[@]}" ;;
   1b-weak) part_1b_weak ;;
-  *) echo "PART must be 8b, 8b-float8 or 1b-weak (one per call), got '${PART:-}'" >&2; exit 2 ;;
+  8b-save) part_8b_save ;;
+  1b-weak+8b-save) part_1b_weak; part_8b_save ;;
+  *) echo "PART must be 8b, 8b-float8, 1b-weak, 8b-save or 1b-weak+8b-save, got '${PART:-}'" >&2; exit 2 ;;
 esac
 echo "=== done in $(( $(date +%s) - start )) s"

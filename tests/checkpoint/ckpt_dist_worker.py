@@ -40,9 +40,9 @@ def fsdp_available() -> bool:
     return True
 
 
-def train_and_save(rank: int, world: int, run_dir: Path, mode: str) -> None:
-    """3 steps of DDP (sync save) or FSDP2 (sharded, async save), then a checkpoint and, from rank 0,
-    the full reference state written with torch.save."""
+def train_and_save(rank: int, world: int, run_dir: Path, mode: str, ck: Checkpointer) -> None:
+    """3 steps of DDP (sync save) or FSDP2 (sharded, async save), then a checkpoint through `ck`
+    and, from rank 0, the full reference state written with torch.save."""
     model = make_model(seed=0)  # same init on every rank, as DDP/FSDP require
     if mode == "fsdp":
         from torch.distributed.device_mesh import init_device_mesh
@@ -61,9 +61,11 @@ def train_and_save(rank: int, world: int, run_dir: Path, mode: str) -> None:
         optimizer.zero_grad()
     app = AppState(model, optimizer, data=Position(1, 3 + rank), rank=rank, world_size=world)
     app.progress.update(step=3, samples_seen=24)
-    ck = Checkpointer(run_dir, CheckpointConfig(async_save=mode == "fsdp"), rank=rank, world_size=world)
     rng_at_save = torch.get_rng_state()
     ck.save(3, app)
+    if ck.cfg.async_save:  # DCP's collectives in their own gloo group, not the training's
+        assert ck.distributed and ck._async_group is not None and ck._async_group is not dist.group.WORLD
+        assert dist.get_backend(ck._async_group) == "gloo"
     ck.wait()
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
@@ -78,6 +80,10 @@ def train_and_save(rank: int, world: int, run_dir: Path, mode: str) -> None:
 
 def worker(rank: int, world: int, store_path: str, root: str, modes: list[str]) -> None:
     torch.set_num_threads(1)
+    # Made before the process group exists, as `kiln train` makes its Checkpointer: an async save
+    # must still find the group (and make its own) when it runs.
+    made = {mode: Checkpointer(Path(root) / mode, CheckpointConfig(async_save=mode == "fsdp"), rank=rank,
+                               world_size=world) for mode in modes}
     dist.init_process_group("gloo", store=dist.FileStore(store_path, world), rank=rank, world_size=world)
     try:
         for mode in modes:
@@ -85,6 +91,6 @@ def worker(rank: int, world: int, store_path: str, root: str, modes: list[str]) 
             if rank == 0:
                 run_dir.mkdir(parents=True, exist_ok=True)
             dist.barrier()
-            train_and_save(rank, world, run_dir, mode)
+            train_and_save(rank, world, run_dir, mode, made[mode])
     finally:
         dist.destroy_process_group()

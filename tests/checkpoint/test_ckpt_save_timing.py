@@ -47,6 +47,7 @@ def test_checkpointer_records_stall_and_total_per_save(tmp_path: Path, async_sav
     assert [(s["step"], s["async"], s["final"]) for s in saves] == [(1, async_save, False), (2, False, True)]
     for save in saves:
         assert save["stall_s"] > 0 and save["total_s"] > 0
+        assert 0 <= save["wait_s"] <= save["stall_s"]  # waiting for the previous save is part of the stall
     assert saves[1]["stall_s"] >= saves[1]["total_s"]  # a blocking save stalls the step for all of it
     assert ck.times.fresh()["ckpt_step"] == 2
 
@@ -78,3 +79,58 @@ def test_a_quick_save_writes_no_progress_line(tmp_path: Path, caplog) -> None:
     with save_progress(tmp_path, 3, enabled=False, every_s=0.0):
         time.sleep(0.05)
     assert not [r for r in caplog.records if "still writing" in r.getMessage()]
+
+
+class _Stager:
+    """Stands in for DCP's DefaultStager: counts its closes."""
+
+    def __init__(self) -> None:
+        self.closed = 0
+
+    def close(self) -> None:
+        self.closed += 1
+
+
+@pytest.mark.parametrize("reusable", [True, False], ids=["kept", "fresh-per-save"])
+def test_pinned_staging_keeps_a_reusable_stager_and_replaces_one_that_is_not(monkeypatch, reusable: bool):
+    from kiln.checkpoint import save_timing
+
+    made: list[_Stager] = []
+    monkeypatch.setattr(save_timing, "pinned_stager", lambda: made.append(_Stager()) or made[-1])
+    staging = save_timing.PinnedStaging(reusable=lambda: reusable)
+    first = staging.kwargs()["async_stager"]
+    second = staging.kwargs()["async_stager"]
+    if reusable:  # one stager, one set of page-locked buffers, for every save
+        assert second is first and first.closed == 0 and len(made) == 1
+    else:  # the spent stager is closed before the next save gets its own
+        assert second is not first and first.closed == 1 and second.closed == 0 and len(made) == 2
+    staging.close()
+    assert made[-1].closed == 1 and all(s.closed == 1 for s in made)
+
+
+def test_stager_reusable_sees_a_stager_that_stages_only_once(monkeypatch):
+    from torch.distributed.checkpoint import staging as dcp_staging
+
+    from kiln.checkpoint import save_timing
+
+    class Once:  # torch 2.11's DefaultStager: its copier is closed after the first stage
+        def __init__(self, options) -> None:
+            self.spent = False
+
+        def stage(self, state):
+            if self.spent:
+                raise KeyError(type)
+            self.spent = True
+            return state
+
+        def close(self) -> None:
+            pass
+
+    save_timing.stager_reusable.cache_clear()
+    try:
+        assert save_timing.stager_reusable() in (True, False)  # the installed torch, staged for real
+        save_timing.stager_reusable.cache_clear()
+        monkeypatch.setattr(dcp_staging, "DefaultStager", Once)
+        assert save_timing.stager_reusable() is False
+    finally:
+        save_timing.stager_reusable.cache_clear()

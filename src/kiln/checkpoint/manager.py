@@ -86,7 +86,6 @@ class Checkpointer:
         self.rank, self.world_size = rank, world_size
         self.group = process_group
         self.digest = config_digest
-        self.distributed = dist.is_available() and dist.is_initialized()
         self.last_saved_step: int | None = None
         self._pending: tuple[int, Future, Path] | None = None
         self._finalize_error: BaseException | None = None
@@ -96,12 +95,22 @@ class Checkpointer:
         self._async_storage: OSError | None = None  # rank 0: the storage's problem after a failed async save
         self.times = SaveTimes()  # each save's stall on the training step and total time
         self._staging = PinnedStaging()
-        if cfg.async_save and self.distributed:
-            # async_save runs DCP's collectives in a background thread: they need a CPU (gloo)
-            # backend (dcp.async_save asserts it) and must not interleave with the training
-            # collectives on the same communicator, hence a group of their own (torchtitan does
-            # the same). new_group is collective: every rank constructs its Checkpointer.
+
+    @property
+    def distributed(self) -> bool:
+        """Whether a process group is up now: `kiln train` builds its Checkpointer before its
+        ranks join the group, so this is read at each use, never at construction."""
+        return dist.is_available() and dist.is_initialized()
+
+    def _async_save_group(self):
+        """The group of async saves' collectives, made at the first async save (None without a
+        process group). async_save runs DCP's collectives in a background thread: they need a CPU
+        (gloo) backend (dcp.async_save refuses a group without one, as NCCL's default group is) and
+        must not interleave with the training collectives on the same communicator, hence a group
+        of their own (torchtitan does the same). new_group is collective: every rank saves."""
+        if self._async_group is None and self.distributed:
             self._async_group = dist.new_group(backend="gloo")
+        return self._async_group
 
     # -- finding ---------------------------------------------------------------------------
     def latest_complete(self) -> Path | None:
@@ -139,6 +148,7 @@ class Checkpointer:
         at most one save is in flight (this call first waits for the previous one)."""
         entered = time.perf_counter()
         self.wait()
+        waited = time.perf_counter() - entered
         if app_state.guard is not None:
             app_state.guard.check()  # never write a non-finite state (raises NonFiniteError)
         target = self.root / f"step_{step:08d}"
@@ -147,6 +157,7 @@ class Checkpointer:
         tmp = target.with_name(target.name + ".tmp")
         block = final or not self.cfg.async_save if block is None else block
         timing = self.times.begin(step, asynchronous=not block, final=final)
+        self.times.waited(timing, waited)
         try:
             self._save(step, app_state, tmp, target, final=final, block=block, timing=timing)
         except BaseException as exc:
@@ -196,7 +207,7 @@ class Checkpointer:
             self.times.done(timing, time.perf_counter() - started)
             return
         with quiet_single_process():
-            response = dcp.async_save(state, checkpoint_id=tmp, process_group=self._async_group,
+            response = dcp.async_save(state, checkpoint_id=tmp, process_group=self._async_save_group(),
                                       **self._staging.kwargs())
         # torch >= 2.9 may return AsyncSaveResponse (staging + upload futures); older a Future.
         future: Future = getattr(response, "upload_completion", response)

@@ -1,8 +1,10 @@
 """How long checkpoint saves take, and word while a long one runs.
 
-Each save records two times: `stall_s`, how long the training loop was held in `save()` (a
+Each save records three times: `stall_s`, how long the training loop was held in `save()` (a
 blocking save: all of it; an async one: waiting for the previous save, then staging the state in
-host memory), and `total_s`, from its start to the checkpoint being complete on disk. The newest
+host memory), `wait_s`, the part of it spent waiting for the previous save to complete (saves
+closer together than one save takes), and `total_s`, from its start to the checkpoint being
+complete on disk. The newest
 finished save's figures go into the next metrics record, all of them into summary.json.
 
 A save that takes long (an 8B model's end-of-run checkpoint) logs a line every
@@ -13,10 +15,11 @@ is visibly writing, not hung.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -38,10 +41,14 @@ class SaveTimes:
         self._lock = threading.Lock()  # an async save completes in DCP's thread
 
     def begin(self, step: int, *, asynchronous: bool, final: bool) -> dict:
-        entry = {"step": step, "async": asynchronous, "final": final, "stall_s": None, "total_s": None}
+        entry = {"step": step, "async": asynchronous, "final": final, "stall_s": None, "wait_s": None, "total_s": None}
         with self._lock:
             self.saves.append(entry)
         return entry
+
+    @staticmethod
+    def waited(entry: dict, seconds: float) -> None:
+        entry["wait_s"] = round(seconds, 4)
 
     @staticmethod
     def stalled(entry: dict, seconds: float) -> None:
@@ -110,9 +117,8 @@ def save_progress(tmp: Path, step: int, *, enabled: bool, every_s: float | None 
 
 
 def pinned_stager():
-    """DCP's stager for async saves with page-locked host buffers, kept across saves (one
-    allocation, fast device-to-host copies) on CUDA; None (DCP's default copy) elsewhere or on a
-    torch without it. Its owner closes it after the last save."""
+    """DCP's stager for async saves with page-locked host buffers (fast device-to-host copies),
+    on CUDA; None (DCP's default copy) elsewhere or on a torch without it. Its owner closes it."""
     if not torch.cuda.is_available():
         return None
     try:
@@ -124,13 +130,40 @@ def pinned_stager():
         return None
 
 
-class PinnedStaging:
-    """The `async_stager` of a run's async saves: made at the first, closed after the last."""
+@functools.cache
+def stager_reusable() -> bool:
+    """Whether DCP's DefaultStager stages more than once. torch 2.11's closes its copier after each
+    stage (pytorch/pytorch#183413, fixed by #183424), so a second async save through the same
+    stager fails with `KeyError: <class 'type'>`; found by staging a one-element state twice on
+    the CPU (milliseconds, once per process)."""
+    try:
+        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
-    def __init__(self) -> None:
-        self._stager, self._made = None, False
+        stager = DefaultStager(StagingOptions(use_pinned_memory=False, use_shared_memory=False,
+                                              use_async_staging=False, use_non_blocking_copy=False))
+    except (ImportError, TypeError):
+        return False
+    try:
+        for _ in range(2):
+            stager.stage({"x": torch.zeros(1)})
+        return True
+    except KeyError:
+        return False
+    finally:
+        stager.close()
+
+
+class PinnedStaging:
+    """The `async_stager` of a run's async saves. Where the stager stages more than once it is
+    made at the first save and kept (its page-locked buffers are allocated once); where it does not
+    (`stager_reusable`), each save gets a fresh one and the previous is closed."""
+
+    def __init__(self, reusable: Callable[[], bool] = stager_reusable) -> None:
+        self._stager, self._made, self._reusable = None, False, reusable
 
     def kwargs(self) -> dict:
+        if self._made and self._stager is not None and not self._reusable():
+            self.close()
         if not self._made:
             self._stager, self._made = pinned_stager(), True
         return {"async_stager": self._stager} if self._stager is not None else {}
