@@ -134,3 +134,41 @@ def test_stager_reusable_sees_a_stager_that_stages_only_once(monkeypatch):
         assert save_timing.stager_reusable() is False
     finally:
         save_timing.stager_reusable.cache_clear()
+
+
+def test_a_stager_that_closes_its_copier_after_each_stage_keeps_its_host_copies(monkeypatch):
+    """torch 2.11's DefaultStager closes its StateDictStager after every stage, so a second save
+    through it fails (or, made fresh, pins every byte again); PinnedStaging keeps the copier open and
+    the second save copies into the first save's host buffers."""
+    import torch
+    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+    from kiln.checkpoint import save_timing
+
+    class Torch211Stager(DefaultStager):
+        def stage(self, state_dict, **kwargs):
+            staged = self._state_dict_stager.stage(state_dict, non_blocking=False)
+            self._state_dict_stager.close()  # what torch 2.11 does after each stage
+            return staged
+
+    made: list[Torch211Stager] = []
+
+    def make():
+        made.append(Torch211Stager(StagingOptions(False, False, False, False)))
+        return made[-1]
+
+    monkeypatch.setattr(save_timing, "pinned_stager", make)
+    staging = save_timing.PinnedStaging(reusable=lambda: False)
+    weights = torch.arange(6.0)
+    state = {"model": {"w": weights}, "step": 3}
+    first = staging.kwargs()["async_stager"].stage(state)
+    weights += 10  # training goes on after the first save
+    second = staging.kwargs()["async_stager"].stage(state)
+    assert len(made) == 1  # one stager for both saves
+    assert torch.equal(second["model"]["w"], weights) and second["step"] == 3
+    assert second["model"]["w"].data_ptr() == first["model"]["w"].data_ptr()  # the same host buffer, refilled
+    inner = staging._kept.inner
+    closed = []
+    monkeypatch.setattr(inner, "close", lambda: closed.append(True))
+    staging.close()
+    assert closed == [True]

@@ -153,22 +153,55 @@ def stager_reusable() -> bool:
         stager.close()
 
 
+class _KeptOpen:
+    """DCP's StateDictStager behind a close() that does nothing: torch 2.11's DefaultStager closes
+    it after every stage (pytorch/pytorch#183413), which drops its cache of page-locked copies, so
+    each save would pin its whole state again (seconds per GiB). PinnedStaging closes `inner`."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+
+    def stage(self, state_dict, non_blocking: bool = False):
+        return self.inner.stage(state_dict, non_blocking=non_blocking)
+
+    def close(self) -> None:
+        """Called by DefaultStager after each stage: ignored (the cache is kept for the next save)."""
+
+
+def keep_open(stager) -> _KeptOpen | None:
+    """Put `stager`'s (a DefaultStager's) StateDictStager behind _KeptOpen; None, and `stager`
+    unchanged, when this torch's DefaultStager has no such part."""
+    inner = getattr(stager, "_state_dict_stager", None)
+    if inner is None or not callable(getattr(inner, "stage", None)) or not callable(getattr(inner, "close", None)):
+        return None
+    stager._state_dict_stager = kept = _KeptOpen(inner)
+    return kept
+
+
 class PinnedStaging:
-    """The `async_stager` of a run's async saves. Where the stager stages more than once it is
-    made at the first save and kept (its page-locked buffers are allocated once); where it does not
-    (`stager_reusable`), each save gets a fresh one and the previous is closed."""
+    """The `async_stager` of a run's async saves, made at the first save and kept, so its
+    page-locked buffers are allocated and pinned once. Where DCP's stager stages only once
+    (`stager_reusable`), its copier is kept open across saves (`keep_open`); where even that is not
+    possible, each save gets a fresh stager and the previous one is closed."""
 
     def __init__(self, reusable: Callable[[], bool] = stager_reusable) -> None:
         self._stager, self._made, self._reusable = None, False, reusable
+        self._kept: _KeptOpen | None = None
+        self._fresh_each = False
 
     def kwargs(self) -> dict:
-        if self._made and self._stager is not None and not self._reusable():
+        if self._made and self._fresh_each:
             self.close()
         if not self._made:
             self._stager, self._made = pinned_stager(), True
+            if self._stager is not None and not self._reusable():
+                self._kept = keep_open(self._stager)
+                self._fresh_each = self._kept is None
         return {"async_stager": self._stager} if self._stager is not None else {}
 
     def close(self) -> None:
         if self._stager is not None:
             self._stager.close()  # frees its page-locked buffers
-        self._stager, self._made = None, False
+        if self._kept is not None:
+            self._kept.inner.close()
+        self._stager, self._made, self._kept = None, False, None
