@@ -172,3 +172,35 @@ def test_a_stager_that_closes_its_copier_after_each_stage_keeps_its_host_copies(
     monkeypatch.setattr(inner, "close", lambda: closed.append(True))
     staging.close()
     assert closed == [True]
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_prepare_async_stages_once_so_the_first_save_reuses_the_host_buffers(tmp_path: Path, monkeypatch):
+    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+    from kiln.checkpoint import save_timing
+
+    run = make_run()
+    run.step()
+    assert checkpointer(tmp_path / "sync", interval=5).prepare_async(run.app) is None  # no async saves
+    assert checkpointer(tmp_path / "end", async_save=True).prepare_async(run.app) is None  # only the final save
+    assert checkpointer(tmp_path / "cpu", async_save=True, interval=5).prepare_async(run.app) is None  # no stager
+
+    stager = DefaultStager(StagingOptions(False, False, False, False))  # the CUDA stager's CPU twin
+    monkeypatch.setattr(save_timing, "pinned_stager", lambda: stager)
+    ck = checkpointer(tmp_path / "run", async_save=True, interval=5)
+    seconds = ck.prepare_async(run.app)
+    assert seconds is not None and seconds >= 0
+    copies = stager._state_dict_stager._cached_storage_mapping
+    prepared = len(copies)
+    assert prepared > 0  # the model's and optimizer's tensors have host copies now
+    kept = {id(v) for v in copies.values()}
+    run.step()
+    ck.save(2, run.app)
+    params = {id(copies[p.untyped_storage()]) for p in run.model.parameters()}
+    assert params <= kept  # the save copied the weights into the host buffers prepare_async made
+    ck.close()
+    assert len(copies) == 0  # closed with the run: the host copies are freed
+    summary = ck.times.summary()
+    assert summary["prepare_s"] == seconds and summary["saves"][0]["async"] is True
+    assert (tmp_path / "run" / "checkpoints" / "step_00000002").is_dir()

@@ -141,3 +141,27 @@ def test_language_model_validates_on_a_prepared_directory(tmp_path):
     assert evals[-1]["eval_loss"] < evals[0]["eval_loss"]
     report = make_report(tmp_path / "run")["md"].read_text()
     assert "## Validation" in report and f"{evals[-1]['eval_perplexity']:,.2f}" in report
+
+
+def test_summary_has_the_total_of_an_async_save_completed_after_the_last_step(tmp_path, tiny_overrides, monkeypatch):
+    """The step-27 save is still being written when the loop ends (its writes take a second more
+    here); closing the checkpointer completes it, and summary.json then has its total time, not None."""
+    import time
+
+    from torch.distributed.checkpoint.filesystem import FileSystemWriter
+
+    write_data = FileSystemWriter.write_data
+
+    def slow_write_data(self, *args, **kwargs):
+        time.sleep(1.0)
+        return write_data(self, *args, **kwargs)
+
+    monkeypatch.setattr(FileSystemWriter, "write_data", slow_write_data)
+    run_dir = tmp_path / "run"
+    over = [*tiny_overrides, "checkpoint.interval=27", "checkpoint.async_save=true", "checkpoint.save_final=false"]
+    summary = train(load_config(None, over), run_dir)
+    saves = json.loads((run_dir / "summary.json").read_text())["checkpoint_saves"]
+    assert summary["checkpoint_saves"] == saves
+    assert [(s["step"], s["async"]) for s in saves["saves"]] == [(27, True)]
+    assert saves["saves"][0]["total_s"] > 0 and saves["total_s_max"] == saves["saves"][0]["total_s"]
+    assert saves["prepare_s"] is None  # CPU: no page-locked staging to prepare

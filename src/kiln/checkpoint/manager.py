@@ -265,6 +265,15 @@ class Checkpointer:
         except BaseException as exc:
             raise CheckpointSaveError(step, target, exc, storage=self._async_storage, rank=self.rank) from exc
 
+    def prepare_async(self, app_state: AppState) -> float | None:
+        """Before a run's first async save (every rank, after its first step): stage the state once
+        so the saves' host buffers are allocated and pinned then, not on a save's step. The seconds
+        it took (also in summary.json's `checkpoint_saves`), or None when there is nothing to do."""
+        if not (self.cfg.async_save and self.cfg.interval):
+            return None
+        self.times.prepare_s = self._staging.prepare({APP_KEY: app_state.state_dict()})
+        return self.times.prepare_s
+
     def close(self, *, collective: bool = True) -> None:
         try:
             self.wait(collective=collective)

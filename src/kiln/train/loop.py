@@ -242,6 +242,11 @@ class TrainLoop:
         self.progress.done = step
         if is_log:
             self._log(step, lr, grad_norm)
+        if step == self.progress.start:  # outside every step record: the clock restarts below
+            prepared = p.checkpointer.prepare_async(self.app)
+            if prepared is not None and p.dist.is_main:
+                log.info("checkpoint: the state staged once into page-locked host memory in %.1f s, so async "
+                         "saves hold their step only for the copy", prepared)
         # A signal on one rank must stop all ranks at the same step; agreeing costs a
         # collective, so multi-rank jobs agree at log steps only.
         want_stop = stop.stop_requested()

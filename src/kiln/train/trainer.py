@@ -133,6 +133,7 @@ class Trainer:
                     raise RuntimeError(f"user code called sys.exit({exc.code!r}) during step {progress.step}; "
                                        "kiln treats that as a failure (raise an exception to report a problem)") from exc
             parts.checkpointer.close()  # completes an in-flight async save: its failure fails the run
+            summary["checkpoint_saves"] = parts.checkpointer.times.summary()  # with that save's total
             summary["status"] = "stopped" if summary.get("stopped_by") else "completed"
         except BaseException as exc:
             if record_end(summary, exc) == "failed":
