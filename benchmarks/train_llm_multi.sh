@@ -24,6 +24,11 @@
 #        Triton cross-entropy): the 1-rank baseline runs it without a wrapper, the fsdp points under
 #        FSDP2. Writes $OUT/r/1b-weak/results.{json,md} (efficiency per point, exposed communication).
 #
+#   PART=1b-variants bash benchmarks/train_llm_multi.sh  # the same 1B shape and recipe, which FSDP2 setup
+#        loses least to the unwrapped GPU: --nprocs 1,NPROCS_1B_VAR (4) with the default (model and loss
+#        compiled as one function: dynamo splits it at FSDP2's hooks), `blocks` (compile.scope=model: each
+#        block compiled) and `zero2` (distributed.fsdp_reshard_after_forward=false); each variant also at
+#        1 rank (its wrapper cost). Writes $OUT/r/1b-variants/. 7 points, about 7 minutes.
 #   PART=8b-save bash benchmarks/train_llm_multi.sh  # `kiln train --nproc-per-node 4` of the 8B shape
 #        (bf16-master, selective AC, seq 8192) for STEPS_SAVE (70) steps with an async DCP checkpoint
 #        every SAVE_EVERY (30) steps, keep 1: each save's stall on the training step and its total time
@@ -115,6 +120,15 @@ part_8b_save() {  # kiln train at 8B with async checkpoints: each save's stall o
   rm -rf "$run"
 }
 
+part_1b_variants() {  # the 1B's FSDP2 recipes at NPROCS_1B_VAR (4) ranks beside the unwrapped one-GPU baseline
+  local left=$(( TOTAL - ($(date +%s) - start) ))
+  step scale_1b_variants timeout -k 20 $(( left - 10 )) python3 -m kiln bench scale --model llama:llama-3.2-1b \
+    --nprocs "1,${NPROCS_1B_VAR:-4}" --strategies fsdp --weak --steps "${STEPS_1B:-40}" --timeout 150 --no-comm \
+    --variant blocks=fsdp,compile.scope=model --variant zero2=fsdp,distributed.fsdp_reshard_after_forward=false \
+    --thresholds "${NPROCS_1B_VAR:-4}:95" --out "$R/1b-variants" data.seq_len=2048 data.batch_size=4 \
+    compile.enabled=true compile.scope=model+loss training.ce_kernel=triton precision.policy=bf16-master
+}
+
 part_1b_weak() {
   local recipe=${RECIPE_1B:-compile.enabled=true compile.scope=model+loss training.ce_kernel=triton precision.policy=bf16-master}
   local left=$(( TOTAL - ($(date +%s) - start) ))
@@ -129,7 +143,8 @@ case ${PART:-8b} in
   8b-float8) STEPS_8B=${STEPS_8B:-40} part_8b 8b-float8 kiln-sel,kiln-fp8,torchtitan --baseline "${BASELINE_8B:-kiln-sel}" "${TITAN_FP8[@]}" ;;
   1b-weak) part_1b_weak ;;
   8b-save) part_8b_save ;;
+  1b-variants) part_1b_variants ;;
   1b-weak+8b-save) part_1b_weak; part_8b_save ;;
-  *) echo "PART must be 8b, 8b-float8, 1b-weak, 8b-save or 1b-weak+8b-save, got '${PART:-}'" >&2; exit 2 ;;
+  *) echo "PART must be 8b, 8b-float8, 1b-weak, 1b-variants, 8b-save or 1b-weak+8b-save, got '${PART:-}'" >&2; exit 2 ;;
 esac
 echo "=== done in $(( $(date +%s) - start )) s"
