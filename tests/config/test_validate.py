@@ -328,6 +328,18 @@ def test_known_backend_accepted(backend):
     check(f"compile.backend={backend}")
 
 
+def test_a_default_config_loads_without_importing_dynamo():
+    """Every kiln process loads a config (a launcher and each of its ranks too): checking the
+    default backend must not import torch._dynamo, seconds of start-up."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from kiln.config import load_config; load_config(None, ['compile.enabled=true']); "
+            "print(sorted(m for m in ('torch._dynamo', 'torch._inductor') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert out.stdout.strip() == "[]"
+
+
 def test_mode_and_options_are_exclusive():
     err = error_of("compile.mode=max-autotune", "compile.options.coordinate_descent_tuning=true")
     assert err.key == "compile.options"

@@ -81,14 +81,16 @@ def validate_compile(cfg: Config) -> None:
             "compile.options",
             "torch.compile takes either a mode or options, not both; put the mode's settings into options or drop them",
         )
-    backends = compile_backends()
+    # torch's backend list needs torch._dynamo (seconds to import: every `kiln` process loads a
+    # config, a launcher and each rank too), so it is read only for a backend other than
+    # torch.compile's own default, which every torch kiln supports has.
     if c.backend in _REMOVED_BACKENDS:
         raise ConfigError(
             "compile.backend",
             f"{c.backend!r} was removed from PyTorch; use {_REMOVED_BACKENDS[c.backend]!r}",
-            backends,
+            compile_backends(),
         )
-    if c.backend not in backends:
+    if c.backend != "inductor" and c.backend not in (backends := compile_backends()):
         raise ConfigError("compile.backend", f"unknown backend {c.backend!r}", backends)
     if c.options:
         if c.backend != "inductor":
