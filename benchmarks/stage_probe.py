@@ -5,8 +5,13 @@ tensors of 1 GiB (fp32) on the GPU, changed between saves; each staged copy is c
 
     python benchmarks/stage_probe.py [GIB]      # writes $OUT/stage_probe.json (default /tmp)
 """
-import json, os, sys, time
+import json
+import os
+import sys
+import time
+
 import torch
+
 from kiln.checkpoint import save_timing
 from kiln.checkpoint.save_timing import PinnedStaging, stager_reusable
 
@@ -18,7 +23,7 @@ for mode in ("kept", "fresh", "kept"):
     save_timing.keep_open = keep_open if mode == "kept" else (lambda stager: None)
     staging = PinnedStaging(reusable=lambda: False)
     times = []
-    for save in range(3):
+    for _ in range(3):
         stager = staging.kwargs()["async_stager"]
         t0 = time.perf_counter()
         staged = stager.stage(state)
