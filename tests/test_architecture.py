@@ -94,7 +94,8 @@ OWN_CLOCKS = {
     "src/kiln/profile/decode.py": "the profiled decode window's wall time",
     "src/kiln/distributed/sync_timing.py": "each rank's wait in collectives, CUDA events in stream order, read at log steps",
     "src/kiln/checkpoint/manager.py": "a save's duration for the checkpoint timeline, its stall on the step and total",
-    "src/kiln/checkpoint/save_timing.py": "a long save's elapsed time in its progress line",
+    "src/kiln/checkpoint/save_timing.py": "a long save's elapsed time in its progress line, and how long staging the "
+                                          "state once before the first async save took",
     "src/kiln/diagnose/doctor.py": "how long each rung of the backend ladder took",
     "src/kiln/cli/data_cmd.py": "kiln data prepare's elapsed time in its progress line",
     "src/kiln/bench/llm/llm_bench.py": "the bench's elapsed time against its --end-by budget",
@@ -104,6 +105,8 @@ OWN_CLOCKS = {
     "src/kiln/bench/peers/plain/plain_fsdp.py": "the hand-written FSDP2 loop's own step times (it imports no kiln, "
                                                 "as torchtitan times its own steps)",
     "benchmarks/checkpoint_bench.py": "a save's blocking and completion time (one save, not a sample of a step)",
+    "benchmarks/stage_probe.py": "one staging of a checkpoint's state (the stager synchronizes inside; a save's "
+                                 "stall, not a sample of a step)",
     "benchmarks/failure_gpu.py": "each failure scenario's wall time",
     "benchmarks/fsdp_host_overhead.py": "host time inside FSDP2's own functions, measured by wrapping them",
     "benchmarks/plain_crosscheck.py": "written without kiln on purpose (the outside check of kiln's plain row)",

@@ -4,8 +4,8 @@ Each save records three times: `stall_s`, how long the training loop was held in
 blocking save: all of it; an async one: waiting for the previous save, then staging the state in
 host memory), `wait_s`, the part of it spent waiting for the previous save to complete (saves
 closer together than one save takes), and `total_s`, from its start to the checkpoint being
-complete on disk. The newest
-finished save's figures go into the next metrics record, all of them into summary.json.
+complete on disk. The newest finished save's figures go into the next metrics record, all of
+them into summary.json.
 
 A save that takes long (an 8B model's end-of-run checkpoint) logs a line every
 `PROGRESS_EVERY_S` seconds on rank 0 with the bytes written so far, so a run past its last step

@@ -242,7 +242,9 @@ class TrainLoop:
         self.progress.done = step
         if is_log:
             self._log(step, lr, grad_norm)
-        if step == self.progress.start:  # outside every step record: the clock restarts below
+        interval = self.cfg.checkpoint.interval
+        if step == self.progress.start and interval and (step // interval + 1) * interval < tcfg.steps:
+            # An interval save lies ahead: pin its host copy now, outside every step record (the clock restarts below).
             prepared = p.checkpointer.prepare_async(self.app)
             if prepared is not None and p.dist.is_main:
                 log.info("checkpoint: the state staged once into page-locked host memory in %.1f s, so async "
