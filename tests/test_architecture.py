@@ -107,6 +107,7 @@ OWN_CLOCKS = {
     "benchmarks/checkpoint_bench.py": "a save's blocking and completion time (one save, not a sample of a step)",
     "benchmarks/stage_probe.py": "one staging of a checkpoint's state (the stager synchronizes inside; a save's "
                                  "stall, not a sample of a step)",
+    "benchmarks/save_probe.py": "one checkpoint write and its checksums (each a whole operation, not a sample of a step)",
     "benchmarks/failure_gpu.py": "each failure scenario's wall time",
     "benchmarks/fsdp_host_overhead.py": "host time inside FSDP2's own functions, measured by wrapping them",
     "benchmarks/plain_crosscheck.py": "written without kiln on purpose (the outside check of kiln's plain row)",

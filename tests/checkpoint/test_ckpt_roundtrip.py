@@ -17,7 +17,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from kiln.checkpoint import AppState, CheckpointSaveError
-from kiln.checkpoint.layout import MARKER, latest_complete
+from kiln.checkpoint.layout import MARKER, latest_complete, read_marker
 from kiln.errors import ConfigError
 
 from .ckpt_helpers import assert_bitwise_equal, checkpointer, make_run, seed_all, snapshot
@@ -25,17 +25,22 @@ from .ckpt_helpers import assert_bitwise_equal, checkpointer, make_run, seed_all
 
 # DCP's background save thread warns that it assumes one process (kiln silences it elsewhere).
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
-@pytest.mark.parametrize("async_save", [False, True], ids=["sync", "async"])
-def test_resume_continues_bitwise_identically(tmp_path: Path, async_save: bool) -> None:
+@pytest.mark.parametrize(("async_save", "threads"), [(False, 1), (True, 1), (True, 3)],
+                         ids=["sync", "async", "async-3-writers"])
+def test_resume_continues_bitwise_identically(tmp_path: Path, async_save: bool, threads: int) -> None:
     seed_all(0)
     run = make_run(seed=0)
-    ck = checkpointer(tmp_path, async_save=async_save)
+    ck = checkpointer(tmp_path, async_save=async_save, writer_threads=threads)
     for _ in range(3):
         run.step()
     ck.save(3, run.app)  # async: returns once staged; the steps below must not leak into it
     for _ in range(4):
         run.step()
     ck.wait()
+    # one data file per writer thread, each listed with its checksum in the completion marker
+    saved = latest_complete(tmp_path / "checkpoints")
+    assert len(list(saved.glob("*.distcp"))) == threads
+    assert sorted(read_marker(saved)["files"]) == sorted(p.name for p in saved.iterdir() if p.name != MARKER)
     expected = snapshot(run.model, run.optimizer)
     expected_lr = run.scheduler.get_last_lr()
     expected_draws = (torch.rand(3), run.data.state_dict())

@@ -68,7 +68,7 @@ def test_a_long_save_says_it_is_still_writing(tmp_path: Path, caplog) -> None:
             assert seen.wait(60)  # the body outlives one period: a line is written meanwhile
     finally:
         logging.getLogger("kiln.checkpoint").removeHandler(handler)
-    lines = [r.getMessage() for r in caplog.records if "still writing" in r.getMessage()]
+    lines = [r.getMessage() for r in caplog.records if "still saving" in r.getMessage()]
     assert lines and "checkpoint step 7" in lines[0] and str(tmp_path) in lines[0]
 
 
@@ -78,7 +78,7 @@ def test_a_quick_save_writes_no_progress_line(tmp_path: Path, caplog) -> None:
         time.sleep(0)
     with save_progress(tmp_path, 3, enabled=False, every_s=0.0):
         time.sleep(0.05)
-    assert not [r for r in caplog.records if "still writing" in r.getMessage()]
+    assert not [r for r in caplog.records if "still saving" in r.getMessage()]
 
 
 class _Stager:
@@ -204,3 +204,19 @@ def test_prepare_async_stages_once_so_the_first_save_reuses_the_host_buffers(tmp
     summary = ck.times.summary()
     assert summary["prepare_s"] == seconds and summary["saves"][0]["async"] is True
     assert (tmp_path / "run" / "checkpoints" / "step_00000002").is_dir()
+
+
+def test_file_digests_hash_several_files_at_once_and_equal_one_by_one(tmp_path: Path) -> None:
+    from kiln.checkpoint.layout import file_digest, file_digests
+
+    files = []
+    for i in range(5):
+        files.append(tmp_path / f"__{i}_0.distcp")
+        files[-1].write_bytes(bytes([i]) * (3 << 20) + b"tail")
+    assert file_digests(files) == [file_digest(f) for f in files]
+    assert len(set(file_digests(files))) == 5
+    missing = tmp_path / "gone.distcp"
+    got = file_digests([files[0], missing], errors=True)
+    assert got[0] == file_digest(files[0]) and isinstance(got[1], OSError)
+    with pytest.raises(OSError):
+        file_digests([files[0], missing])

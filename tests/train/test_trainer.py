@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 import textwrap
 
@@ -143,7 +144,8 @@ def test_language_model_validates_on_a_prepared_directory(tmp_path):
     assert "## Validation" in report and f"{evals[-1]['eval_perplexity']:,.2f}" in report
 
 
-def test_summary_has_the_total_of_an_async_save_completed_after_the_last_step(tmp_path, tiny_overrides, monkeypatch):
+def test_summary_has_the_total_of_an_async_save_completed_after_the_last_step(tmp_path, tiny_overrides, monkeypatch,
+                                                                             caplog):
     """The step-27 save is still being written when the loop ends (its writes take a second more
     here); closing the checkpointer completes it, and summary.json then has its total time, not None."""
     import time
@@ -157,9 +159,13 @@ def test_summary_has_the_total_of_an_async_save_completed_after_the_last_step(tm
         return write_data(self, *args, **kwargs)
 
     monkeypatch.setattr(FileSystemWriter, "write_data", slow_write_data)
+    monkeypatch.setattr("kiln.checkpoint.save_timing.PROGRESS_EVERY_S", 0.2)
+    caplog.set_level(logging.INFO, logger="kiln.checkpoint")
     run_dir = tmp_path / "run"
     over = [*tiny_overrides, "checkpoint.interval=27", "checkpoint.async_save=true", "checkpoint.save_final=false"]
     summary = train(load_config(None, over), run_dir)
+    # the wait for it after the last step says so (rank 0, every PROGRESS_EVERY_S)
+    assert any("checkpoint step 27: still saving" in r.getMessage() for r in caplog.records)
     saves = json.loads((run_dir / "summary.json").read_text())["checkpoint_saves"]
     assert summary["checkpoint_saves"] == saves
     assert [(s["step"], s["async"]) for s in saves["saves"]] == [(27, True)]

@@ -147,8 +147,8 @@ def _damage_and_remark(checkpoint: Path) -> None:
     """Bytes a read fails on, with the marker's sizes and checksums recomputed: only the read can tell."""
     from kiln.checkpoint.layout import content_manifest
 
-    data = checkpoint / "__0_0.distcp"
-    data.write_bytes(b"\0" * data.stat().st_size)
+    for data in checkpoint.glob("*.distcp"):  # every writer thread's file
+        data.write_bytes(b"\0" * data.stat().st_size)
     _remark(checkpoint, files=content_manifest(checkpoint))
 
 

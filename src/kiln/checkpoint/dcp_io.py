@@ -138,6 +138,13 @@ def quiet_single_process() -> Iterator[None]:
         yield
 
 
+def file_writer(path: Path, threads: int):
+    """DCP's FileSystemWriter into `path` with `threads` writer threads per rank (one file each)."""
+    from torch.distributed.checkpoint import FileSystemWriter
+
+    return FileSystemWriter(path, thread_count=threads)
+
+
 def read_metadata(path: Path) -> Metadata:
     reader, _ = _safe_io_classes()
     return reader(path).read_metadata()

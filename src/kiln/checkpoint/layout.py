@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import re
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +33,8 @@ MARKER_LIMIT = 64 << 20
 """The largest completion marker kiln reads (one line per file of the checkpoint)."""
 FORMAT_VERSION = 2
 _CHUNK = 8 << 20
+HASH_THREADS = min(16, os.cpu_count() or 1)
+"""Files of one checkpoint hashed at once (writing its manifest, verifying it before a load)."""
 _verified: dict[tuple[str, int, int], str | None] = {}  # (marker path, its mtime, size) -> problem
 STEP_DIR = re.compile(r"^step_(\d{8,})$")
 
@@ -90,10 +94,47 @@ def file_digest(path: Path) -> str:
     return h.hexdigest()
 
 
+def file_digests(files: list[Path], *, errors: bool = False) -> list[Any]:
+    """`file_digest` of each file, several files at once: hashlib releases the GIL while it hashes,
+    so a checkpoint of N ranks' files (DCP writes one or more per rank) hashes on up to
+    HASH_THREADS cores instead of one. `errors`: a file that cannot be read gives its OSError in
+    its place instead of raising."""
+    def digest(file: Path) -> str | OSError:
+        try:
+            return file_digest(file)
+        except OSError as exc:
+            if not errors:
+                raise
+            return exc
+
+    if len(files) <= 1:
+        return [digest(f) for f in files]
+    with ThreadPoolExecutor(max_workers=min(len(files), HASH_THREADS), thread_name_prefix="kiln-sha256") as pool:
+        return list(pool.map(digest, files))
+
+
 def content_manifest(path: Path) -> dict[str, dict[str, Any]]:
     """`{relative name: {"bytes", "sha256"}}` of every file of a checkpoint being completed."""
-    return {str(f.relative_to(path)): {"bytes": f.stat().st_size, "sha256": file_digest(f)}
-            for f in sorted(path.rglob("*")) if f.is_file() and f.name != MARKER and not f.name.endswith(".part")}
+    files = [f for f in sorted(path.rglob("*")) if f.is_file() and f.name != MARKER and not f.name.endswith(".part")]
+    return {str(f.relative_to(path)): {"bytes": f.stat().st_size, "sha256": digest}
+            for f, digest in zip(files, file_digests(files), strict=True)}
+
+
+def _size_problem(path: Path, files: dict[str, Any]) -> str | None:
+    for rel, expected in sorted(files.items()):
+        file = path / rel
+        try:
+            kind = regular_file_problem(file)
+            if kind is not None:
+                return f"data file {rel} {kind}"
+            size = file.stat().st_size
+        except OSError as exc:
+            return f"data file {rel} cannot be read ({exc.strerror or exc})"
+        if isinstance(expected.get("bytes"), int) and size < expected["bytes"]:
+            return f"data file {rel} is truncated ({size} < {expected['bytes']} bytes)"
+        if size != expected.get("bytes"):
+            return f"data file {rel} is {size} bytes, {expected.get('bytes')} when saved"
+    return None
 
 
 def content_problem(path: Path, marker: dict[str, Any], *, hashes: bool = True) -> str | None:
@@ -112,25 +153,16 @@ def content_problem(path: Path, marker: dict[str, Any], *, hashes: bool = True) 
     if cache_key in _verified:
         return _verified[cache_key]
     cache_key = cache_key if hashes else None
-    problem = None
-    for rel, expected in sorted(files.items()):
-        file = path / rel
-        try:
-            kind = regular_file_problem(file)
-            if kind is not None:
-                problem = f"data file {rel} {kind}"
-                break
-            size = file.stat().st_size
-            if isinstance(expected.get("bytes"), int) and size < expected["bytes"]:
-                problem = f"data file {rel} is truncated ({size} < {expected['bytes']} bytes)"
-            elif size != expected.get("bytes"):
-                problem = f"data file {rel} is {size} bytes, {expected.get('bytes')} when saved"
-            elif hashes and file_digest(file) != expected.get("sha256"):
+    problem = _size_problem(path, files)  # every file present and of its size, before any is read
+    if problem is None and hashes:
+        names = sorted(files)
+        for rel, digest in zip(names, file_digests([path / rel for rel in names], errors=True), strict=True):
+            if isinstance(digest, OSError):
+                problem = f"data file {rel} cannot be read ({digest.strerror or digest})"
+            elif digest != files[rel].get("sha256"):
                 problem = f"data file {rel} does not match its checksum (its bytes changed after the save: corrupt)"
-        except OSError as exc:
-            problem = f"data file {rel} cannot be read ({exc.strerror or exc})"
-        if problem:
-            break
+            if problem:
+                break
     if cache_key is not None:
         _verified[cache_key] = problem
     return problem

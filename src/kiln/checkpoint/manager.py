@@ -5,11 +5,9 @@ the directory. Rename is atomic on POSIX filesystems, so a reader sees either no
 complete one; a crash at any point leaves the previous complete checkpoint as the newest.
 
 A save that fails (full disk, lost permission, a dead peer) raises `CheckpointSaveError` on every
-rank after rank 0 removed its `.tmp` directory, so the space it held is free again and nothing
-half-written is left; the previous complete checkpoint is never touched.
-
-Each save's stall on the step and total time are recorded; async saves stage through page-locked
-host buffers on CUDA, kept from one save to the next (kiln.checkpoint.save_timing)."""
+rank after rank 0 removed its `.tmp` directory (its space is free again); the previous complete
+checkpoint is never touched. Each save's stall and total time are recorded; async saves stage
+through page-locked host buffers on CUDA, kept from one save to the next (save_timing)."""
 
 from __future__ import annotations
 
@@ -32,6 +30,7 @@ from kiln.checkpoint.dcp_io import (
     APP_KEY,
     CheckpointReadError,
     dcp_load,
+    file_writer,
     quiet_single_process,
     read_metadata,
     tensor_shapes,
@@ -46,7 +45,7 @@ from kiln.checkpoint.layout import (
     latest_complete,
     read_marker,
 )
-from kiln.checkpoint.save_timing import PinnedStaging, SaveTimes, save_progress
+from kiln.checkpoint.save_timing import PROGRESS_EVERY_S, PinnedStaging, SaveTimes, save_progress
 from kiln.checkpoint.signals import interruption
 from kiln.checkpoint.state import AppState
 from kiln.checkpoint.storage import CheckpointSaveError, discard_partial, newest_intact, remove_partial
@@ -87,7 +86,7 @@ class Checkpointer:
         self.group = process_group
         self.digest = config_digest
         self.last_saved_step: int | None = None
-        self._pending: tuple[int, Future, Path] | None = None
+        self._pending: tuple[int, Future, Path, float] | None = None
         self._finalize_error: BaseException | None = None
         self._finalized = threading.Event()
         self._async_group = None
@@ -104,10 +103,9 @@ class Checkpointer:
 
     def _async_save_group(self):
         """The group of async saves' collectives, made at the first async save (None without a
-        process group). async_save runs DCP's collectives in a background thread: they need a CPU
-        (gloo) backend (dcp.async_save refuses a group without one, as NCCL's default group is) and
-        must not interleave with the training collectives on the same communicator, hence a group
-        of their own (torchtitan does the same). new_group is collective: every rank saves."""
+        process group). DCP runs them in a background thread: they need a CPU (gloo) backend
+        (dcp.async_save refuses NCCL's default group) and must not interleave with the training
+        collectives, hence a group of their own (as torchtitan's). new_group is collective."""
         if self._async_group is None and self.distributed:
             self._async_group = dist.new_group(backend="gloo")
         return self._async_group
@@ -201,17 +199,16 @@ class Checkpointer:
             if final and self.rank == 0:
                 log.info("writing the final checkpoint step %d into %s", step, tmp)
             with quiet_single_process(), save_progress(tmp, step, enabled=self.rank == 0):
-                dcp.save(state, checkpoint_id=tmp, process_group=self.group)
+                dcp.save(state, checkpoint_id=tmp, process_group=self.group, storage_writer=file_writer(tmp, self.cfg.writer_threads))
             error = self._finalize(tmp, target, meta, started) if self.rank == 0 else None
             self._raise_if_any(error, step)
             self.times.done(timing, time.perf_counter() - started)
             return
         with quiet_single_process():
             response = dcp.async_save(state, checkpoint_id=tmp, process_group=self._async_save_group(),
-                                      **self._staging.kwargs())
-        # torch >= 2.9 may return AsyncSaveResponse (staging + upload futures); older a Future.
-        future: Future = getattr(response, "upload_completion", response)
-        self._pending = (step, future, tmp)
+                                      storage_writer=file_writer(tmp, self.cfg.writer_threads), **self._staging.kwargs())
+        future: Future = getattr(response, "upload_completion", response)  # torch >= 2.9: AsyncSaveResponse
+        self._pending = (step, future, tmp, started)
         self._finalized.clear()
         self._finalize_error = None
         if self.rank == 0:
@@ -246,14 +243,15 @@ class Checkpointer:
         only, without the broadcast that shares rank 0's finalisation error."""
         if self._pending is None:
             return
-        step, future, tmp = self._pending
+        step, future, tmp, started = self._pending
         self._pending = None
         error: BaseException | None = None
-        try:
-            future.result()
-        except BaseException as exc:  # DCP raises the same CheckpointException on every rank
-            error = exc
-        self._finalized.wait()
+        with save_progress(tmp, step, enabled=self.rank == 0 and not self._finalized.is_set(), since=started):
+            try:
+                future.result()
+            except BaseException as exc:  # DCP raises the same CheckpointException on every rank
+                error = exc
+            self._finalized.wait()
         if self.rank == 0 and error is None:
             error = self._finalize_error
         target = tmp.with_name(tmp.name[: -len(".tmp")])
@@ -306,6 +304,8 @@ class Checkpointer:
         try:
             meta = {**meta, "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                     "save_s": round(time.perf_counter() - started, 3)}
+            if meta["save_s"] > PROGRESS_EVERY_S:  # checksums of a large checkpoint take a while too
+                log.info("checkpoint step %d: written in %.0f s; checksumming its files", meta["step"], meta["save_s"])
             meta["files"] = content_manifest(tmp)  # checked before every load (layout.content_problem)
             write_json(tmp / MARKER, meta, durable=True)
             if target.exists():  # an older timeline's checkpoint of this step (resumed from an earlier one)
@@ -316,7 +316,7 @@ class Checkpointer:
         except Exception as exc:  # the caller removes the partial directory and reports the error
             return exc
         _fsync_dir(self.root)
-        log.info("checkpoint %s saved in %.2fs", target, meta["save_s"])
+        log.info("checkpoint %s saved in %.2fs", target, time.perf_counter() - started)  # checksums included
         try:
             self._apply_retention(keep_also=target)
         except OSError as exc:  # the new checkpoint is complete; old ones stay until the next save

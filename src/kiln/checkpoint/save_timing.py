@@ -93,19 +93,21 @@ def _bytes_under(path: Path) -> int:
 
 
 @contextlib.contextmanager
-def save_progress(tmp: Path, step: int, *, enabled: bool, every_s: float | None = None) -> Iterator[None]:
-    """While the body runs, log every `every_s` seconds (PROGRESS_EVERY_S) how long the save of
-    `step` into `tmp` has run and how much it wrote; nothing when the body ends sooner."""
+def save_progress(tmp: Path, step: int, *, enabled: bool, every_s: float | None = None,
+                  since: float | None = None) -> Iterator[None]:
+    """While the body runs (a save, or the wait for an async one), log every `every_s` seconds
+    (PROGRESS_EVERY_S) how long the save of `step` into `tmp` has run (since the perf_counter
+    `since`, else the body's start) and how much it wrote; nothing when the body ends sooner."""
     if not enabled:
         yield
         return
     period = PROGRESS_EVERY_S if every_s is None else every_s
     stop = threading.Event()
-    started = time.perf_counter()
+    started = time.perf_counter() if since is None else since
 
     def report() -> None:
         while not stop.wait(period):
-            log.info("checkpoint step %d: still writing after %.0f s, %.2f GiB in %s so far", step,
+            log.info("checkpoint step %d: still saving after %.0f s, %.2f GiB in %s so far", step,
                      time.perf_counter() - started, _bytes_under(tmp) / 2**30, tmp)
 
     thread = threading.Thread(target=report, name="kiln-ckpt-progress", daemon=True)

@@ -251,6 +251,8 @@ class CheckpointConfig:
     """Write checkpoints in the background (torch.distributed.checkpoint.async_save), overlapping training."""
     save_final: bool = True
     """Save a checkpoint when training finishes."""
+    writer_threads: int = 8
+    """Threads (and files) each rank writes its share of a checkpoint with (DCP's FileSystemWriter `thread_count`); rank 0 checksums the files several at a time. More threads write faster where the disk has the bandwidth; the default is the measured best of 1, 4 and 8 (docs/benchmarks.md)."""
 
 
 @dataclass(kw_only=True)

@@ -212,6 +212,7 @@ def validate(cfg: Config, *, check_torch: bool = True) -> None:
         ("distributed.replicate_degree", 1),
         ("checkpoint.interval", 0),
         ("checkpoint.keep", 1),
+        ("checkpoint.writer_threads", 1),
         ("metrics.straggler_margin", 0),
         ("metrics.straggler_intervals", 1),
         ("metrics.prometheus_port", 0),
