@@ -34,6 +34,7 @@
 #        every SAVE_EVERY (30) steps, keep 1: each save's stall on the training step and its total time
 #        (summary.json's checkpoint_saves). Writes $OUT/r/8b-save/{summary.json,saves.jsonl,
 #        checkpoint_bytes.txt} and $OUT/r/train_8b_save.log. PART=1b-weak+8b-save runs both parts.
+#        EXTRA_SAVE: more KEY=VALUE overrides for its `kiln train` (e.g. checkpoint.writer_threads=4).
 #
 # DRY=1 PART=8b (or 8b-save) runs part 8b's command on the CPU (2 gloo ranks, a tiny Llama, STEPS_8B=4 WARMUP_8B=1
 # LR_WARMUP_8B=2 KILN_ROWS_8B=kiln-sel,plain): a check of the script, not a measurement.
@@ -108,15 +109,17 @@ part_8b_save() {  # kiln train at 8B with async checkpoints: each save's stall o
   [ -n "${DRY:-}" ] && shape=("model.name=llama:$DRY_MODEL" data.seq_len=16 data.batch_size=2 training.device=cpu)
   rm -rf "$run"
   local left=$(( TOTAL - ($(date +%s) - start) ))
+  # shellcheck disable=SC2086  # EXTRA_SAVE holds several overrides
   step train_8b_save timeout -k 20 $(( left - 25 )) python3 -m kiln train --nproc-per-node "${NPROC_SAVE:-4}" \
     --run-dir "$run" "${shape[@]}" distributed.strategy=fsdp compile.enabled=true compile.regional=true \
     precision.policy=bf16-master training.activation_checkpointing=selective "training.steps=$steps" \
     training.log_interval=5 metrics.tensorboard=false "checkpoint.interval=$every" checkpoint.async_save=true \
-    checkpoint.keep=1 checkpoint.save_final=false
+    checkpoint.keep=1 checkpoint.save_final=false ${EXTRA_SAVE:-}
   mkdir -p "$R/8b-save"
   cp "$run/summary.json" "$R/8b-save/summary.json" 2>/dev/null
   grep -h "ckpt\|checkpoint" "$run"/metrics.jsonl 2>/dev/null | tail -20 > "$R/8b-save/saves.jsonl"
   du -sb "$run"/checkpoints/* 2>/dev/null > "$R/8b-save/checkpoint_bytes.txt"
+  echo "files: $(find "$run"/checkpoints -type f 2>/dev/null | wc -l)" >> "$R/8b-save/checkpoint_bytes.txt"
   rm -rf "$run"
 }
 
