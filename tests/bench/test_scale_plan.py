@@ -166,6 +166,9 @@ def test_rank_counts_from_two_plan_no_one_rank_point_and_measure_against_the_sma
     analyse_points(rows, {4: 0.8}, "weak")
     assert rows[0]["efficiency"] == 1.0 and rows[1]["efficiency"] == pytest.approx(20 / 25)
     assert rows[1]["efficiency_base"] == "fsdp x2" and rows[1]["pass"] is True
+    only = [_point("fsdp", 4, 25.0)]  # `--nprocs 4` alone: the point is its own base, no bar passed
+    analyse_points(only, {4: 0.8}, "weak")
+    assert only[0]["efficiency"] == 1.0 and "pass" not in only[0] and "threshold" not in only[0]
     assert "compute_ms" not in rows[1] and "mem_vs_single" not in rows[1]
     traffic = {"fsdp": StepTraffic("fsdp", (Collective("all_gather", 10**7, "forward", 1.0, "u1"),), 1)}
     topo = Topology(8, {op: LinkCost(1e-6, 100e9, "given") for op in OPS}, 10e9, 5e-6)

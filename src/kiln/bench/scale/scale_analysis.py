@@ -46,10 +46,10 @@ def analyse_points(rows: list[dict[str, Any]], thresholds: dict[int, float], mod
     for r in (r for r in rows if r.get("kind") == "point" and r.get("status") == "ok"):
         if r["role"] == "reference":  # strong scaling's 1-rank compute at a smaller batch: an input only
             continue
-        ref = base or smallest_point(rows, r["variant"])
-        if ref is not None:
-            r["efficiency"] = r["throughput_per_device"] / ref["throughput_per_device"]
-            r["efficiency_base"] = f"{ref['variant']} x{ref['world']}"
+        eff_base = base or smallest_point(rows, r["variant"])
+        if eff_base is not None:
+            r["efficiency"] = r["throughput_per_device"] / eff_base["throughput_per_device"]
+            r["efficiency_base"] = f"{eff_base['variant']} x{eff_base['world']}"
         if base is not None and base.get("peak_mem_bytes") and r.get("peak_mem_bytes"):
             r["mem_vs_single"] = r["peak_mem_bytes"] / base["peak_mem_bytes"]
         if r["role"] == "baseline":
@@ -67,7 +67,8 @@ def analyse_points(rows: list[dict[str, Any]], thresholds: dict[int, float], mod
                 r["exposed_comm_ms"] = r["step_ms"] - ref["step_ms"]
         if base is not None and r.get("compute_ms") is not None and r["batch_per_rank"] == base["batch_per_rank"]:
             r["wrapper_ms"] = r["compute_ms"] - base["step_ms"]
-        apply_threshold(r, thresholds)
+        if eff_base is not r:  # a point that is its own efficiency base has no bar to pass
+            apply_threshold(r, thresholds)
 
 
 def smallest_point(rows: list[dict[str, Any]], variant: str) -> dict[str, Any] | None:
