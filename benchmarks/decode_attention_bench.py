@@ -60,6 +60,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     import kiln.kernels.triton_decode as td
 
+    default_target = td.TARGET_PROGRAMS  # kiln's own choice (launch_settings) runs with the defaults
+
     config = resolve_model(args.model).config
     B, S, H, Hkv, D = args.batch, args.slots, config.n_heads, config.n_kv_heads, config.head_dim
     dev, dtype = torch.device("cuda"), torch.bfloat16
@@ -101,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
             qkv0 = torch.randn(B, 1, (H + 2 * Hkv) * D, device=dev, dtype=dtype, generator=gen)
 
             def run_auto(k, v, qkv=qkv0, inv_freq=attn_inv_freq(config, dev)):
-                td.BLOCK_S, td.TARGET_PROGRAMS, td.NUM_WARPS, td.LOOP_STAGES = None, 256, None, None
+                td.BLOCK_S, td.TARGET_PROGRAMS, td.NUM_WARPS, td.LOOP_STAGES = None, default_target, None, None
                 return td.triton_decode_rope(qkv, inv_freq, k, v, pad, pos, scale, None, H)
 
             variants["rope kiln's choice " + "/".join(map(str, td.launch_settings(B, Hkv, S)))] = run_auto
