@@ -70,9 +70,9 @@ def chunking(batch: int, kv_heads: int, capacity: int, block: int = 64) -> tuple
 def launch_settings(batch: int, kv_heads: int, capacity: int) -> tuple[int, int, int, int]:
     """(block, slots per chunk, chunks, warps). Where the GPU fills with programs of one block each
     (a small batch), the smallest such block (32 or 64 slots) with 2 warps; where a program must
-    loop over several blocks (a larger batch), 64-slot blocks with 4 warps: with 2 warps a looping
-    program's current and next key/value tiles do not fit in registers, and it ran an order of
-    magnitude slower (benchmarks/decode_attention_bench.py --batch 16; the h100 results README)."""
+    loop over several blocks (a larger batch), 32-slot blocks with 4 warps: a looping program holds
+    its current and next key/value tiles in registers, which spill with 64-slot blocks or 2 warps
+    (benchmarks/decode_attention_bench.py --batch 16 sweeps these settings)."""
     if BLOCK_S is not None:
         per_chunk, chunks = chunking(batch, kv_heads, capacity, BLOCK_S)
         return BLOCK_S, per_chunk, chunks, NUM_WARPS or (2 if per_chunk == BLOCK_S else 4)
@@ -80,8 +80,8 @@ def launch_settings(batch: int, kv_heads: int, capacity: int) -> tuple[int, int,
         per_chunk, chunks = chunking(batch, kv_heads, capacity, block)
         if per_chunk == block:
             return block, per_chunk, chunks, NUM_WARPS or 2
-    per_chunk, chunks = chunking(batch, kv_heads, capacity, 64)
-    return 64, per_chunk, chunks, NUM_WARPS or 4
+    per_chunk, chunks = chunking(batch, kv_heads, capacity, 32)
+    return 32, per_chunk, chunks, NUM_WARPS or 4
 
 
 @triton.jit
