@@ -39,7 +39,8 @@
 # DRY=1 PART=8b (or 8b-save) runs part 8b's command on the CPU (2 gloo ranks, a tiny Llama, STEPS_8B=4 WARMUP_8B=1
 # LR_WARMUP_8B=2 KILN_ROWS_8B=kiln-sel,plain): a check of the script, not a measurement.
 # Env: KILN_ROWS_8B (default kiln-sel,plain,torchtitan,kiln-full: names from the RECIPE table below, e.g.
-# kiln-master-sel (bf16-master) and kiln-master-sel-cudnn (the same with model.attention=cudnn, the kernel
+# kiln-master-sel (bf16-master), kiln-master-sel-zero2 (the same without resharding after forward) and
+# kiln-master-sel-cudnn (the same with model.attention=cudnn, the kernel
 # torchtitan's attention asks SDPA for first), or plain / torchtitan), NO_TORCHTITAN=1, PLAIN_AC_8B (full | none), TOTAL_S (default 530: the part's
 # seconds, the bench starts no row past TOTAL_S - TAIL_S, TAIL_S default 150 for 8b), EXTRA_8B (more
 # `kiln bench train-llm` flags, e.g. "--torchtitan-set model.converters=[\"quantize.linear.float8\"]
@@ -69,6 +70,7 @@ declare -A RECIPE=(
   [kiln-sel]="distributed.strategy=fsdp compile.enabled=true compile.regional=true training.activation_checkpointing=selective"
   [kiln-full]="distributed.strategy=fsdp compile.enabled=true compile.regional=true training.activation_checkpointing=full"
   [kiln-master-sel]="distributed.strategy=fsdp compile.enabled=true compile.regional=true training.activation_checkpointing=selective precision.policy=bf16-master"
+  [kiln-master-sel-zero2]="distributed.strategy=fsdp compile.enabled=true compile.regional=true training.activation_checkpointing=selective precision.policy=bf16-master distributed.fsdp_reshard_after_forward=false"
   [kiln-master-sel-cudnn]="distributed.strategy=fsdp compile.enabled=true compile.regional=true training.activation_checkpointing=selective precision.policy=bf16-master model.attention=cudnn"
   [kiln-fp8]="distributed.strategy=fsdp compile.enabled=true compile.regional=true training.activation_checkpointing=selective precision.float8=tensorwise"
   [kiln-master-fp8]="distributed.strategy=fsdp compile.enabled=true compile.regional=true training.activation_checkpointing=selective precision.policy=bf16-master precision.float8=tensorwise"

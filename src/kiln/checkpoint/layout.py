@@ -33,7 +33,7 @@ MARKER_LIMIT = 64 << 20
 """The largest completion marker kiln reads (one line per file of the checkpoint)."""
 FORMAT_VERSION = 2
 _CHUNK = 8 << 20
-HASH_THREADS = min(16, os.cpu_count() or 1)
+HASH_THREADS = min(16, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
 """Files of one checkpoint hashed at once (writing its manifest, verifying it before a load)."""
 _verified: dict[tuple[str, int, int], str | None] = {}  # (marker path, its mtime, size) -> problem
 STEP_DIR = re.compile(r"^step_(\d{8,})$")
