@@ -105,6 +105,39 @@ def test_failed_save_removes_its_partial_dir_and_keeps_the_previous_checkpoint(t
     assert latest_complete(tmp_path / "checkpoints").name == "step_00000002"
 
 
+@pytest.mark.parametrize("async_save", [False, True], ids=["sync", "async"])
+def test_a_failed_writer_thread_fails_the_save_quietly(tmp_path: Path, monkeypatch, capfd, async_save: bool) -> None:
+    """With several writer threads, one extra thread's write fails (disk full) while the others
+    succeed: the save fails as a full disk, nothing is printed from the thread, and the previous
+    checkpoint stays the newest (DCP alone completes the checkpoint without that thread's items)."""
+    import threading
+
+    from torch.distributed.checkpoint.filesystem import FileSystem
+
+    run = make_run()
+    ck = checkpointer(tmp_path, writer_threads=3, async_save=async_save)
+    run.step()
+    ck.save(1, run.app)
+    ck.wait()
+    real_stream, calls = FileSystem.create_stream, []
+
+    def create_stream(self, path, mode):
+        first_writer = "_write_files_from_queue" in threading.current_thread().name and not calls
+        calls.append(path)
+        if first_writer:  # one of the writer threads DCP starts beside the saving one
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_stream(self, path, mode)
+
+    monkeypatch.setattr(FileSystem, "create_stream", create_stream)
+    run.step()
+    with pytest.raises(CheckpointSaveError, match=r"Errno 28"):
+        ck.save(2, run.app)
+        ck.wait()
+    monkeypatch.undo()
+    assert "Traceback" not in capfd.readouterr().err
+    assert latest_complete(tmp_path / "checkpoints").name == "step_00000001"
+
+
 def test_failed_save_without_errno_asks_the_storage(tmp_path: Path, monkeypatch) -> None:
     """torch.save reports a full disk as `enforce fail ... unexpected pos`: the storage says why."""
     import kiln.checkpoint.storage as storage

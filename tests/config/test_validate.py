@@ -104,6 +104,7 @@ LOWER_BOUNDS = [
     ("distributed.replicate_degree", "1", "0"),
     ("checkpoint.interval", "0", "-1"),
     ("checkpoint.keep", "1", "0"),
+    ("checkpoint.writer_threads", "1", "0"),
     ("metrics.straggler_margin", "0", "-0.1"),
     ("metrics.straggler_intervals", "1", "0"),
     ("metrics.prometheus_port", "0", "-1"),

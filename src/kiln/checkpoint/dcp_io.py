@@ -19,6 +19,7 @@ import functools
 import inspect
 import io
 import pickle
+import threading
 import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path, PurePosixPath
@@ -139,10 +140,56 @@ def quiet_single_process() -> Iterator[None]:
 
 
 def file_writer(path: Path, threads: int):
-    """DCP's FileSystemWriter into `path` with `threads` writer threads per rank (one file each)."""
+    """DCP's FileSystemWriter into `path` with `threads` writer threads per rank (one file each),
+    which fails the save when one of its extra threads fails: DCP's own lets such a thread die
+    (its traceback on stderr) and completes the checkpoint without that thread's items."""
+    _take_writer_thread_errors()
+    return _checked_writer()(path, thread_count=threads)
+
+
+_writer_errors: list[BaseException] = []  # exceptions of DCP's extra writer threads, oldest first
+_writer_errors_lock = threading.Lock()
+
+
+@functools.cache
+def _checked_writer() -> type:
     from torch.distributed.checkpoint import FileSystemWriter
 
-    return FileSystemWriter(path, thread_count=threads)
+    class CheckedFileSystemWriter(FileSystemWriter):
+        def write_data(self, plan, planner):  # returns once every thread has written (and joined)
+            with _writer_errors_lock:
+                seen = len(_writer_errors)
+            future = super().write_data(plan, planner)
+            with _writer_errors_lock:
+                failed = _writer_errors[seen:]
+                del _writer_errors[seen:]
+            if failed:
+                raise failed[0]  # an OSError keeps its errno: disk full reads as disk full
+            written = future.value() if future.done() else None  # a torch.futures.Future
+            if written is not None and len(written) < len(plan.items):
+                raise RuntimeError(f"DCP wrote {len(written)} of this rank's {len(plan.items)} items")
+            return future
+
+    return CheckedFileSystemWriter
+
+
+@functools.cache
+def _take_writer_thread_errors() -> None:
+    """Route exceptions of DCP's writer threads (running `_write_files_from_queue`) to the save
+    that started them instead of printing them; every other thread's go to the previous hook."""
+    previous = threading.excepthook
+
+    def hook(args: threading.ExceptHookArgs) -> None:
+        tb = args.exc_traceback
+        while tb is not None and tb.tb_frame.f_code.co_name != "_write_files_from_queue":
+            tb = tb.tb_next
+        if tb is None or args.exc_value is None:
+            previous(args)
+            return
+        with _writer_errors_lock:
+            _writer_errors.append(args.exc_value)
+
+    threading.excepthook = hook
 
 
 def read_metadata(path: Path) -> Metadata:
