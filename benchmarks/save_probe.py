@@ -1,11 +1,12 @@
 """Write and checksum time of a checkpoint on this machine's disk, by DCP writer threads: one process
 saves GIB of fp32 CPU tensors with `dcp.save` through kiln's `file_writer` (one file per thread,
-fsynced, as `kiln train` with `checkpoint.writer_threads=N` writes a rank's share), then computes the
+fsynced, as `kiln train` with `checkpoint.writer_threads=N` writes a rank's share; `--device cuda`:
+tensors on the GPU, as a blocking save such as the final one writes them), then computes the
 completion marker's checksums of the files twice, one file at a time and several at once (kiln's
-`file_digests`). Thread counts are interleaved over ROUNDS rounds, each in a fresh directory under
-DIR that is removed after it; medians per thread count.
+`file_digests`). After one untimed write, thread counts are interleaved over ROUNDS rounds, each in
+a fresh directory under DIR that is removed after it; medians per thread count.
 
-    python benchmarks/save_probe.py [--gib 8] [--threads 1,2,4,8] [--rounds 2] [--dir /tmp/kiln-save-probe]
+    python benchmarks/save_probe.py [--gib 8] [--threads 1,2,4,8] [--rounds 2] [--dir /tmp/kiln-save-probe] [--device cpu]
                                     # writes $OUT/save_probe.json (default /tmp)
 """
 import argparse
@@ -27,14 +28,20 @@ ap.add_argument("--gib", type=int, default=8)
 ap.add_argument("--threads", default="1,2,4,8")
 ap.add_argument("--rounds", type=int, default=2)
 ap.add_argument("--dir", default="/tmp/kiln-save-probe")
+ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
 args = ap.parse_args()
 threads = [int(t) for t in args.threads.split(",")]
 gen = torch.Generator().manual_seed(0)
-state = {f"p{i}": torch.rand(64, 1024, 1024, generator=gen) for i in range(args.gib * 4)}  # 256 MiB each
+state = {f"p{i}": torch.rand(64, 1024, 1024, generator=gen).to(args.device) for i in range(args.gib * 4)}  # 256 MiB each
 nbytes = sum(t.numel() * t.element_size() for t in state.values())
-out = {"torch": torch.__version__, "gib": args.gib, "bytes": nbytes, "cpus": os.cpu_count(),
+out = {"torch": torch.__version__, "device": args.device, "gib": args.gib, "bytes": nbytes, "cpus": os.cpu_count(),
        "hash_threads": layout.HASH_THREADS, "runs": []}
 parallel_threads = layout.HASH_THREADS
+warm = Path(args.dir) / "warm-up"  # the process's first write is slower at any thread count: untimed
+shutil.rmtree(warm, ignore_errors=True)
+with quiet_single_process():
+    dcp.save(state, storage_writer=file_writer(warm, threads[0]))
+shutil.rmtree(warm, ignore_errors=True)
 for r in range(args.rounds):
     for n in threads[r % len(threads):] + threads[:r % len(threads)]:  # each round starts elsewhere
         where = Path(args.dir) / f"r{r}_t{n}"
