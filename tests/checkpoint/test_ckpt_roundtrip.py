@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from kiln.checkpoint import AppState, CheckpointSaveError
+from kiln.checkpoint import AppState, CheckpointSaveError, dcp_io
 from kiln.checkpoint.layout import MARKER, latest_complete, read_marker
 from kiln.errors import ConfigError
 
@@ -27,7 +27,9 @@ from .ckpt_helpers import assert_bitwise_equal, checkpointer, make_run, seed_all
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 @pytest.mark.parametrize(("async_save", "threads"), [(False, 1), (True, 1), (True, 3)],
                          ids=["sync", "async", "async-3-writers"])
-def test_resume_continues_bitwise_identically(tmp_path: Path, async_save: bool, threads: int) -> None:
+def test_resume_continues_bitwise_identically(tmp_path: Path, async_save: bool, threads: int,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(dcp_io, "THREAD_BYTES", 1)  # every thread gets a file, however small the state
     seed_all(0)
     run = make_run(seed=0)
     ck = checkpointer(tmp_path, async_save=async_save, writer_threads=threads)
@@ -56,6 +58,25 @@ def test_resume_continues_bitwise_identically(tmp_path: Path, async_save: bool, 
     assert resumed.scheduler.get_last_lr() == expected_lr
     assert torch.equal(torch.rand(3), expected_draws[0])
     assert resumed.data.state_dict() == expected_draws[1]
+
+
+def test_writer_threads_follow_the_rank_s_bytes() -> None:
+    """One thread per THREAD_BYTES of a rank's tensors, rounded up, at least one, at most the key."""
+    mib = 1 << 20
+    assert dcp_io.THREAD_BYTES == 256 * mib
+    assert [dcp_io.writer_threads(8, n) for n in (0, 1, 256 * mib, 256 * mib + 1, 1000 * mib, 10 ** 12)] == \
+        [1, 1, 1, 2, 4, 8]
+    assert dcp_io.writer_threads(1, 10 ** 12) == 1
+
+
+def test_a_small_state_is_one_file_per_rank_with_the_default_threads(tmp_path: Path) -> None:
+    """checkpoint.writer_threads=8 (the default) on a state of kilobytes: one data file, not eight."""
+    run = make_run()
+    ck = checkpointer(tmp_path, writer_threads=8)
+    run.step()
+    ck.save(1, run.app)
+    ck.wait()
+    assert [p.name for p in latest_complete(tmp_path / "checkpoints").glob("*.distcp")] == ["__0_0.distcp"]
 
 
 def test_keep_newest_k_and_never_touch_tmp(tmp_path: Path) -> None:
@@ -114,6 +135,7 @@ def test_a_failed_writer_thread_fails_the_save_quietly(tmp_path: Path, monkeypat
 
     from torch.distributed.checkpoint.filesystem import FileSystem
 
+    monkeypatch.setattr(dcp_io, "THREAD_BYTES", 1)  # three writer threads for this small state
     run = make_run()
     ck = checkpointer(tmp_path, writer_threads=3, async_save=async_save)
     run.step()

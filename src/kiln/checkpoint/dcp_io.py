@@ -18,6 +18,7 @@ import contextlib
 import functools
 import inspect
 import io
+import math
 import pickle
 import threading
 import warnings
@@ -139,12 +140,34 @@ def quiet_single_process() -> Iterator[None]:
         yield
 
 
+THREAD_BYTES = 256 << 20
+"""A rank writes with one thread (and file) per this many bytes of its tensors, up to
+`checkpoint.writer_threads`: a small state stays one file per rank."""
+
+
+def writer_threads(threads: int, tensor_bytes: int) -> int:
+    """Writer threads for a rank's share of `tensor_bytes`: one per THREAD_BYTES (at least one),
+    at most `threads`."""
+    return max(1, min(threads, -(-tensor_bytes // THREAD_BYTES)))
+
+
+def _item_bytes(item: Any) -> int:
+    """Bytes of a DCP WriteItem's tensor (0 for a non-tensor value, which is small)."""
+    data = getattr(item, "tensor_data", None)
+    if data is None:
+        return 0
+    return math.prod(data.size) * data.properties.dtype.itemsize
+
+
 def file_writer(path: Path, threads: int):
-    """DCP's FileSystemWriter into `path` with `threads` writer threads per rank (one file each),
-    which fails the save when one of its extra threads fails: DCP's own lets such a thread die
-    (its traceback on stderr) and completes the checkpoint without that thread's items."""
+    """DCP's FileSystemWriter into `path` with up to `threads` writer threads per rank (one file
+    each; `writer_threads` sizes them by the rank's bytes), which fails the save when one of its
+    extra threads fails: DCP's own lets such a thread die (its traceback on stderr) and completes
+    the checkpoint without that thread's items."""
     _take_writer_thread_errors()
-    return _checked_writer()(path, thread_count=threads)
+    writer = _checked_writer()(path, thread_count=threads)
+    writer.max_threads = threads
+    return writer
 
 
 _writer_errors: list[BaseException] = []  # exceptions of DCP's extra writer threads, oldest first
@@ -157,6 +180,7 @@ def _checked_writer() -> type:
 
     class CheckedFileSystemWriter(FileSystemWriter):
         def write_data(self, plan, planner):  # returns once every thread has written (and joined)
+            self.thread_count = writer_threads(self.max_threads, sum(_item_bytes(i) for i in plan.items))
             with _writer_errors_lock:
                 seen = len(_writer_errors)
             future = super().write_data(plan, planner)

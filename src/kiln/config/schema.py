@@ -252,7 +252,7 @@ class CheckpointConfig:
     save_final: bool = True
     """Save a checkpoint when training finishes."""
     writer_threads: int = 8
-    """Threads (and files) each rank writes its share of a checkpoint with (DCP's FileSystemWriter `thread_count`); rank 0 checksums the files several at a time. More threads write faster where the disk has the bandwidth; the default is the measured best of 1, 4 and 8 (docs/benchmarks.md)."""
+    """Most threads (and files) each rank writes its share of a checkpoint with (DCP's FileSystemWriter `thread_count`; one per 256 MiB of the rank's tensors, so a small state stays one file); rank 0 checksums the files several at a time. More threads write faster where the disk has the bandwidth; the default is the measured best of 1, 4 and 8 (docs/benchmarks.md)."""
 
 
 @dataclass(kw_only=True)
