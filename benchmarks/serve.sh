@@ -17,6 +17,7 @@
 #             .data/realtext carried) and its export served; one chat request (then the plain completion when the
 #             model has no chat template: the 400 is kept as chat.json) and /metrics -> $R/text (answer.json,
 #             metrics.txt, server.log); PROMPT sets the question. Served eager (TEXT_COMPILE=off): no compile wait.
+#             An export without a chat template gets a plain "Question: ... Answer:" one first ($R/text/chat_template.jinja).
 #   generate  kiln bench llm --batch 1,8,32,64 --quant GEN_QUANT (default none,$QUANT4) (kiln generate's engine, one
 #             static batch per row: the same figures without a server) -> $R/generate
 # Then $R/summary.md: one table of every part run, and the server's inter-token p50 beside the engine's decode
@@ -115,6 +116,16 @@ serve_text() {
     dir=$work/hf
     [ -f "$dir/config.json" ] || { echo "serve.sh: the real-text recipe exported no model ($dir); see" \
       "$R/text_recipe.log" >&2; return 1; }
+  fi
+  if ! grep -qs chat_template "$dir/tokenizer_config.json" && [ ! -f "$dir/chat_template.jinja" ]; then
+    # A base model trained on documentation has no chat format: give it a plain question/answer one
+    # (kept beside the answer), so the chat route is what is exercised.
+    printf '%s' "{% for m in messages %}{% if m['role'] == 'user' %}Question: {{ m['content'] }}
+{% elif m['role'] == 'assistant' %}Answer: {{ m['content'] }}
+{% else %}{{ m['content'] }}
+
+{% endif %}{% endfor %}{% if add_generation_prompt %}Answer:{% endif %}" > "$dir/chat_template.jinja"
+    cp "$dir/chat_template.jinja" "$R/text/chat_template.jinja"
   fi
   port_free || return 1
   local flags=(--compile "${TEXT_COMPILE:-off}" --max-batch 4 --batch-buckets 1,4 --warmup-prompt-buckets 16,32,64,128)
