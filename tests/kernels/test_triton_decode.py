@@ -89,6 +89,30 @@ def test_looping_program_reads_only_its_rows_valid_slots(monkeypatch, window, st
 
 
 @interpreted
+@pytest.mark.parametrize("programs,stages", [(1, None), (1, 3), (None, None)],
+                         ids=["looping", "looping-pipelined", "one-block"])
+def test_slots_outside_a_rows_range_never_reach_its_result(monkeypatch, programs, stages):
+    """Every slot outside a row's valid range holds NaN (what an overflowed earlier request may leave
+    in a server's cache): the rows' results are those of their own slots, whether a program walks
+    several blocks (from the first block holding a valid slot) or attends one block."""
+    if programs is not None:
+        monkeypatch.setattr(td, "TARGET_PROGRAMS", programs)
+    monkeypatch.setattr(td, "LOOP_STAGES", stages)
+    gen = torch.Generator().manual_seed(5)
+    q = torch.randn(3, 4, 16, generator=gen)
+    k, v = torch.randn(3, 260, 2, 16, generator=gen), torch.randn(3, 260, 2, 16, generator=gen)
+    start, pos = torch.tensor([0, 70, 133]), torch.tensor([200])
+    block, per_chunk, _, _ = td.launch_settings(3, 2, 260)
+    assert (per_chunk > block) == (programs is not None)
+    poisoned_k, poisoned_v = k.clone(), v.clone()
+    for row, first in enumerate(start.tolist()):
+        for cache in (poisoned_k, poisoned_v):
+            cache[row, :first], cache[row, int(pos) + 1:] = float("nan"), float("nan")
+    got = td.decode_attention(q, poisoned_k, poisoned_v, start, pos, 0.25, 0)
+    torch.testing.assert_close(got, direct(q, k, v, start, pos, 0.25, 0), rtol=1e-5, atol=1e-5)
+
+
+@interpreted
 def test_pipelined_loop_rotates_writes_and_attends_as_the_prefetching_one(monkeypatch):
     """The fused RoPE op in looping programs (few programs, left-padded rows, the step's slot mid-cache):
     with Triton's pipeline (LOOP_STAGES) the output and the caches it writes equal the hand-prefetched

@@ -30,6 +30,26 @@ module's `test_under_interpreter` is sent to one worker (tests/conftest.py's sch
 the subprocess for them all when the first asks."""
 
 
+def _scalar_indices() -> None:
+    """Triton's interpreter holds a scalar loaded from memory as a 1-element array, which numpy 2
+    refuses to turn into an index: a kernel whose loop bounds are read from memory (`range(lo, hi)`,
+    as kiln.kernels.triton_decode's) fails under the interpreter only. Its tensors index by their
+    one element instead."""
+    from triton.runtime import interpreter
+
+    patch = interpreter._patch_lang_tensor
+
+    def patched(tensor, scope) -> None:
+        patch(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    interpreter._patch_lang_tensor = patched
+
+
+if INTERPRETED:
+    _scalar_indices()
+
+
 def interpreted(test):
     """Mark a kernel test: skipped here, run (and selected by MARKER) in the interpreter subprocess."""
     skip = pytest.mark.skipif(not INTERPRETED, reason="runs in its module's interpreter subprocess")

@@ -164,9 +164,24 @@ def _chunk_attention(Q, K, V, Start, Pos, Part, Lse, Arrived, Y, InvFreq, slots,
     m = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
     total = tl.zeros([BLOCK_G], dtype=tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
-    if STAGES > 0:  # Triton's pipeline: the block loaded before the wait is not used, each is loaded in the loop
-        for i in tl.range(0, ITERS, num_stages=STAGES):
-            s = chunk * CHUNK + i * BLOCK + tl.arange(0, BLOCK)
+    # The chunk's blocks that hold slots of the row's valid range [lo, hi): a looping program walks
+    # those only (a server's rows use part of its cache, a row's end or padding leaves blocks empty).
+    base = chunk * CHUNK
+    b_first = tl.maximum(lo - base, 0) // BLOCK
+    b_end = tl.where(hi > lo, tl.minimum(tl.maximum(hi - base, 0) + BLOCK - 1, CHUNK) // BLOCK, b_first)
+    if ITERS == 1:  # one block per program: the block loaded before the wait, its invalid slots zeroed
+        s_ok = (s >= lo) & (s < hi)
+        ok = s_ok[:, None] & (d < D)[None, :]
+        k = tl.where(ok, k, 0.0)
+        v = tl.where(ok, v, 0.0)
+        if ROPE:
+            here = (s == end - 1)[:, None]
+            k = tl.where(here, k_new[None, :], k)
+            v = tl.where(here, v_new[None, :].to(v.dtype), v)
+        m, total, acc = _online_block(q, k, v, s_ok, scale, m, total, acc)
+    elif STAGES > 0:  # Triton's pipeline: the block loaded before the wait is not used, each is loaded in the loop
+        for i in tl.range(b_first, b_end, num_stages=STAGES):
+            s = base + i * BLOCK + tl.arange(0, BLOCK)
             s_ok = (s >= lo) & (s < hi)
             ok = s_ok[:, None] & (d < D)[None, :]
             k = tl.load(K + b * stride_kb + s[:, None] * stride_ks + kv * stride_kh + d[None, :], mask=ok, other=0.0)
@@ -177,13 +192,24 @@ def _chunk_attention(Q, K, V, Start, Pos, Part, Lse, Arrived, Y, InvFreq, slots,
                 v = tl.where(here, v_new[None, :].to(v.dtype), v)
             m, total, acc = _online_block(q, k, v, s_ok, scale, m, total, acc)
     else:
-        for i in range(0, ITERS):  # a static trip count
+        # The first block to walk: the one loaded before the wait, or (padding or a window before it)
+        # a later one, loaded now; its slots outside [lo, hi) zeroed either way.
+        moved = b_first > 0
+        s = base + b_first * BLOCK + tl.arange(0, BLOCK)
+        ok = ((s >= lo) & (s < hi))[:, None] & (d < D)[None, :]
+        k_at = tl.load(K + b * stride_kb + s[:, None] * stride_ks + kv * stride_kh + d[None, :], mask=ok & moved,
+                       other=0.0)
+        v_at = tl.load(V + b * stride_vb + s[:, None] * stride_vs + kv * stride_vh + d[None, :], mask=ok & moved,
+                       other=0.0)
+        k = tl.where(ok, tl.where(moved, k_at, k), 0.0)
+        v = tl.where(ok, tl.where(moved, v_at, v), 0.0)
+        for i in range(b_first, b_end):
             s_ok = (s >= lo) & (s < hi)
             # The next block's keys and values are loaded before this one is used, and only its slots in
             # the row's valid range [lo, hi): a looping program (a larger batch, or a cache with more
             # slots than the rows use, as a server's) reads no slot it would mask out of the softmax.
             s_next = s + BLOCK
-            next_ok = ((s_next < slots) & (s_next >= lo) & (s_next < hi))[:, None] & (d < D)[None, :] & (i + 1 < ITERS)
+            next_ok = ((s_next < slots) & (s_next >= lo) & (s_next < hi))[:, None] & (d < D)[None, :] & (i + 1 < b_end)
             k_next = tl.load(K + b * stride_kb + s_next[:, None] * stride_ks + kv * stride_kh + d[None, :], mask=next_ok,
                              other=0.0)
             v_next = tl.load(V + b * stride_vb + s_next[:, None] * stride_vs + kv * stride_vh + d[None, :], mask=next_ok,
