@@ -3,9 +3,9 @@
 #   PART=bf16,int4,generate bash benchmarks/serve.sh      # parts comma-separated, run in order
 # The Llama-3.2-3B shape (MODEL names another preset), RANDOM weights (the shape is what is measured;
 # the text is noise), prompts of PROMPT_LEN (512) random token ids, MAX_TOKENS (128) greedy tokens each, streamed.
-#   bf16      kiln serve --max-batch 64 --batch-buckets 1,8,32,64 --max-seq-len MAX_SEQ_LEN (default 1024; each
-#             step's attention reads every slot of a row, but fewer slots than 896 make the rows shift, a copy of
-#             every busy row's span, every few joins: docs/guide/serve.md), warmed before it binds (every
+#   bf16      kiln serve --max-batch 64 --batch-buckets 1,8,32,64 --max-seq-len MAX_SEQ_LEN (default 1024; the
+#             triton attention reads only the slots a row uses, and fewer slots than 896 make the rows shift, a
+#             copy of every busy row's span, every few joins: docs/guide/serve.md), warmed before it binds (every
 #             decode bucket and the 512-token prompt bucket, the only one these prompts use); then
 #             benchmarks/serve_load.py: closed loop at 1, 8, 32 and 64 concurrent streams (DURATION_S each,
 #             default 20; each level warmed up first), then the open-loop sweep: Poisson arrivals at
@@ -25,8 +25,8 @@
 # $R/<part>.server.log, its /metrics after the load $R/<part>.metrics.txt. Each part is bounded by PART_S
 # (default 470 s); the whole call by BUDGET_S (default 570 s): run one part per device call when compiles are cold.
 # Needs fastapi, uvicorn and httpx on the device: carry wheels in .whl/ (device_env.sh installs them).
-# SERVE_FLAGS adds kiln serve flags to bf16/int4 (e.g. "--decode-attention flash": it reads only the slots a row
-# uses, where triton and matmul read all MAX_SEQ_LEN of them); TAG suffixes their labels (a second run, same $OUT).
+# SERVE_FLAGS adds kiln serve flags to bf16/int4 (e.g. "--decode-attention matmul": it reads all MAX_SEQ_LEN
+# slots of every row, where triton and flash read only the slots a row uses); TAG suffixes their labels (a second run, same $OUT).
 # E.g. SERVE_FLAGS="--prefill-tokens 2048 --join-batch 4" TAG=p2048: up to four 512-token joins prefilled in one
 # forward (each k is warmed too: 6 prefill variants of the 512 bucket instead of 2).
 # CPU smoke test of the plumbing: DEVICE=cpu MODEL=llama-tiny VOCAB=512 MAX_SEQ_LEN=64 PROMPT_LEN=16 MAX_TOKENS=8

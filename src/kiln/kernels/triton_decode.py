@@ -6,8 +6,10 @@ heads of its key/value head as one [BLOCK_G, D] tile (G padded to 16 for the ten
 its chunk of keys and values once for all G heads, and keeps a running softmax (max, sum, weighted
 values) over it. It writes the chunk's normalised output and log-sum-exp and counts itself in
 (an atomic per row and head); the last chunk to arrive combines all of them, so one launch does
-the whole step. Slots past the step's position, or before a row's first real slot, are masked
-out of the softmax; chunks with none left combine with weight 0.
+the whole step. A program walks only the blocks of its chunk that hold slots of its row's valid
+range (from the row's first real slot, or a sliding window's, to the step's), zeroing the slots
+outside it, so a row shorter than the cache costs its own length; chunks with none left combine
+with weight 0.
 
 Why: at batch 1 the matmul formulation becomes several inductor kernels per layer (the softmax
 over ~1k slots runs on one thread block per head), and FlashAttention's split-KV kernel needs a
