@@ -9,7 +9,7 @@ otherwise be read from L2 after the first replay, which a model's 28 layers neve
 `--repeats` times; a variant's figure is the median us per call and the GB/s of the keys and
 values it reads. Rounds interleave the variants. Writes results.json and results.md under --out.
 
-    python benchmarks/decode_attention_bench.py --out DIR [--model llama-3.2-3b] [--slots 1280]
+    python benchmarks/decode_attention_bench.py --out DIR [--model llama-3.2-3b] [--slots 1280] [--batch 32 --used 512,640]
 """
 
 from __future__ import annotations
@@ -47,6 +47,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="calls per graph replay, at least (more where 3x the L2 cache needs more K/V copies)")
     ap.add_argument("--repeats", type=int, default=30)
     ap.add_argument("--batch", type=int, default=1, help="rows attending at once (each over all --slots)")
+    ap.add_argument("--used", default=None, help="MIN,MAX: row b attends only its last n_b slots, n_b spread evenly "
+                    "from MIN to MAX over the rows (left padding, as a server's rows ending at the step's slot); "
+                    "GB/s then counts the slots the rows use. Default: every row uses all --slots")
     ap.add_argument("--blocks", default="16,32,64", help="slots per block to sweep")
     ap.add_argument("--targets", default="128,256,512,1024", help="programs aimed at, to sweep")
     ap.add_argument("--warps", default="2,4", help="warps per program, to sweep")
@@ -67,13 +70,21 @@ def main(argv: list[str] | None = None) -> int:
     dev, dtype = torch.device("cuda"), torch.bfloat16
     gen = torch.Generator(device=dev).manual_seed(0)
     q = torch.randn(B, 1, H, D, device=dev, dtype=dtype, generator=gen)
-    kv_bytes = 2 * B * S * Hkv * D * q.element_size()
-    calls = max(args.layers, copies_beyond_l2(kv_bytes, l2_bytes(dev)))
+    used = [S] * B
+    if args.used:
+        low, high = (int(t) for t in args.used.split(","))
+        if not 1 <= low <= high <= S:
+            print(f"decode_attention_bench: --used {args.used}: need 1 <= MIN <= MAX <= --slots ({S})", file=sys.stderr)
+            return 2
+        used = [low + (high - low) * b // max(B - 1, 1) for b in range(B)]
+    kv_bytes = 2 * sum(used) * Hkv * D * q.element_size()  # what the rows attend over
+    calls = max(args.layers, copies_beyond_l2(2 * B * S * Hkv * D * q.element_size(), l2_bytes(dev)))
     kvs = [(torch.randn(B, S, Hkv, D, device=dev, dtype=dtype, generator=gen),
             torch.randn(B, S, Hkv, D, device=dev, dtype=dtype, generator=gen)) for _ in range(calls)]
     k, v = kvs[0]
-    pos, pad = torch.tensor([S - 1], device=dev), torch.zeros(B, dtype=torch.long, device=dev)
-    mask = torch.ones(B, S, dtype=torch.bool, device=dev)
+    pos = torch.tensor([S - 1], device=dev)
+    pad = torch.tensor([S - n for n in used], dtype=torch.long, device=dev)
+    mask = torch.arange(S, device=dev)[None, :] >= pad[:, None]
     scale = D ** -0.5
     attn = Attention(config, None).to(dev, dtype)
 
@@ -139,11 +150,12 @@ def main(argv: list[str] | None = None) -> int:
     results.sort(key=lambda r: r["us_per_call"])
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    meta = {"model": args.model, "batch": B, "slots": S, "heads": H, "kv_heads": Hkv, "head_dim": D,
+    meta = {"model": args.model, "batch": B, "slots": S, "used": args.used, "used_slots": sum(used), "heads": H, "kv_heads": Hkv, "head_dim": D,
             "calls_per_replay": calls, "kv_copies": calls, "l2_bytes": l2_bytes(dev), "repeats": args.repeats, "torch": torch.__version__,
             "gpu": torch.cuda.get_device_name(), "kv_bytes_per_call": kv_bytes}
     (out / "results.json").write_text(json.dumps({"config": meta, "results": results}, indent=2) + "\n")
-    lines = [f"# Decode attention, one layer: {args.model} shape, batch {B}, {S} slots, bf16, {meta['gpu']}", "",
+    rows_use = f", rows using {args.used.replace(',', '-')} of them" if args.used else ""
+    lines = [f"# Decode attention, one layer: {args.model} shape, batch {B}, {S} slots{rows_use}, bf16, {meta['gpu']}", "",
              "| variant | us/call | K+V GB/s | max abs vs eager fp32 |", "|---|---|---|---|"]
     lines += [f"| {r['variant']} | {r['us_per_call']:.2f} | {r['kv_gb_per_s']:.0f} | "
               f"{'-' if r['max_abs_vs_eager_fp32'] is None else format(r['max_abs_vs_eager_fp32'], '.3g')} |"
