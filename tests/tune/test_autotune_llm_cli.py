@@ -10,6 +10,7 @@ import pytest
 from kiln.cli.main import main
 from kiln.config import load_config
 from kiln.models.hf import PRESETS
+from kiln.tune import autotune_check
 
 
 @pytest.fixture
@@ -37,7 +38,10 @@ def test_bad_input_exits_2_before_any_work(tmp_path, tiny, bad_input, args, need
     assert not out.exists()
 
 
-def test_llm_search_writes_the_winner(tmp_path, tiny, capsys):
+def test_llm_search_writes_the_winner(tmp_path, tiny, capsys, monkeypatch):
+    # A CPU without native bf16, whatever this machine's is: the precision policy is not searched
+    # (the native case: tests/tune/test_llm_search.py).
+    monkeypatch.setattr(autotune_check, "cpu_bf16_native", lambda: False)
     out = tmp_path / "tune"
     code = main(["autotune", "--budget", "10", "--steps", "3", "--warmup", "0", "--batch-sizes", "2,4",
                  "--ac", "none,full", "--ce-kernels", "chunked", "--compile-scopes", "off", "--out", str(out), *tiny])
