@@ -14,7 +14,8 @@
 # (kiln report of the run), generate.log, bench.json (kiln bench llm's results), bench.log; $OUT/r/nvidia-smi.csv.
 # Time: training is capped at TRAIN_CAP_S (300 s); the bench gets what is left of TOTAL_S (510 s) and starts no
 # row in its last 100 s (a skipped row says so), so the script ends inside ~9 minutes.
-# SKIP_CHECK=1 / SKIP_BENCH=1 leave out the transformers check / the bench (a short train + export + generate).
+# SKIP_CHECK=1 / SKIP_BENCH=1 leave out the transformers check / the bench (a short train + export + generate);
+# SKIP_GENERATE=1 the generate step too (benchmarks/serve.sh's text part: the server generates).
 # DRY=1: the same steps on the CPU with a tiny model and a few steps (~2-3 minutes), for testing the script.
 set -uo pipefail
 source benchmarks/device_env.sh 2>/dev/null  # $OUT/r as $R, carried wheels, PYTHONPATH, nvidia-smi.csv
@@ -80,13 +81,15 @@ say "export"
 "$PY" -m kiln export "$RUN" --out "$WORK/hf" 2>&1 | tail -3
 ls "$WORK/hf" 2>/dev/null
 
-say "generate"
-PROMPTS=("The kernel" "To install a package," "Python is")
-GEN_ARGS=()
-for p in "${PROMPTS[@]}"; do GEN_ARGS+=(--prompt "$p"); done
-"$PY" -m kiln generate --model "$WORK/hf" "${GEN_ARGS[@]}" --max-new-tokens 120 --temperature 0.8 --top-k 50 \
-  --seed 0 --ignore-eos "${DEV[@]}" --json "$WORK/generate.json" > "$R/generate.log" 2>&1
-echo "generate exit $?"; tail -30 "$R/generate.log"
+if [ "${SKIP_GENERATE:-0}" != 1 ]; then
+  say "generate"
+  PROMPTS=("The kernel" "To install a package," "Python is")
+  GEN_ARGS=()
+  for p in "${PROMPTS[@]}"; do GEN_ARGS+=(--prompt "$p"); done
+  "$PY" -m kiln generate --model "$WORK/hf" "${GEN_ARGS[@]}" --max-new-tokens 120 --temperature 0.8 --top-k 50 \
+    --seed 0 --ignore-eos "${DEV[@]}" --json "$WORK/generate.json" > "$R/generate.log" 2>&1
+  echo "generate exit $?"; tail -30 "$R/generate.log"
+fi
 
 if [ "${SKIP_CHECK:-0}" != 1 ]; then
   say "transformers vs kiln on the export"

@@ -13,8 +13,8 @@
 #             stopping at the first rate whose p99 TTFT reaches 1 s -> $R/serve_bf16
 #   int4      the same with --quant ${QUANT4:-int4@triton} -> $R/serve_int4
 #   text      the real-text model served: MODEL_DIR (an exported model), or, when unset, benchmarks/llm_real_text.sh
-#             run short first (TEXT_STEPS=800 steps capped at TEXT_TRAIN_S=150 s, SKIP_CHECK=1 SKIP_BENCH=1; needs
-#             .data/realtext carried) and its export served; one chat request (then the plain completion when the
+#             run short first (TEXT_STEPS=800 steps capped at TEXT_TRAIN_S=150 s, SKIP_CHECK=1 SKIP_BENCH=1
+#             SKIP_GENERATE=1; needs .data/realtext carried) and its export served; one chat request (then the plain completion when the
 #             model has no chat template: the 400 is kept as chat.json) and /metrics -> $R/text (answer.json,
 #             metrics.txt, server.log); PROMPT sets the question. Served eager (TEXT_COMPILE=off): no compile wait.
 #             An export without a chat template gets a plain "Question: ... Answer:" one first ($R/text/chat_template.jinja).
@@ -112,7 +112,7 @@ serve_text() {
     [ "$cap" -ge 240 ] || { echo "serve.sh: PART=text trains a model first (~4 min): $cap s left; run it in a call" \
       "of its own, or set MODEL_DIR" >&2; return 1; }
     step text_recipe timeout -k 10 $(( cap - 90 )) env WORK="$work" STEPS="${TEXT_STEPS:-800}" \
-      TRAIN_CAP_S="${TEXT_TRAIN_S:-150}" SKIP_CHECK=1 SKIP_BENCH=1 bash benchmarks/llm_real_text.sh
+      TRAIN_CAP_S="${TEXT_TRAIN_S:-150}" SKIP_CHECK=1 SKIP_BENCH=1 SKIP_GENERATE=1 bash benchmarks/llm_real_text.sh
     dir=$work/hf
     [ -f "$dir/config.json" ] || { echo "serve.sh: the real-text recipe exported no model ($dir); see" \
       "$R/text_recipe.log" >&2; return 1; }
