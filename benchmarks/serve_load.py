@@ -251,7 +251,8 @@ def summary(directory: Path) -> str:
                 markdown(side_by_side(rows, engine), SIDE_COLUMNS),
                 "The roofline's bytes per step: the weights and the keys and values the requests attend "
                 "(kiln.bench.formulas.kv_bytes_per_step). The engine's cache holds prompt + answer slots; the "
-                "server's rows hold --max-seq-len slots, and its decode attention reads all of them.", ""]
+                "server's rows hold --max-seq-len slots, of which its decode attention (triton, flash) reads those "
+                "each row uses (matmul reads all of them).", ""]
         keep = ["label", "quant", "batch", "status", "ttft_ms", "decode_tok_s", "decode_tok_s_per_seq", "decode_step_ms",
                 "token_ms_p50", "token_ms_p90", "roofline_frac", "request_tok_s"]
         out += ["`kiln bench llm` (kiln generate's engine, one static batch per row):", "", markdown(engine, keep)]

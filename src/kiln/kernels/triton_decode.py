@@ -7,9 +7,11 @@ its chunk of keys and values once for all G heads, and keeps a running softmax (
 values) over it. It writes the chunk's normalised output and log-sum-exp and counts itself in
 (an atomic per row and head); the last chunk to arrive combines all of them, so one launch does
 the whole step. A program walks only the blocks of its chunk that hold slots of its row's valid
-range (from the row's first real slot, or a sliding window's, to the step's), zeroing the slots
-outside it, so a row shorter than the cache costs its own length; chunks with none left combine
-with weight 0.
+range (from the row's first real slot, or a sliding window's, to the step's), so a row shorter
+than the cache costs its own length; slots outside the range are masked out of the softmax, and
+a looping program never lets their values reach the result (not even NaN; a one-block program, at
+batch 1, uses its block as loaded: zeroing there cost batch 1's step time); chunks with none left
+combine with weight 0.
 
 Why: at batch 1 the matmul formulation becomes several inductor kernels per layer (the softmax
 over ~1k slots runs on one thread block per head), and FlashAttention's split-KV kernel needs a
@@ -171,11 +173,8 @@ def _chunk_attention(Q, K, V, Start, Pos, Part, Lse, Arrived, Y, InvFreq, slots,
     base = chunk * CHUNK
     b_first = tl.maximum(lo - base, 0) // BLOCK
     b_end = tl.where(hi > lo, tl.minimum(tl.maximum(hi - base, 0) + BLOCK - 1, CHUNK) // BLOCK, b_first)
-    if ITERS == 1:  # one block per program: the block loaded before the wait, its invalid slots zeroed
+    if ITERS == 1:  # one block per program (a small batch): the block loaded before the wait, as loaded
         s_ok = (s >= lo) & (s < hi)
-        ok = s_ok[:, None] & (d < D)[None, :]
-        k = tl.where(ok, k, 0.0)
-        v = tl.where(ok, v, 0.0)
         if ROPE:
             here = (s == end - 1)[:, None]
             k = tl.where(here, k_new[None, :], k)
@@ -195,7 +194,8 @@ def _chunk_attention(Q, K, V, Start, Pos, Part, Lse, Arrived, Y, InvFreq, slots,
             m, total, acc = _online_block(q, k, v, s_ok, scale, m, total, acc)
     else:
         # The first block to walk: the one loaded before the wait, or (padding or a window before it)
-        # a later one, loaded now; its slots outside [lo, hi) zeroed either way.
+        # a later one, loaded now. Its values outside [lo, hi) are zeroed: they weigh 0 in the softmax,
+        # but 0 x NaN is NaN (a key's NaN score is masked to -inf, so keys need no zeroing).
         moved = b_first > 0
         s = base + b_first * BLOCK + tl.arange(0, BLOCK)
         ok = ((s >= lo) & (s < hi))[:, None] & (d < D)[None, :]
@@ -203,7 +203,7 @@ def _chunk_attention(Q, K, V, Start, Pos, Part, Lse, Arrived, Y, InvFreq, slots,
                        other=0.0)
         v_at = tl.load(V + b * stride_vb + s[:, None] * stride_vs + kv * stride_vh + d[None, :], mask=ok & moved,
                        other=0.0)
-        k = tl.where(ok, tl.where(moved, k_at, k), 0.0)
+        k = tl.where(moved, k_at, k)
         v = tl.where(ok, tl.where(moved, v_at, v), 0.0)
         for i in range(b_first, b_end):
             s_ok = (s >= lo) & (s < hi)
