@@ -181,6 +181,8 @@ def test_decode_profile_of_each_kiln_row(tiny, tmp_path):
     assert code == 0
     payload = json.loads((out / "results.json").read_text())
     rows = {r["engine"]: r for r in payload["results"]}
+    hf = json.loads((tiny / "config.json").read_text())
+    head_dim = hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"]
     assert "profile" not in rows["hf-eager"]  # transformers' rows are not profiled
     for name in ("kiln-eager", "kiln-compiled"):
         row = rows[name]
@@ -188,8 +190,12 @@ def test_decode_profile_of_each_kiln_row(tiny, tmp_path):
         summary = json.loads((folder / "summary.json").read_text())
         assert row["profile"] == str(folder / "summary.md") and (folder / "trace.pt.trace.json.gz").stat().st_size > 0
         assert summary["steps"] == 4 and summary["wall_ms_per_step"] > 0 and row["profile_ms_per_step"] > 0
-        # Bytes per step: the weights once plus every cache slot (k and v, all layers) the step attends over.
-        assert summary["bytes_per_step"] == row["weight_bytes"] + row["kv_cache_bytes"]
+        # Bytes per step: the weights once plus the cache slots (k and v, all layers, fp32) the window's
+        # steps attend, on average: after the prefill's token and two warm-up steps, a row of 8 prompt
+        # tokens attends 11, 12, 13 and 14 slots (the cache holds more).
+        per_slot = 2 * hf["num_hidden_layers"] * hf["num_key_value_heads"] * head_dim * 4
+        assert summary["bytes_per_step"] == row["weight_bytes"] + per_slot * (11 + 12 + 13 + 14) // 4
+        assert row["kv_cache_bytes"] > per_slot * 14
         assert summary["gpu"]["status"] == "n/a" and row["profile_idle_frac"] is None
         ops = {op["name"]: op for op in summary["cpu"]["top"]}
         assert any(n in ops for n in ("aten::mm", "aten::addmm", "aten::linear"))  # the projections, every step

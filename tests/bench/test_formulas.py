@@ -261,6 +261,18 @@ def test_kv_bytes_per_step_is_the_mean_over_the_decode_steps():
     assert f.roofline_tok_s(3e12, 6_000_000_000 + 1_000_000_000, 16) == 3e12 / 7e9 * 16
 
 
+def test_attended_kv_bytes_is_the_mean_over_a_window_of_steps_and_rows():
+    """Rows of their own prompt lengths, steps 3 .. 5: a row of n tokens attends n + i slots at step i."""
+    per_slot = 2 * 4 * 8 * 2  # k and v, 4 heads, 8 dims, bf16
+    assert f.attended_kv_bytes(lengths=[10, 20], first_step=3, last_step=5, n_layers=2, kv_heads=4, head_dim=8,
+                               dtype_bytes=2) == 2 * per_slot * ((13 + 14 + 15) + (23 + 24 + 25)) // 3
+    # layer 0 windowed at 14 slots: row 0 attends 13, 14, 14 and row 1 14, 14, 14; layer 1 in full
+    assert f.attended_kv_bytes(lengths=[10, 20], first_step=3, last_step=5, n_layers=2, kv_heads=4, head_dim=8,
+                               dtype_bytes=2, windows=(14, None)) == per_slot * (41 + 42 + 42 + 72) // 3
+    assert f.attended_kv_bytes(lengths=[10], first_step=4, last_step=3, n_layers=1, kv_heads=1, head_dim=1,
+                               dtype_bytes=2) == 0  # an empty window
+
+
 def test_batched_rows_compare_each_batch_with_its_own_and_with_batch_1(tmp_path):
     """Rows per batch size: tokens/s in all and per sequence, the step time over the same engine's
     batch-1 step, prefill FLOPs for B prompts, greedy tokens of the shared first prompt."""

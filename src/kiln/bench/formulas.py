@@ -78,14 +78,25 @@ def kv_bytes_per_step(*, batch: int, prompt_len: int, new_tokens: int, n_layers:
     """KV-cache bytes a decode step reads, averaged over a request's decode steps: step i (1 .. n-1)
     attends the prompt and i new tokens (the step's own included), keys and values of every layer,
     at most its window (`windows`, per layer; empty: none). Exact integer mean (floor)."""
-    steps = decode_steps(new_tokens)
-    if steps == 0:
+    return attended_kv_bytes(lengths=[prompt_len] * batch, first_step=1, last_step=decode_steps(new_tokens),
+                             n_layers=n_layers, kv_heads=kv_heads, head_dim=head_dim, dtype_bytes=dtype_bytes,
+                             windows=windows)
+
+
+def attended_kv_bytes(*, lengths: list[int], first_step: int, last_step: int, n_layers: int, kv_heads: int,
+                      head_dim: int, dtype_bytes: int, windows: tuple[int | None, ...] = ()) -> int:
+    """KV-cache bytes a decode step reads, averaged over decode steps `first_step` .. `last_step`:
+    at step i a row with a prompt of lengths[b] tokens attends lengths[b] + i slots, keys and values
+    of every layer, at most its window. Exact integer mean (floor); 0 for no step."""
+    steps = last_step - first_step + 1
+    if steps <= 0:
         return 0
-    per_slot = batch * 2 * kv_heads * head_dim * dtype_bytes
+    per_slot = 2 * kv_heads * head_dim * dtype_bytes
     total = 0
     for layer in range(n_layers):
         window = windows[layer] if windows else None
-        total += sum(min(prompt_len + i, window) if window else prompt_len + i for i in range(1, steps + 1))
+        for n in lengths:
+            total += sum(min(n + i, window) if window else n + i for i in range(first_step, last_step + 1))
     return total * per_slot // steps
 
 

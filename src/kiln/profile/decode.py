@@ -43,6 +43,12 @@ def window_fits(new_tokens: int) -> int:
 
 
 @torch.inference_mode()
+def window_steps(steps: int) -> tuple[int, int]:
+    """(first, last) decode step of a window of `steps` recorded by `record_decode`, numbered as
+    kiln.bench.formulas numbers them (step 1 is the first after the prefill's token)."""
+    return GRAPH_WARMUP_STEPS + 1, GRAPH_WARMUP_STEPS + steps
+
+
 def record_decode(engine: Engine, prompts: Sequence[Sequence[int]], *, new_tokens: int, steps: int,
                   trace_path: Path) -> float:
     """Prefill `prompts`, run GRAPH_WARMUP_STEPS decode steps (capturing the graph if this shape
@@ -124,14 +130,14 @@ def verdict(s: dict[str, Any]) -> str:
 
 
 def profile_decode(engine: Engine, prompts: Sequence[Sequence[int]], *, new_tokens: int, steps: int, out_dir: Path,
-                   weight_bytes: int, copy_bytes_per_s: float | None, title: str) -> dict[str, Any]:
+                   step_bytes: int, copy_bytes_per_s: float | None, title: str) -> dict[str, Any]:
     """Record a window (`record_decode`), summarise its trace and write `out_dir`/summary.{json,md}
-    beside it. Bytes per step: `weight_bytes` (read once per step at any batch) plus the engine's
-    whole KV cache (a step attends over every slot, masked)."""
+    beside it. `step_bytes`: what a step of the window reads (the weights, and the KV-cache slots its
+    rows attend: `window_steps` says which decode steps the window holds)."""
     trace = out_dir / "trace.pt.trace.json.gz"
     wall = record_decode(engine, prompts, new_tokens=new_tokens, steps=steps, trace_path=trace)
     summary = summarise_decode(load_trace(trace), steps=steps, wall_s=wall, device_type=engine.device.type,
-                               bytes_per_step=weight_bytes + engine.cache_bytes, copy_bytes_per_s=copy_bytes_per_s)
+                               bytes_per_step=step_bytes, copy_bytes_per_s=copy_bytes_per_s)
     summary["trace"] = trace.name
     write_json(out_dir / "summary.json", summary)
     write_atomic(out_dir / "summary.md", render_decode_profile(summary, title))

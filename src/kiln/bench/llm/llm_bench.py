@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from kiln.bench.ceilings import Ceilings, measure_ceilings
-from kiln.bench.formulas import kv_bytes_per_step
+from kiln.bench.formulas import attended_kv_bytes, kv_bytes_per_step
 from kiln.bench.llm.llm_engine_row import EngineRow, LogitsParity
 from kiln.bench.llm.llm_engines import HF_ENGINES, HfEngine, KilnEngine
 from kiln.bench.llm.llm_memory import check_bench_fits
@@ -62,6 +62,7 @@ from kiln.llm.weights import (
 )
 from kiln.monitor.env import collect_env
 from kiln.monitor.flops import count_step_flops
+from kiln.profile.decode import window_steps
 from kiln.runtime import default_run_dir
 from kiln.timing import StepClock, measure_interleaved, time_calls
 
@@ -259,6 +260,15 @@ class LlmBench:
         return {b: kv_bytes_per_step(batch=b, prompt_len=o.prompt_len, new_tokens=o.new_tokens, n_layers=c.n_layers,
                                      kv_heads=c.n_kv_heads, head_dim=c.head_dim, dtype_bytes=self.dtype.itemsize,
                                      windows=c.windows) for b in o.batches}
+
+    def window_kv_bytes(self, batch: int, steps: int) -> int:
+        """KV-cache bytes a step of a profiled decode window of `steps` reads, averaged over the window
+        (kiln.profile.decode.window_steps; kiln.bench.formulas)."""
+        c, o = self.config, self.opts
+        first, last = window_steps(steps)
+        return attended_kv_bytes(lengths=[o.prompt_len] * batch, first_step=first, last_step=last, n_layers=c.n_layers,
+                                 kv_heads=c.n_kv_heads, head_dim=c.head_dim, dtype_bytes=self.dtype.itemsize,
+                                 windows=c.windows)
 
     # -- the run --------------------------------------------------------------------------------
     def run_kiln_rows(self) -> None:

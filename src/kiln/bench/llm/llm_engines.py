@@ -81,11 +81,11 @@ class KilnEngine:
     def generate(self, clock: StepClock) -> list[list[int]]:
         return self.engine.generate(self.prompts, max_new_tokens=self.new_tokens, clock=clock).tokens
 
-    def profile_decode(self, steps: int, out_dir, *, weight_bytes: int, copy_bytes_per_s: float | None,
+    def profile_decode(self, steps: int, out_dir, *, step_bytes: int, copy_bytes_per_s: float | None,
                        title: str) -> dict[str, Any]:
         """A profiled window of decode steps on this engine's request shape (kiln.profile.decode)."""
         return profile_decode(self.engine, self.prompts, new_tokens=self.new_tokens, steps=steps, out_dir=out_dir,
-                              weight_bytes=weight_bytes, copy_bytes_per_s=copy_bytes_per_s, title=title)
+                              step_bytes=step_bytes, copy_bytes_per_s=copy_bytes_per_s, title=title)
 
     def compile_stats(self) -> dict[str, Any]:
         return {"compiles": len(self.engine.compiled) if self.engine.compile else 0,

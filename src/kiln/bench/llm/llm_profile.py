@@ -17,9 +17,10 @@ def profile_rows(bench, ready: list) -> None:
             continue
         folder = Path(bench.opts.profile_dir) / re.sub(r"[^A-Za-z0-9_.-]+", "_", r.name).strip("_")
         weights = r.row.get("weight_bytes") or decode_weight_bytes(bench.variants[r.quant].model)
+        step_bytes = weights + bench.window_kv_bytes(r.row.batch, bench.opts.profile_decode)
         title = f"Decode profile: {r.name}, {bench.opts.model} ({bench.opts.dtype}, batch {r.row.batch})"
         try:
-            s = r.engine.profile_decode(bench.opts.profile_decode, folder, weight_bytes=weights, title=title,
+            s = r.engine.profile_decode(bench.opts.profile_decode, folder, step_bytes=step_bytes, title=title,
                                         copy_bytes_per_s=bench.ceilings.copy_bytes_per_s if bench.ceilings else None)
         except Exception as exc:
             r.row.profile_error = failure(exc)[1]
