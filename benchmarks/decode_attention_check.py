@@ -9,7 +9,7 @@ Then a compiled, CUDA-graphed engine with each of `--compiled` generates greedil
 batch (one decode compile with tuning each: a minute or more). Writes results.json under --out.
 
     python benchmarks/decode_attention_check.py --out DIR [--layers 4] [--steps 24] [--compiled matmul,triton]
-        [--target-programs 1]
+        [--target-programs 1] [--balance]
 """
 
 from __future__ import annotations
@@ -74,6 +74,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--target-programs", type=int, default=None,
                     help="kiln.kernels.triton_decode.TARGET_PROGRAMS for this check (1: every program of the triton "
                     "kernel loops over its row's blocks, as at a large batch; default: the module's)")
+    ap.add_argument("--balance", action="store_true",
+                    help="kiln.kernels.triton_decode.BALANCE for this check (looping chunks split each row's valid "
+                    "range evenly; e.g. with --target-programs 48: two chunks of two blocks per row and head)")
     args = ap.parse_args(argv)
     compiled = args.compiled.split(",") if args.compiled else []
     if any(k not in KERNELS for k in compiled):
@@ -83,10 +86,12 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("decode_attention_check: needs a CUDA device", file=sys.stderr)
         return 2
-    if args.target_programs is not None:
+    if args.target_programs is not None or args.balance:
         from kiln.kernels import triton_decode
 
-        triton_decode.TARGET_PROGRAMS = args.target_programs
+        if args.target_programs is not None:
+            triton_decode.TARGET_PROGRAMS = args.target_programs
+        triton_decode.BALANCE = triton_decode.BALANCE or args.balance
     torch.manual_seed(0)
     config = small_3b(args.layers)
     model = Decoder(config).to(device="cuda", dtype=torch.bfloat16).eval()
@@ -101,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     worst = {name: max(r[f"{name}_rel_l2"] for r in steps) for name in KERNELS}
     result = {"config": {"layers": args.layers, "heads": config.n_heads, "kv_heads": config.n_kv_heads,
                          "head_dim": config.head_dim, "lengths": lengths, "steps": args.steps,
-                         "target_programs": args.target_programs},
+                         "target_programs": args.target_programs, "balance": args.balance},
               "torch": torch.__version__, "gpu": torch.cuda.get_device_name(),
               "eager_steps": steps, "worst_rel_l2_vs_fp32": worst,
               "passed": {k: worst[k] <= 1.5 * worst["matmul"] + 1e-3 for k in KERNELS if k != "matmul"}}

@@ -66,14 +66,17 @@ def test_kernel_matches_direct_softmax(heads, kv_heads, dim, capacity, window):
 
 
 @interpreted
-@pytest.mark.parametrize("stages", [None, 3])
+@pytest.mark.parametrize("stages,balance", [(None, False), (3, False), (None, True)],
+                         ids=["prefetched", "pipelined", "balanced"])
 @pytest.mark.parametrize("window", [0, 30])
-def test_looping_program_reads_only_its_rows_valid_slots(monkeypatch, window, stages):
+def test_looping_program_reads_only_its_rows_valid_slots(monkeypatch, window, stages, balance):
     """Few programs, so each loops over all of a row's blocks with the step's slot mid-cache (a server's
     rows): the blocks outside a row's valid range are not loaded, and the result is unchanged; with
-    the next block prefetched by hand (None) and through Triton's pipeline (LOOP_STAGES)."""
+    the next block prefetched by hand (None), through Triton's pipeline (LOOP_STAGES), and with the
+    row's range split evenly (BALANCE)."""
     monkeypatch.setattr(td, "TARGET_PROGRAMS", 1)
     monkeypatch.setattr(td, "LOOP_STAGES", stages)
+    monkeypatch.setattr(td, "BALANCE", balance)
     gen = torch.Generator().manual_seed(7)
     q = torch.randn(3, 4, 16, generator=gen)
     k = torch.randn(3, 260, 2, 16, generator=gen)
@@ -89,13 +92,17 @@ def test_looping_program_reads_only_its_rows_valid_slots(monkeypatch, window, st
 
 
 @interpreted
-@pytest.mark.parametrize("stages", [None, 3], ids=["looping", "looping-pipelined"])
-def test_slots_outside_a_rows_range_never_reach_its_result(monkeypatch, stages):
+@pytest.mark.parametrize("stages,balance,programs", [(None, False, 1), (3, False, 1), (None, True, 1),
+                                                     (None, True, 12)],
+                         ids=["looping", "looping-pipelined", "balanced", "balanced-2-chunks"])
+def test_slots_outside_a_rows_range_never_reach_its_result(monkeypatch, stages, balance, programs):
     """Every slot outside a row's valid range holds NaN (what an overflowed earlier request may leave
     in a server's cache): the rows' results are those of their own slots when programs walk several
-    blocks (from the first block holding a valid slot), as at a server's batch sizes."""
-    monkeypatch.setattr(td, "TARGET_PROGRAMS", 1)
+    blocks (from the first block holding a valid slot), as at a server's batch sizes; with the
+    row's range split evenly over two chunks too."""
+    monkeypatch.setattr(td, "TARGET_PROGRAMS", programs)
     monkeypatch.setattr(td, "LOOP_STAGES", stages)
+    monkeypatch.setattr(td, "BALANCE", balance)
     gen = torch.Generator().manual_seed(5)
     q = torch.randn(3, 4, 16, generator=gen)
     k, v = torch.randn(3, 260, 2, 16, generator=gen), torch.randn(3, 260, 2, 16, generator=gen)
@@ -108,6 +115,36 @@ def test_slots_outside_a_rows_range_never_reach_its_result(monkeypatch, stages):
             cache[row, :first], cache[row, int(pos) + 1:] = float("nan"), float("nan")
     got = td.decode_attention(q, poisoned_k, poisoned_v, start, pos, 0.25, 0)
     torch.testing.assert_close(got, direct(q, k, v, start, pos, 0.25, 0), rtol=1e-5, atol=1e-5)
+
+
+@interpreted
+@pytest.mark.parametrize("window", [0, 40])
+def test_balanced_chunks_match_the_fixed_slices(monkeypatch, window):
+    """BALANCE splits each row's valid range evenly over two looping chunks (rows of different first
+    slots, the step's slot mid-cache): attention and the fused RoPE op (its output and the caches it
+    writes) equal the fixed slices' results."""
+    monkeypatch.setattr(td, "TARGET_PROGRAMS", 12)  # 3 rows x 2 heads x 2 chunks of 5 blocks
+    gen = torch.Generator().manual_seed(13)
+    heads, kv_heads, dim = 4, 2, 16
+    q = torch.randn(3, heads, dim, generator=gen)
+    qkv = torch.randn(3, (heads + 2 * kv_heads) * dim, generator=gen)
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, dim, 2).float() / dim))
+    cache_k, cache_v = torch.randn(3, 260, kv_heads, dim, generator=gen), torch.randn(3, 260, kv_heads, dim, generator=gen)
+    pad, pos = torch.tensor([0, 70, 185]), torch.tensor([200])
+    block, per_chunk, chunks, _ = td.launch_settings(3, kv_heads, 260)
+    assert chunks == 2 and per_chunk > block
+    results = {}
+    for balance in (False, True):
+        monkeypatch.setattr(td, "BALANCE", balance)
+        k, v = cache_k.clone(), cache_v.clone()
+        plain = td.decode_attention(q, cache_k, cache_v, pad, pos, 0.25, window)
+        results[balance] = (plain, td.decode_attention_rope(qkv, inv_freq, k, v, pad, pos, 0.25, window, heads), k, v)
+    torch.testing.assert_close(results[True][0], direct(q, cache_k, cache_v, pad, pos, 0.25, window),
+                               rtol=1e-5, atol=1e-5)
+    for mine, theirs in zip(results[True], results[False]):
+        torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-5)
+    assert not torch.equal(results[True][2], cache_k)  # the step's key was written
+    assert not arrival_counters(q.device, 3 * kv_heads).any()
 
 
 @interpreted

@@ -62,6 +62,13 @@ the current one is used; N, Triton's software pipeline keeps N - 1 blocks in fli
 memory (`tl.range(num_stages=N)`). Set by benchmarks/decode_attention_bench.py's sweep."""
 
 
+BALANCE: bool = False
+"""Where a program loops: each chunk takes an even share of its row's valid range (from the row's
+first slot to the step's, read after the wait, so no block is loaded before it) instead of a fixed
+slice of the cache, which a server's rows (each using part of it, from its own first slot) fill
+unevenly. Set by benchmarks/decode_attention_bench.py's sweep (`--balance`)."""
+
+
 def chunking(batch: int, kv_heads: int, capacity: int, block: int = 64) -> tuple[int, int]:
     """(slots per chunk, chunks) for a cache of `capacity` slots: enough chunks that batch * kv_heads
     * chunks programs fill the GPU, each a whole number of `block`-slot blocks."""
@@ -117,7 +124,8 @@ def _chunk_attention(Q, K, V, Start, Pos, Part, Lse, Arrived, Y, InvFreq, slots,
                      scale, window, kv_heads,
                      G: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
                      CHUNK: tl.constexpr, CHUNKS: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK: tl.constexpr,
-                     HAS_START: tl.constexpr, ROPE: tl.constexpr, PDL: tl.constexpr, STAGES: tl.constexpr):
+                     HAS_START: tl.constexpr, ROPE: tl.constexpr, PDL: tl.constexpr, STAGES: tl.constexpr,
+                     BALANCE: tl.constexpr):
     row_head = tl.program_id(0)
     chunk = tl.program_id(1)
     b = row_head // kv_heads
@@ -130,7 +138,7 @@ def _chunk_attention(Q, K, V, Start, Pos, Part, Lse, Arrived, Y, InvFreq, slots,
     # below, so they are read before waiting for the previous kernel (one memory round trip less
     # after it; slots outside the row's valid range are masked out of the softmax).
     s = chunk * CHUNK + tl.arange(0, BLOCK)
-    kv_ok = (s < slots)[:, None] & (d < D)[None, :] & (STAGES == 0)  # the pipeline loads its own
+    kv_ok = (s < slots)[:, None] & (d < D)[None, :] & (STAGES == 0) & (BALANCE == 0)  # those load their own
     k = tl.load(K + b * stride_kb + s[:, None] * stride_ks + kv * stride_kh + d[None, :], mask=kv_ok, other=0.0)
     v = tl.load(V + b * stride_vb + s[:, None] * stride_vs + kv * stride_vh + d[None, :], mask=kv_ok, other=0.0)
     if PDL:  # programmatic dependent launch: the next kernel may be scheduled as these programs end;
@@ -145,6 +153,10 @@ def _chunk_attention(Q, K, V, Start, Pos, Part, Lse, Arrived, Y, InvFreq, slots,
         first = tl.maximum(first, end - window)
     lo = tl.maximum(chunk * CHUNK, first)
     hi = tl.minimum(chunk * CHUNK + CHUNK, end)
+    if BALANCE:  # this chunk's even share of the row's valid range [first, end), in whole blocks
+        share = tl.cdiv(tl.cdiv(end - first, CHUNKS), BLOCK) * BLOCK
+        lo = first + chunk * share
+        hi = tl.minimum(lo + share, end)
     heads = kv * G + g
     gd_ok = (g < G)[:, None] & (d < D)[None, :]
     if ROPE:  # Q is the projection's output [B, (H + 2 Hkv) D]: rotate q and this head's new key here
@@ -159,7 +171,11 @@ def _chunk_attention(Q, K, V, Start, Pos, Part, Lse, Arrived, Y, InvFreq, slots,
         k_new = _rotate(row + (kv_heads * G + kv) * stride_qh, d, cos, sin, d < D, D // 2).to(K.dtype.element_ty)
         v_new = tl.load(row + (kv_heads * G + kv_heads + kv) * stride_qh + d, mask=d < D, other=0.0)
         step = end - 1
-        if (step >= chunk * CHUNK) & (step < chunk * CHUNK + CHUNK):  # the chunk holding the step's slot writes it
+        if BALANCE:
+            writes = (step >= lo) & (step < hi)
+        else:
+            writes = (step >= chunk * CHUNK) & (step < chunk * CHUNK + CHUNK)
+        if writes:  # the chunk holding the step's slot writes it
             tl.store(K + b * stride_kb + step * stride_ks + kv * stride_kh + d, k_new, mask=d < D)
             tl.store(V + b * stride_vb + step * stride_vs + kv * stride_vh + d, v_new.to(V.dtype.element_ty),
                      mask=d < D)
@@ -173,7 +189,11 @@ def _chunk_attention(Q, K, V, Start, Pos, Part, Lse, Arrived, Y, InvFreq, slots,
     base = chunk * CHUNK
     b_first = tl.maximum(lo - base, 0) // BLOCK
     b_end = tl.where(hi > lo, tl.minimum(tl.maximum(hi - base, 0) + BLOCK - 1, CHUNK) // BLOCK, b_first)
-    if ITERS == 1:  # one block per program (a small batch): the block loaded before the wait, as loaded
+    if BALANCE:  # the share's blocks from its first slot on, nothing loaded before the wait
+        base = lo
+        b_first = lo * 0
+        b_end = tl.where(hi > lo, tl.cdiv(hi - lo, BLOCK), 0)
+    if ITERS == 1 and not BALANCE:  # one block per program (a small batch): the block loaded before the wait
         s_ok = (s >= lo) & (s < hi)
         if ROPE:
             here = (s == end - 1)[:, None]
@@ -196,7 +216,10 @@ def _chunk_attention(Q, K, V, Start, Pos, Part, Lse, Arrived, Y, InvFreq, slots,
         # The first block to walk: the one loaded before the wait, or (padding or a window before it)
         # a later one, loaded now. Its values outside [lo, hi) are zeroed: they weigh 0 in the softmax,
         # but 0 x NaN is NaN (a key's NaN score is masked to -inf, so keys need no zeroing).
-        moved = b_first > 0
+        if BALANCE:
+            moved = b_first == 0  # nothing was loaded before the wait: load the first block
+        else:
+            moved = b_first > 0
         s = base + b_first * BLOCK + tl.arange(0, BLOCK)
         ok = ((s >= lo) & (s < hi))[:, None] & (d < D)[None, :]
         k_at = tl.load(K + b * stride_kb + s[:, None] * stride_ks + kv * stride_kh + d[None, :], mask=ok & moved,
@@ -290,7 +313,8 @@ def _launch(q: Tensor | None, qkv_rows: Tensor | None, inv_freq: Tensor | None, 
         scale, window, Hkv,
         G=group, BLOCK_G=max(16, triton.next_power_of_2(group)), D=D, BLOCK_D=triton.next_power_of_2(D),
         CHUNK=per_chunk, CHUNKS=chunks, BLOCK_C=triton.next_power_of_2(chunks), BLOCK=block, HAS_START=start is not None,
-        ROPE=rope, PDL=pdl, STAGES=LOOP_STAGES if per_chunk > block and LOOP_STAGES else 0, num_warps=warps,
+        ROPE=rope, PDL=pdl, STAGES=LOOP_STAGES if per_chunk > block and LOOP_STAGES else 0,
+        BALANCE=BALANCE and per_chunk > block, num_warps=warps,
         num_stages=2, **({"launch_pdl": True} if pdl else {}))
     return y
 
