@@ -42,13 +42,13 @@ def window_fits(new_tokens: int) -> int:
     return max(0, new_tokens - 1 - GRAPH_WARMUP_STEPS)
 
 
-@torch.inference_mode()
 def window_steps(steps: int) -> tuple[int, int]:
     """(first, last) decode step of a window of `steps` recorded by `record_decode`, numbered as
     kiln.bench.formulas numbers them (step 1 is the first after the prefill's token)."""
     return GRAPH_WARMUP_STEPS + 1, GRAPH_WARMUP_STEPS + steps
 
 
+@torch.inference_mode()
 def record_decode(engine: Engine, prompts: Sequence[Sequence[int]], *, new_tokens: int, steps: int,
                   trace_path: Path) -> float:
     """Prefill `prompts`, run GRAPH_WARMUP_STEPS decode steps (capturing the graph if this shape
