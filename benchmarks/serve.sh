@@ -27,6 +27,8 @@
 # Needs fastapi, uvicorn and httpx on the device: carry wheels in .whl/ (device_env.sh installs them).
 # SERVE_FLAGS adds kiln serve flags to bf16/int4 (e.g. "--decode-attention matmul": it reads all MAX_SEQ_LEN
 # slots of every row, where triton and flash read only the slots a row uses); TAG suffixes their labels (a second run, same $OUT).
+# KILN_SETTINGS="MODULE.NAME=VALUE ..." runs bf16/int4/generate through benchmarks/with_settings.py, e.g.
+# KILN_SETTINGS="kiln.kernels.triton_decode.BALANCE=True kiln.kernels.triton_decode.TARGET_PROGRAMS=512" TAG=bal.
 # E.g. SERVE_FLAGS="--prefill-tokens 2048 --join-batch 4" TAG=p2048: up to four 512-token joins prefilled in one
 # forward (each k is warmed too: 6 prefill variants of the 512 bucket instead of 2).
 # CPU smoke test of the plumbing: DEVICE=cpu MODEL=llama-tiny VOCAB=512 MAX_SEQ_LEN=64 PROMPT_LEN=16 MAX_TOKENS=8
@@ -58,6 +60,8 @@ CONCURRENCY=${CONCURRENCY:-1,8,32,64}
 WARMUP_BUCKETS=${WARMUP_BUCKETS:-512}  # none: --no-warmup
 DEV=(); [ -n "${DEVICE:-}" ] && DEV=(--device "$DEVICE")
 read -r -a EXTRA <<< "${SERVE_FLAGS:-}"  # more kiln serve flags for bf16/int4, e.g. "--decode-attention flash"
+read -r -a SETTINGS <<< "${KILN_SETTINGS:-}"  # module settings for bf16/int4/generate (benchmarks/with_settings.py)
+KILN=(python3 -m kiln); [ ${#SETTINGS[@]} -gt 0 ] && KILN=(python3 benchmarks/with_settings.py "${SETTINGS[@]}" --)
 SUFFIX=${TAG:+_$TAG}  # labels (and result folders) of a second run in the same $OUT
 WARM=(--warmup-prompt-buckets "$WARMUP_BUCKETS"); [ "$WARMUP_BUCKETS" = none ] && WARM=(--no-warmup)
 left() { echo $(( BUDGET_S - ($(date +%s) - start) )); }
@@ -83,7 +87,7 @@ serve_part() {  # label, quant, extra kiln serve flags...
   local cap=$(left); [ "$cap" -gt "$PART_S" ] && cap=$PART_S
   local t0=$(date +%s)
   port_free || return 1
-  python3 -m kiln serve --model "$MODEL" --port "$PORT" --max-batch "$MAX_BATCH" --batch-buckets "$BATCH_BUCKETS" \
+  "${KILN[@]}" serve --model "$MODEL" --port "$PORT" --max-batch "$MAX_BATCH" --batch-buckets "$BATCH_BUCKETS" \
     --max-seq-len "$MAX_SEQ_LEN" "${WARM[@]}" --max-queue 64 --drain-s 5 "${DEV[@]}" "${EXTRA[@]}" "$@" \
     > "$R/$label.server.log" 2>&1 &
   local pid=$!
@@ -158,7 +162,7 @@ for part in ${PART//,/ }; do
     int4) serve_part "int4$SUFFIX" "$QUANT4" --quant "$QUANT4" ;;
     generate)
       cap=$(left); [ "$cap" -gt "$PART_S" ] && cap=$PART_S
-      step generate timeout "$cap" python3 -m kiln bench llm --model "$MODEL" --prompt-len "$PROMPT_LEN" \
+      step generate timeout "$cap" "${KILN[@]}" bench llm --model "$MODEL" --prompt-len "$PROMPT_LEN" \
         --new-tokens "$MAX_TOKENS" --tuning decode --prefill eager --repeats 3 --engines kiln-compiled \
         --batch "$CONCURRENCY" --quant "${GEN_QUANT:-none,$QUANT4}" --deadline-s $(( cap * 2 / 3 )) "${DEV[@]}" --out "$R/generate" ;;
   esac
