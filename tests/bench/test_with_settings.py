@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -55,13 +56,19 @@ def test_without_the_separator_it_says_how_to_call_it(ws, capsys):
     assert "usage" in capsys.readouterr().err
 
 
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def test_serve_sh_runs_kiln_through_it_with_kiln_settings(tmp_path):
     """serve.sh's CPU plumbing check with KILN_SETTINGS: the server starts through with_settings.py,
     which says what it set in the server's log."""
     env = {**os.environ, "OUT": str(tmp_path / "out"), "DEVICE": "cpu", "MODEL": "llama-tiny", "VOCAB": "512",
            "MAX_SEQ_LEN": "64", "PROMPT_LEN": "16", "MAX_TOKENS": "4", "BATCH_BUCKETS": "1,2", "MAX_BATCH": "2",
            "CONCURRENCY": "1", "OPEN_FRACTIONS": " ", "WARMUP_BUCKETS": "none", "DURATION_S": "1", "PART": "bf16",
-           "PORT": "8317", "BUDGET_S": "200", "PART_S": "190", "PYTHON": sys.executable,
+           "PORT": str(_free_port()), "BUDGET_S": "200", "PART_S": "190", "PYTHON": sys.executable,
            "KILN_SETTINGS": "kiln.kernels.triton_decode.TARGET_PROGRAMS=128"}
     env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"
     done = subprocess.run(["bash", "benchmarks/serve.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
