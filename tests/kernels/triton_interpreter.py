@@ -37,7 +37,9 @@ def _scalar_indices() -> None:
     one element instead."""
     from triton.runtime import interpreter
 
-    patch = interpreter._patch_lang_tensor
+    patch = getattr(interpreter, "_patch_lang_tensor", None)
+    if patch is None:  # another Triton: its interpreter is left as it is
+        return
 
     def patched(tensor, scope) -> None:
         patch(tensor, scope)
