@@ -2,26 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from tests.benchmark_scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "ab_headline.sh"
-
-
-def _summary():
-    spec = importlib.util.spec_from_file_location("ab_summary", ROOT / "benchmarks" / "ab_summary.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["ab_summary"] = module  # its dataclass looks its module up while the class is made
-    spec.loader.exec_module(module)
-    return module
 
 
 def _write(path: Path, payload: dict) -> None:
@@ -71,7 +62,7 @@ def _runs(tmp_path: Path) -> Path:
 
 
 def test_summary_medians_ratios_and_verdicts(tmp_path, monkeypatch):
-    summary = _summary()
+    summary = load_script("ab_summary")
     monkeypatch.setattr(summary, "collect_env", lambda: {"torch": "x", "gpus": [{"name": "H100"}]})
     ab = _runs(tmp_path)
     argv = [str(ab), "--out", str(tmp_path / "out"), "--a-label", "before", "--b-label", "after",
@@ -113,7 +104,7 @@ def test_summary_medians_ratios_and_verdicts(tmp_path, monkeypatch):
 
 
 def test_the_tolerance_is_exclusive_and_follows_the_figures_direction():
-    summary = _summary()
+    summary = load_script("ab_summary")
     lower = summary.Figure("x", "mlp", "x", "ms/step", "lower")
     higher = summary.Figure("y", "decode_3b", "y", "tok/s", "higher")
     assert summary.compare(lower, [100.0], [102.0], 0.02)["verdict"] == "ok"  # exactly 2 % is not worse

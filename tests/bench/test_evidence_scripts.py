@@ -2,26 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import torch
+from tests.benchmark_scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_crosscheck_imports_no_kiln_and_times_both_ways(tmp_path):
     source = (ROOT / "benchmarks" / "plain_crosscheck.py").read_text()
     assert "kiln" not in "".join(line for line in source.splitlines() if line.startswith(("import", "from")))
-    crosscheck = _load("plain_crosscheck")
+    crosscheck = load_script("plain_crosscheck")
     precision = torch.get_float32_matmul_precision()  # the script sets TF32 as a user's script would
     try:
         assert crosscheck.main(["--model", "mlp", "--mode", "none", "--clip", "0,1", "--steps", "2", "--warmup", "1",
@@ -37,7 +30,7 @@ def test_crosscheck_imports_no_kiln_and_times_both_ways(tmp_path):
 
 
 def test_crosscheck_interleaves_an_fp32_twin_in_the_bench_order(tmp_path, monkeypatch):
-    crosscheck = _load("plain_crosscheck")
+    crosscheck = load_script("plain_crosscheck")
     calls: list[str] = []
     make = crosscheck.make_step
 
@@ -55,7 +48,7 @@ def test_crosscheck_interleaves_an_fp32_twin_in_the_bench_order(tmp_path, monkey
 
 
 def test_summary_pairs_bench_plain_rows_with_the_standalone_loop(tmp_path):
-    summary = _load("evidence_summary")
+    summary = load_script("evidence_summary")
     assert summary.within(104.9, 100.0) and not summary.within(105.1, 100.0) and summary.within(None, 1.0) is None
     (tmp_path / "crosscheck").mkdir()
     (tmp_path / "crosscheck" / "crosscheck_mlp.json").write_text(json.dumps({"runs": [
@@ -79,7 +72,7 @@ def test_summary_pairs_bench_plain_rows_with_the_standalone_loop(tmp_path):
 
 
 def test_summary_brackets_the_bench_between_two_standalone_runs(tmp_path):
-    summary = _load("evidence_summary")
+    summary = load_script("evidence_summary")
     for name, inter in (("crosscheck_before", (24.0, 26.0)), ("crosscheck_after", (25.0, 28.6))):
         (tmp_path / name).mkdir()
         (tmp_path / name / "crosscheck_vit.json").write_text(json.dumps({"runs": [
@@ -104,7 +97,7 @@ def test_summary_brackets_the_bench_between_two_standalone_runs(tmp_path):
 
 
 def test_repeats_compare_medians_over_processes(tmp_path):
-    summary = _load("evidence_summary")
+    summary = load_script("evidence_summary")
     (tmp_path / "script").mkdir()
     runs = [{"grad_clip": 0.0, "step_ms_alone": a, "step_ms_interleaved": i}
             for a, i in ((4.0, 5.0), (3.0, 4.0), (3.5, 4.4), (5.0, 6.0))]

@@ -3,7 +3,6 @@ refused with exit 2 before anything runs, and serve.sh running its server throug
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import socket
 import subprocess
@@ -11,16 +10,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from tests.benchmark_scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def ws():
-    spec = importlib.util.spec_from_file_location("with_settings", ROOT / "benchmarks" / "with_settings.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("with_settings")
 
 
 def test_settings_are_in_place_when_the_command_runs(ws, monkeypatch, capsys):

@@ -5,23 +5,17 @@ open-loop level run against a stand-in server (httpx's mock transport)."""
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import random
-from pathlib import Path
 
 import httpx
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.benchmark_scripts import load_script
 
 
 @pytest.fixture(scope="module")
 def load():
-    spec = importlib.util.spec_from_file_location("serve_load", ROOT / "benchmarks" / "serve_load.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("serve_load")
 
 
 def test_percentiles_and_closed_loop_ratios(load):
