@@ -165,9 +165,7 @@ def file_writer(path: Path, threads: int):
     extra threads fails: DCP's own lets such a thread die (its traceback on stderr) and completes
     the checkpoint without that thread's items."""
     _take_writer_thread_errors()
-    writer = _checked_writer()(path, thread_count=threads)
-    writer.max_threads = threads
-    return writer
+    return _checked_writer()(path, thread_count=threads)
 
 
 _writer_errors: list[BaseException] = []  # exceptions of DCP's extra writer threads, oldest first
@@ -179,6 +177,10 @@ def _checked_writer() -> type:
     from torch.distributed.checkpoint import FileSystemWriter
 
     class CheckedFileSystemWriter(FileSystemWriter):
+        def __init__(self, path, *, thread_count: int) -> None:
+            super().__init__(path, thread_count=thread_count)
+            self.max_threads = thread_count  # write_data sizes thread_count by the plan's bytes, up to this
+
         def write_data(self, plan, planner):  # returns once every thread has written (and joined)
             self.thread_count = writer_threads(self.max_threads, sum(_item_bytes(i) for i in plan.items))
             with _writer_errors_lock:
