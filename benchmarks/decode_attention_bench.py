@@ -39,6 +39,20 @@ def attn_inv_freq(config, dev):
     return inv_frequencies(config.rope, config.head_dim, dev).float()
 
 
+def rows_used(spec: str | None, batch: int, slots: int) -> list[int] | None:
+    """The slots each row attends: all of them without `spec`; with MIN,MAX spread evenly from MIN to
+    MAX over the rows; None when `spec` is not such a pair within 1 .. slots."""
+    if not spec:
+        return [slots] * batch
+    parts = spec.split(",")
+    if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
+        return None
+    low, high = int(parts[0]), int(parts[1])
+    if not 1 <= low <= high <= slots:
+        return None
+    return [low + (high - low) * b // max(batch - 1, 1) for b in range(batch)]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
@@ -61,6 +75,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rope", action="store_true", help="also the fused RoPE + cache write + attention op "
                     "(kiln::decode_attention_rope, what a Llama decode step runs) at each launch setting")
     args = ap.parse_args(argv)
+    used = rows_used(args.used, args.batch, args.slots)
+    if used is None:
+        print(f"decode_attention_bench: --used {args.used}: need MIN,MAX with 1 <= MIN <= MAX <= --slots "
+              f"({args.slots})", file=sys.stderr)
+        return 2
     if not torch.cuda.is_available():
         print("decode_attention_bench: needs a CUDA device", file=sys.stderr)
         return 2
@@ -73,13 +92,6 @@ def main(argv: list[str] | None = None) -> int:
     dev, dtype = torch.device("cuda"), torch.bfloat16
     gen = torch.Generator(device=dev).manual_seed(0)
     q = torch.randn(B, 1, H, D, device=dev, dtype=dtype, generator=gen)
-    used = [S] * B
-    if args.used:
-        low, high = (int(t) for t in args.used.split(","))
-        if not 1 <= low <= high <= S:
-            print(f"decode_attention_bench: --used {args.used}: need 1 <= MIN <= MAX <= --slots ({S})", file=sys.stderr)
-            return 2
-        used = [low + (high - low) * b // max(B - 1, 1) for b in range(B)]
     kv_bytes = 2 * sum(used) * Hkv * D * q.element_size()  # what the rows attend over
     calls = max(args.layers, copies_beyond_l2(2 * B * S * Hkv * D * q.element_size(), l2_bytes(dev)))
     kvs = [(torch.randn(B, S, Hkv, D, device=dev, dtype=dtype, generator=gen),
