@@ -102,11 +102,13 @@ class Int4TritonLinear(nn.Module):
                    group_size=group_size, interleaved=interleave, folded_norm=norm_weight is not None)
 
     def dequantize(self, dtype: torch.dtype | None = None, *, stored_order: bool = False) -> Tensor:
-        """The weight [out, in] the layer computes with (the folded norm included), in `dtype`."""
+        """The weight [out, in] the layer computes with (the folded norm included), in `dtype`:
+        q * scale + offset in fp32, rounded once, as kiln's int4 kernels compute it (in the model
+        dtype, the product's rounding before the add would differ from theirs in the last bit)."""
         dtype = dtype or self.scale.dtype
-        q = unpack_words(self.weight).to(dtype).view(self.out_features, -1, self.group_size)
-        w = q * self.scale.t().to(dtype)[..., None] + self.offset.t().to(dtype)[..., None]
-        w = w.view(self.out_features, self.in_features)
+        q = unpack_words(self.weight).float().view(self.out_features, -1, self.group_size)
+        w = q * self.scale.t().float()[..., None] + self.offset.t().float()[..., None]
+        w = w.view(self.out_features, self.in_features).to(dtype)
         return w if stored_order or not self.interleaved else split_halves(w)
 
     def _bias(self) -> Tensor | None:
