@@ -13,7 +13,7 @@ from kiln.precision import resolve_precision
 def test_fsdp_gradient_sync_is_set_only_on_a_change(monkeypatch):
     calls: list[bool] = []
     # No process group here: the wrapper is stood in for; what is checked is kiln's switching.
-    monkeypatch.setattr(apply_mod, "apply_fsdp", lambda model, blocks, cfg, policy, device: model)
+    monkeypatch.setattr(apply_mod, "apply_fsdp", lambda model, blocks, cfg, policy, device, reshard=None: model)
     monkeypatch.setattr(apply_mod, "set_gradient_sync", lambda model, enabled: calls.append(enabled))
     cfg = load_config(None, ["training.device=cpu", "distributed.strategy=fsdp", "compile.enabled=false"])
     device = torch.device("cpu")

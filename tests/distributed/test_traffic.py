@@ -52,6 +52,13 @@ def test_small_models_stay_gathered_by_default(wrappers):
     assert not [c for c in t.collectives if c.op == "all_gather" and c.phase == "backward"]
 
 
+def test_a_memory_plans_decision_overrides_the_rule_and_ranks_agree(wrappers):
+    # The same small model, `auto`: resharded when the plan says so (every unit but the last), and
+    # when only one rank's plan says so (FSDP2 units resharded on one rank only would hang backward).
+    assert [u["reshard"] for u in wrappers["fsdp_units_planned"]] == [True, True, False]
+    assert [u["reshard"] for u in wrappers["fsdp_units_disagreeing"]] == [True, True, False]
+
+
 def test_reshard_rule_follows_the_gathered_size():
     auto = load_config(None, []).distributed
     assert auto.fsdp_reshard_after_forward is None  # auto

@@ -1,6 +1,6 @@
 """The rank side of test_traffic: real DDP and FSDP2 wrappers on gloo, reporting what they built
-(DDP's rebuilt buckets, FSDP2's units and resharding, explicit and `auto`, compiled-block
-state_dict keys) as JSON."""
+(DDP's rebuilt buckets, FSDP2's units and resharding, explicit, `auto` and as a memory plan
+decided it, compiled-block state_dict keys) as JSON."""
 
 from __future__ import annotations
 
@@ -54,6 +54,13 @@ def main(out: str) -> None:
     sharded, _ = apply_parallel(built.module, built.blocks, cfg, policy, device, "fsdp")
     sharded(x).sum().backward()
     report["fsdp_units_auto"] = _units(sharded)
+    # The memory plan's decision passed in (kiln.train.gpu_plan.planned_reshard) overrides the size
+    # rule; ranks whose plans differ (rank 1 alone reshards) agree on resharding.
+    for name, planned in (("fsdp_units_planned", True), ("fsdp_units_disagreeing", dist.get_rank() == 1)):
+        built = _model(cfg)
+        sharded, _ = apply_parallel(built.module, built.blocks, cfg, policy, device, "fsdp", None, planned)
+        sharded(x).sum().backward()
+        report[name] = _units(sharded)
     finish(report, out)
 
 

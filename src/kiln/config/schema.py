@@ -212,7 +212,7 @@ class DistributedConfig:
     fsdp_unit_blocks: int = 0
     """FSDP2 with `fsdp_wrap=auto`: consecutive repeated blocks per FSDP unit (one all-gather and one reduce-scatter each). 0 = auto: units of equal block counts that each gather >= 64 MiB of parameters (ViT-B/16 in bf16: 2 units of 6 blocks). More blocks per unit: fewer, larger collectives and less per-unit host work every step, but coarser overlap and more gathered memory."""
     fsdp_reshard_after_forward: bool | None = None
-    """FSDP2: `true` frees gathered parameters after forward (ZeRO-3, less memory), `false` keeps them until backward (ZeRO-2-like: one all-gather less per unit and step, less host work), `auto` keeps them when the whole model gathers <= 1 GiB (about 0.5 B parameters in bf16), else frees them. The root and the last unit are never resharded: backward needs them first."""
+    """FSDP2: `true` frees gathered parameters after forward (ZeRO-3, less memory), `false` keeps them until backward (ZeRO-2-like: one all-gather less per unit and step, less host work), `auto` keeps them when the whole model gathers <= 1 GiB (about 0.5 B parameters in bf16) or when the run's memory plan with them kept reserves at most 75 % of the GPU, else frees them (summary.json's `fsdp_layout` says which). The root and the last unit are never resharded: backward needs them first."""
     fsdp_forward_prefetch: int = 0
     """FSDP2: units whose all-gather each unit issues explicitly before its own forward (0 = FSDP2's implicit prefetch, which overlaps only while the CPU runs ahead of the device)."""
     replicate_degree: int = 1

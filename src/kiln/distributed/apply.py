@@ -42,10 +42,12 @@ def apply_parallel(
     device: torch.device,
     strategy: str,
     sync_timer: SyncTimer | None = None,
+    reshard_after_forward: bool | None = None,
 ) -> tuple[torch.nn.Module, GradSync]:
     """Returns the model to call and a `grad_sync(is_last_micro_step)` context factory that
     skips gradient communication on all but the last micro-step of an accumulation. Under DDP a
-    `sync_timer` times the wait in the gradient all-reduce (kiln.distributed.sync_timing)."""
+    `sync_timer` times the wait in the gradient all-reduce (kiln.distributed.sync_timing); under
+    FSDP2 `reshard_after_forward` is the memory plan's decision (None: kiln.distributed.fsdp's rule)."""
     module_compile = cfg.compile.enabled and cfg.compile.scope == "model"
     choice = cfg.distributed.compile_strategy
     per_block = module_compile and blocks and (
@@ -66,7 +68,7 @@ def apply_parallel(
 
         return wrapped, ddp_sync
     if strategy == "fsdp":
-        sharded = apply_fsdp(model, blocks, cfg.distributed, policy, device)
+        sharded = apply_fsdp(model, blocks, cfg.distributed, policy, device, reshard_after_forward)
         if module_compile and not per_block:
             sharded.compile(**compile_kwargs(cfg.compile))
 

@@ -50,7 +50,7 @@ UNIT_TARGET_BYTES = 64 * 2**20
 # more per unit and step (+33 % of FSDP2's bytes with fp32 reduce-scatters, +50 % with bf16) and
 # the host work of re-gathering in backward (fsdp-unit3 vs fsdp-zero2 and fsdp-unit6 vs
 # fsdp-unit6-auto in the fsdp_host_overhead results). Larger models are resharded (ZeRO-3), all units
-# but the last.
+# but the last, unless the run's memory plan keeps them gathered (kiln.train.gpu_plan.KEEP_SHARE).
 KEEP_GATHERED_BYTES = 2**30
 
 
@@ -144,9 +144,12 @@ def apply_fsdp(
     cfg: DistributedConfig,
     policy: PrecisionPolicy,
     device: torch.device,
+    reshard_after_forward: bool | None = None,
 ) -> torch.nn.Module:
     """Shard `model` (on `device`, or still on the meta device when its weights are filled after
-    sharding: kiln.distributed.materialise) in FSDP2 units over the ranks, or HSDP's 2-D mesh."""
+    sharding: kiln.distributed.materialise) in FSDP2 units over the ranks, or HSDP's 2-D mesh.
+    `reshard_after_forward`: what the run's memory plan decided (kiln.train.gpu_plan), the same on
+    every rank; None: `reshards_after_forward`'s rule."""
     if not fsdp_available():
         raise ConfigError("distributed.strategy", f"FSDP2 (fully_shard) is not in torch {torch.__version__}",
                           ("ddp", "none"))
@@ -166,7 +169,8 @@ def apply_fsdp(
     if not units:
         log.warning("FSDP: the model has no repeated blocks (distributed.fsdp_wrap=%s); sharding the root as one "
                     "unit, so all parameters are gathered at once", cfg.fsdp_wrap)
-    resharded = reshards_after_forward(cfg, sum(p.numel() for p in model.parameters()) * param_bytes)
+    resharded = reshards_after_forward(cfg, sum(p.numel() for p in model.parameters()) * param_bytes) \
+        if reshard_after_forward is None else _agreed(reshard_after_forward, device)
     sharded = []
     for i, unit in enumerate(units):
         # The last unit runs first in backward: resharding it after forward would only add an
@@ -187,6 +191,17 @@ def apply_fsdp(
                               "mesh": _mesh_shape(mesh), "param_dtype": _dtype_name(mp.param_dtype),
                               "reduce_dtype": _dtype_name(mp.reduce_dtype), "one_rank_fused_copy": fused}
     return model
+
+
+def _agreed(reshard: bool, device: torch.device) -> bool:
+    """A plan's reshard decision made the same on every rank (resharding if any rank's plan does):
+    ranks of different GPU models can plan differently, and FSDP2 units resharded on some ranks
+    only would leave the others waiting in backward for their all-gathers."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return reshard
+    flag = torch.tensor([int(reshard)], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
 
 
 def _dtype_name(dtype: torch.dtype | None) -> str | None:

@@ -39,6 +39,7 @@ def build_train_step(
     ce_kernel: str = "plain",
     swiglu_kernel: str = "plain",
     initial_values: Callable[[], Iterable[tuple[str, Tensor]]] | None = None,
+    reshard_after_forward: bool | None = None,
 ) -> TrainStep | CapturedStep:
     """Compile and parallelise `model` (see kiln.distributed.apply for the order), then build the
     optimizer, LR schedule, grad scaler and the step function around it. `step.model` is the
@@ -52,6 +53,7 @@ def build_train_step(
     (kiln.train.features). `initial_values()`: `model` is on the meta device (an FSDP2 run of kiln's
     decoder, kiln.train.build_run): once sharded, each rank's shards are allocated on `device` and
     filled from these full tensors (kiln.distributed.materialise), before the optimizer sees them.
+    `reshard_after_forward`: FSDP2's choice as the run's memory plan made it (None: the size rule).
 
     Before compile and parallelism (torchtitan's order): the SwiGLU kernel (kiln.train.swiglu),
     float8 linear layers in the blocks
@@ -61,7 +63,7 @@ def build_train_step(
     apply_swiglu_kernel(model, swiglu_kernel)
     apply_float8(model, blocks, cfg.precision.float8, fsdp=strategy == "fsdp")  # tensorwise: float8 all-gathers
     apply_activation_checkpointing(blocks, cfg.training.activation_checkpointing)
-    model, grad_sync = apply_parallel(model, blocks, cfg, policy, device, strategy, sync_timer)
+    model, grad_sync = apply_parallel(model, blocks, cfg, policy, device, strategy, sync_timer, reshard_after_forward)
     if initial_values is not None:
         materialise(model, device, initial_values())
     build = loss_builder if loss_builder is not None else (lambda m: build_forward_loss(m, task, ce_kernel))

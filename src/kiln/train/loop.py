@@ -40,7 +40,7 @@ from kiln.precision import PrecisionPolicy, apply_precision, with_precision
 from kiln.timing import synchronize
 from kiln.train.assemble import build_train_step
 from kiln.train.build_run import RunParts
-from kiln.train.gpu_plan import measured_peak, plan_record
+from kiln.train.gpu_plan import measured_peak, plan_record, planned_reshard
 from kiln.train.losses import build_eval_fn, build_forward_loss
 from kiln.train.memory_plan import meta_model
 from kiln.train.meter import IntervalMeter
@@ -155,7 +155,8 @@ class TrainLoop:
         self.step_fn = build_train_step(p.model, p.built.task, p.built.blocks, cfg, p.policy, device,
                                         strategy=p.strategy, guard=self.guard, sync_timer=self.sync_timer,
                                         ce_kernel=p.features.ce_kernel, swiglu_kernel=p.features.swiglu_kernel,
-                                        initial_values=None if initial is None else lambda: initial(device, seed))
+                                        initial_values=None if initial is None else lambda: initial(device, seed),
+                                        reshard_after_forward=planned_reshard(p.memory_plan, p.strategy))
         self.model = self.step_fn.model
         self.eval_fn = with_precision(build_eval_fn(self.model, p.built.task), p.policy, device)
         self.samples_per_step = p.train_data.samples_per_batch * self.accum
