@@ -39,7 +39,8 @@
 # DRY=1 PART=8b (or 8b-save) runs part 8b's command on the CPU (2 gloo ranks, a tiny Llama, STEPS_8B=4 WARMUP_8B=1
 # LR_WARMUP_8B=2 KILN_ROWS_8B=kiln-sel,plain): a check of the script, not a measurement.
 # Env: KILN_ROWS_8B (default kiln-sel,plain,torchtitan,kiln-full: names from the RECIPE table below, e.g.
-# kiln-master-sel (bf16-master), kiln-master-sel-zero2 (the same without resharding after forward) and
+# kiln-master-sel (bf16-master; its fsdp_reshard_after_forward=auto keeps the units gathered where the memory plan
+# leaves room), kiln-master-sel-zero2 (the same with fsdp_reshard_after_forward=false everywhere) and
 # kiln-master-sel-cudnn (the same with model.attention=cudnn, the kernel
 # torchtitan's attention asks SDPA for first), or plain / torchtitan), NO_TORCHTITAN=1, PLAIN_AC_8B (full | none), TOTAL_S (default 530: the part's
 # seconds, the bench starts no row past TOTAL_S - TAIL_S, TAIL_S default 150 for 8b), EXTRA_8B (more
