@@ -48,6 +48,25 @@ def _row(name, kind, tps, loss, status="ok"):
     return TrainRow(name, kind, status=status, tokens_per_s=tps, loss_last=loss)
 
 
+def test_the_loss_check_compares_the_mean_of_the_last_steps():
+    """One step's loss is one batch's: rows whose last losses differ by 4 % but whose last
+    LOSS_TAIL steps agree within the tolerance pass; a row whose tail is off fails even when its
+    last step happens to agree."""
+    from kiln.bench.train_llm.llm_train_result import LOSS_TAIL, tail_mean
+
+    base = [3.0 + 0.01 * (i % 3) for i in range(20)]
+    plain = TrainRow("plain", "plain", tokens_per_s=100.0, losses=[*base[:-1], 3.0], loss_last=3.0)
+    noisy = TrainRow("noisy", "kiln", tokens_per_s=110.0, losses=[*base[:-1], 3.12], loss_last=3.12)
+    drifted = [v * 1.05 for v in base[:-1]] + [3.0]
+    off = TrainRow("off", "kiln", tokens_per_s=90.0, losses=drifted, loss_last=3.0)
+    compare([noisy, plain, off], None, tol=0.02)
+    assert noisy.loss_tail == pytest.approx(tail_mean(noisy.losses)) == pytest.approx(sum(noisy.losses[-LOSS_TAIL:]) / LOSS_TAIL)
+    assert noisy.loss_diff_vs_ref == pytest.approx(0.12)  # 4 % at the last step
+    assert noisy.loss_check == "ok" and noisy.loss_tail_diff_vs_ref == pytest.approx(0.012)
+    assert off.loss_diff_vs_ref == pytest.approx(0.0) and off.loss_check == "off"
+    assert tail_mean([2.0, 4.0]) == 3.0  # fewer steps than LOSS_TAIL: all of them
+
+
 def test_compare_against_plain_then_a_named_baseline_then_the_first():
     rows = [_row("kiln", "kiln", 150.0, 3.02), _row("plain", "plain", 100.0, 3.0),
             _row("tt", "torchtitan", 120.0, 3.2), _row("bad", "kiln", None, None, "error")]

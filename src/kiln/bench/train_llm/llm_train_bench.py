@@ -64,7 +64,7 @@ class TrainLlmOptions:
     torchtitan_timeout_s: float = 600.0
     loss_tol: float = 0.02
     baseline: str | None = None
-    """The row every other is compared with (speed, last loss); None: plain, else the first."""
+    """The row every other is compared with (speed, final losses); None: plain, else the first."""
     plain_compile: bool = True
     """Compile the plain loop's model (torch.compile(model), as the hand-written loop does)."""
     nproc: int = 1

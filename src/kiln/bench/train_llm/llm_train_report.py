@@ -12,7 +12,7 @@ from kiln.bench.results import markdown_table, write_results
 from kiln.bench.train_llm.llm_train_result import TrainContext
 
 COLUMNS = ["row", "kind", "status", "step_ms", "tokens_per_s", "tokens_per_s_per_gpu", "tflops", "mfu_spec",
-           "mfu_matmul", "peak_mem_gib", "plan_gib", "loss_first", "loss_last", "loss_diff_vs_ref", "loss_check", "speedup_vs_ref", "first_step_s", "reason"]
+           "mfu_matmul", "peak_mem_gib", "plan_gib", "loss_first", "loss_last", "loss_tail", "loss_tail_diff_vs_ref", "loss_check", "speedup_vs_ref", "first_step_s", "reason"]
 
 
 def _table_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

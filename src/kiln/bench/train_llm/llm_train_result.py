@@ -15,6 +15,7 @@ from torch import Tensor
 from kiln.bench.formulas import within_relative
 from kiln.bench.train_llm.llm_train_bench import RowSpec, TrainLlmOptions, figures
 from kiln.bench.train_llm.llm_train_data import Corpus, Vocab
+from kiln.bench.train_llm.llm_train_request import LOSS_TAIL
 from kiln.bench.typed_row import UNSET, JsonRow
 
 
@@ -47,6 +48,8 @@ class TrainRow(JsonRow):
     losses: list[float] = UNSET
     loss_first: float = UNSET
     loss_last: float = UNSET
+    loss_tail: float = UNSET
+    """The mean loss of the last LOSS_TAIL steps (all of them, if fewer): what `compare` checks."""
     peak_mem_bytes: int | None = UNSET
     peak_reserved_bytes: int = UNSET
     nproc: int = UNSET
@@ -66,7 +69,11 @@ class TrainRow(JsonRow):
     """Whether a peer's own dataloader's first batch equals the bench's."""
     speedup_vs_ref: float = UNSET
     loss_diff_vs_ref: float = UNSET
+    """loss_last minus the reference row's."""
+    loss_tail_diff_vs_ref: float = UNSET
+    """loss_tail minus the reference row's."""
     loss_check: str = UNSET
+    """ok where loss_tail is within the call's relative tolerance of the reference row's, else off."""
     ref: str = UNSET
 
 
@@ -118,9 +125,16 @@ def set_figures(row: TrainRow, step_s: list[float], ctx: TrainContext, warmup: i
                               ctx.nproc).items():
         setattr(row, key, value)
 
+def tail_mean(losses: list[float], n: int = LOSS_TAIL) -> float:
+    """The mean of the last `n` losses (all of them, if fewer)."""
+    tail = losses[-n:]
+    return sum(tail) / len(tail)
+
+
 def compare(rows: list[TrainRow], baseline: str | None, tol: float) -> None:
-    """Speed and final loss of every row against the
-    reference row: `baseline` if named, else the plain loop, else the first row that ran."""
+    """Speed and final losses of every row against the reference row: `baseline` if named, else
+    the plain loop, else the first row that ran. The loss check compares the mean of the last
+    LOSS_TAIL steps (a row without per-step losses: its last loss)."""
     ok = [r for r in rows if r.status == "ok" and r.get("tokens_per_s")]
     if baseline is not None:
         ref = next((r for r in ok if r.row == baseline), None)
@@ -129,8 +143,13 @@ def compare(rows: list[TrainRow], baseline: str | None, tol: float) -> None:
     if ref is None:
         return
     for r in ok:
+        if r.get("losses"):
+            r.loss_tail = tail_mean(r.losses)
+    for r in ok:
         r.speedup_vs_ref = r.tokens_per_s / ref.tokens_per_s
         if r.get("loss_last") is not None and ref.get("loss_last") is not None:
             r.loss_diff_vs_ref = r.loss_last - ref.loss_last
-            r.loss_check = "ok" if within_relative(r.loss_last, ref.loss_last, tol) else "off"
+            mine, theirs = r.get("loss_tail") or r.loss_last, ref.get("loss_tail") or ref.loss_last
+            r.loss_tail_diff_vs_ref = mine - theirs
+            r.loss_check = "ok" if within_relative(mine, theirs, tol) else "off"
         r.ref = ref.row
