@@ -191,3 +191,26 @@ def test_the_8b_from_two_ranks_checks_on_the_meta_device_and_calibrates_at_two(t
     job = check_scale(ScaleRequest(model="llama:llama-3.1-8b", nprocs="2,4", strategies="fsdp", out=str(tmp_path / "o"),
                                    overrides=["data.seq_len=8192", "data.batch_size=1", "training.device=cpu"]))
     assert [p.world for p in job.opts.plan.points] == [2, 4] and job.opts.calibrate_at == 2
+
+
+def test_predictions_take_the_reshard_choice_the_points_ran_with():
+    """Under `auto` the memory plan decides on the device; the traffic the predictions use follows
+    what the FSDP2 points recorded (summary.json's fsdp_layout), not the config's size rule."""
+    from kiln.bench.scale.scale_bench import traffic_as_run, variant_traffic
+
+    overrides = ["model.kwargs.hidden_size=256", "model.kwargs.num_layers=6", "model.kwargs.num_classes=10",
+                 "distributed.fsdp_unit_blocks=2", "training.device=cpu"]
+    fsdp, ddp = Variant("fsdp", "fsdp"), Variant("ddp", "ddp")
+    before = variant_traffic(None, overrides, [fsdp, ddp])
+
+    def regathers(traffic) -> int:
+        return sum(1 for c in traffic.collectives if c.op == "all_gather" and c.phase == "backward")
+
+    assert regathers(before["fsdp"]) == 0  # a small model: the size rule keeps it gathered
+    point = {"kind": "point", "variant": "fsdp", "status": "ok", "reshard_after_forward": True}
+    after = traffic_as_run(before, [point, {**point, "world": 4}], None, overrides, [fsdp, ddp])
+    assert regathers(after["fsdp"]) == 2 and after["ddp"] is before["ddp"]  # every unit but the last
+    split = [point, {**point, "reshard_after_forward": False}]  # points that disagree keep the config's
+    assert traffic_as_run(before, split, None, overrides, [fsdp])["fsdp"] is before["fsdp"]
+    failed = [{**point, "status": "error"}]
+    assert traffic_as_run(before, failed, None, overrides, [fsdp])["fsdp"] is before["fsdp"]

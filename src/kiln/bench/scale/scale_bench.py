@@ -60,6 +60,22 @@ def variant_traffic(config: str | None, overrides: list[str], variants: list[Var
             for v in variants}
 
 
+def traffic_as_run(traffic: dict[str, StepTraffic], rows: list[dict[str, Any]], config: str | None,
+                   overrides: list[str], variants: list[Variant]) -> dict[str, StepTraffic]:
+    """Each FSDP2 variant's collectives with the reshard-after-forward its points ran with: under
+    `distributed.fsdp_reshard_after_forward=auto` the run's memory plan decides on the device
+    (kiln.train.gpu_plan), which the traffic from the config alone cannot know. Variants whose points
+    disagree, or recorded none, keep the config's."""
+    out = dict(traffic)
+    for v in variants:
+        ran = {r.get("reshard_after_forward") for r in rows
+               if r.get("kind") == "point" and r.get("variant") == v.name and r.get("status") == "ok"} - {None}
+        if v.strategy == "fsdp" and len(ran) == 1:
+            chosen = f"distributed.fsdp_reshard_after_forward={str(ran.pop()).lower()}"
+            out[v.name] = step_traffic(load_config(config, [*overrides, *v.config_overrides(), chosen]), v.strategy)
+    return out
+
+
 def comm_args(world: int, out: Path, config: str | None, overrides: list[str], variants: list[Variant],
               repeats: int) -> list[str]:
     plain = [v.strategy for v in variants if v.name == v.strategy and not v.overrides]
@@ -115,6 +131,7 @@ def run_scale_bench(opts: ScaleOptions, out: Path, *,
         if on_rows is not None:
             on_rows(rows)
     analyse_points(rows, plan.thresholds, plan.mode)
+    traffic = traffic_as_run(traffic, rows, opts.config, opts.overrides, plan.variants)
     world = plan.comm_world
     if not opts.comm:
         comm_rows = comm_skipped(traffic, plan, "--no-comm")

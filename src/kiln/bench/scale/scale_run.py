@@ -95,6 +95,8 @@ def read_point(point: Point, run_dir: Path, code: int, timeout_s: float | None) 
         "final_loss": summary.get("final_loss"),
         "graphs": (summary.get("compile") or {}).get("graphs"),
         "recompiles": (summary.get("compile") or {}).get("recompiles"),
+        # FSDP2's choice as the run made it (under `auto` its memory plan decides, on the device)
+        "reshard_after_forward": (summary.get("fsdp_layout") or {}).get("reshard_after_forward"),
     })
     if row["applied_strategy"] != point.variant.strategy:
         # The trainer chose otherwise (e.g. a one-process run without torchrun): not this point.
