@@ -319,16 +319,16 @@ def plan_run(cfg: Config, strategy: str, world_size: int, policy: PrecisionPolic
 def keep_gathered(m: Measured, setup: Setup, cfg: Config, memory: tuple[int, int] | None) -> GpuPlan | None:
     """Under `fsdp_reshard_after_forward=auto`, the plan with FSDP2's units kept gathered from forward
     to backward, where the size rule reshards them and that plan reserves at most KEEP_SHARE of the
-    device's capacity (`memory` = (free, total) bytes; the capacity alone decides, so the ranks on
-    one GPU model and their launcher decide alike; kiln.distributed.fsdp.apply_fsdp makes ranks that
-    still differ agree); else None."""
+    device's capacity and fits its free memory (`memory` = (free, total) bytes), so `auto` never
+    refuses a run that fits resharded; else None. Ranks that decide differently (other GPU models,
+    memory another process holds) are made to agree by kiln.distributed.fsdp.apply_fsdp."""
     if (memory is None or setup.strategy != "fsdp" or not setup.reshard_after_forward
             or cfg.distributed.fsdp_reshard_after_forward is not None):
         return None
     kept = dataclasses.replace(setup, reshard_after_forward=False)
     plan = plan_of(m, kept, checkpointing=cfg.training.activation_checkpointing, batch=m.batch, seq=m.seq)
-    capacity = memory[1]
-    if plan.reserved > KEEP_SHARE * capacity:
+    free, capacity = memory
+    if plan.reserved > KEEP_SHARE * capacity or not fits(plan.reserved, free, capacity):
         return None
     plan.notes.append(f"distributed.fsdp_reshard_after_forward=auto: FSDP2 units kept gathered from forward to "
                       f"backward (the plan reserves {gib(plan.reserved)}, within {KEEP_SHARE:.0%} of {gib(capacity)})")
