@@ -42,7 +42,9 @@
 # kiln-master-sel (bf16-master; its fsdp_reshard_after_forward=auto keeps the units gathered where the memory plan
 # leaves room), kiln-master-sel-zero2 (the same with fsdp_reshard_after_forward=false everywhere) and
 # kiln-master-sel-cudnn (the same with model.attention=cudnn, the kernel
-# torchtitan's attention asks SDPA for first), or plain / torchtitan), NO_TORCHTITAN=1, PLAIN_AC_8B (full | none), TOTAL_S (default 530: the part's
+# torchtitan's attention asks SDPA for first), kiln-master-none(-zero2) (no activation checkpointing), or plain /
+# torchtitan / torchtitan-noac / torchtitan-full (torchtitan with activation_checkpoint.mode none / full)),
+# NO_TORCHTITAN=1, PLAIN_AC_8B (full | none), TOTAL_S (default 530: the part's
 # seconds, the bench starts no row past TOTAL_S - TAIL_S, TAIL_S default 150 for 8b), EXTRA_8B (more
 # `kiln bench train-llm` flags, e.g. "--torchtitan-set model.converters=[\"quantize.linear.float8\"]
 # --torchtitan-set quantize.linear.float8.recipe_name=tensorwise" for torchtitan's float8 row beside a
@@ -73,8 +75,16 @@ declare -A RECIPE=(
   [kiln-master-sel]="distributed.strategy=fsdp compile.enabled=true compile.regional=true training.activation_checkpointing=selective precision.policy=bf16-master"
   [kiln-master-sel-zero2]="distributed.strategy=fsdp compile.enabled=true compile.regional=true training.activation_checkpointing=selective precision.policy=bf16-master distributed.fsdp_reshard_after_forward=false"
   [kiln-master-sel-cudnn]="distributed.strategy=fsdp compile.enabled=true compile.regional=true training.activation_checkpointing=selective precision.policy=bf16-master model.attention=cudnn"
+  [kiln-master-none]="distributed.strategy=fsdp compile.enabled=true compile.regional=true training.activation_checkpointing=none precision.policy=bf16-master"
+  [kiln-master-none-zero2]="distributed.strategy=fsdp compile.enabled=true compile.regional=true training.activation_checkpointing=none precision.policy=bf16-master distributed.fsdp_reshard_after_forward=false"
   [kiln-fp8]="distributed.strategy=fsdp compile.enabled=true compile.regional=true training.activation_checkpointing=selective precision.float8=tensorwise"
   [kiln-master-fp8]="distributed.strategy=fsdp compile.enabled=true compile.regional=true training.activation_checkpointing=selective precision.policy=bf16-master precision.float8=tensorwise"
+)
+
+# Peer rows with settings of their own (`--peer-recipe`), named in KILN_ROWS_8B like the recipes above.
+declare -A PEER_RECIPE=(
+  [torchtitan-noac]="torchtitan activation_checkpoint.mode=none"
+  [torchtitan-full]="torchtitan activation_checkpoint.mode=full"
 )
 
 # torchtitan 0.2.2's float8 is tensorwise when no recipe_name is set, and it refuses a recipe_name beside
@@ -86,10 +96,15 @@ TITAN_FP8=(--torchtitan-set 'model.converters=["quantize.linear.float8"]'
 part_8b() {  # part_8b NAME DEFAULT_ROWS [FLAGS...]
   local part=$1 data=/tmp/kiln-train-llm-multi-$1 rows=${KILN_ROWS_8B:-$2} recipes=() name
   shift 2
-  [ -n "${NO_TORCHTITAN:-}" ] && rows=${rows//torchtitan/} && rows=${rows//,,/,} && rows=${rows#,} && rows=${rows%,}
+  if [ -n "${NO_TORCHTITAN:-}" ]; then  # every torchtitan row left out
+    local kept=""
+    for name in ${rows//,/ }; do [[ $name == torchtitan* ]] || kept+=${kept:+,}$name; done
+    rows=$kept
+  fi
   rm -rf "$data"
   for name in ${rows//,/ }; do
     [ -n "${RECIPE[$name]:-}" ] && recipes+=(--recipe "$name: ${RECIPE[$name]}")
+    [ -n "${PEER_RECIPE[$name]:-}" ] && recipes+=(--peer-recipe "$name: ${PEER_RECIPE[$name]}")
   done
   local left=$(( TOTAL - ($(date +%s) - start) ))
   local deadline=$(( left - ${TAIL_S:-150} ))

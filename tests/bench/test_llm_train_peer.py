@@ -128,3 +128,37 @@ def test_launcher_registers_the_flavor_and_builds_it(tmp_path):
     # Embedding + LM head + per layer (q, k, v, o, three MLP matrices, two norms) + the final norm.
     per_layer = 64 * 64 + 2 * 64 * 32 + 64 * 64 + 3 * 64 * 128 + 2 * 64
     assert info["params"] == 2 * 512 * 64 + 2 * per_layer + 64
+
+
+def test_a_peer_recipe_is_a_torchtitan_row_with_its_own_settings(tmp_path, monkeypatch):
+    """`--peer-recipe 'NAME: torchtitan SECTION.KEY=VALUE ...'`: a second torchtitan row whose settings
+    come after --torchtitan-set's, in a job directory of its own, and are recorded on its row."""
+    from types import SimpleNamespace
+
+    from kiln.bench.peers.torchtitan.peer import TORCHTITAN
+    from kiln.bench.train_llm.llm_train_check import check_train_llm
+    from kiln.bench.train_llm.llm_train_request import TrainLlmRequest
+
+    config = tmp_path / "tiny.json"
+    config.write_text(json.dumps({**PRESETS["llama-tiny"], "head_dim": 16}))
+    opts = check_train_llm(TrainLlmRequest(
+        model=str(config), seq_len=16, steps=10, warmup=1, lr_warmup=2, device="cpu",
+        rows=["torchtitan", "tt-noac"], torchtitan_set=["compile.enable=false"],
+        peer_recipe=["tt-noac: torchtitan activation_checkpoint.mode=none 'job.description=no AC'"]))
+    assert [(r.name, r.kind, r.overrides) for r in opts.rows] == [
+        ("torchtitan", "torchtitan", ()),
+        ("tt-noac", "torchtitan", ("activation_checkpoint.mode=none", "job.description=no AC"))]
+    assert opts.hf["tie_word_embeddings"] is False  # torchtitan's Llama cannot tie, as for its default row
+    seen = []
+    monkeypatch.setattr(peer, "run", lambda job, hf, overrides, timeout: seen.append((job.workdir, overrides))
+                        or {"status": "error", "reason": "stopped here"})
+    corpus = SimpleNamespace(tokenizer_dir=tmp_path / "tok", dataset_dir=tmp_path / "text")
+    ctx = SimpleNamespace(data_dir=tmp_path / "data", corpus=corpus, weights_dir=tmp_path / "init", nproc=2)
+    rows = []
+    for spec in opts.rows:
+        run = SimpleNamespace(spec=spec, opts=opts, ctx=ctx, batches=[], deadline_left_s=None)
+        rows += TORCHTITAN.run(TORCHTITAN.prepare(run), run)
+    assert seen == [(tmp_path / "data/torchtitan", ["compile.enable=false"]),
+                    (tmp_path / "data/tt-noac", ["compile.enable=false", "activation_checkpoint.mode=none",
+                                                 "job.description=no AC"])]
+    assert "overrides" not in rows[0].to_json() and rows[1].overrides == list(opts.rows[1].overrides)

@@ -45,7 +45,9 @@ class NothingPrepared:
 
 class PeerDefaults:
     """The steps a simple peer leaves as they are: no check of its own, nothing to prepare, its rows
-    as `run` gives them (a subclass writes `run` and what else it needs)."""
+    as `run` gives them, no settings per row (a subclass writes `run` and what else it needs)."""
+
+    row_settings: str | None = None
 
     def check(self, request: object) -> None:
         return None
@@ -63,6 +65,9 @@ class Peer(Protocol[RequestT, CtxT, PrepT, RowT]):
     name: str
     """Its name in the bench's rows and flags (`gpt-fast`, `torchtitan`, `plain`)."""
     bench: Bench
+    row_settings: str | None
+    """What a row of this peer may set for itself (`kiln bench train-llm --peer-recipe`: its
+    RowSpec.overrides, which `check` validates and `run` applies), or None: it takes none."""
 
     def check(self, request: RequestT) -> None: ...
 

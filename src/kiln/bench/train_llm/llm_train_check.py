@@ -10,7 +10,7 @@ import torch
 
 from kiln.bench.compile.recipes import split_values
 from kiln.bench.peers.plain.plain_loop import Hyper
-from kiln.bench.peers.table import check_peers, peer_names
+from kiln.bench.peers.table import check_peers, peer, peer_names
 from kiln.bench.train_llm.llm_train_bench import RowSpec, TrainLlmOptions
 from kiln.bench.train_llm.llm_train_recipes import KILN_RECIPES
 from kiln.bench.train_llm.llm_train_request import TrainLlmRequest
@@ -45,6 +45,28 @@ def parse_recipe(text: str) -> tuple[str, list[str]]:
     return name, overrides
 
 
+def parse_peer_recipe(text: str, peers: tuple[str, ...]) -> tuple[str, str, list[str]]:
+    """'NAME: PEER KEY=VALUE ...' -> (name, peer, overrides); the peer must take settings of its own
+    (kiln.bench.peers.interface.Peer.row_settings), checked by its `check`."""
+    name, sep, rest = text.partition(":")
+    name, words = name.strip(), shlex.split(rest)
+    if not sep or not name or any(c in name for c in " ,=") or not words:
+        raise ConfigError("--peer-recipe", f"expected 'NAME: PEER KEY=VALUE ...', got {text!r}")
+    kind, overrides = words[0], words[1:]
+    if kind not in peers:
+        raise ConfigError("--peer-recipe", f"{name}: unknown peer {kind!r}", peers)
+    takes = peer("train-llm", kind).row_settings
+    if takes is None:
+        raise ConfigError("--peer-recipe", f"{name}: {kind} takes no settings of its own",
+                          tuple(p for p in peers if peer("train-llm", p).row_settings))
+    if not overrides:
+        raise ConfigError("--peer-recipe", f"{name}: no settings after {kind!r} (expected {takes})")
+    bad = [o for o in overrides if "=" not in o]
+    if bad:
+        raise ConfigError("--peer-recipe", f"{name}: {bad[0]!r} is not KEY=VALUE (expected {takes})")
+    return name, kind, overrides
+
+
 def check_train_llm(req: TrainLlmRequest) -> TrainLlmOptions:
     """TrainLlmOptions from the request; ConfigError on any bad input."""
     lr_warmup = req.lr_warmup if req.lr_warmup is not None else max(1, req.steps // 2)
@@ -68,9 +90,15 @@ def check_train_llm(req: TrainLlmRequest) -> TrainLlmOptions:
         if name in peers:
             raise ConfigError("--recipe", f"{name!r} names a peer row; choose another name")
         recipes[name] = overrides
+    peer_rows: dict[str, tuple[str, list[str]]] = {}
+    for text in req.peer_recipe:
+        name, kind, overrides = parse_peer_recipe(text, peers)
+        if name in peers or name in recipes or name in peer_rows:
+            raise ConfigError("--peer-recipe", f"{name!r} names another row; choose another name")
+        peer_rows[name] = (kind, overrides)
     names = split_values(req.rows) if req.rows else [
-        "plain", "kiln", *(parse_recipe(t)[0] for t in req.recipe), "torchtitan"]
-    valid = (*peers, *recipes)
+        "plain", "kiln", *(parse_recipe(t)[0] for t in req.recipe), "torchtitan", *peer_rows]
+    valid = (*peers, *recipes, *peer_rows)
     for name in names:
         if name not in valid:
             raise ConfigError("--rows", f"unknown row {name!r}", valid)
@@ -78,7 +106,8 @@ def check_train_llm(req: TrainLlmRequest) -> TrainLlmOptions:
         raise ConfigError("--baseline", f"{req.baseline!r} is not one of the rows", tuple(names))
     device = resolve_device(req.device)
     _check_ranks(req.nproc_per_node, device)
-    if "torchtitan" in names and (req.untie or hf.get("tie_word_embeddings")):
+    titan = any(n == "torchtitan" or peer_rows.get(n, ("",))[0] == "torchtitan" for n in names)
+    if titan and (req.untie or hf.get("tie_word_embeddings")):
         hf["tie_word_embeddings"] = False
     elif req.untie:
         hf["tie_word_embeddings"] = False
@@ -86,6 +115,9 @@ def check_train_llm(req: TrainLlmRequest) -> TrainLlmOptions:
     for name in names:
         if name in peers:
             rows.append(RowSpec(name, name))
+            continue
+        if name in peer_rows:
+            rows.append(RowSpec(name, peer_rows[name][0], tuple(peer_rows[name][1])))
             continue
         overrides = tuple(recipes[name])
         invalid = None

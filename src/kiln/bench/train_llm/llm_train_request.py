@@ -36,9 +36,14 @@ class TrainLlmRequest:
     warmup: int = option(10, help="first steps left out of the timing (default 10)")
     rows: list[str] | None = option(None, shape="chunks", metavar="LIST",
                                     help=f"comma-separated rows, in order: plain, torchtitan, {', '.join(KILN_RECIPES)} "
-                                    "or a --recipe name (default: plain, kiln, every --recipe, torchtitan)")
+                                    "or a --recipe or --peer-recipe name (default: plain, kiln, every --recipe, torchtitan, "
+                                    "every --peer-recipe)")
     recipe: list[str] = option(default_factory=list, shape="repeat", metavar="'NAME: KEY=VALUE ...'",
                                help="a kiln row: a name and config overrides on the bench's base config (repeatable)")
+    peer_recipe: list[str] = option(default_factory=list, shape="repeat", metavar="'NAME: PEER KEY=VALUE ...'",
+                                    help="a peer row with settings of its own: a name, the peer and overrides of its "
+                                    "job (repeatable; torchtitan takes SECTION.KEY=VALUE), e.g. "
+                                    "'torchtitan-noac: torchtitan activation_checkpoint.mode=none'")
     skip_invalid_recipes: bool = option(False, shape="switch", help="report a recipe kiln's config refuses as a "
                                         "skipped row instead of exiting 2")
     kiln_family: KilnFamily = option("llama", choices=get_args(KilnFamily), help="model family of the kiln rows: "

@@ -32,7 +32,7 @@ class TrainRow(JsonRow):
     config: dict[str, Any] | None = UNSET
     """The row's exact config: kiln's resolved config, the plain loop's, torchtitan's job."""
     overrides: list[str] = UNSET
-    """A kiln recipe's overrides on the bench's base config."""
+    """A kiln recipe's overrides on the bench's base config, or a --peer-recipe row's settings of its peer."""
     step_ms: float = UNSET
     step_ms_p10: float = UNSET
     step_ms_p90: float = UNSET

@@ -29,6 +29,7 @@ def _base(o, batch: int) -> dict[str, Any]:
 class GptFastPeer:
     name = ENGINE
     bench: Bench = "llm"
+    row_settings: str | None = None
 
     def check(self, request: LlmPeerRequest) -> dict[str, Any]:
         """The plan's gpt-fast fields (kiln.bench.llm.llm_options builds the plan with them)."""

@@ -31,14 +31,17 @@ class TitanPrepared:
 class TorchtitanPeer:
     name = "torchtitan"
     bench: Bench = "train-llm"
+    row_settings: str | None = "SECTION.KEY=VALUE keys of torchtitan's job"
 
     def check(self, opts) -> None:
         """--torchtitan-set entries (kiln.bench.train_llm.llm_train_bench.TrainLlmOptions.torchtitan_overrides)
-        are SECTION.KEY=VALUE."""
-        for text in opts.torchtitan_overrides:
+        and the settings of each --peer-recipe row of torchtitan's (applied after them) are SECTION.KEY=VALUE."""
+        sets = [("--torchtitan-set", t) for t in opts.torchtitan_overrides]
+        sets += [("--peer-recipe", t) for row in opts.rows if row.kind == self.name for t in row.overrides]
+        for flag, text in sets:
             key, sep, _ = text.partition("=")
             if not sep or "." not in key:
-                raise ConfigError("--torchtitan-set", f"expected SECTION.KEY=VALUE, got {text!r}")
+                raise ConfigError(flag, f"expected SECTION.KEY=VALUE, got {text!r}")
 
     def prepare(self, run: RowRun) -> TitanPrepared:
         opts, ctx = run.opts, run.ctx
@@ -46,7 +49,7 @@ class TorchtitanPeer:
         if mixed is None:
             return TitanPrepared(None, f"torchtitan has no {opts.precision} policy (bf16-mixed or fp32)")
         h = opts.hyper
-        job = titan.PeerJob(workdir=ctx.data_dir / "torchtitan", tokenizer_dir=ctx.corpus.tokenizer_dir,
+        job = titan.PeerJob(workdir=ctx.data_dir / run.spec.name, tokenizer_dir=ctx.corpus.tokenizer_dir,
                             dataset_dir=ctx.corpus.dataset_dir, weights_dir=ctx.weights_dir, batch=opts.batch,
                             seq_len=opts.seq_len, steps=opts.steps, seed=opts.seed, lr=h.lr, betas=h.betas, eps=h.eps,
                             weight_decay=h.weight_decay, warmup_steps=h.warmup_steps, max_norm=h.max_norm,
@@ -57,6 +60,8 @@ class TorchtitanPeer:
     def run(self, prepared: TitanPrepared, run: RowRun) -> list[TrainRow]:
         opts, ctx, spec = run.opts, run.ctx, run.spec
         row = TrainRow(spec.name, spec.kind)
+        if spec.overrides:  # a --peer-recipe row: its settings of torchtitan's job
+            row.overrides = list(spec.overrides)
         if ctx.nproc > 1:
             row.nproc = ctx.nproc
         if prepared.job is None:
