@@ -1,6 +1,6 @@
 """Microbenchmark of one decode step's attention on a GPU: the matmul path (compiled as the engine
 compiles it), FlashAttention's varlen kernel and kiln's Triton kernel over a sweep of its launch
-settings (slots per block, programs aimed at, warps, the looping programs' pipeline stages, whether chunks split
+settings (slots per block, programs aimed at, warps, the looping programs' pipeline stages and TMA reads, whether chunks split
 each row's valid range evenly), on one layer of a model's shape.
 
 Each variant is captured as back-to-back calls in one CUDA graph (as in a decode step: no launch
@@ -70,6 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warps", default="2,4", help="warps per program, to sweep")
     ap.add_argument("--stages", default="0", help="LOOP_STAGES to sweep (0: the hand-prefetched loop; N: Triton's "
                     "pipeline with N stages, where a program loops)")
+    ap.add_argument("--tma", default="0", help="TMA to sweep, with --stages > 0 (1: the pipelined loop reads keys "
+                    "and values through Hopper's tensor memory accelerator, e.g. --stages 3,4 --tma 0,1)")
     ap.add_argument("--balance", default="0", help="BALANCE to sweep (0: a looping program walks its fixed slice of "
                     "the cache; 1: each chunk an even share of its row's valid range, e.g. --balance 0,1)")
     ap.add_argument("--rope", action="store_true", help="also the fused RoPE + cache write + attention op "
@@ -85,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     import kiln.kernels.triton_decode as td
 
-    default_target, default_balance = td.TARGET_PROGRAMS, td.BALANCE  # kiln's own choice runs with the defaults
+    default_target, default_balance, default_tma = td.TARGET_PROGRAMS, td.BALANCE, td.TMA  # kiln's own choice: defaults
 
     config = resolve_model(args.model).config
     B, S, H, Hkv, D = args.batch, args.slots, config.n_heads, config.n_kv_heads, config.head_dim
@@ -115,18 +117,18 @@ def main(argv: list[str] | None = None) -> int:
                                                 v.float().transpose(1, 2), mask).transpose(1, 2)
     settings = {}
     ints = lambda text: [int(t) for t in text.split(",")]  # noqa: E731
-    for block, target, warps, stages, balance in itertools.product(ints(args.blocks), ints(args.targets),
-                                                                   ints(args.warps), ints(args.stages),
-                                                                   ints(args.balance)):
-        if stages and balance:
-            continue  # BALANCE applies to the hand-prefetched loop only
+    for block, target, warps, stages, balance, tma in itertools.product(ints(args.blocks), ints(args.targets),
+                                                                        ints(args.warps), ints(args.stages),
+                                                                        ints(args.balance), ints(args.tma)):
+        if (stages and balance) or (tma and not stages):
+            continue  # BALANCE applies to the hand-prefetched loop only, TMA to the pipelined one
         name = (f"triton block {block} target {target} warps {warps}" + (f" stages {stages}" if stages else "")
-                + (" balanced" if balance else ""))
-        settings[name] = (block, target, warps, stages, balance)
+                + (" tma" if tma else "") + (" balanced" if balance else ""))
+        settings[name] = (block, target, warps, stages, balance, tma)
 
-        def run(k, v, block=block, target=target, warps=warps, stages=stages, balance=balance):
+        def run(k, v, block=block, target=target, warps=warps, stages=stages, balance=balance, tma=tma):
             td.BLOCK_S, td.TARGET_PROGRAMS, td.NUM_WARPS, td.LOOP_STAGES = block, target, warps, stages or None
-            td.BALANCE = bool(balance)
+            td.BALANCE, td.TMA = bool(balance), bool(tma)
             return td.triton_decode(q, k, v, pad, pos, scale, None)
 
         variants[name] = run
@@ -135,19 +137,19 @@ def main(argv: list[str] | None = None) -> int:
 
             def run_auto(k, v, qkv=qkv0, inv_freq=attn_inv_freq(config, dev)):
                 td.BLOCK_S, td.TARGET_PROGRAMS, td.NUM_WARPS, td.LOOP_STAGES = None, default_target, None, None
-                td.BALANCE = default_balance
+                td.BALANCE, td.TMA = default_balance, default_tma
                 return td.triton_decode_rope(qkv, inv_freq, k, v, pad, pos, scale, None, H)
 
             variants["rope kiln's choice " + "/".join(map(str, td.launch_settings(B, Hkv, S)))] = run_auto
         if args.rope:  # the projection's output, rotated and written into the cache by the kernel itself
             qkv = torch.randn(B, 1, (H + 2 * Hkv) * D, device=dev, dtype=dtype, generator=gen)
             inv_freq = attn_inv_freq(config, dev)
-            settings[f"rope {name}"] = (block, target, warps, stages, balance)
+            settings[f"rope {name}"] = (block, target, warps, stages, balance, tma)
 
-            def run_rope(k, v, block=block, target=target, warps=warps, stages=stages, balance=balance, qkv=qkv,
-                         inv_freq=inv_freq):
+            def run_rope(k, v, block=block, target=target, warps=warps, stages=stages, balance=balance, tma=tma,
+                         qkv=qkv, inv_freq=inv_freq):
                 td.BLOCK_S, td.TARGET_PROGRAMS, td.NUM_WARPS, td.LOOP_STAGES = block, target, warps, stages or None
-                td.BALANCE = bool(balance)
+                td.BALANCE, td.TMA = bool(balance), bool(tma)
                 return td.triton_decode_rope(qkv, inv_freq, k, v, pad, pos, scale, None, H)
 
             variants[f"rope {name}"] = run_rope
@@ -166,9 +168,9 @@ def main(argv: list[str] | None = None) -> int:
         row = {"variant": name, "us_per_call": us, "kv_gb_per_s": kv_bytes / us / 1e3,
                "max_abs_vs_eager_fp32": errors[name]}
         if name in settings:
-            block, target, warps, stages, balance = settings[name]
+            block, target, warps, stages, balance, tma = settings[name]
             td.TARGET_PROGRAMS = target
-            row.update(block=block, target=target, warps=warps, stages=stages, balance=balance,
+            row.update(block=block, target=target, warps=warps, stages=stages, balance=balance, tma=tma,
                        chunks=td.chunking(B, Hkv, S, block)[1])
         results.append(row)
     results.sort(key=lambda r: r["us_per_call"])

@@ -66,17 +66,19 @@ def test_kernel_matches_direct_softmax(heads, kv_heads, dim, capacity, window):
 
 
 @interpreted
-@pytest.mark.parametrize("stages,balance", [(None, False), (3, False), (None, True)],
-                         ids=["prefetched", "pipelined", "balanced"])
+@pytest.mark.parametrize("stages,balance,tma", [(None, False, False), (3, False, False), (3, False, True),
+                                               (None, True, False)],
+                         ids=["prefetched", "pipelined", "pipelined-tma", "balanced"])
 @pytest.mark.parametrize("window", [0, 30])
-def test_looping_program_reads_only_its_rows_valid_slots(monkeypatch, window, stages, balance):
+def test_looping_program_reads_only_its_rows_valid_slots(monkeypatch, window, stages, balance, tma):
     """Few programs, so each loops over all of a row's blocks with the step's slot mid-cache (a server's
     rows): the blocks outside a row's valid range are not loaded, and the result is unchanged; with
     the next block prefetched by hand (None), through Triton's pipeline (LOOP_STAGES), and with the
-    row's range split evenly (BALANCE)."""
+    row's range split evenly (BALANCE); the pipeline's loads through TMA too."""
     monkeypatch.setattr(td, "TARGET_PROGRAMS", 1)
     monkeypatch.setattr(td, "LOOP_STAGES", stages)
     monkeypatch.setattr(td, "BALANCE", balance)
+    monkeypatch.setattr(td, "TMA", tma)
     gen = torch.Generator().manual_seed(7)
     q = torch.randn(3, 4, 16, generator=gen)
     k = torch.randn(3, 260, 2, 16, generator=gen)
@@ -86,16 +88,18 @@ def test_looping_program_reads_only_its_rows_valid_slots(monkeypatch, window, st
     assert chunks == 1 and per_chunk // block >= 4  # one program per row and head walks every block
     poisoned_k, poisoned_v = k.clone(), v.clone()
     poisoned_k[:, 128:], poisoned_v[:, 128:] = float("nan"), float("nan")  # past the step: never read
+    assert td._tma_runs(poisoned_k, poisoned_v) is tma  # the interpreter runs TMA's loads where asked
     got = td.decode_attention(q, poisoned_k, poisoned_v, start, pos, 0.25, window)
     torch.testing.assert_close(got, direct(q, k, v, start, pos, 0.25, window), rtol=1e-5, atol=1e-5)
 
 
 
 @interpreted
-@pytest.mark.parametrize("stages,balance,programs", [(None, False, 1), (3, False, 1), (None, True, 1),
-                                                     (None, True, 12)],
-                         ids=["looping", "looping-pipelined", "balanced", "balanced-2-chunks"])
-def test_slots_outside_a_rows_range_never_reach_its_result(monkeypatch, stages, balance, programs):
+@pytest.mark.parametrize("stages,balance,programs,tma", [(None, False, 1, False), (3, False, 1, False),
+                                                         (3, False, 1, True), (None, True, 1, False),
+                                                         (None, True, 12, False)],
+                         ids=["looping", "looping-pipelined", "looping-tma", "balanced", "balanced-2-chunks"])
+def test_slots_outside_a_rows_range_never_reach_its_result(monkeypatch, stages, balance, programs, tma):
     """Every slot outside a row's valid range holds NaN (what an overflowed earlier request may leave
     in a server's cache): the rows' results are those of their own slots when programs walk several
     blocks (from the first block holding a valid slot), as at a server's batch sizes; with the
@@ -103,6 +107,7 @@ def test_slots_outside_a_rows_range_never_reach_its_result(monkeypatch, stages, 
     monkeypatch.setattr(td, "TARGET_PROGRAMS", programs)
     monkeypatch.setattr(td, "LOOP_STAGES", stages)
     monkeypatch.setattr(td, "BALANCE", balance)
+    monkeypatch.setattr(td, "TMA", tma)
     gen = torch.Generator().manual_seed(5)
     q = torch.randn(3, 4, 16, generator=gen)
     k, v = torch.randn(3, 260, 2, 16, generator=gen), torch.randn(3, 260, 2, 16, generator=gen)
@@ -150,8 +155,8 @@ def test_balanced_chunks_match_the_fixed_slices(monkeypatch, window):
 @interpreted
 def test_pipelined_loop_rotates_writes_and_attends_as_the_prefetching_one(monkeypatch):
     """The fused RoPE op in looping programs (few programs, left-padded rows, the step's slot mid-cache):
-    with Triton's pipeline (LOOP_STAGES) the output and the caches it writes equal the hand-prefetched
-    loop's."""
+    with Triton's pipeline (LOOP_STAGES), its loads per thread or through TMA, the output and the
+    caches it writes equal the hand-prefetched loop's."""
     monkeypatch.setattr(td, "TARGET_PROGRAMS", 1)
     gen = torch.Generator().manual_seed(11)
     heads, kv_heads, dim = 4, 2, 16
@@ -161,13 +166,15 @@ def test_pipelined_loop_rotates_writes_and_attends_as_the_prefetching_one(monkey
     pad, pos = torch.tensor([0, 70, 85]), torch.tensor([150])
     assert td.launch_settings(3, kv_heads, 260)[1] // td.launch_settings(3, kv_heads, 260)[0] >= 4
     results = {}
-    for stages in (None, 3):
+    for stages, tma in ((None, False), (3, False), (3, True)):
         monkeypatch.setattr(td, "LOOP_STAGES", stages)
+        monkeypatch.setattr(td, "TMA", tma)
         k, v = cache_k.clone(), cache_v.clone()
-        results[stages] = (td.decode_attention_rope(qkv, inv_freq, k, v, pad, pos, 0.25, 0, heads), k, v)
-    for mine, theirs in zip(results[3], results[None]):
-        torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-5)
-    assert not torch.equal(results[3][1], cache_k)  # the step's key was written
+        results[stages, tma] = (td.decode_attention_rope(qkv, inv_freq, k, v, pad, pos, 0.25, 0, heads), k, v)
+    for piped in ((3, False), (3, True)):
+        for mine, theirs in zip(results[piped], results[None, False]):
+            torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-5)
+    assert not torch.equal(results[3, True][1], cache_k)  # the step's key was written
 
 def test_chunking_fills_the_gpu_in_whole_blocks():
     assert td.chunking(1, 8, 1280) == (64, 20)  # 20 chunks x 8 heads: 160 programs of one block each
@@ -182,7 +189,7 @@ def test_launch_settings_never_loop_with_two_warps():
     loops over blocks gets 4 warps (with 2 its tiles spill: 20x slower at batch 16 on an H100)."""
     assert td.launch_settings(1, 8, 1280) == (64, 64, 20, 2)   # the batch-1 setting measured before
     assert td.launch_settings(1, 8, 640) == (32, 32, 20, 2)
-    assert td.launch_settings(16, 8, 640) == (32, 320, 2, 4)
+    assert td.launch_settings(16, 8, 640) == (td.LOOP_BLOCK, 320, 2, 4)
     for batch in (1, 2, 4, 8, 16, 32, 64):
         for capacity in (100, 640, 1280, 8192):
             block, per_chunk, chunks, warps = td.launch_settings(batch, 8, capacity)

@@ -28,10 +28,10 @@ program whose chunk holds the step's slot writes the new key and value into the 
 slot's scores use them directly. This replaces three inductor kernels per layer (RoPE of q, RoPE
 of k with its cache write, the value's cache write) and their launch gaps. It is launched with
 programmatic dependent launch (kiln.kernels.triton_launch.PDL), so with `--decode-matvec triton`
-every kernel of a layer is scheduled while the one before it ends; each program reads its first
-block of keys and values before it waits (only this kernel writes a layer's cache, and the
-step's own slot is taken from the projection instead), so the wait is followed by the query's
-read alone. The op declares the caches it writes; inductor calls it on them in place
+every kernel of a layer is scheduled while the one before it ends; a program of one block reads
+it before it waits (only this kernel writes a layer's cache, and the step's own slot is taken
+from the projection instead), so the wait is followed by the query's read alone; a looping
+program pipelines its blocks after the wait (LOOP_STAGES). The op declares the caches it writes; inductor calls it on them in place
 (tests/kernels/test_triton_decode.py checks that no copy is made).
 
 Tests run it on CPU through Triton's interpreter (TRITON_INTERPRET=1, fp32); the GPU check is
@@ -56,11 +56,22 @@ BLOCK_S: int | None = None
 Set (with NUM_WARPS) by benchmarks/decode_attention_bench.py's sweep."""
 NUM_WARPS: int | None = None
 """Warps per program; None: `launch_settings` chooses."""
-LOOP_STAGES: int | None = None
-"""Where a program loops over several blocks: None, each next block is loaded into registers while
-the current one is used; N, Triton's software pipeline keeps N - 1 blocks in flight through shared
-memory (`tl.range(num_stages=N)`). Set by benchmarks/decode_attention_bench.py's sweep."""
+LOOP_BLOCK: int = 64
+"""Slots per block where a program loops over several (a larger batch; launch_settings)."""
+LOOP_STAGES: int | None = 3
+"""Where a program loops over several blocks: N, Triton's software pipeline keeps N - 1 blocks in
+flight through shared memory (`tl.range(num_stages=N)`), and the fused RoPE op starts the softmax
+with the step's own slot, so the tiles go to the tensor cores as loaded; None, each next block is
+loaded into registers while the current one is used (the hand-prefetched loop). Set by
+benchmarks/decode_attention_bench.py's sweep (`--stages`)."""
 
+TMA: bool = False
+"""Where a program loops through Triton's pipeline (LOOP_STAGES), its keys and values are read by
+Hopper's tensor memory accelerator into shared memory, one [BLOCK, D] tile per load, instead of
+per-thread loads: no registers per element for addresses and masks, so more programs fit an SM
+and more tiles are in flight (slots outside the row's range are masked in the softmax and zeroed
+in the values). Needs compute capability 9.0, a power-of-two head dim and contiguous caches; set by
+benchmarks/decode_attention_bench.py's sweep (`--tma`)."""
 
 BALANCE: bool = False
 """Where a program loops: each chunk takes an even share of its row's valid range (from the row's
@@ -81,8 +92,8 @@ def chunking(batch: int, kv_heads: int, capacity: int, block: int = 64) -> tuple
 def launch_settings(batch: int, kv_heads: int, capacity: int) -> tuple[int, int, int, int]:
     """(block, slots per chunk, chunks, warps). Where the GPU fills with programs of one block each
     (a small batch), the smallest such block (32 or 64 slots) with 2 warps; where a program must
-    loop over several blocks (a larger batch), 32-slot blocks with 4 warps: a looping program holds
-    its current and next key/value tiles in registers, which spill with 64-slot blocks or 2 warps
+    loop over several blocks (a larger batch), LOOP_BLOCK-slot blocks with 4 warps, pipelined
+    through shared memory (LOOP_STAGES); with 2 warps a looping program's tiles spill
     (benchmarks/decode_attention_bench.py --batch 16 sweeps these settings)."""
     if BLOCK_S is not None:
         per_chunk, chunks = chunking(batch, kv_heads, capacity, BLOCK_S)
@@ -91,8 +102,8 @@ def launch_settings(batch: int, kv_heads: int, capacity: int) -> tuple[int, int,
         per_chunk, chunks = chunking(batch, kv_heads, capacity, block)
         if per_chunk == block:
             return block, per_chunk, chunks, NUM_WARPS or 2
-    per_chunk, chunks = chunking(batch, kv_heads, capacity, 32)
-    return 32, per_chunk, chunks, NUM_WARPS or 4
+    per_chunk, chunks = chunking(batch, kv_heads, capacity, LOOP_BLOCK)
+    return LOOP_BLOCK, per_chunk, chunks, NUM_WARPS or 4
 
 
 @triton.jit
@@ -118,14 +129,14 @@ def _online_block(q, k, v, s_ok, scale, m, total, acc):
     return m_new, total, acc
 
 
-def _chunk_attention(Q, K, V, Start, Pos, Part, Lse, Arrived, Y, InvFreq, slots,
+def _chunk_attention(Q, K, V, Kd, Vd, Start, Pos, Part, Lse, Arrived, Y, InvFreq, slots,
                      stride_qb, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
                      stride_pb, stride_ph, stride_pc, stride_lb, stride_lh, stride_yb, stride_yh,
                      scale, window, kv_heads,
                      G: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
                      CHUNK: tl.constexpr, CHUNKS: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK: tl.constexpr,
                      HAS_START: tl.constexpr, ROPE: tl.constexpr, PDL: tl.constexpr, STAGES: tl.constexpr,
-                     BALANCE: tl.constexpr):
+                     BALANCE: tl.constexpr, TMA: tl.constexpr):
     row_head = tl.program_id(0)
     chunk = tl.program_id(1)
     b = row_head // kv_heads
@@ -201,16 +212,28 @@ def _chunk_attention(Q, K, V, Start, Pos, Part, Lse, Arrived, Y, InvFreq, slots,
             v = tl.where(here, v_new[None, :].to(v.dtype), v)
         m, total, acc = _online_block(q, k, v, s_ok, scale, m, total, acc)
     elif STAGES > 0:  # Triton's pipeline: the block loaded before the wait is not used, each is loaded in the loop
+        skip = end * 0 - 1  # a slot the loop leaves out: none
+        if ROPE:  # the step's own slot starts the softmax, from the new key and value (as a block of one slot),
+            # so the loop's tiles go from shared memory to the tensor cores unchanged; the loop leaves it out
+            skip = end - 1
+            own = writes
+            m = tl.where(own, tl.sum(q.to(tl.float32) * k_new.to(tl.float32)[None, :], 1) * scale, m)
+            total = tl.where(own, 1.0, total)
+            acc = tl.where(own, acc + v_new.to(V.dtype.element_ty).to(tl.float32)[None, :], acc)
         for i in tl.range(b_first, b_end, num_stages=STAGES):
-            s = base + i * BLOCK + tl.arange(0, BLOCK)
-            s_ok = (s >= lo) & (s < hi)
-            ok = s_ok[:, None] & (d < D)[None, :]
-            k = tl.load(K + b * stride_kb + s[:, None] * stride_ks + kv * stride_kh + d[None, :], mask=ok, other=0.0)
-            v = tl.load(V + b * stride_vb + s[:, None] * stride_vs + kv * stride_vh + d[None, :], mask=ok, other=0.0)
-            if ROPE:
-                here = (s == end - 1)[:, None]
-                k = tl.where(here, k_new[None, :], k)
-                v = tl.where(here, v_new[None, :].to(v.dtype), v)
+            at = base + i * BLOCK  # (`s` before the loop has the chunk's integer type, this the bounds')
+            sl = at + tl.arange(0, BLOCK)
+            s_ok = (sl >= lo) & (sl < hi) & (sl != skip)
+            if TMA:  # Kd, Vd: descriptors of the caches as [B * S, Hkv * D]; a tile past a row's end is masked
+                first_row = (b * slots + at).to(tl.int32)  # TMA's coordinates are 32-bit
+                k = Kd.load([first_row, kv * D])
+                v = tl.where(s_ok[:, None], Vd.load([first_row, kv * D]), 0.0)
+            else:
+                ok = s_ok[:, None] & (d < D)[None, :]
+                k = tl.load(K + b * stride_kb + sl[:, None] * stride_ks + kv * stride_kh + d[None, :], mask=ok,
+                            other=0.0)
+                v = tl.load(V + b * stride_vb + sl[:, None] * stride_vs + kv * stride_vh + d[None, :], mask=ok,
+                            other=0.0)
             m, total, acc = _online_block(q, k, v, s_ok, scale, m, total, acc)
     else:
         # The first block to walk: the one loaded before the wait, or (padding or a window before it)
@@ -287,6 +310,23 @@ def _kernel():
     return _KERNELS[interpret]
 
 
+def _tma_runs(cache_k: Tensor, cache_v: Tensor) -> bool:
+    """TMA is asked for and can read these caches: Hopper or newer (or the interpreter), contiguous
+    caches with a power-of-two head dim."""
+    D = cache_k.shape[-1]
+    if not TMA or D & (D - 1) or not (cache_k.is_contiguous() and cache_v.is_contiguous()):
+        return False
+    return interpreting() or (cache_k.is_cuda and torch.cuda.get_device_capability(cache_k.device)[0] >= 9)
+
+
+def _descriptor(cache: Tensor, block: int):
+    """A TMA descriptor of a cache [B, S, Hkv, D] seen as [B * S, Hkv * D], read in [block, D] tiles."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    B, S, Hkv, D = cache.shape
+    return TensorDescriptor.from_tensor(cache.view(B * S, Hkv * D), [block, D])
+
+
 def _launch(q: Tensor | None, qkv_rows: Tensor | None, inv_freq: Tensor | None, cache_k: Tensor, cache_v: Tensor,
             start: Tensor | None, pos: Tensor, scale: float, window: int, heads: int = 0) -> Tensor:
     """Runs the kernel on q [B, H, D], or on the projection's output `qkv_rows` [B, (heads + 2 Hkv) D]
@@ -304,8 +344,11 @@ def _launch(q: Tensor | None, qkv_rows: Tensor | None, inv_freq: Tensor | None, 
     rope = qkv_rows is not None
     src, stride_b, stride_h = (qkv_rows, qkv_rows.stride(0), D) if rope else (q, q.stride(0), q.stride(1))
     pdl = rope and pdl_enabled(ref.device)  # the fused op only: its predecessor is kiln's PDL-aware matvec
+    stages = LOOP_STAGES if per_chunk > block and LOOP_STAGES else 0
+    tma = stages > 0 and _tma_runs(cache_k, cache_v)
+    k_desc, v_desc = (_descriptor(c, block) for c in (cache_k, cache_v)) if tma else (cache_k, cache_v)
     _kernel()[(B * Hkv, chunks)](
-        src, cache_k, cache_v, pos if start is None else start, pos, part, lse, arrival_counters(ref.device, B * Hkv), y,
+        src, cache_k, cache_v, k_desc, v_desc, pos if start is None else start, pos, part, lse, arrival_counters(ref.device, B * Hkv), y,
         inv_freq if rope else src, S,
         stride_b, stride_h, cache_k.stride(0), cache_k.stride(1), cache_k.stride(2),
         cache_v.stride(0), cache_v.stride(1), cache_v.stride(2),
@@ -313,8 +356,7 @@ def _launch(q: Tensor | None, qkv_rows: Tensor | None, inv_freq: Tensor | None, 
         scale, window, Hkv,
         G=group, BLOCK_G=max(16, triton.next_power_of_2(group)), D=D, BLOCK_D=triton.next_power_of_2(D),
         CHUNK=per_chunk, CHUNKS=chunks, BLOCK_C=triton.next_power_of_2(chunks), BLOCK=block, HAS_START=start is not None,
-        ROPE=rope, PDL=pdl, STAGES=LOOP_STAGES if per_chunk > block and LOOP_STAGES else 0,
-        BALANCE=BALANCE and per_chunk > block, num_warps=warps,
+        ROPE=rope, PDL=pdl, STAGES=stages, BALANCE=BALANCE and per_chunk > block, TMA=tma, num_warps=warps,
         num_stages=2, **({"launch_pdl": True} if pdl else {}))
     return y
 
