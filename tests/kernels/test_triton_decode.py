@@ -176,6 +176,37 @@ def test_pipelined_loop_rotates_writes_and_attends_as_the_prefetching_one(monkey
             torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-5)
     assert not torch.equal(results[3, True][1], cache_k)  # the step's key was written
 
+@pytest.mark.parametrize("batch,capacity,stages,tma,rope,balance", [
+    (1, 640, None, False, True, False),     # batch 1: one block per program, loaded before the wait
+    (32, 1024, 3, False, True, False),      # a server's batch: the pipelined loop, the step's slot folded in
+    (32, 1024, 3, False, False, False),
+    (32, 1024, 3, True, True, False),       # TMA's loads
+    (32, 1024, None, False, True, False),   # the hand-prefetched loop
+    (32, 1024, None, False, True, True),    # BALANCE
+], ids=["one-block", "pipelined-rope", "pipelined", "pipelined-tma", "prefetched", "balanced"])
+def test_kernel_compiles_for_hopper(monkeypatch, batch, capacity, stages, tma, rope, balance):
+    """Every path of the kernel compiles for sm_90 (on this CPU) with the 3B shape's launch settings:
+    the interpreter runs code the GPU compiler refuses (the pipelined loop once carried a variable
+    whose integer type changed inside it)."""
+    from .hopper_compile import compile_sm90
+
+    monkeypatch.setattr(td, "LOOP_STAGES", stages)
+    block, per_chunk, chunks, warps = td.launch_settings(batch, 8, capacity)
+    assert (per_chunk > block) == (batch > 1)
+    pointers = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "Start": "*i64", "Pos": "*i64", "Part": "*fp32",
+                "Lse": "*fp32", "Arrived": "*i32", "Y": "*bf16", "InvFreq": "*fp32"}
+    kernel = td._kernel()
+    types = {n: "i32" for n in kernel.arg_names if n.startswith("stride") or n in ("slots", "window", "kv_heads")}
+    desc = f"tensordesc<bf16[{block}, 128]>" if tma else "*bf16"
+    types.update(pointers, Kd=desc, Vd=desc, scale="fp32")
+    looping = per_chunk > block
+    compiled = compile_sm90(kernel, types, dict(
+        G=3, BLOCK_G=16, D=128, BLOCK_D=128, CHUNK=per_chunk, CHUNKS=chunks, BLOCK_C=max(1, 1 << (chunks - 1).bit_length()),
+        BLOCK=block, HAS_START=True, ROPE=rope, PDL=rope, STAGES=(stages or 0) if looping else 0,
+        BALANCE=balance and looping, TMA=tma), warps)
+    assert compiled.metadata.shared > 0
+
+
 def test_chunking_fills_the_gpu_in_whole_blocks():
     assert td.chunking(1, 8, 1280) == (64, 20)  # 20 chunks x 8 heads: 160 programs of one block each
     assert td.chunking(1, 8, 8192) == (256, 32)
