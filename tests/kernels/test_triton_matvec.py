@@ -77,6 +77,40 @@ def test_kernel_matches_the_eager_math(dtype, rows, out_f, in_f, part, bias, set
 
 
 @interpreted
+def test_a_pinned_setting_skips_the_tuning(monkeypatch):
+    """PINNED[(N, K, M, PROLOGUE, HAS_RES)] is what launches for that shape (without it, the
+    interpreter's setting), and the product is the same."""
+    inner, seen = tm._kernel(), []
+
+    class Spy:  # records each launch's setting, then launches
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                seen.append((kw["BLOCK_N"], kw["BLOCK_K"], kw["SPLIT"]))
+                return inner[grid](*args, **kw)
+            return launch
+
+    monkeypatch.setitem(tm._KERNELS, True, Spy())
+    layer, x, _, _ = case(torch.float32, 1, 8, 128, "none", False, seed=4)
+    plain = torch.ops.kiln.matvec(x.reshape(1, -1), layer.weight, None, None, 0.0, False, None)
+    monkeypatch.setitem(tm.PINNED, (8, 128, 1, 0, False), (8, 32, 4))
+    pinned = torch.ops.kiln.matvec(x.reshape(1, -1), layer.weight, None, None, 0.0, False, None)
+    assert seen == [tm.INTERPRETED_SETTING, (8, 32, 4)]
+    torch.testing.assert_close(pinned, plain, rtol=1e-5, atol=1e-5)
+
+
+def test_tuned_settings_read_the_autotuners_choices(monkeypatch):
+    from types import SimpleNamespace
+
+    import triton
+
+    assert isinstance(tm.tuned_settings(), dict)
+    chosen = {(5120, 3072, 1, 1, False, "torch.bfloat16"): triton.Config({"BLOCK_N": 8, "BLOCK_K": 512, "SPLIT": 2}),
+              (3072, 3072, 1, 0, True, "torch.bfloat16"): triton.Config({"BLOCK_N": 4, "BLOCK_K": 256, "SPLIT": 1})}
+    monkeypatch.setitem(tm._KERNELS, False, SimpleNamespace(cache=chosen))
+    assert tm.tuned_settings() == {"3072,3072,1,0,True": [4, 256, 1], "5120,3072,1,1,False": [8, 512, 2]}
+
+
+@interpreted
 def test_split_partials_are_all_added():
     """With 4 splits the result is the whole product, not the last split's share."""
     layer, x, _, _ = case(torch.float32, 1, 8, 128, "none", False, seed=3)

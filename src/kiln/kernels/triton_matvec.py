@@ -171,6 +171,21 @@ def _per_split(args) -> int:
     return -(-tiles // args["SPLIT"]) * args["BLOCK_K"]
 
 
+Key = tuple[int, int, int, int, bool]
+"""(N, K, M, PROLOGUE, HAS_RES): what the autotuner keys its choice on (with the tensors' dtypes)."""
+PINNED: dict[Key, tuple[int, int, int]] = {}
+"""(BLOCK_N, BLOCK_K, SPLIT) per key that skip the autotuner: a process then launches what another
+chose (`tuned_settings`), instead of timing the candidates again with its own noise."""
+
+
+def tuned_settings() -> dict[str, list[int]]:
+    """What this process's autotuner chose so far: 'N,K,M,PROLOGUE,HAS_RES' -> [BLOCK_N, BLOCK_K, SPLIT]
+    (benches record it: candidates within timing noise of each other can differ between processes)."""
+    tuner = _KERNELS.get(False)
+    return {",".join(str(v) for v in key[:5]): [config.kwargs[k] for k in ("BLOCK_N", "BLOCK_K", "SPLIT")]
+            for key, config in sorted(getattr(tuner, "cache", {}).items(), key=str)}
+
+
 _KERNELS: dict[bool, object] = {}
 INTERPRETED_SETTING = (16, 64, 1)
 """(BLOCK_N, BLOCK_K, SPLIT) under Triton's interpreter (no GPU to tune on); tests pass others."""
@@ -206,6 +221,9 @@ def launch(x: Tensor, weight: Tensor, bias: Tensor | None, norm_weight: Tensor |
     flags = {"K": K, "PROLOGUE": prologue, "HAS_BIAS": bias is not None, "HAS_RES": res is not None, "PDL": pdl}
     if pdl:
         flags["launch_pdl"] = True
+    pinned = PINNED.get((N, K, M, prologue, res is not None))
+    if setting is None and pinned is not None:
+        setting = list(pinned)
     if setting is not None or interpreting():
         bn, bk, split, warps, stages = (*(setting or INTERPRETED_SETTING), 4, 2)[:5]
         kernel = _kernel()

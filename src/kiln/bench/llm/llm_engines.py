@@ -88,10 +88,15 @@ class KilnEngine:
                               step_bytes=step_bytes, copy_bytes_per_s=copy_bytes_per_s, title=title)
 
     def compile_stats(self) -> dict[str, Any]:
-        return {"compiles": len(self.engine.compiled) if self.engine.compile else 0,
-                "decode_attention": self.engine.decode_kernel, "decode_matvec": self.engine.decode_matvec,
-                "compiled_variants": dict(self.engine.compiled), "kv_cache_bytes": self.engine.cache_bytes,
-                "graph_cache": dict(self.engine.graph_cache)}
+        stats = {"compiles": len(self.engine.compiled) if self.engine.compile else 0,
+                 "decode_attention": self.engine.decode_kernel, "decode_matvec": self.engine.decode_matvec,
+                 "compiled_variants": dict(self.engine.compiled), "kv_cache_bytes": self.engine.cache_bytes,
+                 "graph_cache": dict(self.engine.graph_cache)}
+        if self.engine.decode_matvec == "triton":  # the one-row kernel's autotuned settings, so far in this process
+            from kiln.kernels.triton_matvec import tuned_settings
+
+            stats["matvec_settings"] = tuned_settings()
+        return stats
 
 
 class HfEngine:
