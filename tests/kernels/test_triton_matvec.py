@@ -98,6 +98,26 @@ def test_a_pinned_setting_skips_the_tuning(monkeypatch):
     torch.testing.assert_close(pinned, plain, rtol=1e-5, atol=1e-5)
 
 
+def test_measured_settings_are_candidates_the_tuner_keeps_and_apply_on_their_gpu(monkeypatch):
+    """Each GPU's measured setting is one the autotuner could pick (a candidate its pruning keeps for
+    that K); on that GPU it is what launches, elsewhere the tuner decides, and PINNED overrides both."""
+    for table in tm.MEASURED.values():
+        for (_n, k, m, prologue, _res), setting in table.items():
+            assert setting in tm.DENSE_SETTINGS and k >= setting[2] * setting[1] and m == 1 and prologue in (0, 1, 2)
+    key = next(iter(tm.MEASURED["NVIDIA H200"]))
+    names = {0: "NVIDIA H200", 1: "NVIDIA H100 80GB HBM3"}
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=None: names[index])
+    tm._measured.cache_clear()
+    try:
+        assert tm.measured_setting(torch.device("cuda", 0), key) == tm.MEASURED["NVIDIA H200"][key]
+        assert tm.measured_setting(torch.device("cuda", 1), key) is None
+        assert tm.measured_setting(torch.device("cpu"), key) is None
+        monkeypatch.setitem(tm.PINNED, key, (8, 256, 1))
+        assert tm.measured_setting(torch.device("cuda", 0), key) == (8, 256, 1)
+    finally:
+        tm._measured.cache_clear()
+
+
 def test_tuned_settings_read_the_autotuners_choices(monkeypatch):
     from types import SimpleNamespace
 

@@ -29,12 +29,15 @@ weights well below the copy bandwidth, and the residual adds and norms between p
 more launches per layer. The accumulator is a 2-D tile in the weight tile's own layout: a 3-D
 [rows, BLOCK_N, BLOCK_K] one made Triton move every weight tile through shared memory. Launch
 settings are autotuned per shape on the first call (the engine's warm-up, before its CUDA graph
-is captured). The measurements are in the decode_matvec results README.
+is captured), except for the shapes `MEASURED` holds for the GPU. The measurements are in the
+decode_matvec results README.
 
 Tests run it on CPU through Triton's interpreter (TRITON_INTERPRET=1) with a fixed setting.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import triton
@@ -176,6 +179,32 @@ Key = tuple[int, int, int, int, bool]
 PINNED: dict[Key, tuple[int, int, int]] = {}
 """(BLOCK_N, BLOCK_K, SPLIT) per key that skip the autotuner: a process then launches what another
 chose (`tuned_settings`), instead of timing the candidates again with its own noise."""
+MEASURED: dict[str, dict[Key, tuple[int, int, int]]] = {
+    # Llama-3.2-3B's one-row projections: wqkv, w_gate_up and lm_head (folded RMSNorm), wo (+ residual),
+    # w_down (SwiGLU prologue, + residual). The choices of the fastest of three autotuning processes,
+    # reproduced with them pinned (benchmarks/results/h200/llm/matvec_pinned).
+    "NVIDIA H200": {(5120, 3072, 1, 1, False): (4, 256, 1), (3072, 3072, 1, 0, True): (4, 512, 1),
+                    (16384, 3072, 1, 1, False): (4, 512, 1), (3072, 8192, 1, 2, True): (16, 512, 2),
+                    (128256, 3072, 1, 1, False): (4, 256, 1)},
+}
+"""Per GPU (torch.cuda.get_device_name), settings that skip the autotuner for the shapes measured
+end to end: the autotuner's candidates time within noise of each other one kernel at a time, yet
+its per-process choices changed the whole decode step by several percent; other GPUs and shapes
+are tuned as before. PINNED takes precedence."""
+
+
+@functools.cache
+def _measured(device_index: int) -> dict[Key, tuple[int, int, int]]:
+    return MEASURED.get(torch.cuda.get_device_name(device_index), {})
+
+
+def measured_setting(device: torch.device, key: Key) -> tuple[int, int, int] | None:
+    """The pinned or measured (BLOCK_N, BLOCK_K, SPLIT) for `key` on `device`, or None: autotune."""
+    if key in PINNED:
+        return PINNED[key]
+    if device.type != "cuda":
+        return None
+    return _measured(device.index if device.index is not None else torch.cuda.current_device()).get(key)
 
 
 def tuned_settings() -> dict[str, list[int]]:
@@ -221,8 +250,8 @@ def launch(x: Tensor, weight: Tensor, bias: Tensor | None, norm_weight: Tensor |
     flags = {"K": K, "PROLOGUE": prologue, "HAS_BIAS": bias is not None, "HAS_RES": res is not None, "PDL": pdl}
     if pdl:
         flags["launch_pdl"] = True
-    pinned = PINNED.get((N, K, M, prologue, res is not None))
-    if setting is None and pinned is not None:
+    pinned = None if setting is not None else measured_setting(x.device, (N, K, M, prologue, res is not None))
+    if pinned is not None:
         setting = list(pinned)
     if setting is not None or interpreting():
         bn, bk, split, warps, stages = (*(setting or INTERPRETED_SETTING), 4, 2)[:5]
