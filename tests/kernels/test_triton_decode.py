@@ -20,6 +20,7 @@ from kiln.llm import decode_attention as da
 from kiln.llm.kernels import use_decode_kernels
 from kiln.llm.model import KVCache
 
+from ..benchmark_scripts import load_script
 from ..llm.conftest import assert_decode_matches_matmul, transformers  # noqa: F401  (transformers: skips without it)
 from .triton_interpreter import interpreted, not_in_subprocess, rerun_interpreted
 
@@ -184,27 +185,22 @@ def test_pipelined_loop_rotates_writes_and_attends_as_the_prefetching_one(monkey
     (32, 1024, None, False, True, False),   # the hand-prefetched loop
     (32, 1024, None, False, True, True),    # BALANCE
 ], ids=["one-block", "pipelined-rope", "pipelined", "pipelined-tma", "prefetched", "balanced"])
-def test_kernel_compiles_for_hopper(monkeypatch, batch, capacity, stages, tma, rope, balance):
-    """Every path of the kernel compiles for sm_90 (on this CPU) with the 3B shape's launch settings:
-    the interpreter runs code the GPU compiler refuses (the pipelined loop once carried a variable
-    whose integer type changed inside it)."""
-    from .hopper_compile import compile_sm90
-
-    monkeypatch.setattr(td, "LOOP_STAGES", stages)
-    block, per_chunk, chunks, warps = td.launch_settings(batch, 8, capacity)
+def test_kernel_compiles_for_hopper(batch, capacity, stages, tma, rope, balance):
+    """Every path of the kernel compiles for sm_90 on this CPU (benchmarks/kernel_resources.py) with the
+    3B shape's launch settings: the interpreter the other tests use runs code the GPU compiler
+    refuses (the pipelined loop once carried a variable whose integer type changed inside it)."""
+    resources = load_script("kernel_resources")
+    pytest.importorskip("triton.backends.nvidia.compiler", reason="Triton has no NVIDIA backend here")
+    saved = td.LOOP_STAGES
+    try:
+        compiled, (block, per_chunk, _, _) = resources.decode_attention(
+            td, batch=batch, slots=capacity, kv_heads=8, group=3, head_dim=128, stages=stages, rope=rope, tma=tma,
+            balance=balance)
+    finally:
+        td.LOOP_STAGES = saved
     assert (per_chunk > block) == (batch > 1)
-    pointers = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "Start": "*i64", "Pos": "*i64", "Part": "*fp32",
-                "Lse": "*fp32", "Arrived": "*i32", "Y": "*bf16", "InvFreq": "*fp32"}
-    kernel = td._kernel()
-    types = {n: "i32" for n in kernel.arg_names if n.startswith("stride") or n in ("slots", "window", "kv_heads")}
-    desc = f"tensordesc<bf16[{block}, 128]>" if tma else "*bf16"
-    types.update(pointers, Kd=desc, Vd=desc, scale="fp32")
-    looping = per_chunk > block
-    compiled = compile_sm90(kernel, types, dict(
-        G=3, BLOCK_G=16, D=128, BLOCK_D=128, CHUNK=per_chunk, CHUNKS=chunks, BLOCK_C=max(1, 1 << (chunks - 1).bit_length()),
-        BLOCK=block, HAS_START=True, ROPE=rope, PDL=rope, STAGES=(stages or 0) if looping else 0,
-        BALANCE=balance and looping, TMA=tma), warps)
-    assert compiled.metadata.shared > 0
+    used = resources.usage(compiled)
+    assert 0 < used["registers"] <= 255 and used["shared_bytes"] > 0
 
 
 def test_chunking_fills_the_gpu_in_whole_blocks():

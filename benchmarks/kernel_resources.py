@@ -1,0 +1,138 @@
+"""What kiln's decode attention kernel costs an SM, per launch setting, without a GPU: the kernel is
+compiled for an H100/H200 (sm_90) on this machine (Triton's frontend, its NVIDIA passes and the
+ptxas and cuobjdump it ships run on a CPU) and the cubin's registers per thread, stack (spilled
+registers) and shared memory are read back. Registers and shared memory decide how many programs
+an SM holds at once, so how many key/value tiles are in flight: a setting to try on a GPU is one
+that holds more of them. The pointers and the strides that are multiples of 16 at a real launch
+are marked so (as Triton's launcher marks them), or the compiler plans unaligned loads.
+
+    python benchmarks/kernel_resources.py --out DIR [--batch 1,16,32] [--slots 1024] [--blocks 32,64]
+        [--stages 0,3] [--warps 4] [--no-rope]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import re
+import shlex
+import subprocess
+import sys
+import tempfile
+from typing import Any
+
+POINTERS = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "Start": "*i64", "Pos": "*i64", "Part": "*fp32",
+            "Lse": "*fp32", "Arrived": "*i32", "Y": "*bf16", "InvFreq": "*fp32"}
+"""kiln.kernels.triton_decode._chunk_attention's pointer arguments on a bf16 model."""
+
+
+def compile_sm90(fn: Any, types: dict[str, str], constexprs: dict[str, Any], num_warps: int,
+                 divisible: tuple[str, ...] = ()) -> Any:
+    """The kernel `fn` (a triton.jit function) compiled for sm_90: `types` gives every runtime
+    argument's Triton type ('*bf16', 'i32', 'fp32', 'tensordesc<bf16[64, 128]>'), `constexprs` the
+    rest; the arguments in `divisible` are marked multiples of 16 (aligned pointers, strides).
+    ImportError where this Triton has no NVIDIA backend."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia import compiler  # noqa: F401  (the backend, with its ptxas)
+    from triton.compiler import ASTSource
+
+    names = fn.arg_names
+    missing = [n for n in names if n not in types and n not in constexprs]
+    if missing:
+        raise ValueError(f"no type or value for {missing}")
+    signature = {n: types.get(n, "constexpr") for n in names}
+    values = {(names.index(n),): v for n, v in constexprs.items()}
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in divisible}
+    return triton.compile(ASTSource(fn, signature, values, attrs=attrs), target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": num_warps, "num_stages": 2})
+
+
+def usage(compiled: Any) -> dict[str, int]:
+    """Registers per thread and stack bytes (cuobjdump -res-usage on the cubin), and the shared
+    memory a launch asks for (static and the pipeline's, Triton's metadata)."""
+    from triton.backends.nvidia import compiler
+
+    tool = os.path.join(os.path.dirname(compiler.__file__), "bin", "cuobjdump")
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = os.path.join(tmp, "kernel.cubin")
+        with open(cubin, "wb") as f:
+            f.write(compiled.asm["cubin"])
+        text = subprocess.run([tool, "-res-usage", cubin], capture_output=True, text=True, check=True).stdout
+    found = re.search(r"REG:(\d+) STACK:(\d+)", text)
+    if found is None:
+        raise RuntimeError(f"cuobjdump -res-usage gave no REG/STACK line: {text[:200]!r}")
+    return {"registers": int(found[1]), "stack_bytes": int(found[2]), "shared_bytes": int(compiled.metadata.shared)}
+
+
+def decode_attention(td: Any, *, batch: int, slots: int, kv_heads: int, group: int, head_dim: int,
+                     stages: int | None, rope: bool, tma: bool = False, balance: bool = False) -> tuple[Any, tuple]:
+    """kiln.kernels.triton_decode's kernel compiled as `_launch` would launch it for this shape and
+    the module's settings (LOOP_BLOCK, ...; `stages` sets LOOP_STAGES); returns (compiled,
+    launch_settings)."""
+    import triton
+
+    td.LOOP_STAGES = stages
+    block, per_chunk, chunks, warps = td.launch_settings(batch, kv_heads, slots)
+    kernel = td._kernel()
+    ints = [n for n in kernel.arg_names if n.startswith("stride") or n in ("slots", "window", "kv_heads")]
+    desc = f"tensordesc<bf16[{block}, {head_dim}]>" if tma else "*bf16"
+    types = {**{n: "i32" for n in ints}, **POINTERS, "Kd": desc, "Vd": desc, "scale": "fp32"}
+    looping = per_chunk > block
+    constexprs = dict(G=group, BLOCK_G=max(16, triton.next_power_of_2(group)), D=head_dim,
+                      BLOCK_D=triton.next_power_of_2(head_dim), CHUNK=per_chunk, CHUNKS=chunks,
+                      BLOCK_C=triton.next_power_of_2(chunks), BLOCK=block, HAS_START=True, ROPE=rope, PDL=rope,
+                      STAGES=(stages or 0) if looping else 0, BALANCE=balance and looping, TMA=tma and looping)
+    aligned = tuple(POINTERS) + tuple(n for n in ints if n.startswith("stride") or n == "slots")
+    return compile_sm90(kernel, types, constexprs, warps, aligned), (block, per_chunk, chunks, warps)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--model", default="llama-3.2-3b")
+    ap.add_argument("--batch", default="1,16,32")
+    ap.add_argument("--slots", type=int, default=1024, help="cache capacity")
+    ap.add_argument("--blocks", default="32,64", help="LOOP_BLOCK values (slots per block of a looping program)")
+    ap.add_argument("--stages", default="0,3", help="LOOP_STAGES values (0: the hand-prefetched loop)")
+    ap.add_argument("--warps", default=None, help="NUM_WARPS values (default: launch_settings' choice)")
+    ap.add_argument("--no-rope", action="store_true", help="the attention op alone, not the fused RoPE op")
+    args = ap.parse_args(argv)
+    try:
+        from triton.backends.nvidia import compiler  # noqa: F401
+
+        import kiln.kernels.triton_decode as td
+    except ImportError as exc:
+        print(f"kernel_resources: needs Triton with its NVIDIA backend ({exc})", file=sys.stderr)
+        return 2
+    from kiln.bench.results import write_results
+    from kiln.llm.config import resolve_model
+    from kiln.monitor.env import collect_env
+
+    config = resolve_model(args.model).config
+    ints = lambda text: [int(t) for t in text.split(",")]  # noqa: E731
+    rows = []
+    for batch, block, stages, warps in itertools.product(ints(args.batch), ints(args.blocks), ints(args.stages),
+                                                         ints(args.warps) if args.warps else [None]):
+        td.LOOP_BLOCK, td.NUM_WARPS = block, warps
+        compiled, (blk, per_chunk, chunks, nwarps) = decode_attention(
+            td, batch=batch, slots=args.slots, kv_heads=config.n_kv_heads, group=config.n_heads // config.n_kv_heads,
+            head_dim=config.head_dim, stages=stages or None, rope=not args.no_rope)
+        if per_chunk == blk and (block, stages) != (ints(args.blocks)[0], ints(args.stages)[0]):
+            continue  # one block per program: LOOP_BLOCK and LOOP_STAGES do not apply, shown once
+        rows.append({"status": "ok", "batch": batch, "block": blk, "chunk_slots": per_chunk, "chunks": chunks,
+                     "warps": nwarps, "stages": stages if per_chunk > blk else 0, **usage(compiled)})
+    write_results(args.out, env=collect_env(), config={"model": args.model, "slots": args.slots, "rope": not args.no_rope,
+                                                        "target": "sm_90 (compiled on this machine)"},
+                  results=rows, columns=["batch", "block", "chunk_slots", "chunks", "warps", "stages", "registers",
+                                         "stack_bytes", "shared_bytes"],
+                  title=f"Decode attention per SM, {args.model} shape, {args.slots} slots, compiled for sm_90",
+                  command=shlex.join(["python", "benchmarks/kernel_resources.py", *(argv or sys.argv[1:])]))
+    for row in rows:
+        print(row)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
