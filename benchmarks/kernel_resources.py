@@ -123,8 +123,9 @@ def main(argv: list[str] | None = None) -> int:
             continue  # one block per program: LOOP_BLOCK and LOOP_STAGES do not apply, shown once
         rows.append({"status": "ok", "batch": batch, "block": blk, "chunk_slots": per_chunk, "chunks": chunks,
                      "warps": nwarps, "stages": stages if per_chunk > blk else 0, **usage(compiled)})
-    write_results(args.out, env=collect_env(), config={"model": args.model, "slots": args.slots, "rope": not args.no_rope,
-                                                        "target": "sm_90 (compiled on this machine)"},
+    config_row = {"model": args.model, "slots": args.slots, "rope": not args.no_rope,
+                  "target": "sm_90 (compiled on this machine)"}
+    write_results(args.out, env=collect_env(), config=config_row,
                   results=rows, columns=["batch", "block", "chunk_slots", "chunks", "warps", "stages", "registers",
                                          "stack_bytes", "shared_bytes"],
                   title=f"Decode attention per SM, {args.model} shape, {args.slots} slots, compiled for sm_90",

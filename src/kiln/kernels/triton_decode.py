@@ -31,8 +31,8 @@ programmatic dependent launch (kiln.kernels.triton_launch.PDL), so with `--decod
 every kernel of a layer is scheduled while the one before it ends; a program of one block reads
 it before it waits (only this kernel writes a layer's cache, and the step's own slot is taken
 from the projection instead), so the wait is followed by the query's read alone; a looping
-program pipelines its blocks after the wait (LOOP_STAGES). The op declares the caches it writes; inductor calls it on them in place
-(tests/kernels/test_triton_decode.py checks that no copy is made).
+program pipelines its blocks after the wait (LOOP_STAGES). The op declares the caches it writes;
+inductor calls it on them in place (tests/kernels/test_triton_decode.py checks that no copy is made).
 
 Tests run it on CPU through Triton's interpreter (TRITON_INTERPRET=1, fp32); the GPU check is
 benchmarks/decode_attention_check.py.
@@ -348,8 +348,8 @@ def _launch(q: Tensor | None, qkv_rows: Tensor | None, inv_freq: Tensor | None, 
     tma = stages > 0 and _tma_runs(cache_k, cache_v)
     k_desc, v_desc = (_descriptor(c, block) for c in (cache_k, cache_v)) if tma else (cache_k, cache_v)
     _kernel()[(B * Hkv, chunks)](
-        src, cache_k, cache_v, k_desc, v_desc, pos if start is None else start, pos, part, lse, arrival_counters(ref.device, B * Hkv), y,
-        inv_freq if rope else src, S,
+        src, cache_k, cache_v, k_desc, v_desc, pos if start is None else start, pos, part, lse,
+        arrival_counters(ref.device, B * Hkv), y, inv_freq if rope else src, S,
         stride_b, stride_h, cache_k.stride(0), cache_k.stride(1), cache_k.stride(2),
         cache_v.stride(0), cache_v.stride(1), cache_v.stride(2),
         part.stride(0), part.stride(1), part.stride(2), lse.stride(0), lse.stride(1), y.stride(0), y.stride(1),

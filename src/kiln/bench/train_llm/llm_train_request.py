@@ -36,8 +36,8 @@ class TrainLlmRequest:
     warmup: int = option(10, help="first steps left out of the timing (default 10)")
     rows: list[str] | None = option(None, shape="chunks", metavar="LIST",
                                     help=f"comma-separated rows, in order: plain, torchtitan, {', '.join(KILN_RECIPES)} "
-                                    "or a --recipe or --peer-recipe name (default: plain, kiln, every --recipe, torchtitan, "
-                                    "every --peer-recipe)")
+                                    "or a --recipe or --peer-recipe name (default: plain, kiln, every --recipe, "
+                                    "torchtitan, every --peer-recipe)")
     recipe: list[str] = option(default_factory=list, shape="repeat", metavar="'NAME: KEY=VALUE ...'",
                                help="a kiln row: a name and config overrides on the bench's base config (repeatable)")
     peer_recipe: list[str] = option(default_factory=list, shape="repeat", metavar="'NAME: PEER KEY=VALUE ...'",
