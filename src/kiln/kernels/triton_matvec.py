@@ -182,7 +182,7 @@ chose (`tuned_settings`), instead of timing the candidates again with its own no
 MEASURED: dict[str, dict[Key, tuple[int, int, int]]] = {
     # Llama-3.2-3B's one-row projections: wqkv, w_gate_up and lm_head (folded RMSNorm), wo (+ residual),
     # w_down (SwiGLU prologue, + residual). The choices of the fastest of three autotuning processes,
-    # reproduced with them pinned (benchmarks/results/h200/llm/matvec_pinned).
+    # reproduced with them pinned (the matvec_pinned results README).
     "NVIDIA H200": {(5120, 3072, 1, 1, False): (4, 256, 1), (3072, 3072, 1, 0, True): (4, 512, 1),
                     (16384, 3072, 1, 1, False): (4, 512, 1), (3072, 8192, 1, 2, True): (16, 512, 2),
                     (128256, 3072, 1, 1, False): (4, 256, 1)},
