@@ -192,3 +192,46 @@ def test_autotuner_keeps_settings_that_fill_the_gpu(monkeypatch):
     small = kept(1024, 256)  # 8 groups, 256 outputs: nothing gives 264 programs
     assert small and all(s <= 8 and d <= -(-8 // s) for _, s, d in small)
     assert (128, 2, 3) in small and (64, 8, 3) not in small  # one group per split cannot keep 3 in flight
+
+
+@interpreted
+def test_a_pinned_setting_skips_the_tuning(monkeypatch):
+    """PINNED[(N, K, GROUP, M, PROLOGUE, SWIGLU, HAS_RES)] is what launches for that shape (without it,
+    the interpreter's setting), and the product is the same."""
+    from kiln.kernels import triton_int4 as tk
+
+    inner, seen = tk._kernel(), []
+
+    class Spy:  # records each launch's setting, then launches
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                seen.append((kw["BLOCK_N"], kw["SPLIT"], kw["DEPTH"], kw["num_warps"]))
+                return inner[grid](*args, **kw)
+            return launch
+
+    monkeypatch.setitem(tk._KERNELS, True, Spy())
+    torch.manual_seed(2)
+    layer = ti.Int4TritonLinear.from_linear(nn.Linear(256, 32, bias=False), 64)
+    x = torch.randn(1, 256)
+    call = lambda: torch.ops.kiln.int4_matvec(x, layer.weight, layer.scale, layer.offset, 64)  # noqa: E731
+    plain = call()
+    monkeypatch.setitem(tk.PINNED, (32, 256, 64, 1, 0, False, False), (16, 2, 1, 4))
+    pinned = call()
+    assert seen == [(*tk.INTERPRETED_SETTING, 4), (16, 2, 1, 4)]
+    torch.testing.assert_close(pinned, plain, rtol=1e-5, atol=1e-5)
+
+
+def test_tuned_settings_read_the_autotuners_choices(monkeypatch):
+    """Its choices (kept on disk across processes) as 'N,K,GROUP,M,PROLOGUE,SWIGLU,HAS_RES' -> [BLOCK_N,
+    SPLIT, DEPTH, warps]; nothing before it ran."""
+    import triton
+
+    from kiln.kernels import triton_int4 as tk
+
+    monkeypatch.setitem(tk._KERNELS, False, None)
+    assert tk.tuned_settings() == {}
+    config = triton.Config({"BLOCK_N": 128, "SPLIT": 4, "DEPTH": 3}, num_warps=4)
+    from types import SimpleNamespace
+
+    monkeypatch.setitem(tk._KERNELS, False, SimpleNamespace(cache={(5120, 3072, 128, 1, 3, False, False, "x"): config}))
+    assert tk.tuned_settings() == {"5120,3072,128,1,3,False,False": [128, 4, 3, 4]}

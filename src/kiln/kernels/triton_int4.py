@@ -52,7 +52,7 @@ import triton.language as tl
 from torch import Tensor
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from kiln.kernels.triton_launch import arrival_counters, interpreting, pdl_enabled
+from kiln.kernels.triton_launch import arrival_counters, autotuner_choices, interpreting, pdl_enabled
 from kiln.kernels.triton_matvec import _split_sum, _x_tile
 
 PROLOGUES = {"none": 0, "rmsnorm": 1, "silu_mul": 2, "rms": 3}
@@ -270,6 +270,16 @@ MAX_SPLIT = max(setting[1] for setting in SETTINGS)
 INTERPRETED_SETTING = (32, 1, 2)
 """(BLOCK_N, SPLIT, DEPTH) under Triton's interpreter (4 warps; no GPU to tune on); tests pass others."""
 _KERNELS: dict[bool, object] = {}
+PINNED: dict[tuple[int, int, int, int, int, bool, bool], tuple[int, int, int, int]] = {}
+"""(BLOCK_N, SPLIT, DEPTH, warps) per (N, K, GROUP, M, PROLOGUE, SWIGLU, HAS_RES) that skip the
+autotuner (its choices are kept on disk, so a machine's later processes reuse its first's;
+`tuned_settings` shows them), for launching what another process chose."""
+
+
+def tuned_settings() -> dict[str, list[int]]:
+    """What the autotuner chose so far in this process or read from its disk cache:
+    'N,K,GROUP,M,PROLOGUE,SWIGLU,HAS_RES' -> [BLOCK_N, SPLIT, DEPTH, warps]."""
+    return autotuner_choices(_KERNELS.get(False), 7, ("BLOCK_N", "SPLIT", "DEPTH", "num_warps"))
 
 
 def _per_split(args) -> int:
@@ -348,6 +358,9 @@ def launch(x: Tensor, packed: Tensor, scale: Tensor, offset: Tensor, group_size:
              "HAS_BIAS": bias is not None, "HAS_RES": res is not None, "PDL": pdl}
     if pdl:
         flags["launch_pdl"] = True
+    pinned = PINNED.get((N, K, group_size, M, PROLOGUES[prologue], swiglu, res is not None))
+    if setting is None and pinned is not None:
+        setting = list(pinned)
     if setting is not None or interpreting():
         given = list(setting or INTERPRETED_SETTING)
         bn, split, depth, warps = given + [2, 4][len(given) - 2:]  # DEPTH 2 and 4 warps unless given

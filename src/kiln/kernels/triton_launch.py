@@ -1,6 +1,7 @@
 """What kiln's Triton decode kernels (kiln.kernels.triton_decode, triton_matvec, triton_int4) share
 about how they are launched: whether Triton is interpreting on the CPU, whether programmatic
-dependent launch is on, and the arrival counters of kernels whose last program finishes the work.
+dependent launch is on, the arrival counters of kernels whose last program finishes the work, and
+what an autotuner chose.
 A leaf of its own (torch only, no Triton), so the kernel modules import it rather than each other."""
 
 from __future__ import annotations
@@ -38,3 +39,15 @@ def arrival_counters(device: torch.device, n: int) -> Tensor:
     if key not in _ARRIVED:
         _ARRIVED[key] = torch.zeros(n, dtype=torch.int32, device=device)
     return _ARRIVED[key]
+
+
+def autotuner_choices(tuner: object, key_length: int, fields: tuple[str, ...]) -> dict[str, list[int]]:
+    """What a Triton autotuner chose so far in this process (or read from its disk cache): its key's
+    first `key_length` values joined by commas -> the chosen config's `fields` (a kwarg, or
+    `num_warps`). Empty for anything that is not an autotuner that ran."""
+    def value(config, name: str) -> int:
+        return config.num_warps if name == "num_warps" else config.kwargs[name]
+
+    chosen = getattr(tuner, "cache", None) or {}
+    return {",".join(str(v) for v in key[:key_length]): [value(config, f) for f in fields]
+            for key, config in sorted(chosen.items(), key=str)}

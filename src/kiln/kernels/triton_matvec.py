@@ -45,7 +45,7 @@ import triton.language as tl
 from torch import Tensor
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from kiln.kernels.triton_launch import arrival_counters, interpreting, pdl_enabled
+from kiln.kernels.triton_launch import arrival_counters, autotuner_choices, interpreting, pdl_enabled
 
 MAX_ROWS = 8
 """Rows (batch x tokens) up to which the kernel runs; longer inputs (prefill) use `linear`."""
@@ -210,9 +210,7 @@ def measured_setting(device: torch.device, key: Key) -> tuple[int, int, int] | N
 def tuned_settings() -> dict[str, list[int]]:
     """What this process's autotuner chose so far: 'N,K,M,PROLOGUE,HAS_RES' -> [BLOCK_N, BLOCK_K, SPLIT]
     (benches record it: candidates within timing noise of each other can differ between processes)."""
-    tuner = _KERNELS.get(False)
-    return {",".join(str(v) for v in key[:5]): [config.kwargs[k] for k in ("BLOCK_N", "BLOCK_K", "SPLIT")]
-            for key, config in sorted(getattr(tuner, "cache", {}).items(), key=str)}
+    return autotuner_choices(_KERNELS.get(False), 5, ("BLOCK_N", "BLOCK_K", "SPLIT"))
 
 
 _KERNELS: dict[bool, object] = {}

@@ -84,6 +84,8 @@ class EngineRow(JsonRow):
     graph_cache: dict[str, Any] | None = UNSET  # per variant: graphs from inductor's cache / compiled anew
     matvec_settings: dict[str, list[int]] | None = UNSET
     """kiln.kernels.triton_matvec.tuned_settings after this row's warm-up (`--decode-matvec triton`)."""
+    int4_settings: dict[str, list[int]] | None = UNSET
+    """kiln.kernels.triton_int4.tuned_settings after this row's warm-up, where int4@triton has run."""
     kv_cache_bytes: int | None = UNSET
     note: str | None = UNSET
     # Prefill alone (LlmBench.time_prefill) and the decode profile (llm_profile).

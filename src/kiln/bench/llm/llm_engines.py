@@ -18,6 +18,7 @@ a clock mark after the prefill and after every decode step).
 
 from __future__ import annotations
 
+import sys
 from typing import Any, get_args
 
 import torch
@@ -96,6 +97,9 @@ class KilnEngine:
             from kiln.kernels.triton_matvec import tuned_settings
 
             stats["matvec_settings"] = tuned_settings()
+        int4 = sys.modules.get("kiln.kernels.triton_int4")  # int4@triton's, where a row has run it
+        if int4 is not None and int4.tuned_settings():
+            stats["int4_settings"] = int4.tuned_settings()
         return stats
 
 
