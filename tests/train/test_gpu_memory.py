@@ -19,6 +19,7 @@ from kiln.train.activation_bytes import DecoderDims, Micro, Widths, activations_
 from kiln.train.gpu_memory import (
     COMPILE_WORKSPACE_BYTES,
     GIB,
+    HEADROOM,
     WORKSPACE_BYTES,
     ModelShape,
     Setup,
@@ -122,7 +123,7 @@ def test_the_plan_scales_with_checkpointing_batch_and_length():
 def test_a_run_that_cannot_fit_names_what_would_cheapest_first():
     plan = plan_of(MEASURED, SETUP, checkpointing="none", batch=4, seq=1024)
     with pytest.raises(ConfigError) as err:
-        check_fits(plan, MEASURED, _cfg(), free=20 * GIB, capacity=20 * GIB, where="cuda:0 (H100)")
+        check_fits(plan, MEASURED, free=20 * GIB, capacity=20 * GIB, where="cuda:0 (H100)")
     # 19.4 GiB usable for the reserved figure (allocated a + (a - 3.75) / 2): full checkpointing 12.5 -> 16.9;
     # batch 2: 14.5 -> 19.9, batch 1: 10 -> 13.1; length s (below 512 backward's start is the peak, the
     # reduce-scatter buffers over the loss's chunk): a = 6.5 + 16 s / 1024, 7.875 + 24 s / 1024 <= 19.4 at s <= 491
@@ -133,22 +134,21 @@ def test_a_run_that_cannot_fit_names_what_would_cheapest_first():
             "slack 9.9 GiB); cuda:0 (H100) has 20.0 GiB free of 20.0 GiB, 3% of it kept as headroom: it fits with "
             "any one of: training.activation_checkpointing=full; data.batch_size=1; data.seq_len=491 "
             "(KILN_SKIP_MEMORY_CHECK=1 tries anyway)") in str(err.value)
-    check_fits(plan, MEASURED, _cfg(), free=35 * GIB, capacity=35 * GIB, where="x")  # 33.4 <= 33.95: fits
+    check_fits(plan, MEASURED, free=35 * GIB, capacity=35 * GIB, where="x")  # 33.4 <= 33.95: fits
 
 
 def test_sharding_or_more_ranks_are_named_when_the_state_is_what_does_not_fit():
     one = dataclasses.replace(MEASURED, batch=1)  # measured at batch 1: full checkpointing 5 GiB, loss 0.5 GiB
-    cfg = _cfg("data.batch_size=1", "training.activation_checkpointing=full")
     ddp = dataclasses.replace(SETUP, strategy="ddp", autocast_bytes=None)  # 5 x 2^27 x (4 + 4 + 8) = 10 GiB of state
     plan = plan_of(one, ddp, checkpointing="full", batch=1, seq=1024)
     assert plan.total == 14 * GIB and plan.reserved == 69 * GIB // 4  # 7.5 + 5 + 0.5 + 1, + (14 - 7.5) / 2
     with pytest.raises(ConfigError) as err:  # 14.55 usable: DDP at length s: 9 + 8.25 s / 1024 (s <= 688);
-        check_fits(plan, one, cfg, free=15 * GIB, capacity=15 * GIB, where="x")  # FSDP2 at 2 ranks 15.375, at 3 14.125
+        check_fits(plan, one, free=15 * GIB, capacity=15 * GIB, where="x")  # FSDP2 at 2 ranks 15.375, at 3 14.125
     assert err.value.key == "data.seq_len" and str(err.value).endswith(
         "it fits with any one of: data.seq_len=688; 3 ranks (--nproc-per-node, or more nodes) with "
         "distributed.strategy=fsdp (KILN_SKIP_MEMORY_CHECK=1 tries anyway)")
     with pytest.raises(ConfigError, match="no single setting makes it fit"):
-        check_fits(plan, one, cfg, free=GIB, capacity=GIB, where="x")
+        check_fits(plan, one, free=GIB, capacity=GIB, where="x")
 
 
 @pytest.mark.parametrize(("extra", "widths", "micro"), [
@@ -214,8 +214,9 @@ def test_summary_keeps_the_plan_and_the_measured_peak(tmp_path):
                              "metrics.tensorboard=false"]), tmp_path / "run")
     record = json.loads((tmp_path / "run" / "summary.json").read_text())["memory_plan"]
     assert set(record) == {"parts", "total_bytes", "phases", "slack_bytes", "reserved_bytes", "strategy",
-                           "world_size", "setup", "notes", "measured"}
+                           "world_size", "setup", "checkpointing", "notes", "measured"}
     assert record["strategy"] == "none" and record["world_size"] == 1 and record["measured"] is None  # CPU
+    assert record["checkpointing"] == "none"
     assert record["total_bytes"] == max(record["phases"].values())
     assert record["reserved_bytes"] == record["total_bytes"] + record["slack_bytes"]
     num_params = json.loads((tmp_path / "run" / "summary.json").read_text())["num_params"]
@@ -273,3 +274,48 @@ def test_auto_keeps_a_large_models_units_gathered_where_the_plan_leaves_room():
     assert explicit.setup.reshard_after_forward is False and not explicit.notes
     assert gpu_plan.planned_reshard(kept, "fsdp") is False and gpu_plan.planned_reshard(kept, "ddp") is None
     assert gpu_plan.planned_reshard(None, "fsdp") is None
+
+
+def test_auto_checkpointing_takes_the_least_recomputation_the_plan_fits():
+    """`training.activation_checkpointing=auto` on the 8B shape at 4 ranks: none on an H200's 141 GiB, selective
+    on an 80 GB H100 (none does not fit there), full where only full fits, none without device figures; an
+    explicit mode is kept; the choice is a note of the plan and what `planned_checkpointing` returns."""
+    h200, h100 = 143771 * 2**20, 81559 * 2**20
+    plans = {mode: _plan_8b(f"training.activation_checkpointing={mode}", capacity=None)
+             for mode in ("none", "selective", "full")}
+    between = int(plans["full"].reserved / (1 - HEADROOM)) + 2**20  # full fits, selective does not (resharded)
+    assert plans["selective"].reserved > between
+    for capacity, chosen in ((h200, "none"), (h100, "selective"), (between, "full"), (None, "none")):
+        plan = _plan_8b("training.activation_checkpointing=auto", capacity=capacity)
+        assert plan.checkpointing == chosen and gpu_plan.planned_checkpointing(plan, "auto") == chosen
+        assert any(f"activation_checkpointing=auto: {chosen}" in n for n in plan.notes)
+    assert gpu_plan.planned_checkpointing(None, "auto") == "none"
+    kept = _plan_8b("training.activation_checkpointing=selective", capacity=h200)
+    assert kept.checkpointing == "selective" and gpu_plan.planned_checkpointing(kept, "selective") == "selective"
+    assert not any("activation_checkpointing=auto" in n for n in kept.notes)
+    assert _plan_8b("training.activation_checkpointing=auto", capacity=h200).setup.reshard_after_forward is True
+
+
+def test_auto_checkpointing_reaches_the_blocks_and_the_summary(tmp_path, monkeypatch):
+    """A run whose device plan fits only with full checkpointing (device figures given to a CPU run) applies
+    full to its blocks under `auto` and keeps the choice in summary.json; without figures it is none."""
+    from kiln.train import assemble
+    from kiln.train.trainer import train
+
+    base = ["model.name=llama:llama-tiny", "training.device=cpu", "data.seq_len=64", "data.batch_size=8",
+            "training.steps=1", "metrics.console=false", "metrics.tensorboard=false"]
+    policy = resolve_precision("fp32", torch.device("cpu"))
+    reserved = {mode: gpu_plan.plan_run(load_config(None, [*base, f"training.activation_checkpointing={mode}"]),
+                                        "none", 1, policy, memory=None, where="x", announce=False).reserved
+                for mode in ("selective", "full")}
+    assert reserved["full"] < reserved["selective"]
+    capacity = int(reserved["full"] / (1 - HEADROOM)) + 1024
+    applied = []
+    monkeypatch.setattr(assemble, "apply_activation_checkpointing", lambda blocks, mode: applied.append(mode))
+    for memory, expect in (((capacity, capacity), "full"), (None, "none")):
+        monkeypatch.setattr(build_run, "device_memory", lambda device, memory=memory: memory)
+        run = tmp_path / expect
+        train(load_config(None, [*base, "training.activation_checkpointing=auto"]), run)
+        summary = json.loads((run / "summary.json").read_text())
+        assert summary["features"]["activation_checkpointing"] == expect == applied[-1]
+        assert summary["memory_plan"]["checkpointing"] == expect

@@ -18,7 +18,7 @@ Task = Literal["auto", "classification", "causal_lm", "custom"]
 Attention = Literal["auto", "flash", "cudnn", "efficient", "math"]
 TokenDtype = Literal["uint16", "uint32"]
 NonFinite = Literal["error", "skip"]
-ActivationCheckpointing = Literal["none", "full", "selective"]
+ActivationCheckpointing = Literal["none", "full", "selective", "auto"]
 CeKernel = Literal["auto", "plain", "chunked", "liger", "triton"]
 SwigluKernel = Literal["auto", "plain", "fused"]
 OptimName = Literal["adamw", "sgd"]
@@ -110,7 +110,7 @@ class TrainingConfig:
     nonfinite_max_skips: int = 10
     """With `skip`: stop after this many consecutive non-finite steps."""
     activation_checkpointing: ActivationCheckpointing = "none"
-    """Recompute activations in backward instead of keeping them, per repeated block: `none`, `full` (keep only each block's input), `selective` (keep matmul and attention outputs, recompute the cheap elementwise ops: most of the memory saved for little extra time)."""
+    """Recompute activations in backward instead of keeping them, per repeated block: `none`, `full` (keep only each block's input), `selective` (keep matmul and attention outputs, recompute the cheap elementwise ops: most of the memory saved for little extra time), or `auto`: the least recomputation the GPU memory plan fits (`none` where that plan reserves at most 75 % of each GPU and fits its free memory, else `selective`, else `full`; `none` on a CPU or where kiln makes no GPU plan). The mode chosen is logged and kept in summary.json (`features`)."""
     ce_kernel: CeKernel = "auto"
     """Next-token loss of `llama:` models: `plain` (logits, then cross-entropy), `chunked` (kiln's fused linear + cross-entropy over chunks of tokens: never holds [tokens x vocab] fp32 logits, exact gradients), `liger` (Liger-Kernel's fused linear cross-entropy, `pip install 'kiln[kernels]'`), `triton` (logits as `plain`, then kiln's Triton cross-entropy: one pass over the logits forward, one read and write backward, no fp32 copy; any causal LM), or `auto` (`chunked` for `llama:` models, `plain` for others)."""
     swiglu_kernel: SwigluKernel = "auto"

@@ -22,7 +22,8 @@ from torch.utils.checkpoint import CheckpointPolicy, checkpoint
 
 from kiln.config.schema import ActivationCheckpointing
 
-MODES = get_args(ActivationCheckpointing)
+MODES = tuple(m for m in get_args(ActivationCheckpointing) if m != "auto")
+"""The modes a block can be checkpointed in (`auto` is resolved to one of them by the memory plan)."""
 
 
 def _saved_ops() -> frozenset:

@@ -40,6 +40,7 @@ def build_train_step(
     swiglu_kernel: str = "plain",
     initial_values: Callable[[], Iterable[tuple[str, Tensor]]] | None = None,
     reshard_after_forward: bool | None = None,
+    activation_checkpointing: str | None = None,
 ) -> TrainStep | CapturedStep:
     """Compile and parallelise `model` (see kiln.distributed.apply for the order), then build the
     optimizer, LR schedule, grad scaler and the step function around it. `step.model` is the
@@ -54,6 +55,8 @@ def build_train_step(
     decoder, kiln.train.build_run): once sharded, each rank's shards are allocated on `device` and
     filled from these full tensors (kiln.distributed.materialise), before the optimizer sees them.
     `reshard_after_forward`: FSDP2's choice as the run's memory plan made it (None: the size rule).
+    `activation_checkpointing`: the mode as the memory plan resolved `auto` (None: the config's, `auto`
+    there meaning none).
 
     Before compile and parallelism (torchtitan's order): the SwiGLU kernel (kiln.train.swiglu),
     float8 linear layers in the blocks
@@ -62,7 +65,8 @@ def build_train_step(
     check_float8(cfg.precision.float8, device, cfg.precision.policy)  # the trainer checked; other callers too
     apply_swiglu_kernel(model, swiglu_kernel)
     apply_float8(model, blocks, cfg.precision.float8, fsdp=strategy == "fsdp")  # tensorwise: float8 all-gathers
-    apply_activation_checkpointing(blocks, cfg.training.activation_checkpointing)
+    mode = activation_checkpointing or cfg.training.activation_checkpointing
+    apply_activation_checkpointing(blocks, "none" if mode == "auto" else mode)
     model, grad_sync = apply_parallel(model, blocks, cfg, policy, device, strategy, sync_timer, reshard_after_forward)
     if initial_values is not None:
         materialise(model, device, initial_values())

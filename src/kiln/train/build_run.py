@@ -30,7 +30,7 @@ from kiln.precision import PrecisionPolicy, apply_precision
 from kiln.runtime import seed_everything
 from kiln.train.features import Features, resolve_features
 from kiln.train.gpu_memory import GpuPlan
-from kiln.train.gpu_plan import device_memory
+from kiln.train.gpu_plan import device_memory, planned_checkpointing
 from kiln.train.memory_plan import check_run_fits, meta_model
 from kiln.train.plan import Placement, TrainPlan, plan_device_memory
 from kiln.train.resume import Resume, decide_resume
@@ -127,7 +127,8 @@ def build_run(plan: TrainPlan, where: Placement, dist: DistEnv, device: torch.de
             log.warning("training.eval_interval is set but data has no eval split (data.eval_path); eval is off")
     if cfg.compile.enabled and cfg.compile.regional and not built.blocks:
         raise ConfigError("compile.regional", f"{cfg.model.name} has no repeated blocks to compile one by one")
-    features = resolve_features(cfg, built, model, policy, device, train_data)
+    features = resolve_features(cfg, built, model, policy, device, train_data,
+                                checkpointing=planned_checkpointing(memory_plan, cfg.training.activation_checkpointing))
     return RunParts(cfg=cfg, run_dir=run_dir, dist=dist, device=device, policy=policy, cpu_plan=cpu_plan,
                     fault=fault, checkpointer=checkpointer, resume=resume, built=built, model=model,
                     num_params=num_params, strategy=strategy, strategy_reason=strategy_reason,

@@ -43,11 +43,12 @@ class Features:
 
 
 def resolve_features(cfg: Config, built, model: torch.nn.Module, policy: PrecisionPolicy, device: torch.device,
-                     train_data) -> Features:
+                     train_data, checkpointing: str) -> Features:
     """The features of this run. `built`: the BuiltModel; `model`: its module on the device;
-    `train_data`: the DataSource."""
+    `train_data`: the DataSource; `checkpointing`: `training.activation_checkpointing` as the memory
+    plan resolved it (kiln.train.gpu_plan.planned_checkpointing)."""
     check_float8(cfg.precision.float8, device, cfg.precision.policy)
-    ac = cfg.training.activation_checkpointing
+    ac = checkpointing
     if ac != "none" and not built.blocks:
         raise ConfigError("training.activation_checkpointing",
                           f"{cfg.model.name} has no repeated blocks to checkpoint one by one", ("none",))

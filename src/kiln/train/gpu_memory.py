@@ -127,6 +127,8 @@ class GpuPlan:
     persistent: int = 0
     """Parameters, optimizer state (and gradients where held) at the peak: allocated once, no slack."""
     notes: list[str] = field(default_factory=list)
+    checkpointing: str = "none"
+    """The activation checkpointing mode the activations were planned at."""
 
     @property
     def total(self) -> int:

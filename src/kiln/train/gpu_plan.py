@@ -182,7 +182,8 @@ def plan_of(m: Measured, setup: Setup, *, checkpointing: str, batch: int, seq: i
     activations and logits scale with the tokens of a micro-batch: attention runs in fused
     kernels, linear in length)."""
     if m.dims is not None and seq:
-        return plan_gpu(m.shape, setup, decoder_step(m, checkpointing=checkpointing, batch=batch, seq=seq))
+        plan = plan_gpu(m.shape, setup, decoder_step(m, checkpointing=checkpointing, batch=batch, seq=seq))
+        return dataclasses.replace(plan, checkpointing=checkpointing)
     scale = (batch * (seq or 1)) / (m.batch * (m.seq or 1))
     activations = math.ceil(m.acts.total(checkpointing) * scale) if m.acts is not None else 0
     if m.task == "causal_lm" and seq:
@@ -190,16 +191,17 @@ def plan_of(m: Measured, setup: Setup, *, checkpointing: str, batch: int, seq: i
     else:
         logits = batch * m.shape.vocab * (m.compute_bytes + 8)
     plan = plan_gpu(m.shape, setup, StepMemory(activations, loss_transient=logits, accumulating=m.accumulating))
+    plan = dataclasses.replace(plan, checkpointing=checkpointing)
     plan.notes.append("activations measured on the meta device (a model kiln.train.activation_bytes does not count)"
                       if m.acts is not None else
                       "activations not measured (a user model, or one that does not run on the meta device)")
     return plan
 
 
-def fixes(m: Measured, setup: Setup, cfg: Config, free: int, capacity: int) -> list[str]:
-    """Single changes to this run that would make it fit, in order of what they cost: more
-    recomputation, a smaller batch, shorter sequences, more ranks, sharding."""
-    ac, batch, seq = cfg.training.activation_checkpointing, m.batch, m.seq
+def fixes(m: Measured, setup: Setup, ac: str, free: int, capacity: int) -> list[str]:
+    """Single changes to this run (planned at checkpointing mode `ac`) that would make it fit, in order
+    of what they cost: more recomputation, a smaller batch, shorter sequences, more ranks, sharding."""
+    batch, seq = m.batch, m.seq
     here = {"checkpointing": ac, "batch": batch, "seq": seq}
 
     def ok(setup_=setup, **change) -> bool:
@@ -235,13 +237,13 @@ def _key(option: str) -> str:
     return "--nproc-per-node" if option[0].isdigit() else option.split("=")[0]
 
 
-def check_fits(plan: GpuPlan, m: Measured, cfg: Config, *, free: int, capacity: int, where: str) -> None:
+def check_fits(plan: GpuPlan, m: Measured, *, free: int, capacity: int, where: str) -> None:
     """ConfigError (exit 2) naming what would fit when `plan` does not fit `free` of `capacity` bytes."""
     if fits(plan.reserved, free, capacity):
         return
     parts = ", ".join(f"{name} {gib(n)}" for name, n in plan.parts.items() if n)
     parts += f"; allocated peak {gib(plan.total)} + allocator slack {gib(plan.slack)}"
-    options = fixes(m, plan.setup, cfg, free, capacity)
+    options = fixes(m, plan.setup, plan.checkpointing, free, capacity)
     advice = ("it fits with any one of: " + "; ".join(options)) if options else \
         "no single setting makes it fit: a smaller model, or devices with more memory"
     s = plan.setup
@@ -273,6 +275,7 @@ def plan_record(plan: GpuPlan | None, measured: dict[str, int] | None) -> dict[s
     record = {"parts": dict(plan.parts), "total_bytes": plan.total, "phases": dict(plan.phases),
               "slack_bytes": plan.slack, "reserved_bytes": plan.reserved, "strategy": plan.setup.strategy,
               "world_size": plan.setup.world_size, "setup": dataclasses.asdict(plan.setup),
+              "checkpointing": plan.checkpointing,
               "notes": list(plan.notes), "measured": measured}
     if measured:
         record["allocated_over_plan"] = round(measured["max_allocated_bytes"] / plan.total, 4)
@@ -299,8 +302,11 @@ def plan_run(cfg: Config, strategy: str, world_size: int, policy: PrecisionPolic
     num = sum(p.numel() for p in built.module.parameters())
     setup = run_setup(cfg, strategy, world_size, policy, num)
     m = measure(built, cfg, setup)
-    plan = keep_gathered(m, setup, cfg, memory) or \
-        plan_of(m, setup, checkpointing=cfg.training.activation_checkpointing, batch=m.batch, seq=m.seq)
+    ac = choose_checkpointing(m, setup, cfg.training.activation_checkpointing, memory)
+    plan = keep_gathered(m, setup, cfg, memory, ac) or plan_of(m, setup, checkpointing=ac, batch=m.batch, seq=m.seq)
+    if cfg.training.activation_checkpointing == "auto":
+        plan.notes.append(f"training.activation_checkpointing=auto: {ac} (the least recomputation whose plan fits"
+                          + (")" if memory is not None else ": no device figures, so none)"))
     if cfg.precision.float8 != "none":
         plan.notes.append("float8: weights, gathers and activations planned in the compute dtype (torchao's "
                           "float8 casts are transient)")
@@ -308,7 +314,7 @@ def plan_run(cfg: Config, strategy: str, world_size: int, policy: PrecisionPolic
         log.info(table(plan))
     if memory is not None:
         try:
-            check_fits(plan, m, cfg, free=memory[0], capacity=memory[1], where=where)
+            check_fits(plan, m, free=memory[0], capacity=memory[1], where=where)
         except ConfigError as exc:
             if os.environ.get(SKIP_ENV) != "1":
                 raise
@@ -316,9 +322,33 @@ def plan_run(cfg: Config, strategy: str, world_size: int, policy: PrecisionPolic
     return plan
 
 
-def keep_gathered(m: Measured, setup: Setup, cfg: Config, memory: tuple[int, int] | None) -> GpuPlan | None:
-    """Under `fsdp_reshard_after_forward=auto`, the plan with FSDP2's units kept gathered from forward
-    to backward, where the size rule reshards them and that plan reserves at most KEEP_SHARE of the
+def choose_checkpointing(m: Measured, setup: Setup, asked: str, memory: tuple[int, int] | None) -> str:
+    """The activation checkpointing mode the run uses: `asked`, or under `auto` the first of AC_ORDER
+    whose plan fits the device (`memory` = (free, total) bytes, HEADROOM kept), `full` when none does
+    (the fit check then names what would); `none` without device figures or repeated blocks."""
+    if asked != "auto":
+        return asked
+    if memory is None or not m.shape.units:
+        return "none"
+    for mode in AC_ORDER:
+        if fits(plan_of(m, setup, checkpointing=mode, batch=m.batch, seq=m.seq).reserved, *memory):
+            return mode
+    return AC_ORDER[-1]
+
+
+def planned_checkpointing(plan: GpuPlan | None, asked: str) -> str:
+    """`training.activation_checkpointing` as the run applies it: `asked`, or for `auto` the mode the
+    memory plan chose (`none` without a plan). Ranks whose GPUs differ may choose differently; the
+    collectives of a step are the same in every mode."""
+    if asked != "auto":
+        return asked
+    return plan.checkpointing if plan is not None else "none"
+
+
+def keep_gathered(m: Measured, setup: Setup, cfg: Config, memory: tuple[int, int] | None,
+                  ac: str) -> GpuPlan | None:
+    """Under `fsdp_reshard_after_forward=auto`, the plan (at checkpointing mode `ac`) with FSDP2's units
+    kept gathered from forward to backward, where the size rule reshards them and that plan reserves at most KEEP_SHARE of the
     device's capacity and fits its free memory (`memory` = (free, total) bytes), so `auto` never
     refuses a run that fits resharded; else None. Ranks that decide differently (other GPU models,
     memory another process holds) are made to agree by kiln.distributed.fsdp.apply_fsdp."""
@@ -326,7 +356,7 @@ def keep_gathered(m: Measured, setup: Setup, cfg: Config, memory: tuple[int, int
             or cfg.distributed.fsdp_reshard_after_forward is not None):
         return None
     kept = dataclasses.replace(setup, reshard_after_forward=False)
-    plan = plan_of(m, kept, checkpointing=cfg.training.activation_checkpointing, batch=m.batch, seq=m.seq)
+    plan = plan_of(m, kept, checkpointing=ac, batch=m.batch, seq=m.seq)
     free, capacity = memory
     if plan.reserved > KEEP_SHARE * capacity or not fits(plan.reserved, free, capacity):
         return None

@@ -156,7 +156,8 @@ class TrainLoop:
                                         strategy=p.strategy, guard=self.guard, sync_timer=self.sync_timer,
                                         ce_kernel=p.features.ce_kernel, swiglu_kernel=p.features.swiglu_kernel,
                                         initial_values=None if initial is None else lambda: initial(device, seed),
-                                        reshard_after_forward=planned_reshard(p.memory_plan, p.strategy))
+                                        reshard_after_forward=planned_reshard(p.memory_plan, p.strategy),
+                                        activation_checkpointing=p.features.activation_checkpointing)
         self.model = self.step_fn.model
         self.eval_fn = with_precision(build_eval_fn(self.model, p.built.task), p.policy, device)
         self.samples_per_step = p.train_data.samples_per_batch * self.accum

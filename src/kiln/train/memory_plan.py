@@ -212,7 +212,8 @@ def plan_host_memory(cfg: Config, device_type: str) -> HostPlan | None:
     acts = saved_activations(built, cfg, policy.param_dtype) if own_model(cfg) else None
     per_sample = 0
     if acts is not None:
-        activations = acts.total(cfg.training.activation_checkpointing)
+        mode = cfg.training.activation_checkpointing  # `auto` on a CPU: none (no device plan to choose by)
+        activations = acts.total("none" if mode == "auto" else mode)
         if policy.autocast_dtype is not None:  # autocast keeps matmul outputs in 16 bits
             activations = activations * torch.finfo(policy.autocast_dtype).bits // 32
         parts[f"activations (batch {cfg.data.batch_size})"] = activations
@@ -237,7 +238,7 @@ def check_run_fits(cfg: Config, device_type: str) -> HostPlan | None:
     if plan.activations_per_sample and fixed < available:
         fits = math.floor((available - fixed) / plan.activations_per_sample)
         knob = (f"data.batch_size={fits} fits" if fits >= 1 else "no batch size fits at this data.seq_len")
-        if cfg.training.activation_checkpointing == "none" and plan.has_blocks:
+        if cfg.training.activation_checkpointing in ("none", "auto") and plan.has_blocks:
             knob += "; training.activation_checkpointing=full keeps less"
     else:
         knob = "the model alone does not fit: a smaller model, or a machine with more memory"

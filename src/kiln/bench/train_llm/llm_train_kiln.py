@@ -24,6 +24,7 @@ from kiln.train.assemble import build_train_step
 from kiln.train.attention import attention_backend
 from kiln.train.compile_defaults import apply_measured_defaults
 from kiln.train.features import resolve_features
+from kiln.train.gpu_plan import planned_checkpointing
 from kiln.train.strategy import resolve_strategy
 
 
@@ -78,13 +79,15 @@ def kiln_step(overrides: list[str] | Config, stack: contextlib.ExitStack):
     param_bytes = torch.finfo(policy.param_dtype).bits // 8
     strategy, reason = resolve_strategy(cfg, 1, num_params, param_bytes, device, launched=wrapped)
     shape = _Shape(cfg.data.batch_size, cfg.data.batch_size * cfg.data.seq_len)
-    features = resolve_features(cfg, built, model, policy, device, shape)
+    features = resolve_features(cfg, built, model, policy, device, shape,  # no device plan here: `auto` is none
+                                checkpointing=planned_checkpointing(None, cfg.training.activation_checkpointing))
     stack.enter_context(tf32_enabled(cfg.precision.tf32))
     stack.enter_context(deterministic_mode(cfg.training.deterministic))
     stack.enter_context(compile_cache_dir(cfg.compile.cache_dir if cfg.compile.enabled else "torch"))
     stack.enter_context(attention_backend(cfg.model.attention))
     step_fn = build_train_step(model, built.task, built.blocks, cfg, policy, device, strategy=strategy,
-                               ce_kernel=features.ce_kernel, swiglu_kernel=features.swiglu_kernel)
+                               ce_kernel=features.ce_kernel, swiglu_kernel=features.swiglu_kernel,
+                               activation_checkpointing=features.activation_checkpointing)
 
     def step(x: Tensor, y: Tensor) -> Tensor:
         return step_fn([(x, y)])[0]
