@@ -1,13 +1,14 @@
-"""What kiln's decode attention kernel costs an SM, per launch setting, without a GPU: the kernel is
-compiled for an H100/H200 (sm_90) on this machine (Triton's frontend, its NVIDIA passes and the
-ptxas and cuobjdump it ships run on a CPU) and the cubin's registers per thread, stack (spilled
-registers) and shared memory are read back. Registers and shared memory decide how many programs
-an SM holds at once, so how many key/value tiles are in flight: a setting to try on a GPU is one
-that holds more of them. The pointers and the strides that are multiples of 16 at a real launch
+"""What kiln's decode attention kernel (or, with --int4, int4@triton's one-row kernel) costs an SM,
+per launch setting, without a GPU: the kernel is compiled for an H100/H200 (sm_90) on this machine
+(Triton's frontend, its NVIDIA passes and the ptxas and cuobjdump it ships run on a CPU) and the
+cubin's registers per thread, stack (spilled registers) and shared memory are read back. Registers
+and shared memory decide how many programs an SM holds at once, so how many tiles are in flight:
+a setting to try on a GPU is one that holds more of them. The pointers and the strides that are multiples of 16 at a real launch
 are marked so (as Triton's launcher marks them), or the compiler plans unaligned loads.
 
     python benchmarks/kernel_resources.py --out DIR [--batch 1,16,32] [--slots 1024] [--blocks 32,64]
         [--stages 0,3] [--warps 4] [--no-rope]
+    python benchmarks/kernel_resources.py --out DIR --int4
 """
 
 from __future__ import annotations
@@ -88,6 +89,36 @@ def decode_attention(td: Any, *, batch: int, slots: int, kv_heads: int, group: i
     return compile_sm90(kernel, types, constexprs, warps, aligned), (block, per_chunk, chunks, warps)
 
 
+INT4_3B = {"wqkv": (5120, 3072, "rms", False, False), "wo": (3072, 3072, "none", False, True),
+           "w_gate_up": (16384, 3072, "rms", True, False), "w_down": (3072, 8192, "none", False, True),
+           "lm_head": (128256, 3072, "rms", False, False)}
+"""Llama-3.2-3B's projections as int4@triton runs them at one row: (N, K, prologue, SWIGLU epilogue,
+residual add); the norms folded into the weights, w_gate_up's rows gate and up interleaved."""
+
+
+def int4_matvec(ti: Any, *, n: int, k: int, group: int, prologue: str, swiglu: bool, residual: bool,
+                setting: tuple[int, int, int, int]) -> Any:
+    """kiln.kernels.triton_int4's one-row kernel compiled for this projection at `setting` (BLOCK_N,
+    SPLIT, DEPTH, warps), with the constants its heuristics give it."""
+    import triton
+
+    block_n, split, depth, warps = setting
+    kernel = ti._kernel()
+    kernel = getattr(kernel, "fn", kernel)  # past the autotuner
+    kernel = getattr(kernel, "fn", kernel)  # past the heuristics: the jitted function
+    per_split = -(-(k // group) // split)
+    types = {"X": "*bf16", "Q": "*i32", "Scale": "*bf16", "Offset": "*bf16", "Y": "*bf16", "NormW": "*bf16",
+             "Bias": "*bf16", "Res": "*bf16", "Part": "*fp32", "Arrived": "*i32", "N": "i32", "eps": "fp32",
+             "stride_xm": "i32", "stride_ym": "i32", "stride_rm": "i32"}
+    constexprs = dict(M=1, K=k, GROUP=group, PROLOGUE=ti.PROLOGUES[prologue], SWIGLU=swiglu, HAS_BIAS=False,
+                      HAS_RES=residual, PDL=True, BLOCK_N=block_n, SPLIT=split, DEPTH=depth, PER_SPLIT=per_split,
+                      EVEN=n % block_n == 0 and per_split * split == k // group,
+                      K_CHUNK=min(1024, triton.next_power_of_2(k)))
+    aligned = ("X", "Q", "Scale", "Offset", "Y", "NormW", "Bias", "Res", "Part", "Arrived", "N", "stride_xm",
+               "stride_ym", "stride_rm")
+    return compile_sm90(kernel, types, constexprs, warps, aligned)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
@@ -98,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stages", default="0,3", help="LOOP_STAGES values (0: the hand-prefetched loop)")
     ap.add_argument("--warps", default=None, help="NUM_WARPS values (default: launch_settings' choice)")
     ap.add_argument("--no-rope", action="store_true", help="the attention op alone, not the fused RoPE op")
+    ap.add_argument("--int4", action="store_true", help="instead: int4@triton's one-row kernel on the Llama-3.2-3B "
+                    "projections (group 128) at every setting its autotuner may try")
     args = ap.parse_args(argv)
     try:
         from triton.backends.nvidia import compiler  # noqa: F401
@@ -110,6 +143,23 @@ def main(argv: list[str] | None = None) -> int:
     from kiln.llm.config import resolve_model
     from kiln.monitor.env import collect_env
 
+    command = shlex.join(["python", "benchmarks/kernel_resources.py", *(argv or sys.argv[1:])])
+    if args.int4:
+        import kiln.kernels.triton_int4 as ti
+
+        rows = [{"status": "ok", "projection": name, "n": n, "k": k, "block_n": setting[0], "split": setting[1],
+                 "depth": setting[2], "warps": setting[3],
+                 **usage(int4_matvec(ti, n=n, k=k, group=128, prologue=prologue, swiglu=swiglu, residual=residual,
+                                     setting=setting))}
+                for name, (n, k, prologue, swiglu, residual) in INT4_3B.items() for setting in ti.SETTINGS]
+        write_results(args.out, env=collect_env(), config={"kernel": "int4@triton one-row", "group": 128,
+                                                           "target": "sm_90 (compiled on this machine)"},
+                      results=rows, columns=["projection", "n", "k", "block_n", "split", "depth", "warps", "registers",
+                                             "stack_bytes", "shared_bytes"],
+                      title="int4@triton's one-row kernel per setting, Llama-3.2-3B projections, compiled for sm_90",
+                      command=command)
+        print(f"{len(rows)} settings; wrote {args.out}/results.md")
+        return 0
     config = resolve_model(args.model).config
     ints = lambda text: [int(t) for t in text.split(",")]  # noqa: E731
     rows = []
@@ -129,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
                   results=rows, columns=["batch", "block", "chunk_slots", "chunks", "warps", "stages", "registers",
                                          "stack_bytes", "shared_bytes"],
                   title=f"Decode attention per SM, {args.model} shape, {args.slots} slots, compiled for sm_90",
-                  command=shlex.join(["python", "benchmarks/kernel_resources.py", *(argv or sys.argv[1:])]))
+                  command=command)
     for row in rows:
         print(row)
     return 0
