@@ -305,8 +305,8 @@ def plan_run(cfg: Config, strategy: str, world_size: int, policy: PrecisionPolic
     ac = choose_checkpointing(m, setup, cfg.training.activation_checkpointing, memory)
     plan = keep_gathered(m, setup, cfg, memory, ac) or plan_of(m, setup, checkpointing=ac, batch=m.batch, seq=m.seq)
     if cfg.training.activation_checkpointing == "auto":
-        plan.notes.append(f"training.activation_checkpointing=auto: {ac} (the least recomputation whose plan fits"
-                          + (")" if memory is not None else ": no device figures, so none)"))
+        why = "the least recomputation whose plan fits" if memory is not None else "no device figures to choose by"
+        plan.notes.append(f"training.activation_checkpointing=auto: {ac} ({why})")
     if cfg.precision.float8 != "none":
         plan.notes.append("float8: weights, gathers and activations planned in the compute dtype (torchao's "
                           "float8 casts are transient)")
