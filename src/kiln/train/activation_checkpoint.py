@@ -56,6 +56,11 @@ def _checkpointed(forward, mode: str, *args, **kwargs):
     return checkpoint(forward, *args, use_reentrant=False, **kwargs)
 
 
+def without_plan(mode: str) -> str:
+    """`training.activation_checkpointing` where no device memory plan resolves `auto`: `auto` is none."""
+    return "none" if mode == "auto" else mode
+
+
 def apply_activation_checkpointing(blocks: list[torch.nn.Module], mode: str) -> int:
     """Checkpoint each block's forward (`full` or `selective`); returns the number of blocks wrapped."""
     if mode not in MODES:

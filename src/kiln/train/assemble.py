@@ -15,7 +15,7 @@ from kiln.config.schema import Config
 from kiln.distributed.apply import apply_parallel
 from kiln.distributed.materialise import materialise
 from kiln.precision import PrecisionPolicy, make_grad_scaler, with_precision
-from kiln.train.activation_checkpoint import apply_activation_checkpointing
+from kiln.train.activation_checkpoint import apply_activation_checkpointing, without_plan
 from kiln.train.capture import CapturedStep, capture_problem, scaler_problem
 from kiln.train.float8 import apply_float8, check_float8, install_scale_precompute
 from kiln.train.losses import build_forward_loss
@@ -65,8 +65,8 @@ def build_train_step(
     check_float8(cfg.precision.float8, device, cfg.precision.policy)  # the trainer checked; other callers too
     apply_swiglu_kernel(model, swiglu_kernel)
     apply_float8(model, blocks, cfg.precision.float8, fsdp=strategy == "fsdp")  # tensorwise: float8 all-gathers
-    mode = activation_checkpointing or cfg.training.activation_checkpointing
-    apply_activation_checkpointing(blocks, "none" if mode == "auto" else mode)
+    ac = activation_checkpointing or without_plan(cfg.training.activation_checkpointing)
+    apply_activation_checkpointing(blocks, ac)
     model, grad_sync = apply_parallel(model, blocks, cfg, policy, device, strategy, sync_timer, reshard_after_forward)
     if initial_values is not None:
         materialise(model, device, initial_values())

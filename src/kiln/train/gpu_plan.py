@@ -35,6 +35,7 @@ from kiln.models.spec import BuiltModel
 from kiln.monitor.nvml import import_nvml
 from kiln.precision import PrecisionPolicy
 from kiln.train import activation_bytes as ab
+from kiln.train.activation_checkpoint import without_plan
 from kiln.train.cross_entropy import CHUNK_LOGIT_BYTES, chunk_tokens, resolve_ce_kernel
 from kiln.train.gpu_memory import (
     HEADROOM,
@@ -340,16 +341,14 @@ def planned_checkpointing(plan: GpuPlan | None, asked: str) -> str:
     """`training.activation_checkpointing` as the run applies it: `asked`, or for `auto` the mode the
     memory plan chose (`none` without a plan). Ranks whose GPUs differ may choose differently; the
     collectives of a step are the same in every mode."""
-    if asked != "auto":
-        return asked
-    return plan.checkpointing if plan is not None else "none"
+    return plan.checkpointing if asked == "auto" and plan is not None else without_plan(asked)
 
 
 def keep_gathered(m: Measured, setup: Setup, cfg: Config, memory: tuple[int, int] | None,
                   ac: str) -> GpuPlan | None:
     """Under `fsdp_reshard_after_forward=auto`, the plan (at checkpointing mode `ac`) with FSDP2's units
-    kept gathered from forward to backward, where the size rule reshards them and that plan reserves at most KEEP_SHARE of the
-    device's capacity and fits its free memory (`memory` = (free, total) bytes), so `auto` never
+    kept gathered from forward to backward, where the size rule reshards them and that plan reserves
+    at most KEEP_SHARE of the device's capacity and fits its free memory (`memory` = (free, total) bytes), so `auto` never
     refuses a run that fits resharded; else None. Ranks that decide differently (other GPU models,
     memory another process holds) are made to agree by kiln.distributed.fsdp.apply_fsdp."""
     if (memory is None or setup.strategy != "fsdp" or not setup.reshard_after_forward

@@ -30,7 +30,7 @@ from kiln.models.host_memory import gib, host_memory, optimizer_slots
 from kiln.models.registry import REGISTRY
 from kiln.models.spec import BuiltModel
 from kiln.precision import resolve_precision
-from kiln.train.activation_checkpoint import SAVED_OPS
+from kiln.train.activation_checkpoint import SAVED_OPS, without_plan
 from kiln.train.cross_entropy import resolve_ce_kernel
 
 SKIP_ENV = "KILN_SKIP_MEMORY_CHECK"
@@ -212,8 +212,7 @@ def plan_host_memory(cfg: Config, device_type: str) -> HostPlan | None:
     acts = saved_activations(built, cfg, policy.param_dtype) if own_model(cfg) else None
     per_sample = 0
     if acts is not None:
-        mode = cfg.training.activation_checkpointing  # `auto` on a CPU: none (no device plan to choose by)
-        activations = acts.total("none" if mode == "auto" else mode)
+        activations = acts.total(without_plan(cfg.training.activation_checkpointing))  # a CPU has no device plan
         if policy.autocast_dtype is not None:  # autocast keeps matmul outputs in 16 bits
             activations = activations * torch.finfo(policy.autocast_dtype).bits // 32
         parts[f"activations (batch {cfg.data.batch_size})"] = activations

@@ -98,8 +98,8 @@ class KilnEngine:
 
             stats["matvec_settings"] = tuned_settings()
         int4 = sys.modules.get("kiln.kernels.triton_int4")  # int4@triton's, where a row has run it
-        if int4 is not None and int4.tuned_settings():
-            stats["int4_settings"] = int4.tuned_settings()
+        if int4 is not None and (chosen := int4.tuned_settings()):
+            stats["int4_settings"] = chosen
         return stats
 
 
