@@ -14,7 +14,7 @@ w_gate_up, w_down, lm_head; group 128, no fused work) at each row count M, throu
   (GEMV kinds up to 16 rows, GEMM_SPLITK up to 64, GEMM from 16); skipped with the reason when
   gemlite does not import. Its launch settings come from the table it ships for this GPU (H100's
   on an H200); a shape the table lacks is autotuned (gemlite's "fast" set) on its first call;
-- with `--sweep-rows` (16 and/or 64), `int4 rows BN/SPLIT/warps/stages/BM/PREFETCH`: other launch
+- with `--sweep-rows` (16 and/or 64), `int4 rows BN/SPLIT/warps/stages/BM/PREFETCH/SWAP`: other launch
   settings at those rows (the first model's shapes), to check the rule.
 
 Each variant is captured as back-to-back calls cycling over enough weight copies to miss L2, in one
@@ -54,11 +54,12 @@ from rows_bench import swept_setting  # noqa: E402  (a swept variant's launch se
 
 GROUP = 128
 SWEEP = {
-    16: [(bn, split, 4, stages, 16, prefetch) for bn in (32, 64, 128) for split in (1, 2, 4, 8)
-         for stages, prefetch in ((1, 1), (2, 1), (3, 0))],
-    64: [(bn, split, 4, 1, bm, 1) for bn in (64, 128) for split in (1, 2, 4) for bm in (16, 32, 64)],
+    16: [(128, split, 4, 3, 16, 0, 0) for split in (1, 2, 4, 8)]
+    + [(bn, split, warps, 3, 16, 0, 1) for bn in (128, 256) for split in (1, 2, 4, 8) for warps in (4, 8)],
+    64: [(128, split, 4, 3, bm, 0, 1) for split in (1, 2, 4) for bm in (16, 32, 64)],
 }
-"""Launch settings (BLOCK_N, SPLIT, warps, stages, BLOCK_M, PREFETCH) swept at some row counts."""
+"""Launch settings (BLOCK_N, SPLIT, warps, stages, BLOCK_M, PREFETCH, SWAP) swept at some row counts: at 16
+rows the unpacked-tile loop (SWAP 0) beside the swapped one (kiln.kernels.triton_rows)."""
 
 
 def int4_bytes(out_f: int, in_f: int) -> int:

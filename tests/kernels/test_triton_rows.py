@@ -39,6 +39,12 @@ def test_row_tiles_are_powers_of_two_from_16():
     (24, 256, 64, 9, False, "rms", False, True, [16, 4, 4, 3]),  # folded norm's sums of squares from 4 splits
     (40, 128, 32, 70, True, "none", False, False, [32, 1, 4, 2, 32]),  # prefill: 3 row blocks of 32, a partial one
     (32, 256, 64, 20, False, "rms", True, False, [16, 2, 4, 2, 16, 0]),  # 2 row blocks x 2 splits; no prefetch
+    # groups of 128 and more: the weight as the products' first operand (SWAP)
+    (48, 256, 128, 17, False, "rms", True, False, [32, 2]),      # folded norm, SwiGLU epilogue, 2 row blocks
+    (24, 512, 128, 5, True, "rmsnorm", False, True, [16, 3]),    # unfolded norm, bias, residual, uneven splits
+    (40, 256, 128, 4, False, "silu_mul", False, False, [32, 1]),  # SwiGLU before; a partial output block
+    (24, 512, 256, 9, False, "rms", False, True, [16, 2]),       # groups of 256: 32 word rows per product
+    (40, 256, 128, 3, False, "rms", False, False, [16, 2, 4, 2, 16, 0, 0]),  # SWAP 0: the unpacked tile
 ])
 def test_int4_rows_match_the_dequantized_math(out_f, in_f, group, rows, bias, prologue, swiglu, residual, setting):
     check_int4_op(torch.ops.kiln.int4_rows, out_f, in_f, group, rows, bias, prologue, swiglu, residual, setting,
@@ -46,15 +52,17 @@ def test_int4_rows_match_the_dequantized_math(out_f, in_f, group, rows, bias, pr
 
 
 @interpreted
-def test_16_bit_inputs_take_the_magic_number_path():
+@pytest.mark.parametrize("group", [64, 128])
+def test_16_bit_inputs_take_the_magic_number_path(group):
     """In fp16 (and bf16) the unpacked tile holds MAGIC + q (q in the mantissa's low bits); the product
-    is corrected by MAGIC times each row's input sum. fp16 only: Triton's interpreter multiplies bf16
-    tiles' raw bits in `tl.dot` (the GPU benchmark checks bf16 against fp32)."""
+    is corrected by MAGIC times each row's input sum (both loops: group 128 takes SWAP). fp16 only:
+    Triton's interpreter multiplies bf16 tiles' raw bits in `tl.dot` (the GPU benchmark checks bf16
+    against fp32, and bf16 on a GPU unpacks through inline PTX, which the interpreter cannot run)."""
     torch.manual_seed(2)
-    layer = ti.Int4TritonLinear.from_linear(nn.Linear(256, 32, bias=False), 64).to(torch.float16)
+    layer = ti.Int4TritonLinear.from_linear(nn.Linear(256, 32, bias=False), group).to(torch.float16)
     x = torch.randn(3, 256).to(torch.float16)
-    y = torch.ops.kiln.int4_rows(x, layer.weight, layer.scale, layer.offset, 64, None, None, 1e-5, "rms", False, None,
-                                 [16, 2])
+    y = torch.ops.kiln.int4_rows(x, layer.weight, layer.scale, layer.offset, group, None, None, 1e-5, "rms", False,
+                                 None, [16, 2])
     expected = eager_reference(layer, x, "rms", False, None, None)
     torch.testing.assert_close(y.float(), expected, rtol=2e-2, atol=2e-2 * float(expected.abs().max()))
 
@@ -70,6 +78,7 @@ def test_settings_rule():
     """Prefill: 128 x 128 tiles, no splits; decode: 128-wide blocks of 16 rows, splits doubled until
     every SM has two programs, never past MAX_SPLIT or the groups."""
     assert tr.choose_setting(512, 5120, 3072, 128, 132)[:5] == (128, 1, 8, 3, tr.PREFILL_BLOCK_M)
+    assert [tr.choose_setting(16, 5120, 3072, g, 132)[6] for g in (32, 64, 128, 256)] == [0, 0, 1, 1]
     assert tr.choose_setting(16, 5120, 3072, 128, 132)[:2] == (128, 8)  # 40 blocks x 8 >= 264
     assert tr.choose_setting(2, 128256, 3072, 128, 132)[1] == 1
     assert tr.choose_setting(33, 3072, 256, 128, 132)[1] == 2  # 2 groups: 2 splits at most

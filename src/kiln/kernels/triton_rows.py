@@ -6,17 +6,27 @@ a residual add after. kiln.llm.int4_layout.int4_path decides at which row counts
 A program owns a block of BLOCK_N outputs, a block of BLOCK_M rows and a split of K: it reads and
 unpacks each weight tile once for all the block's rows and multiplies on the tensor cores
 (`tl.dot`, rows padded to 16). The one-row kernel gives each row its own programs, which at batch
-B read and unpack every weight tile B times. Per group of inputs, int4 words (word [r, n] holds
-inputs 8r..8r+7 of output n) become a [GROUP, BLOCK_N] tile of MAGIC + q in the model dtype (q
-written into MAGIC's low mantissa bits: no conversion instruction), one product with the inputs,
-and scale * (sum q x) + offset * (sum x) applied once per group and output, the MAGIC * sum x
-term removed with the offset's. A folded norm's 1/rms comes from the squares of the x tiles the
-loop reads (each split's, added by the block's last program), not from a pass of its own.
+B read and unpack every weight tile B times. Per group of inputs (word [r, n] holds inputs
+8r..8r+7 of output n) nibbles become MAGIC + q in the model dtype (q written into MAGIC's low
+mantissa bits: no conversion instruction), and scale * (sum q x) + offset * (sum x) is applied
+once per group and output, the MAGIC * sum x term removed with the offset's. Two loops:
+
+- SWAP (groups of 128 and more, the default there): the weight is the products' first operand, so
+  the tensor cores read it from registers: the words are loaded into the operand's register
+  layout and unpacked there, one product per nibble position j over the word rows (K = group/8)
+  with the inputs 8r + j. In bf16 two words' nibbles become two bf16 pairs in a prmt and two
+  lop3s (inline PTX). The rows are the products' second operand; the result is transposed once.
+- otherwise each group's words are unpacked into a [GROUP, BLOCK_N] tile, the second operand,
+  which goes through shared memory on its way to the tensor cores: that round trip and the
+  unpacking per value made this loop slower at 16 rows on every projection where both were measured.
+
+A folded norm's 1/rms comes from the squares of the x tiles the loop reads (each split's, added
+by the block's last program), not from a pass of its own.
 
 Launch settings come from a rule (`choose_setting`), not from autotuning, so warm-up tunes
 nothing and every process picks the same: 128-wide blocks of 16 rows, Triton's pipeliner, and the
-fewest splits of K that give every SM two programs (a sweep over blocks, splits, stages, row
-blocks and a register prefetch is in the int4_gemm results README). Splits are added in a fixed
+fewest splits of K that give every SM two programs (the sweeps are in the int4_gemm and
+int4_rows_swapped results READMEs). Splits are added in a fixed
 order by the last program of a block to arrive (kiln.kernels.triton_matvec._split_sum), so
 results do not depend on arrival order. With programmatic dependent launch (Hopper) a program waits
 for the previous kernel before reading anything, then lets the next kernel be scheduled. Dense
@@ -119,14 +129,10 @@ def _group_tiles(X, Q, Scale, Offset, NormW, g, m, m_ok, n, n_ok, r, stride_xm, 
 
 
 @triton.jit
-def _unpacked(words, dtype: tl.constexpr, MAGIC: tl.constexpr):
-    """words [RP, BLOCK_N] -> [8 RP, BLOCK_N] of MAGIC + q in `dtype` (input 8r + j: nibble j of word
-    row r), exact: in 16-bit types q goes into the low mantissa bits of MAGIC's bit pattern (one
-    shift and one and-or per value, no int-to-float conversion); fp32 (tests) converts q itself,
-    MAGIC 0."""
-    shifts = 4 * tl.arange(0, 8)
-    q = (words[:, None, :] >> shifts[None, :, None]) & 15  # [RP, 8, BLOCK_N]
-    q = tl.reshape(q, [8 * words.shape[0], words.shape[1]])
+def _as_magic(q, dtype: tl.constexpr):
+    """int32 values q in [0, 15] as MAGIC + q in `dtype`, exact: in 16-bit types q goes into the low
+    mantissa bits of MAGIC's bit pattern (an and-or, no int-to-float conversion); fp32 (tests)
+    converts q itself, MAGIC 0."""
     if dtype == tl.float32:
         return q.to(tl.float32)
     if dtype == tl.float16:
@@ -134,35 +140,82 @@ def _unpacked(words, dtype: tl.constexpr, MAGIC: tl.constexpr):
     return (q | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True)  # 128 + q
 
 
-def _int4_rows(X, Q, Scale, Offset, Y, NormW, Bias, Res, Part, Arrived, M, N, eps,
-               stride_xm, stride_ym, stride_rm,
-               K: tl.constexpr, GROUP: tl.constexpr, PROLOGUE: tl.constexpr, SWIGLU: tl.constexpr,
-               HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, PDL: tl.constexpr,
-               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, PER_SPLIT: tl.constexpr,
-               PREFETCH: tl.constexpr):
-    pid = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    m_blocks = tl.cdiv(M, BLOCK_M)
-    pid_m = pid % m_blocks  # row blocks fastest: the programs sharing a weight tile run together (L2)
-    pid_n = pid // m_blocks
+@triton.jit
+def _unpacked(words, dtype: tl.constexpr):
+    """words [RP, BLOCK_N] -> [8 RP, BLOCK_N] of MAGIC + q in `dtype` (input 8r + j: nibble j of word row r)."""
+    shifts = 4 * tl.arange(0, 8)
+    q = (words[:, None, :] >> shifts[None, :, None]) & 15  # [RP, 8, BLOCK_N]
+    return _as_magic(tl.reshape(q, [8 * words.shape[0], words.shape[1]]), dtype)
+
+
+@triton.jit
+def _nibble_pair(words, B: tl.constexpr, dtype: tl.constexpr, ASM: tl.constexpr):
+    """Nibbles 2B and 2B+1 of each word as MAGIC + q in `dtype` (two tensors shaped as `words`).
+    ASM (bf16 on a GPU): two words' byte B are gathered into one register (prmt) and each nibble
+    of the pair becomes two bf16 values in one and-or (lop3), a third of the plain ops' work."""
+    if ASM:
+        if B == 0:
+            sel: tl.constexpr = "0x0400"
+        elif B == 1:
+            sel: tl.constexpr = "0x0501"
+        elif B == 2:
+            sel: tl.constexpr = "0x0602"
+        else:
+            sel: tl.constexpr = "0x0703"
+        return tl.inline_asm_elementwise(
+            asm="{ .reg .b32 t; prmt.b32 t, $2, $3, " + sel + "; lop3.b32 $0, t, 0x000F000F, 0x43004300, 0xea; "
+                "shr.b32 t, t, 4; lop3.b32 $1, t, 0x000F000F, 0x43004300, 0xea; }",
+            constraints="=r,=r,r,r", args=[words], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=2)
+    return _as_magic((words >> (8 * B)) & 15, dtype), _as_magic((words >> (8 * B + 4)) & 15, dtype)
+
+
+@triton.jit
+def _rows_xt(X, NormW, m, m_ok, k, stride_xm, rstd, K: tl.constexpr, PROLOGUE: tl.constexpr):
+    """The input tile transposed, [len(k), BLOCK_M], in the model dtype, the prologue applied."""
+    at = X + m[None, :] * stride_xm + k[:, None]
+    x = _x_tile(at, NormW, k[:, None], (k < K)[:, None] & m_ok[None, :], rstd[None, :], K, PROLOGUE)
+    return x.to(X.dtype.element_ty)
+
+
+@triton.jit
+def _swapped_group(X, Q, NormW, g, g_ok, m, m_ok, n, n_ok, stride_xm, rstd, N, K: tl.constexpr, GROUP: tl.constexpr,
+                   PROLOGUE: tl.constexpr, ASM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Group g's product transposed, sum_k q_k x_k as [BLOCK_N, BLOCK_M] with q read as MAGIC + q,
+    and the inputs' sums and sums of squares per row [BLOCK_M]: the weight is the products' first
+    operand, unpacked in the registers the tensor cores read it from (no shared-memory round trip);
+    one product per nibble position j, over the word rows, with the inputs 8r + j."""
+    R: tl.constexpr = GROUP // 8
+    r = tl.arange(0, R)
+    dtype = X.dtype.element_ty
+    prologue: tl.constexpr = PROLOGUE if PROLOGUE != 3 else 0
+    words = tl.load(Q + (g * R + r)[None, :] * N + n[:, None], mask=g_ok & n_ok[:, None], other=0)  # [BN, R]
+    # the sums from the group's inputs read in order (one reduction across threads each), the
+    # products from the same values read by nibble position (cache hits)
+    xf = _rows_x(X, NormW, m, m_ok & g_ok, g * GROUP + tl.arange(0, GROUP), stride_xm, rstd, K, prologue).to(tl.float32)
+    xsum = tl.sum(xf, 1)
+    squares = tl.sum(xf * xf, 1) if PROLOGUE == 3 else xsum
+    part = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    for b in tl.static_range(4):
+        lo, hi = _nibble_pair(words, b, dtype, ASM)
+        part = tl.dot(lo, _rows_xt(X, NormW, m, m_ok & g_ok, g * GROUP + 8 * r + 2 * b, stride_xm, rstd, K, prologue),
+                      part)
+        part = tl.dot(hi, _rows_xt(X, NormW, m, m_ok & g_ok, g * GROUP + 8 * r + 2 * b + 1, stride_xm, rstd, K,
+                                   prologue), part)
+    return part, xsum, squares
+
+
+@triton.jit
+def _tile_loop(X, Q, Scale, Offset, NormW, g0, m, m_ok, n, n_ok, stride_xm, rstd, N, K: tl.constexpr,
+               GROUP: tl.constexpr, PROLOGUE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+               PER_SPLIT: tl.constexpr, PREFETCH: tl.constexpr, MAGIC: tl.constexpr):
+    """A split's sum [BLOCK_M, BLOCK_N] and the rows' sums of squares, each group's words unpacked
+    into a [GROUP, BLOCK_N] tile, the products' second operand (any group size)."""
     R: tl.constexpr = GROUP // 8  # word rows per group
     RP: tl.constexpr = max(2, R)  # 8 RP >= 16: the tensor cores' smallest K
-    dtype = X.dtype.element_ty
-    MAGIC: tl.constexpr = 0.0 if dtype == tl.float32 else 1024.0 if dtype == tl.float16 else 128.0
-    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = n < N
-    m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    m_ok = m < M
     r = tl.arange(0, RP)
-    if PDL:
-        gdc_wait()
-        gdc_launch_dependents()
-    rstd = tl.zeros([BLOCK_M], dtype=tl.float32)
-    if PROLOGUE == 1:  # an unfolded norm scales x before its product: the whole row's rms first
-        rstd = _rows_rstd(X, m, m_ok, stride_xm, eps, K, BLOCK_M, 128)
+    dtype = X.dtype.element_ty
     squares = tl.zeros([BLOCK_M], dtype=tl.float32)  # a folded norm's: from the x tiles the loop reads
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    g0 = pid_k * PER_SPLIT
     last_g = g0 + PER_SPLIT - 1
     # PREFETCH: the next group's tiles are requested before this one is computed (the last reloads its
     # own: an L2 hit); else Triton's pipeliner (num_stages) schedules the loads.
@@ -182,10 +235,63 @@ def _int4_rows(X, Q, Scale, Offset, Y, NormW, Bias, Res, Part, Arrived, M, N, ep
         xsum = tl.sum(xf, 1)
         if PROLOGUE == 3:
             squares += tl.sum(xf * xf, 1)
-        part = tl.dot(x, _unpacked(words, dtype, MAGIC))
+        part = tl.dot(x, _unpacked(words, dtype))
         acc += part * scale[None, :] + xsum[:, None] * (offset - MAGIC * scale)[None, :]
         if PREFETCH:
             words, scale, offset, x = words_n, scale_n, offset_n, x_n
+    return acc, squares
+
+
+@triton.jit
+def _swapped_loop(X, Q, Scale, Offset, NormW, g0, m, m_ok, n, n_ok, stride_xm, rstd, N, K: tl.constexpr,
+                  GROUP: tl.constexpr, PROLOGUE: tl.constexpr, ASM: tl.constexpr, BLOCK_M: tl.constexpr,
+                  BLOCK_N: tl.constexpr, PER_SPLIT: tl.constexpr, MAGIC: tl.constexpr):
+    """`_tile_loop`'s result through `_swapped_group` (groups of 128 inputs or more: a product's K
+    of 16 word rows at least), computed as [BLOCK_N, BLOCK_M] and transposed once at the end."""
+    squares = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    for i in tl.range(0, PER_SPLIT):
+        g = g0 + i
+        g_ok = g < K // GROUP
+        scale = tl.load(Scale + g * N + n, mask=g_ok & n_ok, other=0.0).to(tl.float32)
+        offset = tl.load(Offset + g * N + n, mask=g_ok & n_ok, other=0.0).to(tl.float32)
+        part, xsum, sq = _swapped_group(X, Q, NormW, g, g_ok, m, m_ok, n, n_ok, stride_xm, rstd, N, K, GROUP,
+                                        PROLOGUE, ASM, BLOCK_M, BLOCK_N)
+        squares += sq
+        acc += part * scale[:, None] + xsum[None, :] * (offset - MAGIC * scale)[:, None]
+    return tl.trans(acc), squares
+
+
+def _int4_rows(X, Q, Scale, Offset, Y, NormW, Bias, Res, Part, Arrived, M, N, eps,
+               stride_xm, stride_ym, stride_rm,
+               K: tl.constexpr, GROUP: tl.constexpr, PROLOGUE: tl.constexpr, SWIGLU: tl.constexpr,
+               HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, PDL: tl.constexpr,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, PER_SPLIT: tl.constexpr,
+               PREFETCH: tl.constexpr, SWAP: tl.constexpr, ASM: tl.constexpr):
+    pid = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    m_blocks = tl.cdiv(M, BLOCK_M)
+    pid_m = pid % m_blocks  # row blocks fastest: the programs sharing a weight tile run together (L2)
+    pid_n = pid // m_blocks
+    dtype = X.dtype.element_ty
+    MAGIC: tl.constexpr = 0.0 if dtype == tl.float32 else 1024.0 if dtype == tl.float16 else 128.0
+    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = n < N
+    m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    m_ok = m < M
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+    rstd = tl.zeros([BLOCK_M], dtype=tl.float32)
+    if PROLOGUE == 1:  # an unfolded norm scales x before its product: the whole row's rms first
+        rstd = _rows_rstd(X, m, m_ok, stride_xm, eps, K, BLOCK_M, 128)
+    g0 = pid_k * PER_SPLIT
+    if SWAP:
+        acc, squares = _swapped_loop(X, Q, Scale, Offset, NormW, g0, m, m_ok, n, n_ok, stride_xm, rstd, N, K, GROUP,
+                                     PROLOGUE, ASM, BLOCK_M, BLOCK_N, PER_SPLIT, MAGIC)
+    else:
+        acc, squares = _tile_loop(X, Q, Scale, Offset, NormW, g0, m, m_ok, n, n_ok, stride_xm, rstd, N, K, GROUP,
+                                  PROLOGUE, BLOCK_M, BLOCK_N, PER_SPLIT, PREFETCH, MAGIC)
     ok = m_ok[:, None] & n_ok[None, :]
     if PROLOGUE == 3:
         _keep_squares(Part, squares, pid_k, m, m_ok, M, N, SPLIT)
@@ -221,29 +327,33 @@ DECODE_BLOCK_M = 16
 DECODE_STAGES = 3
 DECODE_PREFETCH = 0
 """The rule's decode setting (BLOCK_N, BLOCK_M, Triton pipeliner stages, no register prefetch)."""
+SWAP_FROM_GROUP = 128
+"""Group sizes from which the weight is the products' first operand (`_swapped_loop`); smaller
+groups (and a setting's SWAP of 0) unpack into the second operand's tile (`_tile_loop`)."""
 
 
-def choose_setting(rows: int, n: int, k: int, group: int, sms: int) -> tuple[int, int, int, int, int, int]:
-    """(BLOCK_N, SPLIT, warps, stages, BLOCK_M, PREFETCH) for a product of `rows` rows by an [n, k]
+def choose_setting(rows: int, n: int, k: int, group: int, sms: int) -> tuple[int, int, int, int, int, int, int]:
+    """(BLOCK_N, SPLIT, warps, stages, BLOCK_M, PREFETCH, SWAP) for a product of `rows` rows by an [n, k]
     weight, by rule instead of autotuning (no tuning at warm-up, the same choice in every process):
     above MAX_ROWS rows (prefill) 128 x 128 tiles, 8 warps, no splits; else DECODE_BLOCK_N-wide
     blocks of `row_block` rows, and the fewest splits of K that give every SM two programs."""
+    swap = int(group >= SWAP_FROM_GROUP)
     if rows > MAX_ROWS:
-        return 128, 1, 8, 3, PREFILL_BLOCK_M, 0
+        return 128, 1, 8, 3, PREFILL_BLOCK_M, 0, swap
     blocks = -(-rows // row_block(rows)) * -(-n // DECODE_BLOCK_N)
     split = 1
     while blocks * split < 2 * sms and split < min(MAX_SPLIT, k // group):
         split *= 2
-    return DECODE_BLOCK_N, split, 4, DECODE_STAGES, row_block(rows), DECODE_PREFETCH
+    return DECODE_BLOCK_N, split, 4, DECODE_STAGES, row_block(rows), DECODE_PREFETCH, swap
 
 
 def _run(args: tuple, flags: dict, M: int, N: int, setting: tuple) -> None:
-    bn, split, warps, stages, prefetch = setting
+    bn, split, warps, stages = setting
     if flags["PDL"]:
         flags["launch_pdl"] = True
     blocks = triton.cdiv(M, flags["BLOCK_M"])
     _KERNEL[(blocks * triton.cdiv(N, bn), split)](*args, BLOCK_N=bn, SPLIT=split, num_warps=warps, num_stages=stages,
-                                                   PREFETCH=prefetch, **flags)
+                                                   **flags)
 
 
 _KERNEL = triton.heuristics({"PER_SPLIT": lambda a: -(-(a["K"] // a["GROUP"]) // a["SPLIT"])})(
@@ -260,14 +370,17 @@ def int4_rows(x: Tensor, packed: Tensor, scale: Tensor, offset: Tensor, group_si
               norm_weight: Tensor | None, eps: float, prologue: int, swiglu: bool, residual: Tensor | None,
               setting: list[int] | None = None) -> Tensor:
     """kiln::int4_matvec's product for M >= 1 rows (`prologue` as its codes). `setting` (BLOCK_N,
-    SPLIT[, warps, stages[, BLOCK_M[, PREFETCH]]]) overrides `choose_setting`."""
+    SPLIT[, warps, stages[, BLOCK_M[, PREFETCH[, SWAP]]]]) overrides `choose_setting`; SWAP applies
+    from SWAP_FROM_GROUP, PREFETCH to the other loop only."""
     x = x.contiguous()
     M = x.shape[0]
     KW, N = packed.shape
     given = setting or (INTERPRETED_INT4 if interpreting() else None)
     if given is None:
         given = choose_setting(M, N, 8 * KW, group_size, _sms(x.device))
-    bn, split, warps, stages, bm, prefetch = (*given, *(4, 2, row_block(M), 1)[len(given) - 2:])
+    swap_default = int(group_size >= SWAP_FROM_GROUP)
+    bn, split, warps, stages, bm, prefetch, swap = (*given, *(4, 2, row_block(M), 1, swap_default)[len(given) - 2:])
+    swap = bool(swap) and group_size >= SWAP_FROM_GROUP
     if split > 1 and triton.cdiv(M, bm) * triton.cdiv(N, bn) > N:
         raise ValueError(f"int4_rows: {M} rows in blocks of {bm} with splits of K need more arrival counters than {N}")
     y = torch.empty(M, N // 2 if swiglu else N, dtype=x.dtype, device=x.device)
@@ -277,8 +390,9 @@ def int4_rows(x: Tensor, packed: Tensor, scale: Tensor, offset: Tensor, group_si
     args = (x, packed, scale, offset, y, norm_weight, bias, res, part, arrival_counters(x.device, N), M, N, eps,
             x.stride(0), y.stride(0), res.stride(0) if res is not None else 0)
     flags = {"K": 8 * KW, "GROUP": group_size, "PROLOGUE": prologue, "SWIGLU": swiglu, "HAS_BIAS": bias is not None,
-             "HAS_RES": res is not None, "PDL": pdl_enabled(x.device), "BLOCK_M": bm}
-    _run(args, flags, M, N, (bn, split, warps, stages, bool(prefetch)))
+             "HAS_RES": res is not None, "PDL": pdl_enabled(x.device), "BLOCK_M": bm, "PREFETCH": bool(prefetch),
+             "SWAP": swap, "ASM": swap and x.dtype == torch.bfloat16 and not interpreting()}
+    _run(args, flags, M, N, (bn, split, warps, stages))
     return y
 
 
