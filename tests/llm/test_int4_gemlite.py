@@ -133,12 +133,11 @@ def test_a_keys_first_call_is_made_twice_and_the_second_kept():
 
 
 def test_rows_go_to_kilns_one_row_kernel_then_gemlite_then_the_dequantized_weight():
-    """Below INT4_ROWS_FROM rows kiln's one-row kernel (measured faster than gemlite's GEMV kernels at
+    """Below GEMLITE_FROM rows kiln's one-row kernel (measured faster than gemlite's GEMV kernels at
     1 and 4 rows), gemlite up to GEMLITE_UP_TO, the dequantized weight above; a named kernel is gemlite's
     at every row count it takes."""
-    from kiln.llm.int4_layout import INT4_ROWS_FROM
-
-    assert [int4_gemlite.gemlite_path(r, "auto") for r in (1, INT4_ROWS_FROM - 1, INT4_ROWS_FROM, int4_gemlite.GEMLITE_UP_TO,
+    first = int4_gemlite.GEMLITE_FROM
+    assert [int4_gemlite.gemlite_path(r, "auto") for r in (1, first - 1, first, int4_gemlite.GEMLITE_UP_TO,
                                                   int4_gemlite.GEMLITE_UP_TO + 1)] == ["matvec", "matvec", "gemlite", "gemlite",
                                                                              "dequant"]
     assert int4_gemlite.gemlite_path(1, "GEMV") == "gemlite" and int4_gemlite.gemlite_path(int4_gemlite.GEMLITE_UP_TO + 1, "GEMV") == "dequant"

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from kiln.llm.int4_layout import INT4_ROWS_FROM, Int4TritonLinear, unpack_words
+from kiln.llm.int4_layout import Int4TritonLinear, unpack_words
 
 GemliteKernel = Literal["auto", "GEMV", "GEMV_REVSPLITK", "GEMV_SPLITK", "GEMM_SPLITK", "GEMM"]
 GEMLITE_KERNELS: tuple[GemliteKernel, ...] = ("auto", "GEMV", "GEMV_REVSPLITK", "GEMV_SPLITK", "GEMM_SPLITK", "GEMM")
@@ -42,6 +42,9 @@ SIBLING_CONFIGS = {"h200": "h100", "h800": "h100", "h20": "h100"}
 """GPU name fragment -> the gemlite config table it uses when gemlite ships none of its own (the same
 architecture, so the same tile shapes fit; only the bandwidth differs)."""
 
+GEMLITE_FROM = 8
+"""Rows from which gemlite's kernels take over from kiln's one-row kernel (slower at 1 and 4 rows
+where measured)."""
 GEMLITE_UP_TO = 64
 """Rows up to which gemlite's kernels multiply (decode batches); more take the dequantized weight."""
 
@@ -138,11 +141,11 @@ def gemlite_path(rows: int, kernel: GemliteKernel) -> Literal["matvec", "gemlite
     """Which kernel an `Int4GemliteLinear` on CUDA multiplies `rows` rows with (its docstring)."""
     if rows > GEMLITE_UP_TO:
         return "dequant"
-    return "matvec" if rows < INT4_ROWS_FROM and kernel == "auto" else "gemlite"
+    return "matvec" if rows < GEMLITE_FROM and kernel == "auto" else "gemlite"
 
 
 class Int4GemliteLinear(nn.Module):
-    """kiln's int4 layout (module docstring), multiplied on CUDA below INT4_ROWS_FROM rows by kiln's
+    """kiln's int4 layout (module docstring), multiplied on CUDA below GEMLITE_FROM rows by kiln's
     one-row kernel (kiln::int4_matvec on the same tensors: faster than gemlite's GEMV kernels at 1
     and 4 rows, and closer to the fp32 product, where measured), up to `GEMLITE_UP_TO` rows by
     gemlite's kernels (`kernel`: gemlite's choice by rows, or one named, which also takes the rows

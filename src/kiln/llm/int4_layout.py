@@ -3,11 +3,11 @@ groups along the input dimension packed eight to an int32 word down K ([K/8, N],
 contiguous), scales and offsets [K/group, N]; an RMSNorm weight may be folded in when quantizing,
 and a SwiGLU's gate and up rows interleaved (kiln.kernels.triton_int4 reads it, and explains why).
 
-Which kernel multiplies a layer's input of M rows (`int4_path`), chosen by measurement on an H100
-(the int4_gemm results README): below INT4_ROWS_FROM rows kiln.kernels.triton_int4's one-row
-kernel (programs per row: its cost grows with the rows, but nothing is padded); from there up to
-ROWS_UP_TO rows kiln.kernels.triton_rows' kernel, which reads and unpacks each weight tile once
-for a block of 16 rows (its cost is the unpacking, the same for 1 or 16 rows); above that (larger
+Which kernel multiplies a layer's input of M rows (`int4_path`), chosen by measurement on an
+H200 (the int4_rows_swapped results README): below INT4_ROWS_FROM rows kiln.kernels.triton_int4's
+one-row kernel (programs per row: its cost grows with the rows, but nothing is padded); from there
+up to ROWS_UP_TO rows kiln.kernels.triton_rows' kernel, which reads and unpacks each weight tile
+once for a block of 16 rows (its cost barely changes from 4 to 16 rows); above that (larger
 batches, prefill) `dequant`: the weight written out in the model dtype once per call by
 kiln.kernels.triton_int4_dequant, then the dense matmul, whose cost barely grows with the rows.
 Off CUDA (and outside Triton's interpreter) the layer dequantizes in torch and calls `linear`."""
@@ -24,9 +24,9 @@ import kiln.kernels.triton_rows  # noqa: F401  (registers kiln::int4_rows)
 from kiln.kernels.triton_launch import interpreting
 from kiln.llm.quant_torch import _int4_groups
 
-INT4_ROWS_FROM = 8
+INT4_ROWS_FROM = 4
 """Rows from which the row kernel (one weight read for a block of rows) replaces the one-row kernel."""
-ROWS_UP_TO = 16
+ROWS_UP_TO = 32
 """Rows up to which the row kernel runs; more take the dequantized weight and the dense matmul."""
 
 
