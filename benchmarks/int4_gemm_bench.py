@@ -56,10 +56,12 @@ GROUP = 128
 SWEEP = {
     16: [(128, split, 4, 3, 16, 0, 0) for split in (1, 2, 4, 8)]
     + [(bn, split, warps, 3, 16, 0, 1) for bn in (128, 256) for split in (1, 2, 4, 8) for warps in (4, 8)],
+    32: [(128, split, 4, 3, bm, 0, 1) for split in (1, 2, 4, 8) for bm in (16, 32)],
     64: [(128, split, 4, 3, bm, 0, 1) for split in (1, 2, 4) for bm in (16, 32, 64)],
 }
 """Launch settings (BLOCK_N, SPLIT, warps, stages, BLOCK_M, PREFETCH, SWAP) swept at some row counts: at 16
-rows the unpacked-tile loop (SWAP 0) beside the swapped one (kiln.kernels.triton_rows)."""
+rows the unpacked-tile loop (SWAP 0) beside the swapped one (kiln.kernels.triton_rows), at 32 rows
+row blocks of 32 (one) against 16 (two)."""
 
 
 def int4_bytes(out_f: int, in_f: int) -> int:

@@ -41,6 +41,7 @@ def test_row_tiles_are_powers_of_two_from_16():
     (32, 256, 64, 20, False, "rms", True, False, [16, 2, 4, 2, 16, 0]),  # 2 row blocks x 2 splits; no prefetch
     # groups of 128 and more: the weight as the products' first operand (SWAP)
     (48, 256, 128, 17, False, "rms", True, False, [32, 2]),      # folded norm, SwiGLU epilogue, 2 row blocks
+    (32, 256, 128, 40, False, "rms", True, False, [16, 2, 4, 2, 32]),  # 2 row blocks of 32 x 2 splits
     (24, 512, 128, 5, True, "rmsnorm", False, True, [16, 3]),    # unfolded norm, bias, residual, uneven splits
     (40, 256, 128, 4, False, "silu_mul", False, False, [32, 1]),  # SwiGLU before; a partial output block
     (24, 512, 256, 9, False, "rms", False, True, [16, 2]),       # groups of 256: 32 word rows per product
@@ -84,6 +85,7 @@ def test_settings_rule():
     assert tr.choose_setting(33, 3072, 256, 128, 132)[1] == 2  # 2 groups: 2 splits at most
     assert tr.choose_setting(64, 5120, 3072, 128, 132)[1] == 2  # 40 blocks x 4 row blocks x 2
     assert [tr.row_block(r) for r in (2, 16, 64, 65)] == [16, 16, tr.DECODE_BLOCK_M, tr.PREFILL_BLOCK_M]
+    assert tr.choose_setting(32, 5120, 3072, 128, 132)[4] == tr.DECODE_BLOCK_M  # 17-32 rows: two row blocks
 
 
 @interpreted
