@@ -3,12 +3,15 @@ per launch setting, without a GPU: the kernel is compiled for an H100/H200 (sm_9
 (Triton's frontend, its NVIDIA passes and the ptxas and cuobjdump it ships run on a CPU) and the
 cubin's registers per thread, stack (spilled registers) and shared memory are read back. Registers
 and shared memory decide how many programs an SM holds at once, so how many tiles are in flight:
-a setting to try on a GPU is one that holds more of them. The pointers and the strides that are multiples of 16 at a real launch
+a setting to try on a GPU is one that holds more of them. `--int4-rows M` does the same for
+int4@triton's row kernel at M rows, with the weight as the products' first operand (SWAP) and
+without. The pointers and the strides that are multiples of 16 at a real launch
 are marked so (as Triton's launcher marks them), or the compiler plans unaligned loads.
 
     python benchmarks/kernel_resources.py --out DIR [--batch 1,16,32] [--slots 1024] [--blocks 32,64]
         [--stages 0,3] [--warps 4] [--no-rope]
     python benchmarks/kernel_resources.py --out DIR --int4
+    python benchmarks/kernel_resources.py --out DIR --int4-rows 16
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ POINTERS = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "Start": "*i64", "Pos": "*
 
 
 def compile_sm90(fn: Any, types: dict[str, str], constexprs: dict[str, Any], num_warps: int,
-                 divisible: tuple[str, ...] = ()) -> Any:
+                 divisible: tuple[str, ...] = (), num_stages: int = 2) -> Any:
     """The kernel `fn` (a triton.jit function) compiled for sm_90: `types` gives every runtime
     argument's Triton type ('*bf16', 'i32', 'fp32', 'tensordesc<bf16[64, 128]>'), `constexprs` the
     rest; the arguments in `divisible` are marked multiples of 16 (aligned pointers, strides).
@@ -47,7 +50,7 @@ def compile_sm90(fn: Any, types: dict[str, str], constexprs: dict[str, Any], num
     values = {(names.index(n),): v for n, v in constexprs.items()}
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in divisible}
     return triton.compile(ASTSource(fn, signature, values, attrs=attrs), target=GPUTarget("cuda", 90, 32),
-                          options={"num_warps": num_warps, "num_stages": 2})
+                          options={"num_warps": num_warps, "num_stages": num_stages})
 
 
 def usage(compiled: Any) -> dict[str, int]:
@@ -107,9 +110,7 @@ def int4_matvec(ti: Any, *, n: int, k: int, group: int, prologue: str, swiglu: b
     kernel = getattr(kernel, "fn", kernel)  # past the autotuner
     kernel = getattr(kernel, "fn", kernel)  # past the heuristics: the jitted function
     per_split = -(-(k // group) // split)
-    types = {"X": "*bf16", "Q": "*i32", "Scale": "*bf16", "Offset": "*bf16", "Y": "*bf16", "NormW": "*bf16",
-             "Bias": "*bf16", "Res": "*bf16", "Part": "*fp32", "Arrived": "*i32", "N": "i32", "eps": "fp32",
-             "stride_xm": "i32", "stride_ym": "i32", "stride_rm": "i32"}
+    types = INT4_TYPES
     constexprs = dict(M=1, K=k, GROUP=group, PROLOGUE=ti.PROLOGUES[prologue], SWIGLU=swiglu, HAS_BIAS=False,
                       HAS_RES=residual, PDL=True, BLOCK_N=block_n, SPLIT=split, DEPTH=depth, PER_SPLIT=per_split,
                       EVEN=n % block_n == 0 and per_split * split == k // group,
@@ -117,6 +118,24 @@ def int4_matvec(ti: Any, *, n: int, k: int, group: int, prologue: str, swiglu: b
     aligned = ("X", "Q", "Scale", "Offset", "Y", "NormW", "Bias", "Res", "Part", "Arrived", "N", "stride_xm",
                "stride_ym", "stride_rm")
     return compile_sm90(kernel, types, constexprs, warps, aligned)
+
+
+INT4_TYPES = {"X": "*bf16", "Q": "*i32", "Scale": "*bf16", "Offset": "*bf16", "Y": "*bf16", "NormW": "*bf16",
+              "Bias": "*bf16", "Res": "*bf16", "Part": "*fp32", "Arrived": "*i32", "N": "i32", "eps": "fp32",
+              "stride_xm": "i32", "stride_ym": "i32", "stride_rm": "i32"}
+"""The int4 kernels' runtime arguments on a bf16 model (the row kernel's M besides)."""
+
+
+def int4_rows(tr: Any, *, n: int, k: int, group: int, prologue: str, swiglu: bool, residual: bool, rows: int,
+              swap: bool) -> Any:
+    """kiln.kernels.triton_rows' kernel compiled for this projection at `rows` rows with the setting
+    its rule picks, the SWAP loop (bf16's inline PTX unpacking) or the unpacked tile's."""
+    bn, split, warps, stages, bm, prefetch, _ = tr.choose_setting(rows, n, k, group, 132)
+    constexprs = dict(K=k, GROUP=group, PROLOGUE=tr.PROLOGUES[prologue], SWIGLU=swiglu, HAS_BIAS=False,
+                      HAS_RES=residual, PDL=True, BLOCK_M=bm, BLOCK_N=bn, SPLIT=split,
+                      PER_SPLIT=-(-(k // group) // split), PREFETCH=bool(prefetch), SWAP=swap, ASM=swap)
+    aligned = tuple(n for n in INT4_TYPES if n != "eps")
+    return compile_sm90(tr._KERNEL.fn, {**INT4_TYPES, "M": "i32"}, constexprs, warps, aligned, num_stages=stages)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -131,6 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-rope", action="store_true", help="the attention op alone, not the fused RoPE op")
     ap.add_argument("--int4", action="store_true", help="instead: int4@triton's one-row kernel on the Llama-3.2-3B "
                     "projections (group 128) at every setting its autotuner may try")
+    ap.add_argument("--int4-rows", type=int, default=None, metavar="M",
+                    help="instead: int4@triton's row kernel at M rows on the same projections, SWAP and not")
     args = ap.parse_args(argv)
     try:
         from triton.backends.nvidia import compiler  # noqa: F401
@@ -144,6 +165,21 @@ def main(argv: list[str] | None = None) -> int:
     from kiln.monitor.env import collect_env
 
     command = shlex.join(["python", "benchmarks/kernel_resources.py", *(argv or sys.argv[1:])])
+    if args.int4_rows is not None:
+        import kiln.kernels.triton_rows as tr
+
+        rows = [{"status": "ok", "projection": name, "n": n, "k": k, "rows": args.int4_rows, "swap": swap,
+                 **usage(int4_rows(tr, n=n, k=k, group=128, prologue=prologue, swiglu=swiglu, residual=residual,
+                                   rows=args.int4_rows, swap=swap))}
+                for name, (n, k, prologue, swiglu, residual) in INT4_3B.items() for swap in (False, True)]
+        write_results(args.out, env=collect_env(), config={"kernel": "int4@triton rows", "group": 128,
+                                                           "target": "sm_90 (compiled on this machine)"},
+                      results=rows, columns=["projection", "n", "k", "rows", "swap", "registers", "stack_bytes",
+                                             "shared_bytes"],
+                      title=f"int4@triton's row kernel at {args.int4_rows} rows, Llama-3.2-3B projections, sm_90",
+                      command=command)
+        print(f"{len(rows)} kernels; wrote {args.out}/results.md")
+        return 0
     if args.int4:
         import kiln.kernels.triton_int4 as ti
 
