@@ -99,6 +99,12 @@ INT4_3B = {"wqkv": (5120, 3072, "rms", False, False), "wo": (3072, 3072, "none",
 residual add); the norms folded into the weights, w_gate_up's rows gate and up interleaved."""
 
 
+INT4_TYPES = {"X": "*bf16", "Q": "*i32", "Scale": "*bf16", "Offset": "*bf16", "Y": "*bf16", "NormW": "*bf16",
+              "Bias": "*bf16", "Res": "*bf16", "Part": "*fp32", "Arrived": "*i32", "N": "i32", "eps": "fp32",
+              "stride_xm": "i32", "stride_ym": "i32", "stride_rm": "i32"}
+"""The int4 kernels' runtime arguments on a bf16 model (the row kernel's M besides)."""
+
+
 def int4_matvec(ti: Any, *, n: int, k: int, group: int, prologue: str, swiglu: bool, residual: bool,
                 setting: tuple[int, int, int, int]) -> Any:
     """kiln.kernels.triton_int4's one-row kernel compiled for this projection at `setting` (BLOCK_N,
@@ -120,12 +126,6 @@ def int4_matvec(ti: Any, *, n: int, k: int, group: int, prologue: str, swiglu: b
     return compile_sm90(kernel, types, constexprs, warps, aligned)
 
 
-INT4_TYPES = {"X": "*bf16", "Q": "*i32", "Scale": "*bf16", "Offset": "*bf16", "Y": "*bf16", "NormW": "*bf16",
-              "Bias": "*bf16", "Res": "*bf16", "Part": "*fp32", "Arrived": "*i32", "N": "i32", "eps": "fp32",
-              "stride_xm": "i32", "stride_ym": "i32", "stride_rm": "i32"}
-"""The int4 kernels' runtime arguments on a bf16 model (the row kernel's M besides)."""
-
-
 def int4_rows(tr: Any, *, n: int, k: int, group: int, prologue: str, swiglu: bool, residual: bool, rows: int,
               swap: bool) -> Any:
     """kiln.kernels.triton_rows' kernel compiled for this projection at `rows` rows with the setting
@@ -134,7 +134,7 @@ def int4_rows(tr: Any, *, n: int, k: int, group: int, prologue: str, swiglu: boo
     constexprs = dict(K=k, GROUP=group, PROLOGUE=tr.PROLOGUES[prologue], SWIGLU=swiglu, HAS_BIAS=False,
                       HAS_RES=residual, PDL=True, BLOCK_M=bm, BLOCK_N=bn, SPLIT=split,
                       PER_SPLIT=-(-(k // group) // split), PREFETCH=bool(prefetch), SWAP=swap, ASM=swap)
-    aligned = tuple(n for n in INT4_TYPES if n != "eps")
+    aligned = tuple(name for name in INT4_TYPES if name != "eps")
     return compile_sm90(tr._KERNEL.fn, {**INT4_TYPES, "M": "i32"}, constexprs, warps, aligned, num_stages=stages)
 
 
@@ -153,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--int4-rows", type=int, default=None, metavar="M",
                     help="instead: int4@triton's row kernel at M rows on the same projections, SWAP and not")
     args = ap.parse_args(argv)
+    if args.int4_rows is not None and not 1 <= args.int4_rows <= 64:
+        ap.error(f"--int4-rows: {args.int4_rows} rows; the row kernel takes 1 to 64 (a decode step's rows)")
     try:
         from triton.backends.nvidia import compiler  # noqa: F401
 

@@ -152,7 +152,7 @@ def _unpacked(words, dtype: tl.constexpr):
 def _nibble_pair(words, B: tl.constexpr, dtype: tl.constexpr, ASM: tl.constexpr):
     """Nibbles 2B and 2B+1 of each word as MAGIC + q in `dtype` (two tensors shaped as `words`).
     ASM (bf16 on a GPU): two words' byte B are gathered into one register (prmt) and each nibble
-    of the pair becomes two bf16 values in one and-or (lop3), a third of the plain ops' work."""
+    of the pair becomes two bf16 values in one and-or (lop3): fewer instructions than the plain ops."""
     if ASM:
         if B == 0:
             sel: tl.constexpr = "0x0400"
