@@ -6,7 +6,8 @@ settings (a server under load, `kiln bench llm`) without editing the tree.
 
 Each SETTING is MODULE.NAME=VALUE, VALUE a Python literal (1, 512, True, None, 'x'); the module must
 already define NAME, so a typo exits 2 before kiln starts. The settings hold in this process only:
-a command that starts other processes (`kiln train --nproc-per-node`) does not pass them on.
+a command that starts other processes (`kiln train --nproc-per-node`) does not pass them on. The
+environment a results file records (kiln.monitor.env.collect_env) lists them as `module_settings`.
 benchmarks/serve.sh runs its server and bench rows through this with KILN_SETTINGS="SETTING ...".
 """
 
@@ -33,7 +34,10 @@ def parse_setting(text: str) -> tuple[str, str, Any]:
 
 
 def apply_settings(settings: list[str]) -> list[str]:
-    """Set each MODULE.NAME=VALUE; returns what was set as `MODULE.NAME: old -> new` lines."""
+    """Set each MODULE.NAME=VALUE (and list it in kiln.monitor.env.APPLIED_SETTINGS); returns what
+    was set as `MODULE.NAME: old -> new` lines."""
+    from kiln.monitor.env import APPLIED_SETTINGS
+
     done = []
     for text in settings:
         module_name, name, value = parse_setting(text)
@@ -45,6 +49,7 @@ def apply_settings(settings: list[str]) -> list[str]:
             raise ValueError(f"{text!r}: {module_name} has no {name!r}")
         done.append(f"{module_name}.{name}: {getattr(module, name)!r} -> {value!r}")
         setattr(module, name, value)
+        APPLIED_SETTINGS.append(f"{module_name}.{name}={value!r}")
     return done
 
 

@@ -21,17 +21,23 @@ def ws():
 
 
 def test_settings_are_in_place_when_the_command_runs(ws, monkeypatch, capsys):
+    """... and the environment a results file records names them."""
     from kiln.bench import formulas
+    from kiln.monitor import env
 
     monkeypatch.setattr(formulas, "probe_value", 1, raising=False)
+    monkeypatch.setattr(env, "APPLIED_SETTINGS", [])
+    assert "module_settings" not in env.collect_env()
     seen = {}
 
     def run(args):
         seen["args"], seen["value"] = args, formulas.probe_value
+        seen["recorded"] = env.collect_env().get("module_settings")
         return 0
 
     assert ws.main(["kiln.bench.formulas.probe_value=(512, True)", "--", "bench", "llm", "--batch", "1"], run=run) == 0
-    assert seen == {"args": ["bench", "llm", "--batch", "1"], "value": (512, True)}
+    assert seen == {"args": ["bench", "llm", "--batch", "1"], "value": (512, True),
+                    "recorded": ["kiln.bench.formulas.probe_value=(512, True)"]}
     assert "kiln.bench.formulas.probe_value: 1 -> (512, True)" in capsys.readouterr().err
 
 

@@ -158,6 +158,12 @@ def _cpu_info() -> dict[str, Any] | None:
         return None
 
 
+APPLIED_SETTINGS: list[str] = []
+"""Module settings changed in this process before its command ran (`MODULE.NAME=VALUE`, set by
+benchmarks/with_settings.py), recorded as `module_settings` in every environment collect_env
+describes, so a results file says which settings measured it."""
+
+
 def collect_env() -> dict[str, Any]:
     """A JSON-serialisable description of this machine and its software."""
     triton_version = _dist_version("triton") or _dist_version("pytorch-triton")
@@ -183,6 +189,8 @@ def collect_env() -> dict[str, Any]:
         "cxx_compiler": _cxx_compiler(),
         "packages": {name: _dist_version(name) for name in _OPTIONAL_PACKAGES},
     }
+    if APPLIED_SETTINGS:
+        env["module_settings"] = list(APPLIED_SETTINGS)
     env["recommendations"] = _recommendations(env)
     return env
 
