@@ -344,3 +344,25 @@ def test_the_quant_figures_and_parity_are_engine_row_fields_in_its_order():
     assert figures.get("drift_kl") is None and figures.drift_kl is UNSET
     with pytest.raises(dataclasses.FrozenInstanceError):
         figures.ppl = 3.0  # type: ignore[misc]
+
+
+def test_only_rows_whose_model_runs_the_int4_kernel_record_its_settings(monkeypatch):
+    """`int4_settings` (the one-row int4 kernel's autotuner choices, kept per process) is recorded on
+    a row whose model has int4@triton layers, not on a bf16 row of the same process."""
+    pytest.importorskip("triton", reason="Triton is not installed (pip install 'kiln[test]')")
+    from tests.llm.test_llm_quant import QUANT_CONFIG
+
+    from kiln.bench.llm.llm_engines import KilnEngine
+    from kiln.kernels import triton_int4
+    from kiln.llm.config import config_from_dict
+    from kiln.llm.quant import QuantSpec, quantize_decoder
+    from kiln.llm.weights import random_decoder
+
+    monkeypatch.setattr(triton_int4, "tuned_settings", lambda: {"5120,3072,128,1,3,False,False": [64, 8, 3, 4]})
+    small = {**QUANT_CONFIG, "vocab_size": 96, "hidden_size": 64, "intermediate_size": 128}
+    dense = random_decoder(config_from_dict(small), device="cpu", dtype=torch.float32, seed=0)
+    int4 = quantize_decoder(dense, QuantSpec(kind="int4", group_size=32, backend="triton"))
+    stats = {name: KilnEngine("kiln-eager", model, [[1, 2, 3]], 2).compile_stats()
+             for name, model in (("dense", dense), ("int4", int4))}
+    assert "int4_settings" not in stats["dense"]
+    assert stats["int4"]["int4_settings"] == {"5120,3072,128,1,3,False,False": [64, 8, 3, 4]}

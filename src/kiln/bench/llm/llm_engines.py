@@ -97,10 +97,18 @@ class KilnEngine:
             from kiln.kernels.triton_matvec import tuned_settings
 
             stats["matvec_settings"] = tuned_settings()
-        int4 = sys.modules.get("kiln.kernels.triton_int4")  # int4@triton's, where a row has run it
-        if int4 is not None and (chosen := int4.tuned_settings()):
+        int4 = sys.modules.get("kiln.kernels.triton_int4")  # the one-row int4 kernel's, on rows whose model runs it
+        if int4 is not None and _has_int4_kernel_layers(self.engine.model) and (chosen := int4.tuned_settings()):
             stats["int4_settings"] = chosen
         return stats
+
+
+def _has_int4_kernel_layers(model: torch.nn.Module) -> bool:
+    """Whether `model` has layers multiplied by kiln's one-row int4 kernel (int4@triton's and
+    int4@gemlite's layers, whose modules are imported only where such a model was built)."""
+    types = tuple(t for t in (getattr(sys.modules.get("kiln.llm.int4_layout"), "Int4TritonLinear", None),
+                              getattr(sys.modules.get("kiln.llm.int4_gemlite"), "Int4GemliteLinear", None)) if t)
+    return bool(types) and any(isinstance(m, types) for m in model.modules())
 
 
 class HfEngine:
