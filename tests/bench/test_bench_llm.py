@@ -130,6 +130,8 @@ def test_hf_rows_are_skipped_without_transformers(tiny, tmp_path, monkeypatch):
     (["--profile-decode", "6"], ["--profile-decode", "at most 5"]),
     (["--profile-decode", "-1"], ["--profile-decode", ">= 0"]),
     (["--profile-decode", "2", "--engines", "hf-eager"], ["--profile-decode", "kiln's engines"]),
+    (["--profile-prefill", "-1"], ["--profile-prefill", ">= 0"]),
+    (["--profile-prefill", "2", "--engines", "hf-eager"], ["--profile-prefill", "kiln's engines"]),
 ])
 def test_bad_input_exits_2_with_one_line_before_any_work(tiny, tmp_path, capsys, args, needles):
     out = tmp_path / "out"
@@ -202,6 +204,29 @@ def test_decode_profile_of_each_kiln_row(tiny, tmp_path):
         assert row["profile_verdict"].startswith("no GPU timeline on this device; the host op taking most time is")
         assert "What bounds it" in (folder / "summary.md").read_text()
     assert f"--profile-decode 4 --out {out}" in payload["command"]
+
+
+def test_prefill_profile_of_each_kiln_row(tiny, tmp_path):
+    out = tmp_path / "bench"
+    code = main(["bench", "llm", "--model", str(tiny), "--engines", "hf-eager,kiln-eager", "--batch", "1,2",
+                 "--prompt-len", "8", "--new-tokens", "4", "--repeats", "1", "--prefill-repeats", "1", "--warmup", "0",
+                 "--device", "cpu", "--profile-prefill", "3", "--out", str(out)])
+    assert code == 0
+    payload = json.loads((out / "results.json").read_text())
+    rows = {(r["engine"], r["batch"]): r for r in payload["results"]}
+    assert "prefill_profile" not in rows[("hf-eager", 1)] and not (out / "decode_profile").exists()
+    for batch in (1, 2):
+        row = rows[("kiln-eager", batch)]
+        folder = out / "prefill_profile" / f"kiln-eager_b{batch}"
+        summary = json.loads((folder / "summary.json").read_text())
+        assert row["prefill_profile"] == str(folder / "summary.md")
+        assert summary["calls"] == 3 and row["prefill_profile_ms"] == summary["wall_ms_per_call"] > 0
+        assert summary["flops_per_call"] == row["prefill_flops"] == rows[("kiln-eager", 1)]["prefill_flops"] * batch
+        assert row["prefill_profile_idle_frac"] is None and row["prefill_profile_host_ms"] > 0
+        assert row["prefill_profile_verdict"].startswith("no GPU timeline on this device; the host op taking most")
+        assert "ms/prefill" in row["prefill_profile_verdict"]
+        assert "| host op | calls/prefill | self ms/prefill |" in (folder / "summary.md").read_text()
+    assert f"--profile-prefill 3 --out {out}" in payload["command"]
 
 
 @pytest.fixture(scope="module")

@@ -23,8 +23,9 @@ from typing import Any
 import torch
 
 from kiln.llm.engine import GRAPH_WARMUP_STEPS, Engine
-from kiln.profile.trace import cpu_self_times, device_events, idle_gaps, kernel_table, load_trace
+from kiln.profile.trace import cpu_self_times, gpu_timeline, load_trace
 from kiln.profile.window import activities
+from kiln.profile.window_tables import no_timeline, no_timeline_verdict, timeline_tables
 from kiln.safe_io import write_atomic, write_json
 from kiln.timing import synchronize
 
@@ -83,21 +84,12 @@ def summarise_decode(events: list[dict[str, Any]], *, steps: int, wall_s: float,
     if copy_bytes_per_s:
         out["floor_ms_per_step"] = bytes_per_step / copy_bytes_per_s * 1e3
         out["wall_bandwidth_frac"] = bytes_per_step / (wall_s / steps) / copy_bytes_per_s
-    kernels = device_events(events) if device_type == "cuda" else []
-    if not kernels:
-        out["gpu"] = {"status": "n/a", "reason": "no CUDA device: the GPU timeline (kernels, gaps, bandwidth while "
-                      "busy) is measured on CUDA only" if device_type != "cuda" else
-                      "the trace holds no kernel events (CUPTI unavailable or busy in another profiler?)"}
-        top = out["cpu"]["top"][0] if out["cpu"]["top"] else None
-        out["verdict"] = ("no GPU timeline on this device" + (
-            f"; the host op taking most time is {top['name']} ({top['self_ms_per_step']:.3f} ms/step, "
-            f"{100 * top['share']:.0f}% of host time)" if top else ""))
+    gpu = gpu_timeline(events, steps) if device_type == "cuda" else None
+    if gpu is None:
+        out["gpu"] = no_timeline(device_type, "bandwidth while busy")
+        out["verdict"] = no_timeline_verdict(out["cpu"], "step")
         return out
-    top, totals = kernel_table(kernels, steps, top=12)
-    idle = idle_gaps(kernels, steps, top=5)
-    busy_s = idle["busy_ms_per_step"] / 1e3
-    span_ms = idle["gpu_span_ms"] / steps
-    gpu = {"status": "ok", **totals, "idle": idle, "top_kernels": top, "span_ms_per_step": span_ms}
+    busy_s = gpu["idle"]["busy_ms_per_step"] / 1e3
     if copy_bytes_per_s and busy_s > 0:
         gpu["busy_bandwidth_frac"] = bytes_per_step / busy_s / copy_bytes_per_s
     out["gpu"] = gpu
@@ -153,32 +145,7 @@ def render_decode_profile(s: dict[str, Any], title: str) -> str:
         lines[-1] += (f" Bandwidth floor {s['floor_ms_per_step']:.3f} ms/step: the wall time reaches "
                       f"{100 * s['wall_bandwidth_frac']:.1f}% of the copy bandwidth.")
     lines += ["", f"**What bounds it:** {s['verdict']}", ""]
-    gpu = s["gpu"]
-    if gpu.get("status") == "ok":
-        idle = gpu["idle"]
-        busy_bw = gpu.get("busy_bandwidth_frac")
-        lines += ["| per step | value |", "|---|---|",
-                  f"| GPU span | {gpu['span_ms_per_step']:.3f} ms |",
-                  f"| GPU busy | {idle['busy_ms_per_step']:.3f} ms"
-                  + (f" ({100 * busy_bw:.1f}% of copy bandwidth while busy)" if busy_bw else "") + " |",
-                  f"| GPU idle between kernels | {idle['idle_ms_per_step']:.3f} ms ({100 * idle['idle_frac']:.1f}%) |",
-                  f"| kernels | {gpu['kernels_per_step']:.0f} (median gap {idle['gap_us_median']:.1f} us) |", "",
-                  "| kernel | calls/step | avg us | share of kernel time | exclusive us/step |", "|---|---|---|---|---|"]
-        lines += [f"| `{_short(k['name'])}` | {k['calls_per_step']:.2f} | {k['avg_us']:.1f} | {100 * k['share']:.1f}% | "
-                  f"{k['excl_us_per_step']:.1f} |" for k in gpu["top_kernels"]]
-        lines += ["", "Exclusive: how far the GPU's timeline advanced while the kernel was the latest to end. A kernel "
-                  "launched early (programmatic dependent launch) waits for its predecessor inside its own duration, "
-                  "so its avg us overstates it; the exclusive times add up to the busy time."]
-    else:
-        lines += [f"GPU: n/a ({gpu['reason']}).", ""]
-    lines += ["", "| host op | calls/step | self ms/step |", "|---|---|---|"]
-    lines += [f"| `{_short(op['name'])}` | {op['calls_per_step']:.2f} | {op['self_ms_per_step']:.3f} |"
-              for op in s["cpu"]["top"]]
-    if s.get("trace"):
-        lines += ["", f"Trace: `{s['trace']}` beside this file (open in https://ui.perfetto.dev)."]
+    busy_bw = s["gpu"].get("busy_bandwidth_frac")
+    lines += timeline_tables(s, "step", f" ({100 * busy_bw:.1f}% of copy bandwidth while busy)" if busy_bw else "")
     return "\n".join(lines) + "\n"
 
-
-def _short(name: str, width: int = 80) -> str:
-    name = name.replace("|", "\\|").replace("`", "'")
-    return name if len(name) <= width else name[: width - 1] + "…"

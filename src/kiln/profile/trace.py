@@ -189,6 +189,19 @@ def kernel_table(kernels: list[dict[str, Any]], steps: int, top: int = 15) -> tu
                         "by_kind": share}
 
 
+def gpu_timeline(events: Iterable[dict[str, Any]], steps: int, top: int = 12) -> dict[str, Any] | None:
+    """A window's GPU figures per step (`steps`: decode steps, prefills, ...): kernel time by kind,
+    the top kernels, idle gaps and the span from the first start to the last end; None without
+    device events."""
+    kernels = device_events(events)
+    if not kernels:
+        return None
+    rows, totals = kernel_table(kernels, steps, top=top)
+    idle = idle_gaps(kernels, steps, top=5)
+    return {"status": "ok", **totals, "idle": idle, "top_kernels": rows,
+            "span_ms_per_step": idle["gpu_span_ms"] / steps}
+
+
 def cpu_self_times(events: Iterable[dict[str, Any]], steps: int, top: int = 15) -> dict[str, Any]:
     """Host ops by self time (their duration minus that of the ops nested in them, per thread)."""
     by_thread: dict[tuple, list[dict[str, Any]]] = defaultdict(list)

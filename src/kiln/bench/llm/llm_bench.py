@@ -41,7 +41,7 @@ from kiln.bench.llm.llm_engines import HF_ENGINES, HfEngine, KilnEngine
 from kiln.bench.llm.llm_memory import check_bench_fits
 from kiln.bench.llm.llm_options import LlmBenchOptions, LlmBenchPlan, check_options
 from kiln.bench.llm.llm_peer_context import LlmPeerContext
-from kiln.bench.llm.llm_profile import profile_rows
+from kiln.bench.llm.llm_profile import profile_prefill_rows, profile_rows
 from kiln.bench.llm.llm_quant import build_variants, load_ppl_tokens, measure_quality
 from kiln.bench.llm.llm_report import write_llm_results
 from kiln.bench.llm.llm_rows import LlmRow, finish_rows
@@ -106,6 +106,8 @@ class LlmBench:
         self.started = time.perf_counter()
         self.ceilings: Ceilings | None = None
         self.parity: LogitsParity | None = None
+        self.prompt_flops: int | None = None
+        """One prompt's prefill FLOPs, once counted (`prefill_flops`)."""
 
     # -- models ---------------------------------------------------------------------------------
     def build_models(self) -> None:
@@ -298,6 +300,8 @@ class LlmBench:
             self.time_generate(ready)
             if self.opts.profile_decode:
                 profile_rows(self, ready)
+            if self.opts.profile_prefill:
+                profile_prefill_rows(self, ready)
 
     def run(self) -> list[dict[str, Any]]:
         self.log(f"measuring ceilings on {self.device}")
@@ -309,7 +313,7 @@ class LlmBench:
                  f"best matmul {c.matmul_flops_per_s / 1e12:.4g} TFLOP/s (n={c.matmul_n}){spec}")
         self.build_models()
         self.check_parity()
-        flops = self.prefill_flops()
+        flops = self.prompt_flops = self.prefill_flops()
         ctx = self.peer_context()
         peers = registry.peers_for("llm")
         prepared: list = []
@@ -364,6 +368,7 @@ def bench_llm(opts: LlmBenchOptions, *, command: str, log: Log = _stderr) -> Llm
     out = Path(opts.out) if opts.out else default_run_dir(f"bench-llm-{name}")
     refuse_held_results(out)
     plan.profile_dir = str(out / "decode_profile") if plan.profile_decode else None
+    plan.prefill_profile_dir = str(out / "prefill_profile") if plan.profile_prefill else None
     device = torch.device(plan.device)
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     quant = f", quant {','.join(plan.quants)}" if list(plan.quants) != ["none"] else ""

@@ -88,7 +88,7 @@ class EngineRow(JsonRow):
     """kiln.kernels.triton_int4.tuned_settings after this row's warm-up, where int4@triton has run."""
     kv_cache_bytes: int | None = UNSET
     note: str | None = UNSET
-    # Prefill alone (LlmBench.time_prefill) and the decode profile (llm_profile).
+    # Prefill alone (LlmBench.time_prefill) and the decode and prefill profiles (llm_profile).
     prefill_error: str = UNSET
     prefill_ms: float = UNSET
     prefill_ms_p90: float = UNSET
@@ -99,6 +99,14 @@ class EngineRow(JsonRow):
     profile_idle_frac: float | None = UNSET
     profile_busy_bandwidth_frac: float | None = UNSET
     profile_error: str = UNSET
+    prefill_profile: str = UNSET
+    prefill_profile_verdict: str = UNSET
+    prefill_profile_ms: float = UNSET
+    prefill_profile_gpu_busy_ms: float | None = UNSET
+    prefill_profile_idle_frac: float | None = UNSET
+    prefill_profile_host_ms: float = UNSET
+    """Host ops' self time per prefill (the trace's CPU ops; a launch's Python time outside them is not in it)."""
+    prefill_profile_error: str = UNSET
     # The figures (llm_rows.finish_rows); parity (logits against HF) on unquantized kiln rows.
     prefill_flops: int | None = UNSET
     kv_bytes_per_step: int = UNSET

@@ -28,6 +28,7 @@ from kiln.bench.llm.llm_request import Engine as EngineName
 from kiln.bench.llm.llm_request import PrefillMode, Tuning
 from kiln.llm.engine import Engine, default_inductor_options
 from kiln.profile.decode import profile_decode
+from kiln.profile.prefill import profile_prefill
 from kiln.timing import StepClock
 
 ENGINES: tuple[str, ...] = get_args(EngineName)
@@ -87,6 +88,12 @@ class KilnEngine:
         """A profiled window of decode steps on this engine's request shape (kiln.profile.decode)."""
         return profile_decode(self.engine, self.prompts, new_tokens=self.new_tokens, steps=steps, out_dir=out_dir,
                               step_bytes=step_bytes, copy_bytes_per_s=copy_bytes_per_s, title=title)
+
+    def profile_prefill(self, calls: int, out_dir, *, flops_per_call: int | None, matmul_flops_per_s: float | None,
+                        title: str) -> dict[str, Any]:
+        """A profiled window of prefills on this engine's request shape (kiln.profile.prefill)."""
+        return profile_prefill(self.engine, self.prompts, new_tokens=self.new_tokens, calls=calls, out_dir=out_dir,
+                               flops_per_call=flops_per_call, matmul_flops_per_s=matmul_flops_per_s, title=title)
 
     def compile_stats(self) -> dict[str, Any]:
         stats = {"compiles": len(self.engine.compiled) if self.engine.compile else 0,

@@ -110,6 +110,10 @@ class LlmBenchPlan:
     """Decode steps of each kiln row to profile after timing (kiln.profile.decode); 0: none."""
     profile_dir: str | None = None
     """Where the decode profiles go (one folder per row); set from the output directory."""
+    profile_prefill: int = LlmBenchOptions.profile_prefill
+    """Prefills of each kiln row to profile after timing (kiln.profile.prefill); 0: none."""
+    prefill_profile_dir: str | None = None
+    """Where the prefill profiles go (one folder per row); set from the output directory."""
     gpt_fast: str | None = None
     """A gpt-fast checkout: its rows (kiln.bench.peers.gpt_fast) run after kiln's, on the same weights."""
     gpt_fast_quants: tuple[str, ...] = ("none", "int4")
@@ -142,7 +146,8 @@ def check_options(opts: LlmBenchOptions) -> LlmBenchPlan:
     minimums = {"--prompt-len": (sizes["prompt_len"], 1),
                 "--new-tokens": (sizes["new_tokens"], 1), "--warmup": (opts.warmup, 0), "--repeats": (opts.repeats, 1),
                 "--prefill-repeats": (opts.prefill_repeats, 1), "--ppl-context": (opts.ppl_context, 2),
-                "--ppl-tokens": (opts.ppl_tokens, 2), "--profile-decode": (opts.profile_decode, 0)}
+                "--ppl-tokens": (opts.ppl_tokens, 2), "--profile-decode": (opts.profile_decode, 0),
+                "--profile-prefill": (opts.profile_prefill, 0)}
     for flag, (value, minimum) in minimums.items():
         if value < minimum:
             raise ConfigError(flag, f"must be >= {minimum}, got {value}")
@@ -155,8 +160,9 @@ def check_options(opts: LlmBenchOptions) -> LlmBenchPlan:
             raise ConfigError("--profile-decode", f"{opts.profile_decode} steps do not fit in a request of "
                               f"{sizes['new_tokens']} new tokens (at most {fits}: the window follows the graph's "
                               "warm-up steps within one request); raise --new-tokens or profile fewer steps")
-        if not kiln_rows:
-            raise ConfigError("--profile-decode", "profiles kiln's engines; add kiln-eager, kiln-compiled or kiln-blocks to --engines")
+    for flag, calls in (("--profile-decode", opts.profile_decode), ("--profile-prefill", opts.profile_prefill)):
+        if calls and not kiln_rows:
+            raise ConfigError(flag, "profiles kiln's engines; add kiln-eager, kiln-compiled or kiln-blocks to --engines")
     _positive("--deadline-s", opts.deadline_s)
     device = device_from_flag(opts.device)
     dtype = dtype_from_flag(opts.dtype, device)
@@ -181,6 +187,7 @@ def check_options(opts: LlmBenchOptions) -> LlmBenchPlan:
                         ppl_max_tokens=opts.ppl_tokens, prefill=opts.prefill, tuning=opts.tuning,
                         decode_attention=opts.decode_attention, decode_matvec=opts.decode_matvec,
                         deadline_s=opts.deadline_s, profile_decode=opts.profile_decode,
+                        profile_prefill=opts.profile_prefill,
                         batches=batches, **gpt_fast_fields(opts, config), **sizes)
 
 

@@ -16,7 +16,8 @@ COLUMNS = [
     "prefill_vs_hf", "decode_vs_unquantized", "peak_mem_bytes", "weight_bytes", "kv_bytes_per_step", "quant_backend", "group_size",
     "drift_kl", "drift_top1", "drift_max_abs", "drift_mean_abs", "drift_ok", "ppl", "ppl_ratio", "warmup_s", "compile_s",
     "compiles", "greedy_match", "profile_ms_per_step", "profile_kernels_per_step", "profile_idle_frac",
-    "profile_busy_bandwidth_frac", "profile", "reason",
+    "profile_busy_bandwidth_frac", "profile", "prefill_profile_ms", "prefill_profile_gpu_busy_ms",
+    "prefill_profile_idle_frac", "prefill_profile", "reason",
 ]
 # Each ceiling fraction beside its datasheet twin, and the whole-request rate peers are compared on.
 COLUMNS.insert(COLUMNS.index("prefill_peak_frac") + 1, "prefill_spec_frac")
@@ -87,6 +88,8 @@ def render_table(rows: list[dict[str, Any]], title: str):
     notes = [f"{row_label(row)}: {extra}" for row in rows
              for extra in (row.get("reason"), row.get("note"), row.get("prefill_error"), row.get("profile_error"),
                            row.get("profile_verdict") and f"decode profile: {row['profile_verdict']}",
+                           row.get("prefill_profile_error"),
+                           row.get("prefill_profile_verdict") and f"prefill profile: {row['prefill_profile_verdict']}",
                            *ratio_flags(row)) if extra]
     return Group(table, *(Text(n, style="dim") for n in notes))
 

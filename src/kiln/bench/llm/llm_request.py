@@ -63,6 +63,9 @@ class LlmBenchOptions:
     profile_decode: int = option(0, metavar="N", help="after timing, profile N decode steps of each kiln row "
                                  "(torch.profiler): kernels, GPU gaps, bandwidth while busy and what bounds decode, in "
                                  "DIR/decode_profile/ (default 0: off)")
+    profile_prefill: int = option(0, metavar="N", help="after timing, profile N prefills of each kiln row "
+                                  "(torch.profiler): kernels, GPU gaps, host time, compute rate while busy and what "
+                                  "bounds the prefill, in DIR/prefill_profile/ (default 0: off)")
     out: str | None = option(None, help="output directory (default: runs/<time>-bench-llm-<name>)")
     gpt_fast: str | None = option(None, metavar="DIR", help="a gpt-fast checkout: add its rows (bf16, and int4 "
                                   "through its own quantize.py) on the same weights, run after kiln's in subprocesses; "
