@@ -115,6 +115,31 @@ def test_dequantized_product_for_prefill():
 
 
 @interpreted
+def test_a_compiled_prefill_dequantizes_inside_its_graph(monkeypatch):
+    """Above ROWS_UP_TO rows a compiled forward dequantizes in torch ops of its own graph
+    (PREFILL_DEQUANT `graph`) or calls the opaque kernel op (`kernel`); both equal the reference."""
+    torch.manual_seed(4)
+    layer = ti.Int4TritonLinear.from_linear(nn.Linear(256, 48, bias=True), 64)
+    x = torch.randn(ti.ROWS_UP_TO + 3, 256)
+    expected = x @ layer.dequantize(torch.float32).t() + layer.bias
+    graphs = []
+
+    def capture(gm, inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    for mode, calls_the_op in (("graph", False), ("kernel", True)):
+        monkeypatch.setattr(ti, "PREFILL_DEQUANT", mode)
+        torch._dynamo.reset()
+        graphs.clear()
+        y = torch.compile(layer, backend=capture, fullgraph=True)(x)
+        torch.testing.assert_close(y, expected, rtol=1e-4, atol=1e-4)
+        targets = {str(n.target) for g in graphs for n in g.graph.nodes if n.op == "call_function"}
+        assert any("int4_linear_dequant" in t for t in targets) == calls_the_op, (mode, targets)
+    torch._dynamo.reset()
+
+
+@interpreted
 def test_batched_decode_with_int4_triton_weights(monkeypatch):
     """Three prompts, left-padded to different lengths: every decode step through the row kernels
     (taken from 2 rows here) equals the dequantized reference's."""

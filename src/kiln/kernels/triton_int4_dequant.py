@@ -47,10 +47,15 @@ def int4_dequantize_t(packed: Tensor, scale: Tensor, offset: Tensor, group_size:
     return w
 
 
-@torch.library.custom_op("kiln::int4_linear_dequant", mutates_args=())
-def int4_linear_dequant(x: Tensor, packed: Tensor, scale: Tensor, offset: Tensor, group_size: int) -> Tensor:
+def linear_dequant(x: Tensor, packed: Tensor, scale: Tensor, offset: Tensor, group_size: int) -> Tensor:
     """x [M, K] times the int4 weight: dequantized to x's dtype by the kernel, then x @ W^T."""
     return x @ int4_dequantize_t(packed, scale, offset, group_size, x.dtype)
+
+
+@torch.library.custom_op("kiln::int4_linear_dequant", mutates_args=())
+def int4_linear_dequant(x: Tensor, packed: Tensor, scale: Tensor, offset: Tensor, group_size: int) -> Tensor:
+    """`linear_dequant` as an opaque op for torch.compile."""
+    return linear_dequant(x, packed, scale, offset, group_size)
 
 
 @int4_linear_dequant.register_fake

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from kiln.llm.int4_layout import Int4TritonLinear, unpack_words
+from kiln.llm.int4_layout import Int4TritonLinear, dequant_linear, unpack_words
 
 GemliteKernel = Literal["auto", "GEMV", "GEMV_REVSPLITK", "GEMV_SPLITK", "GEMM_SPLITK", "GEMM"]
 GEMLITE_KERNELS: tuple[GemliteKernel, ...] = ("auto", "GEMV", "GEMV_REVSPLITK", "GEMV_SPLITK", "GEMM_SPLITK", "GEMM")
@@ -184,7 +184,7 @@ class Int4GemliteLinear(nn.Module):
         flat = x.reshape(-1, self.in_features)
         path = gemlite_path(flat.shape[0], self.kernel)
         if path == "dequant":
-            y = torch.ops.kiln.int4_linear_dequant(flat, self.weight, self.scale, self.offset, self.group_size)
+            y = dequant_linear(flat, self.weight, self.scale, self.offset, self.group_size)
         elif path == "matvec":
             y = torch.ops.kiln.int4_matvec(flat, self.weight, self.scale, self.offset, self.group_size)
         else:

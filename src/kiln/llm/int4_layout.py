@@ -8,18 +8,21 @@ H200 (the int4_rows_swapped results README): below INT4_ROWS_FROM rows kiln.kern
 one-row kernel (programs per row: its cost grows with the rows, but nothing is padded); from there
 up to ROWS_UP_TO rows kiln.kernels.triton_rows' kernel, which reads and unpacks each weight tile
 once for a block of 16 rows (its cost barely changes from 4 to 16 rows); above that (larger
-batches, prefill) `dequant`: the weight written out in the model dtype once per call by
-kiln.kernels.triton_int4_dequant, then the dense matmul, whose cost barely grows with the rows.
+batches, prefill) `dequant`: the weight written out in the model dtype once per call, then the
+dense matmul, whose cost barely grows with the rows (`dequant_linear`: in a compiled forward as torch
+ops inductor fuses into one kernel of its graph, eagerly through kiln.kernels.triton_int4_dequant).
 Off CUDA (and outside Triton's interpreter) the layer dequantizes in torch and calls `linear`."""
 
 from __future__ import annotations
+
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 import kiln.kernels.triton_int4  # noqa: F401  (registers kiln::int4_matvec)
-import kiln.kernels.triton_int4_dequant  # noqa: F401  (registers kiln::int4_linear_dequant)
+import kiln.kernels.triton_int4_dequant  # the prefill kernel; registers kiln::int4_linear_dequant
 import kiln.kernels.triton_rows  # noqa: F401  (registers kiln::int4_rows)
 from kiln.kernels.triton_launch import interpreting
 from kiln.llm.quant_torch import _int4_groups
@@ -28,6 +31,13 @@ INT4_ROWS_FROM = 4
 """Rows from which the row kernel (one weight read for a block of rows) replaces the one-row kernel."""
 ROWS_UP_TO = 32
 """Rows up to which the row kernel runs; more take the dequantized weight and the dense matmul."""
+
+
+PREFILL_DEQUANT: Literal["graph", "kernel"] = "graph"
+"""How a compiled forward dequantizes a weight for more than ROWS_UP_TO rows: `graph`, as torch ops
+that inductor fuses into one kernel of its graph and launches from its own wrapper; `kernel`,
+through kiln's dequant kernel as an opaque op, whose Python launch per layer left a compiled
+prefill waiting on the host. Eager forwards always call the kernel, with no dispatcher between."""
 
 
 def int4_path(rows: int) -> str:
@@ -44,6 +54,25 @@ def pack_words(q: Tensor) -> Tensor:
     words = (q.to(torch.int64).view(out_f, in_f // 8, 8) << shifts).sum(-1)
     words = torch.where(words >= 2**31, words - 2**32, words)  # the same 32 bits as a signed int
     return words.to(torch.int32).t().contiguous()
+
+
+def dequantize_t(packed: Tensor, scale: Tensor, offset: Tensor, group_size: int, dtype: torch.dtype) -> Tensor:
+    """W^T [K, N] in `dtype` from the layout (packed [K/8, N], scale and offset [K/group, N]) in torch
+    ops: q * scale + offset in fp32, rounded once, as kiln's int4 kernels compute it."""
+    kw, n = packed.shape
+    shifts = torch.arange(0, 32, 4, device=packed.device, dtype=torch.int32)
+    q = (packed[:, None, :] >> shifts[None, :, None]) & 15  # [K/8, 8, N]: input 8r + j of output n
+    w = q.view(-1, group_size, n).float() * scale.float()[:, None, :] + offset.float()[:, None, :]
+    return w.to(dtype).view(8 * kw, n)
+
+
+def dequant_linear(x: Tensor, packed: Tensor, scale: Tensor, offset: Tensor, group_size: int) -> Tensor:
+    """x [M, K] times the int4 weight, dequantized first (the `dequant` path; PREFILL_DEQUANT says how)."""
+    if not torch.compiler.is_compiling():
+        return kiln.kernels.triton_int4_dequant.linear_dequant(x, packed, scale, offset, group_size)
+    if PREFILL_DEQUANT == "graph":
+        return x @ dequantize_t(packed, scale, offset, group_size, x.dtype)
+    return torch.ops.kiln.int4_linear_dequant(x, packed, scale, offset, group_size)
 
 
 def unpack_words(words: Tensor) -> Tensor:
@@ -105,10 +134,7 @@ class Int4TritonLinear(nn.Module):
         """The weight [out, in] the layer computes with (the folded norm included), in `dtype`:
         q * scale + offset in fp32, rounded once, as kiln's int4 kernels compute it (in the model
         dtype, the product's rounding before the add would differ from theirs in the last bit)."""
-        dtype = dtype or self.scale.dtype
-        q = unpack_words(self.weight).float().view(self.out_features, -1, self.group_size)
-        w = q * self.scale.t().float()[..., None] + self.offset.t().float()[..., None]
-        w = w.view(self.out_features, self.in_features).to(dtype)
+        w = dequantize_t(self.weight, self.scale, self.offset, self.group_size, dtype or self.scale.dtype).t()
         return w if stored_order or not self.interleaved else split_halves(w)
 
     def _bias(self) -> Tensor | None:
@@ -120,7 +146,7 @@ class Int4TritonLinear(nn.Module):
             return F.linear(x, self.dequantize(x.dtype), self._bias())
         flat, path = x.reshape(rows, self.in_features), int4_path(rows)
         if path == "dequant":
-            y = torch.ops.kiln.int4_linear_dequant(flat, self.weight, self.scale, self.offset, self.group_size)
+            y = dequant_linear(flat, self.weight, self.scale, self.offset, self.group_size)
             y = y if self.bias is None else y + self.bias
         else:
             op = torch.ops.kiln.int4_rows if path == "rows" else torch.ops.kiln.int4_matvec
