@@ -116,8 +116,8 @@ def test_dequantized_product_for_prefill():
 
 @interpreted
 def test_a_compiled_prefill_dequantizes_inside_its_graph(monkeypatch):
-    """Above ROWS_UP_TO rows a compiled forward dequantizes in torch ops of its own graph
-    (PREFILL_DEQUANT `graph`) or calls the opaque kernel op (`kernel`); both equal the reference."""
+    """Above ROWS_UP_TO rows a compiled forward holds the dequant kernel as a Triton op (PREFILL_DEQUANT
+    `graph`), torch ops (`torch`) or the opaque product op (`kernel`); all equal the reference."""
     torch.manual_seed(4)
     layer = ti.Int4TritonLinear.from_linear(nn.Linear(256, 48, bias=True), 64)
     x = torch.randn(ti.ROWS_UP_TO + 3, 256)
@@ -128,14 +128,14 @@ def test_a_compiled_prefill_dequantizes_inside_its_graph(monkeypatch):
         graphs.append(gm)
         return gm.forward
 
-    for mode, calls_the_op in (("graph", False), ("kernel", True)):
+    for mode, op in (("graph", "kiln.int4_dequantize_t"), ("torch", None), ("kernel", "kiln.int4_linear_dequant")):
         monkeypatch.setattr(ti, "PREFILL_DEQUANT", mode)
         torch._dynamo.reset()
         graphs.clear()
         y = torch.compile(layer, backend=capture, fullgraph=True)(x)
         torch.testing.assert_close(y, expected, rtol=1e-4, atol=1e-4)
         targets = {str(n.target) for g in graphs for n in g.graph.nodes if n.op == "call_function"}
-        assert any("int4_linear_dequant" in t for t in targets) == calls_the_op, (mode, targets)
+        assert {t for t in targets if t.startswith("kiln.")} == ({op} if op else set()), (mode, targets)
     torch._dynamo.reset()
 
 

@@ -1,7 +1,9 @@
 """kiln's int4 layout (kiln.llm.int4_layout) dequantized to the model dtype in one Triton kernel: one
 way an int4 layer prefills (many rows), by writing its weight out once per call and handing the
 product to the dense matmul (cuBLAS), which is compute-bound there. kiln.llm.int4_layout picks
-between this and the row kernel's prefill tiles (kiln.kernels.triton_rows).
+between this and the row kernel's prefill tiles (kiln.kernels.triton_rows), and between the two
+ops a compiled graph may hold: the dequantization alone as a Triton op (`kiln::int4_dequantize_t`,
+launched from inductor's wrapper) or the whole product as an opaque op (`kiln::int4_linear_dequant`).
 
 A program unpacks one group of input rows for BLOCK_N outputs: words [GROUP/8, BLOCK_N] (word [r,
 n] holds inputs 8r..8r+7 of output n) to q [GROUP, BLOCK_N], then w = q * scale + offset in fp32,
@@ -15,6 +17,7 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
+from torch.library import triton_op, wrap_triton
 
 
 @triton.jit
@@ -37,14 +40,28 @@ def _dequant(Q, Scale, Offset, W, N, GROUP: tl.constexpr, BLOCK_N: tl.constexpr)
 BLOCK_N = 128
 
 
-def int4_dequantize_t(packed: Tensor, scale: Tensor, offset: Tensor, group_size: int, dtype: torch.dtype) -> Tensor:
-    """The int4 weight as W^T [K, N] in `dtype` (packed [K/8, N] int32, scale and offset [K/group, N])."""
+def int4_dequantize_t(packed: Tensor, scale: Tensor, offset: Tensor, group_size: int, dtype: torch.dtype,
+                      kernel=_dequant) -> Tensor:
+    """The int4 weight as W^T [K, N] in `dtype` (packed [K/8, N] int32, scale and offset [K/group, N]);
+    `kernel`: `_dequant` itself (eager) or wrapped for tracing (the Triton op)."""
     KW, N = packed.shape
     K = 8 * KW
     w = torch.empty(K, N, dtype=dtype, device=packed.device)
-    _dequant[(K // group_size, triton.cdiv(N, BLOCK_N))](packed, scale, offset, w, N, GROUP=group_size,
-                                                          BLOCK_N=BLOCK_N, num_warps=4)
+    kernel[(K // group_size, triton.cdiv(N, BLOCK_N))](packed, scale, offset, w, N, GROUP=group_size,
+                                                       BLOCK_N=BLOCK_N, num_warps=4)
     return w
+
+
+@triton_op("kiln::int4_dequantize_t", mutates_args=())
+def int4_dequantize_t_op(packed: Tensor, scale: Tensor, offset: Tensor, group_size: int, dtype: torch.dtype) -> Tensor:
+    """`int4_dequantize_t` as a Triton op: torch.compile puts the kernel itself in its graph, launched
+    from inductor's wrapper (no Python launch per call)."""
+    return int4_dequantize_t(packed, scale, offset, group_size, dtype, kernel=wrap_triton(_dequant))
+
+
+@int4_dequantize_t_op.register_fake
+def _(packed, scale, offset, group_size, dtype):  # shapes without tracing the launch (Triton's interpreter runs it)
+    return packed.new_empty(8 * packed.shape[0], packed.shape[1], dtype=dtype)
 
 
 def linear_dequant(x: Tensor, packed: Tensor, scale: Tensor, offset: Tensor, group_size: int) -> Tensor:

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 import kiln.kernels.triton_int4  # noqa: F401  (registers kiln::int4_matvec)
-import kiln.kernels.triton_int4_dequant  # the prefill kernel; registers kiln::int4_linear_dequant
+import kiln.kernels.triton_int4_dequant  # the prefill kernel; registers kiln::int4_dequantize_t and int4_linear_dequant
 import kiln.kernels.triton_rows  # noqa: F401  (registers kiln::int4_rows)
 from kiln.kernels.triton_launch import interpreting
 from kiln.llm.quant_torch import _int4_groups
@@ -33,11 +33,12 @@ ROWS_UP_TO = 32
 """Rows up to which the row kernel runs; more take the dequantized weight and the dense matmul."""
 
 
-PREFILL_DEQUANT: Literal["graph", "kernel"] = "graph"
-"""How a compiled forward dequantizes a weight for more than ROWS_UP_TO rows: `graph`, as torch ops
-that inductor fuses into one kernel of its graph and launches from its own wrapper; `kernel`,
-through kiln's dequant kernel as an opaque op, whose Python launch per layer left a compiled
-prefill waiting on the host. Eager forwards always call the kernel, with no dispatcher between."""
+PREFILL_DEQUANT: Literal["graph", "torch", "kernel"] = "graph"
+"""How a compiled forward dequantizes a weight for more than ROWS_UP_TO rows: `graph`, kiln's
+dequant kernel as a Triton op of the graph (launched from inductor's wrapper), then the matmul;
+`torch`, torch ops that inductor fuses into a dequant kernel of its own; `kernel`, the whole
+product as an opaque op, whose Python launch per layer left a compiled prefill waiting on the
+host. Eager forwards always call the kernel, with no dispatcher between."""
 
 
 def int4_path(rows: int) -> str:
@@ -71,6 +72,8 @@ def dequant_linear(x: Tensor, packed: Tensor, scale: Tensor, offset: Tensor, gro
     if not torch.compiler.is_compiling():
         return kiln.kernels.triton_int4_dequant.linear_dequant(x, packed, scale, offset, group_size)
     if PREFILL_DEQUANT == "graph":
+        return x @ torch.ops.kiln.int4_dequantize_t(packed, scale, offset, group_size, x.dtype)
+    if PREFILL_DEQUANT == "torch":
         return x @ dequantize_t(packed, scale, offset, group_size, x.dtype)
     return torch.ops.kiln.int4_linear_dequant(x, packed, scale, offset, group_size)
 
