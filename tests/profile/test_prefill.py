@@ -72,8 +72,10 @@ def test_without_flops_only_the_timeline_judges():
 def test_markdown_holds_the_figures_and_the_verdict():
     md = render_prefill_profile(_summary(gap_us=300.0), "Prefill profile: test")
     assert md.startswith("# Prefill profile: test")
-    assert "**0.500 TFLOP per prefill" not in md and "0.500 TFLOP per prefill." in md
+    assert "wall; 500.000 GFLOP per prefill." in md
     assert "Compute floor 0.833 ms/prefill" in md
+    tiny = dict(_summary(gap_us=300.0), flops_per_call=2_500_000)
+    assert "; 2.500 MFLOP per prefill." in render_prefill_profile(tiny, "t")
     assert "**What bounds it:** gaps:" in md and "| GPU idle between kernels | 0.825 ms (45.2%) |" in md
     assert "| GPU busy | 1.000 ms (83.3% of the best matmul's rate while busy) |" in md
     assert "| `nvjet_hsh_256x128_gemm` | 1.00 | 800.0 |" in md and "| kernel | calls/prefill |" in md

@@ -125,7 +125,7 @@ def render_prefill_profile(s: dict[str, Any], title: str) -> str:
     """The summary as markdown: per-prefill figures, the verdict, the top kernels and host ops."""
     flops = s.get("flops_per_call")
     lines = [f"# {title}", "", f"{s['calls']} prefills under torch.profiler: **{s['wall_ms_per_call']:.3f} ms/prefill** "
-             "wall" + (f"; {flops / 1e12:.3f} TFLOP per prefill." if flops else ".")]
+             "wall" + (f"; {_flops(flops)} per prefill." if flops else ".")]
     if s.get("floor_ms_per_call"):
         lines[-1] += (f" Compute floor {s['floor_ms_per_call']:.3f} ms/prefill at the best matmul's rate: the wall "
                       f"time reaches {100 * s['wall_compute_frac']:.1f}% of it.")
@@ -133,3 +133,11 @@ def render_prefill_profile(s: dict[str, Any], title: str) -> str:
     frac = s["gpu"].get("busy_compute_frac")
     lines += timeline_tables(s, "prefill", f" ({100 * frac:.1f}% of the best matmul's rate while busy)" if frac else "")
     return "\n".join(lines) + "\n"
+
+
+def _flops(flops: int) -> str:
+    """FLOPs in the largest unit that leaves at least 1 (a tiny model's prefill is MFLOPs)."""
+    for unit, scale in (("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6)):
+        if flops >= scale:
+            return f"{flops / scale:.3f} {unit}"
+    return f"{flops} FLOP"
