@@ -25,8 +25,7 @@ import torch
 from kiln.llm.engine import GRAPH_WARMUP_STEPS, Engine
 from kiln.profile.trace import cpu_self_times, gpu_timeline, load_trace
 from kiln.profile.window import activities
-from kiln.profile.window_tables import no_timeline, no_timeline_verdict, timeline_tables
-from kiln.safe_io import write_atomic, write_json
+from kiln.profile.window_tables import no_timeline, no_timeline_verdict, ranked, save_summary, timeline_tables
 from kiln.timing import synchronize
 
 GAP_BOUND = 0.15
@@ -116,9 +115,7 @@ def verdict(s: dict[str, Any]) -> str:
         lost = idle["busy_ms_per_step"] - s["floor_ms_per_step"]
         causes.append((lost, f"kernels: while busy the GPU reads {100 * frac:.0f}% of the copy bandwidth "
                              f"({lost:.3f} ms/step above the floor): the matrix-vector kernels do not saturate memory"))
-    if not causes:
-        return "at the bandwidth floor: no gap, kernel or host loss above the bounds"
-    return "; ".join(text for _, text in sorted(causes, key=lambda c: -c[0]))
+    return ranked(causes, "at the bandwidth floor: no gap, kernel or host loss above the bounds")
 
 
 def profile_decode(engine: Engine, prompts: Sequence[Sequence[int]], *, new_tokens: int, steps: int, out_dir: Path,
@@ -130,10 +127,7 @@ def profile_decode(engine: Engine, prompts: Sequence[Sequence[int]], *, new_toke
     wall = record_decode(engine, prompts, new_tokens=new_tokens, steps=steps, trace_path=trace)
     summary = summarise_decode(load_trace(trace), steps=steps, wall_s=wall, device_type=engine.device.type,
                                bytes_per_step=step_bytes, copy_bytes_per_s=copy_bytes_per_s)
-    summary["trace"] = trace.name
-    write_json(out_dir / "summary.json", summary)
-    write_atomic(out_dir / "summary.md", render_decode_profile(summary, title))
-    return summary
+    return save_summary(out_dir, trace, summary, lambda s: render_decode_profile(s, title))
 
 
 def render_decode_profile(s: dict[str, Any], title: str) -> str:

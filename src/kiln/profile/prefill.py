@@ -26,8 +26,7 @@ import torch
 from kiln.llm.engine import Engine
 from kiln.profile.trace import cpu_self_times, gpu_timeline, load_trace
 from kiln.profile.window import activities
-from kiln.profile.window_tables import no_timeline, no_timeline_verdict, timeline_tables
-from kiln.safe_io import write_atomic, write_json
+from kiln.profile.window_tables import no_timeline, no_timeline_verdict, ranked, save_summary, timeline_tables
 from kiln.timing import synchronize
 
 GAP_BOUND = 0.15
@@ -102,9 +101,7 @@ def verdict(s: dict[str, Any]) -> str:
         lost = idle["busy_ms_per_step"] - s["floor_ms_per_call"]
         causes.append((lost, f"kernels: while busy the GPU computes at {100 * frac:.0f}% of the best matmul's rate "
                              f"({lost:.3f} ms/prefill above the floor)"))
-    if not causes:
-        return "near the compute floor: no gap, kernel or host loss above the bounds"
-    return "; ".join(text for _, text in sorted(causes, key=lambda c: -c[0]))
+    return ranked(causes, "near the compute floor: no gap, kernel or host loss above the bounds")
 
 
 def profile_prefill(engine: Engine, prompts: Sequence[Sequence[int]], *, new_tokens: int, calls: int, out_dir: Path,
@@ -115,10 +112,7 @@ def profile_prefill(engine: Engine, prompts: Sequence[Sequence[int]], *, new_tok
     wall = record_prefill(engine, prompts, new_tokens=new_tokens, calls=calls, trace_path=trace)
     summary = summarise_prefill(load_trace(trace), calls=calls, wall_s=wall, device_type=engine.device.type,
                                 flops_per_call=flops_per_call, matmul_flops_per_s=matmul_flops_per_s)
-    summary["trace"] = trace.name
-    write_json(out_dir / "summary.json", summary)
-    write_atomic(out_dir / "summary.md", render_prefill_profile(summary, title))
-    return summary
+    return save_summary(out_dir, trace, summary, lambda s: render_prefill_profile(s, title))
 
 
 def render_prefill_profile(s: dict[str, Any], title: str) -> str:

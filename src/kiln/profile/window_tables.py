@@ -1,9 +1,12 @@
-"""What a profiled window (decode steps, prefills) says beside its own figures: its GPU timeline
-as markdown tables, and what to say when the trace has no GPU timeline."""
+"""What a profiled window (decode steps, prefills) shares: its GPU timeline as markdown tables,
+what to say when the trace has no GPU timeline, the verdict's order, and its summary files."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
+
+from kiln.safe_io import write_atomic, write_json
 
 
 def no_timeline(device_type: str, what: str) -> dict[str, Any]:
@@ -51,3 +54,19 @@ def timeline_tables(s: dict[str, Any], unit: str, busy_note: str) -> list[str]:
 def _short(name: str, width: int = 80) -> str:
     name = name.replace("|", "\\|").replace("`", "'")
     return name if len(name) <= width else name[: width - 1] + "…"
+
+
+def ranked(causes: list[tuple[float, str]], none_text: str) -> str:
+    """A verdict: the causes' texts, the largest loss (ms) first; `none_text` when there is none."""
+    if not causes:
+        return none_text
+    return "; ".join(text for _, text in sorted(causes, key=lambda c: -c[0]))
+
+
+def save_summary(out_dir: Path, trace: Path, summary: dict[str, Any], markdown) -> dict[str, Any]:
+    """Write `summary` (naming `trace`, beside it) as out_dir/summary.json and `markdown(summary)` as
+    out_dir/summary.md; returns the summary."""
+    summary["trace"] = trace.name
+    write_json(out_dir / "summary.json", summary)
+    write_atomic(out_dir / "summary.md", markdown(summary))
+    return summary
