@@ -4,7 +4,6 @@ timelines with known gaps, kernel times and wall time), and a recorded window on
 from __future__ import annotations
 
 import pytest
-import torch
 
 from kiln.profile.prefill import record_prefill, render_prefill_profile, summarise_prefill
 from kiln.profile.trace import load_trace
@@ -81,16 +80,8 @@ def test_markdown_holds_the_figures_and_the_verdict():
     assert "| `nvjet_hsh_256x128_gemm` | 1.00 | 800.0 |" in md and "| kernel | calls/prefill |" in md
 
 
-def test_a_recorded_window_on_cpu(tmp_path):
-    from kiln.llm.config import config_from_dict
-    from kiln.llm.engine import Engine
-    from kiln.llm.model import Decoder
-
-    torch.manual_seed(0)
-    config = config_from_dict({"model_type": "llama", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48,
-                               "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-                               "max_position_embeddings": 64})
-    engine = Engine(Decoder(config).eval())
+def test_a_recorded_window_on_cpu(tmp_path, tiny_engine):
+    engine = tiny_engine
     with pytest.raises(ValueError, match="at least one prefill"):
         record_prefill(engine, [[1, 2, 3]], new_tokens=4, calls=0, trace_path=tmp_path / "t.json")
     trace = tmp_path / "t.pt.trace.json.gz"
