@@ -9,8 +9,8 @@ one-row kernel (programs per row: its cost grows with the rows, but nothing is p
 up to ROWS_UP_TO rows kiln.kernels.triton_rows' kernel, which reads and unpacks each weight tile
 once for a block of 16 rows (its cost barely changes from 4 to 16 rows); above that (larger
 batches, prefill) `dequant`: the weight written out in the model dtype once per call, then the
-dense matmul, whose cost barely grows with the rows (`dequant_linear`: in a compiled forward as torch
-ops inductor fuses into one kernel of its graph, eagerly through kiln.kernels.triton_int4_dequant).
+dense matmul, whose cost barely grows with the rows (`dequant_linear`: kiln.kernels.triton_int4_dequant's
+kernel, in a compiled forward as a Triton op of the graph, PREFILL_DEQUANT).
 Off CUDA (and outside Triton's interpreter) the layer dequantizes in torch and calls `linear`."""
 
 from __future__ import annotations
