@@ -8,18 +8,12 @@ import pytest
 from kiln.profile.decode import record_decode, render_decode_profile, summarise_decode, window_fits
 from kiln.profile.trace import load_trace
 
+from .timelines import serial_timeline
+
 GB = 10**9
 
 
-def _timeline(steps: int, kernels: list[tuple[str, float]], gap_us: float) -> list[dict]:
-    """`steps` decode steps on one stream: each step's kernels (name, us) back to back with
-    `gap_us` of idle before every kernel but the first of the window."""
-    events, t = [], 1000.0
-    for _ in range(steps):
-        for name, dur in kernels:
-            events.append({"ph": "X", "cat": "kernel", "name": name, "ts": t, "dur": dur})
-            t += dur + gap_us
-    return events
+_timeline = serial_timeline
 
 
 STEP = [("triton_red_fused_mm_0", 300.0), ("triton_per_fused_softmax_1", 20.0), ("triton_poi_fused_add_2", 10.0)]

@@ -8,20 +8,15 @@ import pytest
 from kiln.profile.prefill import record_prefill, render_prefill_profile, summarise_prefill
 from kiln.profile.trace import load_trace
 
+from .timelines import serial_timeline
+
 TFLOP = 10**12
 CALL = [("nvjet_hsh_256x128_gemm", 800.0), ("triton_poi_fused_rms_norm_0", 50.0), ("flash_fwd_kernel", 150.0)]
 BUSY_US = 1000.0
 
 
 def _timeline(calls: int, gap_us: float) -> list[dict]:
-    """`calls` prefills on one stream: each one's kernels back to back, `gap_us` idle before every
-    kernel but the window's first."""
-    events, t = [], 1000.0
-    for _ in range(calls):
-        for name, dur in CALL:
-            events.append({"ph": "X", "cat": "kernel", "name": name, "ts": t, "dur": dur})
-            t += dur + gap_us
-    return events
+    return serial_timeline(calls, CALL, gap_us)
 
 
 def _summary(gap_us: float, *, wall_ms: float | None = None, tflop: float = 0.5, calls: int = 4):

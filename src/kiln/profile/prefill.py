@@ -4,8 +4,8 @@ A prefill (one forward over the prompts, writing the KV cache) is matmuls over m
 take about `FLOPs / the best matmul rate`. When it takes longer, the trace says which of three
 things is to blame:
 - **gaps**: the GPU waits between kernels because the host launches them one by one (an eager
-  prefill: Python dispatch, custom ops, Triton launches); compiling the prefill or launching fewer
-  kernels helps;
+  prefill, or opaque ops launched from Python inside a compiled one: dispatch, Triton launches);
+  compiling them or launching fewer kernels helps;
 - **kernels**: the kernels run back to back but compute below the best matmul's rate (small
   matmuls, attention, elementwise kernels, or a weight written out before its matmul);
 - **host**: the wall time exceeds the GPU's span (host work before the first kernel or after the
@@ -94,8 +94,8 @@ def verdict(s: dict[str, Any]) -> str:
         causes.append((idle["idle_ms_per_step"],
                        f"gaps: the GPU idles {idle['idle_ms_per_step']:.3f} ms/prefill ({100 * idle['idle_frac']:.0f}% "
                        f"of its span) over {gpu['kernels_per_step']:.0f} kernels/prefill (median gap "
-                       f"{idle['gap_us_median']:.1f} us): the host launches slower than the GPU runs (an eager "
-                       "prefill: compile it, or launch fewer kernels)"))
+                       f"{idle['gap_us_median']:.1f} us): the host launches slower than the GPU runs (an eager prefill, "
+                       "or ops launched from Python inside a compiled one: compile them, or launch fewer kernels)"))
     frac = gpu.get("busy_compute_frac")
     if frac is not None and frac < KERNEL_BOUND and s.get("floor_ms_per_call"):
         lost = idle["busy_ms_per_step"] - s["floor_ms_per_call"]

@@ -5,13 +5,15 @@ its own folder, with its figures on the row."""
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from kiln.bench.row_failure import failure
 from kiln.llm.weights import decode_weight_bytes
 
 
-def _kiln_rows(ready: list, root: str):
+def _kiln_rows(ready: list, root: str) -> Iterator[tuple[Any, Path]]:
     """(row, its folder under `root`) for each kiln row that is still ok."""
     for r in ready:
         if r.ok and r.engine_name.startswith("kiln"):
