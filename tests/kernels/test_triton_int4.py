@@ -194,6 +194,37 @@ def test_autotuner_keeps_settings_that_fill_the_gpu(monkeypatch):
     assert (128, 2, 3) in small and (64, 8, 3) not in small  # one group per split cannot keep 3 in flight
 
 
+def test_measured_settings_are_candidates_the_tuner_keeps_and_apply_on_their_gpu(monkeypatch):
+    """Each H200 setting of MEASURED is one the autotuner could pick on that GPU's 132 SMs (a candidate
+    its pruning keeps for the key's shape); on an H200 it is what launches, on another GPU the tuner
+    decides, and PINNED overrides both."""
+    from types import SimpleNamespace
+
+    import triton
+
+    from kiln.kernels import triton_int4 as tk
+    from kiln.kernels.triton_launch import device_name, fixed_setting
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: SimpleNamespace(multi_processor_count=132))
+    configs = [triton.Config({"BLOCK_N": bn, "SPLIT": s, "DEPTH": d}, num_warps=w) for bn, s, d, w in tk.SETTINGS]
+    for (n, k, group, m, _prologue, _swiglu, _res), setting in tk.MEASURED["NVIDIA H200"].items():
+        kept = {(c.kwargs["BLOCK_N"], c.kwargs["SPLIT"], c.kwargs["DEPTH"], c.num_warps)
+                for c in tk._prune(configs, {"K": k, "GROUP": group, "N": n, "M": m})}
+        assert setting in kept, (n, k, setting, kept)
+    key = next(iter(tk.MEASURED["NVIDIA H200"]))
+    names = {0: "NVIDIA H200", 1: "NVIDIA H100 80GB HBM3"}
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=None: names[index])
+    device_name.cache_clear()
+    try:
+        assert fixed_setting(tk.PINNED, tk.MEASURED, torch.device("cuda", 0), key) == tk.MEASURED["NVIDIA H200"][key]
+        assert fixed_setting(tk.PINNED, tk.MEASURED, torch.device("cuda", 1), key) is None
+        monkeypatch.setitem(tk.PINNED, key, (64, 8, 3, 4))
+        assert fixed_setting(tk.PINNED, tk.MEASURED, torch.device("cuda", 1), key) == (64, 8, 3, 4)
+    finally:
+        device_name.cache_clear()
+
+
 @interpreted
 def test_a_pinned_setting_skips_the_tuning(monkeypatch):
     """PINNED[(N, K, GROUP, M, PROLOGUE, SWIGLU, HAS_RES)] is what launches for that shape (without it,

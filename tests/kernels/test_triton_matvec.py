@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kiln.errors import ConfigError
+from kiln.kernels.triton_launch import device_name
 from kiln.llm import decode_matvec as dm
 from kiln.llm.config import resolve_model
 from kiln.llm.kernels import use_decode_kernels
@@ -107,7 +108,7 @@ def test_measured_settings_are_candidates_the_tuner_keeps_and_apply_on_their_gpu
     key = next(iter(tm.MEASURED["NVIDIA H200"]))
     names = {0: "NVIDIA H200", 1: "NVIDIA H100 80GB HBM3"}
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=None: names[index])
-    tm._measured.cache_clear()
+    device_name.cache_clear()
     try:
         assert tm.measured_setting(torch.device("cuda", 0), key) == tm.MEASURED["NVIDIA H200"][key]
         assert tm.measured_setting(torch.device("cuda", 1), key) is None
@@ -115,7 +116,7 @@ def test_measured_settings_are_candidates_the_tuner_keeps_and_apply_on_their_gpu
         monkeypatch.setitem(tm.PINNED, key, (8, 256, 1))
         assert tm.measured_setting(torch.device("cuda", 0), key) == (8, 256, 1)
     finally:
-        tm._measured.cache_clear()
+        device_name.cache_clear()
 
 
 def test_tuned_settings_read_the_autotuners_choices(monkeypatch):

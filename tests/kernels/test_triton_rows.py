@@ -90,8 +90,9 @@ def test_settings_rule():
 
 @interpreted
 def test_dequantized_product_for_prefill():
-    """kiln::int4_linear_dequant equals x times the layer's dequantized weight, and the layer takes
-    int4_path's kernel at each row count."""
+    """kiln::int4_linear_dequant equals x times the layer's dequantized weight, the dequant kernel
+    writes that weight (N a partial or whole number of blocks), and the layer takes int4_path's
+    kernel at each row count."""
     import kiln.kernels.triton_int4_dequant as dq
 
     torch.manual_seed(3)
@@ -100,8 +101,10 @@ def test_dequantized_product_for_prefill():
     expected = x @ layer.dequantize(torch.float32, stored_order=True).t()
     torch.testing.assert_close(dq.int4_linear_dequant(x, layer.weight, layer.scale, layer.offset, 64), expected,
                                rtol=1e-4, atol=1e-4)
-    assert torch.equal(dq.int4_dequantize_t(layer.weight, layer.scale, layer.offset, 64, torch.float32),
-                       layer.dequantize(torch.float32, stored_order=True).t())
+    for out_f in (40, dq.BLOCK_N):  # a partial block of outputs (masked), whole blocks only (unmasked)
+        other = ti.Int4TritonLinear.from_linear(nn.Linear(256, out_f, bias=False), 64)
+        assert torch.equal(dq.int4_dequantize_t(other.weight, other.scale, other.offset, 64, torch.float32),
+                           other.dequantize(torch.float32, stored_order=True).t())
     # in bf16 the kernel rounds that fp32 weight once (the interpreter's bf16 store truncates, so
     # this is checked on the reference side): the dequantized reference must too
     half = ti.Int4TritonLinear.from_linear(nn.Linear(256, 40).to(torch.bfloat16), 64)

@@ -52,7 +52,7 @@ import triton.language as tl
 from torch import Tensor
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from kiln.kernels.triton_launch import arrival_counters, autotuner_choices, interpreting, pdl_enabled
+from kiln.kernels.triton_launch import arrival_counters, autotuner_choices, fixed_setting, interpreting, pdl_enabled
 from kiln.kernels.triton_matvec import _split_sum, _x_tile
 
 PROLOGUES = {"none": 0, "rmsnorm": 1, "silu_mul": 2, "rms": 3}
@@ -270,10 +270,27 @@ MAX_SPLIT = max(setting[1] for setting in SETTINGS)
 INTERPRETED_SETTING = (32, 1, 2)
 """(BLOCK_N, SPLIT, DEPTH) under Triton's interpreter (4 warps; no GPU to tune on); tests pass others."""
 _KERNELS: dict[bool, object] = {}
-PINNED: dict[tuple[int, int, int, int, int, bool, bool], tuple[int, int, int, int]] = {}
-"""(BLOCK_N, SPLIT, DEPTH, warps) per (N, K, GROUP, M, PROLOGUE, SWIGLU, HAS_RES) that skip the
-autotuner (its choices are kept on disk, so a machine's later processes reuse its first's;
-`tuned_settings` shows them), for launching what another process chose."""
+Key = tuple[int, int, int, int, int, bool, bool]
+"""(N, K, GROUP, M, PROLOGUE, SWIGLU, HAS_RES): what the autotuner keys its choice on."""
+PINNED: dict[Key, tuple[int, int, int, int]] = {}
+"""(BLOCK_N, SPLIT, DEPTH, warps) per key that skip the autotuner (its choices are kept on disk, so
+a machine's later processes reuse its first's; `tuned_settings` shows them), for launching what
+another process chose."""
+MEASURED: dict[str, dict[Key, tuple[int, int, int, int]]] = {
+    # Llama-3.2-3B's one-row projections (group 128): lm_head (plain and folded norm), w_gate_up (folded
+    # norm, SwiGLU), wo and w_down (+ residual), wqkv (folded norm). The choices of the fastest of three
+    # cold autotuning processes (the int4_pinned results README).
+    "NVIDIA H200": {(128256, 3072, 128, 1, 0, False, False): (256, 1, 1, 4),
+                    (128256, 3072, 128, 1, 3, False, False): (256, 1, 1, 4),
+                    (16384, 3072, 128, 1, 3, True, False): (128, 4, 2, 4),
+                    (3072, 3072, 128, 1, 0, False, True): (128, 16, 2, 4),
+                    (3072, 8192, 128, 1, 0, False, True): (64, 16, 3, 4),
+                    (5120, 3072, 128, 1, 3, False, False): (128, 16, 2, 4)},
+}
+"""Per GPU (torch.cuda.get_device_name), settings that skip the autotuner for the shapes measured end
+to end: as for kiln.kernels.triton_matvec.MEASURED, the tuner's per-process picks changed the whole
+step by several percent, and a cold process compiles every candidate it times. PINNED takes
+precedence; other GPUs and shapes are tuned."""
 
 
 def tuned_settings() -> dict[str, list[int]]:
@@ -358,9 +375,10 @@ def launch(x: Tensor, packed: Tensor, scale: Tensor, offset: Tensor, group_size:
              "HAS_BIAS": bias is not None, "HAS_RES": res is not None, "PDL": pdl}
     if pdl:
         flags["launch_pdl"] = True
-    pinned = PINNED.get((N, K, group_size, M, PROLOGUES[prologue], swiglu, res is not None))
-    if setting is None and pinned is not None:
-        setting = list(pinned)
+    fixed = None if setting is not None else fixed_setting(
+        PINNED, MEASURED, x.device, (N, K, group_size, M, PROLOGUES[prologue], swiglu, res is not None))
+    if fixed is not None:
+        setting = list(fixed)
     if setting is not None or interpreting():
         given = list(setting or INTERPRETED_SETTING)
         bn, split, depth, warps = given + [2, 4][len(given) - 2:]  # DEPTH 2 and 4 warps unless given

@@ -1,11 +1,12 @@
 """What kiln's Triton decode kernels (kiln.kernels.triton_decode, triton_matvec, triton_int4) share
 about how they are launched: whether Triton is interpreting on the CPU, whether programmatic
 dependent launch is on, the arrival counters of kernels whose last program finishes the work, and
-what an autotuner chose.
+what an autotuner chose and which settings skip it.
 A leaf of its own (torch only, no Triton), so the kernel modules import it rather than each other."""
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -51,3 +52,21 @@ def autotuner_choices(tuner: object, key_length: int, fields: tuple[str, ...]) -
     chosen = getattr(tuner, "cache", None) or {}
     return {",".join(str(v) for v in key[:key_length]): [value(config, f) for f in fields]
             for key, config in sorted(chosen.items(), key=str)}
+
+
+@functools.cache
+def device_name(index: int) -> str:
+    """torch.cuda.get_device_name, asked once per device (launches look it up)."""
+    return torch.cuda.get_device_name(index)
+
+
+def fixed_setting(pinned: dict, measured: dict[str, dict], device: torch.device, key: tuple) -> tuple | None:
+    """The launch setting for an autotuner `key` that skips the tuner, or None (tune): `pinned[key]`
+    (set by a benchmark or test), else the table `measured` holds for this GPU's name (settings
+    measured end to end on that GPU, for the shapes that were measured)."""
+    if key in pinned:
+        return pinned[key]
+    if device.type != "cuda":
+        return None
+    return measured.get(device_name(device.index if device.index is not None else torch.cuda.current_device()),
+                        {}).get(key)

@@ -37,15 +37,13 @@ Tests run it on CPU through Triton's interpreter (TRITON_INTERPRET=1) with a fix
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from kiln.kernels.triton_launch import arrival_counters, autotuner_choices, interpreting, pdl_enabled
+from kiln.kernels.triton_launch import arrival_counters, autotuner_choices, fixed_setting, interpreting, pdl_enabled
 
 MAX_ROWS = 8
 """Rows (batch x tokens) up to which the kernel runs; longer inputs (prefill) use `linear`."""
@@ -193,18 +191,9 @@ its per-process choices changed the whole decode step by several percent; other 
 are tuned as before. PINNED takes precedence."""
 
 
-@functools.cache
-def _measured(device_index: int) -> dict[Key, tuple[int, int, int]]:
-    return MEASURED.get(torch.cuda.get_device_name(device_index), {})
-
-
 def measured_setting(device: torch.device, key: Key) -> tuple[int, int, int] | None:
     """The pinned or measured (BLOCK_N, BLOCK_K, SPLIT) for `key` on `device`, or None: autotune."""
-    if key in PINNED:
-        return PINNED[key]
-    if device.type != "cuda":
-        return None
-    return _measured(device.index if device.index is not None else torch.cuda.current_device()).get(key)
+    return fixed_setting(PINNED, MEASURED, device, key)
 
 
 def tuned_settings() -> dict[str, list[int]]:
