@@ -34,10 +34,11 @@ def _spaced(text: str) -> str:
 
 def _rows(path: Path, key: str = "results") -> list[dict]:
     """The rows under `key` of a JSON file; a dotted key walks into nested objects (`train`,
-    `config.ceilings`), and an object found there is one row."""
+    `config.ceilings`) and lists (`results.0.compiled_variants`: a number is an index), and an
+    object found there is one row."""
     results = json.loads(path.read_text())
     for part in key.split("."):
-        results = results[part]
+        results = results[int(part)] if isinstance(results, list) else results[part]
     return results if isinstance(results, list) else [results]
 
 
@@ -143,6 +144,7 @@ def test_the_check_fails_on_an_edited_figure_or_a_missing_file(tmp_path):
     assert claim_value({**nested, "field": "wall_s"}, tmp_path) == 113.6
     assert rounds_to(claim_value({**nested, "field": "schedule"}, tmp_path), "cosine")
     assert not rounds_to(claim_value({**nested, "field": "schedule"}, tmp_path), "linear")
+    assert claim_value({"file": "r.json", "list": "results.1", "row": 0, "field": "v"}, tmp_path) == 2.46
     with pytest.raises(AssertionError, match="gone"):
         claim_value({**claim, "file": "missing.json"}, tmp_path)
     with pytest.raises(AssertionError, match="no row"):
