@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -177,3 +179,83 @@ def test_warmup_reasons_say_per_variant_what_the_first_call_did():
              "decode[b1,cap26,greedy]": {"from_cache": 0, "compiled": 1}}
     assert warmup_reasons(compiled, cache) == ("prefill 1.5 s (1 graph compiled, 2 graphs from the compile cache), "
                                                "decode 2.2 s (1 graph compiled), decode 0.5 s")
+
+
+class _FakeCuda:
+    """torch.cuda's stream and graph calls, recorded on the CPU: a capture runs its body (a real
+    capture runs nothing) while `capturing` is set; a replay only counts."""
+
+    def __init__(self):
+        self.capturing, self.pools, self.graphs = False, [], []
+        fake = self
+
+        class Graph:
+            def __init__(self):
+                self.replays = 0
+                fake.graphs.append(self)
+
+            def replay(self):
+                self.replays += 1
+
+        class Stream:
+            def __init__(self, *args, **kwargs):
+                pass
+
+            def wait_stream(self, other):
+                pass
+
+        @contextlib.contextmanager
+        def graph(g, pool=None):
+            fake.pools.append(pool)
+            fake.capturing = True
+            try:
+                yield
+            finally:
+                fake.capturing = False
+
+        self.patches = {"CUDAGraph": Graph, "Stream": Stream, "graph": graph, "graph_pool_handle": lambda: ("pool",),
+                        "stream": lambda s: contextlib.nullcontext(), "current_stream": lambda *a: Stream()}
+
+
+def test_a_warmed_prefill_variant_is_captured_once_and_replayed(model, monkeypatch):
+    """With CUDA graphs a prefill variant runs as compiled on its first call, runs and is captured
+    (in the prefill pool) on its GRAPH_WARMUP_STEPS-th, and is replayed after, with no forward;
+    the decode step takes the same warm-then-capture path. Prefills over PREFILL_GRAPH_TOKENS, or
+    with PREFILL_GRAPHS off, are never captured; new slots drop the graphs."""
+    fake = _FakeCuda()
+    for name, value in fake.patches.items():
+        monkeypatch.setattr(torch.cuda, name, value, raising=False)
+    calls = []
+    hook = model.register_forward_hook(lambda *a: calls.append(fake.capturing))
+    try:
+        _check_prefill_graphs(model, monkeypatch, fake, calls)
+    finally:
+        hook.remove()
+
+
+def _check_prefill_graphs(model, monkeypatch, fake: _FakeCuda, calls: list[bool]) -> None:
+    import kiln.llm.engine as eng
+
+    def run(engine, new_tokens=1, prompts=PROMPTS):
+        calls.clear()
+        return engine.generate(prompts, max_new_tokens=new_tokens, max_seq_len=32).tokens
+
+    reference = run(Engine(model))
+    engine = Engine(model)
+    engine.cuda_graphs = True
+    assert run(engine) == reference and calls == [False] and not engine._prefill_graphs
+    assert run(engine) == reference and calls == [False, True] and fake.pools == [("pool",)]
+    (graph,) = engine._prefill_graphs.values()
+    run(engine)
+    assert calls == [] and graph.replays == 1
+    run(engine, new_tokens=4)  # the prefill replays; decode: warm, warm + capture, replay
+    assert graph.replays == 2 and calls == [False, False, True] and fake.pools[-1] is None
+    assert engine._graphs[True].replays == 1
+    run(engine, prompts=[PROMPTS[0]])  # other slots: the graphs point at the old buffers
+    assert not engine._prefill_graphs and not engine._graphs
+    for setting, value in (("PREFILL_GRAPH_TOKENS", 2 * 16 - 1), ("PREFILL_GRAPHS", False)):
+        with monkeypatch.context() as m:
+            m.setattr(eng, setting, value)
+            off = Engine(model)
+            off.cuda_graphs = True
+            assert [run(off) for _ in range(3)] == [reference] * 3 and not off._prefill_graphs

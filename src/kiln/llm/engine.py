@@ -7,7 +7,10 @@ One `generate` call:
    buffers (`Slots`: cache, tokens, positions, flags, sampling parameters) are allocated once per
    (batch, capacity) and reused, so their addresses stay fixed for CUDA graphs.
 2. `run_prefill`: one forward over the prompt, writing the cache, logits of the last position
-   only, first token sampled on the device.
+   only, first token sampled on the device. On CUDA a variant run GRAPH_WARMUP_STEPS times is
+   captured as a CUDA graph and replayed from then on (`PREFILL_GRAPHS`): a warmed engine's
+   prefill launches nothing from the host, as a server's does (kiln.serve.join_prefill), and a
+   one-shot `generate` captures nothing.
 3. `run_decode`: each step reads the newest token from the token buffer at the device position,
    writes its key/value slot, samples the next token into the buffer and advances the position,
    all in place, so on CUDA the whole step is one graph replay. The host reads nothing per token;
@@ -42,6 +45,15 @@ MAX_STOP_TOKENS = 16
 # Decode steps run on a side stream before a CUDA graph is captured (lazy initialisation of
 # cuBLAS/Triton state must not happen during capture: CUDA graphs docs, "warm up before capture").
 GRAPH_WARMUP_STEPS = 2
+PREFILL_GRAPHS = True
+"""Capture each prefill variant (bucket, greedy or sampled) of at most PREFILL_GRAPH_TOKENS tokens as a
+CUDA graph on its GRAPH_WARMUP_STEPS-th call, when the engine uses CUDA graphs. A compiled prefill
+still launches each of its few hundred kernels from the host, which kept the GPU idle for part of
+a 512-token prefill; the graphs share one memory pool (prefills never run at once). False: every
+prefill runs as compiled (comparisons)."""
+PREFILL_GRAPH_TOKENS = 8192
+"""Batch x padded length up to which a prefill is captured: beyond it the GPU's work outlasts the
+host's launches, and a graph would only keep its activations' memory."""
 
 
 def default_inductor_options(device: torch.device) -> dict[str, Any]:
@@ -196,6 +208,9 @@ class Engine:
         self._decode_blocks = compiled_block_forwards(model, self.inductor_options) if compile and not whole else None
         self.slots: Slots | None = None
         self._graphs: dict[bool, torch.cuda.CUDAGraph] = {}
+        self._prefill_graphs: dict[str, torch.cuda.CUDAGraph] = {}
+        self._prefill_calls: dict[str, int] = {}
+        self._prefill_pool: tuple | None = None
         self.compiled: dict[str, float] = {}
         """Variant -> seconds of its first call (compile and tuning included); compiled engines only."""
         self.graph_cache: dict[str, dict[str, int]] = {}
@@ -210,6 +225,8 @@ class Engine:
         if s is not None and s.cache.batch == batch and s.cache.capacity >= capacity:
             return s
         self._graphs.clear()  # they point at the old buffers
+        self._prefill_graphs.clear()
+        self._prefill_calls.clear()
         self.slots = None
         dev = self.device
         self.slots = Slots(
@@ -286,7 +303,21 @@ class Engine:
         s = self.slots
         name = f"prefill[b{s.cache.batch},len{prep.padded_len},cap{s.cache.capacity}{',pad' if padded else ''}" \
                f"{',greedy' if prep.greedy else ',sampled'}]"
-        self._call(name, self._prefill, self._prefill_blocks, self.model, s, prep.padded_len, padded, prep.greedy)
+        args = (self.model, s, prep.padded_len, padded, prep.greedy)
+        graph = self._prefill_graphs.get(name)
+        if graph is not None:
+            graph.replay()
+            return
+        if not (self.cuda_graphs and PREFILL_GRAPHS and s.cache.batch * prep.padded_len <= PREFILL_GRAPH_TOKENS):
+            self._call(name, self._prefill, self._prefill_blocks, *args)
+            return
+        calls = self._prefill_calls[name] = self._prefill_calls.get(name, 0) + 1
+        if self._prefill_pool is None:
+            self._prefill_pool = torch.cuda.graph_pool_handle()
+        graph = self._warm_then_capture(name, self._prefill, self._prefill_blocks, args,
+                                        capture=calls >= GRAPH_WARMUP_STEPS, pool=self._prefill_pool)
+        if graph is not None:
+            self._prefill_graphs[name] = graph
 
     @torch.inference_mode()
     def run_decode(self, prep: Prepared, steps: int, clock: StepClock | None = None) -> int:
@@ -309,18 +340,27 @@ class Engine:
         if not self.cuda_graphs:
             self._call(name, self._decode, self._decode_blocks, self.model, s, greedy)
             return
-        # Warm up on a side stream (compiles on the first call), then capture; capturing runs
-        # nothing, so this step itself is the warm-up step's real work.
+        graph = self._warm_then_capture(name, self._decode, self._decode_blocks, (self.model, s, greedy),
+                                        capture=warmups_left <= 1)
+        if graph is not None:
+            self._graphs[greedy] = graph
+
+    def _warm_then_capture(self, name: str, fn, blocks: list | None, args: tuple, *, capture: bool,
+                           pool: tuple | None = None) -> torch.cuda.CUDAGraph | None:
+        """Run `fn(*args)` on a side stream (compiling on its first call: lazy initialisation must not
+        happen during capture), then, if `capture`, record it as a CUDA graph. Capturing runs
+        nothing, so the side-stream call is this call's real work."""
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
-            self._call(name, self._decode, self._decode_blocks, self.model, s, greedy)
+            self._call(name, fn, blocks, *args)
         torch.cuda.current_stream(self.device).wait_stream(stream)
-        if warmups_left <= 1:
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph), self._blocks(self._decode_blocks):
-                self._decode(self.model, s, greedy)
-            self._graphs[greedy] = graph
+        if not capture:
+            return None
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool), self._blocks(blocks):
+            fn(*args)
+        return graph
 
     @torch.inference_mode()
     def collect(self, prep: Prepared, steps: int) -> Generation:
