@@ -36,6 +36,7 @@ def test_token_ids_in_token_ids_out(model_dir, tmp_path, capsys):
     assert printed == _hf_greedy(model_dir, [1, 17, 33, 8], 10)
     payload = json.loads(report.read_text())
     assert payload["tokens"] == [printed] and payload["finish"] == ["length"] and payload["text"] is None
+    assert payload["compile_scope"] == "blocks"
     assert "TTFT" in captured.err and "tok/s" in captured.err
 
 
@@ -191,13 +192,17 @@ def test_a_run_dir_given_as_model_is_told_to_export_first(tmp_path, bad_input):
 
 def test_a_compiled_request_says_it_compiles_and_what_took_how_long(model_dir, capsys, monkeypatch):
     """Before the first call: a line saying it compiles; after: the seconds per compiled variant
-    (prefill, decode) and why (graphs compiled, or loaded from inductor's cache). The engine's own compile is replaced by recorded seconds: compiling on a
+    (prefill, decode) and why (graphs compiled, or loaded from inductor's cache); per-block compile
+    unless --compile-scope step. The engine's own compile is replaced by recorded seconds: compiling on a
     2-core CPU would cost the suite half a minute."""
     from kiln.generate import generation as run_module
     from kiln.llm import engine as engine_module
 
+    scopes = []
+
     class Recorded(engine_module.Engine):
         def __init__(self, model, **kwargs):
+            scopes.append(kwargs["compile_scope"])
             super().__init__(model, **{**kwargs, "compile": False})
 
         def generate(self, *args, **kwargs):
@@ -215,6 +220,10 @@ def test_a_compiled_request_says_it_compiles_and_what_took_how_long(model_dir, c
     assert err.index("compiling prefill and decode") < err.index("TTFT")
     assert ("includes compiling, 3.8 s: prefill 1.5 s (2 graphs from the compile cache), decode 2.2 s "
             "(1 graph compiled)") in err
+    # each repeated block compiled once unless asked for the whole step
+    assert main(["generate", "--model", str(model_dir), "--tokens", "1,17", "--max-new-tokens", "2", "--device", "cpu",
+                 "--compile", "on", "--compile-scope", "step"]) == 0
+    assert scopes == ["blocks", "step"]
 
 
 def test_an_fp32_8b_on_a_small_host_is_refused_before_it_is_built(bad_input, monkeypatch):

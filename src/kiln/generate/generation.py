@@ -56,7 +56,7 @@ def run_generate(opts: GenerateOptions, say: Callable[[str], None]) -> Generatio
         say(f"kiln: quantized {req.quant.describe()}: decode reads {decode_weight_bytes(model) / 2**30:.2f} GiB of "
             f"weights per token ({before / 2**30:.2f} GiB unquantized)")
     engine = Engine(model, compile=req.compile, decode_attention=opts.decode_attention,
-                    decode_matvec=opts.decode_matvec)
+                    decode_matvec=opts.decode_matvec, compile_scope=opts.compile_scope)
     clock = StepClock(req.device)
     if req.compile:
         say("kiln: compiling prefill and decode for this request's shape (first call; Triton's and inductor's "
@@ -75,6 +75,7 @@ def run_generate(opts: GenerateOptions, say: Callable[[str], None]) -> Generatio
 def _write_json(gen: Generation, path: Path) -> None:
     req = gen.req
     payload = {"model": req.opts.model, "device": str(req.device), "dtype": req.dtype, "compile": req.compile,
+               "compile_scope": req.opts.compile_scope,
                "sampling": dataclasses.asdict(req.sampling), "stop_tokens": req.stop_tokens, "prompts": req.texts,
                "prompt_tokens": req.prompts, "tokens": gen.tokens, "text": gen.texts, "finish": gen.finish,
                "ttft_ms": gen.ttft_s * 1e3, "decode_s": gen.decode_s, "steps": gen.steps,

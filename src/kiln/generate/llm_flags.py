@@ -1,12 +1,13 @@
 """The LLM options `kiln generate` and `kiln bench llm` share (model, device, dtype, quantization,
-decode kernels), each defined once as an option field (kiln.config.options); their checks are in
+decode kernels, compile scope), each defined once as an option field (kiln.config.options); their checks are in
 kiln.generate.llm_checks. Imports no torch: the CLI builds its parsers from these."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, get_args
 
 from kiln.config.options import option
+from kiln.config.schema import CompileScope
 
 MODEL_HELP = ("a preset: llama-tiny | llama-3.2-1b | llama-3.2-3b | llama-3.1-8b (shapes only, random weights), a "
               "config.json, or a local HF model directory (config.json + *.safetensors [+ tokenizer.json]); the "
@@ -65,3 +66,13 @@ def decode_matvec_option() -> Any:
     return option("auto", help="decode-step projections: auto (default: triton where it runs, else inductor), inductor "
                   "(torch.compile's fused reductions) or triton (CUDA, fp16/bf16: kiln's matrix-vector kernel with the "
                   "norms and residual adds fused in)")
+
+
+def compile_scope_option(*, prefill_graphs: bool) -> Any:
+    """`--compile-scope`; `prefill_graphs`: whether the command replays warmed prefills as CUDA graphs
+    (a server, a benchmark), so a per-block prefill launches no more from the host than a whole one."""
+    cost = "more fusion (a few percent faster decode), a far longer warm-up" if prefill_graphs else \
+        "more fusion (a few percent faster decode, a faster prefill), a far longer warm-up"
+    return option("blocks", choices=get_args(CompileScope),
+                  help="what is compiled: blocks (default: each repeated block once for every layer and shape, the "
+                  f"shortest warm-up) or step (the whole step per shape and sampling mode: {cost})")
