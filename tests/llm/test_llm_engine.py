@@ -220,8 +220,8 @@ class _FakeCuda:
 def test_a_warmed_prefill_variant_is_captured_once_and_replayed(model, monkeypatch):
     """With CUDA graphs a prefill variant runs as compiled on its first call, runs and is captured
     (in the prefill pool) on its GRAPH_WARMUP_STEPS-th, and is replayed after, with no forward;
-    the decode step takes the same warm-then-capture path. Prefills over PREFILL_GRAPH_TOKENS, or
-    with PREFILL_GRAPHS off, are never captured; new slots drop the graphs."""
+    the decode step takes the same warm-then-capture path. Prefills over PREFILL_GRAPH_TOKENS, with
+    PREFILL_GRAPHS off, or eager (compile_prefill False) are never captured; new slots drop the graphs."""
     fake = _FakeCuda()
     for name, value in fake.patches.items():
         monkeypatch.setattr(torch.cuda, name, value, raising=False)
@@ -240,9 +240,15 @@ def _check_prefill_graphs(model, monkeypatch, fake: _FakeCuda, calls: list[bool]
         calls.clear()
         return engine.generate(prompts, max_new_tokens=new_tokens, max_seq_len=32).tokens
 
+    def graphed(**settings):  # a CPU engine as a compiled CUDA one would be, without compiling
+        engine = Engine(model)
+        engine.cuda_graphs, engine.compile_prefill = True, True
+        for name, value in settings.items():
+            setattr(engine, name, value)
+        return engine
+
     reference = run(Engine(model))
-    engine = Engine(model)
-    engine.cuda_graphs = True
+    engine = graphed()
     assert run(engine) == reference and calls == [False] and not engine._prefill_graphs
     assert run(engine) == reference and calls == [False, True] and fake.pools == [("pool",)]
     (graph,) = engine._prefill_graphs.values()
@@ -253,9 +259,9 @@ def _check_prefill_graphs(model, monkeypatch, fake: _FakeCuda, calls: list[bool]
     assert engine._graphs[True].replays == 1
     run(engine, prompts=[PROMPTS[0]])  # other slots: the graphs point at the old buffers
     assert not engine._prefill_graphs and not engine._graphs
-    for setting, value in (("PREFILL_GRAPH_TOKENS", 2 * 16 - 1), ("PREFILL_GRAPHS", False)):
+    for setting, value in (("PREFILL_GRAPH_TOKENS", 2 * 16 - 1), ("PREFILL_GRAPHS", False), ("compile_prefill", False)):
         with monkeypatch.context() as m:
-            m.setattr(eng, setting, value)
-            off = Engine(model)
-            off.cuda_graphs = True
+            if hasattr(eng, setting):
+                m.setattr(eng, setting, value)
+            off = graphed(**({} if hasattr(eng, setting) else {setting: value}))
             assert [run(off) for _ in range(3)] == [reference] * 3 and not off._prefill_graphs

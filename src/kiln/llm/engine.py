@@ -7,7 +7,7 @@ One `generate` call:
    buffers (`Slots`: cache, tokens, positions, flags, sampling parameters) are allocated once per
    (batch, capacity) and reused, so their addresses stay fixed for CUDA graphs.
 2. `run_prefill`: one forward over the prompt, writing the cache, logits of the last position
-   only, first token sampled on the device. On CUDA a variant run GRAPH_WARMUP_STEPS times is
+   only, first token sampled on the device. On CUDA a compiled variant run GRAPH_WARMUP_STEPS times is
    captured as a CUDA graph and replayed from then on (`PREFILL_GRAPHS`): a warmed engine's
    prefill launches nothing from the host, as a server's does (kiln.serve.join_prefill), and a
    one-shot `generate` captures nothing.
@@ -46,8 +46,9 @@ MAX_STOP_TOKENS = 16
 # cuBLAS/Triton state must not happen during capture: CUDA graphs docs, "warm up before capture").
 GRAPH_WARMUP_STEPS = 2
 PREFILL_GRAPHS = True
-"""Capture each prefill variant (bucket, greedy or sampled) of at most PREFILL_GRAPH_TOKENS tokens as a
-CUDA graph on its GRAPH_WARMUP_STEPS-th call, when the engine uses CUDA graphs. A compiled prefill
+"""Capture each compiled prefill variant (bucket, greedy or sampled) of at most PREFILL_GRAPH_TOKENS tokens
+as a CUDA graph on its GRAPH_WARMUP_STEPS-th call, when the engine uses CUDA graphs (an eager prefill,
+`compile_prefill=False`, stays eager: it was never checked for capture). A compiled prefill
 still launches each of its few hundred kernels from the host, which kept the GPU idle for part of
 a 512-token prefill; the graphs share one memory pool (prefills never run at once). False: every
 prefill runs as compiled (comparisons)."""
@@ -308,7 +309,8 @@ class Engine:
         if graph is not None:
             graph.replay()
             return
-        if not (self.cuda_graphs and PREFILL_GRAPHS and s.cache.batch * prep.padded_len <= PREFILL_GRAPH_TOKENS):
+        if not (self.cuda_graphs and self.compile_prefill and PREFILL_GRAPHS
+                and s.cache.batch * prep.padded_len <= PREFILL_GRAPH_TOKENS):
             self._call(name, self._prefill, self._prefill_blocks, *args)
             return
         calls = self._prefill_calls[name] = self._prefill_calls.get(name, 0) + 1
