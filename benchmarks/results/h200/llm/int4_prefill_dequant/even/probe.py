@@ -1,7 +1,9 @@
 """GPU probe: kiln's `_dequant` launched eagerly vs the same kernel inside an inductor graph (Triton op),
 and a variant with N a constexpr and no masks when N % BLOCK_N == 0 ('even'), under both launchers;
 plus inductor's own torch-op dequant. Each as a CUDA graph of 20 calls, interleaved, on the 3B shapes.
-Prints the compiled kernels' metadata of the eager launches (num_stages etc.)."""
+Prints the compiled kernels' metadata of the eager launches (num_stages etc.).
+As run (tree of 3827a11, whose `_dequant` had N a runtime argument), with only the ruff line below added."""
+# ruff: noqa: B023 (each shape's closures are called and captured within their own loop iteration)
 import statistics
 
 import torch
