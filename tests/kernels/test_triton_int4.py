@@ -254,10 +254,11 @@ def test_a_pinned_setting_skips_the_tuning(monkeypatch):
 
 def test_tuned_settings_read_the_autotuners_choices(monkeypatch):
     """Its choices (kept on disk across processes) as 'N,K,GROUP,M,PROLOGUE,SWIGLU,HAS_RES' -> [BLOCK_N,
-    SPLIT, DEPTH, warps]; nothing before it ran."""
+    SPLIT, DEPTH, warps], and the fixed settings launched; nothing before it ran."""
     import triton
 
     from kiln.kernels import triton_int4 as tk
+    from kiln.kernels.triton_launch import fixed_setting
 
     monkeypatch.setitem(tk._KERNELS, False, None)
     assert tk.tuned_settings() == {}
@@ -266,6 +267,13 @@ def test_tuned_settings_read_the_autotuners_choices(monkeypatch):
 
     monkeypatch.setitem(tk._KERNELS, False, SimpleNamespace(cache={(5120, 3072, 128, 1, 3, False, False, "x"): config}))
     assert tk.tuned_settings() == {"5120,3072,128,1,3,False,False": [128, 4, 3, 4]}
+    # a pinned or measured setting that launched is listed beside them
+    monkeypatch.setattr(tk, "_LAUNCHED", {})
+    key = (3072, 8192, 128, 1, 0, False, True)
+    monkeypatch.setitem(tk.PINNED, key, (64, 16, 3, 4))
+    assert fixed_setting(tk.PINNED, tk.MEASURED, torch.device("cpu"), key, tk._LAUNCHED) == (64, 16, 3, 4)
+    assert tk.tuned_settings() == {"5120,3072,128,1,3,False,False": [128, 4, 3, 4],
+                                   "3072,8192,128,1,0,False,True": [64, 16, 3, 4]}
 
 
 @pytest.mark.parametrize("projection,setting", [("wqkv", (128, 4, 3, 4)), ("w_gate_up", (256, 1, 2, 4)),

@@ -106,6 +106,7 @@ def test_measured_settings_are_candidates_the_tuner_keeps_and_apply_on_their_gpu
         for (_n, k, m, prologue, _res), setting in table.items():
             assert setting in tm.DENSE_SETTINGS and k >= setting[2] * setting[1] and m == 1 and prologue in (0, 1, 2)
     key = next(iter(tm.MEASURED["NVIDIA H200"]))
+    monkeypatch.setattr(tm, "_LAUNCHED", {})
     names = {0: "NVIDIA H200", 1: "NVIDIA H100 80GB HBM3"}
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=None: names[index])
     device_name.cache_clear()
@@ -125,10 +126,14 @@ def test_tuned_settings_read_the_autotuners_choices(monkeypatch):
     import triton
 
     assert isinstance(tm.tuned_settings(), dict)
+    monkeypatch.setattr(tm, "_LAUNCHED", {})
     chosen = {(5120, 3072, 1, 1, False, "torch.bfloat16"): triton.Config({"BLOCK_N": 8, "BLOCK_K": 512, "SPLIT": 2}),
               (3072, 3072, 1, 0, True, "torch.bfloat16"): triton.Config({"BLOCK_N": 4, "BLOCK_K": 256, "SPLIT": 1})}
     monkeypatch.setitem(tm._KERNELS, False, SimpleNamespace(cache=chosen))
     assert tm.tuned_settings() == {"3072,3072,1,0,True": [4, 256, 1], "5120,3072,1,1,False": [8, 512, 2]}
+    monkeypatch.setitem(tm.PINNED, (3072, 8192, 1, 2, True), (16, 512, 2))  # launched fixed: listed beside them
+    assert tm.measured_setting(torch.device("cpu"), (3072, 8192, 1, 2, True)) == (16, 512, 2)
+    assert tm.tuned_settings()["3072,8192,1,2,True"] == [16, 512, 2] and len(tm.tuned_settings()) == 3
 
 
 @interpreted

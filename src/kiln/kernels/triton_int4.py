@@ -52,7 +52,7 @@ import triton.language as tl
 from torch import Tensor
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from kiln.kernels.triton_launch import arrival_counters, autotuner_choices, fixed_setting, interpreting, pdl_enabled
+from kiln.kernels.triton_launch import arrival_counters, fixed_setting, interpreting, pdl_enabled, settings_launched
 from kiln.kernels.triton_matvec import _split_sum, _x_tile
 
 PROLOGUES = {"none": 0, "rmsnorm": 1, "silu_mul": 2, "rms": 3}
@@ -293,10 +293,15 @@ step by several percent, and a cold process compiles every candidate it times. P
 precedence; other GPUs and shapes are tuned."""
 
 
+_LAUNCHED: dict[Key, tuple[int, int, int, int]] = {}
+"""The PINNED or MEASURED settings this process launched, per key."""
+
+
 def tuned_settings() -> dict[str, list[int]]:
-    """What the autotuner chose so far in this process or read from its disk cache:
-    'N,K,GROUP,M,PROLOGUE,SWIGLU,HAS_RES' -> [BLOCK_N, SPLIT, DEPTH, warps]."""
-    return autotuner_choices(_KERNELS.get(False), 7, ("BLOCK_N", "SPLIT", "DEPTH", "num_warps"))
+    """The settings launched so far in this process: what the autotuner chose (or read from its disk
+    cache) and the PINNED or MEASURED ones: 'N,K,GROUP,M,PROLOGUE,SWIGLU,HAS_RES' -> [BLOCK_N, SPLIT,
+    DEPTH, warps]."""
+    return settings_launched(_KERNELS.get(False), 7, ("BLOCK_N", "SPLIT", "DEPTH", "num_warps"), _LAUNCHED)
 
 
 def _per_split(args) -> int:
@@ -376,7 +381,7 @@ def launch(x: Tensor, packed: Tensor, scale: Tensor, offset: Tensor, group_size:
     if pdl:
         flags["launch_pdl"] = True
     fixed = None if setting is not None else fixed_setting(
-        PINNED, MEASURED, x.device, (N, K, group_size, M, PROLOGUES[prologue], swiglu, res is not None))
+        PINNED, MEASURED, x.device, (N, K, group_size, M, PROLOGUES[prologue], swiglu, res is not None), _LAUNCHED)
     if fixed is not None:
         setting = list(fixed)
     if setting is not None or interpreting():

@@ -60,13 +60,26 @@ def device_name(index: int) -> str:
     return torch.cuda.get_device_name(index)
 
 
-def fixed_setting(pinned: dict, measured: dict[str, dict], device: torch.device, key: tuple) -> tuple | None:
+def fixed_setting(pinned: dict, measured: dict[str, dict], device: torch.device, key: tuple,
+                  launched: dict | None = None) -> tuple | None:
     """The launch setting for an autotuner `key` that skips the tuner, or None (tune): `pinned[key]`
     (set by a benchmark or test), else the table `measured` holds for this GPU's name (settings
-    measured end to end on that GPU, for the shapes that were measured)."""
+    measured end to end on that GPU, for the shapes that were measured). A setting found is also
+    kept in `launched[key]`, so what a process launched can be reported beside the tuner's picks."""
     if key in pinned:
-        return pinned[key]
-    if device.type != "cuda":
+        found = pinned[key]
+    elif device.type != "cuda":
         return None
-    return measured.get(device_name(device.index if device.index is not None else torch.cuda.current_device()),
-                        {}).get(key)
+    else:
+        found = measured.get(device_name(device.index if device.index is not None else torch.cuda.current_device()),
+                             {}).get(key)
+    if found is not None and launched is not None:
+        launched[key] = found
+    return found
+
+
+def settings_launched(tuner: object, key_length: int, fields: tuple[str, ...], launched: dict) -> dict[str, list[int]]:
+    """`autotuner_choices` with the fixed settings launched (`fixed_setting`'s `launched`) beside them,
+    in the same form: 'key values' -> the setting's values."""
+    return {**autotuner_choices(tuner, key_length, fields),
+            **{",".join(str(v) for v in key): list(setting) for key, setting in sorted(launched.items(), key=str)}}

@@ -43,7 +43,7 @@ import triton.language as tl
 from torch import Tensor
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from kiln.kernels.triton_launch import arrival_counters, autotuner_choices, fixed_setting, interpreting, pdl_enabled
+from kiln.kernels.triton_launch import arrival_counters, fixed_setting, interpreting, pdl_enabled, settings_launched
 
 MAX_ROWS = 8
 """Rows (batch x tokens) up to which the kernel runs; longer inputs (prefill) use `linear`."""
@@ -193,13 +193,18 @@ are tuned as before. PINNED takes precedence."""
 
 def measured_setting(device: torch.device, key: Key) -> tuple[int, int, int] | None:
     """The pinned or measured (BLOCK_N, BLOCK_K, SPLIT) for `key` on `device`, or None: autotune."""
-    return fixed_setting(PINNED, MEASURED, device, key)
+    return fixed_setting(PINNED, MEASURED, device, key, _LAUNCHED)
+
+
+_LAUNCHED: dict[Key, tuple[int, int, int]] = {}
+"""The PINNED or MEASURED settings this process launched, per key."""
 
 
 def tuned_settings() -> dict[str, list[int]]:
-    """What this process's autotuner chose so far: 'N,K,M,PROLOGUE,HAS_RES' -> [BLOCK_N, BLOCK_K, SPLIT]
-    (benches record it: candidates within timing noise of each other can differ between processes)."""
-    return autotuner_choices(_KERNELS.get(False), 5, ("BLOCK_N", "BLOCK_K", "SPLIT"))
+    """The settings launched so far in this process: what its autotuner chose and the PINNED or
+    MEASURED ones: 'N,K,M,PROLOGUE,HAS_RES' -> [BLOCK_N, BLOCK_K, SPLIT] (benches record it:
+    candidates within timing noise of each other can differ between processes)."""
+    return settings_launched(_KERNELS.get(False), 5, ("BLOCK_N", "BLOCK_K", "SPLIT"), _LAUNCHED)
 
 
 _KERNELS: dict[bool, object] = {}
