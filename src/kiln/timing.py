@@ -7,9 +7,10 @@ the sides of a comparison alternate, so drift (clocks, thermals, other tenants) 
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -49,16 +50,28 @@ class Timing:
         }
 
 
+@contextlib.contextmanager
+def side_stream(device: torch.device) -> Iterator[None]:
+    """Run the block on a fresh side stream ordered after the current stream's work and before what
+    follows it: the warm-up before a CUDA-graph capture (lazy initialisation of compiled code,
+    cuBLAS and Triton state must not happen during capture). On a non-CUDA device, in place."""
+    if device.type != "cuda":
+        yield
+        return
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        yield
+    torch.cuda.current_stream(device).wait_stream(stream)
+
+
 def cuda_graph_of(fn: Callable[[], object], calls: int, *, warmup: int = 3) -> torch.cuda.CUDAGraph:
     """`calls` back-to-back calls of `fn` captured as one CUDA graph, after `warmup` calls on a side
     stream (lazy initialisation must not happen during capture). The graph does not keep `fn`'s
     tensors alive: the caller must, or replays read freed memory."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
+    with side_stream(torch.device("cuda", torch.cuda.current_device())):
         for _ in range(warmup):
             fn()
-    torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         for _ in range(calls):

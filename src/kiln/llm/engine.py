@@ -39,7 +39,7 @@ from kiln.llm.families import takes_kernel
 from kiln.llm.kernels import use_decode_kernels
 from kiln.llm.model import Decoder, KVCache
 from kiln.llm.sampling import Sampling, check_sampling, sample
-from kiln.timing import StepClock, time_calls
+from kiln.timing import StepClock, side_stream, time_calls
 
 MAX_STOP_TOKENS = 16
 # Decode steps run on a side stream before a CUDA graph is captured (lazy initialisation of
@@ -352,11 +352,8 @@ class Engine:
         """Run `fn(*args)` on a side stream (compiling on its first call: lazy initialisation must not
         happen during capture), then, if `capture`, record it as a CUDA graph. Capturing runs
         nothing, so the side-stream call is this call's real work."""
-        stream = torch.cuda.Stream(self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
+        with side_stream(self.device):
             self._call(name, fn, blocks, *args)
-        torch.cuda.current_stream(self.device).wait_stream(stream)
         if not capture:
             return None
         graph = torch.cuda.CUDAGraph()

@@ -28,6 +28,7 @@ from torch import Tensor
 from kiln.llm.engine import GRAPH_WARMUP_STEPS, bucket_length
 from kiln.llm.model import Decoder, KVCache
 from kiln.serve.row_sampling import pick_tokens
+from kiln.timing import side_stream
 
 PREFILL_ROWS = (1, 2, 4)
 """Prompts prefilled in one forward: a fixed set, so warm-up compiles and captures few variants."""
@@ -157,11 +158,8 @@ class JoinPrefill:
             with self.installed():
                 v.first.copy_(self.fn(self.model, *args))
             return
-        stream = torch.cuda.Stream(self.device)  # warm up off the capture, as the decode step does
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream), self.installed():
+        with side_stream(self.device), self.installed():  # warm up off the capture, as the decode step does
             v.first.copy_(self.fn(self.model, *args))
-        torch.cuda.current_stream(self.device).wait_stream(stream)
         v.runs += 1
         if v.runs >= GRAPH_WARMUP_STEPS:
             if self._pool is None:  # one memory pool for every prefill graph: they never run at once

@@ -45,6 +45,7 @@ from kiln.serve.join_prefill import (
     split_sizes,
 )
 from kiln.serve.row_sampling import pick_tokens
+from kiln.timing import side_stream
 
 __all__ = ["Launched", "RowBuffers", "RowSettings", "Rows", "batch_buckets", "cache_rows", "row_decode_step"]
 
@@ -330,11 +331,8 @@ class Rows:
             with self._blocks(self._decode_blocks):
                 self._decode(self.model, view, greedy_only)
             return
-        stream = torch.cuda.Stream(self.device)  # warm up off the capture, as kiln.llm.engine does
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream), self._blocks(self._decode_blocks):
+        with side_stream(self.device), self._blocks(self._decode_blocks):  # warm up off the capture
             self._decode(self.model, view, greedy_only)
-        torch.cuda.current_stream(self.device).wait_stream(stream)
         self._warm[key] = self._warm.get(key, 0) + 1
         if self._warm[key] >= GRAPH_WARMUP_STEPS:
             graph = torch.cuda.CUDAGraph()

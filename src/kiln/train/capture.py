@@ -31,6 +31,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from kiln.timing import side_stream
 from kiln.train.optim import DeviceSchedule
 from kiln.train.step import TrainStep
 
@@ -52,24 +53,6 @@ class CudaGraph:
 
     def replay(self) -> None:
         self.graph.replay()
-
-
-def side_stream(device: torch.device):
-    """A context running the warm-up steps on a side stream (required before capture on CUDA)."""
-    import contextlib
-
-    if device.type != "cuda":
-        return contextlib.nullcontext()
-
-    @contextlib.contextmanager
-    def run():
-        stream = torch.cuda.Stream(device)
-        stream.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(stream):
-            yield
-        torch.cuda.current_stream(device).wait_stream(stream)
-
-    return run()
 
 
 def capture_problem(device: torch.device, strategy: str) -> str | None:
