@@ -68,11 +68,8 @@ def decode_matvec_option() -> Any:
                   "norms and residual adds fused in)")
 
 
-def compile_scope_option(*, prefill_graphs: bool) -> Any:
-    """`--compile-scope`; `prefill_graphs`: whether the command replays warmed prefills as CUDA graphs
-    (a server, a benchmark), so a per-block prefill launches no more from the host than a whole one."""
-    cost = "more fusion (a few percent faster decode), a far longer warm-up" if prefill_graphs else \
-        "more fusion (a few percent faster decode, a faster prefill), a far longer warm-up"
+def compile_scope_option() -> Any:
     return option("blocks", choices=get_args(CompileScope),
                   help="what is compiled: blocks (default: each repeated block once for every layer and shape, the "
-                  f"shortest warm-up) or step (the whole step per shape and sampling mode: {cost})")
+                  "shortest warm-up) or step (the whole step per shape and sampling mode: more fusion, a few "
+                  "percent faster decode, a far longer warm-up)")

@@ -37,7 +37,7 @@ class GenerateOptions:
     compile: Compile = option(
         "auto", choices=get_args(Compile),
         help="compile prefill/decode and capture decode in a CUDA graph (auto: on for CUDA)")
-    compile_scope: CompileScope = llm.compile_scope_option(prefill_graphs=False)
+    compile_scope: CompileScope = llm.compile_scope_option()
     max_seq_len: int | None = option(None, help="KV-cache slots (default: padded prompt + new tokens)")
     quant: str = llm.quant_option()
     group_size: int | None = llm.group_size_option()

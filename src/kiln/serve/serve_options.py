@@ -29,7 +29,7 @@ class ServeOptions:
     decode_matvec: str = llm.decode_matvec_option()
     compile: Compile = option("auto", choices=get_args(Compile),
                               help="compile prefill/decode and replay decode as CUDA graphs (auto: on for CUDA)")
-    compile_scope: CompileScope = llm.compile_scope_option(prefill_graphs=True)
+    compile_scope: CompileScope = llm.compile_scope_option()
     host: str = option("127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     port: int = option(8000, help="TCP port (default 8000)")
     max_batch: int = option(8, help="KV-cache rows: requests decoded at once (default 8); fixed at start")
