@@ -182,8 +182,9 @@ def test_warmup_reasons_say_per_variant_what_the_first_call_did():
 
 
 class _FakeCuda:
-    """torch.cuda's stream and graph calls, recorded on the CPU: a capture runs its body (a real
-    capture runs nothing) while `capturing` is set; a replay only counts."""
+    """torch.cuda's graph calls, recorded on the CPU (the warm-up's side stream is a CUDA device's
+    only): a capture runs its body (a real capture runs nothing) while `capturing` is set; a replay
+    only counts."""
 
     def __init__(self):
         self.capturing, self.pools, self.graphs = False, [], []
@@ -197,13 +198,6 @@ class _FakeCuda:
             def replay(self):
                 self.replays += 1
 
-        class Stream:
-            def __init__(self, *args, **kwargs):
-                pass
-
-            def wait_stream(self, other):
-                pass
-
         @contextlib.contextmanager
         def graph(g, pool=None):
             fake.pools.append(pool)
@@ -213,8 +207,7 @@ class _FakeCuda:
             finally:
                 fake.capturing = False
 
-        self.patches = {"CUDAGraph": Graph, "Stream": Stream, "graph": graph, "graph_pool_handle": lambda: ("pool",),
-                        "stream": lambda s: contextlib.nullcontext(), "current_stream": lambda *a: Stream()}
+        self.patches = {"CUDAGraph": Graph, "graph": graph, "graph_pool_handle": lambda: ("pool",)}
 
 
 def test_a_warmed_prefill_variant_is_captured_once_and_replayed(model, monkeypatch):
