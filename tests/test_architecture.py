@@ -90,9 +90,7 @@ OWN_CLOCKS = {
     "src/kiln/train/trainer.py": "the run's wall time for summary.json",
     "src/kiln/train/finish.py": "the run's wall time for summary.json",
     "src/kiln/train/capture.py": "how long the CUDA-graph capture took (logged once)",
-    "src/kiln/profile/window.py": "the profiler window's wall time",
-    "src/kiln/profile/decode.py": "the profiled decode window's wall time",
-    "src/kiln/profile/prefill.py": "the profiled prefill window's wall time",
+    "src/kiln/profile/window.py": "the profiler windows' wall time (a training run's, kiln bench llm's decode and prefill)",
     "src/kiln/distributed/sync_timing.py": "each rank's wait in collectives, CUDA events in stream order, read at log steps",
     "src/kiln/checkpoint/manager.py": "a save's duration for the checkpoint timeline, its stall on the step and total",
     "src/kiln/checkpoint/save_timing.py": "a long save's elapsed time in its progress line, and how long staging the "

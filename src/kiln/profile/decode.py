@@ -15,7 +15,6 @@ from the exported trace with kiln.profile.trace, so any saved trace can be summa
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -24,9 +23,8 @@ import torch
 
 from kiln.llm.engine import GRAPH_WARMUP_STEPS, Engine
 from kiln.profile.trace import cpu_self_times, gpu_timeline, load_trace
-from kiln.profile.window import activities
+from kiln.profile.window import recorded_window
 from kiln.profile.window_tables import no_timeline, no_timeline_verdict, ranked, save_summary, timeline_tables
-from kiln.timing import synchronize
 
 GAP_BOUND = 0.15
 """Idle share of the GPU's span above which the verdict names the gaps between kernels."""
@@ -54,25 +52,18 @@ def record_decode(engine: Engine, prompts: Sequence[Sequence[int]], *, new_token
     """Prefill `prompts`, run GRAPH_WARMUP_STEPS decode steps (capturing the graph if this shape
     has none yet), then `steps` more under the profiler; the trace goes to `trace_path`.
     Returns the window's wall seconds (synchronised at both edges)."""
-    from torch.profiler import profile, record_function
-
     if not 1 <= steps <= window_fits(new_tokens):
         raise ValueError(f"a window of {steps} decode steps does not fit in requests of {new_tokens} tokens "
                          f"(at most {window_fits(new_tokens)})")
     prep = engine.prepare(prompts, max_new_tokens=new_tokens)
     engine.run_prefill(prep)
     engine.run_decode(prep, GRAPH_WARMUP_STEPS)
-    synchronize(engine.device)
-    with profile(activities=activities(engine.device)) as prof:
-        started = time.perf_counter()
-        with record_function("kiln.decode_window"):
-            for _ in range(steps):  # one step per call: every step replays the graph captured above
-                engine.run_decode(prep, 1)
-        synchronize(engine.device)
-        wall = time.perf_counter() - started
-    trace_path.parent.mkdir(parents=True, exist_ok=True)
-    prof.export_chrome_trace(str(trace_path))
-    return wall
+
+    def window() -> None:
+        for _ in range(steps):  # one step per call: every step replays the graph captured above
+            engine.run_decode(prep, 1)
+
+    return recorded_window(engine.device, "kiln.decode_window", window, trace_path)
 
 
 def summarise_decode(events: list[dict[str, Any]], *, steps: int, wall_s: float, device_type: str,

@@ -16,7 +16,6 @@ prefills ran, not a compile. Summaries come from the exported trace (kiln.profil
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -25,9 +24,8 @@ import torch
 
 from kiln.llm.engine import Engine
 from kiln.profile.trace import cpu_self_times, gpu_timeline, load_trace
-from kiln.profile.window import activities
+from kiln.profile.window import recorded_window
 from kiln.profile.window_tables import no_timeline, no_timeline_verdict, ranked, save_summary, timeline_tables
-from kiln.timing import synchronize
 
 GAP_BOUND = 0.15
 """Idle share of the GPU's span above which the verdict names the gaps between kernels."""
@@ -43,22 +41,15 @@ def record_prefill(engine: Engine, prompts: Sequence[Sequence[int]], *, new_toke
     """One untimed prefill of `prompts` (its compile, if this shape has none yet), then `calls` more
     under the profiler, each preparing its request as a timed prefill does; the trace goes to
     `trace_path`. Returns the window's wall seconds (synchronised at both edges)."""
-    from torch.profiler import profile, record_function
-
     if calls < 1:
         raise ValueError(f"a prefill window needs at least one prefill, got {calls}")
     engine.run_prefill(engine.prepare(prompts, max_new_tokens=new_tokens))
-    synchronize(engine.device)
-    with profile(activities=activities(engine.device)) as prof:
-        started = time.perf_counter()
-        with record_function("kiln.prefill_window"):
-            for _ in range(calls):
-                engine.run_prefill(engine.prepare(prompts, max_new_tokens=new_tokens))
-        synchronize(engine.device)
-        wall = time.perf_counter() - started
-    trace_path.parent.mkdir(parents=True, exist_ok=True)
-    prof.export_chrome_trace(str(trace_path))
-    return wall
+
+    def window() -> None:
+        for _ in range(calls):
+            engine.run_prefill(engine.prepare(prompts, max_new_tokens=new_tokens))
+
+    return recorded_window(engine.device, "kiln.prefill_window", window, trace_path)
 
 
 def summarise_prefill(events: list[dict[str, Any]], *, calls: int, wall_s: float, device_type: str,

@@ -31,6 +31,24 @@ def activities(device: torch.device) -> list:
     return acts
 
 
+def recorded_window(device: torch.device, label: str, body, trace_path: Path) -> float:
+    """`body()` under torch.profiler inside a `label` range, the device synchronised before and after
+    (every kernel of the window lands in the trace); the trace goes to `trace_path`. Returns the
+    window's wall seconds. The inference windows of `kiln bench llm` (decode steps, prefills)."""
+    from torch.profiler import profile, record_function
+
+    synchronize(device)
+    with profile(activities=activities(device)) as prof:
+        started = time.perf_counter()
+        with record_function(label):
+            body()
+        synchronize(device)
+        wall = time.perf_counter() - started
+    trace_path.parent.mkdir(parents=True, exist_ok=True)
+    prof.export_chrome_trace(str(trace_path))
+    return wall
+
+
 def _quiet(call) -> None:
     """Start or stop the profiler with its native `USDT:` probe lines sent to dependencies.log, not
     the console (kiln.noise); other output passes through."""
