@@ -6,7 +6,8 @@ heads of its key/value head as one [BLOCK_G, D] tile (G padded to 16 for the ten
 its chunk of keys and values once for all G heads, and keeps a running softmax (max, sum, weighted
 values) over it. It writes the chunk's normalised output and log-sum-exp and counts itself in
 (an atomic per row and head); the last chunk to arrive combines all of them, so one launch does
-the whole step. A program walks only the blocks of its chunk that hold slots of its row's valid
+the whole step. Where a row and head have one chunk (a large batch fills the GPU by itself), its
+program writes its result directly: no partial results, no atomic, no second read. A program walks only the blocks of its chunk that hold slots of its row's valid
 range (from the row's first real slot, or a sliding window's, to the step's), so a row shorter
 than the cache costs its own length; slots outside the range are masked out of the softmax, and
 a looping program never lets their values reach the result (not even NaN; a one-block program, at
@@ -270,32 +271,35 @@ def _chunk_attention(Q, K, V, Kd, Vd, Start, Pos, Part, Lse, Arrived, Y, InvFreq
             s, k, v = s_next, k_next, v_next
     has = total > 0
     part = tl.where(has[:, None], acc / tl.where(has, total, 1.0)[:, None], 0.0)
-    lse = tl.where(has, m + tl.log(tl.where(has, total, 1.0)), float("-inf"))
-    part_at = Part + b * stride_pb + heads[:, None] * stride_ph + d[None, :]
-    lse_at = Lse + b * stride_lb + heads * stride_lh
-    tl.store(part_at + chunk * stride_pc, part, mask=gd_ok)
-    tl.store(lse_at + chunk, lse, mask=g < G)
+    if CHUNKS == 1:  # the row and head's only chunk: its result is the output (what the combine would write)
+        tl.store(Y + b * stride_yb + heads[:, None] * stride_yh + d[None, :], part.to(Y.dtype.element_ty), mask=gd_ok)
+    else:
+        lse = tl.where(has, m + tl.log(tl.where(has, total, 1.0)), float("-inf"))
+        part_at = Part + b * stride_pb + heads[:, None] * stride_ph + d[None, :]
+        lse_at = Lse + b * stride_lb + heads * stride_lh
+        tl.store(part_at + chunk * stride_pc, part, mask=gd_ok)
+        tl.store(lse_at + chunk, lse, mask=g < G)
 
-    # The last chunk of this (row, key/value head) to finish combines all of them, each weighted
-    # by its share of the softmax mass (empty chunks weigh 0), so no second kernel is launched.
-    # acq_rel: the other chunks' stores above are visible once their arrival is counted. One thread
-    # of the program does the atomic, so a barrier first puts every warp's stores before its release.
-    tl.debug_barrier()
-    arrived = tl.atomic_add(Arrived + row_head, 1, sem="acq_rel")
-    if arrived == CHUNKS - 1:
-        # One [chunks, D] tile per head, loaded at once (a loop over chunks would serialise ~40
-        # dependent loads in this one program).
-        c = tl.arange(0, BLOCK_C)
-        c_ok = c < CHUNKS
-        for gi in tl.static_range(G):
-            head = kv * G + gi
-            lses = tl.load(Lse + b * stride_lb + head * stride_lh + c, mask=c_ok, other=float("-inf"))
-            w = tl.exp(lses - tl.max(lses, 0))  # the chunk holding the step's own slot is never empty
-            parts = tl.load(Part + b * stride_pb + head * stride_ph + c[:, None] * stride_pc + d[None, :],
-                            mask=c_ok[:, None] & (d < D)[None, :], other=0.0)
-            y = tl.sum(parts * w[:, None], 0) / tl.sum(w, 0)
-            tl.store(Y + b * stride_yb + head * stride_yh + d, y.to(Y.dtype.element_ty), mask=d < D)
-        tl.atomic_xchg(Arrived + row_head, 0)  # every chunk has arrived: reset for the next call
+        # The last chunk of this (row, key/value head) to finish combines all of them, each weighted
+        # by its share of the softmax mass (empty chunks weigh 0), so no second kernel is launched.
+        # acq_rel: the other chunks' stores above are visible once their arrival is counted. One thread
+        # of the program does the atomic, so a barrier first puts every warp's stores before its release.
+        tl.debug_barrier()
+        arrived = tl.atomic_add(Arrived + row_head, 1, sem="acq_rel")
+        if arrived == CHUNKS - 1:
+            # One [chunks, D] tile per head, loaded at once (a loop over chunks would serialise ~40
+            # dependent loads in this one program).
+            c = tl.arange(0, BLOCK_C)
+            c_ok = c < CHUNKS
+            for gi in tl.static_range(G):
+                head = kv * G + gi
+                lses = tl.load(Lse + b * stride_lb + head * stride_lh + c, mask=c_ok, other=float("-inf"))
+                w = tl.exp(lses - tl.max(lses, 0))  # the chunk holding the step's own slot is never empty
+                parts = tl.load(Part + b * stride_pb + head * stride_ph + c[:, None] * stride_pc + d[None, :],
+                                mask=c_ok[:, None] & (d < D)[None, :], other=0.0)
+                y = tl.sum(parts * w[:, None], 0) / tl.sum(w, 0)
+                tl.store(Y + b * stride_yb + head * stride_yh + d, y.to(Y.dtype.element_ty), mask=d < D)
+            tl.atomic_xchg(Arrived + row_head, 0)  # every chunk has arrived: reset for the next call
 
 
 _KERNELS: dict[bool, object] = {}
@@ -337,9 +341,11 @@ def _launch(q: Tensor | None, qkv_rows: Tensor | None, inv_freq: Tensor | None, 
     B, H = (qkv_rows.shape[0], heads) if q is None else q.shape[:2]
     ref = qkv_rows if q is None else q
     block, per_chunk, chunks, warps = launch_settings(B, Hkv, S)
-    part = torch.empty(B, H, chunks, D, dtype=torch.float32, device=ref.device)
-    lse = torch.empty(B, H, chunks, dtype=torch.float32, device=ref.device)
     y = torch.empty(B, H, D, dtype=ref.dtype, device=ref.device)
+    # One chunk per row and head writes y itself: no partial results, no arrivals to count.
+    part = torch.empty(B, H, chunks, D, dtype=torch.float32, device=ref.device) if chunks > 1 else y.new_empty(1, 1, 1, dtype=torch.float32)
+    lse = torch.empty(B, H, chunks, dtype=torch.float32, device=ref.device) if chunks > 1 else part
+    arrived = arrival_counters(ref.device, B * Hkv) if chunks > 1 else part
     group = H // Hkv
     rope = qkv_rows is not None
     src, stride_b, stride_h = (qkv_rows, qkv_rows.stride(0), D) if rope else (q, q.stride(0), q.stride(1))
@@ -349,7 +355,7 @@ def _launch(q: Tensor | None, qkv_rows: Tensor | None, inv_freq: Tensor | None, 
     k_desc, v_desc = (_descriptor(c, block) for c in (cache_k, cache_v)) if tma else (cache_k, cache_v)
     _kernel()[(B * Hkv, chunks)](
         src, cache_k, cache_v, k_desc, v_desc, pos if start is None else start, pos, part, lse,
-        arrival_counters(ref.device, B * Hkv), y, inv_freq if rope else src, S,
+        arrived, y, inv_freq if rope else src, S,
         stride_b, stride_h, cache_k.stride(0), cache_k.stride(1), cache_k.stride(2),
         cache_v.stride(0), cache_v.stride(1), cache_v.stride(2),
         part.stride(0), part.stride(1), part.stride(2), lse.stride(0), lse.stride(1), y.stride(0), y.stride(1),
