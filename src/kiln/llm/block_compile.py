@@ -4,11 +4,14 @@ Compiling the whole prefill or decode step traces all of a model's layers one af
 dynamo's tracing, which a warm start still pays in full, grows with the layer count. Compiled per
 block, the layers share one traced and compiled function (dynamo keys its cache on the block's
 code; the block's parameters are inputs, not constants), so a 28-layer model is traced about
-once per shape instead of 28 times. What lies between the blocks (embedding, positions, the final
-norm, the LM head, sampling) runs eagerly; a decode step is still captured whole in one CUDA graph,
-so the eager parts cost kernel time only, not launches from the host.
+once per shape instead of 28 times. The step's edges are compiled too, each a small graph of its
+own: the attention inputs built before the first block (positions, RoPE angles, masks), the logits
+after the last (final norm, LM head) and, through `compiled_edge`, what the step does with them
+(sampling, the cursor). Run eagerly they were a few dozen small kernels per decode step, a few
+percent of its time, and a sampled step's vocabulary-wide arithmetic unfused. The embedding lookup
+stays eager (one kernel).
 
-The compiled forwards are installed on the blocks only while the engine runs (`blocks_installed`),
+The compiled functions are installed on the model only while the engine runs (`blocks_installed`),
 so a model shared with another engine stays as it was.
 """
 
@@ -16,34 +19,55 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from kiln.config.schema import CompileScope
 
-__all__ = ["CompileScope", "blocks_installed", "compiled_block_forwards"]
+__all__ = ["BlockParts", "CompileScope", "blocks_installed", "compiled_block_parts", "compiled_edge"]
+
+EDGES = ("attention_inputs", "logits")
+"""The Decoder methods called before the first block and after the last, compiled with the blocks."""
 
 
-def compiled_block_forwards(model: torch.nn.Module, options: dict[str, Any] | None) -> list[Callable]:
-    """One compiled forward per layer of `model.layers`, all sharing dynamo's cache entries."""
-    return [torch.compile(layer.forward, fullgraph=True, dynamic=False, options=options or None)
-            for layer in model.layers]
+@dataclass(frozen=True)
+class BlockParts:
+    """What `blocks` compiles of a model: one forward per layer (all sharing dynamo's cache entries)
+    and one per edge method (EDGES)."""
+
+    layers: list[Callable]
+    edges: dict[str, Callable]
+
+
+def compiled_edge(fn: Callable, options: dict[str, Any] | None) -> Callable:
+    """`fn` compiled as one graph per shape, as the blocks are."""
+    return torch.compile(fn, fullgraph=True, dynamic=False, options=options or None)
+
+
+def compiled_block_parts(model: torch.nn.Module, options: dict[str, Any] | None) -> BlockParts:
+    """The layers' forwards and the model's edge methods, compiled with `options`."""
+    return BlockParts([compiled_edge(layer.forward, options) for layer in model.layers],
+                      {name: compiled_edge(getattr(model, name), options) for name in EDGES})
 
 
 @contextlib.contextmanager
-def blocks_installed(model: torch.nn.Module, forwards: list[Callable]) -> Iterator[None]:
-    """Within the block, each layer's `forward` is its compiled one; the layer's own (an instance
-    attribute set by someone else, e.g. activation checkpointing, or none) is put back after."""
-    layers = list(model.layers)
-    saved = [layer.__dict__.get("forward") for layer in layers]
-    for layer, fn in zip(layers, forwards, strict=True):
-        layer.forward = fn
+def blocks_installed(model: torch.nn.Module, parts: BlockParts) -> Iterator[None]:
+    """Within the block, each layer's `forward` and the model's edge methods are the compiled ones;
+    what was there before (an instance attribute set by someone else, e.g. activation
+    checkpointing, or none) is put back after."""
+    owners = [*model.layers, *(model for _ in parts.edges)]
+    names = ["forward"] * len(parts.layers) + list(parts.edges)
+    fns = [*parts.layers, *parts.edges.values()]
+    saved = [owner.__dict__.get(name) for owner, name in zip(owners, names, strict=True)]
+    for owner, name, fn in zip(owners, names, fns, strict=True):
+        setattr(owner, name, fn)
     try:
         yield
     finally:
-        for layer, own in zip(layers, saved, strict=True):
+        for owner, name, own in zip(owners, names, saved, strict=True):
             if own is None:
-                del layer.forward
+                delattr(owner, name)
             else:
-                layer.forward = own
+                setattr(owner, name, own)

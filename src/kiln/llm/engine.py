@@ -24,7 +24,8 @@ kiln.llm.block_compile: a shorter warm-up for some fusion).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, get_args
 
@@ -32,7 +33,7 @@ import torch
 from torch import Tensor
 
 from kiln.errors import ConfigError
-from kiln.llm.block_compile import CompileScope, blocks_installed, compiled_block_forwards
+from kiln.llm.block_compile import BlockParts, CompileScope, blocks_installed, compiled_block_parts, compiled_edge
 from kiln.llm.decode_attention import check as check_decode_attention
 from kiln.llm.decode_matvec import check as check_decode_matvec
 from kiln.llm.families import takes_kernel
@@ -104,9 +105,15 @@ def prefill_step(model: Decoder, s: Slots, length: int, padded: bool, greedy: bo
     s.done.copy_(_is_stop(first, s.stop))
 
 
-def decode_step(model: Decoder, s: Slots, greedy: bool) -> None:
+def decode_step(model: Decoder, s: Slots, greedy: bool, finish: Callable | None = None) -> None:
+    """One token per row; `finish` (default `finish_decode`: a compiled copy in `blocks` scope)
+    samples it and advances the cursor."""
     token = s.tokens.index_select(1, s.pos)  # [B, 1]
     logits = model(token, cache=s.cache, pad=s.pad, decode_slot=s.pos)
+    (finish or finish_decode)(s, logits, greedy)
+
+
+def finish_decode(s: Slots, logits: Tensor, greedy: bool) -> None:
     nxt = sample(logits[:, -1].float(), greedy, s.temperature, s.top_k, s.top_p)
     s.tokens.index_copy_(1, s.pos + 1, nxt.view(-1, 1))
     s.done.logical_or_(_is_stop(nxt, s.stop))
@@ -203,10 +210,11 @@ class Engine:
         self._prefill = torch.compile(prefill_step, **kwargs, options=prefill_options or None) \
             if self.compile_prefill and whole else prefill_step
         self._decode = torch.compile(decode_step, **kwargs, options=self.inductor_options or None) \
-            if compile and whole else decode_step
-        self._prefill_blocks = compiled_block_forwards(model, prefill_options) \
+            if compile and whole else functools.partial(decode_step, finish=compiled_edge(
+                finish_decode, self.inductor_options)) if compile else decode_step
+        self._prefill_blocks = compiled_block_parts(model, prefill_options) \
             if self.compile_prefill and not whole else None
-        self._decode_blocks = compiled_block_forwards(model, self.inductor_options) if compile and not whole else None
+        self._decode_blocks = compiled_block_parts(model, self.inductor_options) if compile and not whole else None
         self.slots: Slots | None = None
         self._graphs: dict[bool, torch.cuda.CUDAGraph] = {}
         self._prefill_graphs: dict[str, torch.cuda.CUDAGraph] = {}
@@ -288,14 +296,14 @@ class Engine:
         after = graph_cache_counts()
         self.graph_cache[name] = {"from_cache": after[0] - before[0], "compiled": after[1] - before[1]}
 
-    def _call(self, name: str, fn, blocks: list | None, *args) -> None:
+    def _call(self, name: str, fn, blocks: BlockParts | None, *args) -> None:
         with self._blocks(blocks):
             if (blocks is not None or fn not in (prefill_step, decode_step)) and name not in self.compiled:
                 self._first_call(name, fn, *args)
             else:
                 fn(*args)
 
-    def _blocks(self, blocks: list | None) -> contextlib.AbstractContextManager:
+    def _blocks(self, blocks: BlockParts | None) -> contextlib.AbstractContextManager:
         return blocks_installed(self.model, blocks) if blocks is not None else contextlib.nullcontext()
 
     @torch.inference_mode()
@@ -347,7 +355,7 @@ class Engine:
         if graph is not None:
             self._graphs[greedy] = graph
 
-    def _warm_then_capture(self, name: str, fn, blocks: list | None, args: tuple, *, capture: bool,
+    def _warm_then_capture(self, name: str, fn, blocks: BlockParts | None, args: tuple, *, capture: bool,
                            pool: tuple | None = None) -> torch.cuda.CUDAGraph | None:
         """Run `fn(*args)` on a side stream (compiling on its first call: lazy initialisation must not
         happen during capture), then, if `capture`, record it as a CUDA graph. Capturing runs

@@ -27,6 +27,8 @@ while the host works (a row that finished at step t has run one step more, which
 from __future__ import annotations
 
 import contextlib
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,7 +36,7 @@ import torch
 import torch._dynamo.config as dynamo_config
 from torch import Tensor
 
-from kiln.llm.block_compile import CompileScope, blocks_installed, compiled_block_forwards
+from kiln.llm.block_compile import BlockParts, CompileScope, blocks_installed, compiled_block_parts, compiled_edge
 from kiln.llm.engine import GRAPH_WARMUP_STEPS, bucket_length
 from kiln.llm.model import Decoder, KVCache
 from kiln.serve.join_prefill import (
@@ -47,7 +49,7 @@ from kiln.serve.join_prefill import (
 from kiln.serve.row_sampling import pick_tokens
 from kiln.timing import side_stream
 
-__all__ = ["Launched", "RowBuffers", "RowSettings", "Rows", "batch_buckets", "cache_rows", "row_decode_step"]
+__all__ = ["Launched", "RowBuffers", "RowSettings", "Rows", "batch_buckets", "cache_rows", "finish_row_decode", "row_decode_step"]
 
 
 def batch_buckets(rows: int, chosen: list[int] | None = None) -> list[int]:
@@ -92,11 +94,16 @@ class RowBuffers:
                           self.temperature[:n], self.top_k[:n], self.top_p[:n], self.seed[:n])
 
 
-def row_decode_step(model: Decoder, b: RowBuffers, greedy_only: bool) -> None:
+def row_decode_step(model: Decoder, b: RowBuffers, greedy_only: bool, finish: Callable | None = None) -> None:
     """One token for every row: read the token at the cursor, write its key/value slot, choose the
-    next token into the slot after it, advance the cursor; all on the device."""
+    next token into the slot after it, advance the cursor; all on the device. `finish` (default
+    `finish_row_decode`; a compiled copy in `blocks` scope) does the choosing and advancing."""
     token = b.tokens.index_select(1, b.pos)
     logits = model(token, cache=b.cache, pad=b.pad, decode_slot=b.pos)
+    (finish or finish_row_decode)(b, logits, greedy_only)
+
+
+def finish_row_decode(b: RowBuffers, logits: Tensor, greedy_only: bool) -> None:
     nxt = pick_tokens(logits[:, -1].float(), b.temperature, b.top_k, b.top_p, b.seed, b.pos + 1 - b.pad,
                       greedy_only)
     b.tokens.index_copy_(1, b.pos + 1, nxt.view(-1, 1))
@@ -145,11 +152,12 @@ class Rows:
         # and prompt length, so warming every variant takes seconds; `step`: the whole step per variant.
         whole, blocks = compile and compile_scope == "step", compile and compile_scope == "blocks"
         self._decode = self._limits(torch.compile(row_decode_step, **kwargs, options=inductor_options or None)) \
-            if whole else self._limits(row_decode_step) if blocks else row_decode_step
+            if whole else self._limits(functools.partial(row_decode_step, finish=compiled_edge(
+                finish_row_decode, inductor_options))) if blocks else row_decode_step
         self._prefill = self._limits(torch.compile(row_prefill, **kwargs)) if whole \
             else self._limits(row_prefill) if blocks else row_prefill
-        self._decode_blocks = compiled_block_forwards(model, inductor_options) if blocks else None
-        self._prefill_blocks = compiled_block_forwards(model, None) if blocks else None
+        self._decode_blocks = compiled_block_parts(model, inductor_options) if blocks else None
+        self._prefill_blocks = compiled_block_parts(model, None) if blocks else None
         longest = bucket_length(capacity)  # the largest k x T a batch of joins may take, within the budget
         self.prefill = JoinPrefill(model, slots=max(longest, min(prefill_tokens, join_batch * longest)),
                                    fn=self._prefill, cuda_graphs=cuda_graphs,
@@ -342,5 +350,5 @@ class Rows:
             self.buf.pos.copy_(pos)  # capture runs nothing, but keep the cursor exact regardless
             self._graphs[key] = graph
 
-    def _blocks(self, blocks: list | None) -> contextlib.AbstractContextManager:
+    def _blocks(self, blocks: BlockParts | None) -> contextlib.AbstractContextManager:
         return blocks_installed(self.model, blocks) if blocks is not None else contextlib.nullcontext()
