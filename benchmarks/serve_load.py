@@ -2,7 +2,7 @@
 
 At each concurrency level C, C clients send requests back to back for --duration-s (none starts
 after it; each is bounded by --request-timeout-s), every request a random prompt of --prompt-len
-token ids and --max-tokens greedy tokens, streamed. Before a level is timed, C short requests warm
+token ids and --max-tokens tokens (greedy unless --temperature), streamed. Before a level is timed, C short requests warm
 it up (the server compiles each decode batch bucket on its first use). Per level: aggregate
 tokens/s (completion tokens over the level's wall time), requests/s, TTFT and inter-token latency
 p50/p99 (every gap between two streamed tokens of a request), and the level's ratios to the
@@ -100,7 +100,8 @@ async def one_request(client, url: str, body: dict, timeout: float, sent: float 
 
 def body_for(rng: random.Random, args) -> dict:
     prompt = [rng.randrange(min(1000, args.vocab // 2), args.vocab) for _ in range(args.prompt_len)]
-    return {"model": args.model, "prompt": prompt, "max_tokens": args.max_tokens, "temperature": 0, "stream": True}
+    return {"model": args.model, "prompt": prompt, "max_tokens": args.max_tokens, "temperature": args.temperature,
+            "top_p": args.top_p, "stream": True}
 
 
 def stats(done: list[dict], wall: float, refused: int = 0) -> dict:
@@ -299,6 +300,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--concurrency", default="1,8,32,64")
     p.add_argument("--prompt-len", type=int, default=512)
     p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0, help="every request's temperature (default 0: greedy)")
+    p.add_argument("--top-p", type=float, default=1.0, help="every request's top_p (default 1: off)")
     p.add_argument("--vocab", type=int, default=128256, help="prompt token ids are drawn below this")
     p.add_argument("--duration-s", type=float, default=20.0, help="seconds each level sends requests")
     p.add_argument("--request-timeout-s", type=float, default=300.0)
