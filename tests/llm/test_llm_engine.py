@@ -154,6 +154,21 @@ def test_blocks_scope_compiles_one_block_for_every_layer_and_matches_eager(model
         Engine(model, compile=True, compile_scope="layers")
 
 
+def test_edges_compile_without_the_blocks_tuning_unless_asked(monkeypatch):
+    """The step's edges take the blocks' inductor options less coordinate-descent tuning (EDGE_TUNING
+    off): their few small kernels are not worth a tuning pass in every warm-up."""
+    from kiln.llm import block_compile
+
+    seen = []
+    monkeypatch.setattr(block_compile.torch, "compile", lambda fn, **kw: seen.append(kw["options"]) or fn)
+    options = {"coordinate_descent_tuning": True, "max_autotune": False}
+    block_compile.compiled_edge(len, options)
+    block_compile.compiled_edge(len, {"coordinate_descent_tuning": True})
+    monkeypatch.setattr(block_compile, "EDGE_TUNING", True)
+    block_compile.compiled_edge(len, options)
+    assert seen == [{"max_autotune": False}, None, options]
+
+
 @pytest.mark.parametrize("shape", [(3, 16384), (1, 128256), (2, 129), (4, 128), (2, 7)])
 def test_cumsum_short_scans_equals_cumsum(shape):
     from kiln.llm.sampling import cumsum_short_scans

@@ -30,6 +30,9 @@ __all__ = ["BlockParts", "CompileScope", "blocks_installed", "compiled_block_par
 
 EDGES = ("attention_inputs", "logits")
 """The Decoder methods called before the first block and after the last, compiled with the blocks."""
+EDGE_TUNING = False
+"""Edges keep the blocks' coordinate-descent tuning: off, their few small kernels take inductor's
+default launch settings, and a warm-up does not tune them."""
 
 
 @dataclass(frozen=True)
@@ -41,14 +44,21 @@ class BlockParts:
     edges: dict[str, Callable]
 
 
-def compiled_edge(fn: Callable, options: dict[str, Any] | None) -> Callable:
-    """`fn` compiled as one graph per shape, as the blocks are."""
+def _compiled(fn: Callable, options: dict[str, Any] | None) -> Callable:
     return torch.compile(fn, fullgraph=True, dynamic=False, options=options or None)
 
 
+def compiled_edge(fn: Callable, options: dict[str, Any] | None) -> Callable:
+    """`fn`, an edge of the step, compiled as one graph per shape with the blocks' inductor `options`
+    as edges take them: without coordinate-descent tuning unless EDGE_TUNING."""
+    if not EDGE_TUNING and options:
+        options = {k: v for k, v in options.items() if k != "coordinate_descent_tuning"}
+    return _compiled(fn, options)
+
+
 def compiled_block_parts(model: torch.nn.Module, options: dict[str, Any] | None) -> BlockParts:
-    """The layers' forwards and the model's edge methods, compiled with `options`."""
-    return BlockParts([compiled_edge(layer.forward, options) for layer in model.layers],
+    """The layers' forwards compiled with `options`, the model's edge methods as `compiled_edge`."""
+    return BlockParts([_compiled(layer.forward, options) for layer in model.layers],
                       {name: compiled_edge(getattr(model, name), options) for name in EDGES})
 
 
