@@ -9,7 +9,7 @@ own: the attention inputs built before the first block (positions, RoPE angles, 
 after the last (final norm, LM head) and, through `compiled_edge`, what the step does with them
 (sampling, the cursor). Run eagerly they were a few dozen small kernels per decode step, a few
 percent of its time, and a sampled step's vocabulary-wide arithmetic unfused. The embedding lookup
-stays eager (one kernel).
+stays eager (one kernel), and so do a prefill's edges (`compiled_block_parts`).
 
 The compiled functions are installed on the model only while the engine runs (`blocks_installed`),
 so a model shared with another engine stays as it was.
@@ -56,10 +56,13 @@ def compiled_edge(fn: Callable, options: dict[str, Any] | None) -> Callable:
     return _compiled(fn, options)
 
 
-def compiled_block_parts(model: torch.nn.Module, options: dict[str, Any] | None) -> BlockParts:
-    """The layers' forwards compiled with `options`, the model's edge methods as `compiled_edge`."""
+def compiled_block_parts(model: torch.nn.Module, options: dict[str, Any] | None, *, edges: bool) -> BlockParts:
+    """The layers' forwards compiled with `options`, and with `edges` the model's edge methods as
+    `compiled_edge`. A decode step takes them: there they were a few percent of the step. A
+    prefill leaves them eager: a sliver of its time, and each would be one more graph to compile
+    per prompt bucket (a server warms several)."""
     return BlockParts([_compiled(layer.forward, options) for layer in model.layers],
-                      {name: compiled_edge(getattr(model, name), options) for name in EDGES})
+                      {name: compiled_edge(getattr(model, name), options) for name in EDGES} if edges else {})
 
 
 @contextlib.contextmanager

@@ -212,9 +212,9 @@ class Engine:
         self._decode = torch.compile(decode_step, **kwargs, options=self.inductor_options or None) \
             if compile and whole else functools.partial(decode_step, finish=compiled_edge(
                 finish_decode, self.inductor_options)) if compile else decode_step
-        self._prefill_blocks = compiled_block_parts(model, prefill_options) \
+        self._prefill_blocks = compiled_block_parts(model, prefill_options, edges=False) \
             if self.compile_prefill and not whole else None
-        self._decode_blocks = compiled_block_parts(model, self.inductor_options) if compile and not whole else None
+        self._decode_blocks = compiled_block_parts(model, self.inductor_options, edges=True) if compile and not whole else None
         self.slots: Slots | None = None
         self._graphs: dict[bool, torch.cuda.CUDAGraph] = {}
         self._prefill_graphs: dict[str, torch.cuda.CUDAGraph] = {}

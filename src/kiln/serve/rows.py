@@ -156,8 +156,8 @@ class Rows:
                 finish_row_decode, inductor_options))) if blocks else row_decode_step
         self._prefill = self._limits(torch.compile(row_prefill, **kwargs)) if whole \
             else self._limits(row_prefill) if blocks else row_prefill
-        self._decode_blocks = compiled_block_parts(model, inductor_options) if blocks else None
-        self._prefill_blocks = compiled_block_parts(model, None) if blocks else None
+        self._decode_blocks = compiled_block_parts(model, inductor_options, edges=True) if blocks else None
+        self._prefill_blocks = compiled_block_parts(model, None, edges=False) if blocks else None
         longest = bucket_length(capacity)  # the largest k x T a batch of joins may take, within the budget
         self.prefill = JoinPrefill(model, slots=max(longest, min(prefill_tokens, join_batch * longest)),
                                    fn=self._prefill, cuda_graphs=cuda_graphs,
