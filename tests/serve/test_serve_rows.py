@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from kiln.llm import Engine
+from kiln.llm.block_compile import EDGES
 from kiln.serve.row_sampling import hashed_uniform, pick_tokens
 from kiln.serve.rows import Rows, RowSettings, batch_buckets
 
@@ -104,19 +105,22 @@ def test_place_waits_when_no_room(model):
 
 def test_rows_compiled_per_block_give_each_request_its_tokens_alone(model):
     """The server's default compile scope (`blocks`, inductor on CPU): one compiled block serves every
-    layer, batch bucket and prompt bucket, the tokens are eager's (a seeded sampled row's too: the
-    compiled sampling draws the same hashed noise), and the model is left as it was."""
+    layer, batch bucket and prompt bucket, the decode step's edges are compiled, the tokens are
+    eager's (a seeded sampled row's too: the compiled sampling draws the same hashed noise), and the
+    model is left as it was."""
     greedy = RowSettings()
     hot = RowSettings(temperature=1.5, top_k=20, top_p=0.95, seed=1234)
     a, b = [1, 17, 33, 8, 54], [1, 40, 41]
     plan = {0: [(a, 6, greedy)], 2: [(b, 5, greedy)]}
-    got = run_schedule(Rows(model, rows=2, capacity=40, compile=True, cuda_graphs=False), plan, steps=8)
+    rows = Rows(model, rows=2, capacity=40, compile=True, cuda_graphs=False)
+    assert set(rows._decode_blocks.edges) == set(EDGES) and not rows._prefill_blocks.edges  # decode's edges compiled
+    got = run_schedule(rows, plan, steps=8)
     assert got == [alone(model, a, 6), alone(model, b, 5)]
     sampled = {0: [(a, 6, greedy)], 1: [(b, 6, hot)]}
     eager = run_schedule(Rows(model, rows=2, capacity=40, compile=False, cuda_graphs=False), sampled, steps=8)
     assert run_schedule(Rows(model, rows=2, capacity=40, compile=True, cuda_graphs=False), sampled, steps=8) == eager
     assert all("forward" not in layer.__dict__ for layer in model.layers)
-    assert not {"attention_inputs", "logits"} & set(model.__dict__)
+    assert not set(EDGES) & set(model.__dict__)
 
 
 def test_seeded_sampling_does_not_depend_on_the_batch(model):

@@ -4,12 +4,14 @@ Compiling the whole prefill or decode step traces all of a model's layers one af
 dynamo's tracing, which a warm start still pays in full, grows with the layer count. Compiled per
 block, the layers share one traced and compiled function (dynamo keys its cache on the block's
 code; the block's parameters are inputs, not constants), so a 28-layer model is traced about
-once per shape instead of 28 times. The step's edges are compiled too, each a small graph of its
-own: the attention inputs built before the first block (positions, RoPE angles, masks), the logits
-after the last (final norm, LM head) and, through `compiled_edge`, what the step does with them
-(sampling, the cursor). Run eagerly they were a few dozen small kernels per decode step, a few
-percent of its time, and a sampled step's vocabulary-wide arithmetic unfused. The embedding lookup
-stays eager (one kernel), and so do a prefill's edges (`compiled_block_parts`).
+once per shape instead of 28 times. A decode step's edges may be compiled too (`edges=True`), each
+a small graph of its own: the attention inputs built before the first block (positions, RoPE
+angles, masks), the logits after the last (final norm, LM head) and, through `compiled_edge`, what
+the step does with them (sampling, the cursor). Eager, they are a few dozen small kernels per step,
+a few percent of its time (a sampled step's vocabulary-wide arithmetic unfused); compiled, they are
+several more graphs to warm per batch size. A server, which warms once and decodes for hours,
+takes them (kiln.serve.rows); a one-shot `kiln generate` does not (kiln.llm.engine). The embedding
+lookup stays eager (one kernel), and so do a prefill's edges.
 
 The compiled functions are installed on the model only while the engine runs (`blocks_installed`),
 so a model shared with another engine stays as it was.
@@ -58,9 +60,8 @@ def compiled_edge(fn: Callable, options: dict[str, Any] | None) -> Callable:
 
 def compiled_block_parts(model: torch.nn.Module, options: dict[str, Any] | None, *, edges: bool) -> BlockParts:
     """The layers' forwards compiled with `options`, and with `edges` the model's edge methods as
-    `compiled_edge`. A decode step takes them: there they were a few percent of the step. A
-    prefill leaves them eager: a sliver of its time, and each would be one more graph to compile
-    per prompt bucket (a server warms several)."""
+    `compiled_edge` (for decode steps: in a prefill they are a sliver of its time, and each would be
+    one more graph to compile per prompt bucket)."""
     return BlockParts([_compiled(layer.forward, options) for layer in model.layers],
                       {name: compiled_edge(getattr(model, name), options) for name in EDGES} if edges else {})
 

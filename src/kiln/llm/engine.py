@@ -24,8 +24,7 @@ kiln.llm.block_compile: a shorter warm-up for some fusion).
 from __future__ import annotations
 
 import contextlib
-import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, get_args
 
@@ -33,7 +32,7 @@ import torch
 from torch import Tensor
 
 from kiln.errors import ConfigError
-from kiln.llm.block_compile import BlockParts, CompileScope, blocks_installed, compiled_block_parts, compiled_edge
+from kiln.llm.block_compile import BlockParts, CompileScope, blocks_installed, compiled_block_parts
 from kiln.llm.decode_attention import check as check_decode_attention
 from kiln.llm.decode_matvec import check as check_decode_matvec
 from kiln.llm.families import takes_kernel
@@ -105,15 +104,9 @@ def prefill_step(model: Decoder, s: Slots, length: int, padded: bool, greedy: bo
     s.done.copy_(_is_stop(first, s.stop))
 
 
-def decode_step(model: Decoder, s: Slots, greedy: bool, finish: Callable | None = None) -> None:
-    """One token per row; `finish` (default `finish_decode`: a compiled copy in `blocks` scope)
-    samples it and advances the cursor."""
+def decode_step(model: Decoder, s: Slots, greedy: bool) -> None:
     token = s.tokens.index_select(1, s.pos)  # [B, 1]
     logits = model(token, cache=s.cache, pad=s.pad, decode_slot=s.pos)
-    (finish or finish_decode)(s, logits, greedy)
-
-
-def finish_decode(s: Slots, logits: Tensor, greedy: bool) -> None:
     nxt = sample(logits[:, -1].float(), greedy, s.temperature, s.top_k, s.top_p)
     s.tokens.index_copy_(1, s.pos + 1, nxt.view(-1, 1))
     s.done.logical_or_(_is_stop(nxt, s.stop))
@@ -210,11 +203,13 @@ class Engine:
         self._prefill = torch.compile(prefill_step, **kwargs, options=prefill_options or None) \
             if self.compile_prefill and whole else prefill_step
         self._decode = torch.compile(decode_step, **kwargs, options=self.inductor_options or None) \
-            if compile and whole else functools.partial(decode_step, finish=compiled_edge(
-                finish_decode, self.inductor_options)) if compile else decode_step
+            if compile and whole else decode_step
         self._prefill_blocks = compiled_block_parts(model, prefill_options, edges=False) \
             if self.compile_prefill and not whole else None
-        self._decode_blocks = compiled_block_parts(model, self.inductor_options, edges=True) if compile and not whole else None
+        # `blocks` keeps the step's edges eager (kiln.llm.block_compile): compiling them lengthens a one-shot
+        # run's warm-up by seconds to save a few percent of a decode step; a server (kiln.serve.rows) takes them.
+        self._decode_blocks = compiled_block_parts(model, self.inductor_options, edges=False) \
+            if compile and not whole else None
         self.slots: Slots | None = None
         self._graphs: dict[bool, torch.cuda.CUDAGraph] = {}
         self._prefill_graphs: dict[str, torch.cuda.CUDAGraph] = {}

@@ -150,6 +150,8 @@ class Rows:
         # bucket, skips the tuning (as `kiln bench llm --tuning decode` does).
         # `blocks` (kiln.llm.block_compile): each repeated block compiled once for every layer, bucket
         # and prompt length, so warming every variant takes seconds; `step`: the whole step per variant.
+        # The decode step's edges (attention inputs, logits, sampling) are compiled too: a few seconds
+        # more warm-up per batch bucket, a few percent off every step (more with sampled requests).
         whole, blocks = compile and compile_scope == "step", compile and compile_scope == "blocks"
         self._decode = self._limits(torch.compile(row_decode_step, **kwargs, options=inductor_options or None)) \
             if whole else self._limits(functools.partial(row_decode_step, finish=compiled_edge(
