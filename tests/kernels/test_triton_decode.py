@@ -207,6 +207,7 @@ def test_chunking_fills_the_gpu_in_whole_blocks():
     assert td.chunking(1, 8, 1280) == (64, 20)  # 20 chunks x 8 heads: 160 programs of one block each
     assert td.chunking(1, 8, 8192) == (256, 32)
     assert td.chunking(32, 8, 1280) == (1280, 1)  # a big batch fills the GPU by itself
+    assert td.chunking(16, 8, 640) == (640, 1) and td.chunking(15, 8, 640) == (256, 3)  # ONE_CHUNK_FROM
     per_chunk, chunks = td.chunking(2, 4, 100, 32)
     assert per_chunk % 32 == 0 and per_chunk * chunks >= 100 > per_chunk * (chunks - 1)
 
@@ -216,7 +217,8 @@ def test_launch_settings_never_loop_with_two_warps():
     loops over blocks gets 4 warps (with 2 its tiles spill: 20x slower at batch 16 on an H100)."""
     assert td.launch_settings(1, 8, 1280) == (64, 64, 20, 2)   # the batch-1 setting measured before
     assert td.launch_settings(1, 8, 640) == (32, 32, 20, 2)
-    assert td.launch_settings(16, 8, 640) == (td.LOOP_BLOCK, 320, 2, 4)
+    assert td.launch_settings(16, 8, 640) == (td.LOOP_BLOCK, 640, 1, 4)  # ONE_CHUNK_FROM: 16 x 8 heads
+    assert td.launch_settings(8, 8, 640) == (td.LOOP_BLOCK, 192, 4, 4)
     for batch in (1, 2, 4, 8, 16, 32, 64):
         for capacity in (100, 640, 1280, 8192):
             block, per_chunk, chunks, warps = td.launch_settings(batch, 8, capacity)

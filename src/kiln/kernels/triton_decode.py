@@ -52,6 +52,11 @@ from kiln.kernels.triton_launch import arrival_counters, interpreting, pdl_enabl
 TARGET_PROGRAMS = 256
 """Programs to aim for per step (~2 per SM on an H100's 132): chunks = this / (B * Hkv), at most
 one per block of slots."""
+ONE_CHUNK_FROM = 128
+"""Rows x key/value heads from which each takes one chunk (about one looping program per SM) instead
+of splitting to reach TARGET_PROGRAMS: a single chunk writes its result directly, and at batch 16 of
+a model with 8 key/value heads that made the whole decode step faster than two chunks and their
+combine (the attention_one_chunk results)."""
 BLOCK_S: int | None = None
 """Key slots per inner iteration (and the granularity of a chunk); None: `launch_settings` chooses.
 Set (with NUM_WARPS) by benchmarks/decode_attention_bench.py's sweep."""
@@ -83,9 +88,10 @@ unevenly. Set by benchmarks/decode_attention_bench.py's sweep (`--balance`)."""
 
 def chunking(batch: int, kv_heads: int, capacity: int, block: int = 64) -> tuple[int, int]:
     """(slots per chunk, chunks) for a cache of `capacity` slots: enough chunks that batch * kv_heads
-    * chunks programs fill the GPU, each a whole number of `block`-slot blocks."""
+    * chunks programs fill the GPU (one from ONE_CHUNK_FROM rows x heads), each a whole number of
+    `block`-slot blocks."""
     blocks = -(-capacity // block)
-    want = max(1, -(-TARGET_PROGRAMS // (batch * kv_heads)))
+    want = 1 if batch * kv_heads >= ONE_CHUNK_FROM else max(1, -(-TARGET_PROGRAMS // (batch * kv_heads)))
     per_chunk = -(-blocks // min(blocks, want)) * block
     return per_chunk, -(-capacity // per_chunk)
 
