@@ -6,8 +6,8 @@ heads of its key/value head as one [BLOCK_G, D] tile (G padded to 16 for the ten
 its chunk of keys and values once for all G heads, and keeps a running softmax (max, sum, weighted
 values) over it. It writes the chunk's normalised output and log-sum-exp and counts itself in
 (an atomic per row and head); the last chunk to arrive combines all of them, so one launch does
-the whole step. Where a row and head have one chunk (a large batch fills the GPU by itself), its
-program writes its result directly: no partial results, no atomic, no second read. A program walks only the blocks of its chunk that hold slots of its row's valid
+the whole step; a row and head's only chunk (a large batch) writes its result directly. A
+program walks only the blocks of its chunk that hold slots of its row's valid
 range (from the row's first real slot, or a sliding window's, to the step's), so a row shorter
 than the cache costs its own length; slots outside the range are masked out of the softmax, and
 a looping program never lets their values reach the result (not even NaN; a one-block program, at
@@ -53,10 +53,8 @@ TARGET_PROGRAMS = 256
 """Programs to aim for per step (~2 per SM on an H100's 132): chunks = this / (B * Hkv), at most
 one per block of slots."""
 ONE_CHUNK_FROM = 128
-"""Rows x key/value heads from which each takes one chunk (about one looping program per SM) instead
-of splitting to reach TARGET_PROGRAMS: a single chunk writes its result directly, and at batch 16 of
-a model with 8 key/value heads that made the whole decode step faster than two chunks and their
-combine (the attention_one_chunk results)."""
+"""Rows x key/value heads from which each takes one chunk (about one looping program per SM), written
+directly: at batch 16 with 8 key/value heads the step beat two chunks and their combine."""
 BLOCK_S: int | None = None
 """Key slots per inner iteration (and the granularity of a chunk); None: `launch_settings` chooses.
 Set (with NUM_WARPS) by benchmarks/decode_attention_bench.py's sweep."""
@@ -66,11 +64,9 @@ LOOP_BLOCK: int = 64
 """Slots per block where a program loops over several (a larger batch; launch_settings)."""
 LOOP_STAGES: int | None = 3
 """Where a program loops over several blocks: N, Triton's software pipeline keeps N - 1 blocks in
-flight through shared memory (`tl.range(num_stages=N)`), and the fused RoPE op starts the softmax
-with the step's own slot, so the tiles go to the tensor cores as loaded; None, each next block is
-loaded into registers while the current one is used (the hand-prefetched loop). Set by
-benchmarks/decode_attention_bench.py's sweep (`--stages`)."""
-
+flight through shared memory (`tl.range(num_stages=N)`) and the fused RoPE op starts the softmax with
+the step's own slot, so the tiles go to the tensor cores as loaded; None, each next block is loaded
+into registers while the current one is used. Set by decode_attention_bench.py's sweep (`--stages`)."""
 TMA: bool = False
 """Where a program loops through Triton's pipeline (LOOP_STAGES), its keys and values are read by
 Hopper's tensor memory accelerator into shared memory, one [BLOCK, D] tile per load, instead of
@@ -78,7 +74,6 @@ per-thread loads: no registers per element for addresses and masks, so more prog
 and more tiles are in flight (slots outside the row's range are masked in the softmax and zeroed
 in the values). Needs compute capability 9.0, a power-of-two head dim and contiguous caches; set by
 benchmarks/decode_attention_bench.py's sweep (`--tma`)."""
-
 BALANCE: bool = False
 """Where a program loops: each chunk takes an even share of its row's valid range (from the row's
 first slot to the step's, read after the wait, so no block is loaded before it) instead of a fixed
@@ -285,11 +280,9 @@ def _chunk_attention(Q, K, V, Kd, Vd, Start, Pos, Part, Lse, Arrived, Y, InvFreq
         lse_at = Lse + b * stride_lb + heads * stride_lh
         tl.store(part_at + chunk * stride_pc, part, mask=gd_ok)
         tl.store(lse_at + chunk, lse, mask=g < G)
-
-        # The last chunk of this (row, key/value head) to finish combines all of them, each weighted
-        # by its share of the softmax mass (empty chunks weigh 0), so no second kernel is launched.
-        # acq_rel: the other chunks' stores above are visible once their arrival is counted. One thread
-        # of the program does the atomic, so a barrier first puts every warp's stores before its release.
+        # The last chunk of this (row, key/value head) to finish combines all of them, each weighted by
+        # its share of the softmax mass (empty chunks weigh 0). acq_rel: the other chunks' stores are
+        # visible once their arrival is counted; one thread does the atomic, so a barrier comes first.
         tl.debug_barrier()
         arrived = tl.atomic_add(Arrived + row_head, 1, sem="acq_rel")
         if arrived == CHUNKS - 1:

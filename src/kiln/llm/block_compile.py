@@ -33,8 +33,9 @@ __all__ = ["BlockParts", "CompileScope", "blocks_installed", "compiled_block_par
 EDGES = ("attention_inputs", "logits")
 """The Decoder methods called before the first block and after the last, compiled with the blocks."""
 EDGE_TUNING = False
-"""Edges keep the blocks' coordinate-descent tuning: off, their few small kernels take inductor's
-default launch settings, and a warm-up does not tune them."""
+"""True: the edges are compiled with the blocks' coordinate-descent tuning too. Off, their few small
+kernels take inductor's default launch settings: on an H200 tuning them added seconds to every
+decode variant's warm-up and nothing measurable to the step."""
 
 
 @dataclass(frozen=True)
