@@ -23,7 +23,7 @@
 # Then $R/summary.md: one table of every part run, and the server's inter-token p50 beside the engine's decode
 # step at the same batch and the bandwidth roofline (needs PART=generate in the same $OUT). The server's log is
 # $R/<part>.server.log, its /metrics after the load $R/<part>.metrics.txt. Each part is bounded by PART_S
-# (default 470 s); the whole call by BUDGET_S (default 570 s): run one part per device call when compiles are cold.
+# (default 470 s; its server may warm up for all of it but the load's share: 120 s, less for a few short levels); the whole call by BUDGET_S (default 570 s): run one part per device call when compiles are cold.
 # Needs fastapi, uvicorn and httpx on the device: carry wheels in .whl/ (device_env.sh installs them).
 # SERVE_FLAGS adds kiln serve flags to bf16/int4 (e.g. "--decode-attention matmul": it reads all MAX_SEQ_LEN
 # slots of every row, where triton and flash read only the slots a row uses); TAG suffixes their labels (a second run, same $OUT).
@@ -83,6 +83,14 @@ wait_health() {  # pid, log, seconds: 0 once /health answers 200
   return 0
 }
 
+load_reserve() {  # seconds of a part kept for its load: 120, or less for a short one (few levels, no open loop)
+  local levels fractions need
+  levels=$(tr ',' '\n' <<< "$CONCURRENCY" | grep -c '[0-9]')
+  fractions=$(tr ',' '\n' <<< "${OPEN_FRACTIONS:-0.25,0.5,0.75,1,1.25,1.5}" | grep -c '[0-9]')
+  need=$(( levels * (${DURATION_S:-20} + 10) + fractions * (${OPEN_S:-10} + 5) + 25 ))
+  echo $(( need < 120 ? need : 120 ))
+}
+
 serve_part() {  # label, quant, extra kiln serve flags...
   local label=$1 quant=$2; shift 2
   local cap=$(left); [ "$cap" -gt "$PART_S" ] && cap=$PART_S
@@ -92,7 +100,7 @@ serve_part() {  # label, quant, extra kiln serve flags...
     --max-seq-len "$MAX_SEQ_LEN" "${WARM[@]}" --max-queue 64 --drain-s 5 "${DEV[@]}" "${EXTRA[@]}" "$@" \
     > "$R/$label.server.log" 2>&1 &
   local pid=$!
-  wait_health $pid "$R/$label.server.log" $(( cap - 120 )) || return 1
+  wait_health $pid "$R/$label.server.log" $(( cap - $(load_reserve) )) || return 1
   local rest=$(( cap - ($(date +%s) - t0) - 15 ))
   step "load_$label" timeout "$rest" python3 benchmarks/serve_load.py --url "http://127.0.0.1:$PORT" --label "$label" \
     --quant "$quant" --concurrency "$CONCURRENCY" --prompt-len "$PROMPT_LEN" --max-tokens "$MAX_TOKENS" \
