@@ -98,6 +98,10 @@ def main(argv: list[str]) -> None:
                 "torch": torch.__version__, "transformers": transformers.__version__}
         with open(job["info"], "w", encoding="utf-8") as f:
             json.dump(info, f, indent=1)
+    # Every rank tears gloo down together: a rank that destroyed its group while rank 0 was still
+    # writing aborted one CPU run of two ranks in about twenty-five ("terminate called without an
+    # active exception", SIGABRT) after its steps were done.
+    dist.barrier()
     dist.destroy_process_group()
 
 
