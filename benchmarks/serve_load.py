@@ -5,8 +5,10 @@ after it; each is bounded by --request-timeout-s), every request a random prompt
 token ids and --max-tokens tokens (greedy unless --temperature), streamed. Before a level is timed, C short requests warm
 it up (the server compiles each decode batch bucket on its first use). Per level: aggregate
 tokens/s (completion tokens over the level's wall time), requests/s, TTFT and inter-token latency
-p50/p99 (every gap between two streamed tokens of a request), and the level's ratios to the
-single-stream level.
+p50/p99 (every gap between two streamed tokens of a request), the level's ratios to the
+single-stream level, the server's decode step on the device and the device's idle time before a step
+(from its /metrics before and after the level: is a gap the step, or the host starting it late?),
+and the share of a core this client used.
 
 Then, with --open-fractions, an open-loop sweep: requests arrive as a Poisson process at each rate
 (the fractions times the requests/s of the closed-loop level --open-base, e.g. 0.25x .. 1.5x the
@@ -124,12 +126,40 @@ def _client(httpx, args, connections: int):
     return httpx.AsyncClient(limits=limits, headers=args.headers)
 
 
+STEP, IDLE = "kiln_serve_decode_step_device_seconds", "kiln_serve_device_idle_before_step_seconds"
+"""The server's histograms of a decode step's device time and of the device's idle time before it."""
+
+
+async def scrape(client, args) -> dict[str, float]:
+    """The `_sum` and `_count` samples of the server's /metrics (none when it cannot be read)."""
+    try:
+        text = (await client.get(args.url + "/metrics", timeout=10)).text
+    except Exception:  # a server without /metrics: the level's own figures stand alone
+        return {}
+    pairs = (line.split(" ", 1) for line in text.splitlines() if line.startswith("kiln_serve_"))
+    return {k: float(v) for k, v in pairs if k.endswith(("_sum", "_count"))}
+
+
+def server_side(before: dict[str, float], after: dict[str, float]) -> dict:
+    """A level's server-side means from scrapes before and after it: the decode step's device ms,
+    the device's idle ms before a step (the host starting it late), and the idle share of both."""
+    def delta(name: str) -> float:
+        return after.get(name, 0.0) - before.get(name, 0.0)
+    steps, idles, step_s, idle_s = delta(STEP + "_count"), delta(IDLE + "_count"), delta(STEP + "_sum"), delta(IDLE + "_sum")
+    return {"server_step_ms": step_s / steps * 1e3 if steps else None,
+            "server_idle_ms": idle_s / idles * 1e3 if idles else None,
+            "server_idle_frac": idle_s / (idle_s + step_s) if steps and idles and idle_s + step_s > 0 else None}
+
+
 async def level(httpx, args, c: int, rng: random.Random) -> dict:
-    """Closed loop: `c` clients, each sending its next request when the last one ends."""
+    """Closed loop: `c` clients, each sending its next request when the last one ends. Also the
+    server's step and idle means over the level, and the share of one core this client used (near 1:
+    its own pace may stretch the gaps it measures)."""
     async with _client(httpx, args, c) as client:
         warm = [{**body_for(rng, args), "max_tokens": 4} for _ in range(c)]
         await asyncio.gather(*[one_request(client, args.url, b, args.request_timeout_s) for b in warm])
-        start = time.perf_counter()
+        before = await scrape(client, args)
+        start, cpu = time.perf_counter(), time.process_time()
         stop_at = start + args.duration_s
         done: list[dict] = []
 
@@ -138,7 +168,9 @@ async def level(httpx, args, c: int, rng: random.Random) -> dict:
                 done.append(await one_request(client, args.url, body_for(rng, args), args.request_timeout_s))
         await asyncio.gather(*[worker() for _ in range(c)])
         wall = max(r["end"] for r in done) - start
-    return {"mode": "closed", "concurrency": c, **stats(done, wall)}
+        busy = time.process_time() - cpu
+        server = server_side(before, await scrape(client, args))
+    return {"mode": "closed", "concurrency": c, **stats(done, wall), **server, "client_cpu_frac": busy / wall}
 
 
 async def open_level(httpx, args, rate: float, rng: random.Random) -> dict:
@@ -184,7 +216,8 @@ def with_ratios(levels: list[dict]) -> dict:
 
 
 COLUMNS = ["label", "concurrency", "requests", "failed", "tokens_per_s", "tokens_per_s_vs_1", "requests_per_s",
-           "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "itl_p50_vs_1"]
+           "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "itl_p50_vs_1", "server_step_ms", "server_idle_ms",
+           "client_cpu_frac"]
 OPEN_COLUMNS = ["label", "offered_rps", "requests", "failed", "requests_per_s", "tokens_per_s", "ttft_p50_ms",
                 "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms"]
 SIDE_COLUMNS = ["label", "streams", "itl_p50_ms", "itl_p50_vs_1", "engine_step_ms", "itl_vs_engine_step",

@@ -107,6 +107,37 @@ def test_an_open_loop_level_against_a_stand_in_server(load, monkeypatch):
     assert row["ttft_p99_ms"] is not None and row["ttft_p99_ms"] >= 0
 
 
+def test_the_servers_step_and_idle_means_over_a_level(load):
+    before = {load.STEP + "_sum": 0.5, load.STEP + "_count": 100.0, load.IDLE + "_sum": 0.1, load.IDLE + "_count": 99.0}
+    after = {load.STEP + "_sum": 0.8, load.STEP + "_count": 200.0, load.IDLE + "_sum": 0.2, load.IDLE + "_count": 199.0}
+    assert load.server_side(before, after) == pytest.approx(
+        {"server_step_ms": 3.0, "server_idle_ms": 1.0, "server_idle_frac": 0.25})
+    assert load.server_side({}, {}) == {"server_step_ms": None, "server_idle_ms": None, "server_idle_frac": None}
+
+
+def test_a_closed_level_reads_the_servers_metrics_around_it(load, monkeypatch):
+    scrapes = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/metrics":  # 40 more steps of 2 ms and 1 ms idle at each scrape
+            n = 40 * len(scrapes)
+            scrapes.append(n)
+            return httpx.Response(200, text=f"# HELP x\n{load.STEP}_sum {n * 0.002}\n{load.STEP}_count {n}\n"
+                                            f"{load.IDLE}_sum {n * 0.001}\n{load.IDLE}_count {n}\nother_sum 5\n")
+        events = [f"data: {json.dumps({'choices': [{'text': f'{i},'}]})}\n\n" for i in range(3)]
+        return httpx.Response(200, text="".join(events) + "data: [DONE]\n\n", headers={"content-type": "text/event-stream"})
+
+    real = httpx.AsyncClient
+    monkeypatch.setattr(httpx, "AsyncClient", lambda **kw: real(transport=httpx.MockTransport(handler), **kw))
+    args = load.parse_args(["--url", "http://stand-in", "--model", "m", "--prompt-len", "4", "--max-tokens", "3",
+                            "--vocab", "100", "--duration-s", "0.2"])
+    args.headers = {}
+    row = asyncio.run(load.level(httpx, args, 2, random.Random(3)))
+    assert len(scrapes) == 2 and row["tokens"] == 3 * row["requests"] and row["failed"] == 0
+    assert row["server_step_ms"] == pytest.approx(2.0) and row["server_idle_ms"] == pytest.approx(1.0)
+    assert row["server_idle_frac"] == pytest.approx(1 / 3) and 0 <= row["client_cpu_frac"]
+
+
 def test_the_text_parts_answer_and_counters_in_the_summary(load, tmp_path):
     text = tmp_path / "text"
     text.mkdir()

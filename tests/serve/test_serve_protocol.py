@@ -4,12 +4,13 @@ the scheduler's admission bound and the metrics text."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from kiln.serve.app import TokenEvent, _choice, _sse
 from kiln.serve.chat import load_chat_template
 from kiln.serve.metrics import Histogram, ServeMetrics
 from kiln.serve.protocol import ApiError, parse_body, parse_params
-from kiln.serve.rows import RowSettings
+from kiln.serve.rows import Launched, Rows, RowSettings
 from kiln.serve.scheduler import Job, QueueFull, Scheduler
 from kiln.serve.serve_options import ServeOptions
 from kiln.serve.server import check_serve
@@ -208,6 +209,10 @@ class TimedRows:
         self._spend()
         return {r: 7 for r in launched}
 
+    @staticmethod
+    def step_times(launched):
+        return 0.003, 0.0005
+
 
 def test_the_host_time_per_iteration_leaves_out_the_rows_calls():
     t = [0.0]
@@ -223,6 +228,31 @@ def test_the_host_time_per_iteration_leaves_out_the_rows_calls():
     sched.iterate()  # launch and collect: 20 s of rows, one hand-off
     assert metrics.host.count == 2 and metrics.host.sum == 0.5
     assert "kiln_serve_iteration_host_seconds_count 2" in metrics.text()
+    # the collected step's device time and the idle time before it (the first iteration collects none)
+    assert (metrics.step.count, metrics.step.sum, metrics.idle.count, metrics.idle.sum) == (1, 0.003, 1, 0.0005)
+    text = metrics.text()
+    assert 'kiln_serve_decode_step_device_seconds_bucket{le="0.003"} 1' in text
+    assert 'kiln_serve_device_idle_before_step_seconds_bucket{le="0.00025"} 0' in text
+    assert "kiln_serve_device_idle_before_step_seconds_count 1" in text
+
+
+class FakeEvent:
+    """A CUDA timing event's elapsed_time on a made-up device clock (ms)."""
+
+    def __init__(self, at_ms):
+        self.at_ms = at_ms
+
+    def elapsed_time(self, end):
+        return end.at_ms - self.at_ms
+
+
+def test_a_steps_device_time_and_the_idle_before_it():
+    def launched(after, start, end):
+        return Launched([0], torch.zeros(1), FakeEvent(end), FakeEvent(start), after and FakeEvent(after))
+    assert Rows.step_times(launched(10.0, 12.5, 15.5)) == (0.003, 0.0025)
+    assert Rows.step_times(launched(10.0, 9.0, 15.0)) == (0.006, 0.0)  # queued before the last work ended
+    assert Rows.step_times(launched(None, 1.0, 3.0)) == (0.002, None)  # no work before it
+    assert Rows.step_times(Launched([0], torch.zeros(1), None)) is None  # off CUDA
 
 
 def test_text_stream_decoding_a_few_tokens_at_a_time_gives_the_whole_decode(tmp_path):

@@ -1,6 +1,8 @@
 """`kiln serve`'s Prometheus metrics: queue depth, running batch, TTFT and inter-token latency
-histograms, generated tokens (a counter and a recent tokens/s gauge), requests by outcome, and the
-scheduler's host time per iteration.
+histograms, generated tokens (a counter and a recent tokens/s gauge), requests by outcome, the
+scheduler's host time per iteration, and each decode step's device time and the device's idle time
+before it (on CUDA): a gap between tokens is the step, plus the prefills run between two steps,
+plus the idle time the host left.
 
 The scheduler thread records, `/metrics` reads; one lock keeps a scrape consistent. The text format
 is written here (Prometheus text exposition 0.0.4: a histogram is cumulative `_bucket{le=...}`
@@ -19,6 +21,8 @@ from kiln.monitor.prometheus import CONTENT_TYPE
 LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 HOST_BUCKETS_S = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 0.1)
 """Bounds of the scheduler's host time per iteration: tens of microseconds to a decode step."""
+STEP_BUCKETS_S = (2.5e-4, 5e-4, 1e-3, 1.5e-3, 2e-3, 2.5e-3, 3e-3, 3.5e-3, 4e-3, 5e-3, 7.5e-3, 1e-2, 2.5e-2, 0.1)
+"""Bounds of a decode step's device time: fine around the milliseconds a step takes."""
 RATE_WINDOW_S = 10.0
 """Span of the `tokens_per_second` gauge."""
 __all__ = ["CONTENT_TYPE", "Histogram", "ServeMetrics"]
@@ -54,6 +58,8 @@ class ServeMetrics:
         self.ttft = Histogram()
         self.itl = Histogram()
         self.host = Histogram(HOST_BUCKETS_S)
+        self.step = Histogram(STEP_BUCKETS_S)
+        self.idle = Histogram(HOST_BUCKETS_S)
         self.queue_depth = 0
         self.running = 0
         self.tokens = 0
@@ -81,6 +87,13 @@ class ServeMetrics:
     def host_time(self, seconds: float) -> None:
         with self.lock:
             self.host.observe(seconds)
+
+    def decode_step(self, device_s: float, idle_s: float | None) -> None:
+        """A decode step's device time and the device's idle time before it (None: unknown)."""
+        with self.lock:
+            self.step.observe(device_s)
+            if idle_s is not None:
+                self.idle.observe(idle_s)
 
     def generated(self, n: int) -> None:
         now = self.clock()
@@ -140,5 +153,12 @@ class ServeMetrics:
                 "(prefill, decode launch, the wait for the step) excluded.",
                 "# TYPE kiln_serve_iteration_host_seconds histogram",
                 *self.host.lines("kiln_serve_iteration_host_seconds"),
+                "# HELP kiln_serve_decode_step_device_seconds Device time of a decode step (CUDA events).",
+                "# TYPE kiln_serve_decode_step_device_seconds histogram",
+                *self.step.lines("kiln_serve_decode_step_device_seconds"),
+                "# HELP kiln_serve_device_idle_before_step_seconds Device idle time before a decode step: from "
+                "the end of the work before it (a step, a join's prefill) to its start, the host's lateness.",
+                "# TYPE kiln_serve_device_idle_before_step_seconds histogram",
+                *self.idle.lines("kiln_serve_device_idle_before_step_seconds"),
             ]
         return "\n".join(lines) + "\n"

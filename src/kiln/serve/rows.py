@@ -117,6 +117,11 @@ class Launched:
     rows: list[int]
     host: Tensor
     event: Any
+    """Recorded after the step and its copy (a CUDA event with timing; None off CUDA)."""
+    start: Any = None
+    """Recorded before the step."""
+    after: Any = None
+    """The end of the device work before the step (the previous step, a join's prefill, a shift)."""
 
 
 class Rows:
@@ -169,6 +174,8 @@ class Rows:
         pinned = self.device.type == "cuda"
         self._host = [torch.zeros(rows, dtype=torch.long, pin_memory=pinned) for _ in range(2)]
         self._flip = 0
+        self._last_end: Any = None
+        """The timing event after the last device work (a step, a join, a shift): Launched.after."""
         self.cursor = 0
         """Host copy of `pos`."""
         self.busy: dict[int, int] = {}
@@ -229,6 +236,7 @@ class Rows:
         for t in (*b.cache.k, *b.cache.v, b.tokens):
             t[:n, dst] = t[:n, src].clone()
         b.pad.add_(shift).clamp_(min=0)
+        self._last_end = self._mark()
         self.busy = {r: pad + shift for r, pad in self.busy.items()}
         self.ends = {r: end + shift for r, end in self.ends.items()}
         self._set_cursor(p + shift)
@@ -261,6 +269,7 @@ class Rows:
                 self.busy[row], self.ends[row] = p - n, p + max_tokens
                 self.greedy[row] = sampling.temperature == 0
             done += k
+        self._last_end = self._mark()
         return b.tokens[[row for row, *_ in joins], p].tolist()
 
     # -- warm-up (before the server takes requests) ----------------------------------------------
@@ -307,16 +316,14 @@ class Rows:
         if self.cursor + 1 >= self.capacity:
             return None
         n = self.bucket()
+        after, start = self._last_end, self._mark()
         self._run(n, all(self.greedy.values()))
         self.cursor += 1
         host = self._host[self._flip]  # two buffers: the next step's copy never overwrites one unread
         self._flip ^= 1
         host[:n].copy_(self.buf.tokens[:n, self.cursor], non_blocking=True)
-        event = None
-        if self.device.type == "cuda":
-            event = torch.cuda.Event()
-            event.record()
-        return Launched(list(self.busy), host, event)
+        self._last_end = self._mark()
+        return Launched(list(self.busy), host, self._last_end, start, after)
 
     def collect(self, launched: Launched) -> dict[int, int]:
         """Busy row (at launch) -> its new token, once the step is done."""
@@ -324,6 +331,24 @@ class Rows:
             launched.event.synchronize()
         values = launched.host.tolist()
         return {r: values[r] for r in launched.rows}
+
+    @staticmethod
+    def step_times(launched: Launched) -> tuple[float, float | None] | None:
+        """(device seconds of the step, seconds the device sat idle before it: from the end of the
+        work before it to its start, 0 when it was queued in time; None after a fresh start) of a
+        collected step; None off CUDA. Idle time is the host starting the step late."""
+        if launched.start is None:
+            return None
+        idle = None if launched.after is None else max(0.0, launched.after.elapsed_time(launched.start)) / 1e3
+        return launched.start.elapsed_time(launched.event) / 1e3, idle
+
+    def _mark(self) -> Any:
+        """A timing event recorded now on the device's stream (None off CUDA)."""
+        if self.device.type != "cuda":
+            return None
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
 
     def step(self) -> dict[int, int]:
         """One decode step, waited for: busy row -> its new token."""

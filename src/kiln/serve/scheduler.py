@@ -144,6 +144,8 @@ class Scheduler:
         if self._pending is not None:
             launched, jobs = self._pending
             tokens = self._on_rows(self.rows.collect, launched)
+            if (times := self.rows.step_times(launched)) is not None:
+                self.metrics.decode_step(*times)
             now = self.clock()
             gaps = []
             for row, job in jobs.items():
