@@ -8,7 +8,7 @@ import torch
 
 from kiln.llm import Engine
 from kiln.llm.block_compile import EDGES
-from kiln.serve.row_sampling import _kept_by_sort, hashed_uniform, keep_threshold, pick_tokens
+from kiln.serve.row_sampling import hashed_uniform, pick_tokens
 from kiln.serve.rows import Rows, RowSettings, batch_buckets
 
 pytest.importorskip("transformers")
@@ -190,32 +190,3 @@ def test_closed_loop_joins_wait_only_when_rows_lack_room_for_prompt_and_twice_th
     late = max(i for i in got if len(got[i][1]) == 4)  # admitted after shifts: still exact
     assert got[late][1] == alone(model, got[late][0], 4)
     assert closed_loop(model, 8, 4, 13)[0] == 3
-
-
-def test_the_searched_threshold_keeps_what_the_sort_keeps():
-    """keep_threshold (the compiled step's search) against the sort over random rows: ties, tokens
-    whose probability underflows to 0, top_k 0 / inside / past the vocabulary, top_p 1 and below."""
-    g = torch.Generator().manual_seed(0)
-    for trial in range(200):
-        vocab = int(torch.randint(2, 300, (1,), generator=g))
-        logits = torch.randn(4, vocab, generator=g) * float(torch.rand(1, generator=g)) * 8
-        if trial % 5 == 0:
-            logits = torch.round(logits)  # ties, at the k-th token and at the top-p boundary
-        if trial % 7 == 0:
-            logits[:, :vocab // 2] = -200.0  # probabilities of 0
-        probs = torch.softmax(logits, -1)
-        top_k = torch.randint(0, vocab + 3, (4,), generator=g) * (torch.rand(4, generator=g) < 0.5)
-        top_p = torch.where(torch.rand(4, generator=g) < 0.3, 1.0, torch.rand(4, generator=g))
-        searched = probs.view(torch.int32) >= keep_threshold(probs, top_k, top_p)[:, None]
-        assert torch.equal(searched, _kept_by_sort(probs, top_k, top_p)), trial
-    probs = torch.softmax(torch.tensor([[3.0, 2.0, 2.0, 0.0, -1.0]]), -1)  # 0.55, 0.20, 0.20, 0.03, 0.01
-    keep = [probs.view(torch.int32) >= keep_threshold(probs, torch.tensor([k]), torch.tensor([p]))[:, None]
-            for k, p in ((0, 1.0), (1, 1.0), (2, 1.0), (0, 0.5), (0, 0.7), (4, 0.99))]
-    assert [row[0].tolist() for row in keep] == [[True] * 5, [True] + [False] * 4, [True] * 3 + [False] * 2,
-                                                 [True] + [False] * 4, [True] * 3 + [False] * 2,
-                                                 [True] * 4 + [False]]
-    near = torch.tensor([0.3]).nextafter(torch.tensor([0.0]))  # one bit pattern below 0.3: found exactly
-    probs = torch.cat([torch.tensor([0.4, 0.3]), near, torch.tensor([0.3 - 1e-3])]).view(1, -1)
-    for k, kept in ((2, 2), (3, 3)):
-        at = keep_threshold(probs, torch.tensor([k]), torch.tensor([1.0]))
-        assert int((probs.view(torch.int32) >= at[:, None]).sum()) == kept
