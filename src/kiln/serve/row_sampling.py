@@ -5,6 +5,12 @@ global generator, so a request's tokens would depend on which others share its b
 row has its own temperature (0 = greedy), top-k, top-p and seed in device tensors, and the noise of
 the exponential race is a hash of (seed, position, token id): a seeded request gives the same text
 whatever else runs beside it, and nothing syncs with the host or recompiles when settings change.
+
+Top-k and top-p keep the tokens at least as likely as a threshold per row. On a GPU kiln's kernel
+searches for it (kiln.kernels.triton_top: no sort of the vocabulary, which took most of a sampled
+step's sampling); elsewhere it is read off a sort (`kept_by_sort`, also the kernel's reference).
+Both keep ties at the threshold whole, and the race's noise is keyed by token id, so both draw the
+same token.
 """
 
 from __future__ import annotations
@@ -34,21 +40,36 @@ def pick_tokens(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tenso
                 position: Tensor, greedy_only: bool) -> Tensor:
     """Next token per row of `logits` [B, vocab] fp32. Per-row [B] settings: temperature 0 is the
     argmax, top_k 0 and top_p 1 are off; `position` [B] is the position of the token being chosen.
-    `greedy_only`: every row is greedy (one argmax, no sort)."""
+    `greedy_only`: every row is greedy (one argmax, no sampling)."""
     best = argmax(logits)
     if greedy_only:
         return best
     vocab = logits.shape[-1]
     warm = temperature > 0
-    scaled = logits / torch.where(warm, temperature, 1.0).view(-1, 1)
-    ordered, order = scaled.sort(dim=-1, descending=True)
-    rank = torch.arange(vocab, device=logits.device).view(1, -1)
-    keep_k = torch.where(top_k > 0, top_k, vocab).view(-1, 1)
-    ordered = ordered.masked_fill(rank >= keep_k, float("-inf"))
-    probs = torch.softmax(ordered, dim=-1)
-    mass_before = cumsum_short_scans(probs) - probs
-    probs = probs.masked_fill(mass_before >= top_p.view(-1, 1), 0.0)  # the most likely token always stays
-    noise = -torch.log(hashed_uniform(seed, position, vocab))  # Exp(1), per (row, position, rank)
-    race = probs / noise
-    drawn = order.gather(-1, race.argmax(dim=-1, keepdim=True)).squeeze(-1)
+    probs = torch.softmax(logits / torch.where(warm, temperature, 1.0).view(-1, 1), dim=-1)
+    if probs.is_cuda:
+        import kiln.kernels.triton_top  # noqa: F401  (registers kiln::keep_threshold)
+
+        keep = probs.view(torch.int32) >= torch.ops.kiln.keep_threshold(probs, top_k, top_p)[:, None]
+    else:
+        keep = kept_by_sort(probs, top_k, top_p)
+    noise = -torch.log(hashed_uniform(seed, position, vocab))  # Exp(1), per (row, position, token)
+    drawn = (torch.where(keep, probs, 0.0) / noise).argmax(dim=-1)
     return torch.where(warm, drawn, best)
+
+
+def kept_by_sort(probs: Tensor, top_k: Tensor, top_p: Tensor) -> Tensor:
+    """The tokens [B, vocab] (bool) that top-k and top-p keep, read off a descending sort of `probs`
+    [B, vocab]: those at least as likely as the top_k-th (top_k 0: all), then while the mass before
+    a token, renormalised over them, is under top_p (the first always stays; top_p 1 keeps them all),
+    and every token as likely as the last one kept."""
+    vocab = probs.shape[-1]
+    ordered, _ = probs.sort(dim=-1, descending=True)
+    kth = ordered.gather(-1, (torch.where(top_k > 0, top_k.clamp(max=vocab), vocab) - 1).view(-1, 1))
+    ordered = torch.where(ordered >= kth, ordered, 0.0)
+    mass = ordered / ordered.sum(-1, keepdim=True)
+    before = cumsum_short_scans(mass) - mass
+    first = torch.arange(vocab, device=probs.device).view(1, -1) == 0
+    kept = ((before < top_p.view(-1, 1)) | (top_p.view(-1, 1) >= 1) | first) & (ordered >= kth)
+    last = torch.where(kept, ordered, float("inf")).amin(-1, keepdim=True)
+    return probs >= last
