@@ -31,7 +31,8 @@
 # KILN_SETTINGS="kiln.kernels.triton_decode.BALANCE=True kiln.kernels.triton_decode.TARGET_PROGRAMS=512" TAG=bal.
 # E.g. SERVE_FLAGS="--prefill-tokens 2048 --join-batch 4" TAG=p2048: up to four 512-token joins prefilled in one
 # forward (each k is warmed too: 6 prefill variants of the 512 bucket instead of 2).
-# TEMPERATURE (default 0: greedy) and TOP_P (default 1) set every request's sampling.
+# TEMPERATURE (default 0: greedy) and TOP_P (default 1) set every request's sampling. CLIENT_PROCS (default 4):
+# the load generator's processes for a closed-loop level's streams (one process at 32 streams used most of a core).
 # CPU smoke test of the plumbing: DEVICE=cpu MODEL=llama-tiny VOCAB=512 MAX_SEQ_LEN=64 PROMPT_LEN=16 MAX_TOKENS=8
 #   BATCH_BUCKETS=1,2,4 MAX_BATCH=4 CONCURRENCY=1,4 OPEN_BASE=4 WARMUP_BUCKETS=none PART=bf16 (text: DRY=1).
 set -uo pipefail
@@ -105,7 +106,7 @@ serve_part() {  # label, quant, extra kiln serve flags...
   step "load_$label" timeout "$rest" python3 benchmarks/serve_load.py --url "http://127.0.0.1:$PORT" --label "$label" \
     --quant "$quant" --concurrency "$CONCURRENCY" --prompt-len "$PROMPT_LEN" --max-tokens "$MAX_TOKENS" \
     --vocab "${VOCAB:-128256}" --temperature "${TEMPERATURE:-0}" --top-p "${TOP_P:-1}" \
-    --duration-s "${DURATION_S:-20}" --open-fractions "${OPEN_FRACTIONS:-0.25,0.5,0.75,1,1.25,1.5}" \
+    --duration-s "${DURATION_S:-20}" --procs "${CLIENT_PROCS:-4}" --open-fractions "${OPEN_FRACTIONS:-0.25,0.5,0.75,1,1.25,1.5}" \
     --open-base "${OPEN_BASE:-32}" --open-duration-s "${OPEN_S:-10}" --request-timeout-s 120 \
     --deadline-s "$(( rest - 10 ))" --out "$R/serve_$label"
   curl -s "http://127.0.0.1:$PORT/metrics" > "$R/$label.metrics.txt"

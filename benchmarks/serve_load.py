@@ -32,6 +32,7 @@ import argparse
 import asyncio
 import json
 import math
+import multiprocessing
 import random
 import statistics
 import sys
@@ -40,6 +41,9 @@ from pathlib import Path
 
 from kiln.bench.results import refuse_held_results, write_results
 from kiln.monitor.env import collect_env
+
+sys.path.insert(0, str(Path(__file__).parent))
+from serve_report import COLUMNS, OPEN_COLUMNS, markdown, summary  # noqa: E402  (a sibling script)
 
 BAR_MS = 1000.0
 """The p99 TTFT bar of the open-loop sweep."""
@@ -152,25 +156,58 @@ def server_side(before: dict[str, float], after: dict[str, float]) -> dict:
 
 
 async def level(httpx, args, c: int, rng: random.Random) -> dict:
-    """Closed loop: `c` clients, each sending its next request when the last one ends. Also the
-    server's step and idle means over the level, and the share of one core this client used (near 1:
-    its own pace may stretch the gaps it measures)."""
+    """Closed loop: `c` clients, each sending its next request when the last one ends (spread over
+    --procs processes). Also the server's step and idle means over the level, and the largest share
+    of a core a client process used (near 1: its own pace may stretch the gaps it measures)."""
     async with _client(httpx, args, c) as client:
         warm = [{**body_for(rng, args), "max_tokens": 4} for _ in range(c)]
         await asyncio.gather(*[one_request(client, args.url, b, args.request_timeout_s) for b in warm])
         before = await scrape(client, args)
-        start, cpu = time.perf_counter(), time.process_time()
-        stop_at = start + args.duration_s
+        n = max(1, min(args.procs, c))
+        start = time.perf_counter() + (PROCS_START_S if n > 1 else 0.0)
+        if n == 1:
+            done, busy = await clients(httpx, args, c, rng, start)
+            shares = [busy]
+        else:  # forked: the children share this process's imports, and perf_counter's clock
+            ctx = multiprocessing.get_context("fork")
+            queue = ctx.Queue()
+            sizes = [c // n + (i < c % n) for i in range(n)]
+            procs = [ctx.Process(target=_clients_process, args=(httpx, args, k, rng.randrange(1 << 31), start, queue))
+                     for k in sizes]
+            for proc in procs:
+                proc.start()
+            parts = [queue.get() for _ in procs]
+            for proc in procs:
+                proc.join()
+            done, shares = [r for part, _ in parts for r in part], [busy for _, busy in parts]
+        wall = max(r["end"] for r in done) - start
+        server = server_side(before, await scrape(client, args))
+    return {"mode": "closed", "concurrency": c, **stats(done, wall), **server,
+            "client_cpu_frac": max(shares) / wall}
+
+
+PROCS_START_S = 1.0
+"""With --procs, the level starts this long after the processes are forked (they start first)."""
+
+
+async def clients(httpx, args, c: int, rng: random.Random, start: float) -> tuple[list[dict], float]:
+    """`c` closed-loop clients from `start` (perf_counter) for --duration-s: their requests, and the
+    CPU seconds this process spent meanwhile."""
+    async with _client(httpx, args, c) as client:
+        await asyncio.sleep(max(0.0, start - time.perf_counter()))
+        cpu = time.process_time()
         done: list[dict] = []
 
         async def worker():
-            while time.perf_counter() < stop_at:
+            while time.perf_counter() < start + args.duration_s:
                 done.append(await one_request(client, args.url, body_for(rng, args), args.request_timeout_s))
         await asyncio.gather(*[worker() for _ in range(c)])
-        wall = max(r["end"] for r in done) - start
-        busy = time.process_time() - cpu
-        server = server_side(before, await scrape(client, args))
-    return {"mode": "closed", "concurrency": c, **stats(done, wall), **server, "client_cpu_frac": busy / wall}
+        return done, time.process_time() - cpu
+
+
+def _clients_process(httpx, args, c: int, seed: int, start: float, queue) -> None:
+    """A forked process's share of a closed level: `clients` on its own event loop, put on `queue`."""
+    queue.put(asyncio.run(clients(httpx, args, c, random.Random(seed), start)))
 
 
 async def open_level(httpx, args, rate: float, rng: random.Random) -> dict:
@@ -215,111 +252,6 @@ def with_ratios(levels: list[dict]) -> dict:
     return {"levels": levels, "requests_per_s_at_p99_ttft_under_1s": max(under) if under else None}
 
 
-COLUMNS = ["label", "concurrency", "requests", "failed", "tokens_per_s", "tokens_per_s_vs_1", "requests_per_s",
-           "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "itl_p50_vs_1", "server_step_ms", "server_idle_ms",
-           "client_cpu_frac"]
-OPEN_COLUMNS = ["label", "offered_rps", "requests", "failed", "requests_per_s", "tokens_per_s", "ttft_p50_ms",
-                "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms"]
-SIDE_COLUMNS = ["label", "streams", "itl_p50_ms", "itl_p50_vs_1", "engine_step_ms", "itl_vs_engine_step",
-                "roofline_step_ms", "itl_vs_roofline", "engine_step_vs_b1"]
-
-
-def _cell(v) -> str:
-    return "—" if v is None else f"{v:.4g}" if isinstance(v, float) else str(v)
-
-
-def markdown(rows: list[dict], columns: list[str]) -> str:
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(_cell(r.get(c)) for c in columns) + " |" for r in rows]
-    return "\n".join(lines) + "\n"
-
-
-def _ratio(a: float | None, b: float | None) -> float | None:
-    return a / b if a is not None and b else None
-
-
-def side_by_side(serve_rows: list[dict], engine_rows: list[dict]) -> list[dict]:
-    """Each closed-loop server level beside `kiln bench llm`'s row of the same quantization and
-    batch: the server's inter-token p50, the engine's decode step, the bandwidth roofline's step
-    (batch / roofline tokens/s), and their ratios."""
-    engine = {(r.get("quant"), r.get("batch")): r for r in engine_rows if r.get("status") == "ok"}
-    out = []
-    for r in serve_rows:
-        if r.get("mode", "closed") != "closed":
-            continue
-        quant = r.get("quant") or ("none" if str(r.get("label")).startswith("bf16") else None)
-        e = engine.get((quant, r["concurrency"]), {})
-        b1 = engine.get((quant, 1), {})
-        step = e.get("decode_step_ms")
-        roof = r["concurrency"] * 1e3 / e["roofline_tok_s"] if e.get("roofline_tok_s") else None
-        out.append({"label": r.get("label"), "streams": r["concurrency"], "itl_p50_ms": r.get("itl_p50_ms"),
-                    "itl_p50_vs_1": r.get("itl_p50_vs_1"), "engine_step_ms": step,
-                    "itl_vs_engine_step": _ratio(r.get("itl_p50_ms"), step), "roofline_step_ms": roof,
-                    "itl_vs_roofline": _ratio(r.get("itl_p50_ms"), roof),
-                    "engine_step_vs_b1": _ratio(step, b1.get("decode_step_ms"))})
-    return out
-
-
-def summary(directory: Path) -> str:
-    out = ["# kiln serve under load\n"]
-    rows, opens = [], []
-    for path in sorted(directory.glob("serve_*/results.json")):
-        data = json.loads(path.read_text())
-        rows += [r for r in data["results"] if r.get("mode", "closed") == "closed"]
-        opens += [r for r in data["results"] if r.get("mode") == "open"]
-        cfg = data["config"]
-        out.append(f"- {cfg['label']}: requests/s at p99 TTFT < 1 s: open loop (Poisson arrivals) "
-                   f"{_cell(cfg.get('open_rate_at_p99_ttft_under_1s'))}; best closed-loop level "
-                   f"{_cell(cfg.get('requests_per_s_at_p99_ttft_under_1s'))}")
-    if rows:
-        out += ["", "Closed loop (N clients, each sends its next request when the last one ends):", "",
-                markdown(rows, COLUMNS)]
-    if opens:
-        out += ["Open loop (Poisson arrivals at the offered rate; TTFT from the scheduled arrival):", "",
-                markdown(opens, OPEN_COLUMNS)]
-    gen = directory / "generate" / "results.json"
-    if gen.is_file():
-        engine = json.loads(gen.read_text())["results"]
-        out += ["The server's inter-token p50 beside the engine's decode step at the same batch "
-                "(`kiln bench llm`, same quantization) and the bandwidth roofline's step:", "",
-                markdown(side_by_side(rows, engine), SIDE_COLUMNS),
-                "The roofline's bytes per step: the weights and the keys and values the requests attend "
-                "(kiln.bench.formulas.kv_bytes_per_step). The engine's cache holds prompt + answer slots; the "
-                "server's rows hold --max-seq-len slots, of which its decode attention (triton, flash) reads those "
-                "each row uses (matmul reads all of them).", ""]
-        keep = ["label", "quant", "batch", "status", "ttft_ms", "decode_tok_s", "decode_tok_s_per_seq", "decode_step_ms",
-                "token_ms_p50", "token_ms_p90", "roofline_frac", "request_tok_s"]
-        out += ["`kiln bench llm` (kiln generate's engine, one static batch per row):", "", markdown(engine, keep)]
-    out += text_section(directory / "text")
-    return "\n".join(out)
-
-
-def text_section(directory: Path) -> list[str]:
-    """serve.sh's text part, if run: the real-text model's answer and the server's counters."""
-    answer = directory / "answer.json"
-    if not answer.is_file():
-        return []
-    try:
-        body = json.loads(answer.read_text())
-    except ValueError:
-        return ["## The real-text model served", "", f"answer.json is not JSON: {answer.read_text()[:300]!r}", ""]
-    choice = (body.get("choices") or [{}])[0]
-    text = choice.get("text", (choice.get("message") or {}).get("content"))
-    route = "/v1/completions" if "text" in choice else "/v1/chat/completions"
-    prompt = directory / "prompt.txt"
-    lines = ["## The real-text model served", ""]
-    if prompt.is_file():
-        lines += [f"Prompt: {prompt.read_text().strip()!r}", ""]
-    lines += [f"{route} ({'chat: no template, so ' if (directory / 'chat.json').is_file() else ''}"
-             f"{body.get('object', '?')}), finish `{choice.get('finish_reason')}`, usage {body.get('usage')}:", "",
-             "```", str(text if text is not None else body), "```", ""]
-    metrics = directory / "metrics.txt"
-    if metrics.is_file():
-        keep = [ln for ln in metrics.read_text().splitlines() if ln.startswith("kiln_serve_") and "_bucket{" not in ln]
-        lines += ["`/metrics` after it (histogram buckets left out):", "", "```", *keep, "```", ""]
-    return lines
-
-
 def _floats(text: str) -> list[float]:
     return [float(x) for x in text.split(",") if x.strip()]
 
@@ -337,6 +269,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--top-p", type=float, default=1.0, help="every request's top_p (default 1: off)")
     p.add_argument("--vocab", type=int, default=128256, help="prompt token ids are drawn below this")
     p.add_argument("--duration-s", type=float, default=20.0, help="seconds each level sends requests")
+    p.add_argument("--procs", type=int, default=1, help="client processes a closed level's streams are spread "
+                   "over, each on its own event loop, so that one client's pace does not stretch the gaps it "
+                   "measures (default 1)")
     p.add_argument("--request-timeout-s", type=float, default=300.0)
     p.add_argument("--open-fractions", type=_floats, default=[], help="open-loop rates as fractions of the "
                    "--open-base level's requests/s, comma-separated (default: no open-loop sweep)")

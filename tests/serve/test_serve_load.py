@@ -18,6 +18,11 @@ def load():
     return load_script("serve_load")
 
 
+@pytest.fixture(scope="module")
+def report(load):
+    return load_script("serve_report")
+
+
 def test_percentiles_and_closed_loop_ratios(load):
     assert load.pct([], 0.5) is None
     assert load.pct([5.0, 1.0, 3.0, 2.0], 0.5) == 2.0 and load.pct(list(range(1, 101)), 0.99) == 99
@@ -67,7 +72,7 @@ def test_a_levels_figures(load):
     assert s["itl_p50_ms"] == 20.0 and s["itl_p99_ms"] == 30.0 and s["itl_mean_ms"] == pytest.approx(20.0)
 
 
-def test_the_server_beside_the_engine_and_the_roofline(load):
+def test_the_server_beside_the_engine_and_the_roofline(report):
     serve = [{"label": "bf16", "quant": "none", "mode": "closed", "concurrency": 1, "itl_p50_ms": 2.5,
               "itl_p50_vs_1": 1.0},
              {"label": "bf16", "quant": "none", "mode": "closed", "concurrency": 32, "itl_p50_ms": 5.0,
@@ -77,7 +82,7 @@ def test_the_server_beside_the_engine_and_the_roofline(load):
     engine = [{"quant": "none", "batch": 1, "status": "ok", "decode_step_ms": 2.0, "roofline_tok_s": 500.0},
               {"quant": "none", "batch": 32, "status": "ok", "decode_step_ms": 4.0, "roofline_tok_s": 16000.0},
               {"quant": "int4@triton", "batch": 8, "status": "skipped", "decode_step_ms": None}]
-    rows = load.side_by_side(serve, engine)
+    rows = report.side_by_side(serve, engine)
     assert [(r["label"], r["streams"]) for r in rows] == [("bf16", 1), ("bf16", 32), ("int4", 8)]
     assert rows[0]["engine_step_ms"] == 2.0 and rows[0]["itl_vs_engine_step"] == 1.25
     assert rows[0]["roofline_step_ms"] == 2.0 and rows[0]["itl_vs_roofline"] == 1.25
@@ -85,7 +90,7 @@ def test_the_server_beside_the_engine_and_the_roofline(load):
     assert rows[1]["engine_step_vs_b1"] == 2.0
     assert rows[2]["engine_step_ms"] is None and rows[2]["itl_vs_engine_step"] is None  # a skipped row matches none
     old = [{"label": "bf16", "concurrency": 1, "itl_p50_ms": 2.5}]  # results written before `quant` was recorded
-    assert load.side_by_side(old, engine)[0]["engine_step_ms"] == 2.0
+    assert report.side_by_side(old, engine)[0]["engine_step_ms"] == 2.0
 
 
 def test_an_open_loop_level_against_a_stand_in_server(load, monkeypatch):
@@ -129,16 +134,19 @@ def test_a_closed_level_reads_the_servers_metrics_around_it(load, monkeypatch):
 
     real = httpx.AsyncClient
     monkeypatch.setattr(httpx, "AsyncClient", lambda **kw: real(transport=httpx.MockTransport(handler), **kw))
-    args = load.parse_args(["--url", "http://stand-in", "--model", "m", "--prompt-len", "4", "--max-tokens", "3",
-                            "--vocab", "100", "--duration-s", "0.2"])
-    args.headers = {}
-    row = asyncio.run(load.level(httpx, args, 2, random.Random(3)))
-    assert len(scrapes) == 2 and row["tokens"] == 3 * row["requests"] and row["failed"] == 0
-    assert row["server_step_ms"] == pytest.approx(2.0) and row["server_idle_ms"] == pytest.approx(1.0)
-    assert row["server_idle_frac"] == pytest.approx(1 / 3) and 0 <= row["client_cpu_frac"]
+    for procs in (1, 2):  # with 2, three clients in two forked processes (2 + 1)
+        scrapes.clear()
+        args = load.parse_args(["--url", "http://stand-in", "--model", "m", "--prompt-len", "4", "--max-tokens", "3",
+                                "--vocab", "100", "--duration-s", "0.3", "--procs", str(procs)])
+        args.headers = {}
+        row = asyncio.run(load.level(httpx, args, 3, random.Random(3)))
+        assert len(scrapes) == 2 and row["tokens"] == 3 * row["requests"] > 0 and row["failed"] == 0
+        assert row["server_step_ms"] == pytest.approx(2.0) and row["server_idle_ms"] == pytest.approx(1.0)
+        assert row["server_idle_frac"] == pytest.approx(1 / 3) and 0 < row["client_cpu_frac"]
+        assert row["wall_s"] >= 0.3 and row["itl_p50_ms"] is not None
 
 
-def test_the_text_parts_answer_and_counters_in_the_summary(load, tmp_path):
+def test_the_text_parts_answer_and_counters_in_the_summary(report, tmp_path):
     text = tmp_path / "text"
     text.mkdir()
     (text / "prompt.txt").write_text("The kernel\n")
@@ -146,7 +154,7 @@ def test_the_text_parts_answer_and_counters_in_the_summary(load, tmp_path):
     (text / "answer.json").write_text(json.dumps({"object": "text_completion", "usage": {"completion_tokens": 2},
                                                   "choices": [{"text": " boots", "finish_reason": "length"}]}))
     (text / "metrics.txt").write_text('# HELP x\nkiln_serve_running 0\nkiln_serve_ttft_seconds_bucket{le="0.1"} 1\n')
-    out = load.summary(tmp_path)
+    out = report.summary(tmp_path)
     assert "Prompt: 'The kernel'" in out and "/v1/completions (chat: no template, so text_completion)" in out
     assert "```\n boots\n```" in out and "kiln_serve_running 0" in out and "_bucket" not in out
     assert "Closed loop" not in out  # no load part run
