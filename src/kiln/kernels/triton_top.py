@@ -9,7 +9,8 @@ the largest b (from the top-k one up) whose tokens at or above it hold top_p of 
 mass. Each pass splits a row's interval of patterns into 16 and counts (or weighs) the tokens at
 or above the 15 inner candidates in one read of the row, spread over enough programs to fill the
 GPU; 8 passes pin a 31-bit pattern, so a row takes 8 passes for top-k and 8 for top-p, 17 launches
-in all. Ties at the threshold are kept whole.
+in all (a row with top_k 0 or top_p 1 reads nothing in that search's passes). Ties at the threshold
+are kept whole. A program sums its tiles lane by lane and across lanes once, at its end.
 
 Each pass writes its programs' partial sums; every program of the next pass adds up its row's
 partials in a fixed order (the same in each, so results do not depend on scheduling) and moves the
@@ -72,6 +73,8 @@ def _search(P, TopK, TopP, Part, Lo, Hi, Target, FromK, Out, V, rows, chunks, ch
         new_lo = tl.maximum(lo, tl.max(tl.where(ok & (j > 0), cands, lo), 0))
         hi = tl.minimum(hi, tl.min(tl.where(ok | (j == 0), hi, cands), 0))
         lo = new_lo
+        if step <= PASSES:  # top_k 0: every token, from pattern 0 (its passes summed nothing)
+            lo = tl.where(tl.load(TopK + b) <= 0, lo * 0, lo)
         from_k = lo
         if step > PASSES:
             from_k = tl.load(FromK + b)
@@ -87,17 +90,20 @@ def _search(P, TopK, TopP, Part, Lo, Hi, Target, FromK, Out, V, rows, chunks, ch
             tl.store(Target + step * rows + b, target)
             if step == PASSES:
                 tl.store(FromK + b, from_k)
-        cands = _candidates(lo, hi, j, WAYS)
+        cands = _candidates(lo, hi, j, WAYS).to(tl.int32)  # patterns are below 2^31
         weigh = step >= PASSES  # top-p: each token weighs its probability; top-k: 1
-        acc = tl.zeros([WAYS], dtype=tl.float32)
-        end = tl.minimum(c * chunk + chunk, V)
+        # a row with top_k 0 keeps every token and one with top_p 1 every top-k token: no search
+        skip = tl.where(weigh, tl.load(TopP + b) >= 1.0, tl.load(TopK + b) <= 0)
+        end = tl.where(skip, c * chunk, tl.minimum(c * chunk + chunk, V))
+        acc = tl.zeros([BLOCK_V, WAYS], dtype=tl.float32)  # summed over the tiles, then across lanes once
         for off in range(c * chunk, end, BLOCK_V):
             v = off + tl.arange(0, BLOCK_V)
             m = v < end
             p = tl.load(P + b * stride_p + v, mask=m, other=0.0)
-            bits = tl.where(m, p.to(tl.int32, bitcast=True), -1).to(tl.int64)
+            bits = tl.where(m, p.to(tl.int32, bitcast=True), -1)
             w = tl.where(weigh, p, tl.where(m, 1.0, 0.0))
-            acc += tl.sum(tl.where(bits[:, None] >= cands[None, :], w[:, None], 0.0), 0)
+            acc += tl.where(bits[:, None] >= cands[None, :], w[:, None], 0.0)
+        acc = tl.sum(acc, 0)
         tl.store(Part + ((step * rows + b) * chunks + c) * WAYS + j, acc)
 
 
