@@ -37,6 +37,7 @@ TARGET_PROGRAMS = 512
 """Programs per pass to aim for (rows x chunks of the vocabulary)."""
 BLOCK_V = 256
 """Tokens per tile; a tile's [BLOCK_V, 16] comparisons stay in registers."""
+NUM_WARPS = 4
 
 
 @triton.jit
@@ -96,13 +97,13 @@ def _search(P, TopK, TopP, Part, Lo, Hi, Target, FromK, Out, V, rows, chunks, ch
         skip = tl.where(weigh, tl.load(TopP + b) >= 1.0, tl.load(TopK + b) <= 0)
         end = tl.where(skip, c * chunk, tl.minimum(c * chunk + chunk, V))
         acc = tl.zeros([BLOCK_V, WAYS], dtype=tl.float32)  # summed over the tiles, then across lanes once
-        for off in range(c * chunk, end, BLOCK_V):
-            v = off + tl.arange(0, BLOCK_V)
+        for off in range(c * chunk, end, BLOCK_V):  # tokens loaded as [BLOCK_V, 1]: in the tile's own layout
+            v = off + tl.arange(0, BLOCK_V)[:, None]
             m = v < end
             p = tl.load(P + b * stride_p + v, mask=m, other=0.0)
             bits = tl.where(m, p.to(tl.int32, bitcast=True), -1)
             w = tl.where(weigh, p, tl.where(m, 1.0, 0.0))
-            acc += tl.where(bits[:, None] >= cands[None, :], w[:, None], 0.0)
+            acc += tl.where(bits >= cands[None, :], w, 0.0)
         acc = tl.sum(acc, 0)
         tl.store(Part + ((step * rows + b) * chunks + c) * WAYS + j, acc)
 
@@ -142,7 +143,7 @@ def keep_threshold(probs: Tensor, top_k: Tensor, top_p: Tensor) -> Tensor:
     args = (probs, top_k.contiguous(), top_p.to(torch.float32).contiguous(), part, lo, hi, target, from_k, out,
             vocab, rows, chunks, chunk, probs.stride(0))
     consts = {"WAYS": WAYS, "PASSES": PASSES, "TOP": TOP, "BLOCK_V": BLOCK_V,
-              "BLOCK_C": triton.next_power_of_2(chunks), "num_warps": 4}
+              "BLOCK_C": triton.next_power_of_2(chunks), "num_warps": NUM_WARPS}
     for step in range(2 * PASSES + 1):
         _kernel()[(rows, chunks if step < 2 * PASSES else 1)](*args, step, **consts)
     return out
