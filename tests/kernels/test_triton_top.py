@@ -25,9 +25,9 @@ def kept(probs, top_k, top_p):
 
 
 def test_chunking_fills_the_programs_with_whole_tiles():
-    assert tt.chunking(32, 128256) == (8192, 16)  # 512 programs of 32 tiles
-    assert tt.chunking(1, 128256) == (256, 501)  # one tile each: as many programs as tiles
-    assert tt.chunking(4, 100) == (256, 1)
+    assert tt.chunking(32, 128256) == (8192, 16)  # 512 programs of 16 tiles
+    assert tt.chunking(1, 128256) == (512, 251)  # one tile each: as many programs as tiles
+    assert tt.chunking(4, 100) == (512, 1)
 
 
 @interpreted
