@@ -117,6 +117,9 @@ OWN_CLOCKS = {
     "benchmarks/serve_load.py": "a load generator's client-side arrival time of each streamed token (what a client "
                                 "sees over HTTP; no device timing applies)",
     "benchmarks/int4_gemm_bench.py": "its --budget-s and progress lines",
+    "src/kiln/serve/rows.py": "each decode step's device time and the device's idle time before it, for the "
+                              "server's /metrics (CUDA events; what it reports under load, not a sample a "
+                              "comparison ranks)",
 }
 """Files that read a clock themselves, and what for: wall times of a whole phase, budgets and
 progress, never the samples a comparison ranks (those go through kiln.timing)."""
