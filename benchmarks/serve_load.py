@@ -38,6 +38,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from queue import Empty
 
 from kiln.bench.results import refuse_held_results, write_results
 from kiln.monitor.env import collect_env
@@ -176,10 +177,19 @@ async def level(httpx, args, c: int, rng: random.Random) -> dict:
                      for k in sizes]
             for proc in procs:
                 proc.start()
-            parts = [queue.get() for _ in procs]
+            try:  # a child that failed says so, one that hangs runs past its requests' timeout
+                parts = [queue.get(timeout=PROCS_START_S + args.duration_s + args.request_timeout_s + 30) for _ in procs]
+            except Empty:
+                parts = [("error", "no result within the level's time and its requests' timeout")]
             for proc in procs:
-                proc.join()
-            done, shares = [r for part, _ in parts for r in part], [busy for _, busy in parts]
+                proc.join(timeout=5)
+                if proc.is_alive():
+                    proc.terminate()
+            failed = [detail for status, detail in parts if status == "error"]
+            if failed:
+                raise RuntimeError(f"serve_load: a client process of the {c}-stream level failed: {failed[0]}")
+            done = [r for _, (part, _) in parts for r in part]
+            shares = [busy for _, (_, busy) in parts]
         wall = max(r["end"] for r in done) - start
         server = server_side(before, await scrape(client, args))
     return {"mode": "closed", "concurrency": c, **stats(done, wall), **server,
@@ -206,8 +216,12 @@ async def clients(httpx, args, c: int, rng: random.Random, start: float) -> tupl
 
 
 def _clients_process(httpx, args, c: int, seed: int, start: float, queue) -> None:
-    """A forked process's share of a closed level: `clients` on its own event loop, put on `queue`."""
-    queue.put(asyncio.run(clients(httpx, args, c, random.Random(seed), start)))
+    """A forked process's share of a closed level: `clients` on its own event loop, put on `queue`
+    as ("ok", result), or ("error", what failed)."""
+    try:
+        queue.put(("ok", asyncio.run(clients(httpx, args, c, random.Random(seed), start))))
+    except BaseException as exc:  # the parent waits for every child: tell it, whatever went wrong
+        queue.put(("error", f"{type(exc).__name__}: {exc}"))
 
 
 async def open_level(httpx, args, rate: float, rng: random.Random) -> dict:

@@ -146,6 +146,19 @@ def test_a_closed_level_reads_the_servers_metrics_around_it(load, monkeypatch):
         assert row["wall_s"] >= 0.3 and row["itl_p50_ms"] is not None
 
 
+def test_a_failed_client_process_fails_the_level_naming_it(load, monkeypatch):
+    async def broken(*_args):
+        raise ConnectionError("refused")
+
+    monkeypatch.setattr(load, "clients", broken)  # the forked children call it
+    monkeypatch.setattr(load, "scrape", lambda *_: asyncio.sleep(0, result={}))
+    monkeypatch.setattr(load, "one_request", lambda *_: asyncio.sleep(0, result={}))
+    args = load.parse_args(["--url", "http://stand-in", "--model", "m", "--duration-s", "0.1", "--procs", "2"])
+    args.headers = {}
+    with pytest.raises(RuntimeError, match="client process of the 2-stream level failed: ConnectionError: refused"):
+        asyncio.run(load.level(httpx, args, 2, random.Random(0)))
+
+
 def test_the_text_parts_answer_and_counters_in_the_summary(report, tmp_path):
     text = tmp_path / "text"
     text.mkdir()
