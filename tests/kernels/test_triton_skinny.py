@@ -75,7 +75,7 @@ def test_split_partials_are_all_added():
 def test_batched_decode_through_the_row_kernel(monkeypatch):
     """Three prompts, left-padded to different lengths: each decode step's dense projections go
     through the row kernel (made to take every shape) and equal the plain model's."""
-    monkeypatch.setattr(ts, "takes", lambda rows, n, k: True)
+    monkeypatch.setattr(ts, "takes", lambda rows, n, k, gpu="": True)
     calls = []
     real = torch.ops.kiln.skinny
     monkeypatch.setattr(torch.ops.kiln, "skinny", lambda *a, _r=real: calls.append(a[0].shape[0]) or _r(*a))
@@ -121,6 +121,33 @@ def test_table_and_rule():
     assert ts.default_setting(16, 128256, 3072, 132)[2] == 1
     assert ts.default_setting(16, 3072, 8192, 132)[2] == 8  # 48 blocks: the most splits
     assert ts.default_setting(16, 64, 512, 132)[2] == 2  # 512 / 2 splits = 2 tiles of 128: no more
+
+
+def test_gpu_tables_add_shapes_with_their_own_settings(monkeypatch):
+    """A GPU's table adds its shapes (each with its own measured setting) on that GPU only; its name
+    is matched as a word of the device's name, and read as a constant inside a compiled step."""
+    for name, (shapes, settings) in ts.GPU_TABLES.items():
+        assert shapes <= set(settings) and not shapes & ts.TAKEN
+        for tile, n, k in shapes:
+            assert ts.takes(tile, n, k, name) and not ts.takes(tile, n, k)
+            assert ts.table_setting(tile, n, k, name) == settings[(tile, n, k)]
+        for tile, n, k in ts.TAKEN:  # what every GPU takes stays taken
+            assert ts.takes(tile, n, k, name)
+    monkeypatch.setattr(ts, "GPU_TABLES", {"H200": (frozenset({(32, 3072, 3072)}), {(32, 3072, 3072): (8, 8, 1, 4, 1)})})
+    assert ts.table_setting(17, 3072, 3072, "H200") == (8, 8, 1, 4, 1)
+    assert ts.table_setting(17, 3072, 3072) == ts.SETTINGS[(32, 3072, 3072)]
+    assert ts.takes(17, 3072, 3072, "H200") and not ts.takes(17, 3072, 3072)
+    assert not ts.takes(33, 3072, 3072, "H200")  # a 64-row tile the GPU's table does not hold
+    names = {0: "NVIDIA H200", 1: "NVIDIA H100 80GB HBM3", 2: "NVIDIA H200 NVL", 3: "NVIDIA GH200 480GB"}
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i: names[i])
+    assert [ts.gpu_table_name(i) for i in range(4)] == ["H200", "", "H200", ""]
+    assert ts.device_table(torch.device("cpu")) == ""
+    assert ts.device_table(torch.device("cuda", 1)) == "" and ts.device_table(torch.device("cuda", 2)) == "H200"
+
+    def step(x):
+        return x + (1 if ts.takes(32, 3072, 3072, ts.gpu_table_name(0)) else 2)
+
+    assert torch.compile(step, fullgraph=True, backend="eager")(torch.zeros(2)).tolist() == [1.0, 1.0]
 
 
 def test_more_rows_than_the_kernel_takes_are_refused():

@@ -22,7 +22,10 @@ Launch settings come from a small table measured on an H100 (`SETTINGS`, keyed b
 N and K; the sweep's command is in the decode_rows results README), not from autotuning: warm-up
 tunes nothing and every process picks the same; shapes it does not hold take the rule
 `default_setting`. kiln.llm.decode_matvec takes the kernel only for the shapes in `TAKEN`, where
-it was measured faster than the model's own matmul; elsewhere that matmul runs. With programmatic
+it was measured faster than the model's own matmul; elsewhere that matmul runs. A GPU whose own
+sweep found more such shapes adds them with their settings (`GPU_TABLES`, by device name): the
+H200 reads faster than the H100 the table was measured on, and at 32 rows its wo and lm_head run
+faster through the kernel, where the H100's ran faster through cuBLAS at every setting swept. With programmatic
 dependent launch (Hopper) a program waits for the previous kernel before reading anything, then
 lets the next kernel be scheduled. Tests run the kernel on CPU through Triton's interpreter.
 """
@@ -120,6 +123,12 @@ TAKEN: frozenset[tuple[int, int, int]] = frozenset({
 # measured: end
 """The (row tile, N, K) where the kernel at its setting beat the model's own matmul (cuBLAS) at every
 row count measured in that tile; kiln.llm.decode_matvec takes the kernel for these shapes only."""
+GPU_TABLES: dict[str, tuple[frozenset[tuple[int, int, int]], dict[tuple[int, int, int], tuple[int, int, int, int, int]]]] = {
+    "H200": (frozenset({(32, 3072, 3072), (32, 128256, 3072)}),
+             {(32, 3072, 3072): (64, 128, 2, 4, 4), (32, 128256, 3072): (128, 64, 1, 4, 4)}),
+}
+"""GPU name (a word of torch.cuda.get_device_name) -> (shapes it takes besides TAKEN, their settings):
+the fastest of a sweep on that GPU where it beat cuBLAS alone, confirmed by the whole decode step."""
 INTERPRETED_SETTING = (16, 32, 1, 4, 1)
 
 
@@ -133,14 +142,35 @@ def default_setting(rows: int, n: int, k: int, sms: int) -> tuple[int, int, int,
     return bn, bk, split, 4, 4
 
 
-def table_setting(rows: int, n: int, k: int) -> tuple[int, int, int, int, int] | None:
-    """The measured setting for this shape, or None where the table holds none."""
-    return SETTINGS.get((block_m(rows), n, k)) if rows <= MAX_ROWS else None
+@torch._dynamo.assume_constant_result  # read once when a step is compiled, not traced into
+def gpu_table_name(index: int) -> str:
+    """The key of GPU_TABLES that CUDA device `index` is (a word of its name), or '' for none."""
+    words = torch.cuda.get_device_name(index).replace("-", " ").split()
+    return next((name for name in GPU_TABLES if name in words), "")
 
 
-def takes(rows: int, n: int, k: int) -> bool:
-    """Whether a decode step's projection of `rows` rows by an [n, k] weight takes this kernel (TAKEN)."""
-    return 2 <= rows <= MAX_ROWS and (block_m(rows), n, k) in TAKEN
+def device_table(device: torch.device) -> str:
+    """`gpu_table_name` of a CUDA `device`; '' elsewhere (CPU, the Triton interpreter)."""
+    if device.type != "cuda":
+        return ""
+    return gpu_table_name(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def table_setting(rows: int, n: int, k: int, gpu: str = "") -> tuple[int, int, int, int, int] | None:
+    """The measured setting for this shape (on GPU_TABLES' `gpu`, its own first), or None where no
+    table holds one."""
+    if rows > MAX_ROWS:
+        return None
+    key = (block_m(rows), n, k)
+    own = GPU_TABLES[gpu][1] if gpu else {}
+    return own.get(key, SETTINGS.get(key))
+
+
+def takes(rows: int, n: int, k: int, gpu: str = "") -> bool:
+    """Whether a decode step's projection of `rows` rows by an [n, k] weight takes this kernel:
+    TAKEN, and on GPU_TABLES' `gpu` its shapes too."""
+    key = (block_m(rows), n, k)
+    return 2 <= rows <= MAX_ROWS and (key in TAKEN or bool(gpu) and key in GPU_TABLES[gpu][0])
 
 
 def launch(x: Tensor, weight: Tensor, bias: Tensor | None, norm_weight: Tensor | None, eps: float, silu_mul: bool,
@@ -150,7 +180,7 @@ def launch(x: Tensor, weight: Tensor, bias: Tensor | None, norm_weight: Tensor |
     N, K = weight.shape
     if M > MAX_ROWS:
         raise ValueError(f"skinny: {M} rows, more than MAX_ROWS={MAX_ROWS}")
-    given = setting or (INTERPRETED_SETTING if interpreting() else table_setting(M, N, K))
+    given = setting or (INTERPRETED_SETTING if interpreting() else table_setting(M, N, K, device_table(x.device)))
     if given is None:
         given = default_setting(M, N, K, torch.cuda.get_device_properties(x.device).multi_processor_count)
     bn, bk, split, warps, stages = (*given, 4, 4)[:5]

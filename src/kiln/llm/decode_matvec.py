@@ -69,7 +69,7 @@ def _kernel_reads(layer: nn.Module, x: Tensor) -> str | None:
     """Which kiln op reads `layer`'s weight for input x, or None (the model's own matmul: a layout
     kiln's kernels do not read, dense weights at several rows, or more rows than they take)."""
     from kiln.kernels.triton_rows import MAX_ROWS
-    from kiln.kernels.triton_skinny import takes
+    from kiln.kernels.triton_skinny import device_table, takes
     from kiln.llm.int4_layout import Int4TritonLinear, int4_path  # Triton is optional
 
     rows = x.numel() // x.shape[-1]
@@ -78,7 +78,7 @@ def _kernel_reads(layer: nn.Module, x: Tensor) -> str | None:
     if type(layer) is nn.Linear and type(layer.weight) in (Tensor, nn.Parameter) and layer.weight.dtype == x.dtype:
         if rows < ROWS_KERNEL_FROM:  # a plain weight (torchao's subclasses keep nn.Linear)
             return "matvec"
-        return "skinny" if takes(rows, *layer.weight.shape) else None
+        return "skinny" if takes(rows, *layer.weight.shape, device_table(x.device)) else None
     if isinstance(layer, Int4TritonLinear):
         return "int4" if int4_path(rows) != "dequant" else None  # many rows: the layer's dequantized matmul
     return None
