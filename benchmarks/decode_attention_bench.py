@@ -87,7 +87,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     import kiln.kernels.triton_decode as td
 
-    default_target, default_balance, default_tma = td.TARGET_PROGRAMS, td.BALANCE, td.TMA  # kiln's own choice: defaults
+    # kiln's own choice: the module's defaults, read before the sweep changes them
+    default_target, default_balance, default_tma = td.TARGET_PROGRAMS, td.BALANCE, td.TMA
+    default_stages = td.LOOP_STAGES
 
     config = resolve_model(args.model).config
     B, S, H, Hkv, D = args.batch, args.slots, config.n_heads, config.n_kv_heads, config.head_dim
@@ -136,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
             qkv0 = torch.randn(B, 1, (H + 2 * Hkv) * D, device=dev, dtype=dtype, generator=gen)
 
             def run_auto(k, v, qkv=qkv0, inv_freq=attn_inv_freq(config, dev)):
-                td.BLOCK_S, td.TARGET_PROGRAMS, td.NUM_WARPS, td.LOOP_STAGES = None, default_target, None, None
+                td.BLOCK_S, td.TARGET_PROGRAMS, td.NUM_WARPS, td.LOOP_STAGES = None, default_target, None, default_stages
                 td.BALANCE, td.TMA = default_balance, default_tma
                 return td.triton_decode_rope(qkv, inv_freq, k, v, pad, pos, scale, None, H)
 
