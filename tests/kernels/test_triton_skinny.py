@@ -171,3 +171,38 @@ def test_taken_shapes_are_those_faster_at_every_row_count_of_their_tile():
         row("skinny", 8, [8, 32], 6.0), row("cublas", 8, [8, 32], 5.0)]
     assert [row_tile(r) for r in (2, 16, 17, 33, 64)] == [16, 16, 32, 64, 64]
     assert taken(results) == [(16, 64, 32)]  # 1 row is not a tile's; [8, 32] lost at 8 rows; 32 rows lost
+
+
+def test_a_gpu_table_takes_the_fastest_swept_setting_where_it_beats_cublas_at_every_row_count(tmp_path):
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    from skinny_table import gpu_entry, gpu_table, main
+
+    def row(variant, rows, shape, us):
+        return {"variant": variant, "rows": rows, "shape": shape, "us_per_call": us}
+
+    results = [row("cublas", r, [64, 32], 10.0) for r in (24, 32)] + [
+        row("skinny 64/128/2/4/4", 24, [64, 32], 9.0), row("skinny 64/128/2/4/4", 32, [64, 32], 9.9),
+        row("skinny 32/64/1/4/3", 24, [64, 32], 8.0), row("skinny 32/64/1/4/3", 32, [64, 32], 10.1),  # least sum, loses at 32
+        row("skinny 16/64/1/4/3", 24, [64, 32], 1.0),  # not timed at 32 rows: not a candidate
+        row("cublas", 16, [8, 32], 5.0), row("skinny 32/64/1/4/3", 16, [8, 32], 4.0),  # in TAKEN: left out
+        row("cublas", 16, [16, 32], 5.0), row("skinny 32/64/1/4/3", 16, [16, 32], 5.5)]  # slower: not taken
+    assert gpu_table(results, exclude={(16, 8, 32)}) == {}  # the least-sum setting lost at 32 rows
+    results[5]["us_per_call"] = 9.95  # now it wins at both row counts
+    table = gpu_table(results, exclude={(16, 8, 32)})
+    assert table == {(32, 64, 32): (32, 64, 1, 4, 3)}
+    entry = gpu_entry("H200", table)
+    assert eval("{" + entry + "}") == {"H200": (frozenset({(32, 64, 32)}), {(32, 64, 32): (32, 64, 1, 4, 3)})}
+    source = tmp_path / "table.py"
+    source.write_text('T = {\n    # measured (H200): begin (tool)\n    "H200": (frozenset(), {}),\n'
+                      '    # measured (H200): end\n}\n')
+    runs = tmp_path / "runs.json"
+    runs.write_text(__import__("json").dumps({"results": results}))
+    assert main([str(runs), "--gpu", "H200", "--write", str(source)]) == 0
+    written = {}
+    exec(source.read_text(), written)
+    both = {(16, 8, 32): (32, 64, 1, 4, 3), (32, 64, 32): (32, 64, 1, 4, 3)}  # main leaves out kiln's TAKEN only
+    assert written["T"] == {"H200": (frozenset(both), both)}
+    assert main([str(runs), "--gpu", "A100", "--write", str(source)]) == 2  # no block for that GPU

@@ -124,8 +124,10 @@ TAKEN: frozenset[tuple[int, int, int]] = frozenset({
 """The (row tile, N, K) where the kernel at its setting beat the model's own matmul (cuBLAS) at every
 row count measured in that tile; kiln.llm.decode_matvec takes the kernel for these shapes only."""
 GPU_TABLES: dict[str, tuple[frozenset[tuple[int, int, int]], dict[tuple[int, int, int], tuple[int, int, int, int, int]]]] = {
+    # measured (H200): begin (benchmarks/skinny_table.py --gpu H200 rewrites these lines from a rows_bench sweep)
     "H200": (frozenset({(32, 3072, 3072), (32, 128256, 3072)}),
              {(32, 3072, 3072): (64, 128, 2, 4, 4), (32, 128256, 3072): (128, 64, 1, 4, 4)}),
+    # measured (H200): end
 }
 """GPU name (a word of torch.cuda.get_device_name) -> (shapes it takes besides TAKEN, their settings):
 the fastest of a sweep on that GPU where it beat cuBLAS alone, confirmed by the whole decode step."""
