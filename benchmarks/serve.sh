@@ -73,12 +73,12 @@ port_free() {  # another server on the port would be measured instead of ours
   ! curl -s "http://127.0.0.1:$PORT/health" >/dev/null || { echo "serve.sh: port $PORT is in use (PORT=...)" >&2; return 1; }
 }
 
-wait_health() {  # pid, log, seconds: 0 once /health answers 200
-  local pid=$1 log=$2 cap=$3 t0=$(date +%s)
+wait_health() {  # pid, log, seconds[, what to do when they run out]: 0 once /health answers 200
+  local pid=$1 log=$2 cap=$3 hint=${4:-} t0=$(date +%s)
   until curl -sf "http://127.0.0.1:$PORT/health" >/dev/null; do
     sleep 1
     kill -0 "$pid" 2>/dev/null || { echo "serve.sh: kiln serve exited; see $log" >&2; tail -5 "$log"; return 1; }
-    [ $(( $(date +%s) - t0 )) -gt "$cap" ] && { echo "serve.sh: no /health after $cap s (warm-up: see $log)" >&2
+    [ $(( $(date +%s) - t0 )) -gt "$cap" ] && { echo "serve.sh: no /health after $cap s (warm-up: see $log)${hint:+; $hint}" >&2
       kill -TERM "$pid"; wait "$pid"; return 1; }
   done
   return 0
@@ -101,7 +101,8 @@ serve_part() {  # label, quant, extra kiln serve flags...
     --max-seq-len "$MAX_SEQ_LEN" "${WARM[@]}" --max-queue 64 --drain-s 5 "${DEV[@]}" "${EXTRA[@]}" "$@" \
     > "$R/$label.server.log" 2>&1 &
   local pid=$!
-  wait_health $pid "$R/$label.server.log" $(( cap - $(load_reserve) )) || return 1
+  wait_health $pid "$R/$label.server.log" $(( cap - $(load_reserve) )) \
+    "the part's $cap s less the load's $(load_reserve) s is what warm-up gets: raise PART_S (and BUDGET_S)" || return 1
   local rest=$(( cap - ($(date +%s) - t0) - 15 ))
   step "load_$label" timeout "$rest" python3 benchmarks/serve_load.py --url "http://127.0.0.1:$PORT" --label "$label" \
     --quant "$quant" --concurrency "$CONCURRENCY" --prompt-len "$PROMPT_LEN" --max-tokens "$MAX_TOKENS" \
