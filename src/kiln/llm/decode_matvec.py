@@ -65,6 +65,29 @@ kiln.kernels.triton_skinny's row kernel where its table holds the shape, else th
 matmul (cuBLAS) (int4 weights: kiln.llm.int4_layout.INT4_ROWS_FROM)."""
 
 
+NORM_KERNEL = True
+"""Where the model's own matmul reads a norm's output and kiln's kernel wrote that norm's input (the
+residual stream, at batch > 1: `after_kernel`), the norm runs as kiln.kernels.triton_rmsnorm's
+kernel, scheduled while the kernel before it ends, instead of inductor's, launched after it
+(measured in the norm_kernel results README); False: inductor's everywhere, for comparisons."""
+
+
+def _norm(norm: nn.Module, x: Tensor, after_kernel: bool) -> Tensor:
+    """`norm(x)` (kiln's RMSNorm), through kiln's norm kernel where `after_kernel` and NORM_KERNEL say so."""
+    if (after_kernel and NORM_KERNEL and (x.is_cuda or interpreting()) and not getattr(norm, "folded", False)
+            and norm.weight.dtype == x.dtype):
+        import kiln.kernels.triton_rmsnorm  # noqa: F401  (Triton is optional; registers kiln::rmsnorm_rows)
+
+        return torch.ops.kiln.rmsnorm_rows(x.reshape(-1, x.shape[-1]), norm.weight, norm.eps).view_as(x)
+    return norm(x)
+
+
+def kernel_writes(layer: nn.Module, x: Tensor) -> bool:
+    """Whether kiln's kernel computes `layer`'s output for an input of x's rows, dtype and device
+    (the input's width aside): so the kernel after it may be scheduled before it ends."""
+    return _kernel_reads(layer, x) is not None
+
+
 def _kernel_reads(layer: nn.Module, x: Tensor) -> str | None:
     """Which kiln op reads `layer`'s weight for input x, or None (the model's own matmul: a layout
     kiln's kernels do not read, dense weights at several rows, or more rows than they take)."""
@@ -85,13 +108,14 @@ def _kernel_reads(layer: nn.Module, x: Tensor) -> str | None:
 
 
 def fused_linear(layer: nn.Module, x: Tensor, *, norm: nn.Module | None = None, silu_mul: bool = False,
-                 residual: Tensor | None = None) -> Tensor:
+                 residual: Tensor | None = None, after_kernel: bool = False) -> Tensor:
     """residual + layer(f(x)) with f = `norm` (kiln's RMSNorm) or SwiGLU (`silu_mul`: the two halves
-    of x's last dim), in one launch of kiln's kernel where it reads the layer's weight."""
+    of x's last dim), in one launch of kiln's kernel where it reads the layer's weight. Where it does
+    not, `after_kernel` (x was written by kiln's kernel) runs the norm as kiln's norm kernel."""
     reads = _kernel_reads(layer, x)
     if reads is None:
         if norm is not None:
-            x = norm(x)
+            x = _norm(norm, x, after_kernel)
         if silu_mul:
             gate, up = x.chunk(2, dim=-1)
             x = F.silu(gate) * up
@@ -111,15 +135,17 @@ def fused_linear(layer: nn.Module, x: Tensor, *, norm: nn.Module | None = None, 
     return y.view(*x.shape[:-1], out)
 
 
-def fused_mlp(ffn: nn.Module, x: Tensor, norm: nn.Module, residual: Tensor) -> Tensor:
+def fused_mlp(ffn: nn.Module, x: Tensor, norm: nn.Module, residual: Tensor, *, after_kernel: bool = False) -> Tensor:
     """residual + w_down(silu(gate) * up) of `norm(x)`, gate and up from `ffn.w_gate_up`: two kernel
-    launches; with int4@triton's interleaved gate/up rows the first writes the SwiGLU itself."""
+    launches; with int4@triton's interleaved gate/up rows the first writes the SwiGLU itself.
+    `after_kernel` as `fused_linear`'s."""
     gate_up, down = ffn.w_gate_up, ffn.w_down
     if _kernel_reads(gate_up, x) == "int4" and gate_up.interleaved:
         rows = x.reshape(-1, x.shape[-1])
         act = _int4(gate_up, rows, norm, "none", True, None).view(*x.shape[:-1], gate_up.out_features // 2)
         return fused_linear(down, act, residual=residual)
-    return fused_linear(down, fused_linear(gate_up, x, norm=norm), silu_mul=True, residual=residual)
+    return fused_linear(down, fused_linear(gate_up, x, norm=norm, after_kernel=after_kernel), silu_mul=True,
+                        residual=residual)
 
 
 def _int4(layer: nn.Module, rows: Tensor, norm: nn.Module | None, prologue: str, swiglu: bool,

@@ -25,7 +25,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from kiln.llm.decode_attention import KERNELS, flash_decode, varlen_rows
-from kiln.llm.decode_matvec import CHOICES, fused_linear, fused_mlp
+from kiln.llm.decode_matvec import CHOICES, fused_linear, fused_mlp, kernel_writes
 from kiln.llm.families import takes_kernel
 from kiln.llm.model import Attention, AttentionInputs, Block, Decoder
 from kiln.llm.swap import swap_class, wrapped
@@ -72,17 +72,21 @@ class TritonRopeDecodeAttention(Attention):
 
 class FusedMatvecBlock(Block):
     """A decode step's layer as four launches of kiln's matrix-vector kernel around the attention:
-    RMSNorm + wqkv, wo + the residual add, RMSNorm + w_gate_up, SwiGLU + w_down + the residual add."""
+    RMSNorm + wqkv, wo + the residual add, RMSNorm + w_gate_up, SwiGLU + w_down + the residual add.
+    Where a projection is the model's own matmul, its norm's input is said to come from kiln's
+    kernel when the projection that wrote it is kiln's (x: the layer before's w_down, whose shape
+    this layer's shares; the first layer's x comes from the embedding, one norm of the step)."""
 
     _plain_class = Block
 
     def forward(self, x: Tensor, inputs: AttentionInputs, kv: tuple[Tensor, Tensor] | None) -> Tensor:
         if not inputs.decoding:
             return super().forward(x, inputs, kv)
-        attn = self.attn
-        y = attn.core(fused_linear(attn.wqkv, x, norm=self.attn_norm), inputs, kv)
+        attn, ffn = self.attn, self.ffn
+        y = attn.core(fused_linear(attn.wqkv, x, norm=self.attn_norm, after_kernel=kernel_writes(ffn.w_down, x)),
+                      inputs, kv)
         x = fused_linear(attn.wo, y, residual=x)
-        return fused_mlp(self.ffn, x, self.ffn_norm, x)
+        return fused_mlp(ffn, x, self.ffn_norm, x, after_kernel=kernel_writes(attn.wo, y))
 
 
 class FusedMatvecDecoder(Decoder):
@@ -93,7 +97,7 @@ class FusedMatvecDecoder(Decoder):
     def logits(self, x: Tensor, inputs: AttentionInputs) -> Tensor:
         if not inputs.decoding:
             return super().logits(x, inputs)
-        return fused_linear(self.lm_head, x, norm=self.norm)
+        return fused_linear(self.lm_head, x, norm=self.norm, after_kernel=kernel_writes(self.layers[-1].ffn.w_down, x))
 
 
 def _attention_class(kernel: str, attn: Attention) -> type[Attention] | None:
