@@ -1,8 +1,10 @@
 """kiln's fused RoPE + cache write + decode attention at batch B over 640 slots (pos 576), for ncu."""
 import sys
+
 import torch
-import kiln.kernels.triton_decode  # registers the op
+
 from kiln.kernels.triton_decode import launch_settings
+
 B = int(sys.argv[1])
 S, Hkv, H, D = 640, 8, 24, 128
 ck = torch.randn(B, S, Hkv, D, device="cuda", dtype=torch.bfloat16)

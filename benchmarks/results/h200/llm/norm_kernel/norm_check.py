@@ -1,7 +1,9 @@
 """GPU: kiln's rmsnorm_rows against kiln's RMSNorm in eager, bf16, 16 and 32 rows."""
 import torch
-from kiln.llm.model import RMSNorm
+
 from kiln.kernels.triton_rmsnorm import rmsnorm_rows
+from kiln.llm.model import RMSNorm
+
 torch.manual_seed(0)
 for rows in (2, 16, 32, 64):
     n = RMSNorm(3072, 1e-5).to("cuda", torch.bfloat16)
