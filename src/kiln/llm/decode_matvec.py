@@ -12,7 +12,8 @@ the norm, SwiGLU and residual add computed around it, which is what `inductor` d
 projection. At several rows (batch > 1, from `ROWS_KERNEL_FROM`) dense projections take
 kiln.kernels.triton_skinny's kernel (the same fused parts, each weight tile read once for all rows)
 for the shapes where it was measured faster than the model's own matmul, else that matmul
-with the same work around it; int4@triton ones take kiln.kernels.triton_rows' kernel (from
+with the same work around it (a norm whose input kiln's kernel wrote as kiln.kernels.triton_rmsnorm's
+kernel, NORM_KERNEL); int4@triton ones take kiln.kernels.triton_rows' kernel (from
 kiln.llm.int4_layout's INT4_ROWS_FROM).
 kiln.llm.kernels.use_decode_kernels swaps these calls into a model's decode steps.
 
