@@ -94,3 +94,7 @@ def test_one_row_and_the_setting_off_keep_their_own_norms(monkeypatch):
     assert not dm.kernel_writes(nn.Linear(64, 48), x) and dm.kernel_writes(nn.Linear(64, 64), x)
     one = torch.randn(1, 1, 64)
     assert dm.kernel_writes(nn.Linear(64, 48), one)  # one row: the one-row kernel reads every dense weight
+    monkeypatch.setattr(dm, "NORM_KERNEL", True)
+    torch.testing.assert_close(dm.fused_linear(layer, one, norm=norm, after_kernel=True), layer(norm(one)),
+                               rtol=1e-5, atol=1e-5)
+    assert calls == [4]  # the norm went into the one-row kernel

@@ -7,7 +7,7 @@ computes 1/rms in fp32 and writes norm_w * (h / rms(h)), rounded as kiln's RMSNo
 eager (the normalized row to the model dtype, then the product with the weight). Why: compiled,
 such a norm is a kernel of inductor's, launched only once the kernel before it has ended; on Hopper
 this one is scheduled while that kernel's last programs run (when that kernel is one of kiln's,
-which let their dependents launch), so its launch does not add to the step. Tests run it on CPU
+which let their dependents launch), so its launch overlaps that kernel's end. Tests run it on CPU
 through Triton's interpreter.
 """
 
