@@ -212,6 +212,17 @@ def test_chunking_fills_the_gpu_in_whole_blocks():
     assert per_chunk % 32 == 0 and per_chunk * chunks >= 100 > per_chunk * (chunks - 1)
 
 
+def test_early_launch_only_for_the_fused_op_and_several_chunks(monkeypatch):
+    """Programmatic dependent launch: the fused RoPE op of several chunks per row and head (batch 1:
+    many short programs), not one looping chunk (batch 16 of 8 key/value heads), nor plain attention."""
+    chunks = [td.launch_settings(batch, 8, 640)[2] for batch in (1, 16)]
+    assert chunks == [20, 1]
+    assert [td.early_launch(True, c) for c in chunks] == [True, False]
+    assert not td.early_launch(False, 20)
+    monkeypatch.setattr(td, "PDL_ONE_CHUNK", True)
+    assert td.early_launch(True, 1)
+
+
 def test_launch_settings_never_loop_with_two_warps():
     """One block per program where that fills the GPU (smallest block first, 2 warps); a program that
     loops over blocks gets 4 warps (with 2 its tiles spill: 20x slower at batch 16 on an H100)."""

@@ -27,9 +27,10 @@ kiln.llm.kernels swaps it in) takes the q/k/v projection's output instead: every
 the RoPE angles of its row's position, rotates its query heads and its head's new key, the
 program whose chunk holds the step's slot writes the new key and value into the cache, and the
 slot's scores use them directly. This replaces three inductor kernels per layer (RoPE of q, RoPE
-of k with its cache write, the value's cache write) and their launch gaps. It is launched with
-programmatic dependent launch (kiln.kernels.triton_launch.PDL), so with `--decode-matvec triton`
-every kernel of a layer is scheduled while the one before it ends; a program of one block reads
+of k with its cache write, the value's cache write) and their launch gaps. Where each row and head
+has several chunks it is launched with programmatic dependent launch (kiln.kernels.triton_launch.PDL;
+one looping chunk each is not, `PDL_ONE_CHUNK`), so with `--decode-matvec triton` every kernel of
+a layer is scheduled while the one before it ends; a program of one block reads
 it before it waits (only this kernel writes a layer's cache, and the step's own slot is taken
 from the projection instead), so the wait is followed by the query's read alone; a looping
 program pipelines its blocks after the wait (LOOP_STAGES). The op declares the caches it writes;
@@ -55,6 +56,10 @@ one per block of slots."""
 ONE_CHUNK_FROM = 128
 """Rows x key/value heads from which each takes one chunk (about one looping program per SM), written
 directly: at batch 16 with 8 key/value heads the step beat two chunks and their combine."""
+PDL_ONE_CHUNK = False
+"""Programmatic dependent launch also where each row and head is one chunk (looping programs, about
+one per SM). Off: launched while kiln's int4 row kernel still ran, those programs made the batch-16
+step slower than when they start on an idle GPU; many short chunks (batch 1) keep it."""
 BLOCK_S: int | None = None
 """Key slots per inner iteration (and the granularity of a chunk); None: `launch_settings` chooses.
 Set (with NUM_WARPS) by benchmarks/decode_attention_bench.py's sweep."""
@@ -330,6 +335,13 @@ def _descriptor(cache: Tensor, block: int):
     return TensorDescriptor.from_tensor(cache.view(B * S, Hkv * D), [block, D])
 
 
+def early_launch(rope: bool, chunks: int) -> bool:
+    """Whether a call is launched with programmatic dependent launch (where the GPU has it): the fused
+    op only, whose predecessor is kiln's PDL-aware projection, and one chunk per row and head only
+    with PDL_ONE_CHUNK."""
+    return rope and (chunks > 1 or PDL_ONE_CHUNK)
+
+
 def _launch(q: Tensor | None, qkv_rows: Tensor | None, inv_freq: Tensor | None, cache_k: Tensor, cache_v: Tensor,
             start: Tensor | None, pos: Tensor, scale: float, window: int, heads: int = 0) -> Tensor:
     """Runs the kernel on q [B, H, D], or on the projection's output `qkv_rows` [B, (heads + 2 Hkv) D]
@@ -348,7 +360,7 @@ def _launch(q: Tensor | None, qkv_rows: Tensor | None, inv_freq: Tensor | None, 
     group = H // Hkv
     rope = qkv_rows is not None
     src, stride_b, stride_h = (qkv_rows, qkv_rows.stride(0), D) if rope else (q, q.stride(0), q.stride(1))
-    pdl = rope and pdl_enabled(ref.device)  # the fused op only: its predecessor is kiln's PDL-aware matvec
+    pdl = early_launch(rope, chunks) and pdl_enabled(ref.device)
     stages = LOOP_STAGES if per_chunk > block and LOOP_STAGES else 0
     tma = stages > 0 and _tma_runs(cache_k, cache_v)
     k_desc, v_desc = (_descriptor(c, block) for c in (cache_k, cache_v)) if tma else (cache_k, cache_v)
