@@ -28,13 +28,12 @@ the RoPE angles of its row's position, rotates its query heads and its head's ne
 program whose chunk holds the step's slot writes the new key and value into the cache, and the
 slot's scores use them directly. This replaces three inductor kernels per layer (RoPE of q, RoPE
 of k with its cache write, the value's cache write) and their launch gaps. Where each row and head
-has several chunks it is launched with programmatic dependent launch
-(kiln.kernels.triton_launch.PDL; one looping chunk each is not, `PDL_ONE_CHUNK`, but still lets the
-next kernel start early), so with `--decode-matvec triton` every kernel of a layer is scheduled
-while the one before it ends; a program of one block reads it before it waits (only this kernel
-writes a layer's cache, and the step's own slot is taken from the projection instead), so the wait
-is followed by the query's read alone; a looping program pipelines its blocks after the wait
-(LOOP_STAGES). The op declares the caches it writes;
+has several chunks it is launched with programmatic dependent launch (kiln.kernels.triton_launch.PDL;
+one looping chunk each is not, `PDL_ONE_CHUNK`), so with `--decode-matvec triton` every kernel of
+a layer is scheduled while the one before it ends; a program of one block reads
+it before it waits (only this kernel writes a layer's cache, and the step's own slot is taken
+from the projection instead), so the wait is followed by the query's read alone; a looping
+program pipelines its blocks after the wait (LOOP_STAGES). The op declares the caches it writes;
 inductor calls it on them in place (tests/kernels/test_triton_decode.py checks that no copy is made).
 
 Tests run it on CPU through Triton's interpreter (TRITON_INTERPRET=1, fp32); the GPU check is
@@ -337,10 +336,9 @@ def _descriptor(cache: Tensor, block: int):
 
 
 def early_launch(rope: bool, chunks: int) -> bool:
-    """Whether a call is launched with programmatic dependent launch (where the GPU has it), so it
-    may be scheduled before its predecessor ends: the fused op only, whose predecessor is kiln's
-    PDL-aware projection, and one chunk per row and head only with PDL_ONE_CHUNK. The fused op lets
-    the kernel after it be scheduled early either way (its wait is a no-op when not launched so)."""
+    """Whether a call is launched with programmatic dependent launch (where the GPU has it): the fused
+    op only, whose predecessor is kiln's PDL-aware projection, and one chunk per row and head only
+    with PDL_ONE_CHUNK."""
     return rope and (chunks > 1 or PDL_ONE_CHUNK)
 
 
@@ -362,8 +360,7 @@ def _launch(q: Tensor | None, qkv_rows: Tensor | None, inv_freq: Tensor | None, 
     group = H // Hkv
     rope = qkv_rows is not None
     src, stride_b, stride_h = (qkv_rows, qkv_rows.stride(0), D) if rope else (q, q.stride(0), q.stride(1))
-    pdl = rope and pdl_enabled(ref.device)  # the kernel waits for its predecessor and lets its successor start
-    early = pdl and early_launch(rope, chunks)
+    pdl = early_launch(rope, chunks) and pdl_enabled(ref.device)
     stages = LOOP_STAGES if per_chunk > block and LOOP_STAGES else 0
     tma = stages > 0 and _tma_runs(cache_k, cache_v)
     k_desc, v_desc = (_descriptor(c, block) for c in (cache_k, cache_v)) if tma else (cache_k, cache_v)
@@ -377,7 +374,7 @@ def _launch(q: Tensor | None, qkv_rows: Tensor | None, inv_freq: Tensor | None, 
         G=group, BLOCK_G=max(16, triton.next_power_of_2(group)), D=D, BLOCK_D=triton.next_power_of_2(D),
         CHUNK=per_chunk, CHUNKS=chunks, BLOCK_C=triton.next_power_of_2(chunks), BLOCK=block, HAS_START=start is not None,
         ROPE=rope, PDL=pdl, STAGES=stages, BALANCE=BALANCE and per_chunk > block, TMA=tma, num_warps=warps,
-        num_stages=2, **({"launch_pdl": True} if early else {}))
+        num_stages=2, **({"launch_pdl": True} if pdl else {}))
     return y
 
 
