@@ -58,8 +58,7 @@ ONE_CHUNK_FROM = 128
 directly: at batch 16 with 8 key/value heads the step beat two chunks and their combine."""
 PDL_ONE_CHUNK = False
 """Programmatic dependent launch also where each row and head is one chunk (looping programs, about
-one per SM). Off: launched while kiln's int4 row kernel still ran, those programs made the batch-16
-step slower than when they start on an idle GPU; many short chunks (batch 1) keep it."""
+one per SM): off, as placed while int4's row kernel still ran they made the batch-16 step slower."""
 BLOCK_S: int | None = None
 """Key slots per inner iteration (and the granularity of a chunk); None: `launch_settings` chooses.
 Set (with NUM_WARPS) by benchmarks/decode_attention_bench.py's sweep."""
@@ -399,9 +398,10 @@ def decode_attention_rope(qkv: Tensor, inv_freq: Tensor, cache_k: Tensor, cache_
     """`decode_attention` from the q/k/v projection's output qkv [B, (heads + 2 Hkv) D] (one token
     per row): rotates q and the new key (RoPE, rotate_half, at position pos - pad[b] with the
     frequencies inv_freq [D / 2], fp32, angles computed in the kernel), writes the new key and value
-    into slot `pos` of cache_k/v and attends, in one launch; with programmatic dependent launch on
-    Hopper, so it and the projection after it start as the kernel before them ends. `pad` [B]:
-    each row's left padding (None: none). Returns [B, heads, D] in qkv's dtype."""
+    into slot `pos` of cache_k/v and attends, in one launch (with programmatic dependent launch on
+    Hopper as `early_launch` says). `pad` [B]: each row's left padding (None: none). Returns [B,
+    heads, D] in qkv's dtype. The angles are computed here, not passed: as inputs, inductor gives
+    every layer its own copy of cos and sin, one more kernel per layer before the attention."""
     if cache_k.stride(-1) != 1 or cache_v.stride(-1) != 1:
         raise ValueError("decode_attention_rope writes the caches in place: their last dim must be contiguous")
     qkv = qkv if qkv.stride(-1) == 1 else qkv.contiguous()
@@ -411,22 +411,3 @@ def decode_attention_rope(qkv: Tensor, inv_freq: Tensor, cache_k: Tensor, cache_
 @decode_attention_rope.register_fake
 def _(qkv, inv_freq, cache_k, cache_v, pad, pos, scale, window, heads):
     return qkv.new_empty(qkv.shape[0], heads, cache_k.shape[-1])
-
-
-def triton_decode(q: Tensor, cache_k: Tensor, cache_v: Tensor, start: Tensor | None, pos: Tensor, scale: float,
-                  window: int | None) -> Tensor:
-    """One decode step's attention: q [B, 1, H, D] -> [B, 1, H, D] in q's dtype."""
-    B, _, H, D = q.shape
-    return torch.ops.kiln.decode_attention(q.reshape(B, H, D), cache_k, cache_v, start, pos, scale,
-                                           window or 0).view(B, 1, H, D)
-
-
-def triton_decode_rope(qkv: Tensor, inv_freq: Tensor, cache_k: Tensor, cache_v: Tensor, pad: Tensor | None,
-                       pos: Tensor, scale: float, window: int | None, heads: int) -> Tensor:
-    """One decode step's RoPE, cache write and attention: qkv [B, 1, (H + 2 Hkv) D] -> [B, 1, H, D]
-    in qkv's dtype. The angles are computed in the kernel (from inv_freq, pos and pad), not passed:
-    as inputs, inductor gives every layer its own copy of cos and sin, one more kernel per layer
-    between the projection and the attention."""
-    B, D = qkv.shape[0], cache_k.shape[-1]
-    return torch.ops.kiln.decode_attention_rope(qkv.reshape(B, -1), inv_freq, cache_k, cache_v, pad, pos, scale,
-                                                window or 0, heads).view(B, 1, heads, D)

@@ -12,8 +12,8 @@ Attention (`attention`, chosen and checked by kiln.llm.decode_attention):
 - `flash`: FlashAttention-2's varlen forward on the cache as it is (`flash_decode`), on layers
   without a sliding window (windowed layers keep `matmul`);
 - `triton`: kiln's split-KV kernel (kiln.kernels.triton_decode); on layers without q/k norms it
-  also applies RoPE and writes the step's cache slot (`triton_decode_rope`), from the projection's
-  output, in one launch.
+  also applies RoPE and writes the step's cache slot (op `kiln::decode_attention_rope`), from the
+  projection's output, in one launch.
 Projections (`matvec`, chosen and checked by kiln.llm.decode_matvec):
 - `triton`: each layer's projections run through kiln's matrix-vector kernel with the RMSNorms,
   the SwiGLU and the residual adds fused in (`fused_linear`, `fused_mlp`), and so do the final
@@ -22,6 +22,7 @@ Projections (`matvec`, chosen and checked by kiln.llm.decode_matvec):
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 from kiln.llm.decode_attention import KERNELS, flash_decode, varlen_rows
@@ -48,9 +49,12 @@ class TritonDecodeAttention(Attention):
     _plain_class = Attention
 
     def decode_attention(self, q: Tensor, cache_k: Tensor, cache_v: Tensor, inputs: AttentionInputs) -> Tensor:
-        from kiln.kernels.triton_decode import triton_decode  # Triton is optional
+        import kiln.kernels.triton_decode  # noqa: F401  (registers kiln::decode_attention; Triton is optional)
 
-        return triton_decode(q, cache_k, cache_v, inputs.pad, inputs.slot, self.scale, self.window).transpose(1, 2)
+        B, _, H, D = q.shape  # one token per row
+        y = torch.ops.kiln.decode_attention(q.reshape(B, H, D), cache_k, cache_v, inputs.pad, inputs.slot, self.scale,
+                                            self.window or 0)
+        return y.view(B, 1, H, D).transpose(1, 2)
 
 
 class TritonRopeDecodeAttention(Attention):
@@ -62,11 +66,11 @@ class TritonRopeDecodeAttention(Attention):
     def core(self, qkv: Tensor, inputs: AttentionInputs, kv: tuple[Tensor, Tensor] | None) -> Tensor:
         if not inputs.decoding:
             return super().core(qkv, inputs, kv)
-        from kiln.kernels.triton_decode import triton_decode_rope  # Triton is optional
+        import kiln.kernels.triton_decode  # noqa: F401  (registers kiln::decode_attention_rope; Triton is optional)
 
-        B, T, _ = qkv.shape
-        y = triton_decode_rope(qkv, inputs.inv_freq, kv[0], kv[1], inputs.pad, inputs.slot, self.scale, self.window,
-                               self.n_heads)
+        B, T, _ = qkv.shape  # one token per row
+        y = torch.ops.kiln.decode_attention_rope(qkv.reshape(B, -1), inputs.inv_freq, kv[0], kv[1], inputs.pad,
+                                                 inputs.slot, self.scale, self.window or 0, self.n_heads)
         return y.reshape(B, T, self.n_heads * self.head_dim)
 
 
