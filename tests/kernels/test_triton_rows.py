@@ -53,6 +53,19 @@ def test_int4_rows_match_the_dequantized_math(out_f, in_f, group, rows, bias, pr
 
 
 @interpreted
+@pytest.mark.parametrize("group,rows,prologue,swiglu,residual", [
+    (128, 17, "rms", True, False),   # folded norm, SwiGLU epilogue, 2 row blocks
+    (256, 5, "rmsnorm", False, True),  # groups of 256: 32 word rows; unfolded norm, residual
+])
+def test_swap_loop_reading_its_inputs_once_matches(monkeypatch, group, rows, prologue, swiglu, residual):
+    """SWAP_X_ONCE cuts the eight nibble positions' input tiles from one read of the group's inputs:
+    the same products as reading each position's tile, against the dequantized math (and able to fail)."""
+    monkeypatch.setattr(tr, "SWAP_X_ONCE", True)
+    check_int4_op(torch.ops.kiln.int4_rows, 48, 512, group, rows, False, prologue, swiglu, residual, [32, 2],
+                  seed=rows)
+
+
+@interpreted
 @pytest.mark.parametrize("group", [64, 128])
 def test_16_bit_inputs_take_the_magic_number_path(group):
     """In fp16 (and bf16) the unpacked tile holds MAGIC + q (q in the mantissa's low bits); the product

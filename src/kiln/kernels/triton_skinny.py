@@ -38,9 +38,10 @@ import triton.language as tl
 from torch import Tensor
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from kiln.kernels.int4_groups import _rows_x
 from kiln.kernels.triton_launch import arrival_counters, interpreting, pdl_enabled
 from kiln.kernels.triton_matvec import _split_sum
-from kiln.kernels.triton_rows import _keep_squares, _rows_epilogue, _rows_x, _split_rstd, block_m
+from kiln.kernels.triton_rows import _keep_squares, _rows_epilogue, _split_rstd, block_m
 
 MAX_ROWS = 64
 """Rows (batch x tokens) the kernel takes: all of them in one row tile, so each weight tile is read once."""
