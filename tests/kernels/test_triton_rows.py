@@ -57,12 +57,15 @@ def test_int4_rows_match_the_dequantized_math(out_f, in_f, group, rows, bias, pr
     (128, 17, "rms", True, False),   # folded norm, SwiGLU epilogue, 2 row blocks
     (256, 5, "rmsnorm", False, True),  # groups of 256: 32 word rows; unfolded norm, residual
 ])
-def test_swap_loop_reading_its_inputs_once_matches(monkeypatch, group, rows, prologue, swiglu, residual):
-    """SWAP_X_ONCE cuts the eight nibble positions' input tiles from one read of the group's inputs:
-    the same products as reading each position's tile, against the dequantized math (and able to fail)."""
-    monkeypatch.setattr(tr, "SWAP_X_ONCE", True)
-    check_int4_op(torch.ops.kiln.int4_rows, 48, 512, group, rows, False, prologue, swiglu, residual, [32, 2],
-                  seed=rows)
+@pytest.mark.parametrize("x_once,scales_ahead", [(True, False), (False, True), (True, True)])
+def test_swap_loop_variants_match(monkeypatch, group, rows, prologue, swiglu, residual, x_once, scales_ahead):
+    """SWAP_X_ONCE cuts the eight nibble positions' input tiles from one read of the group's inputs,
+    SWAP_SCALES_AHEAD reads scales and offsets a group ahead (3 uneven splits: a split's last group
+    reads none ahead): the same products, against the dequantized math (and able to fail)."""
+    monkeypatch.setattr(tr, "SWAP_X_ONCE", x_once)
+    monkeypatch.setattr(tr, "SWAP_SCALES_AHEAD", scales_ahead)
+    check_int4_op(torch.ops.kiln.int4_rows, 48, 1024 if group == 128 else 512, group, rows, False, prologue, swiglu,
+                  residual, [32, 3], seed=rows)
 
 
 @interpreted

@@ -182,16 +182,28 @@ def _tile_loop(X, Q, Scale, Offset, NormW, g0, m, m_ok, n, n_ok, stride_xm, rstd
 @triton.jit
 def _swapped_loop(X, Q, Scale, Offset, NormW, g0, m, m_ok, n, n_ok, stride_xm, rstd, N, K: tl.constexpr,
                   GROUP: tl.constexpr, PROLOGUE: tl.constexpr, ASM: tl.constexpr, BLOCK_M: tl.constexpr,
-                  BLOCK_N: tl.constexpr, PER_SPLIT: tl.constexpr, MAGIC: tl.constexpr, X_ONCE: tl.constexpr):
+                  BLOCK_N: tl.constexpr, PER_SPLIT: tl.constexpr, MAGIC: tl.constexpr, X_ONCE: tl.constexpr,
+                  SCALES_AHEAD: tl.constexpr):
     """`_tile_loop`'s result through `_swapped_group` (groups of 128 inputs or more: a product's K
-    of 16 word rows at least), computed as [BLOCK_N, BLOCK_M] and transposed once at the end."""
+    of 16 word rows at least), computed as [BLOCK_N, BLOCK_M] and transposed once at the end.
+    SCALES_AHEAD: each group's scales and offsets are read one group ahead (Triton's pipeliner
+    leaves these loads, used after the products only, in the group they serve)."""
     squares = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    GROUPS: tl.constexpr = K // GROUP
+    scale_next = tl.load(Scale + g0 * N + n, mask=(g0 < GROUPS) & n_ok, other=0.0)
+    offset_next = tl.load(Offset + g0 * N + n, mask=(g0 < GROUPS) & n_ok, other=0.0)
     for i in tl.range(0, PER_SPLIT):
         g = g0 + i
-        g_ok = g < K // GROUP
-        scale = tl.load(Scale + g * N + n, mask=g_ok & n_ok, other=0.0).to(tl.float32)
-        offset = tl.load(Offset + g * N + n, mask=g_ok & n_ok, other=0.0).to(tl.float32)
+        g_ok = g < GROUPS
+        if SCALES_AHEAD:
+            scale, offset = scale_next.to(tl.float32), offset_next.to(tl.float32)
+            ahead = (g + 1 < GROUPS) & (i + 1 < PER_SPLIT)
+            scale_next = tl.load(Scale + (g + 1) * N + n, mask=ahead & n_ok, other=0.0)
+            offset_next = tl.load(Offset + (g + 1) * N + n, mask=ahead & n_ok, other=0.0)
+        else:
+            scale = tl.load(Scale + g * N + n, mask=g_ok & n_ok, other=0.0).to(tl.float32)
+            offset = tl.load(Offset + g * N + n, mask=g_ok & n_ok, other=0.0).to(tl.float32)
         part, xsum, sq = _swapped_group(X, Q, NormW, g, g_ok, m, m_ok, n, n_ok, stride_xm, rstd, N, K, GROUP,
                                         PROLOGUE, ASM, BLOCK_M, BLOCK_N, X_ONCE)
         squares += sq

@@ -111,7 +111,8 @@ def _int4_rows(X, Q, Scale, Offset, Y, NormW, Bias, Res, Part, Arrived, M, N, ep
                K: tl.constexpr, GROUP: tl.constexpr, PROLOGUE: tl.constexpr, SWIGLU: tl.constexpr,
                HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, PDL: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, PER_SPLIT: tl.constexpr,
-               PREFETCH: tl.constexpr, SWAP: tl.constexpr, ASM: tl.constexpr, X_ONCE: tl.constexpr):
+               PREFETCH: tl.constexpr, SWAP: tl.constexpr, ASM: tl.constexpr, X_ONCE: tl.constexpr,
+               SCALES_AHEAD: tl.constexpr):
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
     m_blocks = tl.cdiv(M, BLOCK_M)
@@ -132,7 +133,7 @@ def _int4_rows(X, Q, Scale, Offset, Y, NormW, Bias, Res, Part, Arrived, M, N, ep
     g0 = pid_k * PER_SPLIT
     if SWAP:
         acc, squares = _swapped_loop(X, Q, Scale, Offset, NormW, g0, m, m_ok, n, n_ok, stride_xm, rstd, N, K, GROUP,
-                                     PROLOGUE, ASM, BLOCK_M, BLOCK_N, PER_SPLIT, MAGIC, X_ONCE)
+                                     PROLOGUE, ASM, BLOCK_M, BLOCK_N, PER_SPLIT, MAGIC, X_ONCE, SCALES_AHEAD)
     else:
         acc, squares = _tile_loop(X, Q, Scale, Offset, NormW, g0, m, m_ok, n, n_ok, stride_xm, rstd, N, K, GROUP,
                                   PROLOGUE, BLOCK_M, BLOCK_N, PER_SPLIT, PREFETCH, MAGIC)
@@ -174,6 +175,8 @@ DECODE_PREFETCH = 0
 SWAP_X_ONCE = False
 """The SWAP loop reads each group's inputs once and cuts the eight nibble positions' tiles from them
 in registers, instead of reading each position's tile (a strided gather) before its product."""
+SWAP_SCALES_AHEAD = False
+"""The SWAP loop reads each group's scales and offsets one group ahead."""
 SWAP_FROM_GROUP = 128
 """Group sizes from which the weight is the products' first operand (`_swapped_loop`); smaller
 groups (and a setting's SWAP of 0) unpack into the second operand's tile (`_tile_loop`)."""
@@ -238,7 +241,8 @@ def int4_rows(x: Tensor, packed: Tensor, scale: Tensor, offset: Tensor, group_si
             x.stride(0), y.stride(0), res.stride(0) if res is not None else 0)
     flags = {"K": 8 * KW, "GROUP": group_size, "PROLOGUE": prologue, "SWIGLU": swiglu, "HAS_BIAS": bias is not None,
              "HAS_RES": res is not None, "PDL": pdl_enabled(x.device), "BLOCK_M": bm, "PREFETCH": bool(prefetch),
-             "SWAP": swap, "ASM": swap and x.dtype == torch.bfloat16 and not interpreting(), "X_ONCE": SWAP_X_ONCE}
+             "SWAP": swap, "ASM": swap and x.dtype == torch.bfloat16 and not interpreting(), "X_ONCE": SWAP_X_ONCE,
+             "SCALES_AHEAD": SWAP_SCALES_AHEAD}
     _run(args, flags, M, N, (bn, split, warps, stages))
     return y
 
