@@ -18,7 +18,7 @@ once per group and output, the MAGIC * sum x term removed with the offset's. Two
   with the inputs 8r + j. In bf16 two words' nibbles become two bf16 pairs in a prmt and two
   lop3s (inline PTX). The rows are the products' second operand; the result is transposed once.
   Each position's inputs are read as a strided tile of their own, or with SWAP_X_ONCE cut from one
-  read of the group's inputs (through Triton's pipeliner with the words; not yet measured on a GPU).
+  read of the group's inputs, which Triton's pipeliner then loads ahead with the words.
 - otherwise each group's words are unpacked into a [GROUP, BLOCK_N] tile, the second operand,
   which goes through shared memory on its way to the tensor cores: that round trip and the
   unpacking per value made this loop slower at 16 rows on every projection where both were measured.
