@@ -12,11 +12,13 @@ from kiln.profile.trace import (
     cpu_self_times,
     device_events,
     exposed_communication,
+    gpu_timeline,
     idle_gaps,
     kernel_table,
     kinds,
     load_trace,
 )
+from kiln.profile.window_tables import timeline_tables
 
 
 def k(name, ts, dur, cat="kernel", stream=7):
@@ -81,6 +83,9 @@ def test_kernel_table_shares():
     # the addmm overlaps the matmul from 40 to 50 us: that time is the matmul's, the addmm keeps 50-60
     assert excl == {"triton_p": 5, "nvjet_ts": 10, "triton_t": 5, "ncclDevK": 25, "Memcpy D": 2.5, "void at:": 7.5}
     assert sum(excl.values()) * 2 == 110  # the GPU's busy time over the two steps
+    early = {row["name"][:8]: row["early_us_median"] for row in top}
+    # only the addmm started (at 40 us) before the kernels before it had ended (the matmul, at 50 us)
+    assert early == {"triton_p": 0, "nvjet_ts": 0, "triton_t": 10, "ncclDevK": 0, "Memcpy D": 0, "void at:": 0}
 
 
 def test_cpu_self_times_subtract_nested_ops():
@@ -130,3 +135,12 @@ def test_summarise_gzipped_trace(tmp_path):
     cpu = summarise_trace(path, 2, "cpu")
     assert cpu["gpu"]["status"] == "n/a" and "CPU run" in cpu["gpu"]["reason"]
     assert cpu["cpu"]["top"][0]["name"] == "aten::mm"
+
+
+def test_timeline_tables_show_which_kernels_started_early():
+    summary = {"gpu": gpu_timeline(KERNELS, steps=2), "cpu": cpu_self_times([], steps=2)}
+    lines = timeline_tables(summary, "step", "")
+    header = next(line for line in lines if line.startswith("| kernel |"))
+    assert header.endswith("| exclusive us/step | started early, median us |")
+    addmm = next(line for line in lines if line.startswith("| `triton_tem_fused_addmm_1`"))
+    assert addmm.endswith("| 5.0 | 10.0 |")  # 5 us/step its own (10 over 2 steps), started 10 us early

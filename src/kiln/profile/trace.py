@@ -11,6 +11,7 @@ import bisect
 import gzip
 import json
 import re
+import statistics
 from collections import defaultdict
 from collections.abc import Iterable
 from pathlib import Path
@@ -165,15 +166,20 @@ def kernel_table(kernels: list[dict[str, Any]], steps: int, top: int = 15) -> tu
     Each row also has its exclusive time (`excl_us_per_step`): how far the GPU's timeline advanced
     while one of its events was the latest to end. Overlapping events (two streams, or a kernel
     launched early by programmatic dependent launch that waits for its predecessor) count their
-    shared time once, for the earlier; the exclusive times add up to the GPU's busy time."""
+    shared time once, for the earlier; the exclusive times add up to the GPU's busy time.
+    `early_us_median`: the median of how long before the timeline's end (the latest end of the
+    events before it) each call started, 0 for one that started after it: a kernel placed on the
+    GPU while the one before it still ran."""
     by_name: dict[str, list[float]] = defaultdict(list)
     by_kind: dict[str, float] = defaultdict(float)
     exclusive: dict[str, float] = defaultdict(float)
+    early: dict[str, list[float]] = defaultdict(list)
     total = 0.0
     end = None
     for e in sorted(kernels, key=lambda e: float(e["ts"])):
         start, dur = float(e["ts"]), float(e["dur"])
         exclusive[e["name"]] += max(0.0, start + dur - max(start, end if end is not None else start))
+        early[e["name"]].append(max(0.0, end - start) if end is not None else 0.0)
         end = start + dur if end is None else max(end, start + dur)
         by_name[e["name"]].append(dur)
         total += dur
@@ -181,7 +187,7 @@ def kernel_table(kernels: list[dict[str, Any]], steps: int, top: int = 15) -> tu
             by_kind[kind] += dur
     rows = sorted(({"name": n, "calls_per_step": len(d) / steps, "total_ms": sum(d) / 1e3,
                     "avg_us": sum(d) / len(d), "share": sum(d) / total if total else 0.0,
-                    "excl_us_per_step": exclusive[n] / steps}
+                    "excl_us_per_step": exclusive[n] / steps, "early_us_median": statistics.median(early[n])}
                    for n, d in by_name.items()), key=lambda r: -r["total_ms"])
     share = {k: {"ms_per_step": by_kind.get(k, 0.0) / 1e3 / steps, "share": by_kind.get(k, 0.0) / total if total else 0.0}
              for k in ("triton", "matmul", "attention", "communication", "memcpy", "memset", "other")}

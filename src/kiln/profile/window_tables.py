@@ -34,13 +34,14 @@ def timeline_tables(s: dict[str, Any], unit: str, busy_note: str) -> list[str]:
                   f"| GPU busy | {idle['busy_ms_per_step']:.3f} ms{busy_note} |",
                   f"| GPU idle between kernels | {idle['idle_ms_per_step']:.3f} ms ({100 * idle['idle_frac']:.1f}%) |",
                   f"| kernels | {gpu['kernels_per_step']:.0f} (median gap {idle['gap_us_median']:.1f} us) |", "",
-                  f"| kernel | calls/{unit} | avg us | share of kernel time | exclusive us/{unit} |",
-                  "|---|---|---|---|---|"]
+                  f"| kernel | calls/{unit} | avg us | share of kernel time | exclusive us/{unit} | started early, "
+                  "median us |", "|---|---|---|---|---|---|"]
         lines += [f"| `{_short(k['name'])}` | {k['calls_per_step']:.2f} | {k['avg_us']:.1f} | {100 * k['share']:.1f}% | "
-                  f"{k['excl_us_per_step']:.1f} |" for k in gpu["top_kernels"]]
+                  f"{k['excl_us_per_step']:.1f} | {k.get('early_us_median', 0.0):.1f} |" for k in gpu["top_kernels"]]
         lines += ["", "Exclusive: how far the GPU's timeline advanced while the kernel was the latest to end. A kernel "
                   "launched early (programmatic dependent launch) waits for its predecessor inside its own duration, "
-                  "so its avg us overstates it; the exclusive times add up to the busy time."]
+                  "so its avg us overstates it; the exclusive times add up to the busy time. Started early: how long "
+                  "before the kernels before it ended a call started (placed on the GPU while they still ran)."]
     else:
         lines += [f"GPU: n/a ({gpu['reason']}).", ""]
     lines += ["", f"| host op | calls/{unit} | self ms/{unit} |", "|---|---|---|"]
