@@ -71,10 +71,11 @@ def usage(compiled: Any) -> dict[str, int]:
 
 
 def decode_attention(td: Any, *, batch: int, slots: int, kv_heads: int, group: int, head_dim: int,
-                     stages: int | None, rope: bool, tma: bool = False, balance: bool = False) -> tuple[Any, tuple]:
+                     stages: int | None, rope: bool, tma: bool = False, balance: bool = False,
+                     pdl: bool | None = None) -> tuple[Any, tuple]:
     """kiln.kernels.triton_decode's kernel compiled as `_launch` would launch it for this shape and
-    the module's settings (LOOP_BLOCK, ...; `stages` sets LOOP_STAGES); returns (compiled,
-    launch_settings)."""
+    the module's settings (LOOP_BLOCK, ...; `stages` sets LOOP_STAGES; `pdl` the PDL constant, by
+    default `rope`); returns (compiled, launch_settings)."""
     import triton
 
     td.LOOP_STAGES = stages
@@ -86,7 +87,8 @@ def decode_attention(td: Any, *, batch: int, slots: int, kv_heads: int, group: i
     looping = per_chunk > block
     constexprs = dict(G=group, BLOCK_G=max(16, triton.next_power_of_2(group)), D=head_dim,
                       BLOCK_D=triton.next_power_of_2(head_dim), CHUNK=per_chunk, CHUNKS=chunks,
-                      BLOCK_C=triton.next_power_of_2(chunks), BLOCK=block, HAS_START=True, ROPE=rope, PDL=rope,
+                      BLOCK_C=triton.next_power_of_2(chunks), BLOCK=block, HAS_START=True, ROPE=rope,
+                      PDL=rope if pdl is None else pdl,
                       STAGES=(stages or 0) if looping else 0, BALANCE=balance and looping, TMA=tma and looping)
     aligned = tuple(POINTERS) + tuple(n for n in ints if n.startswith("stride") or n == "slots")
     return compile_sm90(kernel, types, constexprs, warps, aligned), (block, per_chunk, chunks, warps)

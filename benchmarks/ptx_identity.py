@@ -5,8 +5,9 @@ own (PYTHONPATH=TREE/src), and its PTX instruction stream is hashed with the deb
 information and comments removed. A change that moves kernel code between modules, or adds a
 setting whose default path is unchanged, shows every kernel `same`: its default launches cannot
 have changed speed. A kernel argument one tree lacks is left out of its compile; the row kernel's
-module settings are read from each tree. What is compared is the kernels' code: the choices made
-at launch (grids, launch attributes, which kernel a shape takes) are not.
+module settings and the attention's PDL constant (`early_launch`, where a tree has it) are read
+from each tree. What is compared is the kernels' code: the other choices made at launch (grids,
+launch attributes, which kernel a shape takes) are not.
 
 The kernels: int4@triton's row kernel at 16 rows (both loops) and kiln's bf16 row kernel at 16 rows
 on the Llama-3.2-3B projections, int4's one-row kernel on the same projections at its first
@@ -91,8 +92,11 @@ def dump(only: str | None) -> dict[str, str]:
                                                    ("X", "W", "Y", "Part"), s["stages"]))
     if not only:
         for batch in (1, 16):
+            chunks = td.launch_settings(batch, 8, 640)[2]
+            early = getattr(td, "early_launch", None)  # the tree's rule for the PDL constant, where it has one
             compiled, _ = kr.decode_attention(td, batch=batch, slots=640, kv_heads=8, group=3, head_dim=128,
-                                              stages=td.LOOP_STAGES, rope=True)
+                                              stages=td.LOOP_STAGES, rope=True,
+                                              pdl=early(True, chunks) if early is not None else True)
             out[f"decode attention batch {batch}"] = digest(compiled.asm["ptx"])
     return out
 
