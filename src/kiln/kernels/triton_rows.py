@@ -170,8 +170,9 @@ def _sms(device: torch.device) -> int:
 DECODE_BLOCK_N = 128
 DECODE_BLOCK_M = 16
 DECODE_STAGES = 3
+DECODE_WARPS = 4
 DECODE_PREFETCH = 0
-"""The rule's decode setting (BLOCK_N, BLOCK_M, Triton pipeliner stages, no register prefetch)."""
+"""The rule's decode setting (BLOCK_N, BLOCK_M, Triton pipeliner stages, warps, no register prefetch)."""
 SWAP_X_ONCE = False
 """The SWAP loop reads each group's inputs once and cuts the eight nibble positions' tiles from them
 in registers, instead of reading each position's tile (a strided gather) before its product."""
@@ -194,7 +195,7 @@ def choose_setting(rows: int, n: int, k: int, group: int, sms: int) -> tuple[int
     split = 1
     while blocks * split < 2 * sms and split < min(MAX_SPLIT, k // group):
         split *= 2
-    return DECODE_BLOCK_N, split, 4, DECODE_STAGES, row_block(rows), DECODE_PREFETCH, swap
+    return DECODE_BLOCK_N, split, DECODE_WARPS, DECODE_STAGES, row_block(rows), DECODE_PREFETCH, swap
 
 
 def _run(args: tuple, flags: dict, M: int, N: int, setting: tuple) -> None:
