@@ -37,7 +37,7 @@ def timeline_tables(s: dict[str, Any], unit: str, busy_note: str) -> list[str]:
                   f"| kernel | calls/{unit} | avg us | share of kernel time | exclusive us/{unit} | started early, "
                   "median us |", "|---|---|---|---|---|---|"]
         lines += [f"| `{_short(k['name'])}` | {k['calls_per_step']:.2f} | {k['avg_us']:.1f} | {100 * k['share']:.1f}% | "
-                  f"{k['excl_us_per_step']:.1f} | {k.get('early_us_median', 0.0):.1f} |" for k in gpu["top_kernels"]]
+                  f"{k['excl_us_per_step']:.1f} | {_early(k)} |" for k in gpu["top_kernels"]]
         lines += ["", "Exclusive: how far the GPU's timeline advanced while the kernel was the latest to end. A kernel "
                   "launched early (programmatic dependent launch) waits for its predecessor inside its own duration, "
                   "so its avg us overstates it; the exclusive times add up to the busy time. Started early: how long "
@@ -50,6 +50,11 @@ def timeline_tables(s: dict[str, Any], unit: str, busy_note: str) -> list[str]:
     if s.get("trace"):
         lines += ["", f"Trace: `{s['trace']}` beside this file (open in https://ui.perfetto.dev)."]
     return lines
+
+
+def _early(kernel: dict[str, Any]) -> str:
+    """Its median start before the kernels before it ended; `-` in a summary written before kiln measured it."""
+    return f"{kernel['early_us_median']:.1f}" if "early_us_median" in kernel else "-"
 
 
 def _short(name: str, width: int = 80) -> str:
