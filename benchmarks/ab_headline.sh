@@ -11,8 +11,9 @@
 #              recipe (bf16-master, compile model+loss, Triton cross-entropy and SwiGLU), AdamW at
 #              kiln bench train-llm's lr 1e-4 (random weights spike at higher rates): summary.json's
 #              median ms/step (~60 s cold)
-#   decode_3b  kiln bench llm, Llama-3.2-3B shape, batch 1, kiln-compiled at quant none and int4@triton
-#              (DECODE_QUANT), prompt 512, 128 new tokens, eager prefill: decode tok/s (~95 s cold)
+#   decode_3b  kiln bench llm, Llama-3.2-3B shape, batch 1 (DECODE_BATCH, e.g. 1,16: a figure per batch),
+#              kiln-compiled at quant none and int4@triton (DECODE_QUANT), prompt 512, 128 new tokens, eager
+#              prefill: decode tok/s (~95 s cold at batch 1)
 #   mlp        kiln bench compile, seed MLP b128 fp32, regional default compile + whole-step capture:
 #              ms/step (~25 s)
 #   vit        kiln bench compile, ViT-B/16 b64 bf16-true, default compile + whole-step capture: ms/step (~45 s)
@@ -29,7 +30,7 @@
 set -uo pipefail
 AB_A=${AB_A:-.ab/base/src} AB_B=${AB_B:-src}
 CASES=${CASES:-train_1b,decode_3b,mlp,vit} ROUNDS=${ROUNDS:-2} BUDGET_S=${BUDGET_S:-480} TOL_PCT=${TOL_PCT:-2}
-DECODE_QUANT=${DECODE_QUANT:-none,int4@triton}
+DECODE_QUANT=${DECODE_QUANT:-none,int4@triton} DECODE_BATCH=${DECODE_BATCH:-1}
 VALID="train_1b decode_3b mlp vit"
 for c in ${CASES//,/ }; do
   [[ " $VALID " == *" $c "* ]] || { echo "ab_headline.sh: unknown case '$c' (${VALID// /, })" >&2; exit 2; }
@@ -75,7 +76,7 @@ fi
 case_cmd() {  # case_cmd CASE DIR: the case's command into CMD, writing into DIR
   case $1 in
     train_1b) CMD=(python3 -m kiln train --run-dir "$2" "${TRAIN[@]}" checkpoint.save_final=false metrics.console=false) ;;
-    decode_3b) CMD=(python3 -m kiln bench llm "${DEV[@]}" "${DECODE[@]}" --batch 1 --quant "$DECODE_QUANT" --out "$2") ;;
+    decode_3b) CMD=(python3 -m kiln bench llm "${DEV[@]}" "${DECODE[@]}" --batch "$DECODE_BATCH" --quant "$DECODE_QUANT" --out "$2") ;;
     mlp) CMD=(python3 -m kiln bench compile "${DEV[@]}" --preset seed000-levels --precisions fp32 --modes default
               --regional on --accuracy-steps 0 "${MLP[@]}" --out "$2") ;;
     vit) CMD=(python3 -m kiln bench compile "${DEV[@]}" --preset seed001-vit --precisions bf16-true --losses task
@@ -135,7 +136,7 @@ for r in $(seq 1 "$ROUNDS"); do
     one "$c" "$first" "$r"; one "$c" "$second" "$r"
   done
 done
-SUMMARY=(python3 benchmarks/ab_summary.py "$W" --out "$W/summary" --decode-quant "$DECODE_QUANT" --tol-pct "$TOL_PCT"
+SUMMARY=(python3 benchmarks/ab_summary.py "$W" --out "$W/summary" --decode-quant "$DECODE_QUANT" --decode-batch "$DECODE_BATCH" --tol-pct "$TOL_PCT"
          --a-label "${AB_A_LABEL:-A}" --b-label "${AB_B_LABEL:-B}" --a-commit "${AB_A_COMMIT:-unknown}"
          --b-commit "${AB_B_COMMIT:-unknown}" --a-tree "$AB_A" --b-tree "$AB_B")
 if [ "${AB_DRY:-0}" = 1 ]; then echo "summary: ${SUMMARY[*]}"; exit 0; fi

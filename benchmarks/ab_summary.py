@@ -1,12 +1,13 @@
 """The figures of benchmarks/ab_headline.sh's runs, tree A against tree B: median, spread, B/A, verdict.
 
-    python benchmarks/ab_summary.py OUT/ab --out OUT/ab/summary [--decode-quant none,int4@triton] [--tol-pct 2]
+    python benchmarks/ab_summary.py OUT/ab --out OUT/ab/summary [--decode-quant none,int4@triton] [--decode-batch 1]
+        [--tol-pct 2]
         [--a-label before --b-label after --a-commit SHA --b-commit SHA --a-tree .ab/base/src --b-tree src]
 
 Reads RUNS_DIR/runs.tsv (one line per scheduled run: case, tree a|b, round, ok|failed|skipped,
 seconds, output dir under RUNS_DIR, note) and each started run's own file: `kiln train`'s summary.json (median
-ms/step), `kiln bench llm`'s results.json (decode tok/s of each kiln row at batch 1, one figure per
-quantization) and `kiln bench compile`'s results.json (ms/step of the kiln row that is not eager).
+ms/step), `kiln bench llm`'s results.json (decode tok/s of each kiln row, one figure per quantization
+and batch size) and `kiln bench compile`'s results.json (ms/step of the kiln row that is not eager).
 A figure's value per tree is the median over that tree's runs, its spread (max - min) / median;
 B/A is the ratio of the medians, and a figure is `worse` when B is worse than A by more than the
 tolerance in its own direction (ms/step up, tok/s down), `missing` when a tree has no run of it.
@@ -39,11 +40,17 @@ class Figure:
     better: Literal["lower", "higher"]
 
 
-def figures(decode_quant: list[str]) -> list[Figure]:
+def decode_key(quant: str, batch: int) -> str:
+    """A decode figure's key: `decode_3b_QUANT_tok_s` at batch 1 (as before batches were added), else
+    `decode_3b_QUANT_bBATCH_tok_s`."""
+    return f"decode_3b_{quant}_tok_s" if batch == 1 else f"decode_3b_{quant}_b{batch}_tok_s"
+
+
+def figures(decode_quant: list[str], decode_batch: tuple[int, ...] = (1,)) -> list[Figure]:
     """Every figure the cases give, in the script's case order."""
     return [Figure("train_1b_step_ms", "train_1b", "1B LLM training step (kiln train, bf16-master)", "ms/step", "lower"),
-            *(Figure(f"decode_3b_{q}_tok_s", "decode_3b", f"3B decode, batch 1, {'bf16' if q == 'none' else q}",
-                     "tok/s", "higher") for q in decode_quant),
+            *(Figure(decode_key(q, b), "decode_3b", f"3B decode, batch {b}, {'bf16' if q == 'none' else q}",
+                     "tok/s", "higher") for b in decode_batch for q in decode_quant),
             Figure("mlp_step_ms", "mlp", "seed MLP b128 fp32, regional + capture", "ms/step", "lower"),
             Figure("vit_step_ms", "vit", "ViT-B/16 b64 bf16-true, compile + capture", "ms/step", "lower")]
 
@@ -75,9 +82,8 @@ def run_figures(case: str, out: Path) -> dict[str, float]:
     rows = (_json(out / "results.json") or {}).get("results", [])
     ok = [r for r in rows if r.get("status") == "ok"]
     if case == "decode_3b":
-        return {f"decode_3b_{r['quant']}_tok_s": float(r["decode_tok_s"]) for r in ok
-                if str(r.get("engine", "")).startswith("kiln") and r.get("batch", 1) == 1
-                and r.get("decode_tok_s") is not None}
+        return {decode_key(r["quant"], int(r.get("batch", 1))): float(r["decode_tok_s"]) for r in ok
+                if str(r.get("engine", "")).startswith("kiln") and r.get("decode_tok_s") is not None}
     compiled = [r for r in ok if r.get("runner") == "kiln" and r.get("mode") != "eager" and r.get("step_ms")]
     return {f"{case}_step_ms": float(compiled[0]["step_ms"])} if len(compiled) == 1 else {}
 
@@ -100,7 +106,8 @@ def compare(fig: Figure, a: list[float], b: list[float], tol: float) -> dict[str
             "verdict": "worse" if round(worse, 9) > tol else "ok"}  # exactly the tolerance is not worse
 
 
-def summarise(runs_dir: Path, runs: list[dict[str, Any]], decode_quant: list[str], tol: float) -> list[dict[str, Any]]:
+def summarise(runs_dir: Path, runs: list[dict[str, Any]], decode_quant: list[str], tol: float,
+              decode_batch: tuple[int, ...] = (1,)) -> list[dict[str, Any]]:
     """One row per figure of the cases that were scheduled."""
     samples: dict[tuple[str, str], list[float]] = {}
     for run in runs:  # a run that failed late (its cap, say) keeps the rows it finished: each has its own status
@@ -109,7 +116,7 @@ def summarise(runs_dir: Path, runs: list[dict[str, Any]], decode_quant: list[str
                 samples.setdefault((key, run["tree"]), []).append(value)
     scheduled = {run["case"] for run in runs}
     return [compare(f, samples.get((f.key, "a"), []), samples.get((f.key, "b"), []), tol)
-            for f in figures(decode_quant) if f.case in scheduled]
+            for f in figures(decode_quant, decode_batch) if f.case in scheduled]
 
 
 def notes(runs: list[dict[str, Any]], labels: dict[str, str]) -> str:
@@ -125,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("runs_dir", type=Path)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--decode-quant", default="none,int4@triton")
+    p.add_argument("--decode-batch", default="1", help="batch sizes of the decode case, comma-separated")
     p.add_argument("--tol-pct", type=float, default=2.0)
     for tree in TREES:
         p.add_argument(f"--{tree}-label", default=tree.upper())
@@ -134,9 +142,13 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     runs = read_runs(args.runs_dir)
     quant = [q for q in args.decode_quant.split(",") if q]
-    rows = summarise(args.runs_dir, runs, quant, args.tol_pct / 100.0)
+    try:
+        batches = tuple(int(b) for b in args.decode_batch.split(",") if b)
+    except ValueError:
+        p.error(f"--decode-batch: {args.decode_batch!r} is not a comma-separated list of batch sizes (e.g. 1,16)")
+    rows = summarise(args.runs_dir, runs, quant, args.tol_pct / 100.0, batches)
     labels = {t: f"{getattr(args, f'{t}_label')} ({getattr(args, f'{t}_commit')})" for t in TREES}
-    config = {"tol_pct": args.tol_pct, "decode_quant": quant,
+    config = {"tol_pct": args.tol_pct, "decode_quant": quant, "decode_batch": list(batches),
               **{f"{t}": {"label": getattr(args, f"{t}_label"), "commit": getattr(args, f"{t}_commit"),
                           "tree": getattr(args, f"{t}_tree")} for t in TREES},
               "runs": runs}

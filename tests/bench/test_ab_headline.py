@@ -156,3 +156,26 @@ def test_dry_run_takes_cases_and_rounds_and_refuses_unknown_cases_and_missing_tr
     assert bad.returncode == 2 and "unknown case 'resnet'" in bad.stderr
     missing = _dry(AB_DRY="0", AB_A="/nonexistent/src")
     assert missing.returncode == 2 and "/nonexistent/src/kiln is missing" in missing.stderr
+
+
+def test_decode_batches_each_give_a_figure(tmp_path, monkeypatch):
+    """DECODE_BATCH=1,16: the bench runs both batch sizes and the summary compares each, batch 1 under
+    its old key; a batch not asked for is not compared."""
+    summary = load_script("ab_summary")
+    monkeypatch.setattr(summary, "collect_env", lambda: {"torch": "x"})
+    ab = tmp_path / "ab"
+    for tree, tok_s in (("a", (500.0, 6000.0, 9000.0)), ("b", (495.0, 6400.0, 9100.0))):
+        _write(ab / "decode_3b" / f"{tree}1", {"results": [
+            {"engine": "kiln-compiled", "quant": "none", "batch": b, "status": "ok", "decode_tok_s": t}
+            for b, t in zip((1, 16, 32), tok_s)]})
+    (ab / "runs.tsv").write_text("decode_3b\ta\t1\tok\t90\tdecode_3b/a1\t\ndecode_3b\tb\t1\tok\t90\tdecode_3b/b1\t\n")
+    assert summary.main([str(ab), "--out", str(tmp_path / "out"), "--decode-quant", "none",
+                         "--decode-batch", "1,16"]) == 0
+    rows = {r["figure"]: r for r in json.loads((tmp_path / "out" / "results.json").read_text())["results"]}
+    assert list(rows) == ["decode_3b_none_tok_s", "decode_3b_none_b16_tok_s"]
+    assert rows["decode_3b_none_b16_tok_s"]["ratio_b_a"] == pytest.approx(6400 / 6000)
+    assert rows["decode_3b_none_b16_tok_s"]["title"] == "3B decode, batch 16, bf16"
+    assert rows["decode_3b_none_tok_s"]["ratio_b_a"] == pytest.approx(0.99)
+    done = _dry(DECODE_BATCH="1,16")
+    assert done.returncode == 0, done.stderr
+    assert "--batch 1,16 --quant none,int4@triton" in done.stdout and "--decode-batch 1,16" in done.stdout
