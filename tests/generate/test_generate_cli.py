@@ -80,7 +80,7 @@ def test_stop_token_ends_the_row(model_dir, capsys):
     (["--tokens", "1", "--top-p", "0"], ["--top-p"]),
     (["--tokens", "1", "--tokenizer", "nowhere"], ["--tokenizer", "nowhere"]),
     (["--tokens", "1", "--dtype", "int8"], ["--dtype"]),
-    (["--tokens", "1", "--quant", "int2"], ["--quant", "unknown quantization", "nf4"]),
+    (["--tokens", "1", "--quant", "int2"], ["--quant", "unknown quantization", "nf4", "int4@triton", "gemlite"]),
     (["--tokens", "1", "--quant", "int4"], ["--quant", "needs CUDA", "--quant-backend torch"]),
     (["--tokens", "1", "--quant", "int4@torch", "--group-size", "64"], ["--group-size", "does not divide"]),
     (["--tokens", "1", "--quant", "int8", "--quant-backend", "tensorrt"], ["--quant-backend", "torchao"]),

@@ -206,7 +206,8 @@ def check_quant(spec: QuantSpec, config: DecoderConfig, device: torch.device | s
     key = {**FLAGS, **(keys or {})}
     device = torch.device(device)
     if spec.kind not in QUANT_KINDS:
-        raise ConfigError(key["quant"], f"unknown quantization {spec.kind!r}", QUANT_KINDS)
+        raise ConfigError(key["quant"], f"unknown quantization {spec.kind!r}; a kind may name its backend, e.g. "
+                          f"int4@triton (backends: {', '.join(BACKENDS)})", QUANT_KINDS)
     if spec.backend not in BACKENDS:
         raise ConfigError(key["backend"], f"unknown backend {spec.backend!r}", BACKENDS)
     if spec.kind == "none":
