@@ -143,6 +143,27 @@ def test_budget_stops_new_checks_and_keeps_what_was_found(tmp_path, capsys, monk
     assert "stopped at its --budget of 1 min" in err
 
 
+def test_a_large_model_measured_on_a_cpu_says_it_takes_minutes(tmp_path, capsys, monkeypatch):
+    """From CPU_SLOW_PARAMS parameters, measuring on a CPU without --budget says so before the first
+    check, naming --budget and --no-measure; with --budget (or --no-measure) it does not."""
+    from kiln.advise import advise_run, static
+
+    def stop(*args, **kwargs):
+        raise KeyboardInterrupt  # no need to run the checks: the notice comes before them
+
+    monkeypatch.setattr(static, "check_graph_breaks", stop)
+    monkeypatch.setattr(advise_run, "CPU_SLOW_PARAMS", 1)
+    _advise(tmp_path, "aligned", measure=True)
+    err = capsys.readouterr().err
+    assert "parameters on a CPU: each measured check runs the model, minutes each; --budget MIN" in err
+    assert "--no-measure" in err
+    _advise(tmp_path, "aligned", "--budget", "5", measure=True)
+    assert "parameters on a CPU" not in capsys.readouterr().err
+    monkeypatch.setattr(advise_run, "CPU_SLOW_PARAMS", 10**12)
+    _advise(tmp_path, "aligned", measure=True)
+    assert "parameters on a CPU" not in capsys.readouterr().err
+
+
 def test_a_budget_not_above_zero_is_refused(tmp_path, bad_input):
     bad_input(["advise", "--json", str(tmp_path / "a.json"), "--no-measure", f"{PLANTED}:aligned", *CPU,
                "--budget", "0"], ["--budget", "> 0"])

@@ -36,6 +36,8 @@ def _compute_dtype(policy) -> torch.dtype:
 
 INTERRUPTED = "interrupted (Ctrl-C)"
 OVER_BUDGET = "over the --budget"
+CPU_SLOW_PARAMS = 20_000_000
+"""Parameters from which measuring on a CPU says up front that it takes minutes (without --budget)."""
 
 
 def _stopped(stop: dict[str, Any]) -> str | None:
@@ -92,6 +94,10 @@ def advise(cfg: Config, *, measure: bool = True, say: Callable[[str], None] | No
     module = apply_precision(built.module.to(device), policy)
     if policy.param_dtype != torch.float32:
         inputs = tuple(x.to(policy.param_dtype) if x.is_floating_point() else x for x in inputs)
+    num_params = sum(p.numel() for p in module.parameters())
+    if measure and budget_min is None and device.type == "cpu" and num_params >= CPU_SLOW_PARAMS:
+        say(f"{num_params / 1e6:.0f}M parameters on a CPU: each measured check runs the model, minutes each; "
+            "--budget MIN starts no check after MIN minutes, --no-measure runs the static checks only")
     findings: list[Finding] = []
     stop: dict[str, Any] = {"interrupted": False, "over_budget": False,
                             "deadline": started + 60 * budget_min if budget_min is not None else None}
@@ -104,7 +110,6 @@ def advise(cfg: Config, *, measure: bool = True, say: Callable[[str], None] | No
         gemms: list = []
         _guard(findings, "graph_breaks", "graph breaks (torch.compile)", lambda: static.check_graph_breaks(
             explain_target(Target(cfg.model.name, module, [inputs], "config"), vary=[], device=str(device)), cfg), say, stop)
-        num_params = sum(p.numel() for p in module.parameters())
         param_bytes = torch.finfo(policy.param_dtype).bits // 8
         _guard(findings, "strategy", "DDP vs FSDP fit",
                lambda: static.check_strategy(cfg, num_params, param_bytes, device), say, stop)
