@@ -66,19 +66,14 @@ def dump(only: str | None) -> dict[str, str]:
         return hashlib.sha256(instructions(ptx).encode()).hexdigest()[:16]
 
     out = {}
-    int4_aligned = ("X", "Q", "Scale", "Offset", "Y", "NormW", "Bias", "Res", "Part", "Arrived")
     for name, (n, k, prologue, swiglu, residual) in kr.INT4_3B.items():
         if only and name != only:
             continue
         for swap in (False, True):
-            bn, split, warps, stages, bm, prefetch, _ = tr.choose_setting(16, n, k, 128, 132)
-            constexprs = dict(K=k, GROUP=128, PROLOGUE=tr.PROLOGUES[prologue], SWIGLU=swiglu, HAS_BIAS=False,
-                              HAS_RES=residual, PDL=True, BLOCK_M=bm, BLOCK_N=bn, SPLIT=split,
-                              PER_SPLIT=-(-(k // 128) // split), PREFETCH=bool(prefetch), SWAP=swap, ASM=swap,
-                              X_ONCE=getattr(tr, "SWAP_X_ONCE", False),
-                              SCALES_AHEAD=getattr(tr, "SWAP_SCALES_AHEAD", False))
-            out[f"int4 rows {name} swap={int(swap)}"] = digest(_compile(
-                kr, tr._KERNEL.fn, {**kr.INT4_TYPES, "M": "i32"}, constexprs, warps, int4_aligned, stages))
+            out[f"int4 rows {name} swap={int(swap)}"] = digest(kr.int4_rows(
+                tr, n=n, k=k, group=128, prologue=prologue, swiglu=swiglu, residual=residual, rows=16, swap=swap,
+                x_once=getattr(tr, "SWAP_X_ONCE", False), scales_ahead=getattr(tr, "SWAP_SCALES_AHEAD", False),
+                known_only=True).asm["ptx"])
         out[f"int4 one-row {name}"] = digest(kr.int4_matvec(ti, n=n, k=k, group=128, prologue=prologue, swiglu=swiglu,
                                                              residual=residual, setting=ti.SETTINGS[0]).asm["ptx"])
         types = {"X": "*bf16", "W": "*bf16", "Y": "*bf16", "NormW": "*bf16", "Bias": "*bf16", "Res": "*bf16",
