@@ -31,7 +31,7 @@ def test_same_kernels_read_same_and_a_changed_default_does_not(tmp_path):
     changed = tmp_path / "changed"
     shutil.copytree(ROOT / "src", changed / "src", ignore=shutil.ignore_patterns("__pycache__"))
     rows = changed / "src" / "kiln" / "kernels" / "triton_rows.py"
-    rows.write_text(rows.read_text().replace("SWAP_X_ONCE = False", "SWAP_X_ONCE = True", 1))
+    rows.write_text(rows.read_text().replace("SWAP_X_ONCE = True", "SWAP_X_ONCE = False", 1))
     ptx_id = load_script("ptx_identity")
     assert ptx_id.main(["--base", str(ROOT), "--out", str(tmp_path / "same"), "--only", "wo"]) == 0
     same = {r["kernel"]: r["same"] for r in json.loads((tmp_path / "same" / "results.json").read_text())["results"]}

@@ -17,8 +17,9 @@ once per group and output, the MAGIC * sum x term removed with the offset's. Two
   layout and unpacked there, one product per nibble position j over the word rows (K = group/8)
   with the inputs 8r + j. In bf16 two words' nibbles become two bf16 pairs in a prmt and two
   lop3s (inline PTX). The rows are the products' second operand; the result is transposed once.
-  Each position's inputs are read as a strided tile of their own, or with SWAP_X_ONCE cut from one
-  read of the group's inputs, which Triton's pipeliner then loads ahead with the words.
+  The group's inputs are read once and each position's tile cut from them in registers
+  (SWAP_X_ONCE), which lets Triton's pipeliner load them ahead with the words; the scales and
+  offsets are read one group ahead (SWAP_SCALES_AHEAD).
 - otherwise each group's words are unpacked into a [GROUP, BLOCK_N] tile, the second operand,
   which goes through shared memory on its way to the tensor cores: that round trip and the
   unpacking per value made this loop slower at 16 rows on every projection where both were measured.
@@ -173,11 +174,13 @@ DECODE_STAGES = 3
 DECODE_WARPS = 4
 DECODE_PREFETCH = 0
 """The rule's decode setting (BLOCK_N, BLOCK_M, Triton pipeliner stages, warps, no register prefetch)."""
-SWAP_X_ONCE = False
+SWAP_X_ONCE = True
 """The SWAP loop reads each group's inputs once and cuts the eight nibble positions' tiles from them
-in registers, instead of reading each position's tile (a strided gather) before its product."""
-SWAP_SCALES_AHEAD = False
-"""The SWAP loop reads each group's scales and offsets one group ahead."""
+in registers; False reads each position's tile (a strided gather) before its product."""
+SWAP_SCALES_AHEAD = True
+"""The SWAP loop reads each group's scales and offsets one group ahead; False, in the group they serve."""
+PROGRAMS_PER_SM = 2
+"""Decode products are split along K until they give every SM this many programs (MAX_SPLIT at most)."""
 SWAP_FROM_GROUP = 128
 """Group sizes from which the weight is the products' first operand (`_swapped_loop`); smaller
 groups (and a setting's SWAP of 0) unpack into the second operand's tile (`_tile_loop`)."""
@@ -187,13 +190,13 @@ def choose_setting(rows: int, n: int, k: int, group: int, sms: int) -> tuple[int
     """(BLOCK_N, SPLIT, warps, stages, BLOCK_M, PREFETCH, SWAP) for a product of `rows` rows by an [n, k]
     weight, by rule instead of autotuning (no tuning at warm-up, the same choice in every process):
     above MAX_ROWS rows (prefill) 128 x 128 tiles, 8 warps, no splits; else DECODE_BLOCK_N-wide
-    blocks of `row_block` rows, and the fewest splits of K that give every SM two programs."""
+    blocks of `row_block` rows, and the fewest splits of K that give every SM PROGRAMS_PER_SM programs."""
     swap = int(group >= SWAP_FROM_GROUP)
     if rows > MAX_ROWS:
         return 128, 1, 8, 3, PREFILL_BLOCK_M, 0, swap
     blocks = -(-rows // row_block(rows)) * -(-n // DECODE_BLOCK_N)
     split = 1
-    while blocks * split < 2 * sms and split < min(MAX_SPLIT, k // group):
+    while blocks * split < PROGRAMS_PER_SM * sms and split < min(MAX_SPLIT, k // group):
         split *= 2
     return DECODE_BLOCK_N, split, DECODE_WARPS, DECODE_STAGES, row_block(rows), DECODE_PREFETCH, swap
 
