@@ -209,3 +209,63 @@ def _swapped_loop(X, Q, Scale, Offset, NormW, g0, m, m_ok, n, n_ok, stride_xm, r
         squares += sq
         acc += part * scale[:, None] + xsum[None, :] * (offset - MAGIC * scale)[:, None]
     return tl.trans(acc), squares
+
+
+@triton.jit
+def _dequantized(mq, scale, offset, dtype: tl.constexpr, ASM: tl.constexpr, MAGIC: tl.constexpr):
+    """MAGIC + q in `dtype` (`_nibble_pair`'s) -> q * scale + offset in `dtype`, rounded once, as
+    kiln.llm.int4_layout.dequantize_t. ASM (bf16 on a GPU): two values per fma.rn.bf16x2, after an
+    exact one that removes MAGIC; else in fp32."""
+    if ASM:
+        return tl.inline_asm_elementwise(
+            asm="{ .reg .b32 one, neg, q; mov.b32 one, 0x3F803F80; mov.b32 neg, 0xC300C300; "
+                "fma.rn.bf16x2 q, $1, one, neg; fma.rn.bf16x2 $0, q, $2, $3; }",
+            constraints="=r,r,r,r", args=[mq, scale, offset], dtype=tl.bfloat16, is_pure=True, pack=2)
+    return ((mq.to(tl.float32) - MAGIC) * scale.to(tl.float32) + offset.to(tl.float32)).to(dtype)
+
+
+@triton.jit
+def _dequant_loop(X, Q, Scale, Offset, NormW, g0, m, m_ok, n, n_ok, stride_xm, rstd, N, K: tl.constexpr,
+                  GROUP: tl.constexpr, PROLOGUE: tl.constexpr, ASM: tl.constexpr, BLOCK_M: tl.constexpr,
+                  BLOCK_N: tl.constexpr, PER_SPLIT: tl.constexpr, MAGIC: tl.constexpr):
+    """`_swapped_loop`'s result with each group's weights dequantized in the registers the tensor
+    cores read them from (`_dequantized`): the products of every group accumulate in one
+    accumulator, without the inputs' sums per group (the offset's term) or a partial product
+    scaled per group. Scales and offsets are read as tiles of the words' shape (each output's value
+    down its word rows), in the group they serve: Triton's pipeliner then loads them ahead with the
+    words, and they stay in the operand's registers (read a group ahead by hand, the products' first
+    operand went through shared memory). A folded norm's squares are kept per input and summed once
+    after the loop."""
+    R: tl.constexpr = GROUP // 8
+    r = tl.arange(0, R)
+    dtype = X.dtype.element_ty
+    prologue: tl.constexpr = PROLOGUE if PROLOGUE != 3 else 0
+    GROUPS: tl.constexpr = K // GROUP
+    at = n[:, None] + 0 * r[None, :]  # [BLOCK_N, R]: the words' shape, each output's value down its row
+    at_ok = n_ok[:, None] & (r < R)[None, :]
+    squares = tl.zeros([BLOCK_M, GROUP], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    for i in tl.range(0, PER_SPLIT):
+        g = g0 + i
+        g_ok = g < GROUPS
+        scale = tl.load(Scale + g * N + at, mask=g_ok & at_ok, other=0.0).to(dtype)
+        offset = tl.load(Offset + g * N + at, mask=g_ok & at_ok, other=0.0).to(dtype)
+        words = tl.load(Q + (g * R + r)[None, :] * N + n[:, None], mask=g_ok & n_ok[:, None], other=0)  # [BN, R]
+        xg = _rows_x(X, NormW, m, m_ok & g_ok, g * GROUP + tl.arange(0, GROUP), stride_xm, rstd, K, prologue)
+        if PROLOGUE == 3:
+            xf = xg.to(tl.float32)
+            squares += xf * xf
+        x0, x1, x2, x3, x4, x5, x6, x7 = _by_nibble(xg, R, BLOCK_M)
+        lo, hi = _nibble_pair(words, 0, dtype, ASM)
+        acc = tl.dot(_dequantized(lo, scale, offset, dtype, ASM, MAGIC), x0, acc)
+        acc = tl.dot(_dequantized(hi, scale, offset, dtype, ASM, MAGIC), x1, acc)
+        lo, hi = _nibble_pair(words, 1, dtype, ASM)
+        acc = tl.dot(_dequantized(lo, scale, offset, dtype, ASM, MAGIC), x2, acc)
+        acc = tl.dot(_dequantized(hi, scale, offset, dtype, ASM, MAGIC), x3, acc)
+        lo, hi = _nibble_pair(words, 2, dtype, ASM)
+        acc = tl.dot(_dequantized(lo, scale, offset, dtype, ASM, MAGIC), x4, acc)
+        acc = tl.dot(_dequantized(hi, scale, offset, dtype, ASM, MAGIC), x5, acc)
+        lo, hi = _nibble_pair(words, 3, dtype, ASM)
+        acc = tl.dot(_dequantized(lo, scale, offset, dtype, ASM, MAGIC), x6, acc)
+        acc = tl.dot(_dequantized(hi, scale, offset, dtype, ASM, MAGIC), x7, acc)
+    return tl.trans(acc), tl.sum(squares, 1)
