@@ -129,8 +129,7 @@ def int4_matvec(ti: Any, *, n: int, k: int, group: int, prologue: str, swiglu: b
 
 
 def int4_rows(tr: Any, *, n: int, k: int, group: int, prologue: str, swiglu: bool, residual: bool, rows: int,
-              swap: bool, x_once: bool = False, scales_ahead: bool = False, dequant: bool = False,
-              known_only: bool = False) -> Any:
+              swap: bool, x_once: bool = False, scales_ahead: bool = False, known_only: bool = False) -> Any:
     """kiln.kernels.triton_rows' kernel compiled for this projection at `rows` rows with the setting
     its rule picks, the SWAP loop (bf16's inline PTX unpacking) or the unpacked tile's. `known_only`:
     constants the kernel does not take are left out (an older tree's kernel, before a setting)."""
@@ -138,7 +137,7 @@ def int4_rows(tr: Any, *, n: int, k: int, group: int, prologue: str, swiglu: boo
     constexprs = dict(K=k, GROUP=group, PROLOGUE=tr.PROLOGUES[prologue], SWIGLU=swiglu, HAS_BIAS=False,
                       HAS_RES=residual, PDL=True, BLOCK_M=bm, BLOCK_N=bn, SPLIT=split,
                       PER_SPLIT=-(-(k // group) // split), PREFETCH=bool(prefetch), SWAP=swap, ASM=swap,
-                      X_ONCE=x_once, SCALES_AHEAD=scales_ahead, DEQUANT=dequant)
+                      X_ONCE=x_once, SCALES_AHEAD=scales_ahead)
     if known_only:
         constexprs = {name: value for name, value in constexprs.items() if name in tr._KERNEL.fn.arg_names}
     aligned = tuple(name for name in INT4_TYPES if name != "eps")

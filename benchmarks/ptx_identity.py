@@ -73,7 +73,7 @@ def dump(only: str | None) -> dict[str, str]:
             out[f"int4 rows {name} swap={int(swap)}"] = digest(kr.int4_rows(
                 tr, n=n, k=k, group=128, prologue=prologue, swiglu=swiglu, residual=residual, rows=16, swap=swap,
                 x_once=getattr(tr, "SWAP_X_ONCE", False), scales_ahead=getattr(tr, "SWAP_SCALES_AHEAD", False),
-                dequant=getattr(tr, "SWAP_DEQUANT", False), known_only=True).asm["ptx"])
+                known_only=True).asm["ptx"])
         out[f"int4 one-row {name}"] = digest(kr.int4_matvec(ti, n=n, k=k, group=128, prologue=prologue, swiglu=swiglu,
                                                              residual=residual, setting=ti.SETTINGS[0]).asm["ptx"])
         types = {"X": "*bf16", "W": "*bf16", "Y": "*bf16", "NormW": "*bf16", "Bias": "*bf16", "Res": "*bf16",

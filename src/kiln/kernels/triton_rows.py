@@ -46,7 +46,7 @@ import triton.language as tl
 from torch import Tensor
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from kiln.kernels.int4_groups import _dequant_loop, _swapped_loop, _tile_loop
+from kiln.kernels.int4_groups import _swapped_loop, _tile_loop
 from kiln.kernels.triton_int4 import PROLOGUES
 from kiln.kernels.triton_launch import arrival_counters, interpreting, pdl_enabled
 from kiln.kernels.triton_matvec import _split_sum
@@ -113,7 +113,7 @@ def _int4_rows(X, Q, Scale, Offset, Y, NormW, Bias, Res, Part, Arrived, M, N, ep
                HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, PDL: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, PER_SPLIT: tl.constexpr,
                PREFETCH: tl.constexpr, SWAP: tl.constexpr, ASM: tl.constexpr, X_ONCE: tl.constexpr,
-               SCALES_AHEAD: tl.constexpr, DEQUANT: tl.constexpr):
+               SCALES_AHEAD: tl.constexpr):
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
     m_blocks = tl.cdiv(M, BLOCK_M)
@@ -132,10 +132,7 @@ def _int4_rows(X, Q, Scale, Offset, Y, NormW, Bias, Res, Part, Arrived, M, N, ep
     if PROLOGUE == 1:  # an unfolded norm scales x before its product: the whole row's rms first
         rstd = _rows_rstd(X, m, m_ok, stride_xm, eps, K, BLOCK_M, 128)
     g0 = pid_k * PER_SPLIT
-    if SWAP and DEQUANT:
-        acc, squares = _dequant_loop(X, Q, Scale, Offset, NormW, g0, m, m_ok, n, n_ok, stride_xm, rstd, N, K, GROUP,
-                                     PROLOGUE, ASM, BLOCK_M, BLOCK_N, PER_SPLIT, MAGIC)
-    elif SWAP:
+    if SWAP:
         acc, squares = _swapped_loop(X, Q, Scale, Offset, NormW, g0, m, m_ok, n, n_ok, stride_xm, rstd, N, K, GROUP,
                                      PROLOGUE, ASM, BLOCK_M, BLOCK_N, PER_SPLIT, MAGIC, X_ONCE, SCALES_AHEAD)
     else:
@@ -182,9 +179,6 @@ SWAP_X_ONCE = True
 in registers; False reads each position's tile (a strided gather) before its product."""
 SWAP_SCALES_AHEAD = True
 """The SWAP loop reads each group's scales and offsets one group ahead; False, in the group they serve."""
-SWAP_DEQUANT = False
-"""The SWAP loop dequantizes each group's weights in registers and accumulates every group's products
-in one accumulator (`_dequant_loop`: no per-group input sums or scaling); False, `_swapped_loop`."""
 PROGRAMS_PER_SM = 2
 """Decode products are split along K until they give every SM this many programs (MAX_SPLIT at most)."""
 SWAP_FROM_GROUP = 128
@@ -252,7 +246,7 @@ def int4_rows(x: Tensor, packed: Tensor, scale: Tensor, offset: Tensor, group_si
     flags = {"K": 8 * KW, "GROUP": group_size, "PROLOGUE": prologue, "SWIGLU": swiglu, "HAS_BIAS": bias is not None,
              "HAS_RES": res is not None, "PDL": pdl_enabled(x.device), "BLOCK_M": bm, "PREFETCH": bool(prefetch),
              "SWAP": swap, "ASM": swap and x.dtype == torch.bfloat16 and not interpreting(), "X_ONCE": SWAP_X_ONCE,
-             "SCALES_AHEAD": SWAP_SCALES_AHEAD, "DEQUANT": SWAP_DEQUANT}
+             "SCALES_AHEAD": SWAP_SCALES_AHEAD}
     _run(args, flags, M, N, (bn, split, warps, stages))
     return y
 
