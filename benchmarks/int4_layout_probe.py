@@ -24,7 +24,6 @@ Nothing in kiln uses the other layout: a layout change would touch every int4@tr
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -195,16 +194,16 @@ def main(argv: list[str] | None = None) -> int:
         ref = next(r for r in results if r["projection"] == row["projection"] and r["rows"] == row["rows"]
                    and r["variant"] == "probe adjacent")
         row["vs_probe_adjacent"] = row["us_per_call"] / ref["us_per_call"]
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    config = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-              "repeats": args.repeats, "command": "python " + " ".join(sys.argv)}
-    (out / "results.json").write_text(json.dumps({"config": config, "results": results}, indent=2) + "\n")
-    lines = ["| projection | rows | variant | us per call | vs probe adjacent | rel err |", "|---|---|---|---|---|---|"]
-    lines += [f"| {r['projection']} | {r['rows']} | {r['variant']} | {r['us_per_call']:.2f} | "
-              f"{r['vs_probe_adjacent']:.3f} | {r['rel_err']:.1e} |" for r in results]
-    (out / "results.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    from kiln.bench.results import write_results
+    from kiln.monitor.env import collect_env
+
+    rows = [{**r, "status": "ok"} for r in results]
+    write_results(args.out, env=collect_env(), config={"repeats": args.repeats, "rows": args.rows},
+                  results=rows, columns=["projection", "rows", "variant", "setting", "us_per_call", "vs_probe_adjacent",
+                                         "rel_err"],
+                  title="int4 row kernel: a word's nibbles R inputs apart (blocked) against adjacent (kiln's layout)",
+                  command="python " + " ".join(sys.argv))
+    print((Path(args.out) / "results.md").read_text())
     return 0
 
 
