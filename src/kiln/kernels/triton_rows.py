@@ -31,8 +31,9 @@ Launch settings come from a rule (`choose_setting`), not from autotuning, so war
 nothing and every process picks the same: 128-wide blocks of 16 rows, Triton's pipeliner, and the
 fewest splits of K that give every SM PROGRAMS_PER_SM programs (docs/benchmarks.md lists the
 sweeps behind these). Splits are added in a fixed order by the last program of a block to
-arrive (kiln.kernels.triton_matvec._split_sum), so results do not depend on arrival order. With programmatic dependent launch (Hopper) a program waits
-for the previous kernel before reading anything, then lets the next kernel be scheduled. Dense
+arrive (kiln.kernels.triton_matvec._split_sum), so results do not depend on arrival order. With
+programmatic dependent launch (Hopper) a program waits for the previous kernel before reading
+anything, then lets the next kernel be scheduled. Dense
 weights at batch > 1 take the model's own matmul (cuBLAS). Tests run the kernel on CPU through
 Triton's interpreter.
 """
