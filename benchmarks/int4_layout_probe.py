@@ -6,10 +6,11 @@ registers, then stores each to shared memory (scalar 16-bit stores and a fence) 
 cores. With inputs R apart, each position's tile is a contiguous slice of the input, which
 Triton's pipeliner copies to shared memory asynchronously, as it does the words.
 
-One probe kernel holds kiln's loop (`_swapped_loop` with the inputs read once and the scales a
-group ahead, the weight as the products' first operand, unpacked in its registers) with the
-inputs taken either way (BLOCKED), nothing fused (no norm, SwiGLU, bias or residual) and kiln's
-ordered sum of the splits; it runs at kiln's launch setting for the shape (choose_setting). Per
+One probe kernel holds kiln's loop over a split's groups (scales a group ahead, the weight as the
+products' first operand, unpacked in its registers): its group product is kiln's own
+(`_swapped_group`, the inputs read once) on kiln's layout, or the same product with each
+position's inputs read as a slice (BLOCKED); nothing fused (no norm, SwiGLU, bias or residual),
+kiln's ordered sum of the splits, kiln's launch setting for the shape (choose_setting). Per
 Llama-3.2-3B projection and row count, on a GPU: kiln's own row kernel, the probe on kiln's
 layout (so the probe's own cost is seen) and the probe on the other layout, each captured as
 back-to-back calls over weight copies that miss L2, interleaved, median us per call; every
@@ -32,7 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kiln.kernels.int4_groups import _by_nibble, _nibble_pair
+from kiln.kernels.int4_groups import _nibble_pair, _swapped_group
 from kiln.kernels.triton_launch import arrival_counters, interpreting
 from kiln.kernels.triton_matvec import _split_sum
 
@@ -77,6 +78,7 @@ def _probe(X, Q, Scale, Offset, Y, Part, Arrived, M, N, stride_xm, K: tl.constex
     r = tl.arange(0, R)
     g0 = pid_k * PER_SPLIT
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    rstd = tl.zeros([BLOCK_M], dtype=tl.float32)  # no norm: the group product's prologue 0 ignores it
     scale_next = tl.load(Scale + g0 * N + n, mask=(g0 < GROUPS) & n_ok, other=0.0)
     offset_next = tl.load(Offset + g0 * N + n, mask=(g0 < GROUPS) & n_ok, other=0.0)
     for i in tl.range(0, PER_SPLIT):
@@ -86,27 +88,20 @@ def _probe(X, Q, Scale, Offset, Y, Part, Arrived, M, N, stride_xm, K: tl.constex
         ahead = (g + 1 < GROUPS) & (i + 1 < PER_SPLIT)
         scale_next = tl.load(Scale + (g + 1) * N + n, mask=ahead & n_ok, other=0.0)
         offset_next = tl.load(Offset + (g + 1) * N + n, mask=ahead & n_ok, other=0.0)
-        words = tl.load(Q + (g * R + r)[None, :] * N + n[:, None], mask=g_ok & n_ok[:, None], other=0)
-        k = g * GROUP + tl.arange(0, GROUP)
-        xg = tl.load(X + m[:, None] * stride_xm + k[None, :], mask=m_ok[:, None] & g_ok, other=0.0)
-        xsum = tl.sum(xg.to(tl.float32), 1)
-        part = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
         if BLOCKED:
+            words = tl.load(Q + (g * R + r)[None, :] * N + n[:, None], mask=g_ok & n_ok[:, None], other=0)
+            k = g * GROUP + tl.arange(0, GROUP)
+            xg = tl.load(X + m[:, None] * stride_xm + k[None, :], mask=m_ok[:, None] & g_ok, other=0.0)
+            xsum = tl.sum(xg.to(tl.float32), 1)
+            part = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
             base = tl.where(g_ok, g * GROUP, K)  # past the last group: masked
             for b in tl.static_range(4):
                 lo, hi = _nibble_pair(words, b, dtype, ASM)
                 part = tl.dot(lo, _slice_t(X, m, m_ok, base + (2 * b) * R + r, stride_xm, K), part)
                 part = tl.dot(hi, _slice_t(X, m, m_ok, base + (2 * b + 1) * R + r, stride_xm, K), part)
-        else:
-            x0, x1, x2, x3, x4, x5, x6, x7 = _by_nibble(xg, R, BLOCK_M)
-            lo, hi = _nibble_pair(words, 0, dtype, ASM)
-            part = tl.dot(hi, x1, tl.dot(lo, x0, part))
-            lo, hi = _nibble_pair(words, 1, dtype, ASM)
-            part = tl.dot(hi, x3, tl.dot(lo, x2, part))
-            lo, hi = _nibble_pair(words, 2, dtype, ASM)
-            part = tl.dot(hi, x5, tl.dot(lo, x4, part))
-            lo, hi = _nibble_pair(words, 3, dtype, ASM)
-            part = tl.dot(hi, x7, tl.dot(lo, x6, part))
+        else:  # kiln's own group product (inputs read once, cut into the eight positions' tiles)
+            part, xsum, _ = _swapped_group(X, Q, X, g, g_ok, m, m_ok, n, n_ok, stride_xm, rstd, N, K, GROUP, 0, ASM,
+                                           BLOCK_M, BLOCK_N, True)
         acc += part * scale[:, None] + xsum[None, :] * (offset - MAGIC * scale)[:, None]
     ok = m_ok[:, None] & n_ok[None, :]
     y, last = _split_sum(tl.trans(acc), Part, Arrived, pid, pid_k, m[:, None], n[None, :], ok, M, N, SPLIT)

@@ -20,7 +20,6 @@ Ctrl-C (exit 130) from the runs that finished; exit 1 when a run failed, timed o
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import re
 import statistics
@@ -35,7 +34,7 @@ from typing import Any, Literal
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from with_settings import parse_setting  # noqa: E402  (benchmarks/ is not a package)
+from with_settings import parse_setting, resolve_setting  # noqa: E402  (benchmarks/ is not a package)
 
 NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 
@@ -61,13 +60,10 @@ def check_settings(cases: list[Case]) -> None:
     """Each setting's module imports and defines its name (ValueError naming the first that does not)."""
     for case in cases:
         for setting in case.settings:
-            module_name, name, _ = parse_setting(setting)
             try:
-                module = importlib.import_module(module_name)
-            except ImportError as exc:
-                raise ValueError(f"--case {case.name}: module {module_name!r} cannot be imported ({exc})") from None
-            if not hasattr(module, name):
-                raise ValueError(f"--case {case.name}: {module_name} has no {name!r}")
+                resolve_setting(setting)
+            except ValueError as exc:
+                raise ValueError(f"--case {case.name}: {exc}") from None
 
 
 def schedule(cases: list[Case], rounds: int) -> list[tuple[Case, int]]:

@@ -33,6 +33,19 @@ def parse_setting(text: str) -> tuple[str, str, Any]:
     return module, name, value
 
 
+def resolve_setting(text: str) -> tuple[Any, str, Any]:
+    """(module, name, value) of MODULE.NAME=VALUE, the module imported and holding NAME; ValueError
+    saying what is wrong."""
+    module_name, name, value = parse_setting(text)
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"{text!r}: module {module_name!r} cannot be imported ({exc})") from None
+    if not hasattr(module, name):
+        raise ValueError(f"{text!r}: {module_name} has no {name!r}")
+    return module, name, value
+
+
 def apply_settings(settings: list[str]) -> list[str]:
     """Set each MODULE.NAME=VALUE (and list it in kiln.monitor.env.APPLIED_SETTINGS); returns what
     was set as `MODULE.NAME: old -> new` lines."""
@@ -40,13 +53,8 @@ def apply_settings(settings: list[str]) -> list[str]:
 
     done = []
     for text in settings:
-        module_name, name, value = parse_setting(text)
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError as exc:
-            raise ValueError(f"{text!r}: module {module_name!r} cannot be imported ({exc})") from None
-        if not hasattr(module, name):
-            raise ValueError(f"{text!r}: {module_name} has no {name!r}")
+        module, name, value = resolve_setting(text)
+        module_name = module.__name__
         done.append(f"{module_name}.{name}: {getattr(module, name)!r} -> {value!r}")
         setattr(module, name, value)
         APPLIED_SETTINGS.append(f"{module_name}.{name}={value!r}")
