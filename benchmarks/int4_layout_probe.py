@@ -44,14 +44,12 @@ VARIANTS = ("kiln rows", "probe adjacent", "probe blocked")
 def pack(q: torch.Tensor, blocked: bool) -> torch.Tensor:
     """q [N, K] in [0, 15] -> int32 words [K/8, N]: nibble j of word row r holds input 8r + j
     (kiln.llm.int4_layout.pack_words' layout) or, `blocked`, input g*GROUP + j*R + r of its group g."""
+    from kiln.llm.int4_layout import pack_words
+
     n, k = q.shape
-    if blocked:
-        r = GROUP // 8
-        q = q.view(n, k // GROUP, 8, r).transpose(2, 3).reshape(n, k)  # column 8r + j of a group <- input j*R + r
-    shifts = torch.arange(0, 32, 4, device=q.device, dtype=torch.int64)
-    words = (q.to(torch.int64).view(n, k // 8, 8) << shifts).sum(-1)
-    words = torch.where(words >= 2**31, words - 2**32, words)
-    return words.to(torch.int32).t().contiguous()
+    if blocked:  # kiln's packing of the columns reordered: column 8r + j of a group <- its input j*R + r
+        q = q.view(n, k // GROUP, 8, GROUP // 8).transpose(2, 3).reshape(n, k)
+    return pack_words(q)
 
 
 @triton.jit
