@@ -4,6 +4,10 @@
   (`$KILN_CACHE_DIR`, else `$XDG_CACHE_HOME/kiln/compile`, else `~/.cache/kiln/compile`) rather
   than torch's default under /tmp, which a reboot or a fresh container empties. A
   TORCHINDUCTOR_CACHE_DIR the user set is respected.
+- `cache_use`: what a block of work (an engine's first call, a server's warm-up of one variant)
+  took from those caches and what it built anew: inductor graphs, and the Triton kernels this
+  process compiled or loaded (kiln's own kernels, an autotuner's candidates), with their compile
+  seconds: why a warm-up took the time it did.
 - Mega-cache artifacts (`torch.compiler.save_cache_artifacts` / `load_cache_artifacts`, torch >=
   2.7): everything the compile put into inductor's, AOTAutograd's and autotuning caches, in one
   blob that kiln saves with a run (`compile_cache.bin`) and loads before a resume or an elastic
@@ -22,7 +26,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Iterator
+import threading
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from kiln.safe_io import write_atomic
@@ -78,6 +84,87 @@ def compile_cache_dir(spec: str) -> Iterator[Path | None]:
             os.environ.pop(_ENV, None)
         else:
             os.environ[_ENV] = old
+
+
+@dataclass
+class CacheUse:
+    """What a block of work found in the compile caches and what it built: inductor's graphs (its
+    FX graph cache) and the Triton kernels compiled in this process (Triton's on-disk cache). The
+    kernels inductor compiles in its worker processes (a graph compiled anew) are not seen here."""
+
+    graphs_from_cache: int = 0
+    graphs_compiled: int = 0
+    kernels_from_cache: int = 0
+    kernels_compiled: int = 0
+    kernel_compile_s: float = 0.0
+
+    def counts(self) -> dict[str, int]:
+        """As bench rows and generate's --json record it per compiled variant."""
+        return {"from_cache": self.graphs_from_cache, "compiled": self.graphs_compiled,
+                "kernels_from_cache": self.kernels_from_cache, "kernels_compiled": self.kernels_compiled,
+                "kernel_compile_ms": round(self.kernel_compile_s * 1e3)}
+
+
+def _plural(n: int, what: str) -> str:
+    return f"{n} {what}{'s' if n != 1 else ''}"
+
+
+def reason(counts: Mapping[str, int]) -> str:
+    """`CacheUse.counts` in words: `1 graph from the compile cache; 14 Triton kernels compiled in
+    9.8 s, 30 from Triton's cache` ("" when nothing was built or loaded)."""
+    graphs = [f"{_plural(n, 'graph')} {what}" for n, what in
+              ((counts.get("compiled", 0), "compiled"), (counts.get("from_cache", 0), "from the compile cache")) if n]
+    made, found = counts.get("kernels_compiled", 0), counts.get("kernels_from_cache", 0)
+    kernels = ([f"{_plural(made, 'Triton kernel')} compiled in {counts.get('kernel_compile_ms', 0) / 1e3:.1f} s"]
+               if made else [])
+    if found:
+        kernels.append(f"{found} from Triton's cache" if made else f"{_plural(found, 'Triton kernel')} from Triton's cache")
+    return "; ".join(part for part in (", ".join(graphs), ", ".join(kernels)) if part)
+
+
+def graph_cache_counts() -> tuple[int, int]:
+    """(hits, misses) of inductor's FX graph cache in this process so far."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["inductor"].get("fxgraph_cache_hit", 0)), int(counters["inductor"].get("fxgraph_cache_miss", 0))
+
+
+def _triton_knobs():
+    """Triton's compilation knobs where this Triton has a compile listener (3.4+), else None."""
+    try:
+        from triton import knobs
+    except ImportError:
+        return None
+    return knobs.compilation if hasattr(getattr(knobs, "compilation", None), "listener") else None
+
+
+@contextlib.contextmanager
+def cache_use() -> Iterator[CacheUse]:
+    """Count what the block loads and builds (filled in as it runs; the graphs when it ends). Any
+    compile listener already installed still hears every compile."""
+    use, lock, knobs = CacheUse(), threading.Lock(), _triton_knobs()
+    before = graph_cache_counts()
+    previous = knobs.listener if knobs is not None else None
+
+    def listener(*, src, metadata, metadata_group, times, cache_hit) -> None:
+        with lock:
+            if cache_hit:
+                use.kernels_from_cache += 1
+            else:
+                use.kernels_compiled += 1
+                use.kernel_compile_s += times.total / 1e6
+        if previous is not None:
+            previous(src=src, metadata=metadata, metadata_group=metadata_group, times=times, cache_hit=cache_hit)
+
+    if knobs is not None:
+        knobs.listener = listener
+    try:
+        yield use
+    finally:
+        if knobs is not None:
+            knobs.listener = previous
+        after = graph_cache_counts()
+        use.graphs_from_cache, use.graphs_compiled = after[0] - before[0], after[1] - before[1]
 
 
 def artifacts_supported() -> bool:

@@ -191,9 +191,11 @@ def test_warmup_reasons_say_per_variant_what_the_first_call_did():
 
     compiled = {"prefill[b1,len16,cap26,greedy]": 1.54, "decode[b1,cap26,greedy]": 2.25, "decode[b2,cap26,greedy]": 0.5}
     cache = {"prefill[b1,len16,cap26,greedy]": {"from_cache": 2, "compiled": 1},
-             "decode[b1,cap26,greedy]": {"from_cache": 0, "compiled": 1}}
+             "decode[b1,cap26,greedy]": {"from_cache": 0, "compiled": 1, "kernels_compiled": 3,
+                                         "kernel_compile_ms": 1930, "kernels_from_cache": 0}}
     assert warmup_reasons(compiled, cache) == ("prefill 1.5 s (1 graph compiled, 2 graphs from the compile cache), "
-                                               "decode 2.2 s (1 graph compiled), decode 0.5 s")
+                                               "decode 2.2 s (1 graph compiled; 3 Triton kernels compiled in 1.9 s), "
+                                               "decode 0.5 s")
 
 
 class _FakeCuda:

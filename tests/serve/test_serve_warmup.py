@@ -30,6 +30,26 @@ def test_prompt_buckets_reach_the_longest_prompt_a_row_holds():
     assert "2048" in str(err.value) and "1024" in str(err.value)
 
 
+def test_each_warm_up_line_says_what_its_variant_loaded_from_the_compile_cache(model):
+    """A variant whose graph came from inductor's cache says so (the counter inductor bumps on a hit)."""
+    from torch._dynamo.utils import counters
+
+    rows = Rows(model, rows=1, capacity=40, compile=False, cuda_graphs=False)
+    real_decode = rows._decode
+
+    def decode(m, view, greedy):
+        if greedy:
+            counters["inductor"]["fxgraph_cache_hit"] += 1
+        return real_decode(m, view, greedy)
+
+    rows._decode = decode
+    lines: list[str] = []
+    ticks = itertools.count()
+    warm_up(rows, [16], lines.append, clock=lambda: float(next(ticks)))
+    assert lines[:2] == ["kiln: warmed decode batch 1 (greedy) in 1.0 s (1 graph from the compile cache)",
+                         "kiln: warmed decode batch 1 (sampling) in 1.0 s"]
+
+
 def test_warm_up_runs_every_variant_once_and_leaves_the_rows_new(model):
     # batch buckets 1, 2, 3; a budget of 32 prompt tokens prefills two 16-token prompts together
     rows = Rows(model, rows=3, capacity=40, compile=False, cuda_graphs=False, prefill_tokens=32, join_batch=2)

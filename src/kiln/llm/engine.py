@@ -31,6 +31,7 @@ from typing import Any, get_args
 import torch
 from torch import Tensor
 
+from kiln.compile_cache import cache_use, reason
 from kiln.errors import ConfigError
 from kiln.llm.block_compile import BlockParts, CompileScope, blocks_installed, compiled_block_parts
 from kiln.llm.decode_attention import check as check_decode_attention
@@ -218,9 +219,9 @@ class Engine:
         self.compiled: dict[str, float] = {}
         """Variant -> seconds of its first call (compile and tuning included); compiled engines only."""
         self.graph_cache: dict[str, dict[str, int]] = {}
-        """Variant -> {"from_cache": graphs inductor loaded from its compile cache, "compiled": graphs it
-        compiled anew} in its first call: why that call took the time it did (a warm start loads, a
-        cold one compiles). As written to results.json and generate's --json."""
+        """Variant -> what its first call loaded from the compile caches and built anew (graphs and Triton
+        kernels: kiln.compile_cache.CacheUse.counts): why that call took the time it did (a warm start
+        loads, a cold one compiles). As written to results.json and generate's --json."""
 
     # -- buffers --------------------------------------------------------------------------------
 
@@ -285,11 +286,9 @@ class Engine:
         import torch._dynamo.config as dynamo_config
 
         limit = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"
-        before = graph_cache_counts()
-        with dynamo_config.patch({limit: 64}):
+        with dynamo_config.patch({limit: 64}), cache_use() as use:
             self.compiled[name] = time_calls(lambda: fn(*args), calls=1, device=self.device)
-        after = graph_cache_counts()
-        self.graph_cache[name] = {"from_cache": after[0] - before[0], "compiled": after[1] - before[1]}
+        self.graph_cache[name] = use.counts()
 
     def _call(self, name: str, fn, blocks: BlockParts | None, *args) -> None:
         with self._blocks(blocks):
@@ -400,20 +399,11 @@ class Engine:
         return self.slots.cache.nbytes if self.slots is not None else 0
 
 
-def graph_cache_counts() -> tuple[int, int]:
-    """(hits, misses) of inductor's FX graph cache in this process so far."""
-    from torch._dynamo.utils import counters
-
-    return int(counters["inductor"].get("fxgraph_cache_hit", 0)), int(counters["inductor"].get("fxgraph_cache_miss", 0))
-
-
 def warmup_reasons(compiled: dict[str, float], graph_cache: dict[str, dict[str, int]]) -> str:
-    """Each compiled variant's first-call seconds and why: `decode 2.2 s (1 graph compiled)`,
-    `prefill 1.5 s (2 graphs from the compile cache)`; the variant's kind only (its shape dropped)."""
+    """Each compiled variant's first-call seconds and why (kiln.compile_cache.reason): `decode 2.2 s
+    (1 graph compiled; 3 Triton kernels compiled in 1.9 s)`; the variant's kind only (its shape dropped)."""
     parts = []
     for name, seconds in compiled.items():
-        counts = graph_cache.get(name, {})
-        why = [f"{n} graph{'s' if n != 1 else ''} {what}" for n, what in
-               ((counts.get("compiled", 0), "compiled"), (counts.get("from_cache", 0), "from the compile cache")) if n]
-        parts.append(f"{name.split('[')[0]} {seconds:.1f} s" + (f" ({', '.join(why)})" if why else ""))
+        why = reason(graph_cache.get(name, {}))
+        parts.append(f"{name.split('[')[0]} {seconds:.1f} s" + (f" ({why})" if why else ""))
     return ", ".join(parts)

@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import torch
 
+from kiln.compile_cache import cache_use, reason
 from kiln.errors import ConfigError
 from kiln.llm.engine import bucket_length
 from kiln.serve.rows import Rows
@@ -44,14 +45,17 @@ def warm_up(rows: Rows, buckets: list[int], say: Callable[[str], None],
     """Compile every decode bucket (greedy-only and sampling variants) and the prefill of each of
     `buckets` for each number of prompts prefilled together (`rows.prefill_sizes`; prompts filling
     the bucket and shorter ones: two variants, as unpadded prompts take another attention path);
-    one line per variant, then the total. Returns the total seconds."""
+    one line per variant (its seconds, and the graphs and Triton kernels it compiled or loaded from
+    the caches: kiln.compile_cache.reason), then the total. Returns the total seconds."""
     def timed(what: str, work: Callable[[], None]) -> float:
         start = clock()
-        work()
-        if rows.device.type == "cuda":
-            torch.cuda.synchronize(rows.device)
+        with cache_use() as use:
+            work()
+            if rows.device.type == "cuda":
+                torch.cuda.synchronize(rows.device)
         seconds = clock() - start
-        say(f"kiln: warmed {what} in {seconds:.1f} s")
+        why = reason(use.counts())
+        say(f"kiln: warmed {what} in {seconds:.1f} s" + (f" ({why})" if why else ""))
         return seconds
 
     total, prefills = 0.0, 0
