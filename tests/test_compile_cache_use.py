@@ -20,6 +20,10 @@ def test_reason_words_graphs_and_kernels():
         "14 Triton kernels compiled in 9.8 s, 1 from Triton's cache"
     assert reason(CacheUse(kernels_compiled=1, kernel_compile_s=0.25).counts()) == "1 Triton kernel compiled in 0.2 s"
     assert CacheUse(kernel_compile_s=1.2346).counts()["kernel_compile_ms"] == 1235
+    assert reason(CacheUse(graphs_compiled=1, trace_s=2.14, inductor_s=9.04).counts()) == \
+        "1 graph compiled (traced in 2.1 s, inductor 9.0 s)"
+    assert reason(CacheUse(graphs_from_cache=1, inductor_s=0.9, kernels_from_cache=2).counts()) == \
+        "1 graph from the compile cache (inductor 0.9 s); 2 Triton kernels from Triton's cache"
 
 
 def _compile_add(scale: int):
@@ -54,6 +58,7 @@ def test_counts_compiled_and_cached_kernels_and_keeps_the_earlier_listener(tmp_p
         _compile_add(3)  # the same source and constants: from Triton's on-disk cache
         _compile_add(5)  # another constant: compiled
     assert (use.kernels_compiled, use.kernels_from_cache) == (2, 1)
+    assert use.compiled_names == ["add"]  # one kernel, two specialisations
     assert use.kernel_compile_s > 0
     assert heard == [False, True, False]
     assert knobs.compilation.listener is earlier  # put back

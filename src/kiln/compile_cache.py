@@ -28,8 +28,9 @@ import logging
 import os
 import threading
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from kiln.safe_io import write_atomic
 from kiln.signing import UntrustedFileError, config_dir, key_problem, sign, verify
@@ -89,37 +90,48 @@ def compile_cache_dir(spec: str) -> Iterator[Path | None]:
 @dataclass
 class CacheUse:
     """What a block of work found in the compile caches and what it built: inductor's graphs (its
-    FX graph cache) and the Triton kernels compiled in this process (Triton's on-disk cache). The
-    kernels inductor compiles in its worker processes (a graph compiled anew) are not seen here."""
+    FX graph cache), with dynamo's tracing and inductor's (compile or load) seconds, and the Triton
+    kernels compiled in this process (Triton's on-disk cache), named. The kernels inductor compiles
+    in its worker processes (a graph compiled anew) are inside inductor's seconds, not counted."""
 
     graphs_from_cache: int = 0
     graphs_compiled: int = 0
+    trace_s: float = 0.0
+    inductor_s: float = 0.0
     kernels_from_cache: int = 0
     kernels_compiled: int = 0
     kernel_compile_s: float = 0.0
+    compiled_names: list[str] = field(default_factory=list)
+    """The kernels compiled anew, each name once, in the order first compiled."""
 
-    def counts(self) -> dict[str, int]:
+    def counts(self) -> dict[str, int | list[str]]:
         """As bench rows and generate's --json record it per compiled variant."""
         return {"from_cache": self.graphs_from_cache, "compiled": self.graphs_compiled,
+                "trace_ms": round(self.trace_s * 1e3), "inductor_ms": round(self.inductor_s * 1e3),
                 "kernels_from_cache": self.kernels_from_cache, "kernels_compiled": self.kernels_compiled,
-                "kernel_compile_ms": round(self.kernel_compile_s * 1e3)}
+                "kernel_compile_ms": round(self.kernel_compile_s * 1e3), "kernels_compiled_names": self.compiled_names}
 
 
 def _plural(n: int, what: str) -> str:
     return f"{n} {what}{'s' if n != 1 else ''}"
 
 
-def reason(counts: Mapping[str, int]) -> str:
-    """`CacheUse.counts` in words: `1 graph from the compile cache; 14 Triton kernels compiled in
-    9.8 s, 30 from Triton's cache` ("" when nothing was built or loaded)."""
-    graphs = [f"{_plural(n, 'graph')} {what}" for n, what in
-              ((counts.get("compiled", 0), "compiled"), (counts.get("from_cache", 0), "from the compile cache")) if n]
+def reason(counts: Mapping[str, Any]) -> str:
+    """`CacheUse.counts` in words: `1 graph from the compile cache (traced in 2.1 s, inductor 0.9 s);
+    14 Triton kernels compiled in 9.8 s, 30 from Triton's cache` ("" when nothing was built or loaded)."""
+    graphs = ", ".join(f"{_plural(n, 'graph')} {what}" for n, what in
+                       ((counts.get("compiled", 0), "compiled"), (counts.get("from_cache", 0), "from the compile cache"))
+                       if n)
+    seconds = [f"{label} {counts[key] / 1e3:.1f} s" for key, label in (("trace_ms", "traced in"),
+                                                                         ("inductor_ms", "inductor")) if counts.get(key)]
+    if graphs and seconds:
+        graphs += f" ({', '.join(seconds)})"
     made, found = counts.get("kernels_compiled", 0), counts.get("kernels_from_cache", 0)
     kernels = ([f"{_plural(made, 'Triton kernel')} compiled in {counts.get('kernel_compile_ms', 0) / 1e3:.1f} s"]
                if made else [])
     if found:
         kernels.append(f"{found} from Triton's cache" if made else f"{_plural(found, 'Triton kernel')} from Triton's cache")
-    return "; ".join(part for part in (", ".join(graphs), ", ".join(kernels)) if part)
+    return "; ".join(part for part in (graphs, ", ".join(kernels)) if part)
 
 
 def graph_cache_counts() -> tuple[int, int]:
@@ -127,6 +139,20 @@ def graph_cache_counts() -> tuple[int, int]:
     from torch._dynamo.utils import counters
 
     return int(counters["inductor"].get("fxgraph_cache_hit", 0)), int(counters["inductor"].get("fxgraph_cache_miss", 0))
+
+
+_PHASES = {"trace": "bytecode_tracing", "inductor": "OutputGraph.call_user_compiler"}
+"""The phases of dynamo's compile timers (torch._dynamo.utils.compilation_time_metrics) CacheUse
+reports: tracing the Python code, and the backend (inductor compiling the graph or loading it from
+its cache). A torch that names them otherwise reports 0."""
+
+
+def _phase_seconds() -> dict[str, float]:
+    try:
+        from torch._dynamo.utils import compilation_time_metrics
+    except ImportError:
+        return dict.fromkeys(_PHASES, 0.0)
+    return {name: float(sum(compilation_time_metrics.get(key, ()))) for name, key in _PHASES.items()}
 
 
 def _triton_knobs():
@@ -140,10 +166,10 @@ def _triton_knobs():
 
 @contextlib.contextmanager
 def cache_use() -> Iterator[CacheUse]:
-    """Count what the block loads and builds (filled in as it runs; the graphs when it ends). Any
-    compile listener already installed still hears every compile."""
+    """Count what the block loads and builds (the kernels as it runs; the graphs and phases when it
+    ends). Any compile listener already installed still hears every compile."""
     use, lock, knobs = CacheUse(), threading.Lock(), _triton_knobs()
-    before = graph_cache_counts()
+    before, phases = graph_cache_counts(), _phase_seconds()
     previous = knobs.listener if knobs is not None else None
 
     def listener(*, src, metadata, metadata_group, times, cache_hit) -> None:
@@ -153,6 +179,9 @@ def cache_use() -> Iterator[CacheUse]:
             else:
                 use.kernels_compiled += 1
                 use.kernel_compile_s += times.total / 1e6
+                name = str(metadata.get("name") or getattr(getattr(src, "fn", None), "__name__", "?"))
+                if name not in use.compiled_names:
+                    use.compiled_names.append(name)
         if previous is not None:
             previous(src=src, metadata=metadata, metadata_group=metadata_group, times=times, cache_hit=cache_hit)
 
@@ -163,8 +192,9 @@ def cache_use() -> Iterator[CacheUse]:
     finally:
         if knobs is not None:
             knobs.listener = previous
-        after = graph_cache_counts()
+        after, now = graph_cache_counts(), _phase_seconds()
         use.graphs_from_cache, use.graphs_compiled = after[0] - before[0], after[1] - before[1]
+        use.trace_s, use.inductor_s = now["trace"] - phases["trace"], now["inductor"] - phases["inductor"]
 
 
 def artifacts_supported() -> bool:

@@ -8,6 +8,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from kiln.generate.check_generate import GenerateRequest, check_generate
 from kiln.generate.request import GenerateOptions
@@ -29,7 +30,7 @@ class Generation:
     ttft_s: float
     decode_s: float
     compiled: dict[str, float]
-    graph_cache: dict[str, dict[str, int]]
+    graph_cache: dict[str, dict[str, Any]]
 
     def summary(self) -> str:
         """The one line printed on stderr after the text: tokens, TTFT, decode rate, compile time."""

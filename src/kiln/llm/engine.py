@@ -218,7 +218,7 @@ class Engine:
         self._prefill_pool: tuple | None = None
         self.compiled: dict[str, float] = {}
         """Variant -> seconds of its first call (compile and tuning included); compiled engines only."""
-        self.graph_cache: dict[str, dict[str, int]] = {}
+        self.graph_cache: dict[str, dict[str, Any]] = {}
         """Variant -> what its first call loaded from the compile caches and built anew (graphs and Triton
         kernels: kiln.compile_cache.CacheUse.counts): why that call took the time it did (a warm start
         loads, a cold one compiles). As written to results.json and generate's --json."""
@@ -399,9 +399,10 @@ class Engine:
         return self.slots.cache.nbytes if self.slots is not None else 0
 
 
-def warmup_reasons(compiled: dict[str, float], graph_cache: dict[str, dict[str, int]]) -> str:
+def warmup_reasons(compiled: dict[str, float], graph_cache: dict[str, dict[str, Any]]) -> str:
     """Each compiled variant's first-call seconds and why (kiln.compile_cache.reason): `decode 2.2 s
-    (1 graph compiled; 3 Triton kernels compiled in 1.9 s)`; the variant's kind only (its shape dropped)."""
+    (1 graph compiled (traced in 2.1 s, inductor 9.0 s); 3 Triton kernels compiled in 1.9 s)`; the
+    variant's kind only (its shape dropped)."""
     parts = []
     for name, seconds in compiled.items():
         why = reason(graph_cache.get(name, {}))
