@@ -131,8 +131,11 @@ def main(argv: list[str] | None = None) -> int:
         best: dict[str, int] = {}
         for kind in dict.fromkeys(r.kind for r in reads):  # each kind's block, its reads alone back to back
             mine = [b for r, b in zip(reads, buffers, strict=True) if r.kind == kind]
-            alone = {block: cuda_graph_of(lambda fs=[reader(b, block, False) for b in mine]: [f() for f in fs], 1)
-                     for block in BLOCKS}
+            # Each reader's output lives outside the graph: kept alive here, or a later capture's
+            # empty_cache() frees it under the graph that writes it.
+            readers = {block: [reader(b, block, False) for b in mine] for block in BLOCKS}
+            alive.append(readers)
+            alone = {block: cuda_graph_of(lambda fs=fs: [f() for f in fs], 1) for block, fs in readers.items()}
             times = {block: statistics.median(ms) / len(mine) for block, ms in replay_rounds(alone, 7).items()}
             best[kind] = min(times, key=times.get)
             nbytes = next(r.nbytes for r in reads if r.kind == kind)
@@ -144,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         for variant, fns in (("one read", [reader(whole, 4096, False)]),
                              ("a kernel per read", [reader(b, best[r.kind], False) for r, b in zip(reads, buffers, strict=True)]),
                              ("a kernel per read, PDL", [reader(b, best[r.kind], True) for r, b in zip(reads, buffers, strict=True)])):
+            alive.append(fns)
             graphs[(quant, variant)] = cuda_graph_of(lambda fns=fns: [f() for f in fns], 1)
             meta[(quant, variant)] = {"bytes": sum(r.nbytes for r in reads), "kernels": len(fns)}
         print(f"{quant}: {len(reads)} reads, {sum(r.nbytes for r in reads) / 1e9:.3f} GB: ready", flush=True)
