@@ -158,13 +158,22 @@ def _chunk_attention(Q, K, V, Kd, Vd, Start, Pos, Part, Lse, Arrived, Y, InvFreq
     kv_ok = (s < slots)[:, None] & (d < D)[None, :] & (STAGES == 0) & (BALANCE == 0)  # those load their own
     k = tl.load(K + b * stride_kb + s[:, None] * stride_ks + kv * stride_kh + d[None, :], mask=kv_ok, other=0.0)
     v = tl.load(V + b * stride_vb + s[:, None] * stride_vs + kv * stride_vh + d[None, :], mask=kv_ok, other=0.0)
-    if PDL:  # programmatic dependent launch: the next kernel may be scheduled as these programs end;
-        gdc_launch_dependents()  # everything below reads what earlier kernels wrote, so wait first
-        gdc_wait()
+    # The step's position, the row's padding and the RoPE frequencies are read before the wait too:
+    # no kernel of a decode step writes them (the position advances in the step's last kernel, after
+    # every layer; the padding is set at prefill), and every kernel this one may be launched beside
+    # was launched after the previous step had ended.
     end = tl.load(Pos) + 1  # one past the step's own slot
     start = end * 0  # the row's first real slot (its left padding), in the slot's integer type
     if HAS_START:
         start = tl.load(Start + b).to(end.dtype)
+    if ROPE:  # the angles as kiln.llm.rope.Rotary computes them: position (after the row's padding)
+        # times the frequency in fp32, cos and sin rounded to the model dtype
+        angle = tl.maximum(end - 1 - start, 0).to(tl.float32) * tl.load(InvFreq + d % (D // 2), mask=d < D, other=0.0)
+        cos = tl.cos(angle).to(Q.dtype.element_ty).to(tl.float32)
+        sin = tl.sin(angle).to(Q.dtype.element_ty).to(tl.float32)
+    if PDL:  # programmatic dependent launch: the next kernel may be scheduled as these programs end;
+        gdc_launch_dependents()  # everything below reads what the previous kernel wrote, so wait first
+        gdc_wait()
     first = start
     if window > 0:
         first = tl.maximum(first, end - window)
@@ -177,11 +186,6 @@ def _chunk_attention(Q, K, V, Kd, Vd, Start, Pos, Part, Lse, Arrived, Y, InvFreq
     heads = kv * G + g
     gd_ok = (g < G)[:, None] & (d < D)[None, :]
     if ROPE:  # Q is the projection's output [B, (H + 2 Hkv) D]: rotate q and this head's new key here
-        # The angles as kiln.llm.rope.Rotary computes them: position (after the row's padding)
-        # times the frequency in fp32, cos and sin rounded to the model dtype.
-        angle = tl.maximum(end - 1 - start, 0).to(tl.float32) * tl.load(InvFreq + d % (D // 2), mask=d < D, other=0.0)
-        cos = tl.cos(angle).to(Q.dtype.element_ty).to(tl.float32)
-        sin = tl.sin(angle).to(Q.dtype.element_ty).to(tl.float32)
         row = Q + b * stride_qb
         q = _rotate(row + heads[:, None] * stride_qh, d[None, :], cos[None, :], sin[None, :], gd_ok,
                     D // 2).to(Q.dtype.element_ty)
@@ -291,17 +295,26 @@ def _chunk_attention(Q, K, V, Kd, Vd, Start, Pos, Part, Lse, Arrived, Y, InvFreq
         arrived = tl.atomic_add(Arrived + row_head, 1, sem="acq_rel")
         if arrived == CHUNKS - 1:
             # One [chunks, D] tile per head, loaded at once (a loop over chunks would serialise ~40
-            # dependent loads in this one program).
+            # dependent loads in this one program); the next head's tile is requested before this
+            # one's result is stored (after the store the compiler may not move the loads ahead of
+            # it: they could alias), so the heads' loads do not wait on each other.
             c = tl.arange(0, BLOCK_C)
             c_ok = c < CHUNKS
+            pc_ok = c_ok[:, None] & (d < D)[None, :]
+            lse_of = Lse + b * stride_lb + kv * G * stride_lh + c
+            part_of = Part + b * stride_pb + kv * G * stride_ph + c[:, None] * stride_pc + d[None, :]
+            lses = tl.load(lse_of, mask=c_ok, other=float("-inf"))
+            parts = tl.load(part_of, mask=pc_ok, other=0.0)
             for gi in tl.static_range(G):
-                head = kv * G + gi
-                lses = tl.load(Lse + b * stride_lb + head * stride_lh + c, mask=c_ok, other=float("-inf"))
+                if gi + 1 < G:
+                    lses_next = tl.load(lse_of + (gi + 1) * stride_lh, mask=c_ok, other=float("-inf"))
+                    parts_next = tl.load(part_of + (gi + 1) * stride_ph, mask=pc_ok, other=0.0)
                 w = tl.exp(lses - tl.max(lses, 0))  # the chunk holding the step's own slot is never empty
-                parts = tl.load(Part + b * stride_pb + head * stride_ph + c[:, None] * stride_pc + d[None, :],
-                                mask=c_ok[:, None] & (d < D)[None, :], other=0.0)
                 y = tl.sum(parts * w[:, None], 0) / tl.sum(w, 0)
-                tl.store(Y + b * stride_yb + head * stride_yh + d, y.to(Y.dtype.element_ty), mask=d < D)
+                tl.store(Y + b * stride_yb + (kv * G + gi) * stride_yh + d, y.to(Y.dtype.element_ty), mask=d < D)
+                if gi + 1 < G:
+                    lses = lses_next
+                    parts = parts_next
             tl.atomic_xchg(Arrived + row_head, 0)  # every chunk has arrived: reset for the next call
 
 
