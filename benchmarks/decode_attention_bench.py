@@ -39,6 +39,20 @@ def attn_inv_freq(config, dev):
     return inv_frequencies(config.rope, config.head_dim, dev).float()
 
 
+def attend(q, k, v, pad, pos, scale):
+    """kiln's decode attention op on q [B, 1, H, D] -> [B, 1, H, D], as kiln's decode layer calls it."""
+    B, _, H, D = q.shape
+    return torch.ops.kiln.decode_attention(q.reshape(B, H, D), k, v, pad, pos, scale, 0).view(B, 1, H, D)
+
+
+def attend_rope(qkv, inv_freq, k, v, pad, pos, scale, heads: int):
+    """kiln's fused RoPE, cache write and attention op on the projection's output qkv [B, 1, (H + 2 Hkv) D]
+    -> [B, 1, heads, D], as kiln's decode layer calls it."""
+    B, D = qkv.shape[0], k.shape[-1]
+    return torch.ops.kiln.decode_attention_rope(qkv.reshape(B, -1), inv_freq, k, v, pad, pos, scale, 0,
+                                                heads).view(B, 1, heads, D)
+
+
 def rows_used(spec: str | None, batch: int, slots: int) -> list[int] | None:
     """The slots each row attends: all of them without `spec`; with MIN,MAX spread evenly from MIN to
     MAX over the rows; None when `spec` is not such a pair within 1 .. slots."""
@@ -131,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         def run(k, v, block=block, target=target, warps=warps, stages=stages, balance=balance, tma=tma):
             td.BLOCK_S, td.TARGET_PROGRAMS, td.NUM_WARPS, td.LOOP_STAGES = block, target, warps, stages or None
             td.BALANCE, td.TMA = bool(balance), bool(tma)
-            return td.triton_decode(q, k, v, pad, pos, scale, None)
+            return attend(q, k, v, pad, pos, scale)
 
         variants[name] = run
         if args.rope and name == next(iter(settings)):  # once: kiln's own choice (launch_settings)
@@ -140,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
             def run_auto(k, v, qkv=qkv0, inv_freq=attn_inv_freq(config, dev)):
                 td.BLOCK_S, td.TARGET_PROGRAMS, td.NUM_WARPS, td.LOOP_STAGES = None, default_target, None, default_stages
                 td.BALANCE, td.TMA = default_balance, default_tma
-                return td.triton_decode_rope(qkv, inv_freq, k, v, pad, pos, scale, None, H)
+                return attend_rope(qkv, inv_freq, k, v, pad, pos, scale, H)
 
             variants["rope kiln's choice " + "/".join(map(str, td.launch_settings(B, Hkv, S)))] = run_auto
         if args.rope:  # the projection's output, rotated and written into the cache by the kernel itself
@@ -152,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
                          qkv=qkv, inv_freq=inv_freq):
                 td.BLOCK_S, td.TARGET_PROGRAMS, td.NUM_WARPS, td.LOOP_STAGES = block, target, warps, stages or None
                 td.BALANCE, td.TMA = bool(balance), bool(tma)
-                return td.triton_decode_rope(qkv, inv_freq, k, v, pad, pos, scale, None, H)
+                return attend_rope(qkv, inv_freq, k, v, pad, pos, scale, H)
 
             variants[f"rope {name}"] = run_rope
     errors = {}

@@ -307,3 +307,21 @@ def test_fused_rope_attention_compiles_in_place_and_matches(checkpoints):
     source = "\n".join(code)
     assert source.count("torch.ops.kiln.decode_attention_rope.default(") == model.config.n_layers
     assert "clone" not in source and ".copy_(" not in source
+
+
+@interpreted
+def test_attention_bench_calls_the_ops_as_the_decode_layer_does():
+    """benchmarks/decode_attention_bench.py's two callers reach kiln's ops with their [B, 1, H, D] shapes
+    (the bench broke once when the kernel module's wrappers went away)."""
+    bench = load_script("decode_attention_bench")
+    gen = torch.Generator().manual_seed(0)
+    B, H, Hkv, D, S = 2, 4, 2, 16, 40
+    k, v = torch.randn(B, S, Hkv, D, generator=gen), torch.randn(B, S, Hkv, D, generator=gen)
+    q, pos, pad = torch.randn(B, 1, H, D, generator=gen), torch.tensor([30]), torch.tensor([0, 5])
+    got = bench.attend(q, k, v, pad, pos, 0.25)
+    assert got.shape == (B, 1, H, D)
+    torch.testing.assert_close(got[:, 0], direct(q[:, 0], k, v, pad, pos, 0.25, 0), rtol=1e-5, atol=1e-5)
+    qkv = torch.randn(B, 1, (H + 2 * Hkv) * D, generator=gen)
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, D, 2).float() / D))
+    out = bench.attend_rope(qkv, inv_freq, k.clone(), v.clone(), pad, pos, 0.25, H)
+    assert out.shape == (B, 1, H, D) and torch.isfinite(out).all()
