@@ -30,11 +30,11 @@ slot's scores use them directly. This replaces three inductor kernels per layer 
 of k with its cache write, the value's cache write) and their launch gaps. Where each row and head
 has several chunks it is launched with programmatic dependent launch (kiln.kernels.triton_launch.PDL;
 one looping chunk each is not, `PDL_ONE_CHUNK`), so with `--decode-matvec triton` every kernel of
-a layer is scheduled while the one before it ends; a program of one block reads
-it before it waits (only this kernel writes a layer's cache, and the step's own slot is taken
-from the projection instead), so the wait is followed by the query's read alone; a looping
-program pipelines its blocks after the wait (LOOP_STAGES). The op declares the caches it writes;
-inductor calls it on them in place (tests/kernels/test_triton_decode.py checks that no copy is made).
+a layer is scheduled while the one before it ends; a program reads its first block, the position
+and the angles before it waits (only this kernel writes a layer's cache; the step's own slot comes
+from the projection), then the query; a looping program pipelines its blocks after the wait
+(LOOP_STAGES). The op declares the caches it writes; inductor calls it on them in place
+(tests/kernels/test_triton_decode.py checks that no copy is made).
 
 Tests run it on CPU through Triton's interpreter (TRITON_INTERPRET=1, fp32); the GPU check is
 benchmarks/decode_attention_check.py.
@@ -74,10 +74,9 @@ into registers while the current one is used. Set by decode_attention_bench.py's
 TMA: bool = False
 """Where a program loops through Triton's pipeline (LOOP_STAGES), its keys and values are read by
 Hopper's tensor memory accelerator into shared memory, one [BLOCK, D] tile per load, instead of
-per-thread loads: no registers per element for addresses and masks, so more programs fit an SM
-and more tiles are in flight (slots outside the row's range are masked in the softmax and zeroed
-in the values). Needs compute capability 9.0, a power-of-two head dim and contiguous caches; set by
-benchmarks/decode_attention_bench.py's sweep (`--tma`)."""
+per-thread loads: no registers per element for addresses and masks, so more programs fit an SM and
+more tiles are in flight (slots outside the row's range are masked in the softmax, zeroed in the
+values). Needs compute capability 9.0, a power-of-two head dim and contiguous caches (`--tma`)."""
 BALANCE: bool = False
 """Where a program loops: each chunk takes an even share of its row's valid range (from the row's
 first slot to the step's, read after the wait, so no block is loaded before it) instead of a fixed
@@ -158,16 +157,13 @@ def _chunk_attention(Q, K, V, Kd, Vd, Start, Pos, Part, Lse, Arrived, Y, InvFreq
     kv_ok = (s < slots)[:, None] & (d < D)[None, :] & (STAGES == 0) & (BALANCE == 0)  # those load their own
     k = tl.load(K + b * stride_kb + s[:, None] * stride_ks + kv * stride_kh + d[None, :], mask=kv_ok, other=0.0)
     v = tl.load(V + b * stride_vb + s[:, None] * stride_vs + kv * stride_vh + d[None, :], mask=kv_ok, other=0.0)
-    # The step's position, the row's padding and the RoPE frequencies are read before the wait too:
-    # no kernel of a decode step writes them (the position advances in the step's last kernel, after
-    # every layer; the padding is set at prefill), and every kernel this one may be launched beside
-    # was launched after the previous step had ended.
+    # The position, the padding and the RoPE frequencies too: no kernel of a step writes them (the
+    # position advances in its last kernel, the padding at prefill).
     end = tl.load(Pos) + 1  # one past the step's own slot
     start = end * 0  # the row's first real slot (its left padding), in the slot's integer type
     if HAS_START:
         start = tl.load(Start + b).to(end.dtype)
-    if ROPE:  # the angles as kiln.llm.rope.Rotary computes them: position (after the row's padding)
-        # times the frequency in fp32, cos and sin rounded to the model dtype
+    if ROPE:  # the angles as kiln.llm.rope.Rotary: position (after padding) x frequency, fp32, rounded
         angle = tl.maximum(end - 1 - start, 0).to(tl.float32) * tl.load(InvFreq + d % (D // 2), mask=d < D, other=0.0)
         cos = tl.cos(angle).to(Q.dtype.element_ty).to(tl.float32)
         sin = tl.sin(angle).to(Q.dtype.element_ty).to(tl.float32)
@@ -295,9 +291,7 @@ def _chunk_attention(Q, K, V, Kd, Vd, Start, Pos, Part, Lse, Arrived, Y, InvFreq
         arrived = tl.atomic_add(Arrived + row_head, 1, sem="acq_rel")
         if arrived == CHUNKS - 1:
             # One [chunks, D] tile per head, loaded at once (a loop over chunks would serialise ~40
-            # dependent loads in this one program); the next head's tile is requested before this
-            # one's result is stored (after the store the compiler may not move the loads ahead of
-            # it: they could alias), so the heads' loads do not wait on each other.
+            # dependent loads); the next head's before this one's store, which they might alias.
             c = tl.arange(0, BLOCK_C)
             c_ok = c < CHUNKS
             pc_ok = c_ok[:, None] & (d < D)[None, :]
