@@ -24,6 +24,8 @@ def test_reason_words_graphs_and_kernels():
         "1 graph compiled (traced in 2.1 s, inductor 9.0 s)"
     assert reason(CacheUse(graphs_from_cache=1, inductor_s=0.9, kernels_from_cache=2).counts()) == \
         "1 graph from the compile cache (inductor 0.9 s); 2 Triton kernels from Triton's cache"
+    assert reason(CacheUse(graphs_from_cache=1, trace_s=0.107, inductor_s=0.034).counts()) == \
+        "1 graph from the compile cache (traced in 0.1 s)"
 
 
 def _compile_add(scale: int):

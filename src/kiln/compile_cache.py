@@ -123,7 +123,8 @@ def reason(counts: Mapping[str, Any]) -> str:
                        ((counts.get("compiled", 0), "compiled"), (counts.get("from_cache", 0), "from the compile cache"))
                        if n)
     seconds = [f"{label} {counts[key] / 1e3:.1f} s" for key, label in (("trace_ms", "traced in"),
-                                                                         ("inductor_ms", "inductor")) if counts.get(key)]
+                                                                         ("inductor_ms", "inductor"))
+               if counts.get(key, 0) >= 50]  # what rounds to 0.0 s is not said
     if graphs and seconds:
         graphs += f" ({', '.join(seconds)})"
     made, found = counts.get("kernels_compiled", 0), counts.get("kernels_from_cache", 0)
