@@ -45,6 +45,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kiln.bench.ceilings import measure_read_bandwidth
+from kiln.bench.formulas import int4_weight_bytes
 from kiln.llm.config import resolve_model
 from kiln.timing import cuda_graph_of, replay_rounds
 
@@ -65,7 +66,7 @@ row blocks of 32 (one) against 16 (two)."""
 
 
 def int4_bytes(out_f: int, in_f: int) -> int:
-    return out_f * in_f // 2 + 2 * out_f * (in_f // GROUP) * 2
+    return int4_weight_bytes(out_f, in_f, GROUP)
 
 
 GEMLITE_ROWS = {"GEMV": (1, 16), "GEMV_REVSPLITK": (1, 16), "GEMV_SPLITK": (1, 16), "GEMM_SPLITK": (1, 64),

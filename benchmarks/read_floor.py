@@ -28,6 +28,7 @@ per weight format, as CUDA graphs replayed interleaved (median ms per step):
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import sys
 from dataclasses import dataclass
@@ -50,9 +51,11 @@ class Read:
 def weight_bytes(out_f: int, in_f: int, quant: str, dtype_bytes: int) -> int:
     """Bytes of one projection's weight as the decode step reads it: bf16 (`none`), or int4 in kiln's
     layout (in_f x out_f / 2 bytes of words, a scale and an offset per group of GROUP inputs and output)."""
+    from kiln.bench.formulas import int4_weight_bytes
+
     if quant == "none":
         return out_f * in_f * dtype_bytes
-    return out_f * in_f // 2 + 2 * (in_f // GROUP) * out_f * dtype_bytes
+    return int4_weight_bytes(out_f, in_f, GROUP, dtype_bytes)
 
 
 def step_reads(config, quant: str, slots: int, dtype_bytes: int = 2) -> list[Read]:
@@ -68,6 +71,7 @@ def step_reads(config, quant: str, slots: int, dtype_bytes: int = 2) -> list[Rea
     return layer * config.n_layers + [Read("lm_head", weight_bytes(config.vocab_size, config.dim, quant, dtype_bytes))]
 
 
+@functools.cache
 def _kernels():
     import triton
     import triton.language as tl

@@ -37,6 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kiln.bench.formulas import int4_weight_bytes
 from kiln.llm.config import resolve_model
 from kiln.timing import cuda_graph_of, replay_rounds
 
@@ -169,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
                 err = None if variant == "cublas" else float((y.float() - exact).abs().max() / exact.abs().max())
                 calls = [lambda fn=fn, w=w: fn(w) for w in ws]
                 graphs[(name, m, variant)] = cuda_graph_of(lambda calls=calls: [c() for c in calls], 1)
-                int4_bytes = out_f * in_f // 2 + 2 * out_f * (in_f // 128) * 2
+                int4_bytes = int4_weight_bytes(out_f, in_f)
                 meta[(name, m, variant)] = {"shape": [out_f, in_f], "prologue": prologue, "residual": residual,
                                             "weight_bytes": int4_bytes if variant.startswith("int4") else wbytes,
                                             "rel_err": err, "calls_per_replay": copies}

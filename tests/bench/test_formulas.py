@@ -42,6 +42,9 @@ def test_formulas_on_known_inputs():
     assert f.roofline_tok_s(3e12, 6_000_000_000, 1) == 500.0
     assert f.roofline_tok_s(3e12, 6_000_000_000, 4) == 2000.0
     assert f.speedup(10.0, 4.0) == 2.5
+    # int4 (kiln's layout): 3B wo 3072 x 3072, groups of 128, bf16 scale and offset = 4,718,592 + 294,912
+    assert f.int4_weight_bytes(3072, 3072) == 5_013_504
+    assert f.int4_weight_bytes(256, 512, group=64, scale_bytes=4) == 256 * 512 // 2 + 2 * 8 * 256 * 4
 
 
 def test_mfu_is_achieved_over_peak():

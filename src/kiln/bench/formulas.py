@@ -38,6 +38,12 @@ def within_relative(value: float, reference: float, tol: float) -> bool:
     return abs(value - reference) <= tol * abs(reference)
 
 
+def int4_weight_bytes(out_f: int, in_f: int, group: int = 128, scale_bytes: int = 2) -> int:
+    """Bytes of an [out_f, in_f] weight in kiln's int4 layout (int4@triton): half a byte a weight, and a
+    scale and an offset (`scale_bytes` each, the model dtype) per `group` inputs and output."""
+    return out_f * in_f // 2 + 2 * (in_f // group) * out_f * scale_bytes
+
+
 def decode_steps(new_tokens: int) -> int:
     """Decode steps in a request of `new_tokens`: the first new token comes from the prefill."""
     return max(0, new_tokens - 1)
